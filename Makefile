@@ -1,0 +1,43 @@
+# tempo-jax — two-command quick start: `make demo`, `make test`.
+# Both create .venv in the repo root on first use and install the project with its dev extra.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST := $(PY) -m pytest
+# Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+
+.PHONY: demo test test-all bench bench-solver bench-gemm lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m tempo_jax demo
+
+# Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too.
+test: $(STAMP)
+	$(PYTEST) -q -n 2 -m "not slow"
+
+test-all: $(STAMP)
+	$(PYTEST) -q -n 2 -m ""
+
+bench: bench-solver bench-gemm
+
+bench-solver: $(STAMP)
+	$(PY) scripts/bench_solver.py
+
+bench-gemm: $(STAMP)
+	$(PY) scripts/bench_gemm.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis results/*.json

@@ -1,0 +1,21 @@
+"""tempo-jax solvers: cost models, calibration, placement and dispatch policies (numpy/scipy/ortools; no jax).
+
+This package must stay importable in a light numpy-only worker process (TEMPO §4.4).
+"""
+
+from .cost import PRESETS, CostModel, gpu_loads
+from .eplb import rebalance_experts
+from .fit import FitReport, fit_max_affine
+from .placement import Placement, drift_corrupt, static_map
+
+__all__ = [
+    "PRESETS",
+    "CostModel",
+    "FitReport",
+    "Placement",
+    "drift_corrupt",
+    "fit_max_affine",
+    "gpu_loads",
+    "rebalance_experts",
+    "static_map",
+]
