@@ -7,15 +7,24 @@ from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, fit_max_affine
 from .placement import Placement, drift_corrupt, static_map
+from .policies import semi_matching, semi_matching_value
+from .problem import Dispatch, DispatchProblem
+from .solve import POLICIES, solve
 
 __all__ = [
+    "POLICIES",
     "PRESETS",
     "CostModel",
+    "Dispatch",
+    "DispatchProblem",
     "FitReport",
     "Placement",
     "drift_corrupt",
     "fit_max_affine",
     "gpu_loads",
     "rebalance_experts",
+    "semi_matching",
+    "semi_matching_value",
+    "solve",
     "static_map",
 ]

@@ -1,0 +1,352 @@
+"""tempo_fast (TEMPO §4.2): the makespan-aware dispatch heuristic, four stages.
+
+1. Cost-aware greedy seeding: experts by tokens descending, each placed whole on the replica GPU whose
+   modelled time after taking it is lowest.
+2. Activation rebalancing by 1- and 2-step augmenting chains of whole-expert moves off the bottleneck GPU
+   (the truncated semi-matching augmenting paths that are exact when β → 0, Lemma 2).
+3. Bottleneck local search with partial migrations: whole-expert moves and partial splits off the
+   bottleneck GPU; the objective of one split size is a max of a non-increasing and a non-decreasing
+   piecewise-linear function, so its minimum lies at a crossing of their pieces, found in closed form and
+   snapped to integer tokens (to 128-token tiles in tile-aware mode). Best move wins; ≤ ``max_iters``.
+4. Ensemble (Proposition 1): score token-LP and A3 (full replication only) and switch only when one is
+   more than τ better. A candidate is skipped when the problem's lower bound already shows it cannot win.
+
+Moves are accepted only when they lower the bottleneck GPU's time and keep the receiving GPU below it, so
+the sorted vector of GPU times decreases lexicographically and every stage terminates. numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .policies import _desc_order, round_robin, token_lp
+from .problem import DispatchProblem
+
+__all__ = ["tempo_fast"]
+
+_EPS = 1e-9
+
+
+class _State:
+    """Dispatch x [E, G] with incrementally maintained per-GPU activations, tiles and tokens."""
+
+    def __init__(self, problem: DispatchProblem):
+        c = problem.cost
+        self.a, self.b, self.c, self.beta = c.a, c.b, c.c, c.beta
+        self.b2 = c.b2 or 0.0
+        self.c2 = c.c2 if c.c2 is not None else -math.inf
+        self.gamma = c.gamma or 0.0
+        self.tile = c.tile
+        E, G = problem.mask.shape
+        self.x = np.zeros((E, G))
+        self.acts = np.zeros(G)
+        self.tiles = np.zeros(G)
+        self.toks = np.zeros(G)
+        self.replicas = [np.flatnonzero(row) for row in problem.mask]
+        self.replica_list = [r.tolist() for r in self.replicas]
+        self.on = [set() for _ in range(G)]  # experts with a share on each GPU
+        self.mask = problem.mask
+
+    def replica_of(self, e: int, g: int) -> bool:
+        return bool(self.mask[e, g])
+
+    # -- cost model, scalar and vectorised -------------------------------------------------------------
+    def ntiles(self, v):
+        """M-tiles of a share (array or scalar); identically 0 when the model has no tile term."""
+        if not self.b2:
+            return 0.0
+        if isinstance(v, np.ndarray):
+            return np.where(v > _EPS, np.maximum(1.0, np.ceil(v / self.tile - 1e-9)), 0.0)
+        return max(1.0, math.ceil(v / self.tile - 1e-9)) if v > _EPS else 0.0
+
+    def t(self, G, T, N):
+        floor = self.a + self.b * G + self.b2 * (T - G)
+        if isinstance(floor, np.ndarray) or isinstance(N, np.ndarray):
+            return np.maximum(floor, np.maximum(self.c + self.beta * N, self.c2 + self.gamma * N))
+        return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
+
+    def times(self) -> np.ndarray:
+        return self.t(self.acts, self.tiles, self.toks)
+
+    def gpu_time_with(self, g: int, d_act, d_tiles, d_toks):
+        return self.t(float(self.acts[g]) + d_act, float(self.tiles[g]) + d_tiles, float(self.toks[g]) + d_toks)
+
+    # -- mutation ----------------------------------------------------------------------------------------
+    def move(self, e: int, src: int, dst: int, amount: float) -> None:
+        """Move ``amount`` tokens of expert e from GPU src (or nowhere when src < 0) to GPU dst."""
+        for g, d in ((src, -amount), (dst, amount)):
+            if g < 0:
+                continue
+            old = float(self.x[e, g])
+            new = old + d
+            if new < 0.5 and new < _EPS + 1e-6 * max(old, 1.0):
+                new = 0.0
+            self.x[e, g] = new
+            self.acts[g] += float(new > _EPS) - float(old > _EPS)
+            if self.b2:
+                self.tiles[g] += self.ntiles(new) - self.ntiles(old)
+            self.toks[g] += new - old
+            (self.on[g].add if new > _EPS else self.on[g].discard)(e)
+
+
+def _seed(st: _State, n: np.ndarray) -> None:
+    # Step 1: whole experts, tokens descending, to the replica with the lowest resulting time.
+    for e in _desc_order(n).tolist():
+        ne = float(n[e])
+        nt = st.ntiles(ne)
+        best_g, best_t = -1, math.inf
+        for g in st.replica_list[e]:
+            tg = st.t(st.acts[g] + 1.0, st.tiles[g] + nt, st.toks[g] + ne)
+            if tg < best_t:
+                best_g, best_t = g, tg
+        st.move(e, -1, best_g, ne)
+
+
+def _whole_move_times(st: _State, e: int, src: int, dst: int, extra_out: float = 0.0):
+    """(t_src, t_dst) after moving all of e from src to dst."""
+    amt = float(st.x[e, src])
+    old_dst = float(st.x[e, dst])
+    t_src = st.gpu_time_with(src, -1, -st.ntiles(amt), -amt)
+    t_dst = st.gpu_time_with(dst, float(old_dst <= _EPS), st.ntiles(old_dst + amt) - st.ntiles(old_dst), amt)
+    return float(t_src), float(t_dst)
+
+
+def _chains(st: _State, max_rounds: int) -> int:
+    """Step 2: 1- and 2-step augmenting chains of whole-expert moves off bottleneck GPUs."""
+    rounds = 0
+    while rounds < max_rounds:
+        times = st.times()
+        top = times.max(initial=0.0)
+        moved = False
+        for src in np.flatnonzero(times >= top - _EPS):
+            src = int(src)
+            best = None  # (new max over touched GPUs, chain)
+            for e in sorted(st.on[src]):
+                for h in st.replica_list[e]:
+                    if h == src:
+                        continue
+                    t_src, t_h = _whole_move_times(st, e, src, h)
+                    if t_src >= top - _EPS:
+                        break  # removing e does not relieve src; no chain through e can
+                    if t_h < top - _EPS:
+                        cand = (max(t_src, t_h), ((e, src, h),))
+                        best = cand if best is None or cand[0] < best[0] else best
+                        continue
+                    # 2-step: e goes to h, some e2 leaves h for h2.
+                    amt = float(st.x[e, src])
+                    for e2 in sorted(st.on[h]):
+                        if e2 == e:
+                            continue
+                        a2 = float(st.x[e2, h])
+                        for h2 in st.replica_list[e2]:
+                            if h2 == h:
+                                continue
+                            xeh = float(st.x[e, h])
+                            d_act_h = float(xeh <= _EPS) - 1.0
+                            d_tiles_h = st.ntiles(xeh + amt) - st.ntiles(xeh) - st.ntiles(a2)
+                            t_h2 = float(st.gpu_time_with(h, d_act_h, d_tiles_h, amt - a2))
+                            if h2 == src:
+                                t_s2 = float(
+                                    st.gpu_time_with(
+                                        src,
+                                        float(st.x[e2, src] <= _EPS) - 1.0,
+                                        st.ntiles(st.x[e2, src] + a2) - st.ntiles(st.x[e2, src]) - st.ntiles(amt),
+                                        a2 - amt,
+                                    )
+                                )
+                                worst = max(t_s2, t_h2)
+                            else:
+                                _, t_far = _whole_move_times(st, e2, h, h2)
+                                worst = max(t_src, t_h2, t_far)
+                            if worst < top - _EPS and (best is None or worst < best[0]):
+                                best = (worst, ((e, src, h), (e2, h, h2)))
+            if best is not None:
+                for e, s, d in best[1]:
+                    st.move(e, s, d, st.x[e, s])
+                moved = True
+                break
+        rounds += 1
+        if not moved:
+            break
+    return rounds
+
+
+def _split_candidates(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware: bool):
+    """Best partial split size δ per (expert, destination) pair, vectorised; returns (δ, t_src, t_dst)."""
+    xs = st.x[es, src]
+    xh = st.x[es, hs]
+    Ns, Nh = st.toks[src], st.toks[hs]
+    floor_s = st.a + st.b * st.acts[src] + st.b2 * (st.tiles[src] - st.acts[src])
+    act_h = st.acts[hs] + (xh <= _EPS)
+    floor_h = st.a + st.b * act_h + st.b2 * (st.tiles[hs] - st.acts[hs])
+    # Crossings of src's decreasing pieces (c + β(Ns − δ), c2 + γ(Ns − δ), flat floor) with dst's
+    # increasing pieces (c + β(Nh + δ), c2 + γ(Nh + δ), flat floor).
+    cands = [(Ns - Nh) / 2.0]
+    if st.beta > 0:
+        cands += [(st.c + st.beta * Ns - floor_h) / st.beta, (floor_s - st.c - st.beta * Nh) / st.beta]
+    if st.gamma > 0:
+        cands += [(st.c2 + st.gamma * Ns - floor_h) / st.gamma, (floor_s - st.c2 - st.gamma * Nh) / st.gamma]
+        cands += [
+            (st.c + st.beta * Ns - st.c2 - st.gamma * Nh) / (st.beta + st.gamma),
+            (st.c2 + st.gamma * Ns - st.c - st.beta * Nh) / (st.beta + st.gamma),
+        ]
+    raw = np.stack([np.broadcast_to(c, xs.shape) for c in cands])  # [C, pairs]
+    step = float(st.tile) if tile_aware else 1.0
+    d = np.concatenate([np.floor(raw / step) * step, np.ceil(raw / step) * step])
+    valid = (d >= 1.0) & (d <= xs - 1.0)
+    d = np.where(valid, d, 1.0)
+    rem = xs - d
+    t_src = st.t(st.acts[src], st.tiles[src] - st.ntiles(xs) + st.ntiles(rem), Ns - d)
+    t_dst = st.t(act_h, st.tiles[hs] - st.ntiles(xh) + st.ntiles(xh + d), Nh + d)
+    worst = np.where(valid, np.maximum(t_src, t_dst), np.inf)
+    k = np.argmin(worst, axis=0)
+    cols = np.arange(xs.size)
+    return d[k, cols], t_src[k, cols], t_dst[k, cols], worst[k, cols]
+
+
+def _best_move(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware: bool, partial: bool):
+    """Best whole or partial move of (expert es[i]) from src to hs[i]: (index, amount, new max of the two)."""
+    amt = st.x[es, src]
+    xh = st.x[es, hs]
+    tw_s = st.t(st.acts[src] - 1, st.tiles[src] - st.ntiles(amt), st.toks[src] - amt)
+    tw_h = st.t(st.acts[hs] + (xh <= _EPS), st.tiles[hs] - st.ntiles(xh) + st.ntiles(xh + amt), st.toks[hs] + amt)
+    worst = np.maximum(tw_s, tw_h)
+    how = amt
+    if partial:
+        dp, _, _, wp = _split_candidates(st, src, es, hs, tile_aware)
+        better = wp < worst
+        worst = np.where(better, wp, worst)
+        how = np.where(better, dp, how)
+    worst = np.where(how > 0, worst, np.inf)
+    k = int(np.argmin(worst))
+    return k, float(how[k]), float(worst[k])
+
+
+def _pairs(st: _State, src: int, only_dst: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [
+        (e, int(h)) for e in sorted(st.on[src]) for h in st.replicas[e] if h != src and (only_dst < 0 or h == only_dst)
+    ]
+    es = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
+    hs = np.fromiter((p[1] for p in pairs), dtype=np.int64, count=len(pairs))
+    return es, hs
+
+
+def _local_search(st: _State, max_iters: int, tile_aware: bool, partial: bool) -> int:
+    """Step 3: best bottleneck-reducing whole or partial move, repeated.
+
+    When no single move helps, try a swap: a whole expert e2 comes back from h to the bottleneck GPU while
+    (part of) an expert e of the bottleneck goes to h (the Fig. 1b move: split the hot expert, trade a cold
+    one).
+    """
+    it = 0
+    while it < max_iters:
+        times = st.times()
+        top = times.max(initial=0.0)
+        moved = False
+        for src in np.flatnonzero(times >= top - _EPS):
+            src = int(src)
+            es, hs = _pairs(st, src)
+            if es.size == 0:
+                continue
+            k, amount, worst = _best_move(st, src, es, hs, tile_aware, partial)
+            if worst < top - _EPS:
+                st.move(int(es[k]), src, int(hs[k]), amount)
+                moved = True
+                break
+            moved = _swap(st, src, top, tile_aware, partial, set(hs.tolist()))
+            if moved:
+                break
+        it += 1
+        if not moved:
+            break
+    return it
+
+
+def _swap(st: _State, src: int, top: float, tile_aware: bool, partial: bool, dsts: set[int]) -> bool:
+    best = None  # (worst, e2, h, e, amount)
+    for h in sorted(dsts):
+        es, hs = _pairs(st, src, only_dst=h)
+        for e2 in sorted(st.on[h]):
+            if not st.replica_of(e2, src):
+                continue
+            a2 = st.x[e2, h]
+            st.move(e2, h, src, a2)  # tentative
+            keep = es != e2
+            if keep.any():
+                k, amount, worst = _best_move(st, src, es[keep], hs[keep], tile_aware, partial)
+                others = np.delete(st.times(), [src, h])
+                if worst < top - _EPS and others.max(initial=0.0) < top + _EPS and (best is None or worst < best[0]):
+                    best = (worst, e2, h, int(es[keep][k]), amount)
+            st.move(e2, src, h, a2)  # undo
+    if best is None:
+        return False
+    _, e2, h, e, amount = best
+    st.move(e2, h, src, st.x[e2, h])
+    st.move(e, src, h, amount)
+    return True
+
+
+def tempo_fast(
+    problem: DispatchProblem,
+    *,
+    tile_aware: bool | None = None,
+    chains: bool = True,
+    local_search: bool = True,
+    partial_moves: bool = True,
+    ensemble: bool = True,
+    tau: float = 0.01,
+    max_iters: int = 300,
+) -> tuple[np.ndarray, dict]:
+    """Makespan-aware dispatch (tempo_fast). Works with the two-piece, tile and three-piece cost models.
+
+    Args:
+      problem: tokens ``[E]`` or ``[S, E]`` (per-expert totals are used), placement, cost model.
+      tile_aware: snap partial splits to ``cost.tile``-token tiles (default: when the model has a tile term).
+      chains / local_search / partial_moves / ensemble: stage switches for ablations (seeding always runs).
+      tau: ensemble switching tolerance τ (Proposition 1).
+      max_iters: local-search iteration cap (the paper uses 300); also caps chain rounds.
+
+    Returns:
+      ``(x [E, G], info)``; info holds ``stage`` (which candidate won), per-stage makespans and counts.
+    """
+    if not 0 <= tau < 1:
+        raise ValueError(f"tau must be in [0, 1), got {tau}")
+    if max_iters < 0:
+        raise ValueError(f"max_iters must be ≥ 0, got {max_iters}")
+    tile_aware = problem.cost.has_tiles if tile_aware is None else bool(tile_aware)
+    n = problem.n
+    st = _State(problem)
+    cost = problem.cost
+    info: dict = {}
+    # Step 1: seed.
+    _seed(st, n)
+    info["seed_makespan"] = float(st.times().max(initial=0.0))
+    # Step 2: augmenting chains.
+    if chains:
+        info["chain_rounds"] = _chains(st, max_iters)
+        info["chains_makespan"] = float(st.times().max(initial=0.0))
+    # Step 3: bottleneck local search with partial migrations.
+    if local_search:
+        info["local_iters"] = _local_search(st, max_iters, tile_aware, partial_moves)
+    x = st.x
+    m_h = cost.makespan(x)
+    info["heuristic_makespan"] = m_h
+    info["stage"] = "heuristic"
+    # Step 4: ensemble against token-LP and A3, switching only when > τ better.
+    if ensemble and m_h > 0:
+        lb = cost.lower_bound(n, problem.num_gpus)
+        if (1 - tau) * m_h > lb + _EPS:
+            cands = {"token_lp": token_lp}
+            if problem.placement.is_full:
+                cands["round_robin"] = round_robin
+            best = None
+            for name, fn in cands.items():
+                xc = fn(problem)
+                info[f"{name}_makespan"] = mc = cost.makespan(xc)
+                if best is None or mc < best[0]:
+                    best = (mc, name, xc)
+            if best[0] < (1 - tau) * m_h:
+                x, info["stage"] = best[2], best[1]
+    return np.array(x), info
