@@ -212,16 +212,18 @@ def static_map(placement: Placement, source_gpus=None) -> np.ndarray:
     if src.ndim != 1 or np.any((src < 0) | (src >= placement.num_gpus)):
         raise ValueError(f"source_gpus must be [S] GPU ids in 0..{placement.num_gpus - 1}, got {source_gpus!r}")
     node = placement.node_of_gpu
-    out = np.empty((src.shape[0], placement.num_experts), dtype=np.int64)
+    S = src.shape[0]
+    rank = np.arange(S)
+    out = np.empty((S, placement.num_experts), dtype=np.int64)
     for e in range(placement.num_experts):
         slots = placement.log2phy[e, : placement.logcnt[e]]
         gpus = placement.slot_gpu[slots]
-        for i, s in enumerate(src):
-            # Step 1: own GPU, Step 2: own node, Step 3: fair spread by source rank.
-            for cand in (slots[gpus == s], slots[node[gpus] == node[s]], slots):
-                if cand.size:
-                    out[i, e] = cand[i % cand.size]
-                    break
+        own = gpus[None, :] == src[:, None]  # [S, r]
+        near = node[gpus][None, :] == node[src][:, None]
+        # Step 1: own GPU, else Step 2: own node, else Step 3: every replica; source i takes candidate i mod k.
+        cand = np.where(own.any(axis=1, keepdims=True), own, np.where(near.any(axis=1, keepdims=True), near, True))
+        k = rank % cand.sum(axis=1)
+        out[:, e] = slots[np.argmax(np.cumsum(cand, axis=1) > k[:, None], axis=1)]
     return out
 
 

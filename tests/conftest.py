@@ -22,5 +22,5 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
-    """Path of ../shared/traces; tests needing the full recordings skip-free fall back to package data."""
+    """Path of ../shared/traces (the full recordings; present in CI beside the clone)."""
     return SHARED / "traces"

@@ -1,0 +1,172 @@
+"""The `tempo-jax` command line (also `python -m tempo_jax`).
+
+Commands:
+  demo       the `make demo` job: presets, a real and a synthetic batch, every policy on the real batch
+  solve      dispatch one batch from files (counts + placement) or from a routing trace, print/write it
+  calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _load_array(path: str, key: str) -> np.ndarray:
+    p = Path(path)
+    if not p.exists():
+        raise SystemExit(f"error: {path} does not exist")
+    if p.suffix == ".npz":
+        with np.load(p) as z:
+            if key not in z.files:
+                raise SystemExit(f"error: {path} has no array {key!r} (arrays: {z.files})")
+            return z[key]
+    if p.suffix == ".npy":
+        return np.load(p)
+    data = json.loads(p.read_text())
+    return np.asarray(data[key] if isinstance(data, dict) else data)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(out_dir=args.out, milp_time_limit=args.milp_time_limit)
+    return 0
+
+
+def _problem_from_args(args: argparse.Namespace):
+    from solvers import PRESETS, CostModel, DispatchProblem, Placement
+
+    if args.cost_json:
+        cost = CostModel.load(args.cost_json)
+    elif args.cost in PRESETS:
+        cost = PRESETS[args.cost]
+    else:
+        raise SystemExit(f"error: unknown cost preset {args.cost!r}; presets: {sorted(PRESETS)}")
+    if args.trace:
+        from .workloads import load_sample, load_trace
+
+        try:
+            trace = load_trace(args.trace)
+        except FileNotFoundError:
+            trace = load_sample(args.trace)
+        layer = args.layer if args.layer is not None else trace.layers[0]
+        counts = trace.batch_counts(layer, args.tokens_per_rank, args.gpus, batch=args.batch)
+        load = trace.expert_load(layer)
+    elif args.counts:
+        counts = _load_array(args.counts, "counts")
+        load = counts if counts.ndim == 1 else counts.sum(axis=0)
+    else:
+        raise SystemExit("error: give --counts FILE or --trace NAME")
+    if args.placement:
+        pdata = json.loads(Path(args.placement).read_text())
+        placement = Placement.from_dict(pdata)
+    elif args.replicas:
+        placement = Placement.from_eplb(np.asarray(load, dtype=float) + 1e-9, args.replicas, args.gpus)
+    else:
+        placement = Placement.full(np.shape(counts)[-1], args.gpus)
+    return DispatchProblem(counts, placement, cost)
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    from solvers import solve
+
+    from .report import table
+
+    problem = _problem_from_args(args)
+    options = json.loads(args.options) if args.options else {}
+    d = solve(problem, args.policy, **options)
+    rows = [
+        (g, int(d.gpu_activations[g]), int(d.gpu_tiles[g]), float(d.gpu_tokens[g]), float(d.gpu_times[g]))
+        for g in range(problem.num_gpus)
+    ]
+    print(table(rows, ["gpu", "experts", "tiles", "tokens", "time µs"], title=f"{args.policy}: {problem.placement}"))
+    print(
+        f"makespan {d.makespan:.2f} µs, lower bound {d.lower_bound:.2f} µs "
+        f"(ratio {d.makespan / max(d.lower_bound, 1e-12):.4f}), solve {d.info['solve_time_s'] * 1e3:.2f} ms"
+    )
+    if args.out:
+        out = Path(args.out)
+        payload = {
+            "policy": args.policy,
+            "x": d.x.tolist(),
+            "makespan": d.makespan,
+            "lower_bound": d.lower_bound,
+            "gpu_times": d.gpu_times.tolist(),
+            "placement": problem.placement.to_dict(),
+            "cost": problem.cost.to_dict(),
+            "info": {k: v for k, v in d.info.items() if isinstance(v, int | float | str | bool)},
+        }
+        if out.suffix == ".npz":
+            np.savez(out, x=d.x, gpu_times=d.gpu_times, phy2log=problem.placement.phy2log)
+        else:
+            out.write_text(json.dumps(payload, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from solvers import fit_max_affine
+
+    data = np.genfromtxt(args.csv, delimiter=",", names=True)
+    names = data.dtype.names or ()
+    missing = [c for c in ("G", "N", "t") if c not in names]
+    if missing:
+        raise SystemExit(f"error: {args.csv} lacks columns {missing} (has {list(names)})")
+    tiles = data["T"] if "T" in names else None
+    model, report = fit_max_affine(data["G"], data["N"], data["t"], tiles=tiles, iters=args.iters)
+    print(model.to_json())
+    print(
+        f"mean relative error {report.mean_rel_error:.2%}, samples per piece {report.samples_per_piece}, "
+        f"{report.iterations} iterations, converged={report.converged}, n*={model.inflection:.1f}"
+    )
+    if args.out:
+        model.save(args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tempo-jax", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="run the demo (make demo)")
+    p.add_argument("--out", default="results", help="folder for demo.json")
+    p.add_argument("--milp-time-limit", type=float, default=10.0)
+    p.set_defaults(fn=_cmd_demo)
+
+    p = sub.add_parser("solve", help="dispatch one batch")
+    src = p.add_argument_group("batch")
+    src.add_argument("--counts", help="JSON list/dict{'counts'}, .npy or .npz{'counts'}: [E] or [S, E]")
+    src.add_argument("--trace", help="trace name (see tempo_jax.workloads.TRACES); bundled sample if not on disk")
+    src.add_argument("--layer", type=int)
+    src.add_argument("--batch", type=int, default=0)
+    src.add_argument("--tokens-per-rank", type=int, default=128)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--placement", help="JSON {phy2log, num_gpus[, gpus_per_node, num_experts]}")
+    p.add_argument("--replicas", type=int, help="build an EPLB placement with this many physical slots")
+    p.add_argument("--cost", default="dsv3_fp8_offline", help="cost preset name")
+    p.add_argument("--cost-json", help="CostModel JSON file (overrides --cost)")
+    p.add_argument("--policy", default="tempo")
+    p.add_argument("--options", help="policy options as JSON, e.g. '{\"tau\": 0.0}'")
+    p.add_argument("--out", help="write the dispatch to .json or .npz")
+    p.set_defaults(fn=_cmd_solve)
+
+    p = sub.add_parser("calibrate", help="fit the max-affine cost model to a CSV of G,N,t[,T] samples")
+    p.add_argument("csv")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--out", help="write the fitted CostModel JSON here")
+    p.set_defaults(fn=_cmd_calibrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as err:  # bad input: say what was wrong, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2

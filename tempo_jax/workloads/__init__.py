@@ -1,0 +1,51 @@
+"""Routing workloads (numpy only, no jax, no solvers): real recordings, synthetic Zipf routing, regimes.
+
+Glossary (shapes): T tokens, E experts, K top-k, S source ranks as recorded, G ranks/GPUs, B tokens per
+rank, I recorded iterations.
+
+- :class:`RoutingTrace` — one representation for every recording: per-token ``topk_ids[layer] [T, K]`` or
+  per-rank ``rank_counts[layer] [I, S, E]``; ``batch_counts(layer, B, G, batch) -> [G, E]``.
+- Loaders: :func:`load_flame_moe`, :func:`load_mixtral`, :func:`load_harmoeny`, :func:`load_switch128`,
+  :func:`load_trace` over the :data:`TRACES` registry, and :func:`load_sample` (bundled copy, works offline).
+- Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(B, G, rng) -> [G, E]``),
+  :func:`sample_topk`.
+- Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.
+"""
+
+from .loaders import (
+    TRACES,
+    TRACES_ENV,
+    TraceSpec,
+    build_sample,
+    load_flame_moe,
+    load_harmoeny,
+    load_mixtral,
+    load_sample,
+    load_switch128,
+    load_trace,
+    traces_dir,
+)
+from .regime import RegimeStats, mixed_fraction, regime_stats
+from .synthetic import SyntheticRouting, sample_topk, zipf_popularity
+from .trace import RoutingTrace
+
+__all__ = [
+    "TRACES",
+    "TRACES_ENV",
+    "RegimeStats",
+    "RoutingTrace",
+    "SyntheticRouting",
+    "TraceSpec",
+    "build_sample",
+    "load_flame_moe",
+    "load_harmoeny",
+    "load_mixtral",
+    "load_sample",
+    "load_switch128",
+    "load_trace",
+    "mixed_fraction",
+    "regime_stats",
+    "sample_topk",
+    "traces_dir",
+    "zipf_popularity",
+]

@@ -1,0 +1,453 @@
+"""Loaders for the real routing recordings in ``../shared/traces`` and the small bundled sample.
+
+Every loader returns a :class:`~tempo_jax.workloads.trace.RoutingTrace`. Glossary: T tokens, E experts,
+K top-k, S source ranks, I recorded iterations.
+
+Where the recordings are looked for: the ``path`` argument if given (the recording's own folder or file),
+else ``$TEMPO_JAX_TRACES/<relative path>`` if that environment variable is set, else
+``<repo root>/../shared/traces/<relative path>`` (located from this file). A missing file raises
+``FileNotFoundError`` naming the expected path and both ways to point elsewhere. :func:`load_sample` needs
+none of them: it reads ``tempo_jax/data/routing_sample.npz`` (built by :func:`build_sample`).
+
+Format decisions (see :data:`TRACES` for the names):
+
+- ``flame_moe_290m``: ``layer_{2..9}.csv`` = ``layer_id,token_id,expert_0..expert_63`` router softmax
+  scores with exactly 6 non-zeros per row. ``topk_ids [2048, 6]`` are the non-zero columns ordered by
+  descending score (ties by expert id), ``topk_weights`` their scores (they sum to < 1: softmax over all
+  64 experts). The CSV ``layer_id`` column is 0 in every file; layer ids come from the file names.
+- ``mixtral_8x7b``: one JSON record per (problem, layer, generated token). Tokens are ordered problem 0
+  then problem 1, each by ``token_idx``; ``topk_weights`` = ``gating_probs`` (renormalised over the top-2,
+  they sum to 1). Layers hold 334–338 tokens (a few trailing tokens are missing in some layers), so T
+  differs per layer and token t of two layers is not always the same token.
+- ``harmoeny_switch128`` / ``harmoeny_qwen``: ``<rank>/moe_layer-<L>.csv``, one row per iteration, column
+  ``expert distribution`` = JSON list of E counts of the tokens that rank sent to each expert (top-1).
+  Loaded as ``rank_counts [I=2, S, E]``. In switch-exp128 layers 6–11 are degenerate: 85 tokens per rank
+  (one per sequence: the decoder layers only see the decoder start token) on 1–6 experts, against 5,100
+  for layers 0–5. They are excluded unless ``include_degenerate=True`` (a layer is degenerate when it
+  records fewer tokens per rank than the recording's largest layer).
+- ``switch128_npy``: ``int64 [40800, 6]``, one column per switch encoder layer 0–5. The rows are NOT
+  tokens: they come in 8 blocks of 5,100 rows (one per rank, 85 sequences × 60) and inside each block
+  every column is sorted on its own, so the repeated rows SOURCES.md calls padding are this sort (runs of
+  equal ids), not padding, and the token identity across layers is lost. Consecutive chunks of rows
+  would each hold one or two experts, so the file is loaded as per-rank counts ``rank_counts [1, 8, 128]``
+  (the histogram of each block). These equal iteration 0 of ``harmoeny_switch128`` layers 0–5 exactly.
+  No row is dropped: pad positions of short sequences, if any, are routed tokens in both recordings and
+  cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from .trace import RoutingTrace
+
+__all__ = [
+    "TRACES",
+    "TRACES_ENV",
+    "TraceSpec",
+    "build_sample",
+    "load_flame_moe",
+    "load_harmoeny",
+    "load_mixtral",
+    "load_sample",
+    "load_switch128",
+    "load_trace",
+    "traces_dir",
+]
+
+TRACES_ENV = "TEMPO_JAX_TRACES"
+SAMPLE_PATH = Path(__file__).resolve().parents[1] / "data" / "routing_sample.npz"
+_HARMOENY_MODELS = {"switch-exp128": "harmoeny_switch128", "qwen": "harmoeny_qwen"}
+_SWITCH128_RANKS = 8  # HarMoEny world_size of the switch-exp128 run that wrote 128.npy
+
+
+def traces_dir() -> Path:
+    """Root of the shared recordings: ``$TEMPO_JAX_TRACES`` if set, else ``<repo>/../shared/traces``."""
+    env = os.environ.get(TRACES_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+def _resolve(path: str | os.PathLike | None, rel: str, what: str, name: str) -> Path:
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"{what}: {p} does not exist (expected {rel} of the shared traces)")
+        return p
+    root = traces_dir()
+    p = root / rel
+    if not p.exists():
+        how = f"${TRACES_ENV}={os.environ[TRACES_ENV]}" if os.environ.get(TRACES_ENV) else "the default"
+        raise FileNotFoundError(
+            f"{what}: expected {p} (traces root {root}, from {how}). Pass path=<that {rel}>, or set "
+            f"{TRACES_ENV} to the folder holding flame_moe_290m/, mixtral_8x7b/ and harmoeny/. "
+            f"load_sample({name!r}) works without the recordings."
+        )
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- FLAME-MoE
+def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] | None = None) -> RoutingTrace:
+    """FLAME-MoE-290M per-token top-6 routing: ``topk_ids[layer]`` int64 ``[2048, 6]``, E = 64, layers 2–9.
+
+    Args:
+        path: folder holding ``layer_<L>.csv`` (default: ``<traces>/flame_moe_290m``).
+        layers: subset of layer ids to read (default: all files present).
+    """
+    folder = _resolve(path, "flame_moe_290m", "FLAME-MoE recording", "flame_moe_290m")
+    files = {int(m.group(1)): f for f in folder.glob("layer_*.csv") if (m := re.fullmatch(r"layer_(\d+)\.csv", f.name))}
+    if not files:
+        raise FileNotFoundError(f"FLAME-MoE recording: no layer_<L>.csv in {folder}")
+    if layers is None:
+        wanted = sorted(files)
+    else:
+        wanted = sorted({int(x) for x in layers})
+        missing = [x for x in wanted if x not in files]
+        if missing or not wanted:
+            raise ValueError(f"FLAME-MoE layers {missing or wanted} not recorded; available layers: {sorted(files)}")
+    ids, weights, E, K = {}, {}, None, None
+    for layer in wanted:
+        with open(files[layer]) as fh:
+            header = fh.readline().strip().split(",")
+        experts = header[2:]
+        if header[:2] != ["layer_id", "token_id"] or experts != [f"expert_{i}" for i in range(len(experts))]:
+            raise ValueError(f"{files[layer]}: unexpected header {header[:4]}...")
+        data = np.loadtxt(files[layer], delimiter=",", skiprows=1, ndmin=2)
+        order = np.argsort(data[:, 1], kind="stable")  # token order (already 0..T-1 in the recordings)
+        scores = data[order, 2:]  # [T, E]
+        if np.any(scores < 0) or not np.all(np.isfinite(scores)):
+            raise ValueError(f"{files[layer]}: router scores must be finite and >= 0")
+        nnz = np.count_nonzero(scores, axis=1)
+        if nnz.size == 0 or np.any(nnz != nnz[0]):
+            raise ValueError(f"{files[layer]}: rows have {sorted(set(nnz.tolist()))} non-zero experts, expected one K")
+        if (E, K) != (None, None) and (E, K) != (scores.shape[1], int(nnz[0])):
+            raise ValueError(f"{files[layer]}: E/K differ from the other layers")
+        E, K = scores.shape[1], int(nnz[0])
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :K]
+        ids[layer] = top
+        weights[layer] = np.take_along_axis(scores, top, axis=1)
+    return RoutingTrace(
+        name="flame_moe_290m",
+        model="FLAME-MoE-290M",
+        num_experts=E,
+        top_k=K,
+        topk_ids=ids,
+        topk_weights=weights,
+        source=str(folder),
+        notes=(
+            "FLAME-MoE-290M (64 routed experts, top-6; the 2 shared experts are not logged), one batch of "
+            "2,048 pretraining tokens (32 sequences x 64) per layer. Ids ordered by router score."
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ Mixtral
+def load_mixtral(path: str | os.PathLike | None = None) -> RoutingTrace:
+    """Mixtral-8x7B decode routing on 2 HumanEval problems: ``topk_ids[layer]`` int64 ``[T_layer, 2]``, E = 8.
+
+    Args:
+        path: the ``humaneval_2_routing.jsonl`` file (default: ``<traces>/mixtral_8x7b/...``).
+    """
+    file = _resolve(path, "mixtral_8x7b/humaneval_2_routing.jsonl", "Mixtral recording", "mixtral_8x7b")
+    rows: dict[int, list[tuple[int, int, list[int], list[float]]]] = {}
+    with open(file) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                key = (int(r["problem_id"]), int(r["token_idx"]))
+                rows.setdefault(int(r["layer"]), []).append((*key, list(r["experts"]), list(r["gating_probs"])))
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"{file}:{n}: not a routing record ({err})") from err
+    if not rows:
+        raise ValueError(f"{file}: no routing records")
+    ids, weights = {}, {}
+    for layer, recs in rows.items():
+        recs.sort(key=lambda r: (r[0], r[1]))
+        keys = [(r[0], r[1]) for r in recs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{file}: layer {layer} repeats a (problem_id, token_idx) record")
+        try:
+            ids[layer] = np.array([r[2] for r in recs], dtype=np.int64)
+            weights[layer] = np.array([r[3] for r in recs], dtype=np.float32)
+        except ValueError as err:
+            raise ValueError(f"{file}: layer {layer} records differ in their number of experts") from err
+    ks = {a.shape[1] for a in ids.values()}
+    if len(ks) != 1:
+        raise ValueError(f"{file}: layers disagree on top-k: {sorted(ks)}")
+    lengths = [a.shape[0] for a in ids.values()]
+    return RoutingTrace(
+        name="mixtral_8x7b",
+        model="Mixtral-8x7B-Instruct",
+        num_experts=8,
+        top_k=ks.pop(),
+        topk_ids=ids,
+        topk_weights=weights,
+        source=str(file),
+        notes=(
+            "vLLM decode on 2 HumanEval problems; tokens = problem 0 then problem 1 in token_idx order; "
+            f"T per layer {min(lengths)}-{max(lengths)} (trailing tokens missing in some layers)."
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- HarMoEny
+def _read_rank_csv(file: Path) -> np.ndarray:
+    with open(file, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None or "expert distribution" not in reader.fieldnames:
+            raise ValueError(f"{file}: no 'expert distribution' column (header {reader.fieldnames})")
+        rows = list(reader)
+    out = []
+    for i, row in enumerate(rows):
+        if int(row["iteration"]) != i:
+            raise ValueError(f"{file}: iterations not 0..{len(rows) - 1} in order")
+        dist = json.loads(row["expert distribution"])
+        sent = row.get("total number of tokens sent")
+        if sent is not None and int(sent) != sum(dist):
+            raise ValueError(f"{file}: iteration {i} sums to {sum(dist)} tokens but reports {sent} sent")
+        out.append(dist)
+    arr = np.array(out, dtype=np.int64)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"{file}: expected one equal-length expert distribution per iteration")
+    return arr  # [I, E]
+
+
+def load_harmoeny(
+    model: str = "switch-exp128", path: str | os.PathLike | None = None, *, include_degenerate: bool = False
+) -> RoutingTrace:
+    """HarMoEny per-rank top-1 counts: ``rank_counts[layer]`` int64 ``[I=2, S, E]``.
+
+    ``"switch-exp128"``: google/switch-base-128, S = 8, E = 128, 5,100 tokens per rank, layers 0–5
+    (6–11 are degenerate decoder layers with 85 tokens per rank; kept only with ``include_degenerate``).
+    ``"qwen"``: Qwen1.5-MoE-A2.7B router taken top-1 (not its native top-4), S = 6, E = 60, 8,192 tokens
+    per rank, layers 0–23.
+
+    Args:
+        model: ``"switch-exp128"`` or ``"qwen"``.
+        path: the model folder holding ``<rank>/moe_layer-<L>.csv`` (default
+            ``<traces>/harmoeny/raw_trace/<model>``).
+        include_degenerate: keep layers recording fewer tokens per rank than the largest layer.
+    """
+    if model not in _HARMOENY_MODELS:
+        raise ValueError(f"HarMoEny model {model!r} unknown; choose one of {sorted(_HARMOENY_MODELS)}")
+    name = _HARMOENY_MODELS[model]
+    folder = _resolve(path, f"harmoeny/raw_trace/{model}", f"HarMoEny {model} recording", name)
+    ranks = sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
+    if not ranks or ranks != list(range(len(ranks))):
+        raise ValueError(f"{folder}: expected rank folders 0..S-1, found {ranks}")
+    meta = {}
+    if (folder / "data.json").exists():
+        meta = json.loads((folder / "data.json").read_text())
+    layer_files = [
+        int(m.group(1))
+        for f in (folder / "0").glob("moe_layer-*.csv")
+        if (m := re.fullmatch(r"moe_layer-(\d+)\.csv", f.name))
+    ]
+    if not layer_files:
+        raise FileNotFoundError(f"{folder / '0'}: no moe_layer-<L>.csv files")
+    counts = {}
+    for layer in sorted(layer_files):
+        per_rank = []
+        for r in ranks:
+            file = folder / str(r) / f"moe_layer-{layer}.csv"
+            if not file.exists():
+                raise FileNotFoundError(f"{file} missing (rank 0 has layer {layer})")
+            per_rank.append(_read_rank_csv(file))
+        if len({a.shape for a in per_rank}) != 1:
+            raise ValueError(f"{folder}: layer {layer} ranks disagree on iterations/experts")
+        counts[layer] = np.stack(per_rank, axis=1)  # [I, S, E]
+    num_experts = {a.shape[2] for a in counts.values()}
+    if len(num_experts) != 1 or ("num_experts" in meta and int(meta["num_experts"]) not in num_experts):
+        raise ValueError(
+            f"{folder}: inconsistent expert counts {sorted(num_experts)} (data.json {meta.get('num_experts')})"
+        )
+    tokens = {layer: int(a.sum(axis=2).max()) for layer, a in counts.items()}
+    degenerate = [layer for layer, t in tokens.items() if t < max(tokens.values())]
+    if not include_degenerate:
+        counts = {layer: a for layer, a in counts.items() if layer not in degenerate}
+    notes = {
+        "switch-exp128": "google/switch-base-128 (top-1) on bookcorpus, 8 ranks x 2 iterations x 5,100 tokens "
+        "(85 sequences x 60).",
+        "qwen": "Qwen1.5-MoE-A2.7B router taken top-1 (not its native top-4; shared expert not logged) on "
+        "bookcorpus, 6 ranks x 2 iterations x 8,192 tokens (8 sequences x 1,024).",
+    }[model]
+    if degenerate:
+        state = "kept (include_degenerate=True)" if include_degenerate else "excluded"
+        notes += (
+            f" Degenerate layers {degenerate} ({min(tokens[x] for x in degenerate)} tokens per rank, decoder "
+            f"layers seeing one start token per sequence, 1-6 active experts): {state}."
+        )
+    return RoutingTrace(
+        name=name,
+        model=str(meta.get("model_name", model)),
+        num_experts=num_experts.pop(),
+        top_k=1,
+        rank_counts=counts,
+        source=str(folder),
+        notes=notes,
+    )
+
+
+def load_switch128(path: str | os.PathLike | None = None) -> RoutingTrace:
+    """ExFlow/HarMoEny ``128.npy`` (switch-base-128 encoder layers 0–5) as ``rank_counts [1, 8, 128]``.
+
+    The file's rows are not tokens (each column is sorted within each rank's block of 5,100 rows; see the
+    module docstring), so only the per-rank histograms are kept; they equal iteration 0 of
+    :func:`load_harmoeny` ``("switch-exp128")``.
+
+    Args:
+        path: the ``.npy`` file (default ``<traces>/harmoeny/switch128_token_experts.npy``).
+    """
+    file = _resolve(path, "harmoeny/switch128_token_experts.npy", "switch-128 npy recording", "switch128_npy")
+    a = np.load(file, allow_pickle=False)
+    E, S = 128, _SWITCH128_RANKS
+    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer) or a.shape[0] % S or a.shape[0] == 0:
+        raise ValueError(
+            f"{file}: expected an integer [T, layers] array with T a multiple of {S}, got {a.dtype} {a.shape}"
+        )
+    if a.min() < 0 or a.max() >= E:
+        raise ValueError(f"{file}: expert ids outside [0, {E})")
+    blocks = a.reshape(S, a.shape[0] // S, a.shape[1])  # [S, T/S, L]
+    counts = {
+        layer: np.stack([np.bincount(blocks[s, :, layer], minlength=E) for s in range(S)])[None]
+        for layer in range(a.shape[1])
+    }
+    sorted_blocks = bool(np.all(np.diff(blocks, axis=1) >= 0))
+    return RoutingTrace(
+        name="switch128_npy",
+        model="google/switch-base-128",
+        num_experts=E,
+        top_k=1,
+        rank_counts=counts,
+        source=str(file),
+        notes=(
+            f"{a.shape[0]} rows = {S} rank blocks of {a.shape[0] // S}; "
+            + (
+                "each column is sorted within each block, so rows are not tokens: loaded as per-rank counts. "
+                if sorted_blocks
+                else "loaded as per-rank counts of each block. "
+            )
+            + "Equals iteration 0 of harmoeny_switch128 layers 0-5."
+        ),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class TraceSpec:
+    """A registered recording: its loader, its path under the traces root, and one line about it."""
+
+    name: str
+    loader: Callable[..., RoutingTrace]
+    relpath: str
+    description: str
+
+
+TRACES: Mapping[str, TraceSpec] = MappingProxyType(
+    {
+        "flame_moe_290m": TraceSpec(
+            "flame_moe_290m", load_flame_moe, "flame_moe_290m", "FLAME-MoE-290M, E=64 K=6, 2,048 tokens, layers 2-9"
+        ),
+        "mixtral_8x7b": TraceSpec(
+            "mixtral_8x7b",
+            load_mixtral,
+            "mixtral_8x7b/humaneval_2_routing.jsonl",
+            "Mixtral-8x7B decode, E=8 K=2, 334-338 tokens, layers 0-31",
+        ),
+        "harmoeny_switch128": TraceSpec(
+            "harmoeny_switch128",
+            partial(load_harmoeny, "switch-exp128"),
+            "harmoeny/raw_trace/switch-exp128",
+            "switch-base-128 per-rank counts, E=128 K=1, S=8, 2 x 5,100 tokens/rank, layers 0-5",
+        ),
+        "harmoeny_qwen": TraceSpec(
+            "harmoeny_qwen",
+            partial(load_harmoeny, "qwen"),
+            "harmoeny/raw_trace/qwen",
+            "Qwen1.5-MoE router top-1 per-rank counts, E=60 K=1, S=6, 2 x 8,192 tokens/rank, layers 0-23",
+        ),
+        "switch128_npy": TraceSpec(
+            "switch128_npy",
+            load_switch128,
+            "harmoeny/switch128_token_experts.npy",
+            "switch-base-128 128.npy as per-rank counts, E=128 K=1, S=8, 5,100 tokens/rank, layers 0-5",
+        ),
+    }
+)
+
+
+def _check_name(name: object) -> str:
+    if name not in TRACES:
+        raise ValueError(f"unknown trace {name!r}; registered traces: {sorted(TRACES)}")
+    return str(name)
+
+
+def load_trace(name: str, path: str | os.PathLike | None = None, **kwargs) -> RoutingTrace:
+    """Load registered recording ``name`` (a key of :data:`TRACES`); ``kwargs`` go to its loader."""
+    return TRACES[_check_name(name)].loader(path=path, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------- sample
+def build_sample(out: str | os.PathLike | None = None) -> Path:
+    """Write the bundled sample (every registered trace, default layers, ids/counts only) to ``out``.
+
+    Ids are stored as int8 and counts as int16 in a compressed ``.npz`` (about 0.1 MB); router weights
+    are not kept. Default ``out``: ``tempo_jax/data/routing_sample.npz``.
+    """
+    out = Path(out) if out is not None else SAMPLE_PATH
+    arrays = {}
+    for name in TRACES:
+        t = load_trace(name)
+        meta = {"model": t.model, "num_experts": t.num_experts, "top_k": t.top_k, "notes": t.notes}
+        arrays[f"{name}__meta"] = np.array(json.dumps(meta))
+        for layer in t.layers:
+            if t.per_token:
+                arrays[f"{name}__ids__{layer}"] = t.topk_ids[layer].astype(np.int8)
+            else:
+                assert t.rank_counts[layer].max() < 2**15
+                arrays[f"{name}__counts__{layer}"] = t.rank_counts[layer].astype(np.int16)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **arrays)
+    return out
+
+
+def load_sample(name: str = "flame_moe_290m") -> RoutingTrace:
+    """The bundled copy of registered trace ``name`` (same ids/counts as the full recording, no weights).
+
+    Works without ``../shared/traces``; the package data file is ``tempo_jax/data/routing_sample.npz``.
+    """
+    name = _check_name(name)
+    if not SAMPLE_PATH.exists():
+        raise FileNotFoundError(f"bundled sample {SAMPLE_PATH} missing; rebuild it with build_sample()")
+    with np.load(SAMPLE_PATH, allow_pickle=False) as z:
+        meta = json.loads(str(z[f"{name}__meta"]))
+        ids, counts = {}, {}
+        for key in z.files:
+            parts = key.split("__")
+            if parts[0] == name and parts[1] == "ids":
+                ids[int(parts[2])] = z[key]
+            elif parts[0] == name and parts[1] == "counts":
+                counts[int(parts[2])] = z[key]
+    return RoutingTrace(
+        name=name,
+        model=meta["model"],
+        num_experts=meta["num_experts"],
+        top_k=meta["top_k"],
+        topk_ids=ids or None,
+        rank_counts=counts or None,
+        source=f"{SAMPLE_PATH} (sample)",
+        notes=meta["notes"],
+    )
