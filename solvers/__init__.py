@@ -10,6 +10,7 @@ from .placement import Placement, drift_corrupt, static_map
 from .policies import semi_matching, semi_matching_value
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
+from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
 __all__ = [
     "POLICIES",
@@ -18,6 +19,11 @@ __all__ = [
     "Dispatch",
     "DispatchProblem",
     "FitReport",
+    "flat_split",
+    "inter_node_tokens",
+    "node_counts_from_sources",
+    "split_tables",
+    "topology_split",
     "Placement",
     "drift_corrupt",
     "fit_max_affine",

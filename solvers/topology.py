@@ -1,0 +1,210 @@
+"""Topology-aware split (TEMPO §4.3, §5.15): stage 2 of the two-stage multi-node dispatch.
+
+Stage 1 solves the flat dispatch ``x [E, G]`` (tokens of expert e processed on GPU g). Stage 2 decides which
+source node's tokens fill which replica: for each expert, a same-node-first transportation rule pairs each
+node's tokens with that expert's capacity ``x[e, g]`` on the node's own GPUs before anything crosses the
+inter-node network. The result ``y [Nn, E, G]`` realises x exactly, so per-GPU loads (and the modelled
+makespan) are those of the flat solution; only the pairing of sources to replicas changes. `split_tables`
+turns y into one dispatch table per source node over each expert's replica columns.
+
+Why it is optimal. Per expert this is a transportation problem with cost 0 on same-node (source node, GPU)
+pairs and 1 otherwise, so inter-node tokens = n_e − same-node flow. Any split sends at most
+``min(node_counts[m, e], Σ_{g on m} x[e, g])`` same-node tokens from node m (its supply, and the capacity
+there), and the rule attains that bound for every m at once, hence inter-node traffic is minimal.
+
+Glossary (shapes): E experts, G GPUs, Nn nodes, S source ranks, R_max replica columns (``log2phy``).
+numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .placement import Placement
+
+__all__ = ["topology_split", "flat_split", "split_tables", "inter_node_tokens", "node_counts_from_sources"]
+
+_RTOL = 1e-6
+
+
+def _array(name: str, a, ndim: int) -> np.ndarray:
+    """float64 copy of ``a`` with ``ndim`` axes, finite and non-negative, or ValueError."""
+    a = getattr(a, "x", a) if name == "x" else a  # a solvers.Dispatch is accepted for x
+    arr = np.asarray(a)
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    arr = arr.astype(np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} axes, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or inf")
+    if np.any(arr < 0):
+        raise ValueError(f"{name} must be non-negative (min {arr.min():.6g})")
+    return arr
+
+
+def _check_marginals(x: np.ndarray, node_counts: np.ndarray) -> np.ndarray:
+    """Check ``node_counts [Nn, E]`` columns sum to x's rows ``[E, G]``; return ``n [E]`` (x's row sums)."""
+    if node_counts.shape[1] != x.shape[0]:
+        raise ValueError(
+            f"node_counts has {node_counts.shape[1]} experts but x has {x.shape[0]}"
+            f" (shapes {list(node_counts.shape)}, {list(x.shape)})"
+        )
+    n = x.sum(axis=1)
+    bad = np.flatnonzero(np.abs(node_counts.sum(axis=0) - n) > _RTOL * np.maximum(n, 1.0))
+    if bad.size:
+        e = int(bad[0])
+        raise ValueError(
+            f"node_counts column sums differ from x row sums for experts {bad[:10].tolist()}"
+            f" (expert {e}: {node_counts[:, e].sum():.6g} vs {n[e]:.6g}); both must count the same tokens"
+        )
+    return n
+
+
+def _node_onehot(placement: Placement, num_nodes: int) -> np.ndarray:
+    """``[Nn, G]`` bool, GPU g lies on node m; ValueError when Nn differs from the placement's node count."""
+    if not isinstance(placement, Placement):
+        raise ValueError(f"placement must be a solvers.Placement, got {type(placement).__name__}")
+    if num_nodes != placement.num_nodes:
+        raise ValueError(
+            f"got {num_nodes} source nodes but the placement has {placement.num_nodes} "
+            f"(gpus_per_node={placement.gpus_per_node}; a placement without gpus_per_node is one node)"
+        )
+    return placement.node_of_gpu[None, :] == np.arange(num_nodes)[:, None]
+
+
+def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
+    """Same-node-first split of the flat dispatch over source nodes.
+
+    Args:
+      x: ``[E, G]`` flat dispatch (tokens of e processed on g), zero off the replica mask; or a `Dispatch`.
+      node_counts: ``[Nn, E]`` tokens of e originating on node m; column sums equal x's row sums (1e-6
+        relative; they are rescaled to match exactly).
+      placement: the placement x was solved on (``node_of_gpu`` gives the topology).
+
+    Returns:
+      ``y [Nn, E, G]`` float64 with ``Σ_m y = x``, ``Σ_g y = node_counts``, ``y ≥ 0``, y > 0 only where x > 0,
+      and the fewest inter-node tokens of any such split. Same-node tokens are spread over the node's GPUs in
+      proportion to ``x[e, g]``; the remainder is shipped in proportion to each GPU's remaining capacity.
+
+    Raises:
+      ValueError: bad shapes, negative / NaN entries, x on GPUs without a replica, mismatched marginals, or
+        a node count that differs from the placement's.
+    """
+    # Step 1: validate; rescale node_counts so its column sums equal x's row sums exactly.
+    x = _array("x", x, 2)
+    counts = _array("node_counts", node_counts, 2)
+    if x.shape != placement.replica_mask.shape:
+        raise ValueError(f"x must be [E, G] = {list(placement.replica_mask.shape)}, got {list(x.shape)}")
+    off = np.flatnonzero(((x > 0) & ~placement.replica_mask).any(axis=1))
+    if off.size:
+        raise ValueError(f"x puts tokens on GPUs without a replica for experts {off[:10].tolist()}")
+    n = _check_marginals(x, counts)
+    onehot = _node_onehot(placement, counts.shape[0])  # [Nn, G]
+    total = counts.sum(axis=0)
+    counts = counts * np.divide(n, total, out=np.zeros_like(n), where=total > 0)
+
+    # Step 2: same-node capacity cap[m, e] = Σ_{g on m} x[e, g]; node m keeps s = min(supply, capacity).
+    cap = onehot.astype(np.float64) @ x.T  # [Nn, E]
+    kept = np.minimum(counts, cap)
+    frac = np.divide(kept, cap, out=np.zeros_like(cap), where=cap > 0)  # share of the node's capacity used
+    y_local = onehot[:, None, :] * frac[:, :, None] * x[None, :, :]  # ∝ x[e, g] over the node's GPUs
+
+    # Step 3: leftover supply and capacity. A node with leftover supply used all its own capacity
+    # (frac = 1), so its GPUs have no leftover capacity and every shipped token crosses nodes.
+    supply = counts - kept  # [Nn, E]
+    room = x * (1.0 - frac[placement.node_of_gpu].T)  # [E, G]: frac of each GPU's node, gathered per GPU
+    room_e = room.sum(axis=1)
+
+    # Step 4: ship each node's leftover to the other nodes' leftover capacity, proportionally.
+    share = np.divide(room, room_e[:, None], out=np.zeros_like(room), where=room_e[:, None] > 0)
+    return y_local + supply[:, :, None] * share[None, :, :]
+
+
+def flat_split(x, node_counts) -> np.ndarray:
+    """The flat table every node uses: ``y[m, e, g] = node_counts[m, e] · x[e, g] / n_e`` (``[Nn, E, G]``).
+
+    Args:
+      x: ``[E, G]`` flat dispatch (or a `Dispatch`); node_counts: ``[Nn, E]`` with column sums = x's row sums.
+    """
+    # Step 1: validate.
+    x = _array("x", x, 2)
+    counts = _array("node_counts", node_counts, 2)
+    n = _check_marginals(x, counts)
+    # Step 2: every source node splits each expert like the flat row x[e] / n_e.
+    row = np.divide(x, n[:, None], out=np.zeros_like(x), where=n[:, None] > 0)
+    return counts[:, :, None] * row[None, :, :]
+
+
+def inter_node_tokens(y, placement: Placement) -> float:
+    """Tokens of ``y [Nn, E, G]`` sent from source node m to a GPU on another node."""
+    y = _array("y", y, 3)
+    if y.shape[2] != placement.num_gpus:
+        raise ValueError(f"y must be [Nn, E, G] with G = {placement.num_gpus}, got shape {y.shape}")
+    onehot = _node_onehot(placement, y.shape[0])
+    return float(y.sum() - np.einsum("meg,mg->", y, onehot.astype(np.float64)))
+
+
+def split_tables(y, placement: Placement) -> np.ndarray:
+    """Per-source-node dispatch tables over each expert's replica columns.
+
+    Args:
+      y: ``[Nn, E, G]`` split (from `topology_split` or `flat_split`).
+      placement: gives the replica columns ``log2phy [E, R_max]`` (−1 padded) and their GPUs.
+
+    Returns:
+      ``probs [Nn, E, R_max]`` float64; each row sums to 1 over the expert's replicas and is 0 on −1 columns.
+      A GPU holding two replicas of e splits its share evenly between them. A row with no tokens from node m
+      falls back to the flat row ``Σ_m y[m, e]`` (x's proportions), or to uniform over replicas if that is 0.
+    """
+    # Step 1: validate.
+    y = _array("y", y, 3)
+    E, G = placement.num_experts, placement.num_gpus
+    if y.shape[1:] != (E, G):
+        raise ValueError(f"y must be [Nn, E, G] with E = {E}, G = {G}, got shape {y.shape}")
+    _node_onehot(placement, y.shape[0])
+    off = np.flatnonzero(((y > 0) & ~placement.replica_mask[None]).any(axis=(0, 2)))
+    if off.size:
+        raise ValueError(f"y sends tokens to GPUs without a replica for experts {off[:10].tolist()}")
+
+    # Step 2: fall back row by row: own split, else the flat row, else one token per replica (uniform).
+    flat = y.sum(axis=0)  # [E, G]
+    flat = np.where(flat.sum(axis=1, keepdims=True) > 0, flat, placement.replicas_on_gpu.astype(np.float64))
+    w = np.where(y.sum(axis=2, keepdims=True) > 0, y, flat[None, :, :])  # [Nn, E, G]
+
+    # Step 3: gather each replica column's GPU share, divided among the replicas that GPU holds.
+    slots = placement.log2phy  # [E, R_max]
+    valid = slots >= 0
+    gpu = placement.slot_gpu[np.where(valid, slots, 0)]  # [E, R_max]
+    per_replica = w / np.maximum(placement.replicas_on_gpu, 1)[None, :, :]
+    probs = np.take_along_axis(per_replica, np.broadcast_to(gpu, w.shape[:2] + gpu.shape[1:]), axis=2)
+    probs = np.where(valid[None, :, :], probs, 0.0)
+
+    # Step 4: normalise each row.
+    return probs / probs.sum(axis=2, keepdims=True)
+
+
+def node_counts_from_sources(counts, placement: Placement, source_gpus=None) -> np.ndarray:
+    """Aggregate per-source-rank counts ``[S, E]`` into per-source-node counts ``[Nn, E]``.
+
+    Args:
+      counts: ``[S, E]`` token–expert pairs originating on each source rank.
+      placement: gives each GPU's node.
+      source_gpus: ``[S]`` GPU of each source rank (default: source s on GPU s, which needs S = G).
+    """
+    # Step 1: validate.
+    counts = _array("counts", counts, 2)
+    S, G = counts.shape[0], placement.num_gpus
+    if counts.shape[1] != placement.num_experts:
+        raise ValueError(f"counts must be [S, E] with E = {placement.num_experts}, got shape {counts.shape}")
+    if source_gpus is None:
+        if S != G:
+            raise ValueError(f"counts has {S} source rows but the placement has {G} GPUs; pass source_gpus")
+        source_gpus = np.arange(G)
+    src = np.asarray(source_gpus)
+    if src.shape != (S,) or src.dtype.kind not in "iu" or np.any((src < 0) | (src >= G)):
+        raise ValueError(f"source_gpus must be [S] = [{S}] GPU ids in 0..{G - 1}, got {source_gpus!r}")
+    # Step 2: sum the rows of each node's sources.
+    out = np.zeros((placement.num_nodes, counts.shape[1]))
+    np.add.at(out, placement.node_of_gpu[src], counts)
+    return out
