@@ -1,0 +1,114 @@
+"""Dispatch tables: what the in-graph dispatch kernel reads to pick a physical slot per (token, k).
+
+A `Tables` pytree holds ``table [Gs, E, R]`` float32 weights over each expert's replica columns (rows need not
+be normalised: the kernel renormalises at use and treats an all-zero row as uniform over valid replicas) and
+``log2phy [E, R]`` int32 physical slots (−1 = no replica). ``Gs`` source groups: device d of D uses row group
+``d * Gs // D`` (Gs = 1: one table for all; Gs = number of nodes: one per source node; Gs = D: per rank).
+
+Built on the host from `solvers` objects (numpy); consumed in-graph by `tempo_jax.moe_forward`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from solvers import Dispatch, Placement, static_map
+
+__all__ = [
+    "PlacementArrays",
+    "Tables",
+    "placement_arrays",
+    "uniform",
+    "static",
+    "from_dispatch",
+    "from_split",
+    "perturbed",
+]
+
+
+class PlacementArrays(NamedTuple):
+    """Device-side placement. phy2log [P] int32; log2phy [E, R] int32 (−1 padded)."""
+
+    phy2log: jnp.ndarray
+    log2phy: jnp.ndarray
+
+
+class Tables(NamedTuple):
+    """table [Gs, E, R] float32 weights per source group; log2phy [E, R] int32."""
+
+    table: jnp.ndarray
+    log2phy: jnp.ndarray
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.table.shape[0])
+
+
+def placement_arrays(placement: Placement) -> PlacementArrays:
+    return PlacementArrays(jnp.asarray(placement.phy2log, jnp.int32), jnp.asarray(placement.log2phy, jnp.int32))
+
+
+def _tables(weights: np.ndarray, placement: Placement) -> Tables:
+    w = np.asarray(weights, dtype=np.float32)
+    if w.ndim == 2:
+        w = w[None]
+    return Tables(jnp.asarray(w), jnp.asarray(placement.log2phy, jnp.int32))
+
+
+def uniform(placement: Placement) -> Tables:
+    """EPLB-even: equal weight on every replica of each expert. ``[1, E, R]``."""
+    return _tables((placement.log2phy >= 0).astype(np.float32), placement)
+
+
+def static(placement: Placement, source_gpus=None) -> Tables:
+    """The static map (`solvers.static_map`): each source rank sends each expert to one replica. ``[S, E, R]``."""
+    slots = static_map(placement, source_gpus)  # [S, E]
+    w = (placement.log2phy[None, :, :] == slots[:, :, None]).astype(np.float32)
+    return _tables(w, placement)
+
+
+def _rows_from_gpu_shares(x: np.ndarray, placement: Placement) -> np.ndarray:
+    """[..., E, G] token shares → [..., E, R] weights over replica columns (a GPU's share split evenly over the
+    replicas it holds)."""
+    l2p = placement.log2phy
+    valid = l2p >= 0
+    gpu = np.where(valid, placement.slot_gpu[np.maximum(l2p, 0)], 0)  # [E, R]
+    per = placement.replicas_on_gpu[np.arange(l2p.shape[0])[:, None], gpu]  # [E, R]
+    share = np.take_along_axis(x, np.broadcast_to(gpu, x.shape[:-1] + gpu.shape[-1:]), axis=-1)
+    w = np.where(valid, share / np.maximum(per, 1), 0.0)
+    total = w.sum(axis=-1, keepdims=True)
+    return np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)  # zero rows → kernel's uniform fallback
+
+
+def from_dispatch(dispatch: Dispatch, placement: Placement | None = None, mode: str = "sample") -> Tables:
+    """One table for every source from a flat solver dispatch ``x [E, G]``: weight of replica column r of
+    expert e = x[e, gpu(r)] / n_e (split evenly when a GPU holds two replicas of e). ``[1, E, R]``.
+
+    ``mode`` ("sample" or "quota") only documents how the layer will read the weights: the same numbers are
+    probabilities in sample mode and quota fractions in quota mode.
+    """
+    if mode not in ("sample", "quota"):
+        raise ValueError(f"mode must be 'sample' or 'quota', got {mode!r}")
+    placement = placement or dispatch.problem.placement
+    return _tables(_rows_from_gpu_shares(dispatch.x, placement), placement)
+
+
+def from_split(y: np.ndarray, placement: Placement) -> Tables:
+    """Per-source-group tables from a split ``y [Gs, E, G]`` (e.g. `solvers.topology` per source node)."""
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 3 or y.shape[1:] != (placement.num_experts, placement.num_gpus):
+        raise ValueError(f"split must be [Gs, E={placement.num_experts}, G={placement.num_gpus}], got {y.shape}")
+    return _tables(_rows_from_gpu_shares(y, placement), placement)
+
+
+def perturbed(tables: Tables, seed: int = 0, zero_fraction: float = 0.2) -> Tables:
+    """Random weights on the same valid columns (some rows all zero = torn): for invariance tests."""
+    rng = np.random.default_rng(seed)
+    t = np.asarray(tables.table)
+    valid = np.asarray(tables.log2phy)[None] >= 0
+    w = np.where(valid, rng.random(t.shape) ** 3, 0.0)
+    w[rng.random(t.shape[:2]) < zero_fraction] = 0.0
+    return Tables(jnp.asarray(w, jnp.float32), tables.log2phy)
