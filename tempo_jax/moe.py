@@ -17,6 +17,7 @@ on the ``ep`` axis, S physical slots per rank, P = D·S physical slots, R replic
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -173,8 +174,25 @@ def _local_moe(x, router, wg, wu, wd, table, log2phy, counter, key, *, config: M
         "drops": jnp.sum(jnp.maximum(counts - capacity, 0))[None],
         "slot_tokens": group_sizes[None],
         "replica_counts": res.replica_counts[None],
+        "topk_ids": ids,
     }
     return out, res.counts[None], res.counter[None], aux
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int):
+    """The jitted shard_map program, built once per (mesh, config, exchange, table groups): eager callers
+    (e.g. `MoE.__call__` outside `jit`) compile once instead of running the collective program op by op."""
+    axis = config.axis
+    return jax.jit(
+        jax.shard_map(
+            functools.partial(_local_moe, config=config, impl=impl, groups=groups),
+            mesh=mesh,
+            in_specs=(P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P()),
+            out_specs=(P(axis), P(axis), P(axis), P(axis)),
+            check_vma=False,
+        )
+    )
 
 
 def moe_forward(
@@ -204,7 +222,7 @@ def moe_forward(
       ``(out [T, H], counts [D, E] per source rank, aux)``; aux holds ``counter [D, E]`` (updated),
       ``gpu_tokens [D]``, ``gpu_activations [D]`` (non-empty slots), ``drops [D]`` (zero when dropless),
       ``slot_tokens [D, S]`` (rows each slot computed) and ``replica_counts [D, E, R]`` (pairs each source
-      sent to each replica column).
+      sent to each replica column) and ``topk_ids [T, K]`` (the routing, for traces).
     """
     axis = config.axis
     D = mesh.shape[axis]
@@ -224,16 +242,11 @@ def moe_forward(
         raise ValueError(f"tables {tables.table.shape} / log2phy {tables.log2phy.shape} do not match E={E}")
     impl = resolve_exchange(config.exchange)
     key = jax.random.key(0) if key is None else key
-    counter = jnp.zeros((D, E), COUNTER_DTYPE) if counter is None else counter
+    if counter is None:
+        counter = jax.device_put(jnp.zeros((D, E), COUNTER_DTYPE), NamedSharding(mesh, P(axis)))
     phys = materialize(params, phy2log)
 
-    body = jax.shard_map(
-        lambda *a: _local_moe(*a, config=config, impl=impl, groups=tables.num_groups),
-        mesh=mesh,
-        in_specs=(P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P()),
-        out_specs=(P(axis), P(axis), P(axis), P(axis)),
-        check_vma=False,
-    )
+    body = _sharded_body(mesh, config, impl, tables.num_groups)
     args = [x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table, tables.log2phy,
             counter, key]  # fmt: skip
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):

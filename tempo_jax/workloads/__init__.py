@@ -9,9 +9,11 @@ rank, I recorded iterations.
   :func:`load_trace` over the :data:`TRACES` registry, and :func:`load_sample` (bundled copy, works offline).
 - Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(B, G, rng) -> [G, E]``),
   :func:`sample_topk`.
+- Trace files: :func:`save_traces`, :func:`load_saved_trace` (``.npz``; also used for recorded traces).
 - Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.
 """
 
+from .io import load_saved_trace, save_traces, saved_trace_names
 from .loaders import (
     TRACES,
     TRACES_ENV,
@@ -41,6 +43,9 @@ __all__ = [
     "load_harmoeny",
     "load_mixtral",
     "load_sample",
+    "load_saved_trace",
+    "save_traces",
+    "saved_trace_names",
     "load_switch128",
     "load_trace",
     "mixed_fraction",

@@ -38,6 +38,7 @@ Format decisions (see :data:`TRACES` for the names):
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -49,6 +50,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from .io import load_saved_trace, save_traces
 from .trace import RoutingTrace
 
 __all__ = [
@@ -404,24 +406,10 @@ def load_trace(name: str, path: str | os.PathLike | None = None, **kwargs) -> Ro
 def build_sample(out: str | os.PathLike | None = None) -> Path:
     """Write the bundled sample (every registered trace, default layers, ids/counts only) to ``out``.
 
-    Ids are stored as int8 and counts as int16 in a compressed ``.npz`` (about 0.1 MB); router weights
-    are not kept. Default ``out``: ``tempo_jax/data/routing_sample.npz``.
+    Ids and counts are stored in the smallest integer dtype in a compressed ``.npz`` (about 0.1 MB); router
+    weights are not kept. Default ``out``: ``tempo_jax/data/routing_sample.npz``.
     """
-    out = Path(out) if out is not None else SAMPLE_PATH
-    arrays = {}
-    for name in TRACES:
-        t = load_trace(name)
-        meta = {"model": t.model, "num_experts": t.num_experts, "top_k": t.top_k, "notes": t.notes}
-        arrays[f"{name}__meta"] = np.array(json.dumps(meta))
-        for layer in t.layers:
-            if t.per_token:
-                arrays[f"{name}__ids__{layer}"] = t.topk_ids[layer].astype(np.int8)
-            else:
-                assert t.rank_counts[layer].max() < 2**15
-                arrays[f"{name}__counts__{layer}"] = t.rank_counts[layer].astype(np.int16)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, **arrays)
-    return out
+    return save_traces((load_trace(name) for name in TRACES), out if out is not None else SAMPLE_PATH)
 
 
 def load_sample(name: str = "flame_moe_290m") -> RoutingTrace:
@@ -432,22 +420,5 @@ def load_sample(name: str = "flame_moe_290m") -> RoutingTrace:
     name = _check_name(name)
     if not SAMPLE_PATH.exists():
         raise FileNotFoundError(f"bundled sample {SAMPLE_PATH} missing; rebuild it with build_sample()")
-    with np.load(SAMPLE_PATH, allow_pickle=False) as z:
-        meta = json.loads(str(z[f"{name}__meta"]))
-        ids, counts = {}, {}
-        for key in z.files:
-            parts = key.split("__")
-            if parts[0] == name and parts[1] == "ids":
-                ids[int(parts[2])] = z[key]
-            elif parts[0] == name and parts[1] == "counts":
-                counts[int(parts[2])] = z[key]
-    return RoutingTrace(
-        name=name,
-        model=meta["model"],
-        num_experts=meta["num_experts"],
-        top_k=meta["top_k"],
-        topk_ids=ids or None,
-        rank_counts=counts or None,
-        source=f"{SAMPLE_PATH} (sample)",
-        notes=meta["notes"],
-    )
+    trace = load_saved_trace(SAMPLE_PATH, name)
+    return dataclasses.replace(trace, source=f"{SAMPLE_PATH} (sample)")

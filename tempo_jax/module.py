@@ -1,0 +1,130 @@
+"""`tempo_jax.MoE`: the expert-parallel MoE layer as a flax nnx module.
+
+    moe = MoE(config, placement, mesh=make_ep_mesh(8), rngs=nnx.Rngs(params=0, dispatch=1))
+    y = moe(x)                      # x [..., H] with prod(...) divisible by the ep axis size
+    moe.set_tables(tables)          # fresh dispatch tables (e.g. from a DispatchController)
+    moe.counts.get_value()          # [D, E] per-source expert counts of the last call
+
+Trainable weights are `nnx.Param` (router, logical w_gate / w_up / w_down); placement, tables, the cumulative
+counter and the last call's routing statistics are non-trainable `DispatchState` variables, so
+``nnx.Optimizer(model, tx, wrt=nnx.Param)`` trains exactly the logical parameters.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pallas_kernels import COUNTER_DTYPE
+from solvers import Placement
+
+from .moe import MoEConfig, init_params, moe_forward
+from .tables import PlacementArrays, Tables, placement_arrays, uniform
+
+__all__ = ["MoE", "DispatchState", "RankState", "place_on_mesh"]
+
+
+class DispatchState(nnx.Variable):
+    """Non-trainable state of the MoE layer (placement, tables, counters, routing statistics)."""
+
+
+class RankState(DispatchState):
+    """Per-rank dispatch state ``[D, ...]``, sharded over the expert-parallel axis."""
+
+
+def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep") -> None:
+    """Put a module's state where the MoE program returns it: `RankState` sharded over ``axis``, everything
+    else replicated on ``mesh``. Without this, the second call of a jitted step sees differently placed
+    inputs and compiles again."""
+    rank = nnx.state(module, RankState)
+    rest = nnx.state(module, nnx.Not(RankState))
+    nnx.update(
+        module, jax.device_put(rest, NamedSharding(mesh, P())), jax.device_put(rank, NamedSharding(mesh, P(axis)))
+    )
+
+
+class MoE(nnx.Module):
+    """Expert-parallel MoE layer (SwiGLU experts, softmax top-k router).
+
+    Args:
+      config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_device, …).
+      placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_device`` slots.
+      mesh: mesh with the expert-parallel axis.
+      rngs: ``nnx.Rngs`` with a ``params`` stream (weights) and optionally ``dispatch`` (sampling).
+      tables: initial dispatch tables (default: EPLB-even over the placement's replicas).
+      record: keep the last call's ``topk_ids [T, K]`` in ``self.topk_ids`` (routing traces).
+    """
+
+    def __init__(
+        self,
+        config: MoEConfig,
+        placement: Placement,
+        *,
+        mesh: jax.sharding.Mesh,
+        rngs: nnx.Rngs,
+        tables: Tables | None = None,
+        record: bool = False,
+    ):
+        D = mesh.shape[config.axis]
+        if placement.num_slots != D * config.slots_per_device:
+            raise ValueError(
+                f"placement has {placement.num_slots} slots; the mesh needs {D} ranks × "
+                f"{config.slots_per_device} slots per rank"
+            )
+        if placement.num_experts != config.experts:
+            raise ValueError(f"placement has {placement.num_experts} experts, config.experts={config.experts}")
+        p = init_params(rngs.params(), config)
+        self.router = nnx.Param(p["router"])
+        self.w_gate = nnx.Param(p["w_gate"])
+        self.w_up = nnx.Param(p["w_up"])
+        self.w_down = nnx.Param(p["w_down"])
+        self.config = config
+        self.mesh = mesh
+        self.record = record
+        self.rngs = rngs
+        pa = placement_arrays(placement)
+        tables = tables or uniform(placement)
+        self.phy2log = DispatchState(pa.phy2log)
+        self.log2phy = DispatchState(pa.log2phy)
+        self.table = DispatchState(tables.table)
+        self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
+        self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
+        self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
+        self.topk_ids = DispatchState(jnp.zeros((0, config.top_k), jnp.int32))
+        place_on_mesh(self, mesh, config.axis)
+
+    def params(self) -> dict:
+        return {"router": self.router.get_value(), "w_gate": self.w_gate.get_value(), "w_up": self.w_up.get_value(),
+                "w_down": self.w_down.get_value()}  # fmt: skip
+
+    def set_tables(self, tables: Tables) -> None:
+        """Install fresh dispatch tables (same replica columns as the placement)."""
+        if tables.log2phy.shape != self.log2phy.get_value().shape or not bool(
+            jnp.all(tables.log2phy == self.log2phy.get_value())
+        ):
+            raise ValueError("tables were built for a different placement (log2phy differs)")
+        self.table.set_value(jnp.asarray(tables.table, jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""
+        lead, H = x.shape[:-1], x.shape[-1]
+        key = self.rngs.dispatch() if "dispatch" in self.rngs else jax.random.key(0)
+        out, counts, aux = moe_forward(
+            self.params(),
+            x.reshape(-1, H),
+            mesh=self.mesh,
+            placement_arrays=PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value()),
+            tables=Tables(self.table.get_value(), self.log2phy.get_value()),
+            config=self.config,
+            key=key,
+            counter=self.counter.get_value(),
+        )
+        self.counter.set_value(aux["counter"])
+        self.counts.set_value(counts)
+        self.gpu_tokens.set_value(aux["gpu_tokens"])
+        if self.record:
+            self.topk_ids.set_value(aux["topk_ids"])
+        return out.reshape(*lead, H)

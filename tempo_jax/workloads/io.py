@@ -1,0 +1,81 @@
+"""Save and load `RoutingTrace`s as ``.npz`` (the format of the bundled sample and of locally recorded traces).
+
+Layout: for each trace ``name``: ``{name}__meta`` (JSON: model, num_experts, top_k, notes) and per layer either
+``{name}__ids__{layer}`` ``[T, K]`` or ``{name}__counts__{layer}`` ``[I, S, E]``, stored in the smallest
+integer dtype that holds them. Router weights are not kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from .trace import RoutingTrace
+
+__all__ = ["save_traces", "load_saved_trace", "saved_trace_names"]
+
+
+def _compact(a: np.ndarray) -> np.ndarray:
+    hi = int(a.max(initial=0))
+    for dtype in (np.int8, np.int16, np.int32):
+        if hi <= np.iinfo(dtype).max:
+            return a.astype(dtype)
+    return a.astype(np.int64)
+
+
+def save_traces(traces: Iterable[RoutingTrace], path: str | os.PathLike) -> Path:
+    """Write ``traces`` (distinct names) to one compressed ``.npz`` at ``path``; returns the path."""
+    out = Path(path)
+    arrays: dict[str, np.ndarray] = {}
+    for t in traces:
+        if f"{t.name}__meta" in arrays:
+            raise ValueError(f"two traces named {t.name!r}; names must be unique within a file")
+        meta = {"model": t.model, "num_experts": t.num_experts, "top_k": t.top_k, "notes": t.notes}
+        arrays[f"{t.name}__meta"] = np.array(json.dumps(meta))
+        for layer in t.layers:
+            kind, a = ("ids", t.topk_ids[layer]) if t.per_token else ("counts", t.rank_counts[layer])
+            arrays[f"{t.name}__{kind}__{layer}"] = _compact(a)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **arrays)
+    return out
+
+
+def saved_trace_names(path: str | os.PathLike) -> list[str]:
+    """Names of the traces stored in ``path``."""
+    with np.load(path, allow_pickle=False) as z:
+        return sorted(k[: -len("__meta")] for k in z.files if k.endswith("__meta"))
+
+
+def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> RoutingTrace:
+    """Read trace ``name`` (default: the only one in the file) back from ``path``."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no saved trace file at {p}")
+    names = saved_trace_names(p)
+    if name is None:
+        if len(names) != 1:
+            raise ValueError(f"{p} holds traces {names}; pass name=")
+        name = names[0]
+    if name not in names:
+        raise ValueError(f"{p} has no trace {name!r}; it holds {names}")
+    ids, counts = {}, {}
+    with np.load(p, allow_pickle=False) as z:
+        meta = json.loads(str(z[f"{name}__meta"]))
+        for key in z.files:
+            parts = key.split("__")
+            if len(parts) == 3 and parts[0] == name:
+                (ids if parts[1] == "ids" else counts)[int(parts[2])] = z[key]
+    return RoutingTrace(
+        name=name,
+        model=meta["model"],
+        num_experts=meta["num_experts"],
+        top_k=meta["top_k"],
+        topk_ids=ids or None,
+        rank_counts=counts or None,
+        source=str(p),
+        notes=meta["notes"],
+    )

@@ -1,0 +1,93 @@
+"""`tempo_jax.MoE` (flax nnx), the DispatchController and the tiny MoE language model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import tempo_jax
+from solvers import PRESETS, Placement
+from tempo_jax import tables as T
+from tempo_jax.module import place_on_mesh
+from tempo_jax.workloads import load_saved_trace, save_traces
+
+
+@pytest.fixture(scope="module")
+def layer():
+    placement = Placement.from_eplb(np.arange(12) + 1.0, 16, 8)
+    cfg = tempo_jax.MoEConfig(hidden=32, ffn=16, experts=12, top_k=2, slots_per_device=2)
+    return placement, cfg, tempo_jax.make_ep_mesh(8)
+
+
+def test_module_matches_reference_and_trains(layer):
+    placement, cfg, mesh = layer
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1), record=True)
+    x = jax.random.normal(jax.random.key(0), (4, 32, 32))
+    y = moe(x)
+    ref = tempo_jax.moe_reference(moe.params(), x.reshape(-1, 32), cfg).reshape(x.shape)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=2e-5, rtol=2e-5)
+    assert moe.counts.get_value().sum() == 4 * 32 * 2 and moe.topk_ids.get_value().shape == (128, 2)
+
+    ctl = tempo_jax.DispatchController(placement, PRESETS["dsv3_fp8_offline"], background=True)
+    opt = nnx.Optimizer(moe, optax.adamw(1e-2), wrt=nnx.Param)
+    place_on_mesh(opt, mesh)  # optimizer state on the mesh too: one compile for every step
+
+    @nnx.jit
+    def step(moe, opt, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - x) ** 2))(moe)
+        opt.update(moe, grads)
+        return loss
+
+    losses = []
+    for _ in range(4):
+        losses.append(float(step(moe, opt, x)))
+        moe.set_tables(ctl.observe(moe.counts.get_value()))  # never blocks on the solver
+    ctl.wait()
+    ctl.close()
+    assert losses[-1] < losses[0]
+    assert len(ctl.history) >= 1 and ctl.history[-1]["makespan"] > 0
+    # new tables change nothing but where tokens go
+    y2 = moe(x)
+    np.testing.assert_allclose(
+        np.asarray(y2),
+        np.asarray(tempo_jax.moe_reference(moe.params(), x.reshape(-1, 32), cfg).reshape(x.shape)),
+        atol=2e-5,
+        rtol=2e-5,
+    )
+    with pytest.raises(ValueError, match="different placement"):
+        moe.set_tables(T.uniform(Placement.from_eplb(np.ones(12), 16, 8)))
+
+
+def test_controller_windows_counter_and_per_node():
+    placement = Placement.from_eplb(np.arange(16) + 1.0, 32, 8, num_groups=4, num_nodes=2)
+    ctl = tempo_jax.DispatchController(placement, PRESETS["dsv3_fp8_offline"], window=2, per_node=True)
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 50, (8, 16))
+    first = ctl.observe(counts)
+    assert ctl.history == [] and first.table.shape[0] == 1  # window not complete: still the initial table
+    tables = ctl.observe(counts)
+    assert tables.table.shape == (2, 16, placement.log2phy.shape[1])  # one table per source node
+    # cumulative counters wrap modulo 2**32: differencing recovers the window
+    c0 = np.full((8, 16), 2**32 - 5, dtype=np.uint32)
+    ctl.observe_counter(c0)
+    ctl.observe_counter((c0.astype(np.uint64) + counts.astype(np.uint64)).astype(np.uint32))
+    assert len(ctl.history) == 2
+    with pytest.raises(ValueError, match="counts must be"):
+        ctl.observe(np.ones((3, 16)))
+
+
+def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
+    from tempo_jax.model import LMConfig, corpus, train
+
+    assert corpus().size > 400_000
+    result = train(LMConfig(), steps=30, record=True)
+    assert np.isfinite(result.losses).all()
+    assert result.losses[-5:].mean() < result.losses[:5].mean() - 1.0
+    trace = result.trace
+    assert trace.layers == (0, 1) and trace.topk_ids[0].shape == (30 * 8 * 64, 2)
+    path = save_traces([trace], tmp_path / "tiny.npz")
+    again = load_saved_trace(path)
+    np.testing.assert_array_equal(again.topk_ids[1], trace.topk_ids[1])
+    assert again.batch_counts(0, 64, 8).sum() == 64 * 8 * 2
