@@ -1,0 +1,133 @@
+"""Group metadata for the grouped GEMM: which groups touch which M-tiles, and the CPU chunk schedule.
+
+Rows of `lhs [M, K]` are sorted by group: group g owns rows [offsets[g], offsets[g + 1]). The kernels cut M
+into `tm`-row tiles. A tile shared by two (or more) groups is *revisited*: the kernel computes it once per
+group that touches it and keeps, for each visit, only that group's rows (a row mask), so every output
+element is written exactly once and race-free (no two grid programs own the same output tile).
+
+All functions here are traceable (jnp only, static shapes): group sizes are data, tile counts are not.
+Traced group sizes are sanitised rather than checked: negative sizes count as 0 and rows past M are
+dropped (`gmm` raises ValueError for concrete bad sizes before it gets here).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["GroupMetadata", "make_group_metadata", "group_offsets", "ChunkSchedule", "make_chunk_schedule"]
+
+
+def group_offsets(group_sizes: jax.Array, m: int) -> jax.Array:
+    """Row offsets `[G + 1]` int32 of sorted groups: group g owns rows [offsets[g], offsets[g + 1]).
+
+    `group_sizes [G]` int32; negative sizes count as 0 and offsets are clamped to `m` (rows past M do
+    not exist). offsets[0] = 0 and offsets[G] = min(sum(sizes), m).
+    """
+    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+    ends = jnp.minimum(jnp.cumsum(sizes), m).astype(jnp.int32)
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
+
+
+class GroupMetadata(NamedTuple):
+    """Per-tile and per-group bookkeeping for the tiled kernels (all int32).
+
+    offsets:        [G + 1]  row where each (global) group starts; see `group_offsets`.
+    tile_group_lo:  [tiles]  first active group whose rows intersect M-tile i.
+    tile_group_hi:  [tiles]  one past the last such group (lo == hi: the tile has no active rows and is
+                             written as zeros). hi - lo - 1 is the number of revisits of tile i.
+    group_tile_lo:  [G_local] first M-tile of local group j (= global group offset + j).
+    group_tile_hi:  [G_local] one past its last M-tile (lo == hi for an empty group).
+    num_visits:     []       total (tile, non-empty group) visits = tiles with active rows + revisits; the
+                             tile-aware cost model's T_g = sum_e ceil(n_e / tm) is its aligned special case.
+    """
+
+    offsets: jax.Array
+    tile_group_lo: jax.Array
+    tile_group_hi: jax.Array
+    group_tile_lo: jax.Array
+    group_tile_hi: jax.Array
+    num_visits: jax.Array
+
+
+def make_group_metadata(
+    group_sizes: jax.Array, *, m: int, tm: int, group_offset: jax.Array | int = 0, num_local_groups: int
+) -> GroupMetadata:
+    """Tile metadata for computing groups [group_offset, group_offset + num_local_groups) of `M = m` rows.
+
+    Args:
+      group_sizes: [G] int32 rows per (global) group, rows sorted by group.
+      m: rows of the (possibly padded) lhs; `tiles = ceil(m / tm)`.
+      tm: M-tile height.
+      group_offset: first local group (scalar int32, may be traced) — expert parallelism.
+      num_local_groups: G_local, static.
+    Returns:
+      GroupMetadata (see its docstring for shapes).
+    """
+    num_groups = group_sizes.shape[0]
+    tiles = -(-m // tm)
+    offsets = group_offsets(group_sizes, m)
+    ends = offsets[1:]  # [G]
+    off = jnp.asarray(group_offset, jnp.int32).reshape(())
+    # Step 1: the active row range is the span of the local groups.
+    row_lo = offsets[off]
+    row_hi = offsets[jnp.minimum(off + num_local_groups, num_groups)]
+    # Step 2: clip every tile to the active rows; its first and last active row name its groups.
+    tile_start = jnp.arange(tiles, dtype=jnp.int32) * tm
+    first_row = jnp.maximum(tile_start, row_lo)
+    last_row = jnp.minimum(tile_start + tm, row_hi) - 1
+    has_rows = first_row <= last_row
+    # The group holding row r is the first g with ends[g] > r (empty groups are skipped automatically).
+    lo = jnp.searchsorted(ends, first_row, side="right").astype(jnp.int32)
+    hi = jnp.searchsorted(ends, last_row, side="right").astype(jnp.int32) + 1
+    tile_group_lo = jnp.where(has_rows, lo, 0)
+    tile_group_hi = jnp.where(has_rows, hi, 0)
+    # Step 3: per local group, the M-tiles it spans (empty groups span none).
+    local = off + jnp.arange(num_local_groups, dtype=jnp.int32)
+    local = jnp.minimum(local, num_groups - 1)
+    g_start = offsets[local]
+    g_end = jnp.where(off + jnp.arange(num_local_groups) < num_groups, offsets[local + 1], g_start)
+    nonempty = g_end > g_start
+    group_tile_lo = jnp.where(nonempty, g_start // tm, 0).astype(jnp.int32)
+    group_tile_hi = jnp.where(nonempty, -(-g_end // tm), 0).astype(jnp.int32)
+    num_visits = jnp.sum(group_tile_hi - group_tile_lo).astype(jnp.int32)
+    return GroupMetadata(offsets, tile_group_lo, tile_group_hi, group_tile_lo, group_tile_hi, num_visits)
+
+
+class ChunkSchedule(NamedTuple):
+    """Row chunks for the CPU-fast path: each chunk is <= `chunk` rows of one local group.
+
+    chunk_cum:  [G_local] int32 inclusive cumulative chunk counts per local group.
+    starts:     [G_local] int32 first row of each local group.
+    ends:       [G_local] int32 one past its last row.
+    num_chunks: []        int32 total chunks (the loop's trip count; static bound ceil(M/chunk) + G_local).
+    """
+
+    chunk_cum: jax.Array
+    starts: jax.Array
+    ends: jax.Array
+    num_chunks: jax.Array
+
+
+def make_chunk_schedule(
+    group_sizes: jax.Array, *, m: int, chunk: int, group_offset: jax.Array | int = 0, num_local_groups: int
+) -> ChunkSchedule:
+    """Split every local group into ceil(n_g / chunk) row chunks aligned to the group's first row.
+
+    Chunk t belongs to local group j = searchsorted(chunk_cum, t, "right") and covers rows
+    [starts[j] + q * chunk, min(starts[j] + (q + 1) * chunk, ends[j])) with q its index inside the group.
+    Shapes as in `ChunkSchedule`; `group_sizes [G]` int32, `group_offset` scalar.
+    """
+    num_groups = group_sizes.shape[0]
+    offsets = group_offsets(group_sizes, m)
+    off = jnp.asarray(group_offset, jnp.int32).reshape(())
+    j = off + jnp.arange(num_local_groups, dtype=jnp.int32)
+    in_range = j < num_groups
+    jc = jnp.minimum(j, num_groups - 1)
+    starts = offsets[jc]
+    ends = jnp.where(in_range, offsets[jc + 1], starts)
+    chunks = -(-(ends - starts) // chunk)
+    chunk_cum = jnp.cumsum(chunks).astype(jnp.int32)
+    return ChunkSchedule(chunk_cum, starts, ends, chunk_cum[-1])
