@@ -8,6 +8,7 @@ numpy only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -171,6 +172,11 @@ class Placement:
     @property
     def num_nodes(self) -> int:
         return int(self.node_of_gpu.max()) + 1
+
+    @cached_property
+    def replica_gpu_lists(self) -> list[list[int]]:
+        """GPUs holding each expert, as plain lists (computed once; hot loops of the solvers read it)."""
+        return [np.flatnonzero(row).tolist() for row in self.replica_mask]
 
     def replica_gpus(self, expert: int) -> np.ndarray:
         """GPUs holding a replica of ``expert`` (ascending, unique)."""

@@ -43,11 +43,11 @@ class _State:
         self.tile = c.tile
         E, G = problem.mask.shape
         self.x = np.zeros((E, G))
-        self.acts = np.zeros(G)
-        self.tiles = np.zeros(G)
-        self.toks = np.zeros(G)
-        self.replicas = [np.flatnonzero(row) for row in problem.mask]
-        self.replica_list = [r.tolist() for r in self.replicas]
+        # Per-GPU loads as Python lists: the scalar paths (seeding, chains) read them element by element.
+        self.acts = [0.0] * G
+        self.tiles = [0.0] * G
+        self.toks = [0.0] * G
+        self.replica_list = problem.placement.replica_gpu_lists
         self.on = [set() for _ in range(G)]  # experts with a share on each GPU
         self.mask = problem.mask
 
@@ -69,11 +69,12 @@ class _State:
             return np.maximum(floor, np.maximum(self.c + self.beta * N, self.c2 + self.gamma * N))
         return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
 
-    def times(self) -> np.ndarray:
-        return self.t(self.acts, self.tiles, self.toks)
+    def loads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-GPU (activations, tiles, tokens) as arrays ``[G]``."""
+        return np.array(self.acts), np.array(self.tiles), np.array(self.toks)
 
-    def gpu_time_with(self, g: int, d_act, d_tiles, d_toks):
-        return self.t(float(self.acts[g]) + d_act, float(self.tiles[g]) + d_tiles, float(self.toks[g]) + d_toks)
+    def times(self) -> np.ndarray:
+        return self.t(*self.loads())
 
     # -- mutation ----------------------------------------------------------------------------------------
     def move(self, e: int, src: int, dst: int, amount: float) -> None:
@@ -81,7 +82,7 @@ class _State:
         for g, d in ((src, -amount), (dst, amount)):
             if g < 0:
                 continue
-            old = float(self.x[e, g])
+            old = self.x[e, g].item()
             new = old + d
             if new < 0.5 and new < _EPS + 1e-6 * max(old, 1.0):
                 new = 0.0
@@ -108,7 +109,7 @@ def _seed(st: _State, n: np.ndarray) -> None:
 
 def _time_after(st: _State, g: int, into: tuple | None, out: tuple | None) -> float:
     """GPU g's time after receiving ``into = (e, amount)`` and giving away its whole share ``out = (e, amount)``."""
-    acts, tiles, toks = float(st.acts[g]), float(st.tiles[g]), float(st.toks[g])
+    acts, tiles, toks = st.acts[g], st.tiles[g], st.toks[g]
     if out is not None:
         e, a = out
         acts -= 1.0
@@ -186,10 +187,11 @@ def _split_candidates(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile
     """Best partial split size δ per (expert, destination) pair, vectorised; returns (δ, t_src, t_dst)."""
     xs = st.x[es, src]
     xh = st.x[es, hs]
-    Ns, Nh = st.toks[src], st.toks[hs]
-    floor_s = st.a + st.b * st.acts[src] + st.b2 * (st.tiles[src] - st.acts[src])
-    act_h = st.acts[hs] + (xh <= _EPS)
-    floor_h = st.a + st.b * act_h + st.b2 * (st.tiles[hs] - st.acts[hs])
+    A, TL, N = st.loads()
+    Ns, Nh = N[src], N[hs]
+    floor_s = st.a + st.b * A[src] + st.b2 * (TL[src] - A[src])
+    act_h = A[hs] + (xh <= _EPS)
+    floor_h = st.a + st.b * act_h + st.b2 * (TL[hs] - A[hs])
     # Crossings of src's decreasing pieces (c + β(Ns − δ), c2 + γ(Ns − δ), flat floor) with dst's
     # increasing pieces (c + β(Nh + δ), c2 + γ(Nh + δ), flat floor).
     cands = [(Ns - Nh) / 2.0]
@@ -207,8 +209,8 @@ def _split_candidates(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile
     valid = (d >= 1.0) & (d <= xs - 1.0)
     d = np.where(valid, d, 1.0)
     rem = xs - d
-    t_src = st.t(st.acts[src], st.tiles[src] - st.ntiles(xs) + st.ntiles(rem), Ns - d)
-    t_dst = st.t(act_h, st.tiles[hs] - st.ntiles(xh) + st.ntiles(xh + d), Nh + d)
+    t_src = st.t(A[src], TL[src] - st.ntiles(xs) + st.ntiles(rem), Ns - d)
+    t_dst = st.t(act_h, TL[hs] - st.ntiles(xh) + st.ntiles(xh + d), Nh + d)
     worst = np.where(valid, np.maximum(t_src, t_dst), np.inf)
     k = np.argmin(worst, axis=0)
     cols = np.arange(xs.size)
@@ -219,8 +221,9 @@ def _best_move(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware:
     """Best whole or partial move of (expert es[i]) from src to hs[i]: (index, amount, new max of the two)."""
     amt = st.x[es, src]
     xh = st.x[es, hs]
-    tw_s = st.t(st.acts[src] - 1, st.tiles[src] - st.ntiles(amt), st.toks[src] - amt)
-    tw_h = st.t(st.acts[hs] + (xh <= _EPS), st.tiles[hs] - st.ntiles(xh) + st.ntiles(xh + amt), st.toks[hs] + amt)
+    A, TL, N = st.loads()
+    tw_s = st.t(A[src] - 1, TL[src] - st.ntiles(amt), N[src] - amt)
+    tw_h = st.t(A[hs] + (xh <= _EPS), TL[hs] - st.ntiles(xh) + st.ntiles(xh + amt), N[hs] + amt)
     worst = np.maximum(tw_s, tw_h)
     how = amt
     if partial:
@@ -235,7 +238,7 @@ def _best_move(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware:
 
 def _pairs(st: _State, src: int, only_dst: int = -1) -> tuple[np.ndarray, np.ndarray]:
     pairs = [
-        (e, int(h)) for e in sorted(st.on[src]) for h in st.replicas[e] if h != src and (only_dst < 0 or h == only_dst)
+        (e, h) for e in sorted(st.on[src]) for h in st.replica_list[e] if h != src and (only_dst < 0 or h == only_dst)
     ]
     es = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
     hs = np.fromiter((p[1] for p in pairs), dtype=np.int64, count=len(pairs))

@@ -49,8 +49,8 @@ def test_tile_and_traffic_pieces():
 
 
 @pytest.mark.parametrize(
-    "name, n_star", [("qwen3_30b_offline", 161), ("dsv2_lite_offline", 168), ("dsv3_fp8_offline", 156),
-                     ("dsv3_bf16_offline", 331)]
+    "name, n_star",
+    [("qwen3_30b_offline", 161), ("dsv2_lite_offline", 168), ("dsv3_fp8_offline", 156), ("dsv3_bf16_offline", 331)],
 )
 def test_table6_inflections(name, n_star):
     assert PRESETS[name].inflection == pytest.approx(n_star, rel=0.01)
@@ -58,9 +58,16 @@ def test_table6_inflections(name, n_star):
 
 def test_every_table7_set_present_with_source():
     expected = {
-        "dsv3_fp8_offline", "qwen3_30b_offline", "dsv2_lite_offline", "dsv3_bf16_offline",
-        "dsv3_a_gemm_refit", "dsv3_a_full_pipe", "dsv3_a_full_pipe_it2", "proxy_serving_3term",
-        "dsv3_b_tile", "qwen3_235b_b_tile",
+        "dsv3_fp8_offline",
+        "qwen3_30b_offline",
+        "dsv2_lite_offline",
+        "dsv3_bf16_offline",
+        "dsv3_a_gemm_refit",
+        "dsv3_a_full_pipe",
+        "dsv3_a_full_pipe_it2",
+        "proxy_serving_3term",
+        "dsv3_b_tile",
+        "qwen3_235b_b_tile",
     }
     assert expected <= set(PRESETS)
     assert all(m.source for m in PRESETS.values())

@@ -76,7 +76,7 @@ def test_placement_properties(layout):
     for e in range(E):
         row = p.log2phy[e]
         valid = row[: p.logcnt[e]]
-        assert (row[p.logcnt[e]:] == -1).all() and (np.diff(valid) > 0).all()
+        assert (row[p.logcnt[e] :] == -1).all() and (np.diff(valid) > 0).all()
         assert (p.phy2log[valid] == e).all()
     assert (p.replicas_on_gpu.sum(axis=1) == p.logcnt).all()
     assert (p.replicas_on_gpu.sum(axis=0) == p.slots_per_gpu).all()
