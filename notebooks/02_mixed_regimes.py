@@ -26,20 +26,18 @@
 # %%
 import os
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-import tempo_jax
 from solvers import PRESETS
-from tempo_jax.report import table
+from tempo_jax.report import figures_dir, table
 from tempo_jax.sim import MODEL_SHAPES, synthetic_regime_curve, trace_regime_curve
 from tempo_jax.sim.summary import regime_rows
 from tempo_jax.workloads import load_sample, load_trace
 
 SMALL = os.environ.get("SMALL", "0") == "1"
-FIGURES = Path(tempo_jax.__file__).resolve().parents[1] / "notebooks" / "figures"
+FIGURES = figures_dir()
 FIGURES.mkdir(parents=True, exist_ok=True)
 
 LADDER = (16, 64, 256, 1024) if SMALL else (16, 32, 64, 128, 256, 512, 1024, 2048)

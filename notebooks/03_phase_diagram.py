@@ -27,19 +27,17 @@
 import dataclasses
 import os
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 
-import tempo_jax
-from tempo_jax.report import table
+from tempo_jax.report import figures_dir, table
 from tempo_jax.sim import PhaseConfig, run_phase
 from tempo_jax.sim.summary import boundary_rows, phase_rows, scale_rows, scale_stats
 
 SMALL = os.environ.get("SMALL", "0") == "1"
-FIGURES = Path(tempo_jax.__file__).resolve().parents[1] / "notebooks" / "figures"
+FIGURES = figures_dir()
 FIGURES.mkdir(parents=True, exist_ok=True)
 t_start = time.perf_counter()
 

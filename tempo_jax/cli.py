@@ -4,6 +4,7 @@ Commands:
   demo       the `make demo` job: presets, a real and a synthetic batch, every policy on the real batch
   solve      dispatch one batch from files (counts + placement) or from a routing trace, print/write it
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
+  reproduce  execute the figure notebooks headless and report failures
 """
 
 from __future__ import annotations
@@ -129,6 +130,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .reproduce import reproduce
+
+    runs = reproduce(args.names, small=args.small)
+    failed = [r.name for r in runs if not r.ok]
+    if failed:
+        print(f"{len(failed)} of {len(runs)} notebooks failed: {failed}", file=sys.stderr)
+        return 1
+    print(f"all {len(runs)} notebooks ran; figures in notebooks/figures/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tempo-jax", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--out", help="write the fitted CostModel JSON here")
     p.set_defaults(fn=_cmd_calibrate)
+    p = sub.add_parser("reproduce", help="execute the figure notebooks headless (nbclient)")
+    p.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
+    p.add_argument("--small", action="store_true", help="CI-sized grids (SMALL=1)")
+    p.set_defaults(fn=_cmd_reproduce)
     return parser
 
 

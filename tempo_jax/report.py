@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _cell(v) -> str:
@@ -23,3 +25,11 @@ def table(rows: Sequence[Sequence], headers: Sequence[str], title: str | None = 
     out.append(line)
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(out)
+
+
+def figures_dir() -> Path:
+    """Where notebooks save figures: ``$TEMPO_FIGURES`` if set (tests point it at a temporary folder, so CI-sized
+    runs never overwrite the committed full-size figures), else ``notebooks/figures`` of the checkout."""
+    path = Path(os.environ.get("TEMPO_FIGURES") or Path(__file__).resolve().parents[1] / "notebooks" / "figures")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
