@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo test test-all bench bench-solver bench-gemm lint venv clean
+.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -27,13 +27,20 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm
+bench: bench-solver bench-gemm bench-ep
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
 
 bench-gemm: $(STAMP)
 	$(PY) scripts/bench_gemm.py
+
+bench-ep: $(STAMP)
+	$(PY) scripts/bench_ep.py
+
+# Full-size figure notebooks (CI runs them at SMALL=1 inside `make test`).
+notebooks: $(STAMP)
+	$(PY) -m tempo_jax reproduce all
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

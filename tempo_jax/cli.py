@@ -32,7 +32,18 @@ def _load_array(path: str, key: str) -> np.ndarray:
     return np.asarray(data[key] if isinstance(data, dict) else data)
 
 
+def _fake_cpu_devices(n: int = 8) -> None:
+    """Let the CPU backend expose ``n`` devices (expert parallelism on one host) unless already configured.
+    Must run before jax is imported; it does not affect GPUs."""
+    import os
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags and "jax" not in sys.modules:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    _fake_cpu_devices()
     from .demo import run_demo
 
     run_demo(out_dir=args.out, milp_time_limit=args.milp_time_limit)

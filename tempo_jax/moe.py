@@ -115,9 +115,11 @@ def _swiglu(x, w_gate, w_up, w_down):
     return h @ w_down
 
 
-def moe_reference(params: dict, x: jax.Array, config: MoEConfig) -> jax.Array:
-    """Dense single-device MoE: every token through its top-k experts, no dispatch. ``[T, H]`` → ``[T, H]``."""
-    ids, w = route(x, params["router"], config.top_k, config.renormalize)
+def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
+    """Dense single-device MoE: every token through its top-k experts, no dispatch. ``[T, H]`` → ``[T, H]``.
+
+    ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`)."""
+    ids, w = route(x, params["router"], config.top_k, config.renormalize) if routing is None else routing
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(config.dtype)
     g = jnp.einsum("th,ehf->etf", xs, params["w_gate"], precision=hp)
@@ -127,14 +129,19 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig) -> jax.Array:
     return jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked).astype(x.dtype)
 
 
-def _local_moe(x, router, wg, wu, wd, table, log2phy, counter, key, *, config: MoEConfig, impl: str, groups: int):
+def _local_moe(
+    x, router, wg, wu, wd, table, log2phy, counter, key, ids_in, gate_in, *, config, impl, groups, given_routing
+):
     """Per-rank body (inside shard_map). x [T_loc, H]; wg/wu [S, H, F]; wd [S, F, H]; table [Gs, E, R]."""
     axis, K, S = config.axis, config.top_k, config.slots_per_device
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
     T = x.shape[0]
     # Step 1: route.
-    ids, gate = route(x, router, K, config.renormalize)
+    if given_routing:
+        ids, gate = ids_in, gate_in
+    else:
+        ids, gate = route(x, router, K, config.renormalize)
     # Step 2: dispatch kernel: logical expert → physical slot, with counts.
     tbl = table[(d * groups) // D]
     valid = jnp.ones((T,), bool)
@@ -179,16 +186,21 @@ def _local_moe(x, router, wg, wu, wd, table, log2phy, counter, key, *, config: M
     return out, res.counts[None], res.counter[None], aux
 
 
+def _in_specs(axis: str) -> tuple:
+    # x, router, w_gate, w_up, w_down, table, log2phy, counter, key, routing ids, routing weights
+    return (P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P(), P(axis), P(axis))
+
+
 @functools.lru_cache(maxsize=64)
-def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int):
+def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool):
     """The jitted shard_map program, built once per (mesh, config, exchange, table groups): eager callers
     (e.g. `MoE.__call__` outside `jit`) compile once instead of running the collective program op by op."""
     axis = config.axis
     return jax.jit(
         jax.shard_map(
-            functools.partial(_local_moe, config=config, impl=impl, groups=groups),
+            functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing),
             mesh=mesh,
-            in_specs=(P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P()),
+            in_specs=_in_specs(axis),
             out_specs=(P(axis), P(axis), P(axis), P(axis)),
             check_vma=False,
         )
@@ -205,6 +217,7 @@ def moe_forward(
     config: MoEConfig,
     key: jax.Array | None = None,
     counter: jax.Array | None = None,
+    routing: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """Expert-parallel MoE forward pass.
 
@@ -217,6 +230,8 @@ def moe_forward(
       config: `MoEConfig`.
       key: PRNG key for sample-mode dispatch (default key 0).
       counter: [D, E] uint32 cumulative per-rank expert counters (default zeros).
+      routing: optional precomputed ``(topk_ids [T, K] int32, weights [T, K] float32)`` replacing the router
+        (replaying recorded routing); the router parameter is then unused.
 
     Returns:
       ``(out [T, H], counts [D, E] per source rank, aux)``; aux holds ``counter [D, E]`` (updated),
@@ -246,12 +261,17 @@ def moe_forward(
         counter = jax.device_put(jnp.zeros((D, E), COUNTER_DTYPE), NamedSharding(mesh, P(axis)))
     phys = materialize(params, phy2log)
 
-    body = _sharded_body(mesh, config, impl, tables.num_groups)
+    body = _sharded_body(mesh, config, impl, tables.num_groups, routing is not None)
+    if routing is None:
+        ids_in, gate_in = jnp.zeros((T, config.top_k), jnp.int32), jnp.zeros((T, config.top_k), jnp.float32)
+    else:
+        ids_in, gate_in = jnp.asarray(routing[0], jnp.int32), jnp.asarray(routing[1], jnp.float32)
+        if ids_in.shape != (T, config.top_k) or gate_in.shape != ids_in.shape:
+            raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={config.top_k}]")
     args = [x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table, tables.log2phy,
-            counter, key]  # fmt: skip
+            counter, key, ids_in, gate_in]  # fmt: skip
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        specs = (P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P())
-        args = [jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)]
+        args = [jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, _in_specs(axis), strict=True)]
     out, counts, new_counter, aux = body(*args)
     aux = {**aux, "counter": new_counter}
     return out, counts, aux

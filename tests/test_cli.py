@@ -66,4 +66,10 @@ def test_demo_runs_and_records_every_policy(tmp_path, capsys):
     for r in rows.values():
         assert r["vs_opt"] >= 1 - 1e-9  # nobody beats the proven bound
     assert rows["token_lp"]["vs_tempo"] >= 0.99 - 1e-9  # Proposition 1: tempo ≤ token-LP / (1 − τ)
+    layer = {r["policy"]: r for r in record["layer"]}
+    assert set(layer) == set(POLICY_ORDER[:-1])
+    for r in layer.values():  # the central invariant, end to end on 8 devices
+        assert r["diff_vs_first"] < 1e-5 and r["diff_vs_dense"] < 1e-4
+        assert r["realised"] == pytest.approx(r["planned"], rel=0.05)  # quota mode realises the plan
+    assert (tmp_path / "demo_layer.png").exists()
     assert json.loads((tmp_path / "demo.json").read_text())["presets"]["dsv3_fp8_offline"] == pytest.approx(156.4, 0.01)
