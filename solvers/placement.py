@@ -178,6 +178,12 @@ class Placement:
         """GPUs holding each expert, as plain lists (computed once; hot loops of the solvers read it)."""
         return [np.flatnonzero(row).tolist() for row in self.replica_mask]
 
+    @cached_property
+    def sole_gpu(self) -> np.ndarray:
+        """``[E]`` int64: the GPU holding every replica of the expert, or −1 when replicas span GPUs."""
+        single = self.replica_mask.sum(axis=1) == 1
+        return np.where(single, self.replica_mask.argmax(axis=1), -1)
+
     def replica_gpus(self, expert: int) -> np.ndarray:
         """GPUs holding a replica of ``expert`` (ascending, unique)."""
         return np.flatnonzero(self.replica_mask[expert])

@@ -11,7 +11,9 @@
    piecewise-linear function, so its minimum lies at a crossing of their pieces, found in closed form and
    snapped to integer tokens (to 128-token tiles in tile-aware mode). Best move wins; ≤ ``max_iters``.
 4. Ensemble (Proposition 1): score token-LP and A3 (full replication only) and switch only when one is
-   more than τ better. A candidate is skipped when the problem's lower bound already shows it cannot win.
+   more than τ better. The candidates are skipped when a cheap lower bound (the full-replication formula and
+   each GPU's forced load) already shows none can be τ better: the guarantee holds and most small-B solves
+   never pay for the LP.
 
 Moves are accepted only when they lower the bottleneck GPU's time and keep the receiving GPU below it, so
 the sorted vector of GPU times decreases lexicographically and every stage terminates. numpy only.
@@ -23,7 +25,8 @@ import math
 
 import numpy as np
 
-from .policies import _desc_order, round_robin, token_lp
+from .bounds import forced_lower_bound
+from .policies import _desc_order, metro, round_robin, token_lp
 from .problem import DispatchProblem
 
 __all__ = ["tempo_fast"]
@@ -34,7 +37,7 @@ _EPS = 1e-9
 class _State:
     """Dispatch x [E, G] with incrementally maintained per-GPU activations, tiles and tokens."""
 
-    def __init__(self, problem: DispatchProblem):
+    def __init__(self, problem: DispatchProblem, x: np.ndarray | None = None):
         c = problem.cost
         self.a, self.b, self.c, self.beta = c.a, c.b, c.c, c.beta
         self.b2 = c.b2 or 0.0
@@ -42,7 +45,8 @@ class _State:
         self.gamma = c.gamma or 0.0
         self.tile = c.tile
         E, G = problem.mask.shape
-        self.x = np.zeros((E, G))
+        self.E, self.G = E, G
+        self.share: list[dict[int, float]] = [{} for _ in range(E)]  # share[e][g] = tokens of e on g
         # Per-GPU loads as Python lists: the scalar paths (seeding, chains) read them element by element.
         self.acts = [0.0] * G
         self.tiles = [0.0] * G
@@ -50,6 +54,9 @@ class _State:
         self.replica_list = problem.placement.replica_gpu_lists
         self.on = [set() for _ in range(G)]  # experts with a share on each GPU
         self.mask = problem.mask
+        if x is not None:  # start from a given dispatch (shares below one token are dust from an LP)
+            for e, g in zip(*np.nonzero(x > _EPS), strict=True):
+                self.move(int(e), -1, int(g), float(x[e, g]))
 
     def replica_of(self, e: int, g: int) -> bool:
         return bool(self.mask[e, g])
@@ -69,6 +76,20 @@ class _State:
             return np.maximum(floor, np.maximum(self.c + self.beta * N, self.c2 + self.gamma * N))
         return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
 
+    def x(self) -> np.ndarray:
+        """The dispatch ``[E, G]``."""
+        out = np.zeros((self.E, self.G))
+        for e, row in enumerate(self.share):
+            for g, v in row.items():
+                out[e, g] = v
+        return out
+
+    def shares(self, es: np.ndarray, g) -> np.ndarray:
+        """``[len(es)]`` shares of experts ``es`` on GPU g (an int, or an array aligned with es)."""
+        if isinstance(g, np.ndarray):
+            return np.array([self.share[e].get(h, 0.0) for e, h in zip(es.tolist(), g.tolist(), strict=True)])
+        return np.array([self.share[e].get(g, 0.0) for e in es.tolist()])
+
     def loads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-GPU (activations, tiles, tokens) as arrays ``[G]``."""
         return np.array(self.acts), np.array(self.tiles), np.array(self.toks)
@@ -82,11 +103,14 @@ class _State:
         for g, d in ((src, -amount), (dst, amount)):
             if g < 0:
                 continue
-            old = self.x[e, g].item()
+            old = self.share[e].get(g, 0.0)
             new = old + d
             if new < 0.5 and new < _EPS + 1e-6 * max(old, 1.0):
                 new = 0.0
-            self.x[e, g] = new
+            if new > 0.0:
+                self.share[e][g] = new
+            else:
+                self.share[e].pop(g, None)
             self.acts[g] += float(new > _EPS) - float(old > _EPS)
             if self.b2:
                 self.tiles[g] += self.ntiles(new) - self.ntiles(old)
@@ -94,9 +118,12 @@ class _State:
             (self.on[g].add if new > _EPS else self.on[g].discard)(e)
 
 
-def _seed(st: _State, n: np.ndarray) -> None:
-    # Step 1: whole experts, tokens descending, to the replica with the lowest resulting time.
-    for e in _desc_order(n).tolist():
+def _seed(st: _State, n: np.ndarray, sole_gpu: np.ndarray) -> None:
+    # Step 1: whole experts to the replica GPU with the lowest resulting time. Experts with no choice (all
+    # replicas on one GPU) go first, so the flexible ones, tokens descending, see every GPU's forced load.
+    order = _desc_order(n)
+    order = np.concatenate([order[sole_gpu[order] >= 0], order[sole_gpu[order] < 0]])
+    for e in order.tolist():
         ne = float(n[e])
         nt = st.ntiles(ne)
         best_g, best_t = -1, math.inf
@@ -107,49 +134,82 @@ def _seed(st: _State, n: np.ndarray) -> None:
         st.move(e, -1, best_g, ne)
 
 
-def _time_after(st: _State, g: int, into: tuple | None, out: tuple | None) -> float:
-    """GPU g's time after receiving ``into = (e, amount)`` and giving away its whole share ``out = (e, amount)``."""
+def _time_with(st: _State, g: int, changes) -> float:
+    """GPU g's time after changing its shares by ``changes = [(expert, Δtokens), …]`` (distinct experts)."""
     acts, tiles, toks = st.acts[g], st.tiles[g], st.toks[g]
-    if out is not None:
-        e, a = out
-        acts -= 1.0
-        tiles -= st.ntiles(a)
-        toks -= a
-    if into is not None:
-        e, a = into
-        old = float(st.x[e, g])
-        acts += float(old <= _EPS)
-        tiles += st.ntiles(old + a) - st.ntiles(old)
-        toks += a
+    for e, d in changes:
+        old = st.share[e].get(g, 0.0)
+        new = old + d
+        if new <= 1e-6 * max(old, 1.0):
+            new = 0.0
+        acts += float(new > _EPS) - float(old > _EPS)
+        tiles += st.ntiles(new) - st.ntiles(old)
+        toks += new - old
     return st.t(acts, tiles, toks)
 
 
-def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[tuple[int, int, int]] | None:
+def _relief(st: _State, h: int, e: int, a: float, top: float, banned: set[int]):
+    """A partial move that lets GPU h take ``a`` tokens of expert e and stay below ``top``: move d tokens of
+    another expert e3 from h to a GPU h3 ∉ ``banned`` already running e3, when only h's token pieces bind.
+    Returns ``(e3, h, h3, d)`` or None."""
+    if _time_with(st, h, [(e, a)]) < top - _EPS:
+        return None
+    limits = [(top - _EPS - st.c) / st.beta if st.beta > 0 else math.inf]
+    if st.gamma > 0:
+        limits.append((top - _EPS - st.c2) / st.gamma)
+    need = math.floor(st.toks[h] + a - min(limits)) + 1.0  # tokens h must shed
+    if need <= 0:
+        return None
+    for e3 in sorted(st.on[h]):
+        if e3 == e or st.share[e3].get(h, 0.0) <= need:
+            continue
+        for h3 in st.replica_list[e3]:
+            if h3 == h or h3 in banned or st.share[e3].get(h3, 0.0) <= _EPS:
+                continue
+            if _time_with(st, h3, [(e3, need)]) < top - _EPS and _time_with(st, h, [(e, a), (e3, -need)]) < top - _EPS:
+                return (e3, h, h3, need)
+    return None
+
+
+def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[tuple] | None:
     """Shortest chain src → h1 → … → hk of whole-share moves (expert e_i from h_{i−1} to h_i) after which src,
-    every intermediate GPU (one share in, one out) and the end GPU (one share in) all run below ``top``."""
+    every intermediate GPU (one share in, one out) and the end GPU (one share in) all run below ``top``.
+
+    When the end GPU would cross ``top`` only through its token pieces, the chain may end with a relief move: a
+    partial share of another of its experts to a GPU that already runs that expert (no new activation).
+    Returns ``[(expert, from, to, amount or None for the whole share), …]`` in application order (reversed)."""
     parent: dict[int, tuple[int, int, float] | None] = {src: None}
     frontier = [src]
     for _ in range(max_depth):
         nxt = []
         for g in frontier:
             inc = parent[g]
-            into = None if inc is None else (inc[1], inc[2])
+            changes_in = [] if inc is None else [(inc[1], inc[2])]
             for e in sorted(st.on[g]):
                 if inc is not None and e == inc[1]:
                     continue
-                a = float(st.x[e, g])
-                if _time_after(st, g, into, (e, a)) >= top - _EPS:
+                targets = [h for h in st.replica_list[e] if h not in parent]
+                if not targets:
+                    continue  # e has nowhere new to go (most experts live on one GPU only)
+                a = st.share[e][g]
+                if _time_with(st, g, changes_in + [(e, -a)]) >= top - _EPS:
                     continue  # giving e away does not bring g below the bottleneck time
-                for h in st.replica_list[e]:
+                for h in targets:
                     if h in parent:
                         continue
-                    if _time_after(st, h, (e, a), None) < top - _EPS:
-                        path = [(e, g, h)]
+                    end = None
+                    if _time_with(st, h, [(e, a)]) < top - _EPS:
+                        end = []
+                    else:
+                        relief = _relief(st, h, e, a, top, set(parent) | {h})
+                        end = None if relief is None else [relief]
+                    if end is not None:
+                        path = [(e, g, h, None)]
                         while parent[g] is not None:
                             prev, e_in, _ = parent[g]
-                            path.append((e_in, prev, g))
+                            path.append((e_in, prev, g, None))
                             g = prev
-                        return path[::-1]
+                        return end + path
                     parent[h] = (g, e, a)
                     nxt.append(h)
         if not nxt:
@@ -158,7 +218,7 @@ def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[t
     return None
 
 
-def _chains(st: _State, max_rounds: int, max_depth: int) -> int:
+def _chains(st: _State, max_rounds: int, max_depth: int, lb: float = 0.0) -> int:
     """Step 2: augmenting chains of whole-expert moves off bottleneck GPUs (activation rebalancing).
 
     ``max_depth`` = 2 is the paper's 1- and 2-step truncation; the default (G) searches full augmenting paths,
@@ -168,13 +228,15 @@ def _chains(st: _State, max_rounds: int, max_depth: int) -> int:
     while rounds < max_rounds:
         times = st.times()
         top = float(times.max(initial=0.0))
+        if top <= lb + _EPS:
+            break  # provably optimal: at the lower bound
         moved = False
         for src in np.flatnonzero(times >= top - _EPS).tolist():
             path = _augmenting_path(st, src, top, max_depth)
             if path is not None:
-                # Apply from the far end so every share moved is the one that was there when the path was built.
-                for e, g, h in reversed(path):
-                    st.move(e, g, h, float(st.x[e, g]))
+                # Apply from the far end (relief first) so each share moved is the one the path was built on.
+                for e, g, h, amount in path:
+                    st.move(e, g, h, st.share[e][g] if amount is None else amount)
                 moved = True
                 break
         rounds += 1
@@ -185,8 +247,7 @@ def _chains(st: _State, max_rounds: int, max_depth: int) -> int:
 
 def _split_candidates(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware: bool):
     """Best partial split size δ per (expert, destination) pair, vectorised; returns (δ, t_src, t_dst)."""
-    xs = st.x[es, src]
-    xh = st.x[es, hs]
+    xs, xh = st.shares(es, src), st.shares(es, hs)
     A, TL, N = st.loads()
     Ns, Nh = N[src], N[hs]
     floor_s = st.a + st.b * A[src] + st.b2 * (TL[src] - A[src])
@@ -219,8 +280,7 @@ def _split_candidates(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile
 
 def _best_move(st: _State, src: int, es: np.ndarray, hs: np.ndarray, tile_aware: bool, partial: bool):
     """Best whole or partial move of (expert es[i]) from src to hs[i]: (index, amount, new max of the two)."""
-    amt = st.x[es, src]
-    xh = st.x[es, hs]
+    amt, xh = st.shares(es, src), st.shares(es, hs)
     A, TL, N = st.loads()
     tw_s = st.t(A[src] - 1, TL[src] - st.ntiles(amt), N[src] - amt)
     tw_h = st.t(A[hs] + (xh <= _EPS), TL[hs] - st.ntiles(xh) + st.ntiles(xh + amt), N[hs] + amt)
@@ -245,7 +305,7 @@ def _pairs(st: _State, src: int, only_dst: int = -1) -> tuple[np.ndarray, np.nda
     return es, hs
 
 
-def _local_search(st: _State, max_iters: int, tile_aware: bool, partial: bool) -> int:
+def _local_search(st: _State, max_iters: int, tile_aware: bool, partial: bool, lb: float = 0.0) -> int:
     """Step 3: best bottleneck-reducing whole or partial move, repeated.
 
     When no single move helps, try a swap: a whole expert e2 comes back from h to the bottleneck GPU while
@@ -256,6 +316,8 @@ def _local_search(st: _State, max_iters: int, tile_aware: bool, partial: bool) -
     while it < max_iters:
         times = st.times()
         top = times.max(initial=0.0)
+        if top <= lb + _EPS:
+            break  # provably optimal: at the lower bound
         moved = False
         for src in np.flatnonzero(times >= top - _EPS):
             src = int(src)
@@ -283,7 +345,7 @@ def _swap(st: _State, src: int, top: float, tile_aware: bool, partial: bool, dst
         for e2 in sorted(st.on[h]):
             if not st.replica_of(e2, src):
                 continue
-            a2 = st.x[e2, h]
+            a2 = st.share[e2][h]
             st.move(e2, h, src, a2)  # tentative
             keep = es != e2
             if keep.any():
@@ -295,7 +357,7 @@ def _swap(st: _State, src: int, top: float, tile_aware: bool, partial: bool, dst
     if best is None:
         return False
     _, e2, h, e, amount = best
-    st.move(e2, h, src, st.x[e2, h])
+    st.move(e2, h, src, st.share[e2][h])
     st.move(e, src, h, amount)
     return True
 
@@ -330,35 +392,46 @@ def tempo_fast(
     if max_iters < 0:
         raise ValueError(f"max_iters must be ≥ 0, got {max_iters}")
     tile_aware = problem.cost.has_tiles if tile_aware is None else bool(tile_aware)
-    n = problem.n
-    st = _State(problem)
-    cost = problem.cost
+    n, cost = problem.n, problem.cost
+    depth = problem.num_gpus if chain_depth is None else int(chain_depth)
+    lb = forced_lower_bound(problem)  # a dispatch at this bound is optimal: every stage stops there
     info: dict = {}
+
+    def improve(st: _State, tag: str) -> None:
+        # Step 2: augmenting chains.  Step 3: bottleneck local search with partial migrations.
+        if chains:
+            info[f"{tag}chain_rounds"] = _chains(st, max_iters, depth, lb)
+            info[f"{tag}chains_makespan"] = float(st.times().max(initial=0.0))
+        if local_search:
+            info[f"{tag}local_iters"] = _local_search(st, max_iters, tile_aware, partial_moves, lb)
+
     # Step 1: seed.
-    _seed(st, n)
+    st = _State(problem)
+    _seed(st, n, problem.placement.sole_gpu)
     info["seed_makespan"] = float(st.times().max(initial=0.0))
-    # Step 2: augmenting chains.
-    if chains:
-        depth = problem.num_gpus if chain_depth is None else int(chain_depth)
-        info["chain_rounds"] = _chains(st, max_iters, depth)
-        info["chains_makespan"] = float(st.times().max(initial=0.0))
-    # Step 3: bottleneck local search with partial migrations.
-    if local_search:
-        info["local_iters"] = _local_search(st, max_iters, tile_aware, partial_moves)
-    x = st.x
+    improve(st, "")
+    x = st.x()
     m_h = cost.makespan(x)
     info["heuristic_makespan"] = m_h
     info["stage"] = "heuristic"
-    # Step 4: ensemble against token-LP and A3, switching only when > τ better.
+    # Step 4: ensemble against token-LP and A3, switching only when > τ better. The token-LP and METRO points
+    # are also polished by stages 2–3 (two more starts: token-balanced and activation-balanced, which is where
+    # the greedy seed goes wrong in the transition regime); polishing only ever lowers a candidate's makespan,
+    # so Proposition 1 holds.
     if ensemble and m_h > 0:
-        lb = cost.lower_bound(n, problem.num_gpus)
-        if (1 - tau) * m_h > lb + _EPS:
-            cands = {"token_lp": token_lp}
+        # No candidate can beat the bound: skip them all when A_H is already within τ of it.
+        info["ensemble_skipped"] = (1 - tau) * m_h <= lb + _EPS
+        if not info["ensemble_skipped"]:
+            cands = {"token_lp": token_lp(problem)}
             if problem.placement.is_full:
-                cands["round_robin"] = round_robin
+                cands["round_robin"] = round_robin(problem)
+            if chains or local_search:
+                for name, start in (("token_lp", cands["token_lp"]), ("metro", metro(problem))):
+                    polished = _State(problem, start)
+                    improve(polished, f"{name}_")
+                    cands[f"{name}+polish"] = polished.x()
             best = None
-            for name, fn in cands.items():
-                xc = fn(problem)
+            for name, xc in cands.items():
                 info[f"{name}_makespan"] = mc = cost.makespan(xc)
                 if best is None or mc < best[0]:
                     best = (mc, name, xc)
