@@ -146,3 +146,22 @@ def test_bad_inputs(setup):
         MoEConfig(hidden=4, ffn=4, experts=4, top_k=5, slots_per_device=1)
     with pytest.raises(ValueError, match="mode"):
         MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_device=1, mode="greedy")
+
+
+def test_extra_mesh_axis_bfloat16_and_explicit_mesh():
+    """Extra mesh axes are left alone (replicated), bfloat16 experts work, Explicit meshes are resharded."""
+    placement = Placement.from_eplb(np.arange(E) + 1.0, 16, 4)
+    x = jax.random.normal(jax.random.key(2), (64, 32))
+    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    mesh2d = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    cfg = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=4, dtype=jnp.bfloat16)
+    params = init_params(jax.random.key(1), cfg)
+    out, counts, _ = moe_forward(params, x, mesh=mesh2d, placement_arrays=pa, tables=tables, config=cfg)
+    assert counts.shape == (4, E)
+    ref = moe_reference(params, x, cfg).astype(jnp.float32)
+    f32_close(out.astype(jnp.float32), ref, atol=2e-2, rtol=2e-2)  # the bfloat16 tolerance
+    cfg32 = dataclasses.replace(cfg, dtype=jnp.float32)
+    params32 = init_params(jax.random.key(1), cfg32)
+    explicit = jax.make_mesh((4,), ("ep",))  # Explicit axes by default in jax 0.10
+    out, _, _ = moe_forward(params32, x, mesh=explicit, placement_arrays=pa, tables=tables, config=cfg32)
+    f32_close(out, moe_reference(params32, x, cfg32))

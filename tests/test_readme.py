@@ -1,0 +1,16 @@
+"""The README's Python examples run as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_python_blocks_run():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert blocks
+    scope: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), scope)  # noqa: S102
+    assert scope["d"].makespan == 60.0
+    assert scope["y"].shape == scope["x"].shape
