@@ -180,28 +180,36 @@ def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[t
     Returns ``[(expert, from, to, amount or None for the whole share), …]`` in application order (reversed)."""
     parent: dict[int, tuple[int, int, float] | None] = {src: None}
     frontier = [src]
+
+    def on_path(g: int) -> set[int]:
+        seen = {g}
+        while parent[g] is not None:
+            g = parent[g][0]
+            seen.add(g)
+        return seen
+
     for _ in range(max_depth):
         nxt = []
         for g in frontier:
             inc = parent[g]
             changes_in = [] if inc is None else [(inc[1], inc[2])]
+            path_gpus = on_path(g)
             for e in sorted(st.on[g]):
                 if inc is not None and e == inc[1]:
                     continue
-                targets = [h for h in st.replica_list[e] if h not in parent]
+                targets = [h for h in st.replica_list[e] if h not in path_gpus]
                 if not targets:
                     continue  # e has nowhere new to go (most experts live on one GPU only)
                 a = st.share[e][g]
                 if _time_with(st, g, changes_in + [(e, -a)]) >= top - _EPS:
                     continue  # giving e away does not bring g below the bottleneck time
                 for h in targets:
-                    if h in parent:
-                        continue
-                    end = None
+                    # Every arrival is tried as the end of the chain (the expert that arrives decides whether h
+                    # still fits); only the first arrival at h is expanded further.
                     if _time_with(st, h, [(e, a)]) < top - _EPS:
                         end = []
                     else:
-                        relief = _relief(st, h, e, a, top, set(parent) | {h})
+                        relief = _relief(st, h, e, a, top, path_gpus | {h})
                         end = None if relief is None else [relief]
                     if end is not None:
                         path = [(e, g, h, None)]
@@ -210,8 +218,9 @@ def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[t
                             path.append((e_in, prev, g, None))
                             g = prev
                         return end + path
-                    parent[h] = (g, e, a)
-                    nxt.append(h)
+                    if h not in parent:
+                        parent[h] = (g, e, a)
+                        nxt.append(h)
         if not nxt:
             return None
         frontier = nxt
@@ -398,12 +407,18 @@ def tempo_fast(
     info: dict = {}
 
     def improve(st: _State, tag: str) -> None:
-        # Step 2: augmenting chains.  Step 3: bottleneck local search with partial migrations.
-        if chains:
-            info[f"{tag}chain_rounds"] = _chains(st, max_iters, depth, lb)
-            info[f"{tag}chains_makespan"] = float(st.times().max(initial=0.0))
-        if local_search:
-            info[f"{tag}local_iters"] = _local_search(st, max_iters, tile_aware, partial_moves, lb)
+        # Step 2: augmenting chains.  Step 3: bottleneck local search with partial migrations. The partial
+        # moves of stage 3 can open chains that were blocked, so the pair repeats while it still helps.
+        for sweep in range(4 if chains and local_search else 1):
+            before = float(st.times().max(initial=0.0))
+            if chains:
+                info[f"{tag}chain_rounds"] = _chains(st, max_iters, depth, lb)
+                if sweep == 0:
+                    info[f"{tag}chains_makespan"] = float(st.times().max(initial=0.0))
+            if local_search:
+                info[f"{tag}local_iters"] = _local_search(st, max_iters, tile_aware, partial_moves, lb)
+            if float(st.times().max(initial=0.0)) >= before - _EPS:
+                break
 
     # Step 1: seed.
     st = _State(problem)
