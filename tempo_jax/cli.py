@@ -4,6 +4,8 @@ Commands:
   demo       the `make demo` job: presets, a real and a synthetic batch, every policy on the real batch
   solve      dispatch one batch from files (counts + placement) or from a routing trace, print/write it
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
+  phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
+  bench      run a benchmark script (solver, gemm, ep)
   reproduce  execute the figure notebooks headless and report failures
 """
 
@@ -153,6 +155,52 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_phase(args: argparse.Namespace) -> int:
+    from .report import table
+    from .sim import PhaseConfig, run_phase
+
+    grid = dict(
+        presets=(args.preset,),
+        eps=(args.ep,),
+        replications=(args.replication,),
+        skews=tuple(float(v) for v in args.skews.split(",")),
+        batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
+        batches=args.batches,
+        workers=args.workers,
+    )
+    result = run_phase(PhaseConfig(**grid))
+    letters = result.grid(result.winner(), preset=args.preset, ep=args.ep, replication=args.replication)
+    gains = result.grid(result.gain(), preset=args.preset, ep=args.ep, replication=args.replication)
+    rows = [
+        (s, *(f"{w} {100 * g:+.1f}%" for w, g in zip(lw, gw, strict=True)))
+        for s, lw, gw in zip(result.config.skews, letters, gains, strict=True)
+    ]
+    title = (
+        f"Phase diagram, {args.preset}, EP{args.ep}, {args.replication}× replicas: winning fixed policy "
+        "(M = METRO, L = token-LP, E = EPLB-even) and TEMPO's gain over it"
+    )
+    print(table(rows, ["skew s", *(f"B={b}" for b in result.config.batch_sizes)], title=title))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import runpy
+
+    from .reproduce import NOTEBOOKS_DIR
+
+    script = NOTEBOOKS_DIR.parent / "scripts" / f"bench_{args.which}.py"
+    if not script.exists():
+        raise SystemExit(f"error: {script} not found (benchmarks run from a source checkout)")
+    argv, sys.argv = sys.argv, [str(script), *args.rest]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as done:  # the scripts end with `raise SystemExit(main())`
+        return int(done.code or 0)
+    finally:
+        sys.argv = argv
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tempo-jax", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +232,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--out", help="write the fitted CostModel JSON here")
     p.set_defaults(fn=_cmd_calibrate)
+    p = sub.add_parser("phase", help="phase-diagram sweep of one panel (cached under results/cache)")
+    p.add_argument("--preset", default="dsv3_fp8_offline")
+    p.add_argument("--ep", type=int, default=8)
+    p.add_argument("--replication", type=float, default=1.25)
+    p.add_argument("--skews", default="0,0.6,1.2")
+    p.add_argument("--batch-sizes", default="16,64,256,1024")
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(fn=_cmd_phase)
+
+    p = sub.add_parser("bench", help="run a benchmark script (solver, gemm or ep); extra arguments pass through")
+    p.add_argument("which", choices=["solver", "gemm", "ep"])
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=_cmd_bench)
+
     p = sub.add_parser("reproduce", help="execute the figure notebooks headless (nbclient)")
     p.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     p.add_argument("--small", action="store_true", help="CI-sized grids (SMALL=1)")

@@ -73,3 +73,19 @@ def test_demo_runs_and_records_every_policy(tmp_path, capsys):
         assert r["realised"] == pytest.approx(r["planned"], rel=0.05)  # quota mode realises the plan
     assert (tmp_path / "demo_layer.png").exists()
     assert json.loads((tmp_path / "demo.json").read_text())["presets"]["dsv3_fp8_offline"] == pytest.approx(156.4, 0.01)
+
+
+def test_phase_panel(capsys):
+    rc = main(["phase", "--skews", "0,1.2", "--batch-sizes", "16,2048", "--batches", "1", "--workers", "1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "B=16" in out and "B=2048" in out and ("M " in out or "L " in out)
+
+
+def test_bench_solver_quick(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    argv = ["bench", "solver", "--quick", "--milp-time-limit", "0", "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["suites"]["synthetic"]["summary"]["tempo"]["ratio_median"] == 1.0
+    assert "timing" in data and "/tempo median" in capsys.readouterr().out
