@@ -23,7 +23,6 @@ numpy + solvers only (no jax).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import multiprocessing
@@ -37,6 +36,8 @@ import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, solve
 from tempo_jax.workloads import SyntheticRouting
+
+from .cache import cache_key
 
 __all__ = [
     "CACHE_DIR",
@@ -64,7 +65,6 @@ FIXED_POLICIES: tuple[str, ...] = ("metro", "token_lp", "uniform")
 LETTERS: dict[str, str] = {"metro": "M", "token_lp": "L", "uniform": "E"}
 #: Default cache folder: ``<repo>/results/cache`` (results/ is gitignored).
 CACHE_DIR = Path(__file__).resolve().parents[2] / "results" / "cache"
-_CACHE_VERSION = 1
 
 
 class Cell(NamedTuple):
@@ -158,9 +158,7 @@ class PhaseConfig:
 
     def key(self) -> str:
         """Cache key: a hash of every field that changes the numbers (``workers`` does not)."""
-        d = {k: v for k, v in self.to_dict().items() if k != "workers"}
-        blob = json.dumps({"v": _CACHE_VERSION, **d}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return cache_key("phase", {k: v for k, v in self.to_dict().items() if k != "workers"})
 
 
 def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:

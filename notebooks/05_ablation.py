@@ -1,0 +1,198 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Ablations of tempo_fast (TEMPO §4.2; Tables 2, 8, 9)
+#
+# - **Table 2, components**: over the phase grid (EP8: three presets × two replication ratios × six skews ×
+#   eight B, B = tokens per GPU as in the phase diagram) and the scale grid (DSv3, 1.25×, EP16–64), each batch
+#   is solved by full TEMPO and with one component off — partial moves, augmenting chains, the ensemble.
+#   Degradation of a cell = `mean(variant)/mean(full) − 1` over its batches (`tempo_jax.sim.ablation`).
+# - **Table 8, cumulative stages** and **Table 9, cost terms**: the drift-16 replay scenario (EP8, R = 64, proxy
+#   three-term model; placement and static map built from a recording whose top-16 experts' loads were swapped
+#   with random cold ones), median makespan / static over windows. Stage switches are tempo_fast's options; a
+#   term ablation solves under the model with the term deleted (traffic: c2 = γ = 0; floor: a = b = 0, i.e.
+#   tokens only) and scores under the full model (`tempo_jax.sim.protocols.run_variants`). B = tokens per step
+#   (see notebook 04); routing: FLAME-MoE-290M layers (recorded) and synthetic Zipf(1.2) streams.
+#
+# Our tempo_fast runs full-depth augmenting chains by default (the paper truncates at 2 steps). `SMALL=1`
+# shrinks every grid; full-size results are cached in `results/cache/`.
+
+# %%
+import dataclasses
+import os
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tempo_jax.report import figures_dir, table
+from tempo_jax.sim.ablation import COMPONENTS, component_ablation, summarize
+from tempo_jax.sim.phase import PhaseConfig
+from tempo_jax.sim.protocols import STAGES, VariantConfig, run_variants
+from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
+
+SMALL = os.environ.get("SMALL", "0") == "1"
+FIGURES = figures_dir()
+t_start = time.perf_counter()
+
+if SMALL:
+    PHASE = PhaseConfig(eps=(8,), skews=(0.0, 1.2), batch_sizes=(16, 256, 2048), batches=1, workers=1)
+    SCALE = PhaseConfig(
+        presets=("dsv3_fp8_offline",), replications=(1.25,), eps=(32,), skews=(1.2,), batch_sizes=(64,), batches=1
+    )
+    SYN = SyntheticStreams(streams=1, windows=2)
+else:
+    PHASE = PhaseConfig(eps=(8,), batches=4)
+    SCALE = PhaseConfig(presets=("dsv3_fp8_offline",), replications=(1.25,), eps=(16, 32, 64), batches=4)
+    SYN = SyntheticStreams(streams=4, windows=32)
+SCALE = dataclasses.replace(SCALE, workers=PHASE.workers)
+VARIANTS = (*STAGES, "drop_traffic", "drop_floor")
+REPLAY = VariantConfig(
+    batch_sizes=(128, 512, 1024, 2048),
+    drifts=(16,),
+    variants=VARIANTS,
+    max_windows=1 if SMALL else None,
+    workers=1 if SMALL else 2,
+)
+SOURCES = {"FLAME": REPLAY, "Zipf1.2": dataclasses.replace(REPLAY, source="synthetic", synthetic=SYN)}
+
+# %% [markdown]
+# ## Table 2: component ablation over the phase and scale grids
+
+# %%
+t0 = time.perf_counter()
+ablations = [component_ablation(cfg, progress=not SMALL) for cfg in (PHASE, SCALE)]
+n_cells = sum(len(a.cells) for a in ablations)
+print(f"{n_cells} cells in {time.perf_counter() - t0:.1f} s")
+comp = component_table(summarize(ablations))
+rows = [[c["variant"], f"{c['paper_mean']:.1f} / {c['paper_p95']:.1f} / {c['paper_max']:.1f}", c["paper_where"],
+         f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]] for c in comp]  # fmt: skip
+print(table(rows, ["variant", "paper mean/p95/max %", "paper: max at", "here mean/p95/max %", "here: max at"],
+            "Table 2: degradation vs full tempo_fast, paper vs here"))  # fmt: skip
+
+# The paper's tempo_fast truncates augmenting chains at 2 steps; ours searches full paths by default. The same
+# ablation with the paper's truncation in every solve:
+ablations2 = [component_ablation(cfg, chain_depth=2, progress=not SMALL) for cfg in (PHASE, SCALE)]
+rows = [[c["variant"], f"{c['paper_mean']:.1f} / {c['paper_p95']:.1f} / {c['paper_max']:.1f}",
+         f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]]
+        for c in component_table(summarize(ablations2))]  # fmt: skip
+print(table(rows, ["variant", "paper mean/p95/max %", "here mean/p95/max %", "here: max at"],
+            "Table 2 with depth-2 chains (the paper's truncation)"))  # fmt: skip
+
+# %%
+fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(14, 3.8), sharey=True)
+for ax, (j, name) in zip(axes, enumerate(COMPONENTS), strict=True):
+    for res in ablations:
+        deg = 100 * res.degradation()[:, j]
+        bs = np.array([c.batch_size for c in res.cells])
+        eps = np.array([c.ep for c in res.cells])
+        for ep in sorted(set(eps)):
+            m = int(np.log2(ep)) - 3  # EP8 → C0, EP16 → C1, EP32 → C2, EP64 → C3
+            sel = eps == ep
+            ax.scatter(bs[sel] * np.exp(0.08 * (m - 1.5)), deg[sel], s=10, alpha=0.6, label=f"EP{ep}", color=f"C{m}")
+    ax.axhline(0, color="0.4", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{name} (paper max {PAPER['table2'][name][2]}%)")
+    ax.set_xlabel("tokens per GPU B")
+    ax.grid(alpha=0.3)
+axes[0].set_ylabel("degradation vs full TEMPO (%)")
+handles, labels = axes[0].get_legend_handles_labels()
+uniq = dict(zip(labels, handles, strict=True))
+axes[-1].legend(uniq.values(), uniq.keys(), fontsize=8)
+fig.suptitle("Table 2: each cell's makespan without one component, relative to full tempo_fast")
+fig.tight_layout()
+fig.savefig(FIGURES / "table2_component_ablation.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ## Tables 8 and 9: stage and cost-term ablations on the drift-16 replay
+
+# %%
+results = {}
+for label, cfg in SOURCES.items():
+    t0 = time.perf_counter()
+    rows = run_variants(cfg, progress=not SMALL)
+    results[label] = variant_table(rows, VARIANTS, "table8")
+    results[label + "/t9"] = variant_table(rows, ("+ensemble", "drop_traffic", "drop_floor"), "table9")
+    print(f"{label}: {len(rows)} windows in {time.perf_counter() - t0:.1f} s")
+
+
+def _fmt(x):
+    return "—" if not np.isfinite(x) else f"{x:.3f}"
+
+
+def _side_by_side(key, variants, bs, title):
+    out = []
+    for v in variants:
+        for B in bs:
+            here = [next(t for t in results[lab + key] if t["variant"] == v and t["B"] == B) for lab in SOURCES]
+            out.append([LABELS[v], B, _fmt(here[0]["paper"]), *[_fmt(h["median"]) for h in here],
+                        f"{here[0]['ms']:.1f}"])  # fmt: skip
+    print(table(out, ["variant", "B", "paper", *[f"here {s}" for s in SOURCES], "ms (FLAME)"], title))
+
+
+_side_by_side("", STAGES, PAPER["table8_B"], "Table 8: median makespan / static, cumulative stages (drift-16)")
+print(f"paper solve ms at B=1024: { {LABELS[k]: v[3] for k, v in PAPER['table8'].items()} }")
+print()
+_side_by_side("/t9", ("+ensemble", "drop_traffic", "drop_floor"), PAPER["table9_B"],
+              "Table 9: median makespan / static, solve with terms deleted, score with the full model")  # fmt: skip
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+PANELS = (("", STAGES, "table8"), ("/t9", ("+ensemble", "drop_traffic", "drop_floor"), "table9"))
+for ax, (key, variants, tab) in zip(axes, PANELS, strict=True):
+    for k, v in enumerate(variants):
+        for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):
+            t = [r for r in results[lab + key] if r["variant"] == v]
+            ax.plot([r["B"] for r in t], [r["median"] for r in t], style, color=f"C{k}", ms=4,
+                    label=f"{LABELS[v]} ({lab})")  # fmt: skip
+        if v in PAPER[tab]:
+            ax.plot(PAPER[f"{tab}_B"], PAPER[tab][v][: len(PAPER[f"{tab}_B"])], "D", color=f"C{k}", mfc="none", ms=8)
+    ax.axhline(1.0, color="0.4", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("B (tokens per step)")
+    ax.set_ylabel("median makespan / static")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+axes[0].set_title("Table 8: cumulative stages (◇ paper)")
+axes[1].set_title("Table 9: cost terms deleted from the objective (◇ paper)")
+fig.suptitle("drift-16 replay, EP8, R = 64, proxy three-term model: solid FLAME-MoE, dashed Zipf(1.2)")
+fig.tight_layout()
+fig.savefig(FIGURES / "tables8_9_stage_term_ablation.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# **Reading.** *Table 2*: each component binds in its own region, as in the paper — partial moves in the
+# transition zone (B ≈ 128–256), augmenting chains in the flat regime (small B), the ensemble in the compute
+# regime at large EP — but our magnitudes differ. Without chains our local search cannot reach the balanced
+# activation counts that augmenting paths find (max 25% at EP64, B = 16, s = 0; 11% when the full solver also
+# truncates chains at depth 2 as the paper does), while without partial moves the chains, whole-expert moves
+# and swaps recover most of the loss (max 6.6% vs the paper's 16.3%). Without the ensemble our heuristic loses
+# up to 23% at EP32 deep in the compute regime, where token-LP's exact split wins (paper: 4.5% at EP64).
+#
+# *Table 9* reproduces the paper's structure: deleting the traffic term costs nothing on FLAME in the floor
+# regime (B = 128; 7% on Zipf(1.2)) and 5–8 points in the traffic regime, converging again at B = 2048 where
+# tokens bind everywhere; deleting the floor (≡ token balancing) costs only in the floor regime and is exact
+# above it.
+#
+# *Table 8* differs in one place by construction: the paper's augmenting chains *hurt* in the traffic regime
+# (0.883 → 0.940) because they equalise activation counts blindly; ours accept a chain only when it lowers the
+# bottleneck GPU's modelled time (`solvers.tempo_fast`), so `+chains` is never worse than the seed (a tested
+# property) and local search has less to repair. The absolute ratios differ from the paper's because the routing
+# differs (FLAME-MoE is nearly balanced, Zipf(1.2) strongly skewed; the paper's traces are not public) — not
+# tuned.
+
+# %%
+print(f"notebook time {time.perf_counter() - t_start:.1f} s (SMALL={SMALL})")

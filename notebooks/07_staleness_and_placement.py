@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Staleness and placement (TEMPO §5.5, §5.6, §5.12; Table 10)
+#
+# Three replays on the proxy setting (EP8, proxy three-term model, B = tokens per step; see notebook 04):
+#
+# 1. **Information regimes (§5.5).** The theory solves the current batch; the deployment solves the previous
+#    window's counts. TEMPO with *exact* (current), *stale-1* (previous window) and *frozen* (first window)
+#    counts — a stale solution's per-expert split fractions applied to the true counts
+#    (`tempo_jax.sim.replay.apply_split`) — against *uniform* (no information: EPLB-even), all relative to
+#    static on the same window. Fresh and drift-16 placements, R = 16 and 64.
+# 2. **Drift-K (§5.12, §5.15).** Placement and static map built from a recording whose top-K hot experts'
+#    statistics were swapped with random cold ones (K = 8/16/32), serving the true traffic.
+# 3. **Faster EPLB (§5.6, Table 10).** The drift-16 timeline with the placement rebuilt every 16 windows from
+#    cumulative observed counts (cum16) or every 4 from the trailing 4 windows (w4), vs never refreshed.
+#    Needs long streams: synthetic Zipf(1.2) streams with slowly drifting popularity (FLAME-MoE has 16 windows
+#    per layer at B = 128, too few for a 16-window refresh).
+#
+# `SMALL=1` keeps few windows per stream.
+
+# %%
+import dataclasses
+import os
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tempo_jax.report import figures_dir, table
+from tempo_jax.sim.protocols import (
+    InformationConfig,
+    PolicyConfig,
+    RefreshConfig,
+    run_information,
+    run_policies,
+    run_refresh,
+)
+from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
+
+SMALL = os.environ.get("SMALL", "0") == "1"
+FIGURES = figures_dir()
+t_start = time.perf_counter()
+
+SYN = SyntheticStreams(streams=1, windows=3) if SMALL else SyntheticStreams(streams=4, windows=32)
+INFO = InformationConfig(
+    batch_sizes=(128, 512),
+    drifts=(0, 16),
+    redundants=(64,) if SMALL else (16, 64),
+    max_windows=3 if SMALL else None,
+    workers=1 if SMALL else 2,
+)
+DRIFT = PolicyConfig(
+    batch_sizes=(128, 512),
+    drifts=(0, 16) if SMALL else (0, 8, 16, 32),
+    policies=("static", "uniform", "token_lp", "tempo"),
+    max_windows=1 if SMALL else None,
+    workers=INFO.workers,
+)
+REFRESH = RefreshConfig(
+    synthetic=SyntheticStreams(streams=1, windows=20) if SMALL else SyntheticStreams(streams=4, windows=64),
+    batch_sizes=(128, 512),
+    workers=INFO.workers,
+)
+SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
+
+# %% [markdown]
+# ## 1. Information regimes
+
+# %%
+info = {}
+for label, over in SOURCES.items():
+    t0 = time.perf_counter()
+    info[label] = information_table(run_information(dataclasses.replace(INFO, **over), progress=not SMALL))
+    print(f"{label}: {time.perf_counter() - t0:.1f} s")
+rows = []
+for lab in SOURCES:
+    for key in dict.fromkeys((t["redundant"], t["drift"], t["B"]) for t in info[lab]):
+        sel = {t["regime"]: t for t in info[lab] if (t["redundant"], t["drift"], t["B"]) == key}
+        cells = [f"{sel[r]['mean']:.3f} ({sel[r]['median']:.3f})" for r in ("exact", "stale", "frozen", "uniform")]
+        kept = f"{100 * sel['stale']['retained']:.0f}% / {100 * sel['frozen']['retained']:.0f}%"
+        rows.append([lab, *key, *cells, kept])
+rows.append(["paper", 64, "?", "decode", "0.78 (0.80)", "0.85", "0.89", "1.09", "75–85% / 70–80%"])
+print(table(rows, ["routing", "R", "K", "B", "exact", "stale-1", "frozen", "uniform", "gain kept stale/frozen"],
+            "§5.5: makespan / static, mean (median) over windows t ≥ 1"))  # fmt: skip
+
+# %%
+regimes = ("exact", "stale", "frozen", "uniform")
+fig, axes = plt.subplots(1, len(SOURCES), figsize=(13, 4), sharey=True)
+for ax, lab in zip(axes, SOURCES, strict=True):
+    keys = list(dict.fromkeys((t["redundant"], t["drift"], t["B"]) for t in info[lab]))
+    x = np.arange(len(keys))
+    for k, reg in enumerate(regimes):
+        vals = [next(t for t in info[lab] if (t["redundant"], t["drift"], t["B"]) == key and t["regime"] == reg)["mean"]
+                for key in keys]  # fmt: skip
+        ax.bar(x + (k - 1.5) * 0.2, vals, 0.19, color=f"C{k}", label=reg)
+        ax.axhline(PAPER["information"][reg], color=f"C{k}", ls=":", lw=1)
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_xticks(x, [f"R={R}\nK={K}\nB={B}" for R, K, B in keys], fontsize=8)
+    ax.set_title(f"here: {lab} (dotted: paper)")
+    ax.set_ylim(0.5, None)
+    ax.grid(axis="y", alpha=0.3)
+axes[0].set_ylabel("makespan / static (mean)")
+axes[0].legend(fontsize=8, loc="upper left")
+fig.suptitle("§5.5: exact, stale-1, frozen and no information")
+fig.tight_layout()
+fig.savefig(FIGURES / "sec55_information_regimes.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ## 2. Drift-K placements
+
+# %%
+drift = {}
+for label, over in SOURCES.items():
+    drift[label] = drift_table(run_policies(dataclasses.replace(DRIFT, **over), progress=not SMALL), DRIFT.policies)
+rows = []
+for lab in SOURCES:
+    for t in drift[lab]:
+        if t["policy"] != "static":
+            continue
+        sel = {s["policy"]: s for s in drift[lab] if (s["drift"], s["B"]) == (t["drift"], t["B"])}
+        cells = [f"{sel[p]['vs_static']:.3f} / {sel[p]['vs_fresh_static']:.3f}" for p in DRIFT.policies[1:]]
+        rows.append([lab, t["B"], t["drift"], f"{sel['static']['vs_fresh_static']:.3f}", *cells])
+heads = ["routing", "B", "K", "static / fresh static"]
+heads += [f"{LABELS[p]}: vs static / vs fresh" for p in DRIFT.policies[1:]]
+print(table(rows, heads, "drift-K (R = 64): median makespan vs same-placement static and vs fresh-placement static"))
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+for ax, B in zip(axes, DRIFT.batch_sizes, strict=True):
+    for k, p in enumerate(DRIFT.policies):
+        for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):
+            t = [s for s in drift[lab] if s["policy"] == p and s["B"] == B]
+            ax.plot([s["drift"] for s in t], [s["vs_fresh_static"] for s in t], style, color=f"C{k}",
+                    label=f"{LABELS[p]} ({lab})")  # fmt: skip
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_xticks(DRIFT.drifts)
+    ax.set_xlabel("drift K (hot experts swapped)")
+    ax.set_title(f"B = {B}")
+    ax.grid(alpha=0.3)
+axes[0].set_ylabel("median makespan / static on the fresh placement")
+axes[1].legend(fontsize=7, ncol=2)
+fig.suptitle("drift-K: what a stale placement costs, and how much dispatch wins back (solid FLAME, dashed Zipf 1.2)")
+fig.tight_layout()
+fig.savefig(FIGURES / "drift_k.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ## 3. Faster EPLB refresh (Table 10)
+
+# %%
+t0 = time.perf_counter()
+ref = refresh_table(run_refresh(REFRESH, progress=not SMALL))
+print(f"refresh: {time.perf_counter() - t0:.1f} s")
+order = ["static+never", "uniform+never", "uniform+cum16", "static+cum16", "tempo+never", "tempo+cum16", "tempo+w4"]
+order += [t["policy"] for t in ref if t["B"] == REFRESH.batch_sizes[0] and t["policy"] not in order]
+rows = []
+for col in order:
+    row = [col]
+    for B in REFRESH.batch_sizes:
+        t = next(t for t in ref if t["B"] == B and t["policy"] == col)
+        paper = "—" if not np.isfinite(t["paper_median"]) else f"{t['paper_median']:.2f}/{t['paper_p95']:.2f}"
+        row += [paper, f"{t['median']:.2f}/{t['p95']:.2f}"]
+    rows.append(row)
+heads = [h for B in REFRESH.batch_sizes for h in (f"B={B} paper", f"B={B} here")]
+print(table(rows, ["policy+refresh", *heads], "Table 10: median/p95 vs never-refreshed static (Zipf 1.2, drift-16)"))
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+for ax, B in zip(axes, REFRESH.batch_sizes, strict=True):
+    x = np.arange(len(order))
+    t = [next(s for s in ref if s["B"] == B and s["policy"] == c) for c in order]
+    ax.bar(x - 0.2, [s["median"] for s in t], 0.38, color="C0", label="here: median")
+    ax.errorbar(x - 0.2, [s["median"] for s in t], yerr=[np.zeros(len(t)), [s["p95"] - s["median"] for s in t]],
+                fmt="none", ecolor="k", lw=0.8)  # fmt: skip
+    ax.bar(x + 0.2, [s["paper_median"] for s in t], 0.38, color="C1", alpha=0.7, label="paper: median")
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_xticks(x, order, rotation=40, ha="right", fontsize=8)
+    ax.set_title(f"B = {B}")
+    ax.grid(axis="y", alpha=0.3)
+axes[0].set_ylabel("makespan / never-refreshed static (whisker: p95)")
+axes[0].legend(fontsize=8)
+fig.suptitle("Table 10: dispatch vs refreshing the placement faster (drift-16 timeline)")
+fig.tight_layout()
+fig.savefig(FIGURES / "table10_refresh.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# **Reading.** The paper's setting (decode scale, R = 64, drift-16) is closest to our Zipf(1.2) rows with R = 64,
+# K = 16, B = 128: exact 0.80, stale-1 0.85, frozen 0.83, uniform 1.13 of static, stale-1 keeping ≈ 75% of the
+# exact gain (paper: 0.78, 0.85, 0.89, 1.09; 75–85%) — not tuned, and the other rows show how much the numbers
+# move with routing, R and B. Where stale information loses most of the gain (B = 512, fresh placements) the
+# batch is traffic-bound and the gain lives in token-exact splits, which one window of noise undoes: our windows
+# are single batches (128–512 tokens), while the deployment's 200 ms windows aggregate many steps and are
+# smoother. Uniform splitting is the regime that inverts (worse than static) when floors bind.
+#
+# The drift-K sweep shows the two halves of §5.12: on skewed routing a stale placement costs static up to
+# 1.6× at B = 512 (the hot set lost its replicas), dispatch recovers part of it, and at K = 32 almost nothing —
+# only re-placement can. FLAME-MoE's near-balanced layers barely notice the drift (static / fresh ≤ 1.02).
+#
+# Table 10 (synthetic drift-16 timeline) reproduces the composition argument: in the compute regime (B = 512)
+# refreshing alone helps (uniform + cum16 0.76; paper 0.85), TEMPO on the stale placement helps less (0.93;
+# paper 0.89), and TEMPO on a refreshed placement is best (cum16 0.71, w4 0.68; paper 0.81, 0.80). In the floor
+# regime (B = 128) refresh does nothing for uniform or static here (paper: it makes uniform worse, 1.14 →
+# 1.31) while TEMPO stays well below static (paper: parity). The paper's text quotes a p95 of 1.38 for the
+# trailing-window refresh that its Table 10 does not show (its TEMPO + W4 row reads 1.00/1.10); we print ours.
+
+# %%
+print(f"notebook time {time.perf_counter() - t_start:.1f} s (SMALL={SMALL})")

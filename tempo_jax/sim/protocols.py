@@ -1,0 +1,392 @@
+"""Replay protocols on recorded and synthetic routing (TEMPO §5.5, 5.6, 5.12, 5.14; Tables 1, 4, 8, 9, 10).
+
+Glossary: W windows, S = G source ranks, E experts, G GPUs, R redundant slots, K drift-K, B tokens per step
+(see :mod:`.replay` for the batch-size convention and the stream sources).
+
+Every protocol replays, for each stream (a layer of a recording, or a synthetic stream) at each B, each token
+scale, each redundancy R and each drift K, the stream's windows through a placement built from the stream's
+long-run load (drift-K corrupted when K > 0), and scores dispatches under one cost model (default: the proxy
+serving three-term model of Table 7). It returns tidy rows, one per window, keyed by ``stream, B, scale,
+redundant, drift, window``; the reductions to the paper's tables live in :mod:`.replay_summary`.
+
+- :func:`run_policies` (Tables 1 and 4, drift-K sweep): makespan of each named policy per window, plus
+  ``static_fresh`` (static on the fresh placement: what the drift costs).
+- :func:`run_information` (§5.5): TEMPO with exact (current), stale-1 (previous window) and frozen (first
+  window) information — stale and frozen splits applied to the true counts by :func:`.replay.apply_split` —
+  against static and uniform (no information). Windows t ≥ 1.
+- :func:`run_refresh` (§5.6, Table 10): the placement rebuilt every W windows from cumulative observed
+  counts (``cumW``) or from the trailing W windows (``wW``), vs never (``never``); static/uniform/TEMPO.
+- :func:`run_variants` (Tables 8, 9): TEMPO variants — cumulative stages (:data:`STAGES`) and objectives
+  with cost terms deleted (:data:`TERMS`) — each solved under its own model, all scored under the full one.
+
+Results are cached in ``results/cache/replay-<kind>-<hash>.json``. numpy + solvers only (no jax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from solvers import PRESETS, CostModel, DispatchProblem, solve
+
+from .phase import CACHE_DIR
+from .replay import (
+    PROXY_PRESET,
+    Stream,
+    SyntheticStreams,
+    apply_split,
+    cached_rows,
+    make_streams,
+    replay_placement,
+    run_jobs,
+)
+
+__all__ = [
+    "InformationConfig",
+    "PolicyConfig",
+    "RefreshConfig",
+    "ReplayConfig",
+    "STAGES",
+    "TERMS",
+    "VARIANTS",
+    "VariantConfig",
+    "run_information",
+    "run_policies",
+    "run_refresh",
+    "run_variants",
+    "replay_stream",
+]
+
+KEY = ("stream", "B", "scale", "redundant", "drift", "window")
+
+
+def _no_traffic(cost: CostModel) -> CostModel:
+    return dataclasses.replace(cost, c2=None, gamma=None)
+
+
+def _no_floor(cost: CostModel) -> CostModel:
+    return dataclasses.replace(cost, a=0.0, b=0.0, b2=None)
+
+
+_TRANSFORMS: dict[str, Callable[[CostModel], CostModel]] = {
+    "full": lambda c: c,
+    "no_traffic": _no_traffic,
+    "no_floor": _no_floor,
+}
+
+#: TEMPO variants: name → (objective the solver sees, tempo options). Scored under the full model.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "seed": ("full", {"chains": False, "local_search": False, "ensemble": False}),
+    "+chains": ("full", {"chains": True, "local_search": False, "ensemble": False}),
+    "+local": ("full", {"ensemble": False}),
+    "+ensemble": ("full", {}),
+    "seed+local": ("full", {"chains": False, "ensemble": False}),
+    "drop_traffic": ("no_traffic", {}),
+    "drop_floor": ("no_floor", {}),
+}
+#: Table 8 rows (cumulative stages, then seed + local search without chains).
+STAGES: tuple[str, ...] = ("seed", "+chains", "+local", "+ensemble", "seed+local")
+#: Table 9 rows (``+ensemble`` is the full three-term objective).
+TERMS: tuple[str, ...] = ("+ensemble", "drop_traffic", "drop_floor")
+
+
+# ------------------------------------------------------------------------------------------------ configs
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """What to replay (defaults: the paper's drift-16 scenario on the proxy shape, EP8, R = 64).
+
+    Attributes:
+      source: a trace name (recorded; the bundled sample when offline) or ``"synthetic"``.
+      synthetic: parameters of the synthetic streams (used when ``source == "synthetic"``).
+      batch_sizes: B tokens per step.
+      scales: token scales applied to every window's counts (Table 4: 0.25, 1, 4).
+      redundants: R redundant slots (placement has E + R slots).
+      drifts: drift-K corruptions of the placement's long-run load (0 = fresh placement).
+      num_gpus: G (= source ranks).
+      preset: cost model (a key of `solvers.PRESETS`).
+      max_windows: cap on windows per stream (None = all).
+      tau: TEMPO's ensemble switching tolerance.
+      chain_depth: TEMPO's augmenting-chain depth (None = the project's full depth; 2 = the paper's).
+      seed: seeds the drift corruption (per stream: ``1000·seed + stream index``) and count scaling.
+      workers: worker processes (not part of the cache key).
+    """
+
+    source: str = "flame_moe_290m"
+    synthetic: SyntheticStreams = SyntheticStreams()
+    batch_sizes: tuple[int, ...] = (128, 512, 1024)
+    scales: tuple[float, ...] = (1.0,)
+    redundants: tuple[int, ...] = (64,)
+    drifts: tuple[int, ...] = (16,)
+    num_gpus: int = 8
+    preset: str = PROXY_PRESET
+    max_windows: int | None = None
+    tau: float = 0.01
+    chain_depth: int | None = None
+    seed: int = 0
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "scales", "redundants", "drifts"):
+            val = tuple(getattr(self, name))
+            if not val:
+                raise ValueError(f"{type(self).__name__}.{name} must not be empty")
+            object.__setattr__(self, name, val)
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; valid: {sorted(PRESETS)}")
+        if min(self.batch_sizes) < self.num_gpus or min(self.scales) <= 0 or min(self.drifts) < 0:
+            raise ValueError("need batch_sizes ≥ num_gpus, scales > 0 and drifts ≥ 0")
+        if not 0 <= self.tau < 1 or self.workers < 1:
+            raise ValueError("need 0 ≤ tau < 1 and workers ≥ 1")
+
+    @property
+    def cost(self) -> CostModel:
+        return PRESETS[self.preset]
+
+    def tempo_options(self) -> dict:
+        opts: dict = {"tau": self.tau}
+        if self.chain_depth is not None:
+            opts["chain_depth"] = self.chain_depth
+        return opts
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig(ReplayConfig):
+    """:func:`run_policies`: ``policies`` are names of `solvers.solve` (tempo gets ``tempo_options``)."""
+
+    policies: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InformationConfig(ReplayConfig):
+    """:func:`run_information`: fresh and drift-16 placements by default; ``policy`` is the solved one."""
+
+    drifts: tuple[int, ...] = (0, 16)
+    policy: str = "tempo"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefreshConfig(ReplayConfig):
+    """:func:`run_refresh`: long synthetic streams; ``modes`` are ``never``, ``cum<W>``, ``w<W>``."""
+
+    source: str = "synthetic"
+    batch_sizes: tuple[int, ...] = (128, 512)
+    modes: tuple[str, ...] = ("never", "cum16", "w4")
+    policies: tuple[str, ...] = ("static", "uniform", "tempo")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for m in self.modes:
+            _parse_mode(m)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantConfig(ReplayConfig):
+    """:func:`run_variants`: names of :data:`VARIANTS`."""
+
+    variants: tuple[str, ...] = STAGES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bad = sorted(set(self.variants) - set(VARIANTS))
+        if bad:
+            raise ValueError(f"unknown variants {bad}; valid: {sorted(VARIANTS)}")
+
+
+def _parse_mode(mode: str) -> tuple[str, int]:
+    """``"never"`` → (never, 0); ``"cum16"`` → (cum, 16); ``"w4"`` → (w, 4)."""
+    if mode == "never":
+        return "never", 0
+    for kind in ("cum", "w"):
+        if mode.startswith(kind) and mode[len(kind) :].isdigit() and int(mode[len(kind) :]) > 0:
+            return kind, int(mode[len(kind) :])
+    raise ValueError(f"refresh mode {mode!r} must be 'never', 'cum<W>' or 'w<W>' (W ≥ 1)")
+
+
+# ------------------------------------------------------------------------------------------------ per window
+@dataclass(frozen=True)
+class _Ctx:
+    config: ReplayConfig
+    stream: Stream
+    placement: object  # solvers.Placement, drift-K corrupted
+    fresh: object  # the fresh (drift 0) placement of the same stream and R
+    redundant: int
+
+
+def _solve(config: ReplayConfig, counts, placement, policy: str, cost: CostModel | None = None, **extra):
+    cost = config.cost if cost is None else cost
+    opts = {**config.tempo_options(), **extra} if policy == "tempo" else {}
+    return solve(DispatchProblem(counts, placement, cost), policy, **opts)
+
+
+def _policies_rows(ctx: _Ctx) -> Iterator[dict]:
+    cfg: PolicyConfig = ctx.config
+    for t, counts in enumerate(ctx.stream.windows):
+        row = {"window": t}
+        for policy in cfg.policies:
+            d = _solve(cfg, counts, ctx.placement, policy)
+            row[policy] = d.makespan
+            if policy == "tempo":
+                row["tempo_ms"] = 1e3 * d.info["solve_time_s"]
+        row["static_fresh"] = _solve(cfg, counts, ctx.fresh, "static").makespan
+        yield row
+
+
+def _information_rows(ctx: _Ctx) -> Iterator[dict]:
+    cfg: InformationConfig = ctx.config
+    cost, pl = cfg.cost, ctx.placement
+    # Step 1: the exact solve of every window (window t's exact solution is window t + 1's stale one).
+    xs = [_solve(cfg, counts, pl, cfg.policy).x for counts in ctx.stream.windows]
+    # Step 2: score each information regime on the true counts of windows t ≥ 1.
+    for t in range(1, ctx.stream.num_windows):
+        counts = ctx.stream.windows[t]
+        yield {
+            "window": t,
+            "static": _solve(cfg, counts, pl, "static").makespan,
+            "uniform": _solve(cfg, counts, pl, "uniform").makespan,
+            "exact": cost.makespan(xs[t]),
+            "stale": cost.makespan(apply_split(xs[t - 1], counts, pl)),
+            "frozen": cost.makespan(apply_split(xs[0], counts, pl)),
+        }
+
+
+def _refresh_rows(ctx: _Ctx) -> Iterator[dict]:
+    cfg: RefreshConfig = ctx.config
+    totals = ctx.stream.totals()  # [W, E]
+    W = ctx.stream.num_windows
+    # Step 1: the placement in force at every window, per mode.
+    placements: dict[str, list] = {}
+    for mode in cfg.modes:
+        kind, every = _parse_mode(mode)
+        seq, current = [], ctx.placement
+        for t in range(W):
+            if kind != "never" and t > 0 and t % every == 0:
+                observed = totals[:t].sum(axis=0) if kind == "cum" else totals[max(0, t - every) : t].sum(axis=0)
+                current = replay_placement(observed, num_gpus=cfg.num_gpus, redundant=ctx.redundant)
+            seq.append(current)
+        placements[mode] = seq
+    # Step 2: every (policy, mode) on every window, exact information.
+    for t, counts in enumerate(ctx.stream.windows):
+        row = {"window": t}
+        for mode in cfg.modes:
+            for policy in cfg.policies:
+                row[f"{policy}+{mode}"] = _solve(cfg, counts, placements[mode][t], policy).makespan
+        yield row
+
+
+def _variant_rows(ctx: _Ctx) -> Iterator[dict]:
+    cfg: VariantConfig = ctx.config
+    cost = cfg.cost
+    for t, counts in enumerate(ctx.stream.windows):
+        row = {"window": t, "static": _solve(cfg, counts, ctx.placement, "static").makespan}
+        for name in cfg.variants:
+            objective, opts = VARIANTS[name]
+            d = _solve(cfg, counts, ctx.placement, "tempo", _TRANSFORMS[objective](cost), **opts)
+            row[name] = cost.makespan(d.x)  # solved under its objective, scored under the full model
+            row[f"{name}_ms"] = 1e3 * d.info["solve_time_s"]
+        yield row
+
+
+_KINDS: dict[str, tuple[Callable[[_Ctx], Iterator[dict]], int]] = {
+    # kind → (per-window rows, minimum windows per stream)
+    "policies": (_policies_rows, 1),
+    "information": (_information_rows, 2),
+    "refresh": (_refresh_rows, 1),
+    "variants": (_variant_rows, 1),
+}
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def replay_stream(kind: str, config: ReplayConfig, stream: Stream, placement, *, fresh=None) -> list[dict]:
+    """Per-window rows of protocol ``kind`` on one stream and placement (no key columns, no scaling, no cache).
+
+    Args:
+      kind: ``"policies"``, ``"information"``, ``"refresh"`` or ``"variants"``.
+      config: the protocol's config (its source, batch sizes, scales, drifts are ignored here).
+      stream: the windows to replay.
+      placement: the placement served (for ``refresh``: the initial one).
+      fresh: the fresh placement ``static_fresh`` is scored on (default: ``placement``).
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"unknown protocol {kind!r}; valid: {sorted(_KINDS)}")
+    fresh = placement if fresh is None else fresh
+    return list(_KINDS[kind][0](_Ctx(config, stream, placement, fresh, placement.num_slots - stream.num_experts)))
+
+
+def _streams(kind: str, config: ReplayConfig, batch_size: int) -> tuple[Stream, ...]:
+    return make_streams(
+        config.source, batch_size, config.num_gpus, config.synthetic, config.max_windows, _KINDS[kind][1]
+    )
+
+
+def _job(kind: str, config: ReplayConfig, batch_size: int, index: int) -> list[dict]:
+    """Rows of one (stream, B): every scale × redundancy × drift, every window."""
+    stream = _streams(kind, config, batch_size)[index]
+    per_window = _KINDS[kind][0]
+    rows = []
+    for scale in config.scales:
+        scaled = stream.scaled(scale, seed=config.seed * 1000 + index)
+        for R in config.redundants:
+            # Step 1: the fresh placement and, per K, the drift-K placement (from the stream's recording).
+            fresh = replay_placement(stream.history, num_gpus=config.num_gpus, redundant=R)
+            for K in config.drifts:
+                pl = fresh
+                if K:
+                    pl = replay_placement(
+                        stream.history, num_gpus=config.num_gpus, redundant=R, drift=K, seed=config.seed * 1000 + index
+                    )
+                # Step 2: the protocol's rows, keyed.
+                ctx = _Ctx(config, scaled, pl, fresh, R)
+                key = {"stream": stream.label, "B": batch_size, "scale": scale, "redundant": R, "drift": K}
+                rows += [{**key, **r} for r in per_window(ctx)]
+    return rows
+
+
+def _run(kind: str, config: ReplayConfig, cache_dir, progress: bool) -> list[dict]:
+    def compute() -> list[dict]:
+        jobs = [(kind, config, B, i) for B in config.batch_sizes for i in range(len(_streams(kind, config, B)))]
+        if not jobs:
+            raise ValueError(f"{kind}: no stream of {config.source!r} has enough windows at B={config.batch_sizes}")
+        out = run_jobs(_job, jobs, workers=config.workers, desc=f"replay {kind}", progress=progress)
+        return [row for rows in out for row in rows]
+
+    return cached_rows(kind, config, compute, cache_dir)
+
+
+def run_policies(config: PolicyConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+    """Per window: makespan (µs) of every policy in ``config.policies``, ``tempo_ms`` and ``static_fresh``.
+
+    Returns:
+      Rows ``{stream, B, scale, redundant, drift, window, <policy>: µs, ..., tempo_ms, static_fresh}``.
+    """
+    return _run("policies", config, cache_dir, progress)
+
+
+def run_information(config: InformationConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+    """Per window t ≥ 1: ``static``, ``uniform``, ``exact``, ``stale`` (stale-1) and ``frozen`` makespans (µs).
+
+    ``exact`` solves window t; ``stale`` applies window t − 1's solution and ``frozen`` window 0's to window
+    t's true counts (:func:`.replay.apply_split`); static and uniform need no information.
+    """
+    return _run("information", config, cache_dir, progress)
+
+
+def run_refresh(config: RefreshConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+    """Per window: ``"<policy>+<mode>"`` makespans (µs); the placement starts drift-K corrupted (``drifts``).
+
+    ``cumW`` rebuilds the EPLB placement at t = W, 2W, … from the counts of windows ``[0, t)``; ``wW`` from
+    windows ``[t − W, t)``; ``never`` keeps the corrupted one. Policies solve with exact information.
+    """
+    return _run("refresh", config, cache_dir, progress)
+
+
+def run_variants(config: VariantConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+    """Per window: ``static`` and every variant's makespan under the full model (µs), plus ``<variant>_ms``."""
+    return _run("variants", config, cache_dir, progress)
+
+
+def ratio(rows, column: str, reference: str) -> list[float]:
+    """Per-row ``row[column] / row[reference]`` (NaN when the reference is 0)."""
+    return [r[column] / r[reference] if r[reference] > 0 else math.nan for r in rows]

@@ -1,0 +1,399 @@
+"""Replay building blocks (TEMPO §5.5, 5.6, 5.12, 5.14): streams of windows, replay placements, stale splits.
+
+Glossary (shapes): W windows, S source ranks (S = G here), E logical experts, K top-k, G GPUs (EP ranks),
+R redundant slots (physical slots = E + R), B tokens per step.
+
+**Batch size.** In the replay protocols B is the number of tokens of one step across the whole EP group
+(the serving concurrency of TEMPO §5.13), so each of the G source ranks holds B/G tokens and each GPU receives
+about B·K/G token–expert pairs (0.75·B for the proxy shape K = 6, G = 8). This is the reading under which the
+paper's regime labels hold for the proxy model (B = 128 floor-bound, B ≥ 512 traffic-bound, B*_a2a ≈ 300
+pairs per GPU); the phase diagram (:mod:`.phase`) counts B per GPU instead.
+
+**Streams.** A :class:`Stream` is a sequence of windows ``[W, S, E]`` plus the long-run load ``[E]`` that a
+placement is built from (the "recording"). Two sources:
+
+- recorded routing (:func:`trace_streams`): one stream per layer, windows = the layer's consecutive batches
+  of B tokens (FLAME-MoE-290M, the only recording with the proxy's DSv2-Lite shape E = 64, top-6, holds
+  2,048 tokens per layer: 16 windows at B = 128, 4 at B = 512, 2 at B = 1024, 1 at B = 2048). The
+  long-run load is the layer's whole recording (a "fresh" placement sees the traffic it serves);
+- synthetic (:func:`synthetic_stream`): Zipf(s) popularity whose log drifts slowly (an AR(1) random walk
+  per expert), Dirichlet(κ) batch fluctuation on top, tokens drawn top-K without replacement. Long streams
+  for the protocols that need them (refresh every 16 windows). The long-run load is a recording of
+  the window-0 popularity (:data:`HISTORY_TOKENS` tokens).
+
+**Stale information** (:func:`apply_split`): a dispatch solved on one window's counts is applied to another
+window through the same placement by keeping its per-expert split fractions ``x[e, g]/n_e`` (uniform over
+the replicas for experts it saw no token of) and scaling them by the true counts.
+
+numpy + solvers only (no jax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import multiprocessing
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from solvers import Placement, drift_corrupt
+from tempo_jax.workloads import load_sample, load_trace, sample_topk, zipf_popularity
+
+from .cache import cache_key
+
+__all__ = [
+    "HISTORY_TOKENS",
+    "PROXY_PRESET",
+    "Stream",
+    "SyntheticStreams",
+    "apply_split",
+    "cached_rows",
+    "config_key",
+    "make_streams",
+    "replay_placement",
+    "run_jobs",
+    "scale_counts",
+    "stats",
+    "synthetic_stream",
+    "trace_streams",
+]
+
+#: The paper's replay cost model: the proxy (DSv2-Lite shape) serving three-term model, Eq. 4 (Table 7).
+PROXY_PRESET = "proxy_serving_3term"
+#: Tokens of the recording a synthetic stream's placement is built from.
+HISTORY_TOKENS = 16384
+
+
+# ------------------------------------------------------------------------------------------------ streams
+@dataclass(frozen=True, eq=False)
+class Stream:
+    """A sequence of routing windows and the long-run load a placement is built from.
+
+    Attributes:
+      label: name (``"flame_moe_290m/L2"``, ``"zipf1.2#0"``).
+      windows: ``[W, S, E]`` int64 token–expert pairs from each source rank to each expert, per window.
+      history: ``[E]`` float64 long-run per-expert load (the recording EPLB sees).
+      top_k: K.
+    """
+
+    label: str
+    windows: np.ndarray
+    history: np.ndarray
+    top_k: int
+
+    def __post_init__(self) -> None:
+        w = np.asarray(self.windows, dtype=np.int64)
+        h = np.asarray(self.history, dtype=np.float64)
+        if w.ndim != 3 or h.shape != (w.shape[2],):
+            raise ValueError(f"windows must be [W, S, E] and history [E]; got {w.shape} and {h.shape}")
+        if w.size and w.min() < 0:
+            raise ValueError("windows must hold non-negative counts")
+        for a in (w, h):
+            a.setflags(write=False)
+        object.__setattr__(self, "windows", w)
+        object.__setattr__(self, "history", h)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.windows.shape[0])
+
+    @property
+    def num_sources(self) -> int:
+        return int(self.windows.shape[1])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.windows.shape[2])
+
+    def totals(self) -> np.ndarray:
+        """``[W, E]`` tokens per expert in each window."""
+        return self.windows.sum(axis=1)
+
+    def scaled(self, factor: float, seed: int = 0) -> Stream:
+        """The stream with every window's counts scaled by ``factor`` (:func:`scale_counts`); history unchanged."""
+        if factor == 1.0:
+            return self
+        rng = np.random.default_rng([seed, int(round(factor * 1e6))])
+        return Stream(f"{self.label}×{factor:g}", scale_counts(self.windows, factor, rng), self.history, self.top_k)
+
+
+def scale_counts(counts: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndarray:
+    """Integer counts scaled by ``factor`` without bias: ``⌊f⌋·c + Binomial(c, f − ⌊f⌋)`` (token thinning).
+
+    Args:
+      counts: non-negative integer counts, any shape.
+      factor: scale ``> 0`` (0.25 = keep each token with probability 1/4; 4 = every token four times).
+      rng: the generator of the thinning draws.
+    """
+    if not factor > 0:
+        raise ValueError(f"scale factor must be > 0, got {factor}")
+    c = np.asarray(counts, dtype=np.int64)
+    whole = math.floor(factor)
+    frac = factor - whole
+    out = c * whole
+    if frac > 0:
+        out = out + rng.binomial(c, frac)
+    return out.astype(np.int64)
+
+
+def trace_streams(trace, batch_size: int, num_ranks: int = 8, *, min_windows: int = 1) -> list[Stream]:
+    """One :class:`Stream` per layer of a recording: consecutive batches of ``batch_size`` tokens.
+
+    Args:
+      trace: a `tempo_jax.workloads.RoutingTrace`.
+      batch_size: B tokens per step; each of the ``num_ranks`` sources gets ``B // num_ranks`` tokens.
+      num_ranks: G source ranks.
+      min_windows: layers with fewer whole windows are left out.
+
+    Returns:
+      Streams labelled ``"<trace>/L<layer>"``, history = the layer's whole recording (``expert_load``).
+    """
+    per_rank = batch_size // num_ranks
+    if per_rank < 1:
+        raise ValueError(f"batch_size={batch_size} gives no token per rank on {num_ranks} ranks")
+    out = []
+    for layer in trace.layers:
+        if trace.num_batches(layer, per_rank, num_ranks) < min_windows:
+            continue
+        windows = np.stack(list(trace.batches(layer, per_rank, num_ranks)))
+        out.append(Stream(f"{trace.name}/L{layer}", windows, trace.expert_load(layer), trace.top_k))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticStreams:
+    """Synthetic drifting-Zipf streams (see the module docstring); defaults: the proxy (DSv2-Lite) shape.
+
+    Attributes:
+      num_experts, top_k: E and K (64, 6: DSv2-Lite, the paper's proxy).
+      skew: Zipf exponent s of the popularity at window 0 (1.2: the paper's representative skew).
+      kappa: Dirichlet concentration κ of batch-to-batch fluctuation.
+      drift_sigma: stationary standard deviation of each expert's log-popularity drift.
+      drift_rho: AR(1) coefficient of the drift per window (correlation time 1/(1 − ρ) windows).
+      streams: independent streams (seeds ``seed .. seed + streams − 1``).
+      windows: windows per stream.
+      seed: base seed.
+    """
+
+    num_experts: int = 64
+    top_k: int = 6
+    skew: float = 1.2
+    kappa: float = 2000.0
+    drift_sigma: float = 0.3
+    drift_rho: float = 0.95
+    streams: int = 4
+    windows: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.drift_rho <= 1 and self.drift_sigma >= 0 and self.kappa > 0):
+            raise ValueError("need 0 ≤ drift_rho ≤ 1, drift_sigma ≥ 0 and kappa > 0")
+        if self.streams < 1 or self.windows < 1 or self.top_k > self.num_experts:
+            raise ValueError("need streams ≥ 1, windows ≥ 1 and top_k ≤ num_experts")
+
+
+def synthetic_stream(spec: SyntheticStreams, batch_size: int, num_ranks: int = 8, index: int = 0) -> Stream:
+    """Stream ``index`` of ``spec`` at B = ``batch_size`` tokens per step on ``num_ranks`` sources.
+
+    Window t: popularity ``p_t ∝ p_0·exp(z_t)`` with ``z_t = ρ·z_{t−1} + √(1−ρ²)·σ·ε_t`` (z_0 = 0), batch
+    popularity ``q_t ~ Dirichlet(κ·p_t)``, then ``B`` tokens × K distinct experts ∝ q_t, dealt to the
+    sources in contiguous chunks of ``B // num_ranks``. History = the counts of a recording of
+    :data:`HISTORY_TOKENS` tokens drawn from ``p_0`` (so a hot expert's load is capped by top-K sampling without
+    replacement as in real routing). The same seed gives the same popularity path at every B.
+    """
+    per_rank = batch_size // num_ranks
+    if per_rank < 1:
+        raise ValueError(f"batch_size={batch_size} gives no token per rank on {num_ranks} ranks")
+    E, K, seed = spec.num_experts, spec.top_k, spec.seed + index
+    p0 = zipf_popularity(E, spec.skew, seed)
+    # Step 1: the popularity path (independent of B).
+    walk = np.random.default_rng([seed, 1])
+    z = np.zeros(E)
+    out = np.empty((spec.windows, num_ranks, E), np.int64)
+    for t in range(spec.windows):
+        if t:
+            z = spec.drift_rho * z + math.sqrt(1 - spec.drift_rho**2) * spec.drift_sigma * walk.standard_normal(E)
+        p = p0 * np.exp(z)
+        p /= p.sum()
+        # Step 2: one batch of this window.
+        rng = np.random.default_rng([seed, 2, batch_size, t])
+        q = rng.dirichlet(spec.kappa * p) if math.isfinite(spec.kappa) else p
+        q = np.maximum(q, 1e-300)
+        ids = sample_topk(q, per_rank * num_ranks, K, rng).reshape(num_ranks, per_rank * K)
+        flat = (np.arange(num_ranks)[:, None] * E + ids).ravel()
+        out[t] = np.bincount(flat, minlength=num_ranks * E).reshape(num_ranks, E)
+    # Step 3: the recording a placement is built from: HISTORY_TOKENS tokens drawn from p_0 (no drift).
+    rec = sample_topk(p0, HISTORY_TOKENS, K, np.random.default_rng([seed, 3]))
+    history = np.bincount(rec.ravel(), minlength=E).astype(np.float64)
+    return Stream(f"zipf{spec.skew:g}#{index}", out, history, K)
+
+
+@lru_cache(maxsize=8)
+def _trace(name: str):
+    try:
+        return load_trace(name)
+    except FileNotFoundError:  # offline: the bundled copy holds the same ids
+        return load_sample(name)
+
+
+@lru_cache(maxsize=64)
+def make_streams(
+    source: str,
+    batch_size: int,
+    num_ranks: int = 8,
+    synthetic: SyntheticStreams = SyntheticStreams(),  # noqa: B008 (frozen, hashable)
+    max_windows: int | None = None,
+    min_windows: int = 1,
+) -> tuple[Stream, ...]:
+    """Streams of a named source at B tokens per step (cached per process).
+
+    Args:
+      source: a trace name of `tempo_jax.workloads.TRACES` (recorded; bundled sample when offline) or
+        ``"synthetic"`` (``synthetic`` gives the parameters).
+      batch_size: B.
+      num_ranks: G.
+      synthetic: parameters of the synthetic streams.
+      max_windows: keep at most this many windows per stream (None = all).
+      min_windows: drop streams with fewer windows.
+    """
+    if source == "synthetic":
+        streams = [synthetic_stream(synthetic, batch_size, num_ranks, i) for i in range(synthetic.streams)]
+    else:
+        streams = trace_streams(_trace(source), batch_size, num_ranks, min_windows=min_windows)
+    if max_windows is not None:
+        streams = [dataclasses.replace(s, windows=s.windows[:max_windows]) for s in streams]
+    return tuple(s for s in streams if s.num_windows >= min_windows)
+
+
+# ------------------------------------------------------------------------------------------------ placement
+def replay_placement(
+    load,
+    *,
+    num_gpus: int = 8,
+    redundant: int = 64,
+    drift: int = 0,
+    seed: int = 0,
+    num_groups: int = 1,
+    num_nodes: int = 1,
+) -> Placement:
+    """EPLB placement of ``E + redundant`` slots from a (drift-corrupted) long-run load.
+
+    Args:
+      load: ``[E]`` long-run per-expert load (the recording).
+      num_gpus: G.
+      redundant: R redundant slots (the paper's R = 16/64); E + R must be a multiple of G.
+      drift: K of the drift-K corruption (`solvers.drift_corrupt`): the top-K hot experts' loads are swapped
+        with K random cold ones before EPLB sees them (0 = fresh placement).
+      seed: seed of the corruption's cold partners.
+      num_groups, num_nodes: hierarchical EPLB (1, 1 = global).
+    """
+    load = np.asarray(load, dtype=np.float64)
+    slots = load.shape[0] + redundant
+    if redundant < 0 or slots % num_gpus:
+        raise ValueError(f"E + R = {slots} slots must be a non-negative multiple of num_gpus = {num_gpus}")
+    if drift:
+        load = drift_corrupt(load, drift, seed)
+    return Placement.from_eplb(load, slots, num_gpus, num_groups=num_groups, num_nodes=num_nodes)
+
+
+def apply_split(x_stale, n_true, placement: Placement) -> np.ndarray:
+    """Apply the per-expert split fractions of a stale dispatch to the true current counts.
+
+    Args:
+      x_stale: ``[E, G]`` dispatch solved on other (stale) counts for ``placement`` (or a `Dispatch`).
+      n_true: ``[E]`` true tokens per expert (or ``[S, E]`` per source; summed).
+      placement: the placement both live on.
+
+    Returns:
+      ``x [E, G]``: ``n_e · x_stale[e, g] / Σ_g x_stale[e, g]``, or ``n_e`` spread over e's replicas as the
+      uniform policy does when the stale dispatch holds no token of e. Rows sum to ``n_true``; zero off
+      the replica mask.
+    """
+    # Step 1: validate.
+    x = np.asarray(getattr(x_stale, "x", x_stale), dtype=np.float64)
+    n = np.asarray(n_true, dtype=np.float64)
+    n = n.sum(axis=0) if n.ndim == 2 else n
+    mask = placement.replica_mask
+    if x.shape != mask.shape or n.shape != (mask.shape[0],):
+        raise ValueError(f"x_stale must be [E, G] = {list(mask.shape)} and n_true [E]; got {x.shape}, {n.shape}")
+    if np.any(x < 0) or np.any((x > 0) & ~mask):
+        raise ValueError("x_stale must be non-negative and zero on GPUs without a replica")
+    # Step 2: fractions, uniform over replicas (EPLB-even) where the stale dispatch saw nothing.
+    tot = x.sum(axis=1, keepdims=True)
+    even = placement.replicas_on_gpu / np.maximum(placement.logcnt, 1)[:, None]
+    frac = np.where(tot > 0, x / np.where(tot > 0, tot, 1.0), even)
+    return n[:, None] * frac
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def stats(values: Iterable[float]) -> dict:
+    """``{"n", "mean", "median", "p95", "max"}`` of finite values (NaN when there are none)."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return {"n": 0, "mean": math.nan, "median": math.nan, "p95": math.nan, "max": math.nan}
+    return {
+        "n": int(v.size),
+        "mean": float(v.mean()),
+        "median": float(np.median(v)),
+        "p95": float(np.percentile(v, 95)),
+        "max": float(v.max()),
+    }
+
+
+def _jsonable(v):
+    if dataclasses.is_dataclass(v):
+        return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def config_key(kind: str, config, ignore: Sequence[str] = ("workers",)) -> str:
+    """Cache key of a frozen config dataclass: hash of every field except ``ignore`` (and the kind)."""
+    return cache_key(kind, {k: v for k, v in _jsonable(config).items() if k not in ignore})
+
+
+def cached_rows(kind: str, config, compute: Callable[[], list[dict]], cache_dir: str | Path | None) -> list[dict]:
+    """``compute()``'s rows, stored in ``<cache_dir>/replay-<kind>-<key>.json`` (None = no cache)."""
+    path = None if cache_dir is None else Path(cache_dir) / f"replay-{kind}-{config_key(kind, config)}.json"
+    if path is not None and path.exists():
+        return json.loads(path.read_text())["rows"]
+    rows = compute()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"config": _jsonable(config), "rows": rows}, default=float))
+        tmp.replace(path)
+    return rows
+
+
+def run_jobs(fn: Callable, jobs: Sequence[tuple], *, workers: int = 1, desc: str = "", progress: bool = True) -> list:
+    """``[fn(*job) for job in jobs]`` in job order, in ``workers`` spawned processes when > 1, with a tqdm bar.
+
+    ``fn`` must be a module-level function (picklable). Workers use ``spawn`` (no fork of a process that may
+    hold jax or threads), so scripts calling this with ``workers > 1`` need an ``if __name__ == "__main__":``
+    guard.
+    """
+    from tqdm import tqdm
+
+    out: list = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc=desc, disable=not progress)
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            out[i] = fn(*job)
+            bar.update()
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+            for fut in as_completed(futures):
+                out[futures[fut]] = fut.result()
+                bar.update()
+    bar.close()
+    return out
