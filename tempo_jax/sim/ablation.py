@@ -21,7 +21,7 @@ import numpy as np
 from solvers import DispatchProblem, solve
 
 from .cache import cache_key
-from .phase import CACHE_DIR, Cell, PhaseConfig, column_setup
+from .phase import CACHE_DIR, Cell, PhaseConfig, cell_setup
 from .replay import run_jobs, stats
 
 __all__ = ["COMPONENTS", "AblationResult", "component_ablation", "summarize"]
@@ -36,15 +36,7 @@ COMPONENTS: dict[str, dict] = {
 
 def _solve_cell(config: PhaseConfig, cell: Cell, chain_depth: int | None) -> np.ndarray:
     """``[nb, 1 + V]`` makespans (µs): full TEMPO, then each :data:`COMPONENTS` variant."""
-    routing, placement = column_setup(
-        cell.preset,
-        cell.ep,
-        cell.replication,
-        cell.skew,
-        kappa=config.kappa,
-        seed=config.seed,
-        placement_draws=config.placement_draws,
-    )
+    routing, placement = cell_setup(config, cell)
     base = {"tau": config.tau} | ({} if chain_depth is None else {"chain_depth": chain_depth})
     out = np.empty((config.batches, 1 + len(COMPONENTS)))
     for step in range(config.batches):

@@ -189,7 +189,8 @@ def column_setup(
     return routing, placement
 
 
-def _setup(config: PhaseConfig, cell: Cell) -> tuple[SyntheticRouting, Placement]:
+def cell_setup(config: PhaseConfig, cell: Cell) -> tuple[SyntheticRouting, Placement]:
+    """Routing and placement of the column a cell belongs to (`column_setup` with the config's knobs)."""
     return column_setup(
         cell.preset,
         cell.ep,
@@ -203,7 +204,7 @@ def _setup(config: PhaseConfig, cell: Cell) -> tuple[SyntheticRouting, Placement
 
 def _solve_cell(config: PhaseConfig, cell: Cell) -> tuple[np.ndarray, np.ndarray]:
     """Makespans ``[nb, P]`` (µs) and mean solve times ``[P]`` (s) of one cell."""
-    routing, placement = _setup(config, cell)
+    routing, placement = cell_setup(config, cell)
     cost = config.cost(cell.preset)
     ms = np.empty((config.batches, len(POLICIES)))
     st = np.zeros(len(POLICIES))
