@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-import solvers
 from solvers import PRESETS, DispatchProblem, Placement, solve
 
 from .report import table
@@ -214,5 +213,5 @@ def run_demo(out_dir: str | Path = "results", milp_time_limit: float = 10.0, lay
         text, record["layer"] = layer_demo(out)
         print("\n" + text)
     (out / "demo.json").write_text(json.dumps(record, indent=2, default=float))
-    print(f"\nwrote {out / 'demo.json'}  (solvers {solvers.__name__}, EP{EP}, replication {REPLICATION}×)")
+    print(f"\nwrote {out / 'demo.json'} (EP{EP}, {REPLICATION}× replicas, cost model {COST})")
     return record
