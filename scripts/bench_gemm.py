@@ -6,7 +6,11 @@ skewed groups.
 GPU (when the default backend is a GPU): the non-interpret kernels vs the reference first (`--check`), then
 bfloat16 TFLOP/s and GB/s of the Pallas kernel vs `ragged_dot` (default lowering) vs dense on DeepSeek-V3
 (hidden 7168, expert ffn 2048) and Qwen3-235B (hidden 4096, expert ffn 1536) expert shapes, plus the
-per-expert cost profile (time vs tokens per expert at several group counts) that TEMPO calibrates.
+per-expert cost profile that TEMPO calibrates: the whole SwiGLU expert FFN (up, activation, down), G experts
+with n tokens each, for several G; `--profile-csv` writes it as G,N,T,t for `tempo-jax calibrate`. Every GPU
+case is guarded: one that fails to compile or run is recorded in the JSON and the others still run.
+`--smoke` runs all the GPU code paths with tiny shapes and the Pallas kernels in interpret mode (on CPU too);
+tests/test_gpu_check.py does so in CI, so the prepared GPU run stays runnable.
 
 Timing: compile time reported separately; then warm-up calls and the best / median of `--iters` timed
 calls, each ended with `block_until_ready`. Results are printed as tables of ratios and written as JSON.
@@ -14,11 +18,15 @@ calls, each ended with `block_until_ready`. Results are printed as tables of rat
     python scripts/bench_gemm.py                      # CPU -> results/bench_gemm.json
     python scripts/bench_gemm.py --out results/gpu/bench_gemm.json   # on a GPU machine
     python scripts/bench_gemm.py --check --out results/gpu/check.json  # GPU correctness only
+    python scripts/bench_gemm.py --smoke --check --out /tmp/check.json  # the GPU paths, tiny, on CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -164,146 +172,270 @@ def _bytes(m_used: int, k: int, n: int, nonempty: int, itemsize: int, m: int) ->
     return float(itemsize * (m_used * k + nonempty * k * n + m * n))
 
 
-def bench_gpu(iters: int, rows_per_gpu: int, local_experts: int) -> dict:
-    """bf16 Pallas gmm vs ragged_dot vs dense on model expert shapes, plus the per-expert cost profile."""
-    dt, m, g = jnp.bfloat16, rows_per_gpu, local_experts
-    out: dict = {"dtype": "bfloat16", "rows": m, "local_experts": g, "shapes": {}, "profile": {}}
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    """Sizes of the GPU check and benchmark. `GpuPlan.smoke()` shrinks every one of them so that the same
+    code runs with the Pallas kernels in interpret mode on CPU (tests/test_gpu_check.py), which keeps the
+    prepared GPU run from rotting between the sessions that have a GPU."""
+
+    interpret: bool = False
+    iters: int = 10
+    check_mkn: tuple[int, int, int] = (1000, 256, 384)
+    check_sizes: tuple[int, ...] = (0, 300, 1, 0, 450, 129)  # empty, tiny and tile-straddling groups
+    dispatch_tker: tuple[int, int, int, int] = (4096, 8, 64, 4)  # pairs T, top-k K, experts E, replicas R
+    shapes: tuple[tuple[str, int, int], ...] = tuple((name, h, f) for name, (h, f) in GPU_SHAPES.items())
+    tilings: tuple[GmmTiling, ...] = tuple(GPU_TILINGS)
+    rows: int = 8192
+    local_experts: int = 16
+    profile_groups: tuple[int, ...] = (1, 4, 16)
+    profile_tokens: tuple[int, ...] = (1, 32, 96, 160, 256, 512, 1024)
+    profile_reps: int = 20  # FFN applications per timed call: host dispatch overhead amortised away
+
+    @classmethod
+    def smoke(cls) -> GpuPlan:
+        t = GmmTiling(tm=16, tk=16, tn=16, num_warps=4, num_stages=2)
+        return cls(
+            interpret=True,
+            iters=2,
+            check_mkn=(80, 32, 48),
+            check_sizes=(0, 30, 1, 0, 35, 13),
+            dispatch_tker=(300, 4, 16, 4),
+            shapes=(("tiny", 32, 16),),
+            tilings=(t, dataclasses.replace(t, tm=32)),
+            rows=64,
+            local_experts=4,
+            profile_groups=(1, 2),
+            profile_tokens=(1, 8, 24),
+            profile_reps=2,
+        )
+
+
+def _pallas(plan: GpuPlan, tiling: GmmTiling | None = None):
+    """`gmm` forced onto the Pallas kernel (interpret mode when the plan says so)."""
+    extra = {} if tiling is None else {"tiling": tiling}
+    return functools.partial(gmm, implementation="pallas", interpret=plan.interpret, **extra)
+
+
+def _expert_ffn(gmm_fn, reps: int = 1):
+    """SwiGLU expert FFN over sorted rows: x [M, H], w_up [G, H, 2F], w_down [G, F, H], sizes [G] -> [M, H].
+
+    `reps` > 1 applies it `reps` times in one call, each on the previous output plus x (a residual keeps the
+    values from shrinking to zeros), so a timed call measures device time, not host dispatch.
+    """
+
+    def ffn(x, w_up, w_down, sizes):
+        gate, up = jnp.split(gmm_fn(x, w_up, sizes), 2, axis=1)
+        return gmm_fn(jax.nn.silu(gate) * up, w_down, sizes)
+
+    if reps == 1:
+        return ffn
+    return lambda x, *w: jax.lax.fori_loop(0, reps, lambda _, y: ffn(y, *w) + x, x)
+
+
+def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
+    """bf16 Pallas gmm vs ragged_dot vs dense on model expert shapes, plus the per-expert cost profile.
+
+    Every case is guarded: a case that fails to compile or run is recorded as an error and the rest go on.
+    `checkpoint(out)` is called after each step, so a run cut short by a time limit keeps what it measured.
+    """
+    dt, m, g, iters = jnp.bfloat16, plan.rows, plan.local_experts, plan.iters
+    out: dict = {"dtype": "bfloat16", "rows": m, "local_experts": g, "shapes": {}, "errors": {}}
     key = jax.random.key(0)
-    # Step 1: pick the Pallas tiling on one representative problem.
-    h, f = GPU_SHAPES["deepseek_v3"]
+
+    def guarded(name, fn, *args):
+        try:
+            return timeit(fn, *args, iters=iters)
+        except Exception as e:  # a case the compiler rejects is reported, not fatal
+            out["errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"  FAILED {name}: {out['errors'][name]}", flush=True)
+            return None
+
+    # Step 1: pick the Pallas tiling on one representative problem (the first shape's up projection).
+    _, h, f = plan.shapes[0]
     x = jax.random.normal(key, (m, h), dt)
     w = (jax.random.normal(key, (g, h, 2 * f), jnp.float32) / np.sqrt(h)).astype(dt)
     gs = jnp.asarray(group_sizes("skewed", m, g))
-    sweep = {}
-    for t in GPU_TILINGS:
-        try:
-            sweep[str(t)] = timeit(
-                lambda x, w, gs, t=t: gmm(x, w, gs, tiling=t, implementation="pallas"), x, w, gs, iters=iters
-            )["best_s"]
-        except Exception as e:  # a tiling the compiler rejects is reported, not fatal
-            sweep[str(t)] = f"failed: {type(e).__name__}: {str(e)[:200]}"
-    timed = {s: v for s, v in sweep.items() if isinstance(v, float)}
-    best = GPU_TILINGS[[str(t) for t in GPU_TILINGS].index(min(timed, key=timed.get))]
-    out["tiling_sweep_s"], out["tiling"] = sweep, str(best)
-    print(f"\nGPU tiling sweep (DSv3 up-proj, skewed): best {best}")
+    sweep = {str(t): guarded(f"tiling {t}", _pallas(plan, t), x, w, gs) for t in plan.tilings}
+    timed = {s: r["best_s"] for s, r in sweep.items() if r is not None}
+    best = plan.tilings[[str(t) for t in plan.tilings].index(min(timed, key=timed.get))] if timed else None
+    out["tiling_sweep_s"] = {s: (r["best_s"] if r else "failed") for s, r in sweep.items()}
+    out["tiling"] = str(best)
+    print(f"\nGPU tiling sweep ({plan.shapes[0][0]} up-proj, skewed): best {best}", flush=True)
+    checkpoint(out)
+    impls = {"ragged_dot": lambda x, w, gs: jax.lax.ragged_dot(x, w, gs)}
+    if best is not None:
+        impls = {"pallas gmm": _pallas(plan, best)} | impls
     # Step 2: model shapes, up (gate+up fused, N = 2F) and down projections, both group-size kinds.
-    for model, (h, f) in GPU_SHAPES.items():
+    for model, h, f in plan.shapes:
         for proj, (k, n) in {"up": (h, 2 * f), "down": (f, h)}.items():
             x = jax.random.normal(key, (m, k), dt)
             w = (jax.random.normal(key, (g, k, n), jnp.float32) / np.sqrt(k)).astype(dt)
             flops = 2.0 * m * k * n
-            dense = timeit(lambda x, w: x @ w[0], x, w, iters=iters)
-            rows = [_row("dense", dense, flops, _bytes(m, k, n, 1, 2, m), dense, 1e12)]
+            dense = guarded(f"{model} {proj} dense", lambda x, w: x @ w[0], x, w)
+            rows = [] if dense is None else [_row("dense", dense, flops, _bytes(m, k, n, 1, 2, m), dense, 1e12)]
             for kind in ("balanced", "skewed"):
                 sizes = group_sizes(kind, m, g)
-                gs = jnp.asarray(sizes)
                 nb = _bytes(m, k, n, int((sizes > 0).sum()), 2, m)
-                cases = {
-                    "pallas gmm": lambda x, w, gs: gmm(x, w, gs, tiling=best, implementation="pallas"),
-                    "ragged_dot": lambda x, w, gs: jax.lax.ragged_dot(x, w, gs),
-                }
-                for name, fn in cases.items():
-                    rows.append(_row(f"{kind:8s} {name}", timeit(fn, x, w, gs, iters=iters), flops, nb, dense, 1e12))
+                for name, fn in impls.items():
+                    r = guarded(f"{model} {proj} {kind} {name}", fn, x, w, jnp.asarray(sizes))
+                    if r is not None:
+                        rows.append(_row(f"{kind:8s} {name}", r, flops, nb, dense, 1e12))
             out["shapes"][f"{model}_{proj}"] = {"k": k, "n": n, "rows": rows}
             _print(f"GPU {model} {proj}: [{m}, {k}] x [{g}, {k}, {n}] bf16 (TFLOP/s)", rows, "TFLOP/s")
-    # Step 3: per-expert cost profile on the DSv3 down projection: time vs tokens per expert at several G.
-    h, f = GPU_SHAPES["deepseek_v3"]
-    per_expert = [0, 16, 64, 128, 256, 512, 1024]
-    for gp in (1, 4, 16):
-        x = jax.random.normal(key, (gp * per_expert[-1], f), dt)
-        w = (jax.random.normal(key, (gp, f, h), jnp.float32) / np.sqrt(f)).astype(dt)
-        fn = jax.jit(lambda x, w, gs: gmm(x, w, gs, tiling=best, implementation="pallas"))
-        compiled = fn.lower(x, w, jnp.zeros((gp,), jnp.int32)).compile()
-        prof = []
-        for npe in per_expert:  # one compiled shape per G: rows past sum(group_sizes) are skipped tiles
-            gs = jnp.full((gp,), npe, jnp.int32)
-            t = _time_calls(compiled, (x, w, gs), iters, warmup=2)
-            prof.append({"tokens_per_expert": npe, "us": t["best_s"] * 1e6})
-        out["profile"][f"G={gp}"] = prof
-        print(f"  profile G={gp:2d}: " + "  ".join(f"{p['tokens_per_expert']}:{p['us']:.0f}us" for p in prof))
+            checkpoint(out)
+    # Step 3: the per-expert cost profile TEMPO calibrates: the whole SwiGLU expert FFN (up, act, down) of
+    # the first shape, G experts with n tokens each, compiled for exactly G * n rows (no padding tail).
+    out["profile"] = {}
+    profile_experts(plan, impls, plan.shapes[0], guarded, out["profile"], lambda: checkpoint(out))
     return out
 
 
-def _pallas_gmm(*args, **kwargs):
-    return gmm(*args, **kwargs, implementation="pallas")
+def profile_experts(plan: GpuPlan, impls: dict, shape: tuple[str, int, int], guarded, prof: dict, checkpoint) -> dict:
+    """Time of the expert FFN vs tokens per expert at several expert counts G, per implementation.
+
+    Fills and returns `prof` = {impl: [{"G", "tokens_per_expert", "N", "tiles", "us"}, ...]}, `tiles` =
+    G * ceil(n / 128); `checkpoint()` runs after each G.
+    """
+    _, h, f = shape
+    key, dt = jax.random.key(3), jnp.bfloat16
+    for name, fn in impls.items():
+        ffn, prof[name] = _expert_ffn(fn, plan.profile_reps), []
+        for gp in plan.profile_groups:
+            w_up = (jax.random.normal(key, (gp, h, 2 * f), jnp.float32) / np.sqrt(h)).astype(dt)
+            w_down = (jax.random.normal(key, (gp, f, h), jnp.float32) / np.sqrt(f)).astype(dt)
+            for npe in plan.profile_tokens:
+                x = jax.random.normal(jax.random.key(npe), (gp * npe, h), dt)
+                sizes = jnp.full((gp,), npe, jnp.int32)
+                r = guarded(f"profile {name} G={gp} n={npe}", ffn, x, w_up, w_down, sizes)
+                if r is not None:
+                    n_tiles = gp * -(-npe // 128)
+                    us = r["best_s"] * 1e6 / plan.profile_reps
+                    prof[name].append(dict(G=gp, tokens_per_expert=npe, N=gp * npe, tiles=n_tiles, us=us))
+            done = [p for p in prof[name] if p["G"] == gp]
+            print(f"  profile {name} G={gp:2d}: " + "  ".join(f"{p['N']}:{p['us']:.0f}us" for p in done), flush=True)
+            checkpoint()
+    return prof
 
 
-def check_gpu() -> dict:
-    """Correctness of the non-interpret kernels vs the references on the default (GPU) backend."""
+def write_profile_csv(profile: dict, path: Path) -> str | None:
+    """Write the fastest implementation's profile as `G,N,T,t` (t in µs) for `tempo-jax calibrate`."""
+    usable = {k: v for k, v in profile.items() if v}
+    if not usable:
+        return None
+    impl = min(usable, key=lambda k: sum(p["us"] for p in usable[k]) / len(usable[k]))
+    lines = ["G,N,T,t"] + [f"{p['G']},{p['N']},{p['tiles']},{p['us']:.3f}" for p in usable[impl]]
+    path.write_text("\n".join(lines) + "\n")
+    return impl
+
+
+def check_gpu(plan: GpuPlan) -> dict:
+    """Correctness of the Pallas kernels (non-interpret on a GPU) vs the references on the default backend.
+
+    Fresh random inputs; relative error max|a − b| / max(1, max|b|) per output and gradient; NaN fails.
+    """
     results, key = {}, jax.random.key(1)
-    m, k, n, g = 1000, 256, 384, 6
-    sizes = jnp.asarray([0, 300, 1, 0, 450, 129], jnp.int32)  # empty, tiny, tile-straddling groups
+    m, k, n = plan.check_mkn
+    sizes = jnp.asarray(plan.check_sizes, jnp.int32)
+    g = sizes.shape[0]
+    pallas = _pallas(plan)
     for dt, tol in ((jnp.bfloat16, 2e-2), (jnp.float32, 1e-2)):  # float32 dots default to TF32 on GPU
         x = jax.random.normal(key, (m, k), jnp.float32).astype(dt)
         w = (jax.random.normal(key, (g, k, n), jnp.float32) / 16).astype(dt)
         for off, gl in ((0, g), (2, 3)):
             wl = w[off : off + gl]
+            name = f"gmm {jnp.dtype(dt).name} offset={off}"
 
             def loss(fn, x, wl, off=off):
                 return jnp.sum(jnp.sin(fn(x, wl, sizes, group_offset=off).astype(jnp.float32)))
 
-            got = gmm(x, wl, sizes, group_offset=off, implementation="pallas")
-            want = gmm_reference(x, wl, sizes, group_offset=off)
-            dgot = jax.grad(lambda x, wl: loss(_pallas_gmm, x, wl), (0, 1))(x, wl)
-            dwant = jax.grad(lambda x, wl: loss(gmm_reference, x, wl), (0, 1))(x, wl)
+            try:
+                got = pallas(x, wl, sizes, group_offset=off)
+                want = gmm_reference(x, wl, sizes, group_offset=off)
+                dgot = jax.grad(lambda x, wl: loss(pallas, x, wl), (0, 1))(x, wl)
+                dwant = jax.grad(lambda x, wl: loss(gmm_reference, x, wl), (0, 1))(x, wl)
+            except Exception as e:
+                results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}", "ok": False}
+                continue
             errs = {}
-            for name, a, b in (("out", got, want), ("dlhs", dgot[0], dwant[0]), ("drhs", dgot[1], dwant[1])):
+            for part, a, b in (("out", got, want), ("dlhs", dgot[0], dwant[0]), ("drhs", dgot[1], dwant[1])):
                 a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-                errs[name] = float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) if np.isfinite(a).all() else 1e9
-            ok = all(v <= tol for v in errs.values())
-            results[f"gmm {jnp.dtype(dt).name} offset={off}"] = {"max_rel_err": errs, "tol": tol, "ok": ok}
-    t, kk, e, r = 4096, 8, 64, 4
+                errs[part] = float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) if np.isfinite(a).all() else 1e9
+            results[name] = {"max_rel_err": errs, "tol": tol, "ok": all(v <= tol for v in errs.values())}
+    t, kk, e, r = plan.dispatch_tker
     ids = jax.random.randint(key, (t, kk), 0, e, jnp.int32)
-    valid = jnp.arange(t) < t - 100
-    table = jax.random.uniform(key, (e, r)).at[3].set(0.0)
-    l2p = jnp.arange(e * r, dtype=jnp.int32).reshape(e, r).at[5, 1].set(-1)
-    ctr = jnp.full((e,), 2**32 - 7, jnp.uint32)
+    valid = jnp.arange(t) < t - t // 40
+    table = jax.random.uniform(key, (e, r)).at[3].set(0.0)  # a torn (all-zero) row
+    l2p = jnp.arange(e * r, dtype=jnp.int32).reshape(e, r).at[5, 1].set(-1)  # a missing replica
+    ctr = jnp.full((e,), 2**32 - 7, jnp.uint32)  # counters about to wrap
     u = jax.random.uniform(jax.random.key(2), (t, kk))
     for mode in ("sample", "quota"):
-        a = dispatch(ids, valid, table, l2p, ctr, mode=mode, uniforms=u, implementation="pallas")
-        b = dispatch_reference(ids, valid, table, l2p, ctr, mode=mode, uniforms=u)
+        name = f"dispatch {mode}"
+        try:
+            a = dispatch(ids, valid, table, l2p, ctr, mode=mode, uniforms=u, implementation="pallas",
+                         interpret=plan.interpret)  # fmt: skip
+            b = dispatch_reference(ids, valid, table, l2p, ctr, mode=mode, uniforms=u)
+        except Exception as exc:
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "ok": False}
+            continue
         ok = all(bool((x == y).all()) for x, y in zip(a, b, strict=True))
-        results[f"dispatch {mode}"] = {"exact": ok, "ok": ok}
+        results[name] = {"exact": ok, "ok": ok}
     for name, res in results.items():
-        print(f"  {'ok  ' if res['ok'] else 'FAIL'} {name}: {res}")
+        print(f"  {'ok  ' if res['ok'] else 'FAIL'} {name}: {res}", flush=True)
     return results
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/bench_gemm.json", help="JSON output path")
-    p.add_argument("--iters", type=int, default=15, help="timed calls (rounds) per case; best and median reported")
-    p.add_argument("--check", action="store_true", help="only check the GPU kernels against the references")
-    p.add_argument("--rows", type=int, default=8192, help="GPU: rows (token-expert pairs) per GPU")
-    p.add_argument("--local-experts", type=int, default=16, help="GPU: experts per GPU (groups)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls (rounds) per case; best and median kept")
+    p.add_argument("--check", action="store_true", help="only check the Pallas kernels against the references")
+    p.add_argument("--smoke", action="store_true",
+                   help="run the GPU code paths with tiny shapes, Pallas in interpret mode (works on CPU)")  # fmt: skip
+    p.add_argument("--rows", type=int, default=None, help="GPU: rows (token-expert pairs) per GPU")
+    p.add_argument("--local-experts", type=int, default=None, help="GPU: experts per GPU (groups)")
+    p.add_argument("--profile-csv", default=None, help="GPU: also write the expert-FFN profile as G,N,T,t (µs)")
     args = p.parse_args()
     backend = jax.default_backend()
+    plan = GpuPlan.smoke() if args.smoke else GpuPlan()
+    overrides = {"iters": args.iters, "rows": args.rows, "local_experts": args.local_experts}
+    plan = dataclasses.replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     meta = {
         "backend": backend,
         "device": str(jax.devices()[0]),
+        "devices": jax.device_count(),
         "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "plan": "smoke" if args.smoke else "full",
     }
-    print(f"backend {backend}: {meta['device']}")
+    print(f"backend {backend}: {meta['device']} (jax {meta['jax']}, plan {meta['plan']})", flush=True)
+    gpu_paths = backend == "gpu" or args.smoke
     if args.check:
-        if backend != "gpu":
-            print("--check needs a GPU backend (CPU tests run the kernels in interpret mode)")
+        if not gpu_paths:
+            print("--check needs a GPU backend, or --smoke (CPU tests run the kernels in interpret mode)")
             return 2
-        results = {"meta": meta, "check": check_gpu()}
+        results = {"meta": meta, "check": check_gpu(plan)}
         ok = all(r["ok"] for r in results["check"].values())
+    elif gpu_paths:
+        results = {"meta": meta, "gpu": {}}
+        results["gpu"] = bench_gpu(plan, checkpoint=lambda out: _write_json(args.out, dict(results, gpu=out)))
+        if args.profile_csv:
+            impl = write_profile_csv(results["gpu"]["profile"], Path(args.profile_csv))
+            results["gpu"]["profile_csv"] = {"path": args.profile_csv, "implementation": impl}
+            print(f"wrote {args.profile_csv} ({impl}); fit it with: tempo-jax calibrate {args.profile_csv}")
+        ok = not results["gpu"]["errors"]
     else:
-        results = {"meta": meta}
-        if backend == "cpu":
-            results["cpu"] = bench_cpu(args.iters)
-        else:
-            results["gpu"] = bench_gpu(args.iters, args.rows, args.local_experts)
+        results = {"meta": meta, "cpu": bench_cpu(args.iters or 15)}
         ok = True
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=str))
-    print(f"\nwrote {path}")
+    _write_json(args.out, results)
+    print(f"\nwrote {args.out}")
     return 0 if ok else 1
+
+
+def _write_json(path: str, results: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,69 @@
 #!/usr/bin/env bash
-# One prepared GPU run (issues 5, 6): correctness of the non-interpret Pallas kernels vs their references,
-# then the grouped-GEMM benchmark. Results: results/gpu/check.json, results/gpu/bench_gemm.json.
-# Usage (repo root, on a machine with a CUDA GPU and jax[cuda12]): bash scripts/gpu_check.sh
-set -euo pipefail
+# The prepared GPU run (issues 5, 6), in three steps that each run even when an earlier one failed:
+#   1. check       correctness of the non-interpret Pallas kernels (gmm/tgmm values + gradients, group_offset;
+#                  dispatch exact) against their references
+#   2. bench_gemm  Pallas gmm vs ragged_dot vs dense on DeepSeek-V3 / Qwen3 expert shapes, the tiling sweep and
+#                  the expert-FFN cost profile (profile.csv: G,N,T,t in µs, for `tempo-jax calibrate`)
+#   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference
+# Results: <dest>/{check,bench_gemm,moe_check}.{json,log}, <dest>/profile.csv and <dest>/env.txt (8 files at
+# most, what the lent device machine hands back); <dest> is $OUT when set, else results/gpu.
+#
+# Usage (repo root):  bash scripts/gpu_check.sh            on a machine with a CUDA GPU and jax with CUDA
+#                     bash scripts/gpu_check.sh --smoke    the same steps on CPU: tiny shapes, interpret mode
+# Python: $PY, else .venv/bin/python when it exists, else python3 (the device image's). The repo root goes on
+# PYTHONPATH, so nothing needs installing. Exit status: 0 when every step passed, else the number of failures.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-mkdir -p results/gpu
-unset JAX_PLATFORMS XLA_FLAGS  # the real GPU, not the 8 fake CPU devices of the tests
-"$PY" -c 'import jax, sys; print(jax.devices()); sys.exit(jax.default_backend() != "gpu")' \
-  || { echo "no GPU backend: nothing to check" >&2; exit 2; }
-# 1. Correctness first: non-interpret gmm/tgmm (values + gradients, group_offset) and dispatch (exact).
-"$PY" scripts/bench_gemm.py --check --out results/gpu/check.json 2>&1 | tee results/gpu/check.log
-# 2. Throughput: tiling sweep, DSv3 / Qwen3 expert shapes, per-expert cost profile.
-"$PY" scripts/bench_gemm.py --iters 10 --out results/gpu/bench_gemm.json 2>&1 | tee results/gpu/bench_gemm.log
-# 3. The MoE layer: ragged_all_to_all exchange and Pallas kernels vs the padded path and the dense reference.
-"$PY" scripts/gpu_moe_check.py 2>&1 | tee results/gpu/moe_check.log
-echo "done: results/gpu/{check,bench_gemm,moe_check}.json"
+ROOT=$PWD
+if [[ -z "${PY:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+DEST=${OUT:-results/gpu}
+mkdir -p "$DEST"
+SMOKE=()
+LIMIT_CHECK=120 LIMIT_BENCH=240 LIMIT_MOE=120  # seconds: at most 8 minutes, inside one 10-minute device call
+if [[ "${1:-}" == "--smoke" ]]; then
+  SMOKE=(--smoke)
+  export JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=8"
+else
+  unset JAX_PLATFORMS XLA_FLAGS  # the real GPU, not the fake CPU devices of the tests
+fi
+
+{
+  date -u +"%F %T UTC"
+  "$PY" -c 'import sys, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__,
+    "| jaxlib", jaxlib.__version__, "| backend", jax.default_backend(), "|", jax.devices())'
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm \
+    --format=csv,noheader
+} 2>&1 | tee "$DEST/env.txt"
+if [[ ${#SMOKE[@]} -eq 0 ]] && ! "$PY" -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")'; then
+  echo "no GPU backend here: nothing to check (use --smoke to exercise the steps on CPU)" >&2
+  exit 2
+fi
+
+declare -A STATUS
+step() {  # step NAME LIMIT_S SCRIPT ARGS...: run one step with a time limit, log it, keep its exit status
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit}s)"
+  timeout "$limit" "$PY" "$@" 2>&1 | tee "$DEST/$name.log"
+  STATUS[$name]=${PIPESTATUS[0]}
+}
+step check "$LIMIT_CHECK" scripts/bench_gemm.py --check "${SMOKE[@]}" --out "$DEST/check.json"
+step bench_gemm "$LIMIT_BENCH" scripts/bench_gemm.py "${SMOKE[@]}" --out "$DEST/bench_gemm.json" \
+  --profile-csv "$DEST/profile.csv"
+step moe_check "$LIMIT_MOE" scripts/gpu_moe_check.py "${SMOKE[@]}" --out "$DEST/moe_check.json"
+
+failed=0
+echo "=== summary ($DEST)"
+for name in check bench_gemm moe_check; do
+  rc=${STATUS[$name]}
+  case $rc in 0) verdict=ok ;; 124) verdict="TIMED OUT" ;; *) verdict="FAILED (exit $rc)" ;; esac
+  [[ $rc -eq 0 ]] || failed=$((failed + 1))
+  printf '  %-10s %s\n' "$name" "$verdict"
+done
+if [[ -s "$DEST/profile.csv" ]]; then
+  "$PY" -m tempo_jax calibrate "$DEST/profile.csv" 2>&1 | tail -n 2 | sed 's/^/  calibrate: /'
+fi
+exit $failed

@@ -1,0 +1,52 @@
+"""The prepared GPU run (scripts/gpu_check.sh) runs end to end in its CPU smoke mode.
+
+GPU sessions are rare and short, so the script they run must not rot in between: this runs the very same
+steps (kernel check, benchmark with the expert-FFN profile, MoE-layer check) with tiny shapes and the Pallas
+kernels in interpret mode, and checks what a GPU session would bring back.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from solvers import fit_max_affine
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = {f"{s}.{ext}" for s in ("check", "bench_gemm", "moe_check") for ext in ("json", "log")}
+EXPECTED |= {"profile.csv", "env.txt"}
+
+
+def test_gpu_check_smoke(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env |= {"OUT": str(tmp_path), "PY": sys.executable}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--smoke"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = {p.name for p in tmp_path.iterdir()}
+    assert files == EXPECTED  # at most 8 files: what the lent device machine hands back
+    check = json.loads((tmp_path / "check.json").read_text())["check"]
+    assert {"dispatch sample", "dispatch quota", "gmm bfloat16 offset=2", "gmm float32 offset=0"} <= set(check)
+    assert all(r["ok"] for r in check.values())
+    bench = json.loads((tmp_path / "bench_gemm.json").read_text())
+    assert bench["meta"]["plan"] == "smoke" and bench["gpu"]["errors"] == {}
+    assert {"tiny_up", "tiny_down"} == set(bench["gpu"]["shapes"])
+    names = {r["name"].split(maxsplit=1)[-1] for s in bench["gpu"]["shapes"].values() for r in s["rows"]}
+    assert names == {"dense", "pallas gmm", "ragged_dot"}
+    assert set(bench["gpu"]["profile"]) == {"pallas gmm", "ragged_dot"}
+    moe = json.loads((tmp_path / "moe_check.json").read_text())
+    assert moe["devices"] == 8 and set(moe["results"]) == {"padded/chunked", "padded/pallas"}
+    assert all(r["ok"] and r["max_abs_err"] < 1e-4 for r in moe["results"].values())
+    # The profile is what `tempo-jax calibrate` fits: G, N, tiles T and t (µs), all positive.
+    with open(tmp_path / "profile.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 3 and list(rows[0]) == ["G", "N", "T", "t"]
+    G, N, T, t = (np.array([float(r[c]) for r in rows]) for c in ("G", "N", "T", "t"))
+    assert G.tolist() == [1] * 3 + [2] * 3 and N.tolist() == [1, 8, 24, 2, 16, 48] and (t > 0).all()
+    fit_max_affine(G, N, t, tiles=T)
+    assert "summary" in proc.stdout and "calibrate:" in proc.stdout
