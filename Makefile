@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep notebooks lint venv clean
+.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,12 @@ bench-gemm: $(STAMP)
 
 bench-ep: $(STAMP)
 	$(PY) scripts/bench_ep.py
+
+gpu-check:  # on a machine with a CUDA GPU; needs only jax with CUDA (no venv)
+	bash scripts/gpu_check.sh
+
+gpu-smoke: $(STAMP)  # the same steps on CPU: tiny shapes, Pallas in interpret mode
+	OUT=results/gpu_smoke PY=$(PY) bash scripts/gpu_check.sh --smoke
 
 # Full-size figure notebooks (CI runs them at SMALL=1 inside `make test`).
 notebooks: $(STAMP)
