@@ -4,6 +4,8 @@
   Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes); `dispatch_reference`;
   `window_counts` recovers per-window counts from wrapping uint32 cumulative counters.
+- `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
+  "auto" implementations fall back to `ragged_dot` / the jnp dispatch on GPU.
 """
 
 from pallas_kernels.dispatch import (

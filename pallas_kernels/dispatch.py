@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels import triton_backend
 
 __all__ = [
     "COUNTER_DTYPE",
@@ -202,7 +203,7 @@ def _dispatch_pallas(ids, ok, u, table, log2phy, *, block: int, interpret: bool)
         in_specs=[blk, blk, blk, whole, whole],
         out_specs=(blk, blk, pl.BlockSpec((1, e_pad), lambda b: (b, 0))),
         # Triton-style lowering on GPU (jax 0.10 defaults to Mosaic GPU without Triton compiler params).
-        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=triton_backend.compiler_params(4, 1, interpret),
         interpret=interpret,
         name="tempo_dispatch",
     )(ids.astype(jnp.int32), ok, u.astype(jnp.float32), table.astype(jnp.float32), log2phy.astype(jnp.int32))
@@ -301,7 +302,7 @@ def dispatch(
     if block < 1 or block & (block - 1):
         raise ValueError(f"dispatch: block must be a positive power of two, got {block}")
     use_pallas = implementation == "pallas" or (
-        implementation == "auto" and (interpret or jax.default_backend() == "gpu")
+        implementation == "auto" and (interpret or (jax.default_backend() == "gpu" and triton_backend.available()))
     )
     if not use_pallas:
         return dispatch_reference(topk_ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms, ranks=ranks)

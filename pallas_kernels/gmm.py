@@ -11,7 +11,8 @@ Implementations (`implementation=`):
 - "pallas": the tiled kernel of `gmm_pallas` (Triton lowering on GPU; `interpret=True` runs it on CPU).
 - "chunked": the XLA CPU-fast path of `gmm_xla` (dense matmuls per row chunk of each group).
 - "ragged_dot": `jax.lax.ragged_dot` with its default lowering.
-- "auto" (default): "pallas" when `interpret=True` or on GPU, "chunked" on CPU, "ragged_dot" elsewhere.
+- "auto" (default): "pallas" when `interpret=True` or on GPU (while JAX ships the Pallas Triton backend, see
+  `triton_backend`; else "ragged_dot"), "chunked" on CPU, "ragged_dot" elsewhere.
 All implementations compute the same function; `gmm_reference` / `tgmm_reference` are the pure-jnp truth.
 
 Gradients: d(lhs) = gmm(grad, rhs^T) (the kernels read rhs transposed in place) and d(rhs) =
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import triton_backend
 from pallas_kernels.gmm_metadata import group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
@@ -101,7 +103,9 @@ def _resolve_impl(implementation: str, interpret: bool) -> str:
     if interpret:
         return "pallas"
     backend = jax.default_backend()
-    return {"gpu": "pallas", "cuda": "pallas", "rocm": "pallas", "cpu": "chunked"}.get(backend, "ragged_dot")
+    if backend in ("gpu", "cuda", "rocm"):
+        return "pallas" if triton_backend.available() else "ragged_dot"
+    return "chunked" if backend == "cpu" else "ragged_dot"
 
 
 def _kernel_tiles(t: GmmTiling, m: int, k: int, n: int) -> tuple[int, int, int]:

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import triton_backend
 from pallas_kernels.gmm_metadata import GroupMetadata
 
 __all__ = ["gmm_pallas", "tgmm_pallas"]
@@ -79,7 +79,7 @@ def _gmm_kernel(
 
 
 def _compiler_params(num_warps: int, num_stages: int, interpret: bool):
-    return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return triton_backend.compiler_params(num_warps, num_stages, interpret)
 
 
 @functools.partial(

@@ -6,6 +6,9 @@ fixed per test so each jitted function compiles once and hypothesis only varies 
 """
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -209,6 +212,33 @@ def test_auto_picks_cpu_fast_path_on_cpu():
     assert jax.default_backend() == "cpu"
     assert _resolve_impl("auto", False) == "chunked"
     assert _resolve_impl("auto", True) == "pallas"
+
+
+def test_without_the_triton_backend_auto_falls_back_and_pallas_says_why(monkeypatch):
+    """JAX 0.11 deprecated the Pallas Triton backend; on a JAX without it "auto" uses ragged_dot / the jnp
+    dispatch on GPU, interpret mode still works, and asking for the GPU kernel explains the way out."""
+    from pallas_kernels import dispatch, dispatch_reference, triton_backend
+
+    monkeypatch.setattr(triton_backend, "_module", lambda: None)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert not triton_backend.available()
+    assert _resolve_impl("auto", False) == "ragged_dot" and _resolve_impl("auto", True) == "pallas"
+    x, w = _inputs(jnp.float32)
+    gs = jnp.asarray([30, 0, 41, 9, 0], jnp.int32)
+    np.testing.assert_allclose(gmm(x, w, gs, interpret=True), gmm_reference(x, w, gs), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="implementation='ragged_dot'"):
+        gmm(x, w, gs, implementation="pallas")
+    ids, valid = jnp.asarray([[0, 1], [1, 0]], jnp.int32), jnp.asarray([True, True])
+    table, l2p, ctr = jnp.ones((2, 2)), jnp.asarray([[0, 1], [2, -1]], jnp.int32), jnp.zeros((2,), jnp.uint32)
+    u = jnp.full((2, 2), 0.7)
+    got = dispatch(ids, valid, table, l2p, ctr, uniforms=u)  # "auto" on a GPU without Triton: the jnp path
+    want = dispatch_reference(ids, valid, table, l2p, ctr, uniforms=u)
+    assert all(bool((a == b).all()) for a, b in zip(got, want, strict=True))
+
+
+def test_importing_the_kernels_does_not_import_the_triton_backend():
+    code = "import sys, pallas_kernels; sys.exit('jax.experimental.pallas.triton' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
 
 
 def test_rows_past_sum_and_preferred_type():
