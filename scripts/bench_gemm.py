@@ -86,22 +86,32 @@ def timeit(fn, *args, iters: int, warmup: int = 2) -> dict:
     return {"compile_s": compile_s, **_time_calls(compiled, args, iters, warmup)}
 
 
-def _row(name: str, r: dict, flops: float, nbytes: float | None, base: dict | None, unit: float) -> dict:
+def _row(
+    name: str, r: dict, flops: float, nbytes: float | None, base: dict | None, unit: float, ceil: dict | None = None
+) -> dict:
+    """One result row: throughput in `unit` FLOP/s, GB/s, time ratio vs the dense baseline and, given measured
+    ceilings, vs the roofline bound max(FLOPs / peak FLOP/s, bytes / peak bandwidth) (1.0 = at the bound)."""
     r = dict(r, name=name, flops=flops, throughput=flops / r["best_s"] / unit)
     if nbytes is not None:
         r["gb_per_s"] = nbytes / r["best_s"] / 1e9
     if base is not None:
         r["vs_dense"] = base["best_s"] / r["best_s"]
+    if ceil is not None and nbytes is not None:
+        bound_s = max(flops / (ceil["tflops"] * 1e12), nbytes / (ceil["gb_per_s"] * 1e9))
+        r["vs_bound"] = bound_s / r["best_s"]
     return r
 
 
 def _print(title: str, rows: list[dict], unit_name: str) -> None:
     print(f"\n{title}")
-    print(f"  {'case':38s} {'compile s':>9s} {'best ms':>9s} {unit_name:>10s} {'vs dense':>9s} {'GB/s':>8s}")
+    head = f"  {'case':38s} {'compile s':>9s} {'best ms':>9s} {unit_name:>10s} {'vs dense':>9s} {'GB/s':>8s}"
+    bound = any("vs_bound" in r for r in rows)
+    print(head + (f" {'vs bound':>9s}" if bound else ""))
     for r in rows:
         gb = f"{r['gb_per_s']:8.1f}" if "gb_per_s" in r else " " * 8
         vs = f"{r['vs_dense']:9.2f}" if "vs_dense" in r else " " * 9
-        print(f"  {r['name']:38s} {r['compile_s']:9.2f} {r['best_s'] * 1e3:9.2f} {r['throughput']:10.1f} {vs} {gb}")
+        vb = f" {r['vs_bound']:9.2f}" if "vs_bound" in r else ""
+        print(f"  {r['name']:38s} {r['compile_s']:9.2f} {r['best_s'] * 1e3:9.2f} {r['throughput']:10.1f} {vs} {gb}{vb}")
 
 
 def time_interleaved(cases: dict, rounds: int, warmup: int = 1) -> dict:
@@ -190,6 +200,8 @@ class GpuPlan:
     profile_groups: tuple[int, ...] = (1, 4, 16)
     profile_tokens: tuple[int, ...] = (1, 32, 96, 160, 256, 512, 1024)
     profile_reps: int = 20  # FFN applications per timed call: host dispatch overhead amortised away
+    ceiling_n: int = 8192  # n x n x n bf16 matmul for the peak FLOP/s
+    ceiling_bytes: int = 2 * 2**30  # buffer read and written for the peak bandwidth
 
     @classmethod
     def smoke(cls) -> GpuPlan:
@@ -207,6 +219,8 @@ class GpuPlan:
             profile_groups=(1, 2),
             profile_tokens=(1, 8, 24),
             profile_reps=2,
+            ceiling_n=64,
+            ceiling_bytes=2**20,
         )
 
 
@@ -250,6 +264,19 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
             print(f"  FAILED {name}: {out['errors'][name]}", flush=True)
             return None
 
+    # Step 0: the ceilings every row is held against (measured, not datasheet): a large dense bf16 matmul and
+    # a large elementwise pass (bytes read + written).
+    c = plan.ceiling_n
+    a = jax.random.normal(key, (c, c), dt)
+    mm = guarded("ceiling matmul", lambda a: a @ a, a)
+    buf = jax.random.normal(key, (plan.ceiling_bytes // 2,), dt)
+    cp = guarded("ceiling copy", lambda b: b * 2, buf)
+    ceil = None
+    if mm and cp:
+        ceil = {"tflops": 2.0 * c**3 / mm["best_s"] / 1e12, "gb_per_s": 2.0 * buf.nbytes / cp["best_s"] / 1e9}
+        print(f"\nceilings: {ceil['tflops']:.1f} TFLOP/s bf16 matmul ({c}^3), {ceil['gb_per_s']:.0f} GB/s", flush=True)
+    out["ceilings"] = ceil
+    del a, buf
     # Step 1: pick the Pallas tiling on one representative problem (the first shape's up projection).
     _, h, f = plan.shapes[0]
     x = jax.random.normal(key, (m, h), dt)
@@ -272,14 +299,15 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
             w = (jax.random.normal(key, (g, k, n), jnp.float32) / np.sqrt(k)).astype(dt)
             flops = 2.0 * m * k * n
             dense = guarded(f"{model} {proj} dense", lambda x, w: x @ w[0], x, w)
-            rows = [] if dense is None else [_row("dense", dense, flops, _bytes(m, k, n, 1, 2, m), dense, 1e12)]
+            dense_row = _row("dense", dense, flops, _bytes(m, k, n, 1, 2, m), dense, 1e12, ceil) if dense else None
+            rows = [] if dense is None else [dense_row]
             for kind in ("balanced", "skewed"):
                 sizes = group_sizes(kind, m, g)
                 nb = _bytes(m, k, n, int((sizes > 0).sum()), 2, m)
                 for name, fn in impls.items():
                     r = guarded(f"{model} {proj} {kind} {name}", fn, x, w, jnp.asarray(sizes))
                     if r is not None:
-                        rows.append(_row(f"{kind:8s} {name}", r, flops, nb, dense, 1e12))
+                        rows.append(_row(f"{kind:8s} {name}", r, flops, nb, dense, 1e12, ceil))
             out["shapes"][f"{model}_{proj}"] = {"k": k, "n": n, "rows": rows}
             _print(f"GPU {model} {proj}: [{m}, {k}] x [{g}, {k}, {n}] bf16 (TFLOP/s)", rows, "TFLOP/s")
             checkpoint(out)

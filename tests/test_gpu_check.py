@@ -38,6 +38,9 @@ def test_gpu_check_smoke(tmp_path):
     assert {"tiny_up", "tiny_down"} == set(bench["gpu"]["shapes"])
     names = {r["name"].split(maxsplit=1)[-1] for s in bench["gpu"]["shapes"].values() for r in s["rows"]}
     assert names == {"dense", "pallas gmm", "ragged_dot"}
+    ceil = bench["gpu"]["ceilings"]
+    assert ceil["tflops"] > 0 and ceil["gb_per_s"] > 0
+    assert all(r["vs_bound"] > 0 for s in bench["gpu"]["shapes"].values() for r in s["rows"])
     assert set(bench["gpu"]["profile"]) == {"pallas gmm", "ragged_dot"}
     moe = json.loads((tmp_path / "moe_check.json").read_text())
     assert moe["devices"] == 8 and set(moe["results"]) == {"padded/chunked", "padded/pallas"}
