@@ -7,6 +7,7 @@
 #   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference
 # Results: <dest>/{check,bench_gemm,moe_check}.{json,log}, <dest>/profile.csv and <dest>/env.txt (8 files at
 # most, what the lent device machine hands back); <dest> is $OUT when set, else results/gpu.
+# Afterwards (any machine): python scripts/gpu_report.py <dest>  ->  <dest>/report.md + profile.png.
 #
 # Usage (repo root):  bash scripts/gpu_check.sh            on a machine with a CUDA GPU and jax with CUDA
 #                     bash scripts/gpu_check.sh --smoke    the same steps on CPU: tiny shapes, interpret mode

@@ -21,6 +21,10 @@ EXPECTED = {f"{s}.{ext}" for s in ("check", "bench_gemm", "moe_check") for ext i
 EXPECTED |= {"profile.csv", "env.txt"}
 
 
+def _report(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/gpu_report.py", str(folder)], cwd=ROOT, capture_output=True)
+
+
 def test_gpu_check_smoke(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env |= {"OUT": str(tmp_path), "PY": sys.executable}
@@ -53,3 +57,19 @@ def test_gpu_check_smoke(tmp_path):
     assert G.tolist() == [1] * 3 + [2] * 3 and N.tolist() == [1, 8, 24, 2, 16, 48] and (t > 0).all()
     fit_max_affine(G, N, t, tiles=T)
     assert "summary" in proc.stdout and "calibrate:" in proc.stdout
+    # The report a GPU session commits: tables for every step and the profile figure.
+    rep = _report(tmp_path)
+    assert rep.returncode == 0, rep.stderr.decode()[-2000:]
+    text = (tmp_path / "report.md").read_text()
+    for part in ("Kernel correctness", "dispatch quota | ok | bit-exact", "tiny_down", "vs bound", "n* =", "padded/"):
+        assert part in text, part
+    assert (tmp_path / "profile.png").stat().st_size > 10_000
+
+
+def test_gpu_report_names_what_is_missing(tmp_path):
+    (tmp_path / "env.txt").write_text("no GPU\n")
+    assert _report(tmp_path).returncode == 0
+    text = (tmp_path / "report.md").read_text()
+    assert all(f"{name}: missing" in text for name in ("check.json", "bench_gemm.json", "moe_check.json"))
+    bad = _report(tmp_path / "nope")
+    assert bad.returncode == 2 and b"is not a folder" in bad.stderr
