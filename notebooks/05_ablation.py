@@ -176,11 +176,13 @@ plt.show()
 # %% [markdown]
 # **Reading.** *Table 2*: each component binds in its own region, as in the paper — partial moves in the
 # transition zone (B ≈ 128–256), augmenting chains in the flat regime (small B), the ensemble in the compute
-# regime at large EP — but our magnitudes differ. Without chains our local search cannot reach the balanced
-# activation counts that augmenting paths find (max 25% at EP64, B = 16, s = 0; 11% when the full solver also
-# truncates chains at depth 2 as the paper does), while without partial moves the chains, whole-expert moves
-# and swaps recover most of the loss (max 6.6% vs the paper's 16.3%). Without the ensemble our heuristic loses
-# up to 23% at EP32 deep in the compute regime, where token-LP's exact split wins (paper: 4.5% at EP64).
+# regime at large EP — but our magnitudes differ. Without chains, local search alone cannot always reach the
+# balanced activation counts that augmenting paths find; the target repair of step 5 (it runs with the
+# ensemble) recovers most of that, leaving at most 9.3% (DSv2-Lite EP8, s = 1.5, B = 128). Without partial
+# moves the chains, whole-expert moves and swaps recover most of the loss (max 5.5% vs the paper's 16.3%).
+# Without the ensemble, which also switches the repair off, the heuristic loses up to 18.1% deep in the compute
+# regime (DSv2-Lite, B = 1024), where token-LP's exact split wins (paper: 4.5% at EP64); with the paper's
+# depth-2 chains up to 25.0% (DSv3 EP64, s = 0, B = 32).
 #
 # *Table 9* reproduces the paper's structure: deleting the traffic term costs nothing on FLAME in the floor
 # regime (B = 128; 7% on Zipf(1.2)) and 5–8 points in the traffic regime, converging again at B = 2048 where
