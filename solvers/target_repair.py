@@ -102,38 +102,16 @@ def _transport(supply: list[int], adj: list[list[int]], room: list[int]) -> list
     return into
 
 
-def _route(n: np.ndarray, pattern: np.ndarray, cap: int) -> tuple[int, np.ndarray]:
-    """Maximum flow of expert supplies `n [E]` over the active pairs `pattern [E, G]` into GPUs of capacity
-    `cap`; returns (tokens routed, flow [E, G]).
+class _Scorer:
+    """Maximum flow of expert supplies `n [E]` over an active pattern `[E, G]` into GPUs of capacity `cap`.
 
     An expert with a single pair has no choice: its tokens are a fixed load (routed up to the GPU's capacity).
-    Only experts with two or more pairs (a few dozen at most) enter the flow network (`_transport`)."""
-    E, G = pattern.shape
-    pairs = pattern.sum(axis=1)
-    x = np.zeros((E, G))
-    single = np.flatnonzero(pairs == 1)
-    x[single, pattern[single].argmax(axis=1)] = n[single]
-    fixed = x.sum(axis=0)
-    routed = int(np.minimum(fixed, cap).sum())
-    flex = np.flatnonzero((pairs > 1) & (n > 0))
-    if flex.size == 0:
-        return routed, x
-    room = np.maximum(cap - fixed, 0).astype(np.int64).tolist()
-    adj = [np.flatnonzero(pattern[e]).tolist() for e in flex.tolist()]
-    into = _transport(n[flex].tolist(), adj, room)
-    for g, row in enumerate(into):
-        for f, amount in row.items():
-            x[flex[f], g] = amount
-            routed += amount
-    return routed, x
-
-
-class _Scorer:
-    """Tokens routable after a few pattern edits, without rebuilding [E, G] arrays: the pattern's per-expert
-    GPU lists and fixed (single-pair) loads are kept as Python lists and only the edited experts change."""
+    Only experts with two or more pairs (a few dozen at most) enter the flow network (`_transport`). The
+    pattern is kept as Python lists, so `routed(edits)` scores a few edits without rebuilding [E, G] arrays:
+    only the edited experts change."""
 
     def __init__(self, n: np.ndarray, pattern: np.ndarray, cap: int):
-        self.n, self.cap = n.tolist(), cap
+        self.n, self.cap, self.shape = n.tolist(), cap, pattern.shape
         self.active: list[list[int]] = [[] for _ in range(pattern.shape[0])]
         for e, g in zip(*np.nonzero(pattern), strict=True):
             self.active[int(e)].append(int(g))
@@ -142,10 +120,11 @@ class _Scorer:
         for e, gs in enumerate(self.active):
             if len(gs) == 1:
                 self.fixed[gs[0]] += self.n[e]
-            elif len(gs) > 1:
+            elif len(gs) > 1 and self.n[e] > 0:
                 self.flex.add(e)
 
-    def routed(self, edits) -> int:
+    def _flow(self, edits) -> tuple[int, list[int], list[dict[int, int]]]:
+        """(tokens routed as fixed loads, the flexible experts in flow order, their flow `into[g] = {i: tokens}`)."""
         changed: dict[int, list[int]] = {}
         for e, g, on in edits:
             gs = changed.setdefault(e, list(self.active[e]))
@@ -160,13 +139,34 @@ class _Scorer:
             flex.discard(e)
             if len(gs) == 1:
                 fixed[gs[0]] += n[e]
-            elif len(gs) > 1:
+            elif len(gs) > 1 and n[e] > 0:
                 flex.add(e)
-        total = sum(min(f, self.cap) for f in fixed)
         order = sorted(flex)
         adj = [changed.get(e, self.active[e]) for e in order]
         into = _transport([n[e] for e in order], adj, [max(self.cap - f, 0) for f in fixed])
-        return total + sum(sum(row.values()) for row in into)
+        return sum(min(f, self.cap) for f in fixed), order, into
+
+    def routed(self, edits=()) -> int:
+        """Tokens routable once `edits` [(expert, gpu, active?), …] are applied to the pattern."""
+        fixed, _, into = self._flow(edits)
+        return fixed + sum(sum(row.values()) for row in into)
+
+    def route(self) -> tuple[int, np.ndarray]:
+        """(tokens routed, flow [E, G]) of the pattern itself."""
+        fixed, order, into = self._flow(())
+        x = np.zeros(self.shape)
+        for e, gs in enumerate(self.active):
+            if len(gs) == 1:
+                x[e, gs[0]] = self.n[e]
+        for g, row in enumerate(into):
+            for i, amount in row.items():
+                x[order[i], g] = amount
+        return fixed + sum(sum(row.values()) for row in into), x
+
+
+def _route(n: np.ndarray, pattern: np.ndarray, cap: int) -> tuple[int, np.ndarray]:
+    """(tokens routed, flow [E, G]): the maximum flow of `n [E]` over `pattern [E, G]` into GPUs of `cap`."""
+    return _Scorer(n, pattern, cap).route()
 
 
 def _stuck(n: np.ndarray, pattern: np.ndarray, x: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:

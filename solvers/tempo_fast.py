@@ -465,10 +465,9 @@ def tempo_fast(
             # Only when the bound sits on an activation level a + b·k (the flat regime, where the cheap bound is
             # usually the optimum); a token-set bound is rarely reachable and the budget would be spent for nothing.
             stats, level = {"flows": 0}, (lb - cost.a) / cost.b if cost.b > 0 else 0.5
+            on_level = repair and abs(level - round(level)) <= 1e-6
             for name, start in (("token_lp", starts["token_lp"]), ("heuristic", x), ("metro", starts["metro"])):
-                if not repair or abs(level - round(level)) > 1e-6 or best[0] <= lb + _EPS:
-                    break
-                if stats["flows"] >= repair_flows:
+                if not on_level or best[0] <= lb + _EPS or stats["flows"] >= repair_flows:
                     break
                 xr = target_repair(problem, start, lb, max_flows=repair_flows - stats["flows"], stats=stats)
                 if xr is not None:
