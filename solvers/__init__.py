@@ -1,13 +1,22 @@
 """tempo-jax solvers: cost models, calibration, placement and dispatch policies (numpy/scipy/ortools; no jax).
 
 This package must stay importable in a light numpy-only worker process (TEMPO §4.4).
+
+Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks
+(GPUs), S physical slots per rank, P = D·S, R replica columns, Gs source groups; per rank the paper's G_g
+activated experts, N_g tokens, T_g tiles.
+
+Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
+`eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
+(`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
+`fit` (calibration) and `topology` (per-node split).
 """
 
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, fit_max_affine
-from .placement import Placement, drift_corrupt, static_map
-from .policies import semi_matching, semi_matching_value
+from .limits import semi_matching, semi_matching_value
+from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
@@ -19,18 +28,19 @@ __all__ = [
     "Dispatch",
     "DispatchProblem",
     "FitReport",
-    "flat_split",
-    "inter_node_tokens",
-    "node_counts_from_sources",
-    "split_tables",
-    "topology_split",
     "Placement",
     "drift_corrupt",
     "fit_max_affine",
+    "flat_split",
     "gpu_loads",
+    "inter_node_tokens",
+    "node_counts_from_sources",
     "rebalance_experts",
     "semi_matching",
     "semi_matching_value",
+    "slots_for",
     "solve",
+    "split_tables",
     "static_map",
+    "topology_split",
 ]

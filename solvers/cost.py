@@ -1,11 +1,12 @@
 """Max-affine expert cost models (TEMPO Eqs. 1, 2, 4) and the paper's calibrated parameter sets.
 
-Per-GPU time, with G_g activated (expert, replica) pairs, T_g 128-token M-tiles and N_g tokens on GPU g:
+Per-rank (per-GPU) time, with the paper's G_g activated (expert, replica) pairs, T_g 128-token M-tiles and N_g
+tokens on rank g:
 
     t_g = max(a + b·G_g + b2·(T_g − G_g),  c + β·N_g,  c2 + γ·N_g)
 
 The tile term (b2) and the traffic piece (c2, γ) are optional; without them this is Eq. 1. All times are in
-microseconds. numpy only.
+microseconds. Glossary: E logical experts, D ranks; shapes ``[...]`` broadcast. numpy only.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ ACTIVE_EPS = 1e-9
 
 
 def gpu_loads(x: np.ndarray, tile: int = 128) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-GPU (activations G, tiles T, tokens N) of a dispatch.
+    """Per-rank loads (the paper's G_g activations, T_g tiles, N_g tokens) of a dispatch.
 
     Args:
-      x: ``[E, G]`` non-negative token shares (tokens of expert e processed on GPU g).
+      x: ``[E, D]`` non-negative token shares (tokens of expert e processed on rank d).
       tile: M-tile height used to count tiles, ``T_g = Σ_e ⌈x[e, g] / tile⌉``.
 
     Returns:
-      ``(G [G], T [G], N [G])``: activated pairs (int), tiles (int) and tokens (float) per GPU.
+      ``(acts [D], tiles [D], tokens [D])``: activated pairs (int), tiles (int) and tokens (float) per rank.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
-        raise ValueError(f"dispatch x must be [E, G], got shape {x.shape}")
+        raise ValueError(f"dispatch x must be [E, D], got shape {x.shape}")
     active = x > ACTIVE_EPS
     acts = active.sum(axis=0)
     tiles = np.where(active, np.maximum(1.0, np.ceil(x / tile - 1e-9)), 0.0).sum(axis=0).astype(np.int64)
@@ -45,7 +46,7 @@ def gpu_loads(x: np.ndarray, tile: int = 128) -> tuple[np.ndarray, np.ndarray, n
 
 @dataclass(frozen=True, kw_only=True)
 class CostModel:
-    """Max-affine per-GPU cost model, µs (TEMPO Eq. 1; Eq. 2 with ``b2``; Eq. 4 with ``c2, gamma``).
+    """Max-affine per-rank cost model, µs (TEMPO Eq. 1; Eq. 2 with ``b2``; Eq. 4 with ``c2, gamma``).
 
     Attributes:
       a, b: floor piece ``a + b·G`` (b = weight-streaming cost of one more activated replica).
@@ -82,10 +83,6 @@ class CostModel:
         return self.b2 is not None
 
     @property
-    def has_traffic(self) -> bool:
-        return self.c2 is not None
-
-    @property
     def inflection(self) -> float:
         """n* = b/β: tokens per expert where one expert's floor equals its token cost (Table 6)."""
         return self.b / self.beta if self.beta > 0 else math.inf
@@ -96,12 +93,12 @@ class CostModel:
 
     # ------------------------------------------------------------------ evaluation
     def gpu_times(self, G, N, T=None) -> np.ndarray:
-        """Per-GPU times from per-GPU loads (broadcasting).
+        """Per-rank times from per-rank loads (broadcasting; the arguments keep the paper's names).
 
         Args:
-          G: activated (expert, replica) pairs per GPU, ``[...]``.
-          N: tokens per GPU, ``[...]``.
-          T: M-tiles per GPU, ``[...]`` (needed only when the model has a tile term; defaults to G,
+          G: G_g, activated (expert, replica) pairs per rank, ``[...]``.
+          N: N_g, tokens per rank, ``[...]``.
+          T: T_g, M-tiles per rank, ``[...]`` (needed only when the model has a tile term; defaults to G,
              i.e. one tile per activated pair).
 
         Returns:
@@ -119,42 +116,42 @@ class CostModel:
         return t
 
     def times(self, x: np.ndarray) -> np.ndarray:
-        """Per-GPU times ``[G]`` of a dispatch ``x [E, G]``."""
-        G, T, N = gpu_loads(x, self.tile)
-        return self.gpu_times(G, N, T)
+        """Per-rank times ``[D]`` of a dispatch ``x [E, D]``."""
+        acts, tiles, toks = gpu_loads(x, self.tile)
+        return self.gpu_times(acts, toks, tiles)
 
     def makespan(self, x: np.ndarray) -> float:
-        """Model makespan ``max_g t_g`` of a dispatch ``x [E, G]``."""
+        """Model makespan ``max_g t_g`` of a dispatch ``x [E, D]``."""
         return float(self.times(x).max(initial=0.0))
 
     def lower_bound(self, tokens: np.ndarray, placement) -> float:
         """Full-replication lower bound on the optimal makespan (TEMPO §3.1).
 
-        ``LB = max(a + b·⌈E_live/g⌉ (+ tile excess), c + β·N/g, c2 + γ·N/g)``. Splitting only adds
+        ``LB = max(a + b·⌈E_live/D⌉ (+ tile excess), c + β·N/D, c2 + γ·N/D)``. Splitting only adds
         activations and tiles, so every dispatch carries at least E_live activations, Σ_e ⌈n_e/tile⌉ tiles
         and N tokens. The bound stays valid under restricted replication (restriction only raises the
         optimum) but is then loose; `solvers.Dispatch.lower_bound` uses the semi-matching bound there.
 
         Args:
-          tokens: ``[E]`` tokens per logical expert (or ``[S, E]`` per source; summed over sources).
-          placement: a `solvers.Placement` or the number of GPUs ``g``.
+          tokens: ``[E]`` tokens per logical expert (or ``[Gs, E]`` per source group; summed over sources).
+          placement: a `solvers.Placement` or the number of ranks D.
         """
         n = np.asarray(tokens, dtype=np.float64)
         if n.ndim == 2:
             n = n.sum(axis=0)
-        g = int(getattr(placement, "num_gpus", placement))
+        D = int(getattr(placement, "num_gpus", placement))
         live = n > ACTIVE_EPS
         e_live = int(live.sum())
         total = float(n.sum())
         if e_live == 0:
             return 0.0
-        act = self.b * math.ceil(e_live / g)
+        act = self.b * math.ceil(e_live / D)
         if self.b2 is not None and self.b >= self.b2:
             min_tiles = float(np.ceil(n[live] / self.tile - 1e-9).sum())
-            act = max(act, ((self.b - self.b2) * e_live + self.b2 * min_tiles) / g)
-        lb = max(self.a + act, self.c + self.beta * total / g)
+            act = max(act, ((self.b - self.b2) * e_live + self.b2 * min_tiles) / D)
+        lb = max(self.a + act, self.c + self.beta * total / D)
         if self.c2 is not None:
-            lb = max(lb, self.c2 + self.gamma * total / g)
+            lb = max(lb, self.c2 + self.gamma * total / D)
         return float(lb)
 
     # ------------------------------------------------------------------ persistence

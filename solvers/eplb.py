@@ -21,6 +21,8 @@ import operator
 
 import numpy as np
 
+from .checks import check_array
+
 __all__ = ["balanced_packing", "replicate_experts", "rebalance_experts"]
 
 
@@ -163,17 +165,7 @@ def rebalance_experts(
         log2phy: [L, E, P - E + 1] int64, slots of each logical expert by replica rank, padded with -1.
         logcnt: [L, E] int64, number of replicas of each logical expert.
     """
-    w = np.asarray(weight)
-    if w.ndim != 2:
-        raise ValueError(f"weight must be 2-D [layers, experts], got shape {w.shape}")
-    if not np.issubdtype(w.dtype, np.number) or np.issubdtype(w.dtype, np.complexfloating):
-        raise ValueError(f"weight must be real-valued, got dtype {w.dtype}")
-    if np.isnan(w).any():
-        raise ValueError("weight contains NaN")
-    if not np.isfinite(w).all():
-        raise ValueError("weight contains inf")
-    if (w < 0).any():
-        raise ValueError("weight must be non-negative")
+    w = check_array("weight [layers, experts]", weight, ndims=(2,))
     layers, num_log = w.shape
     if num_log == 0:
         raise ValueError("weight must have at least one expert")

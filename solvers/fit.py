@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_array
 from .cost import CostModel
 
 __all__ = ["FitReport", "fit_max_affine"]
@@ -36,15 +37,9 @@ class FitReport:
 
 
 def _as_samples(name: str, v, n: int | None) -> np.ndarray:
-    arr = np.asarray(v, dtype=np.float64)
-    if arr.ndim != 1:
-        raise ValueError(f"fit_max_affine: {name} must be 1-D, got shape {arr.shape}")
+    arr = check_array(f"fit_max_affine: {name}", v, ndims=(1,))
     if n is not None and arr.shape[0] != n:
         raise ValueError(f"fit_max_affine: {name} has {arr.shape[0]} samples but G has {n}; lengths must match")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"fit_max_affine: {name} contains NaN or inf at {np.flatnonzero(~np.isfinite(arr))[:5]}")
-    if np.any(arr < 0):
-        raise ValueError(f"fit_max_affine: {name} must be non-negative; negative at {np.flatnonzero(arr < 0)[:5]}")
     return arr
 
 

@@ -1,6 +1,6 @@
 """Exact MILP baseline for the dispatch problem (TEMPO §3.1, Problem 3) on OR-Tools. numpy + ortools, no jax.
 
-For a problem with token counts ``n [E]`` on replica mask ``[E, G]`` the model is, over live replica edges only:
+For a problem with token counts ``n [E]`` on replica mask ``[E, D]`` the model is, over live replica edges only:
 
     min M  s.t.  Σ_g x_eg = n_e,   x_eg ≤ min(n_e, N̄)·z_eg,   r_e = Σ_g z_eg ≥ 1,   z_eg ∈ {0, 1}
                  k_g = Σ_e z_eg ∈ ℤ,   K ≥ k_g, K ∈ ℤ,   M ≥ a + b·K,   M ≥ a + b·k_g [+ b2·(T_g − k_g)]
@@ -213,17 +213,17 @@ def milp(
     """Solve Problem (3) exactly (or to the time limit) with a MILP / CP-SAT model.
 
     Args:
-      problem: tokens ``[E]`` or ``[S, E]``, placement (mask ``[E, G]``) and cost model (non-negative slopes).
+      problem: tokens ``[E]`` or ``[Gs, E]``, placement (mask ``[E, D]``) and cost model (non-negative slopes).
       backend: one of `BACKENDS`: ``cp_sat`` (default), ``scip``, ``highs``, ``cbc`` (pywraplp), ``math_opt_highs``,
         ``math_opt_scip``.
       time_limit: solver wall-clock limit in seconds (> 0).
       threads: solver threads / CP-SAT workers.
-      hint: optional ``[E, G]`` feasible dispatch (e.g. from tempo) used as warm start; it is returned when the
+      hint: optional ``[E, D]`` feasible dispatch (e.g. from tempo) used as warm start; it is returned when the
         solver finds nothing better (so is the best cheap heuristic when no hint is given).
       integer_tokens: integer token shares (default: True for cp_sat, which cannot do otherwise; False else).
 
     Returns:
-      ``(x [E, G] float64, info)``. ``info``: ``status`` ("optimal" only when the solver proved its model optimal
+      ``(x [E, D] float64, info)``. ``info``: ``status`` ("optimal" only when the solver proved its model optimal
       and the recomputed objective is within 1e-6 relative of the unscaled solver bound; "timeout" when it
       stopped at the limit; else "feasible"), ``objective`` (``cost.makespan(x)``), ``bound`` (a proven lower
       bound valid for every real-valued dispatch: with integer tokens, the solver bound minus max(β, γ), since
@@ -262,11 +262,11 @@ def milp(
         hint = np.asarray(hint, dtype=np.float64)
         Dispatch(hint, problem, "hint").validate()
         hint = np.where(mask, np.maximum(hint, 0.0), 0.0)
-    E, G = mask.shape
+    E, D = mask.shape
     live = np.flatnonzero(n > 0)
     info = {"backend": backend, "integer_tokens": bool(integer_tokens)}
     if live.size == 0:
-        x = np.zeros((E, G))
+        x = np.zeros((E, D))
         obj = cost.makespan(x)
         info.update(status="optimal", objective=obj, bound=obj, model_bound=obj, gap=0.0, solver_status="EMPTY")
         return x, {**info, "incumbent": "empty", "scale": 1.0, "wall_s": time.perf_counter() - t0}
@@ -319,11 +319,11 @@ def milp(
                 if (c0 + sl * n[e] / rho) / S <= lb:
                     break
                 lib.add(rho * (rho + 1) * (M - c0) >= sl * int(n[e]) * (2 * rho + 1) - sl * int(n[e]) * r_e)
-    on_gpu = [[e for e, h in edges if h == g] for g in range(G)]
+    on_gpu = [[e for e, h in edges if h == g] for g in range(D)]
     k, N = [], []
     K = lib.var(0, min(max(map(len, on_gpu)), max(kcap, 0)), True)  # max_g k_g: branching on it is what works
     lib.add(M >= coef["a"] + coef["b"] * K)
-    for g in range(G):
+    for g in range(D):
         kg = lib.var(0, min(len(on_gpu[g]), max(kcap, 0)), True)
         lib.add(kg == lib.sum(z[e, g] for e in on_gpu[g]))
         lib.add(K >= kg)
@@ -338,8 +338,8 @@ def milp(
     wz = wx > 0
     hints = [(x[eg], wx[eg]) for eg in edges] + [(z[eg], float(wz[eg])) for eg in edges]
     wy = np.where(wz, np.maximum(1.0, np.ceil(wx / cost.tile - 1e-9)), 0.0)
-    hints += [(y[eg], wy[eg]) for eg in y] + [(k[g], float(wz[:, g].sum())) for g in range(G)]
-    wm = max(max(_model_pieces(coef, wz[:, g].sum(), wy[:, g].sum(), wx[:, g].sum())) for g in range(G))
+    hints += [(y[eg], wy[eg]) for eg in y] + [(k[g], float(wz[:, g].sum())) for g in range(D)]
+    wm = max(max(_model_pieces(coef, wz[:, g].sum(), wy[:, g].sum(), wx[:, g].sum())) for g in range(D))
     hints.append((M, min(max(wm, m_lo), m_hi)))
     hints.append((K, float(wz.sum(axis=0).max())))
     # Step 7: solve.
@@ -349,7 +349,7 @@ def milp(
         raise RuntimeError(f"milp[{backend}]: solver status {name} on a feasible problem (modelling bug)")
     # Step 8: read the solution back (round integers; drop LP dust on z < ½ and re-normalise rows).
     if value is not None:
-        xs = np.zeros((E, G))
+        xs = np.zeros((E, D))
         for e, g in edges:
             v = value(x[e, g])
             xs[e, g] = 0.0 if value(z[e, g]) < 0.5 else max(v, 0.0)

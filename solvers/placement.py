@@ -1,41 +1,61 @@
-"""Expert placement: which GPU holds which replica (EPLB layout), static maps and drift corruption.
+"""Expert placement: which rank holds which replica (EPLB layout), slot budgets, static maps, drift corruption.
 
 Layout (deepseek-ai/EPLB): ``phy2log [P]`` names the logical expert held by physical slot p, and slot p
-lives on GPU ``p // (P / num_gpus)``. Everything else (``log2phy``, ``logcnt``, the replica mask) is derived.
-numpy only.
+lives on rank ``p // S`` (S = P / D slots per rank). Everything else (``log2phy``, ``logcnt``, the replica mask)
+is derived. Glossary: E logical experts, D ranks (GPUs), S slots per rank, P = D·S slots, R replica columns,
+Gs source groups. numpy only.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Placement", "static_map", "drift_corrupt"]
+from .checks import check_array, check_real, fmt_ids
+from .eplb import rebalance_experts
+
+__all__ = ["Placement", "slots_for", "static_map", "drift_corrupt"]
 
 
-def _fmt(ids, limit: int = 10) -> str:
-    ids = [int(i) for i in ids]
-    more = f" … (+{len(ids) - limit} more)" if len(ids) > limit else ""
-    return str(ids[:limit]) + more
+def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:
+    """Physical slots for a replication ratio: ``D·⌈replication·E/D⌉`` (at least one slot per expert).
+
+    The one rule every driver uses (phase sweeps, the demo, the benchmarks): every rank gets the same slot count
+    S = ⌈replication·E/D⌉, so the realised ratio P/E can exceed ``replication`` when D does not divide it.
+    """
+    E, D = operator.index(num_experts), operator.index(num_gpus)
+    if E < 1 or D < 1:
+        raise ValueError(f"slots_for: num_experts and num_gpus must be ≥ 1, got {num_experts}, {num_gpus}")
+    r = check_real("replication", replication, minimum=1.0)
+    per_rank = max(math.ceil(r * E / D - 1e-9), math.ceil(E / D))
+    return per_rank * D
 
 
 @dataclass(frozen=True, eq=False)
 class Placement:
-    """Replicas of E logical experts in P physical slots on G GPUs.
+    """Replicas of E logical experts in P physical slots on D ranks.
+
+    Build it with `from_phy2log`, `full` or `from_eplb`; the constructor itself validates the same way.
 
     Attributes:
       phy2log: ``[P]`` int64, logical expert of each physical slot.
-      num_gpus: G; slot p lives on GPU ``p // slots_per_gpu``.
+      num_gpus: D; slot p lives on rank ``p // slots_per_gpu``.
       num_experts: E.
-      gpus_per_node: GPUs per node (None = one node).
-      slots_per_gpu: P / G.
-      log2phy: ``[E, R_max]`` int64 physical slots of each expert, ascending, −1 padded.
+      gpus_per_node: ranks per node (None = one node).
+      slots_per_gpu: S = P / D.
+      log2phy: ``[E, R]`` int64 physical slots of each expert, ascending, −1 padded (R = max replicas).
       logcnt: ``[E]`` int64 replica count of each expert.
-      slot_gpu: ``[P]`` int64 GPU of each slot.
-      replica_mask: ``[E, G]`` bool, expert e has at least one replica on GPU g.
-      replicas_on_gpu: ``[E, G]`` int64 replicas of e on g (EPLB may put two on one GPU).
+      slot_gpu: ``[P]`` int64 rank of each slot.
+      replica_mask: ``[E, D]`` bool, expert e has at least one replica on rank d.
+      replicas_on_gpu: ``[E, D]`` int64 replicas of e on d (EPLB may put two on one rank).
+
+    Raises:
+      ValueError: non-integer or out-of-range slot ids, a ragged layout (P not divisible by D), experts without a
+        replica, num_gpus not divisible by gpus_per_node, non-integer counts.
     """
 
     phy2log: np.ndarray
@@ -50,14 +70,18 @@ class Placement:
     replicas_on_gpu: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        p2l, G, E = self.phy2log, self.num_gpus, self.num_experts
+        # Step 0: validate (one path for every constructor).
+        p2l, D, E = _validated(self.phy2log, self.num_gpus, self.num_experts, self.gpus_per_node)
+        object.__setattr__(self, "phy2log", p2l)
+        object.__setattr__(self, "num_gpus", D)
+        object.__setattr__(self, "num_experts", E)
         P = p2l.shape[0]
-        # Step 1: derive slot → GPU and replica counts.
-        spg = P // G
-        slot_gpu = np.arange(P, dtype=np.int64) // spg
+        # Step 1: derive slot → rank and replica counts.
+        S = P // D
+        slot_gpu = np.arange(P, dtype=np.int64) // S
         logcnt = np.bincount(p2l, minlength=E).astype(np.int64)
-        on_gpu = np.zeros((E, G), dtype=np.int64)
-        np.add.at(on_gpu, (p2l, slot_gpu), 1)
+        on_rank = np.zeros((E, D), dtype=np.int64)
+        np.add.at(on_rank, (p2l, slot_gpu), 1)
         # Step 2: log2phy, ascending slot order per expert, −1 padded.
         r_max = int(logcnt.max(initial=1))
         log2phy = np.full((E, r_max), -1, dtype=np.int64)
@@ -66,12 +90,12 @@ class Placement:
         rank = np.arange(P) - starts[p2l[order]]
         log2phy[p2l[order], rank] = order
         for name, val in (
-            ("slots_per_gpu", spg),
+            ("slots_per_gpu", S),
             ("log2phy", log2phy),
             ("logcnt", logcnt),
             ("slot_gpu", slot_gpu),
-            ("replica_mask", on_gpu > 0),
-            ("replicas_on_gpu", on_gpu),
+            ("replica_mask", on_rank > 0),
+            ("replicas_on_gpu", on_rank),
         ):
             if isinstance(val, np.ndarray):
                 val.setflags(write=False)
@@ -83,55 +107,22 @@ class Placement:
     def from_phy2log(
         cls, phy2log, num_gpus: int, gpus_per_node: int | None = None, num_experts: int | None = None
     ) -> Placement:
-        """Build from an EPLB ``phy2log`` of shape ``[P]`` (or ``[G, slots]``).
+        """Build from an EPLB ``phy2log`` of shape ``[P]`` (or ``[D, S]``); ``num_experts`` defaults to
+        ``max(phy2log) + 1``.
 
         Raises:
-          ValueError: slot ids out of range, a ragged layout (P not divisible by num_gpus, or a 2-D layout
-            whose rows are not num_gpus), experts without a replica (when ``num_experts`` is given), or
-            num_gpus not divisible by gpus_per_node.
+          ValueError: see the class docstring.
         """
-        arr = np.asarray(phy2log)
-        if arr.dtype.kind not in "iu":
-            if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-                arr = arr.astype(np.int64)
-            else:
-                raise ValueError(f"phy2log must hold integer expert ids, got dtype {arr.dtype}")
-        if num_gpus < 1:
-            raise ValueError(f"num_gpus must be ≥ 1, got {num_gpus}")
-        if arr.ndim == 2:
-            if arr.shape[0] != num_gpus:
-                raise ValueError(f"ragged layout: phy2log has {arr.shape[0]} GPU rows but num_gpus={num_gpus}")
-            arr = arr.reshape(-1)
-        if arr.ndim != 1 or arr.size == 0:
-            raise ValueError(f"phy2log must be a non-empty [P] or [G, slots] array, got shape {np.shape(phy2log)}")
-        P = arr.shape[0]
-        if P % num_gpus:
-            raise ValueError(
-                f"ragged layout: {P} physical slots do not split evenly over {num_gpus} GPUs "
-                f"(EPLB puts P / num_gpus slots on every GPU)"
-            )
-        bad = np.flatnonzero(arr < 0)
-        if num_experts is not None:
-            bad = np.flatnonzero((arr < 0) | (arr >= num_experts))
-        if bad.size:
-            raise ValueError(
-                f"slot ids out of range: slots {_fmt(bad)} hold experts {_fmt(arr[bad])}"
-                + ("" if num_experts is None else f" (valid: 0..{num_experts - 1})")
-            )
-        E = int(arr.max()) + 1 if num_experts is None else int(num_experts)
-        missing = np.setdiff1d(np.arange(E), arr)
-        if missing.size:
-            raise ValueError(f"experts without a replica: {_fmt(missing)}; every expert needs ≥ 1 physical slot")
-        if gpus_per_node is not None and (gpus_per_node < 1 or num_gpus % gpus_per_node):
-            raise ValueError(f"num_gpus={num_gpus} is not a multiple of gpus_per_node={gpus_per_node}")
-        return cls(arr.astype(np.int64).copy(), int(num_gpus), E, gpus_per_node)
+        arr = _ids(phy2log)
+        if num_experts is None and arr.size:
+            num_experts = max(int(arr.max()) + 1, 1)
+        return cls(arr, num_gpus, num_experts, gpus_per_node)
 
     @classmethod
     def full(cls, num_experts: int, num_gpus: int, gpus_per_node: int | None = None) -> Placement:
-        """Full replication: every GPU holds one replica of every expert (P = E·G)."""
-        if num_experts < 1:
-            raise ValueError(f"num_experts must be ≥ 1, got {num_experts}")
-        return cls.from_phy2log(np.tile(np.arange(num_experts), num_gpus), num_gpus, gpus_per_node, num_experts)
+        """Full replication: every rank holds one replica of every expert (P = E·D)."""
+        E = _positive("num_experts", num_experts)
+        return cls.from_phy2log(np.tile(np.arange(E), _positive("num_gpus", num_gpus)), num_gpus, gpus_per_node, E)
 
     @classmethod
     def from_eplb(
@@ -144,11 +135,7 @@ class Placement:
         num_nodes: int = 1,
     ) -> Placement:
         """EPLB placement of ``num_replicas`` slots from a long-run per-expert load ``[E]``."""
-        from .eplb import rebalance_experts
-
-        load = np.asarray(load, dtype=np.float64)
-        if load.ndim != 1:
-            raise ValueError(f"load must be [E], got shape {load.shape}")
+        load = check_array("load", load, ndims=(1,))
         phy2log, _, _ = rebalance_experts(load[None, :], num_replicas, num_groups, num_nodes, num_gpus)
         gpn = num_gpus // num_nodes if num_nodes > 1 else None
         return cls.from_phy2log(phy2log[0], num_gpus, gpn, load.shape[0])
@@ -160,12 +147,12 @@ class Placement:
 
     @property
     def is_full(self) -> bool:
-        """True when every expert has a replica on every GPU."""
+        """True when every expert has a replica on every rank."""
         return bool(self.replica_mask.all())
 
     @property
     def node_of_gpu(self) -> np.ndarray:
-        """``[G]`` node index of each GPU (all zeros without ``gpus_per_node``)."""
+        """``[D]`` node index of each rank (all zeros without ``gpus_per_node``)."""
         gpn = self.gpus_per_node or self.num_gpus
         return np.arange(self.num_gpus) // gpn
 
@@ -175,18 +162,14 @@ class Placement:
 
     @cached_property
     def replica_gpu_lists(self) -> list[list[int]]:
-        """GPUs holding each expert, as plain lists (computed once; hot loops of the solvers read it)."""
+        """Ranks holding each expert, as plain lists (computed once; hot loops of the solvers read it)."""
         return [np.flatnonzero(row).tolist() for row in self.replica_mask]
 
     @cached_property
     def sole_gpu(self) -> np.ndarray:
-        """``[E]`` int64: the GPU holding every replica of the expert, or −1 when replicas span GPUs."""
+        """``[E]`` int64: the rank holding every replica of the expert, or −1 when replicas span ranks."""
         single = self.replica_mask.sum(axis=1) == 1
         return np.where(single, self.replica_mask.argmax(axis=1), -1)
-
-    def replica_gpus(self, expert: int) -> np.ndarray:
-        """GPUs holding a replica of ``expert`` (ascending, unique)."""
-        return np.flatnonzero(self.replica_mask[expert])
 
     def to_dict(self) -> dict:
         return {
@@ -202,49 +185,105 @@ class Placement:
 
     def __repr__(self) -> str:
         return (
-            f"Placement(E={self.num_experts}, G={self.num_gpus}, P={self.num_slots}, "
+            f"Placement(E={self.num_experts}, D={self.num_gpus}, P={self.num_slots}, "
             f"replicas/expert={self.num_slots / self.num_experts:.2f}, nodes={self.num_nodes})"
         )
+
+
+def _positive(name: str, value) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r} ({type(value).__name__})") from None
+    if v < 1:
+        raise ValueError(f"{name} must be ≥ 1, got {v}")
+    return v
+
+
+def _ids(phy2log) -> np.ndarray:
+    """``phy2log`` as an int64 array (integer-valued floats are accepted)."""
+    arr = np.asarray(phy2log)
+    if arr.dtype.kind not in "iu":
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"phy2log must hold integer expert ids, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _validated(phy2log, num_gpus, num_experts, gpus_per_node) -> tuple[np.ndarray, int, int]:
+    """Checked ``(phy2log [P] int64 copy, D, E)`` of a layout; see `Placement` for what is rejected."""
+    D = _positive("num_gpus", num_gpus)
+    if num_experts is None:
+        raise ValueError("num_experts is required (use Placement.from_phy2log to infer it from phy2log)")
+    E = _positive("num_experts", num_experts)
+    arr = _ids(phy2log)
+    if arr.ndim == 2:
+        if arr.shape[0] != D:
+            raise ValueError(f"ragged layout: phy2log has {arr.shape[0]} rank rows but num_gpus={D}")
+        arr = arr.reshape(-1)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"phy2log must be a non-empty [P] or [D, S] array, got shape {np.shape(phy2log)}")
+    P = arr.shape[0]
+    if P % D:
+        raise ValueError(
+            f"ragged layout: {P} physical slots do not split evenly over {D} GPUs "
+            f"(EPLB puts P / num_gpus slots on every GPU)"
+        )
+    bad = np.flatnonzero((arr < 0) | (arr >= E))
+    if bad.size:
+        raise ValueError(
+            f"slot ids out of range: slots {fmt_ids(bad)} hold experts {fmt_ids(arr[bad])} (valid: 0..{E - 1})"
+        )
+    if E > P:
+        raise ValueError(f"{E} experts but only {P} physical slots: every expert needs ≥ 1 slot")
+    missing = np.flatnonzero(np.bincount(arr, minlength=E) == 0)
+    if missing.size:
+        raise ValueError(f"experts without a replica: {fmt_ids(missing)}; every expert needs ≥ 1 physical slot")
+    if gpus_per_node is not None and D % _positive("gpus_per_node", gpus_per_node):
+        raise ValueError(f"num_gpus={D} is not a multiple of gpus_per_node={gpus_per_node}")
+    return arr.copy(), D, E
 
 
 def static_map(placement: Placement, source_gpus=None) -> np.ndarray:
     """Fixed logical → physical map per source rank (the `static` policy).
 
-    Each source sends each expert to one replica: the one on its own GPU if any, else one on its node,
-    else one spread fairly over all replicas by source rank (source s takes candidate ``s mod k``).
+    Each source sends each expert to one replica: the one on its own rank if any, else one on its node,
+    else one spread fairly over all replicas by source index (source s takes candidate ``s mod k``).
 
     Args:
       placement: the placement.
-      source_gpus: ``[S]`` GPU of each source rank (default: source s on GPU s, S = G).
+      source_gpus: ``[Gs]`` rank of each source (default: source s on rank s, Gs = D).
 
     Returns:
-      ``[S, E]`` int64 physical slot chosen by each source for each expert.
+      ``[Gs, E]`` int64 physical slot chosen by each source for each expert.
     """
     src = np.arange(placement.num_gpus) if source_gpus is None else np.asarray(source_gpus, dtype=np.int64)
     if src.ndim != 1 or np.any((src < 0) | (src >= placement.num_gpus)):
-        raise ValueError(f"source_gpus must be [S] GPU ids in 0..{placement.num_gpus - 1}, got {source_gpus!r}")
+        raise ValueError(f"source_gpus must be [Gs] rank ids in 0..{placement.num_gpus - 1}, got {source_gpus!r}")
     node = placement.node_of_gpu
-    S = src.shape[0]
-    rank = np.arange(S)
-    out = np.empty((S, placement.num_experts), dtype=np.int64)
+    Gs = src.shape[0]
+    rank = np.arange(Gs)
+    out = np.empty((Gs, placement.num_experts), dtype=np.int64)
     for e in range(placement.num_experts):
         slots = placement.log2phy[e, : placement.logcnt[e]]
         gpus = placement.slot_gpu[slots]
-        own = gpus[None, :] == src[:, None]  # [S, r]
+        own = gpus[None, :] == src[:, None]  # [Gs, r]
         near = node[gpus][None, :] == node[src][:, None]
-        # Step 1: own GPU, else Step 2: own node, else Step 3: every replica; source i takes candidate i mod k.
+        # Step 1: own rank, else Step 2: own node, else Step 3: every replica; source i takes candidate i mod k.
         cand = np.where(own.any(axis=1, keepdims=True), own, np.where(near.any(axis=1, keepdims=True), near, True))
         k = rank % cand.sum(axis=1)
         out[:, e] = slots[np.argmax(np.cumsum(cand, axis=1) > k[:, None], axis=1)]
     return out
 
 
-def drift_corrupt(weight, k: int, seed: int = 0) -> np.ndarray:
-    """Drift-K corruption (TEMPO §5.5): swap each row's top-K hot experts' loads with K random cold ones.
+def drift_corrupt(weight, hot: int, seed: int = 0) -> np.ndarray:
+    """Drift corruption (TEMPO §5.5, the paper's "drift-K"): swap each row's ``hot`` hottest experts' loads with
+    ``hot`` random cold ones.
 
     Args:
       weight: ``[E]`` or ``[L, E]`` long-run expert loads.
-      k: number of hot experts to swap (K = 8/16/32 in the paper); needs 2K ≤ E.
+      hot: number of hot experts to swap (the paper's K = 8/16/32; not the top-k K); needs 2·hot ≤ E.
       seed: RNG seed (the cold partners are drawn without replacement from the non-hot experts).
 
     Returns:
@@ -256,12 +295,12 @@ def drift_corrupt(weight, k: int, seed: int = 0) -> np.ndarray:
     if w.ndim != 2:
         raise ValueError(f"weight must be [E] or [L, E], got shape {np.shape(weight)}")
     E = w.shape[1]
-    if k < 0 or 2 * k > E:
-        raise ValueError(f"drift K={k} needs 0 ≤ 2K ≤ E={E}")
+    if hot < 0 or 2 * hot > E:
+        raise ValueError(f"drift hot={hot} needs 0 ≤ 2·hot ≤ E={E}")
     rng = np.random.default_rng(seed)
     for row in w:
-        hot = np.argsort(-row, kind="stable")[:k]
-        cold_pool = np.setdiff1d(np.arange(E), hot)
-        cold = rng.choice(cold_pool, size=k, replace=False)
-        row[hot], row[cold] = row[cold].copy(), row[hot].copy()
+        top = np.argsort(-row, kind="stable")[:hot]
+        cold_pool = np.setdiff1d(np.arange(E), top)
+        cold = rng.choice(cold_pool, size=hot, replace=False)
+        row[top], row[cold] = row[cold].copy(), row[top].copy()
     return w[0] if squeeze else w

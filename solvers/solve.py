@@ -7,24 +7,13 @@ import time
 from collections.abc import Callable
 
 from . import policies
+from .milp import milp
 from .problem import Dispatch, DispatchProblem
+from .tempo_fast import tempo_fast
 
 __all__ = ["POLICIES", "solve"]
 
-
-def _tempo(problem: DispatchProblem, **options):
-    from .tempo_fast import tempo_fast
-
-    return tempo_fast(problem, **options)
-
-
-def _milp(problem: DispatchProblem, **options):
-    from .milp import milp
-
-    return milp(problem, **options)
-
-
-# name → function(problem, **options) returning x [E, G] or (x, info).
+# name → function(problem, **options) returning x [E, D] or (x, info).
 POLICIES: dict[str, Callable] = {
     "static": policies.static,
     "uniform": policies.uniform,
@@ -32,18 +21,13 @@ POLICIES: dict[str, Callable] = {
     "metro": policies.metro,
     "llep": policies.llep,
     "round_robin": policies.round_robin,
-    "tempo": _tempo,
-    "milp": _milp,
+    "tempo": tempo_fast,
+    "milp": milp,
 }
 
 
 def _options_of(policy: str) -> list[str]:
-    fn = POLICIES[policy]
-    if policy == "tempo":
-        from .tempo_fast import tempo_fast as fn
-    elif policy == "milp":
-        from .milp import milp as fn
-    params = inspect.signature(fn).parameters.values()
+    params = inspect.signature(POLICIES[policy]).parameters.values()
     return [p.name for p in params if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty and p.name != "problem")]
 
 
@@ -51,7 +35,7 @@ def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatc
     """Dispatch one batch with a named policy.
 
     Args:
-      problem: tokens ``[E]`` or ``[S, E]``, placement and cost model.
+      problem: tokens ``[E]`` or ``[Gs, E]``, placement and cost model.
       policy: one of `POLICIES` (static, uniform, token_lp, metro, llep, round_robin, tempo, milp).
       **options: policy options (e.g. ``tile_aware``, ``tau`` for tempo; ``backend``, ``time_limit`` for milp).
 

@@ -103,11 +103,11 @@ def _transport(supply: list[int], adj: list[list[int]], room: list[int]) -> list
 
 
 class _Scorer:
-    """Maximum flow of expert supplies `n [E]` over an active pattern `[E, G]` into GPUs of capacity `cap`.
+    """Maximum flow of expert supplies `n [E]` over an active pattern `[E, D]` into GPUs of capacity `cap`.
 
     An expert with a single pair has no choice: its tokens are a fixed load (routed up to the GPU's capacity).
     Only experts with two or more pairs (a few dozen at most) enter the flow network (`_transport`). The
-    pattern is kept as Python lists, so `routed(edits)` scores a few edits without rebuilding [E, G] arrays:
+    pattern is kept as Python lists, so `routed(edits)` scores a few edits without rebuilding [E, D] arrays:
     only the edited experts change."""
 
     def __init__(self, n: np.ndarray, pattern: np.ndarray, cap: int):
@@ -152,7 +152,7 @@ class _Scorer:
         return fixed + sum(sum(row.values()) for row in into)
 
     def route(self) -> tuple[int, np.ndarray]:
-        """(tokens routed, flow [E, G]) of the pattern itself."""
+        """(tokens routed, flow [E, D]) of the pattern itself."""
         fixed, order, into = self._flow(())
         x = np.zeros(self.shape)
         for e, gs in enumerate(self.active):
@@ -165,12 +165,12 @@ class _Scorer:
 
 
 def _route(n: np.ndarray, pattern: np.ndarray, cap: int) -> tuple[int, np.ndarray]:
-    """(tokens routed, flow [E, G]): the maximum flow of `n [E]` over `pattern [E, G]` into GPUs of `cap`."""
+    """(tokens routed, flow [E, D]): the maximum flow of `n [E]` over `pattern [E, D]` into GPUs of `cap`."""
     return _Scorer(n, pattern, cap).route()
 
 
 def _stuck(n: np.ndarray, pattern: np.ndarray, x: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Experts and GPUs reachable in the residual graph from the unrouted supply (bool [E], bool [G]): every
+    """Experts and GPUs reachable in the residual graph from the unrouted supply (bool [E], bool [D]): every
     such GPU is full, so only a new pair from a reachable expert to an unreachable GPU can route more. Unrouted
     supply sits with the flexible experts short of their total, and with every expert of an overloaded GPU."""
     over = x.sum(axis=0) > cap + 0.5
@@ -199,10 +199,10 @@ class _View:
     def __init__(self, pattern: np.ndarray | None):
         if pattern is None:
             return
-        E, G = pattern.shape
+        E, D = pattern.shape
         self.acts = pattern.sum(axis=0).tolist()
         self.count = pattern.sum(axis=1).tolist()
-        self.members: list[list[int]] = [[] for _ in range(G)]
+        self.members: list[list[int]] = [[] for _ in range(D)]
         self.on: list[set[int]] = [set() for _ in range(E)]
         for e, g in zip(*(a.tolist() for a in np.nonzero(pattern)), strict=True):
             self.members[g].append(e)
@@ -285,14 +285,14 @@ def target_repair(
 
     Args:
       problem: the dispatch problem (integer token counts; per-expert totals are used).
-      x: ``[E, G]`` a dispatch to start from (usually tempo_fast's).
+      x: ``[E, D]`` a dispatch to start from (usually tempo_fast's).
       target: the makespan to reach (µs), e.g. a lower bound.
       max_rounds: cap on pattern edits in each of steps 2 and 3.
       max_flows: cap on candidate edits scored (one maximum flow each, ~0.1–0.3 ms).
       stats: if given, ``stats["flows"]`` is increased by the number of candidates scored.
 
     Returns:
-      ``[E, G]`` float dispatch (integer tokens) with ``cost.makespan ≤ target``, or None when the greedy
+      ``[E, D]`` float dispatch (integer tokens) with ``cost.makespan ≤ target``, or None when the greedy
       edits do not get there within the caps (or the model has a tile term).
     """
     cost, n = problem.cost, problem.n  # whole token counts (DispatchProblem checks)

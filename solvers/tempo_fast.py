@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from .bounds import forced_lower_bound
-from .policies import _desc_order, metro, round_robin, token_lp
+from .policies import experts_by_load, metro, round_robin, token_lp
 from .problem import DispatchProblem
 from .target_repair import target_repair
 
@@ -40,7 +40,7 @@ _EPS = 1e-9
 
 
 class _State:
-    """Dispatch x [E, G] with incrementally maintained per-GPU activations, tiles and tokens."""
+    """Dispatch x [E, D] with incrementally maintained per-GPU activations, tiles and tokens."""
 
     def __init__(self, problem: DispatchProblem, x: np.ndarray | None = None):
         c = problem.cost
@@ -49,15 +49,15 @@ class _State:
         self.c2 = c.c2 if c.c2 is not None else -math.inf
         self.gamma = c.gamma or 0.0
         self.tile = c.tile
-        E, G = problem.mask.shape
-        self.E, self.G = E, G
+        E, D = problem.mask.shape
+        self.E, self.D = E, D
         self.share: list[dict[int, float]] = [{} for _ in range(E)]  # share[e][g] = tokens of e on g
         # Per-GPU loads as Python lists: the scalar paths (seeding, chains) read them element by element.
-        self.acts = [0.0] * G
-        self.tiles = [0.0] * G
-        self.toks = [0.0] * G
+        self.acts = [0.0] * D
+        self.tiles = [0.0] * D
+        self.toks = [0.0] * D
         self.replica_list = problem.placement.replica_gpu_lists
-        self.on = [set() for _ in range(G)]  # experts with a share on each GPU
+        self.on = [set() for _ in range(D)]  # experts with a share on each rank
         self.mask = problem.mask
         if x is not None:  # start from a given dispatch (shares below one token are dust from an LP)
             for e, g in zip(*np.nonzero(x > _EPS), strict=True):
@@ -82,8 +82,8 @@ class _State:
         return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
 
     def x(self) -> np.ndarray:
-        """The dispatch ``[E, G]``."""
-        out = np.zeros((self.E, self.G))
+        """The dispatch ``[E, D]``."""
+        out = np.zeros((self.E, self.D))
         for e, row in enumerate(self.share):
             for g, v in row.items():
                 out[e, g] = v
@@ -96,7 +96,7 @@ class _State:
         return np.array([self.share[e].get(g, 0.0) for e in es.tolist()])
 
     def loads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-GPU (activations, tiles, tokens) as arrays ``[G]``."""
+        """Per-GPU (activations, tiles, tokens) as arrays ``[D]``."""
         return np.array(self.acts), np.array(self.tiles), np.array(self.toks)
 
     def times(self) -> np.ndarray:
@@ -126,7 +126,7 @@ class _State:
 def _seed(st: _State, n: np.ndarray, sole_gpu: np.ndarray) -> None:
     # Step 1: whole experts to the replica GPU with the lowest resulting time. Experts with no choice (all
     # replicas on one GPU) go first, so the flexible ones, tokens descending, see every GPU's forced load.
-    order = _desc_order(n)
+    order = experts_by_load(n)
     order = np.concatenate([order[sole_gpu[order] >= 0], order[sole_gpu[order] < 0]])
     for e in order.tolist():
         ne = float(n[e])
@@ -235,7 +235,7 @@ def _augmenting_path(st: _State, src: int, top: float, max_depth: int) -> list[t
 def _chains(st: _State, max_rounds: int, max_depth: int, lb: float = 0.0) -> int:
     """Step 2: augmenting chains of whole-expert moves off bottleneck GPUs (activation rebalancing).
 
-    ``max_depth`` = 2 is the paper's 1- and 2-step truncation; the default (G) searches full augmenting paths,
+    ``max_depth`` = 2 is the paper's 1- and 2-step truncation; the default (D) searches full augmenting paths,
     which makes the stage exact for the activation count in the β → 0 limit (Lemma 2).
     """
     rounds = 0
@@ -393,10 +393,10 @@ def tempo_fast(
     """Makespan-aware dispatch (tempo_fast). Works with the two-piece, tile and three-piece cost models.
 
     Args:
-      problem: tokens ``[E]`` or ``[S, E]`` (per-expert totals are used), placement, cost model.
+      problem: tokens ``[E]`` or ``[Gs, E]`` (per-expert totals are used), placement, cost model.
       tile_aware: snap partial splits to ``cost.tile``-token tiles (default: when the model has a tile term).
       chains / local_search / partial_moves / ensemble: stage switches for ablations (seeding always runs).
-      chain_depth: longest augmenting chain (2 = the paper's 1- and 2-step chains; default G = full paths).
+      chain_depth: longest augmenting chain (2 = the paper's 1- and 2-step chains; default D = full paths).
       tau: ensemble switching tolerance τ (Proposition 1).
       max_iters: local-search iteration cap (the paper uses 300); also caps chain rounds.
       repair: when the ensemble runs and no candidate reaches the cheap lower bound, try `target_repair` towards
@@ -404,7 +404,7 @@ def tempo_fast(
       repair_flows: budget of repair edits scored (one small max-flow each, ~50 µs) over all starts together.
 
     Returns:
-      ``(x [E, G], info)``; info holds ``stage`` (which candidate won), per-stage makespans and counts.
+      ``(x [E, D], info)``; info holds ``stage`` (which candidate won), per-stage makespans and counts.
     """
     if not 0 <= tau < 1:
         raise ValueError(f"tau must be in [0, 1), got {tau}")

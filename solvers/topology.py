@@ -1,9 +1,9 @@
 """Topology-aware split (TEMPO §4.3, §5.15): stage 2 of the two-stage multi-node dispatch.
 
-Stage 1 solves the flat dispatch ``x [E, G]`` (tokens of expert e processed on GPU g). Stage 2 decides which
+Stage 1 solves the flat dispatch ``x [E, D]`` (tokens of expert e processed on GPU g). Stage 2 decides which
 source node's tokens fill which replica: for each expert, a same-node-first transportation rule pairs each
 node's tokens with that expert's capacity ``x[e, g]`` on the node's own GPUs before anything crosses the
-inter-node network. The result ``y [Nn, E, G]`` realises x exactly, so per-GPU loads (and the modelled
+inter-node network. The result ``y [Nn, E, D]`` realises x exactly, so per-GPU loads (and the modelled
 makespan) are those of the flat solution; only the pairing of sources to replicas changes. `split_tables`
 turns y into one dispatch table per source node over each expert's replica columns.
 
@@ -12,7 +12,7 @@ pairs and 1 otherwise, so inter-node tokens = n_e − same-node flow. Any split 
 ``min(node_counts[m, e], Σ_{g on m} x[e, g])`` same-node tokens from node m (its supply, and the capacity
 there), and the rule attains that bound for every m at once, hence inter-node traffic is minimal.
 
-Glossary (shapes): E experts, G GPUs, Nn nodes, S source ranks, R_max replica columns (``log2phy``).
+Glossary (shapes): E experts, D ranks (GPUs), Nn nodes, Gs source ranks, R replica columns (``log2phy``).
 numpy only.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import check_array
 from .placement import Placement
 
 __all__ = ["topology_split", "flat_split", "split_tables", "inter_node_tokens", "node_counts_from_sources"]
@@ -30,21 +31,11 @@ _RTOL = 1e-6
 def _array(name: str, a, ndim: int) -> np.ndarray:
     """float64 copy of ``a`` with ``ndim`` axes, finite and non-negative, or ValueError."""
     a = getattr(a, "x", a) if name == "x" else a  # a solvers.Dispatch is accepted for x
-    arr = np.asarray(a)
-    if arr.dtype == bool or arr.dtype.kind not in "iuf":
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    arr = arr.astype(np.float64)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} axes, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or inf")
-    if np.any(arr < 0):
-        raise ValueError(f"{name} must be non-negative (min {arr.min():.6g})")
-    return arr
+    return check_array(name, a, ndims=(ndim,))
 
 
 def _check_marginals(x: np.ndarray, node_counts: np.ndarray) -> np.ndarray:
-    """Check ``node_counts [Nn, E]`` columns sum to x's rows ``[E, G]``; return ``n [E]`` (x's row sums)."""
+    """Check ``node_counts [Nn, E]`` columns sum to x's rows ``[E, D]``; return ``n [E]`` (x's row sums)."""
     if node_counts.shape[1] != x.shape[0]:
         raise ValueError(
             f"node_counts has {node_counts.shape[1]} experts but x has {x.shape[0]}"
@@ -62,7 +53,7 @@ def _check_marginals(x: np.ndarray, node_counts: np.ndarray) -> np.ndarray:
 
 
 def _node_onehot(placement: Placement, num_nodes: int) -> np.ndarray:
-    """``[Nn, G]`` bool, GPU g lies on node m; ValueError when Nn differs from the placement's node count."""
+    """``[Nn, D]`` bool, GPU g lies on node m; ValueError when Nn differs from the placement's node count."""
     if not isinstance(placement, Placement):
         raise ValueError(f"placement must be a solvers.Placement, got {type(placement).__name__}")
     if num_nodes != placement.num_nodes:
@@ -77,13 +68,13 @@ def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
     """Same-node-first split of the flat dispatch over source nodes.
 
     Args:
-      x: ``[E, G]`` flat dispatch (tokens of e processed on g), zero off the replica mask; or a `Dispatch`.
+      x: ``[E, D]`` flat dispatch (tokens of e processed on g), zero off the replica mask; or a `Dispatch`.
       node_counts: ``[Nn, E]`` tokens of e originating on node m; column sums equal x's row sums (1e-6
         relative; they are rescaled to match exactly).
       placement: the placement x was solved on (``node_of_gpu`` gives the topology).
 
     Returns:
-      ``y [Nn, E, G]`` float64 with ``Σ_m y = x``, ``Σ_g y = node_counts``, ``y ≥ 0``, y > 0 only where x > 0,
+      ``y [Nn, E, D]`` float64 with ``Σ_m y = x``, ``Σ_g y = node_counts``, ``y ≥ 0``, y > 0 only where x > 0,
       and the fewest inter-node tokens of any such split. Same-node tokens are spread over the node's GPUs in
       proportion to ``x[e, g]``; the remainder is shipped in proportion to each GPU's remaining capacity.
 
@@ -95,12 +86,12 @@ def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
     x = _array("x", x, 2)
     counts = _array("node_counts", node_counts, 2)
     if x.shape != placement.replica_mask.shape:
-        raise ValueError(f"x must be [E, G] = {list(placement.replica_mask.shape)}, got {list(x.shape)}")
+        raise ValueError(f"x must be [E, D] = {list(placement.replica_mask.shape)}, got {list(x.shape)}")
     off = np.flatnonzero(((x > 0) & ~placement.replica_mask).any(axis=1))
     if off.size:
         raise ValueError(f"x puts tokens on GPUs without a replica for experts {off[:10].tolist()}")
     n = _check_marginals(x, counts)
-    onehot = _node_onehot(placement, counts.shape[0])  # [Nn, G]
+    onehot = _node_onehot(placement, counts.shape[0])  # [Nn, D]
     total = counts.sum(axis=0)
     counts = counts * np.divide(n, total, out=np.zeros_like(n), where=total > 0)
 
@@ -113,7 +104,7 @@ def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
     # Step 3: leftover supply and capacity. A node with leftover supply used all its own capacity
     # (frac = 1), so its GPUs have no leftover capacity and every shipped token crosses nodes.
     supply = counts - kept  # [Nn, E]
-    room = x * (1.0 - frac[placement.node_of_gpu].T)  # [E, G]: frac of each GPU's node, gathered per GPU
+    room = x * (1.0 - frac[placement.node_of_gpu].T)  # [E, D]: frac of each GPU's node, gathered per GPU
     room_e = room.sum(axis=1)
 
     # Step 4: ship each node's leftover to the other nodes' leftover capacity, proportionally.
@@ -122,10 +113,10 @@ def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
 
 
 def flat_split(x, node_counts) -> np.ndarray:
-    """The flat table every node uses: ``y[m, e, g] = node_counts[m, e] · x[e, g] / n_e`` (``[Nn, E, G]``).
+    """The flat table every node uses: ``y[m, e, g] = node_counts[m, e] · x[e, g] / n_e`` (``[Nn, E, D]``).
 
     Args:
-      x: ``[E, G]`` flat dispatch (or a `Dispatch`); node_counts: ``[Nn, E]`` with column sums = x's row sums.
+      x: ``[E, D]`` flat dispatch (or a `Dispatch`); node_counts: ``[Nn, E]`` with column sums = x's row sums.
     """
     # Step 1: validate.
     x = _array("x", x, 2)
@@ -137,10 +128,10 @@ def flat_split(x, node_counts) -> np.ndarray:
 
 
 def inter_node_tokens(y, placement: Placement) -> float:
-    """Tokens of ``y [Nn, E, G]`` sent from source node m to a GPU on another node."""
+    """Tokens of ``y [Nn, E, D]`` sent from source node m to a GPU on another node."""
     y = _array("y", y, 3)
     if y.shape[2] != placement.num_gpus:
-        raise ValueError(f"y must be [Nn, E, G] with G = {placement.num_gpus}, got shape {y.shape}")
+        raise ValueError(f"y must be [Nn, E, D] with D = {placement.num_gpus}, got shape {y.shape}")
     onehot = _node_onehot(placement, y.shape[0])
     return float(y.sum() - np.einsum("meg,mg->", y, onehot.astype(np.float64)))
 
@@ -149,33 +140,33 @@ def split_tables(y, placement: Placement) -> np.ndarray:
     """Per-source-node dispatch tables over each expert's replica columns.
 
     Args:
-      y: ``[Nn, E, G]`` split (from `topology_split` or `flat_split`).
-      placement: gives the replica columns ``log2phy [E, R_max]`` (−1 padded) and their GPUs.
+      y: ``[Nn, E, D]`` split (from `topology_split` or `flat_split`).
+      placement: gives the replica columns ``log2phy [E, R]`` (−1 padded) and their GPUs.
 
     Returns:
-      ``probs [Nn, E, R_max]`` float64; each row sums to 1 over the expert's replicas and is 0 on −1 columns.
+      ``probs [Nn, E, R]`` float64; each row sums to 1 over the expert's replicas and is 0 on −1 columns.
       A GPU holding two replicas of e splits its share evenly between them. A row with no tokens from node m
       falls back to the flat row ``Σ_m y[m, e]`` (x's proportions), or to uniform over replicas if that is 0.
     """
     # Step 1: validate.
     y = _array("y", y, 3)
-    E, G = placement.num_experts, placement.num_gpus
-    if y.shape[1:] != (E, G):
-        raise ValueError(f"y must be [Nn, E, G] with E = {E}, G = {G}, got shape {y.shape}")
+    E, D = placement.num_experts, placement.num_gpus
+    if y.shape[1:] != (E, D):
+        raise ValueError(f"y must be [Nn, E, D] with E = {E}, D = {D}, got shape {y.shape}")
     _node_onehot(placement, y.shape[0])
     off = np.flatnonzero(((y > 0) & ~placement.replica_mask[None]).any(axis=(0, 2)))
     if off.size:
         raise ValueError(f"y sends tokens to GPUs without a replica for experts {off[:10].tolist()}")
 
     # Step 2: fall back row by row: own split, else the flat row, else one token per replica (uniform).
-    flat = y.sum(axis=0)  # [E, G]
+    flat = y.sum(axis=0)  # [E, D]
     flat = np.where(flat.sum(axis=1, keepdims=True) > 0, flat, placement.replicas_on_gpu.astype(np.float64))
-    w = np.where(y.sum(axis=2, keepdims=True) > 0, y, flat[None, :, :])  # [Nn, E, G]
+    w = np.where(y.sum(axis=2, keepdims=True) > 0, y, flat[None, :, :])  # [Nn, E, D]
 
     # Step 3: gather each replica column's GPU share, divided among the replicas that GPU holds.
-    slots = placement.log2phy  # [E, R_max]
+    slots = placement.log2phy  # [E, R]
     valid = slots >= 0
-    gpu = placement.slot_gpu[np.where(valid, slots, 0)]  # [E, R_max]
+    gpu = placement.slot_gpu[np.where(valid, slots, 0)]  # [E, R]
     per_replica = w / np.maximum(placement.replicas_on_gpu, 1)[None, :, :]
     probs = np.take_along_axis(per_replica, np.broadcast_to(gpu, w.shape[:2] + gpu.shape[1:]), axis=2)
     probs = np.where(valid[None, :, :], probs, 0.0)
@@ -185,25 +176,25 @@ def split_tables(y, placement: Placement) -> np.ndarray:
 
 
 def node_counts_from_sources(counts, placement: Placement, source_gpus=None) -> np.ndarray:
-    """Aggregate per-source-rank counts ``[S, E]`` into per-source-node counts ``[Nn, E]``.
+    """Aggregate per-source-rank counts ``[Gs, E]`` into per-source-node counts ``[Nn, E]``.
 
     Args:
-      counts: ``[S, E]`` token–expert pairs originating on each source rank.
+      counts: ``[Gs, E]`` token–expert pairs originating on each source rank.
       placement: gives each GPU's node.
-      source_gpus: ``[S]`` GPU of each source rank (default: source s on GPU s, which needs S = G).
+      source_gpus: ``[Gs]`` rank of each source (default: source s on rank s, which needs Gs = D).
     """
     # Step 1: validate.
     counts = _array("counts", counts, 2)
-    S, G = counts.shape[0], placement.num_gpus
+    Gs, D = counts.shape[0], placement.num_gpus
     if counts.shape[1] != placement.num_experts:
-        raise ValueError(f"counts must be [S, E] with E = {placement.num_experts}, got shape {counts.shape}")
+        raise ValueError(f"counts must be [Gs, E] with E = {placement.num_experts}, got shape {counts.shape}")
     if source_gpus is None:
-        if S != G:
-            raise ValueError(f"counts has {S} source rows but the placement has {G} GPUs; pass source_gpus")
-        source_gpus = np.arange(G)
+        if Gs != D:
+            raise ValueError(f"counts has {Gs} source rows but the placement has {D} GPUs; pass source_gpus")
+        source_gpus = np.arange(D)
     src = np.asarray(source_gpus)
-    if src.shape != (S,) or src.dtype.kind not in "iu" or np.any((src < 0) | (src >= G)):
-        raise ValueError(f"source_gpus must be [S] = [{S}] GPU ids in 0..{G - 1}, got {source_gpus!r}")
+    if src.shape != (Gs,) or src.dtype.kind not in "iu" or np.any((src < 0) | (src >= D)):
+        raise ValueError(f"source_gpus must be [Gs] = [{Gs}] GPU ids in 0..{D - 1}, got {source_gpus!r}")
     # Step 2: sum the rows of each node's sources.
     out = np.zeros((placement.num_nodes, counts.shape[1]))
     np.add.at(out, placement.node_of_gpu[src], counts)

@@ -94,7 +94,7 @@ def test_bad_parameters_raise():
         CostModel(b=1, beta=0.1, tile=0)
     with pytest.raises(ValueError, match="unknown CostModel fields"):
         CostModel.from_dict({"b": 1, "beta": 1, "alpha": 2})
-    with pytest.raises(ValueError, match=r"\[E, G\]"):
+    with pytest.raises(ValueError, match=r"\[E, D\]"):
         TOY.times(np.ones(3))
 
 

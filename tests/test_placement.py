@@ -18,7 +18,7 @@ def test_derived_views():
     np.testing.assert_array_equal(p.replica_mask, [[1, 0], [1, 1], [0, 1], [0, 1]])
     np.testing.assert_array_equal(p.replicas_on_gpu[0], [2, 0])
     assert not p.is_full
-    np.testing.assert_array_equal(p.replica_gpus(1), [0, 1])
+    assert p.replica_gpu_lists[1] == [0, 1]
 
 
 def test_two_dimensional_layout_and_nodes():
@@ -111,7 +111,7 @@ def test_static_map_prefers_node_then_spreads():
 
 def test_drift_corrupt_swaps_hot_with_cold():
     w = np.arange(64, dtype=float)[::-1] * 10  # expert 0 hottest
-    c = drift_corrupt(w, k=8, seed=3)
+    c = drift_corrupt(w, hot=8, seed=3)
     assert sorted(c.tolist()) == sorted(w.tolist())
     hot = np.arange(8)
     assert (c[hot] < w[7]).all()  # every hot expert now carries a cold expert's load
@@ -120,5 +120,5 @@ def test_drift_corrupt_swaps_hot_with_cold():
     assert not np.array_equal(drift_corrupt(w, 8, seed=4), c)
     layers = drift_corrupt(np.stack([w, w]), 4, seed=0)
     assert layers.shape == (2, 64)
-    with pytest.raises(ValueError, match="2K"):
+    with pytest.raises(ValueError, match="2·hot"):
         drift_corrupt(w[:10], 6)

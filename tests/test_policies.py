@@ -134,14 +134,14 @@ def test_errors_are_clear():
         (np.array([1, np.nan, 3]), "NaN"),
         (np.array([1.5, 2, 3]), "integer-valued"),
         (np.array([1, 2]), "placement has 3"),
-        (np.ones((2, 2, 3)), r"\[E\] or \[S, E\]"),
+        (np.ones((2, 2, 3)), "1-D or 2-D"),
         (np.array(["a", "b", "c"]), "numeric"),
     ]:
         with pytest.raises(ValueError, match=match):
             DispatchProblem(bad, pl, cost)
     with pytest.raises(ValueError, match="CostModel"):
         DispatchProblem(np.array([1, 2, 3]), pl, {"b": 1})
-    with pytest.raises(ValueError, match=r"\[E, G\]"):
+    with pytest.raises(ValueError, match=r"\[E, D\]"):
         Dispatch(np.zeros((2, 2)), problem)
     with pytest.raises(ValueError, match="conservation"):
         Dispatch(np.zeros((3, 2)), problem, "bad").validate()

@@ -181,9 +181,9 @@ def test_single_node_placement_keeps_everything_local():
 @pytest.mark.parametrize(
     "fn, args, match",
     [
-        ("split", (np.ones((3, 3)), None), r"x must be \[E, G\]"),
-        ("split", (np.ones(4), None), "x must have 2 axes"),
-        ("split", (None, np.ones((2, 3, 1))), "node_counts must have 2 axes"),
+        ("split", (np.ones((3, 3)), None), r"x must be \[E, D\]"),
+        ("split", (np.ones(4), None), "x must be 2-D"),
+        ("split", (None, np.ones((2, 3, 1))), "node_counts must be 2-D"),
         ("split", (None, np.array([[50.0, 10, 20], [10, 30, -1]])), "non-negative"),
         ("split", (None, np.array([[50.0, 10, np.nan], [10, 30, 0]])), "NaN"),
         ("split", (None, np.array([[50.0, 10, 20], [10, 31, 0]])), r"column sums differ .* \[1\]"),
@@ -191,13 +191,13 @@ def test_single_node_placement_keeps_everything_local():
         ("split", (None, np.array([[60.0, 40, 20]])), "1 source nodes but the placement has 2"),
         ("split", (np.array([[30.0, 10, 20, 0], [10, 0, 30, 0], [0, 5, 1, 14]]), None), "without a replica .*\\[2\\]"),
         ("split", (np.full((3, 4), True), None), "numeric"),
-        ("tables", (np.ones((2, 3, 5)),), r"y must be \[Nn, E, G\]"),
+        ("tables", (np.ones((2, 3, 5)),), r"y must be \[Nn, E, D\]"),
         ("tables", (np.ones((3, 3, 4)),), "3 source nodes"),
         ("tables", (np.ones((2, 3, 4)),), "without a replica"),
-        ("inter", (np.ones((2, 3, 5)),), r"y must be \[Nn, E, G\]"),
+        ("inter", (np.ones((2, 3, 5)),), r"y must be \[Nn, E, D\]"),
         ("sources", (np.ones((3, 3)),), "pass source_gpus"),
         ("sources", (np.ones((2, 3)), [0, 4]), "source_gpus"),
-        ("sources", (np.ones((2, 2)),), r"counts must be \[S, E\]"),
+        ("sources", (np.ones((2, 2)),), r"counts must be \[Gs, E\]"),
     ],
 )
 def test_errors(fn, args, match):
