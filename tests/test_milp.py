@@ -8,9 +8,9 @@ import pytest
 
 import solvers.milp as milp_mod
 from solvers.cost import CostModel
+from solvers.limits import semi_matching_value
 from solvers.milp import BACKENDS, milp, partition_instance
 from solvers.placement import Placement
-from solvers.limits import semi_matching_value
 from solvers.policies import llep, metro, round_robin, token_lp, uniform
 from solvers.problem import Dispatch, DispatchProblem
 from solvers.solve import solve
