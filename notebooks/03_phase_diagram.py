@@ -44,9 +44,9 @@ t_start = time.perf_counter()
 # Fig. 6: three shapes × two replication ratios at EP8. Fig. 12: DSv3, 1.25×, EP 8–64 (compute-only and comm-aware).
 if SMALL:
     LADDER = (16, 64, 256, 1024)
-    FIG6 = PhaseConfig(eps=(8,), skews=(0.0, 0.6, 1.2), batch_sizes=LADDER, batches=2)
+    FIG6 = PhaseConfig(eps=(8,), skews=(0.0, 0.6, 1.2), tokens_per_gpu=LADDER, batches=2)
     FIG12 = PhaseConfig(
-        presets=("dsv3_fp8_offline",), replications=(1.25,), skews=(0.0, 1.2), batch_sizes=LADDER, batches=2
+        presets=("dsv3_fp8_offline",), replications=(1.25,), skews=(0.0, 1.2), tokens_per_gpu=LADDER, batches=2
     )
 else:
     FIG6 = PhaseConfig(eps=(8,), batches=16)
@@ -95,7 +95,7 @@ for preset in FIG6.presets:
 # %%
 def draw_panel(ax, res, preset, ep, repl, bounds, norm):
     cfg = res.config
-    bs, ss = np.asarray(cfg.batch_sizes, float), np.asarray(cfg.skews, float)
+    bs, ss = np.asarray(cfg.tokens_per_gpu, float), np.asarray(cfg.skews, float)
     gain = 100 * res.grid(res.gain(), preset=preset, ep=ep, replication=repl)  # [S, B]
     win = res.grid(res.winner(), preset=preset, ep=ep, replication=repl)
     # Cell edges: geometric midpoints in B, arithmetic midpoints in s.
@@ -153,7 +153,7 @@ print(f"B* inside the flip band in {sum(b['agree'] for b in bounds12)}/{len(boun
 show = [s for s in (0.0, 1.2) if s in FIG12.skews]
 fig, axes = plt.subplots(1, len(show) + 1, figsize=(5.2 * (len(show) + 1), 4), sharey=True, squeeze=False)
 axes = axes[0]
-bs = np.asarray(FIG12.batch_sizes)
+bs = np.asarray(FIG12.tokens_per_gpu)
 for ax, skew in zip(axes, [*show, None], strict=True):
     for k, ep in enumerate(FIG12.eps):
         for res, style in ((fig12, "-"), (fig12_comm, ":")):

@@ -36,8 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tempo_jax.report import figures_dir, table
-from tempo_jax.sim.protocols import PolicyConfig, run_policies
-from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
 from tempo_jax.sim.replay_summary import mispricing_table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -46,12 +45,12 @@ t_start = time.perf_counter()
 
 SYN = SyntheticStreams(streams=1, windows=2) if SMALL else SyntheticStreams(streams=4, windows=32)
 BASE = PolicyConfig(
-    batch_sizes=(128, 512, 1024),
+    tokens_per_step=(128, 512, 1024),
     drifts=(0,),  # fresh placement
     policies=("static", "uniform", "token_lp", "metro", "tempo"),
     max_windows=2 if SMALL else None,
-    workers=1 if SMALL else 2,
 )
+WORKERS = 1 if SMALL else 2
 SOURCES = {
     "FLAME-MoE (recorded)": BASE,
     "Zipf 1.2 (synthetic)": dataclasses.replace(BASE, source="synthetic", synthetic=SYN),
@@ -61,7 +60,7 @@ SOURCES = {
 tables = {}
 for label, cfg in SOURCES.items():
     t0 = time.perf_counter()
-    rows = run_policies(cfg, progress=not SMALL)
+    rows = run_policies(cfg, workers=WORKERS, progress=not SMALL)
     tables[label] = mispricing_table(rows)
     print(f"{label}: {len(rows)} windows in {time.perf_counter() - t0:.1f} s")
 
@@ -82,7 +81,7 @@ print(table(rows, ["B", "proxy / TEMPO", "paper", labels[0], labels[1]], "Table 
 # %%
 proxies = ("static", "uniform", "token_lp", "metro", "spread")
 fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=True)
-for ax, B in zip(axes, BASE.batch_sizes, strict=True):
+for ax, B in zip(axes, BASE.tokens_per_step, strict=True):
     x = np.arange(len(proxies))
     for k, label in enumerate(labels):
         vals = [next(t for t in tables[label] if t["B"] == B and t["policy"] == p) for p in proxies]

@@ -37,34 +37,32 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tempo_jax.report import figures_dir, table
-from tempo_jax.sim.ablation import COMPONENTS, component_ablation, summarize
-from tempo_jax.sim.phase import PhaseConfig
-from tempo_jax.sim.protocols import STAGES, VariantConfig, run_variants
-from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim import PhaseConfig, SyntheticStreams, VariantConfig, component_ablation, run_variants
+from tempo_jax.sim.ablation import summarize
 from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
+from tempo_jax.sim.variants import COMPONENTS, STAGES, TERMS
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()
 t_start = time.perf_counter()
 
 if SMALL:
-    PHASE = PhaseConfig(eps=(8,), skews=(0.0, 1.2), batch_sizes=(16, 256, 2048), batches=1, workers=1)
+    PHASE = PhaseConfig(eps=(8,), skews=(0.0, 1.2), tokens_per_gpu=(16, 256, 2048), batches=1)
     SCALE = PhaseConfig(
-        presets=("dsv3_fp8_offline",), replications=(1.25,), eps=(32,), skews=(1.2,), batch_sizes=(64,), batches=1
+        presets=("dsv3_fp8_offline",), replications=(1.25,), eps=(32,), skews=(1.2,), tokens_per_gpu=(64,), batches=1
     )
     SYN = SyntheticStreams(streams=1, windows=2)
 else:
     PHASE = PhaseConfig(eps=(8,), batches=4)
     SCALE = PhaseConfig(presets=("dsv3_fp8_offline",), replications=(1.25,), eps=(16, 32, 64), batches=4)
     SYN = SyntheticStreams(streams=4, windows=32)
-SCALE = dataclasses.replace(SCALE, workers=PHASE.workers)
+WORKERS = 1 if SMALL else 2
 VARIANTS = (*STAGES, "drop_traffic", "drop_floor")
 REPLAY = VariantConfig(
-    batch_sizes=(128, 512, 1024, 2048),
+    tokens_per_step=(128, 512, 1024, 2048),
     drifts=(16,),
     variants=VARIANTS,
     max_windows=1 if SMALL else None,
-    workers=1 if SMALL else 2,
 )
 SOURCES = {"FLAME": REPLAY, "Zipf1.2": dataclasses.replace(REPLAY, source="synthetic", synthetic=SYN)}
 
@@ -73,7 +71,7 @@ SOURCES = {"FLAME": REPLAY, "Zipf1.2": dataclasses.replace(REPLAY, source="synth
 
 # %%
 t0 = time.perf_counter()
-ablations = [component_ablation(cfg, progress=not SMALL) for cfg in (PHASE, SCALE)]
+ablations = [component_ablation(cfg, workers=WORKERS, progress=not SMALL) for cfg in (PHASE, SCALE)]
 n_cells = sum(len(a.cells) for a in ablations)
 print(f"{n_cells} cells in {time.perf_counter() - t0:.1f} s")
 comp = component_table(summarize(ablations))
@@ -84,7 +82,7 @@ print(table(rows, ["variant", "paper mean/p95/max %", "paper: max at", "here mea
 
 # The paper's tempo_fast truncates augmenting chains at 2 steps; ours searches full paths by default. The same
 # ablation with the paper's truncation in every solve:
-ablations2 = [component_ablation(cfg, chain_depth=2, progress=not SMALL) for cfg in (PHASE, SCALE)]
+ablations2 = [component_ablation(cfg, chain_depth=2, workers=WORKERS, progress=not SMALL) for cfg in (PHASE, SCALE)]
 rows = [[c["variant"], f"{c['paper_mean']:.1f} / {c['paper_p95']:.1f} / {c['paper_max']:.1f}",
          f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]]
         for c in component_table(summarize(ablations2))]  # fmt: skip
@@ -96,7 +94,7 @@ fig, axes = plt.subplots(1, len(COMPONENTS), figsize=(14, 3.8), sharey=True)
 for ax, (j, name) in zip(axes, enumerate(COMPONENTS), strict=True):
     for res in ablations:
         deg = 100 * res.degradation()[:, j]
-        bs = np.array([c.batch_size for c in res.cells])
+        bs = np.array([c.tokens_per_gpu for c in res.cells])
         eps = np.array([c.ep for c in res.cells])
         for ep in sorted(set(eps)):
             m = int(np.log2(ep)) - 3  # EP8 → C0, EP16 → C1, EP32 → C2, EP64 → C3
@@ -123,7 +121,7 @@ plt.show()
 results = {}
 for label, cfg in SOURCES.items():
     t0 = time.perf_counter()
-    rows = run_variants(cfg, progress=not SMALL)
+    rows = run_variants(cfg, workers=WORKERS, progress=not SMALL)
     results[label] = variant_table(rows, VARIANTS, "table8")
     results[label + "/t9"] = variant_table(rows, ("+ensemble", "drop_traffic", "drop_floor"), "table9")
     print(f"{label}: {len(rows)} windows in {time.perf_counter() - t0:.1f} s")
@@ -151,7 +149,7 @@ _side_by_side("/t9", ("+ensemble", "drop_traffic", "drop_floor"), PAPER["table9_
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
-PANELS = (("", STAGES, "table8"), ("/t9", ("+ensemble", "drop_traffic", "drop_floor"), "table9"))
+PANELS = (("", STAGES, "table8"), ("/t9", TERMS, "table9"))
 for ax, (key, variants, tab) in zip(axes, PANELS, strict=True):
     for k, v in enumerate(variants):
         for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):

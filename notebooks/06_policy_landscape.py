@@ -35,8 +35,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tempo_jax.report import figures_dir, table
-from tempo_jax.sim.protocols import PolicyConfig, run_policies
-from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
 from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, landscape_table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -46,13 +45,13 @@ t_start = time.perf_counter()
 POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
 SYN = SyntheticStreams(streams=1, windows=1) if SMALL else SyntheticStreams(streams=4, windows=32)
 LANDSCAPE = PolicyConfig(
-    batch_sizes=(256,),
+    tokens_per_step=(256,),
     scales=(0.25, 1.0, 4.0),
     drifts=(16,),
     policies=POLICIES,
     max_windows=1 if SMALL else None,
-    workers=1 if SMALL else 2,
 )
+WORKERS = 1 if SMALL else 2
 GRID = dataclasses.replace(LANDSCAPE, scales=(1.0,), redundants=(16, 64), drifts=(0, 16) if SMALL else (0, 8, 16, 32))
 SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 
@@ -63,7 +62,9 @@ SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 land, timings = {}, {}
 for label, over in SOURCES.items():
     t0 = time.perf_counter()
-    land[label] = landscape_table(run_policies(dataclasses.replace(LANDSCAPE, **over), progress=not SMALL), POLICIES)
+    land[label] = landscape_table(
+        run_policies(dataclasses.replace(LANDSCAPE, **over), workers=WORKERS, progress=not SMALL), POLICIES
+    )
     timings[label] = time.perf_counter() - t0
 print({k: f"{v:.1f} s" for k, v in timings.items()})
 
@@ -111,7 +112,9 @@ plt.show()
 # %%
 grid = {}
 for label, over in SOURCES.items():
-    grid[label] = drift_table(run_policies(dataclasses.replace(GRID, **over), progress=not SMALL), POLICIES)
+    grid[label] = drift_table(
+        run_policies(dataclasses.replace(GRID, **over), workers=WORKERS, progress=not SMALL), POLICIES
+    )
 rows = []
 for lab in SOURCES:
     for R in GRID.redundants:

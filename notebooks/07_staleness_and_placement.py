@@ -39,15 +39,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tempo_jax.report import figures_dir, table
-from tempo_jax.sim.protocols import (
+from tempo_jax.sim import (
     InformationConfig,
     PolicyConfig,
     RefreshConfig,
+    SyntheticStreams,
     run_information,
     run_policies,
     run_refresh,
 )
-from tempo_jax.sim.replay import SyntheticStreams
 from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -56,23 +56,21 @@ t_start = time.perf_counter()
 
 SYN = SyntheticStreams(streams=1, windows=3) if SMALL else SyntheticStreams(streams=4, windows=32)
 INFO = InformationConfig(
-    batch_sizes=(128, 512),
+    tokens_per_step=(128, 512),
     drifts=(0, 16),
     redundants=(64,) if SMALL else (16, 64),
     max_windows=3 if SMALL else None,
-    workers=1 if SMALL else 2,
 )
+WORKERS = 1 if SMALL else 2
 DRIFT = PolicyConfig(
-    batch_sizes=(128, 512),
+    tokens_per_step=(128, 512),
     drifts=(0, 16) if SMALL else (0, 8, 16, 32),
     policies=("static", "uniform", "token_lp", "tempo"),
     max_windows=1 if SMALL else None,
-    workers=INFO.workers,
 )
 REFRESH = RefreshConfig(
     synthetic=SyntheticStreams(streams=1, windows=20) if SMALL else SyntheticStreams(streams=4, windows=64),
-    batch_sizes=(128, 512),
-    workers=INFO.workers,
+    tokens_per_step=(128, 512),
 )
 SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 
@@ -83,7 +81,9 @@ SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 info = {}
 for label, over in SOURCES.items():
     t0 = time.perf_counter()
-    info[label] = information_table(run_information(dataclasses.replace(INFO, **over), progress=not SMALL))
+    info[label] = information_table(
+        run_information(dataclasses.replace(INFO, **over), workers=WORKERS, progress=not SMALL)
+    )
     print(f"{label}: {time.perf_counter() - t0:.1f} s")
 rows = []
 for lab in SOURCES:
@@ -125,7 +125,9 @@ plt.show()
 # %%
 drift = {}
 for label, over in SOURCES.items():
-    drift[label] = drift_table(run_policies(dataclasses.replace(DRIFT, **over), progress=not SMALL), DRIFT.policies)
+    drift[label] = drift_table(
+        run_policies(dataclasses.replace(DRIFT, **over), workers=WORKERS, progress=not SMALL), DRIFT.policies
+    )
 rows = []
 for lab in SOURCES:
     for t in drift[lab]:
@@ -140,7 +142,7 @@ print(table(rows, heads, "drift-K (R = 64): median makespan vs same-placement st
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-for ax, B in zip(axes, DRIFT.batch_sizes, strict=True):
+for ax, B in zip(axes, DRIFT.tokens_per_step, strict=True):
     for k, p in enumerate(DRIFT.policies):
         for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):
             t = [s for s in drift[lab] if s["policy"] == p and s["B"] == B]
@@ -163,24 +165,24 @@ plt.show()
 
 # %%
 t0 = time.perf_counter()
-ref = refresh_table(run_refresh(REFRESH, progress=not SMALL))
+ref = refresh_table(run_refresh(REFRESH, workers=WORKERS, progress=not SMALL))
 print(f"refresh: {time.perf_counter() - t0:.1f} s")
 order = ["static+never", "uniform+never", "uniform+cum16", "static+cum16", "tempo+never", "tempo+cum16", "tempo+w4"]
-order += [t["policy"] for t in ref if t["B"] == REFRESH.batch_sizes[0] and t["policy"] not in order]
+order += [t["policy"] for t in ref if t["B"] == REFRESH.tokens_per_step[0] and t["policy"] not in order]
 rows = []
 for col in order:
     row = [col]
-    for B in REFRESH.batch_sizes:
+    for B in REFRESH.tokens_per_step:
         t = next(t for t in ref if t["B"] == B and t["policy"] == col)
         paper = "—" if not np.isfinite(t["paper_median"]) else f"{t['paper_median']:.2f}/{t['paper_p95']:.2f}"
         row += [paper, f"{t['median']:.2f}/{t['p95']:.2f}"]
     rows.append(row)
-heads = [h for B in REFRESH.batch_sizes for h in (f"B={B} paper", f"B={B} here")]
+heads = [h for B in REFRESH.tokens_per_step for h in (f"B={B} paper", f"B={B} here")]
 print(table(rows, ["policy+refresh", *heads], "Table 10: median/p95 vs never-refreshed static (Zipf 1.2, drift-16)"))
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-for ax, B in zip(axes, REFRESH.batch_sizes, strict=True):
+for ax, B in zip(axes, REFRESH.tokens_per_step, strict=True):
     x = np.arange(len(order))
     t = [next(s for s in ref if s["B"] == B and s["policy"] == c) for c in order]
     ax.bar(x - 0.2, [s["median"] for s in t], 0.38, color="C0", label="here: median")

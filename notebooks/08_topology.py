@@ -36,7 +36,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tempo_jax.report import figures_dir, table
-from tempo_jax.sim.traffic import TopologyConfig, topology_replay, topology_summary
+from tempo_jax.sim import TopologyConfig, topology_replay
+from tempo_jax.sim.traffic import topology_summary
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()

@@ -4,35 +4,48 @@
   Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes); `dispatch_reference`;
   `window_counts` recovers per-window counts from wrapping uint32 cumulative counters.
+- `backends`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
+  rule that turns "auto" into a concrete implementation on each platform (`GMM`, `DISPATCH`).
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
   "auto" implementations fall back to `ragged_dot` / the jnp dispatch on GPU.
+
+Glossary (the project's one glossary): T tokens, K top-k, E experts (or groups / physical slots), R replica
+columns, M rows of a grouped GEMM, H its contraction width, F its output width.
 """
 
+from pallas_kernels.backends import DISPATCH, GMM, DispatchImpl, GmmImpl, ImplementationTable, platform
 from pallas_kernels.dispatch import (
     COUNTER_DTYPE,
     DISPATCH_MODES,
+    DispatchMode,
     DispatchResult,
     dispatch,
     dispatch_reference,
     occurrence_ranks,
     window_counts,
 )
-from pallas_kernels.gmm import IMPLEMENTATIONS, GmmTiling, gmm, gmm_reference, tgmm, tgmm_reference
+from pallas_kernels.gmm import GmmTiling, gmm, gmm_reference, tgmm, tgmm_reference
 from pallas_kernels.gmm_metadata import GroupMetadata, make_group_metadata
 
 __all__ = [
     "COUNTER_DTYPE",
+    "DISPATCH",
     "DISPATCH_MODES",
+    "DispatchImpl",
+    "DispatchMode",
     "DispatchResult",
+    "GMM",
+    "GmmImpl",
     "GmmTiling",
     "GroupMetadata",
-    "IMPLEMENTATIONS",
+    "ImplementationTable",
     "dispatch",
     "dispatch_reference",
     "gmm",
     "gmm_reference",
     "make_group_metadata",
     "occurrence_ranks",
+    "platform",
     "tgmm",
     "tgmm_reference",
     "window_counts",

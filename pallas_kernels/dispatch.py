@@ -28,7 +28,7 @@ and added to the counter outside the kernel: race-free and deterministic, no ato
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -37,10 +37,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_backend
+from pallas_kernels.backends import DISPATCH, DispatchImpl
 
 __all__ = [
     "COUNTER_DTYPE",
     "DISPATCH_MODES",
+    "DispatchMode",
     "DispatchResult",
     "dispatch",
     "dispatch_reference",
@@ -49,8 +51,8 @@ __all__ = [
 ]
 
 COUNTER_DTYPE = jnp.uint32
-DISPATCH_MODES = ("sample", "quota")
-_IMPLEMENTATIONS = ("auto", "pallas", "xla")
+DispatchMode = Literal["sample", "quota"]
+DISPATCH_MODES: tuple[str, ...] = get_args(DispatchMode)
 
 
 class DispatchResult(NamedTuple):
@@ -114,8 +116,7 @@ def _positions(mode, topk_ids, valid, num_experts, uniforms, ranks):
 def _validate(topk_ids, valid, table, log2phy, counter, mode, uniforms, ranks, implementation):
     if mode not in DISPATCH_MODES:
         raise ValueError(f"dispatch: unknown mode {mode!r}; expected one of {DISPATCH_MODES}")
-    if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(f"dispatch: unknown implementation {implementation!r}; expected {_IMPLEMENTATIONS}")
+    DISPATCH.validate(implementation)
     if topk_ids.ndim != 2 or not jnp.issubdtype(topk_ids.dtype, jnp.integer):
         raise ValueError(f"dispatch: topk_ids must be integer [T, K], got {topk_ids.dtype}{topk_ids.shape}")
     t, k = topk_ids.shape
@@ -226,7 +227,7 @@ def dispatch_reference(
     log2phy: jax.Array,
     counter: jax.Array,
     *,
-    mode: str = "sample",
+    mode: DispatchMode = "sample",
     uniforms: jax.Array | None = None,
     ranks: jax.Array | None = None,
 ) -> DispatchResult:
@@ -270,12 +271,12 @@ def dispatch(
     log2phy: jax.Array,
     counter: jax.Array,
     *,
-    mode: str = "sample",
+    mode: DispatchMode = "sample",
     uniforms: jax.Array | None = None,
     ranks: jax.Array | None = None,
     block: int = 256,
     interpret: bool = False,
-    implementation: str = "auto",
+    implementation: DispatchImpl = "auto",
 ) -> DispatchResult:
     """Fused dispatch + count: pick a physical slot per (token, k) pair and update the expert counters.
 
@@ -301,10 +302,7 @@ def dispatch(
     _validate(topk_ids, valid, table, log2phy, counter, mode, uniforms, ranks, implementation)
     if block < 1 or block & (block - 1):
         raise ValueError(f"dispatch: block must be a positive power of two, got {block}")
-    use_pallas = implementation == "pallas" or (
-        implementation == "auto" and (interpret or (jax.default_backend() == "gpu" and triton_backend.available()))
-    )
-    if not use_pallas:
+    if DISPATCH.resolve(implementation, interpret=interpret) != "pallas":
         return dispatch_reference(topk_ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms, ranks=ranks)
     e_num, r_cols = table.shape
     u = _positions(mode, topk_ids, valid, e_num, uniforms, ranks)

@@ -1,13 +1,15 @@
 """Grouped GEMM `gmm` (mirrors `jax.lax.ragged_dot`) and its transpose `tgmm`, with a `jax.custom_vjp`.
 
-    out = gmm(lhs [M, K], rhs [G_local, K, N], group_sizes [G] int32, group_offset=o)   # [M, N]
+    out = gmm(lhs [M, H], rhs [E_loc, H, F], group_sizes [E] int32, group_offset=o)   # [M, F]
 
 Rows of `lhs` are sorted by group; group g owns rows [sum(sizes[:g]), sum(sizes[:g + 1])). Only groups
-[o, o + G_local) are computed (expert parallelism: `rhs` holds this rank's experts); their rows get
+[o, o + E_loc) are computed (expert parallelism: `rhs` holds this rank's experts); their rows get
 `lhs_row @ rhs[g - o]`, every other row — other ranks' groups and rows past sum(group_sizes) — is zero.
-Without `group_offset`, G_local = G.
+Without `group_offset`, E_loc = E. Letters follow the project glossary: M rows, H contraction width, F output
+width, E groups (experts or physical slots; `jax.lax.ragged_dot` calls these m, k, n, g); the down projection
+is the same call with H and F swapped.
 
-Implementations (`implementation=`):
+Implementations (`implementation=`, resolved per platform by `pallas_kernels.backends.GMM`):
 - "pallas": the tiled kernel of `gmm_pallas` (Triton lowering on GPU; `interpret=True` runs it on CPU).
 - "chunked": the XLA CPU-fast path of `gmm_xla` (dense matmuls per row chunk of each group).
 - "ragged_dot": `jax.lax.ragged_dot` with its default lowering.
@@ -28,22 +30,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import triton_backend
+from pallas_kernels.backends import GMM, GmmImpl
 from pallas_kernels.gmm_metadata import group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
 
-__all__ = ["GmmTiling", "IMPLEMENTATIONS", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
-
-IMPLEMENTATIONS = ("auto", "pallas", "chunked", "ragged_dot")
+__all__ = ["GmmTiling", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GmmTiling:
-    """Tile sizes. tm/tk/tn: Pallas M-, K-, N-tiles (powers of two, >= 16 for Triton; tk and tn shrink to
-    the next power of two of small K, N). num_warps/num_stages: Triton launch knobs. chunk: rows per dense
-    matmul of the CPU-fast path."""
+    """Tile sizes. tm/tk/tn: Pallas tiles along M, H (contraction) and F (output) (powers of two, >= 16 for
+    Triton; tk and tn shrink to the next power of two of small H, F). num_warps/num_stages: Triton launch knobs.
+    chunk: rows per dense matmul of the CPU-fast path."""
 
     tm: int = 128
     tk: int = 64
@@ -95,26 +95,13 @@ def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     return jnp.pad(x, pad)
 
 
-def _resolve_impl(implementation: str, interpret: bool) -> str:
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation {implementation!r}; expected one of {IMPLEMENTATIONS}")
-    if implementation != "auto":
-        return implementation
-    if interpret:
-        return "pallas"
-    backend = jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm"):
-        return "pallas" if triton_backend.available() else "ragged_dot"
-    return "chunked" if backend == "cpu" else "ragged_dot"
-
-
 def _kernel_tiles(t: GmmTiling, m: int, k: int, n: int) -> tuple[int, int, int]:
-    """Pallas tiles for this problem: tk, tn shrink to the next power of two of small K, N (>= 16)."""
+    """Pallas tiles for this problem: tk, tn shrink to the next power of two of small H, F (>= 16)."""
     return t.tm, max(16, min(t.tk, _next_pow2(k))), max(16, min(t.tn, _next_pow2(n)))
 
 
 def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: bool):
-    """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, N] in cfg.out_dtype."""
+    """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, F] in cfg.out_dtype."""
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
@@ -146,7 +133,7 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
 
 
 def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
-    """Dispatch one transposed grouped GEMM; returns [G_local, K, N] in out_dtype."""
+    """Dispatch one transposed grouped GEMM; returns [E_loc, H, F] in out_dtype."""
     m, k = lhs.shape
     n = grad.shape[1]
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=out_dtype, precision=cfg.precision)
@@ -187,11 +174,11 @@ def _gmm_fwd(lhs, rhs, group_sizes, group_offset, cfg: _Cfg):
 def _gmm_bwd(cfg: _Cfg, res, g):
     lhs, rhs, group_sizes, group_offset = res
     g = g.astype(lhs.dtype)  # the kernels take one input dtype; accumulation stays float32
-    # d(lhs) [M, K] = g [M, N] @ rhs[group]^T; rows outside the local groups get exact zeros.
+    # d(lhs) [M, H] = g [M, F] @ rhs[group]^T; rows outside the local groups get exact zeros.
     dlhs = _gmm_impl(
         g, rhs, group_sizes, group_offset, dataclasses.replace(cfg, out_dtype=lhs.dtype), transpose_rhs=True
     )
-    # d(rhs) [G_local, K, N] = lhs_g^T @ g_g per local group; empty groups give exact zeros.
+    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group; empty groups give exact zeros.
     drhs = _tgmm_impl(lhs, g, group_sizes, group_offset, cfg, out_dtype=rhs.dtype)
     return dlhs, drhs, None, None
 
@@ -204,21 +191,21 @@ def _is_concrete(x) -> bool:
 
 
 def _validate(lhs, rhs, group_sizes, group_offset, *, rhs_is_weights: bool, name: str):
-    """Shape/dtype/value checks shared by gmm and tgmm; returns (G, group_offset int32 [])."""
+    """Shape/dtype/value checks shared by gmm and tgmm; returns (lhs, rhs, group_sizes, group_offset int32 [])."""
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     if lhs.ndim != 2:
-        raise ValueError(f"{name}: lhs must be [M, K], got shape {lhs.shape}")
+        raise ValueError(f"{name}: lhs must be [M, H], got shape {lhs.shape}")
     if rhs_is_weights:
         if rhs.ndim != 3 or rhs.shape[1] != lhs.shape[1]:
-            raise ValueError(f"{name}: rhs must be [G, K={lhs.shape[1]}, N], got shape {rhs.shape}")
+            raise ValueError(f"{name}: rhs must be [E, H={lhs.shape[1]}, F], got shape {rhs.shape}")
     elif rhs.ndim != 2 or rhs.shape[0] != lhs.shape[0]:
-        raise ValueError(f"{name}: grad must be [M={lhs.shape[0]}, N], got shape {rhs.shape}")
+        raise ValueError(f"{name}: grad must be [M={lhs.shape[0]}, F], got shape {rhs.shape}")
     if lhs.dtype not in _FLOATS or rhs.dtype not in _FLOATS:
         raise ValueError(f"{name}: lhs/rhs must be float32, bfloat16 or float16, got {lhs.dtype}, {rhs.dtype}")
     if lhs.dtype != rhs.dtype:
         raise ValueError(f"{name}: lhs and rhs dtypes differ ({lhs.dtype} vs {rhs.dtype})")
     if group_sizes.ndim != 1 or group_sizes.shape[0] < 1:
-        raise ValueError(f"{name}: group_sizes must be [G] with G >= 1, got shape {group_sizes.shape}")
+        raise ValueError(f"{name}: group_sizes must be [E] with E >= 1, got shape {group_sizes.shape}")
     if group_sizes.dtype != jnp.int32:
         raise ValueError(f"{name}: group_sizes must be int32, got {group_sizes.dtype}")
     if group_offset is None:
@@ -236,7 +223,7 @@ def _validate(lhs, rhs, group_sizes, group_offset, *, rhs_is_weights: bool, name
     if _is_concrete(group_offset):
         o = int(group_offset)
         if o < 0 or o > group_sizes.shape[0]:
-            raise ValueError(f"{name}: group_offset {o} outside [0, G={group_sizes.shape[0]}]")
+            raise ValueError(f"{name}: group_offset {o} outside [0, E={group_sizes.shape[0]}]")
     return lhs, rhs, group_sizes, group_offset
 
 
@@ -249,15 +236,15 @@ def gmm(
     group_offset: jax.Array | int | None = None,
     tiling: GmmTiling | tuple[int, int, int] = GmmTiling(),
     interpret: bool = False,
-    implementation: str = "auto",
+    implementation: GmmImpl = "auto",
     precision=None,
 ) -> jax.Array:
     """Grouped GEMM, `jax.lax.ragged_dot` semantics plus `group_offset`; differentiable in lhs and rhs.
 
     Args:
-      lhs: [M, K] rows sorted by group (float32 / bfloat16 / float16).
-      rhs: [G_local, K, N] weights of groups [group_offset, group_offset + G_local), same dtype as lhs.
-      group_sizes: [G] int32 rows per group (G >= G_local); sum(group_sizes) <= M, the rest is padding.
+      lhs: [M, H] rows sorted by group (float32 / bfloat16 / float16).
+      rhs: [E_loc, H, F] weights of groups [group_offset, group_offset + E_loc), same dtype as lhs.
+      group_sizes: [E] int32 rows per group (E >= E_loc); sum(group_sizes) <= M, the rest is padding.
       preferred_element_type: output dtype (default: lhs dtype); accumulation is float32 throughout.
       group_offset: first local group (int, [] or [1] int array; may be traced). Default 0.
       tiling: `GmmTiling` or (tm, tk, tn).
@@ -265,7 +252,7 @@ def gmm(
       implementation: "auto" | "pallas" | "chunked" | "ragged_dot" (see the module docstring).
       precision: passed to the inner dots (e.g. `jax.lax.Precision.HIGHEST`).
     Returns:
-      [M, N]: row r of local group g is lhs[r] @ rhs[g - group_offset]; all other rows are zero.
+      [M, F]: row r of local group g is lhs[r] @ rhs[g - group_offset]; all other rows are zero.
     Raises:
       ValueError on bad shapes or dtypes, negative or oversized concrete group sizes, an out-of-range
       concrete group_offset, an unknown implementation or a bad tiling.
@@ -275,7 +262,12 @@ def gmm(
     )
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     cfg = _Cfg(
-        _resolve_impl(implementation, interpret), _as_tiling(tiling), interpret, out_dtype, rhs.shape[0], precision
+        GMM.resolve(implementation, interpret=interpret),
+        _as_tiling(tiling),
+        interpret,
+        out_dtype,
+        rhs.shape[0],
+        precision,
     )
     return _gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
 
@@ -290,19 +282,19 @@ def tgmm(
     group_offset: jax.Array | int | None = None,
     tiling: GmmTiling | tuple[int, int, int] = GmmTiling(),
     interpret: bool = False,
-    implementation: str = "auto",
+    implementation: GmmImpl = "auto",
     precision=None,
 ) -> jax.Array:
     """Transposed grouped GEMM: out[j] = lhs_j^T @ grad_j for local groups j (the weight gradient of gmm).
 
     Args:
-      lhs: [M, K] rows sorted by group.
-      grad: [M, N] same rows, same dtype.
-      group_sizes: [G] int32 rows per group.
-      num_local_groups: G_local (default G - group_offset for a concrete offset, else G).
+      lhs: [M, H] rows sorted by group.
+      grad: [M, F] same rows, same dtype.
+      group_sizes: [E] int32 rows per group.
+      num_local_groups: E_loc (default E - group_offset for a concrete offset, else E).
       Other arguments as in `gmm`.
     Returns:
-      [G_local, K, N]; exactly zero for empty groups. Not differentiable (it is itself a gradient).
+      [E_loc, H, F]; exactly zero for empty groups. Not differentiable (it is itself a gradient).
     """
     lhs, grad, group_sizes, group_offset = _validate(
         lhs, grad, group_sizes, group_offset, rhs_is_weights=False, name="tgmm"
@@ -313,13 +305,18 @@ def tgmm(
         raise ValueError(f"tgmm: num_local_groups must be >= 1, got {num_local_groups}")
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     cfg = _Cfg(
-        _resolve_impl(implementation, interpret), _as_tiling(tiling), interpret, out_dtype, num_local_groups, precision
+        GMM.resolve(implementation, interpret=interpret),
+        _as_tiling(tiling),
+        interpret,
+        out_dtype,
+        num_local_groups,
+        precision,
     )
     return _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg, out_dtype)
 
 
 def _row_groups(group_sizes: jax.Array, m: int) -> jax.Array:
-    """Global group id of every row [M] (G for rows past sum(group_sizes))."""
+    """Global group id of every row [M] (E for rows past sum(group_sizes))."""
     ends = group_offsets(group_sizes, m)[1:]
     return jnp.searchsorted(ends, jnp.arange(m), side="right").astype(jnp.int32)
 
@@ -334,7 +331,7 @@ def gmm_reference(
 ) -> jax.Array:
     """Pure-jnp truth for `gmm` (a masked loop over local groups; autodiff gives its gradients).
 
-    lhs [M, K], rhs [G_local, K, N], group_sizes [G] int32 -> [M, N].
+    lhs [M, H], rhs [E_loc, H, F], group_sizes [E] int32 -> [M, F].
     """
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     off = jnp.asarray(0 if group_offset is None else group_offset, jnp.int32).reshape(())
@@ -355,7 +352,7 @@ def tgmm_reference(
     preferred_element_type=None,
     group_offset: jax.Array | int | None = None,
 ) -> jax.Array:
-    """Pure-jnp truth for `tgmm`: lhs [M, K], grad [M, N], group_sizes [G] -> [G_local, K, N]."""
+    """Pure-jnp truth for `tgmm`: lhs [M, H], grad [M, F], group_sizes [E] -> [E_loc, H, F]."""
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
     off = jnp.asarray(0 if group_offset is None else group_offset, jnp.int32).reshape(())
     row_group = _row_groups(group_sizes, lhs.shape[0])

@@ -1,6 +1,6 @@
 """Group metadata for the grouped GEMM: which groups touch which M-tiles, and the CPU chunk schedule.
 
-Rows of `lhs [M, K]` are sorted by group: group g owns rows [offsets[g], offsets[g + 1]). The kernels cut M
+Rows of `lhs [M, H]` are sorted by group: group g owns rows [offsets[g], offsets[g + 1]). The kernels cut M
 into `tm`-row tiles. A tile shared by two (or more) groups is *revisited*: the kernel computes it once per
 group that touches it and keeps, for each visit, only that group's rows (a row mask), so every output
 element is written exactly once and race-free (no two grid programs own the same output tile).
@@ -21,10 +21,10 @@ __all__ = ["GroupMetadata", "make_group_metadata", "group_offsets", "ChunkSchedu
 
 
 def group_offsets(group_sizes: jax.Array, m: int) -> jax.Array:
-    """Row offsets `[G + 1]` int32 of sorted groups: group g owns rows [offsets[g], offsets[g + 1]).
+    """Row offsets `[E + 1]` int32 of sorted groups: group g owns rows [offsets[g], offsets[g + 1]).
 
-    `group_sizes [G]` int32; negative sizes count as 0 and offsets are clamped to `m` (rows past M do
-    not exist). offsets[0] = 0 and offsets[G] = min(sum(sizes), m).
+    `group_sizes [E]` int32; negative sizes count as 0 and offsets are clamped to `m` (rows past M do
+    not exist). offsets[0] = 0 and offsets[E] = min(sum(sizes), m).
     """
     sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
     ends = jnp.minimum(jnp.cumsum(sizes), m).astype(jnp.int32)
@@ -34,12 +34,12 @@ def group_offsets(group_sizes: jax.Array, m: int) -> jax.Array:
 class GroupMetadata(NamedTuple):
     """Per-tile and per-group bookkeeping for the tiled kernels (all int32).
 
-    offsets:        [G + 1]  row where each (global) group starts; see `group_offsets`.
+    offsets:        [E + 1]  row where each (global) group starts; see `group_offsets`.
     tile_group_lo:  [tiles]  first active group whose rows intersect M-tile i.
     tile_group_hi:  [tiles]  one past the last such group (lo == hi: the tile has no active rows and is
                              written as zeros). hi - lo - 1 is the number of revisits of tile i.
-    group_tile_lo:  [G_local] first M-tile of local group j (= global group offset + j).
-    group_tile_hi:  [G_local] one past its last M-tile (lo == hi for an empty group).
+    group_tile_lo:  [E_loc] first M-tile of local group j (= global group offset + j).
+    group_tile_hi:  [E_loc] one past its last M-tile (lo == hi for an empty group).
     num_visits:     []       total (tile, non-empty group) visits = tiles with active rows + revisits; the
                              tile-aware cost model's T_g = sum_e ceil(n_e / tm) is its aligned special case.
     """
@@ -58,18 +58,18 @@ def make_group_metadata(
     """Tile metadata for computing groups [group_offset, group_offset + num_local_groups) of `M = m` rows.
 
     Args:
-      group_sizes: [G] int32 rows per (global) group, rows sorted by group.
+      group_sizes: [E] int32 rows per (global) group, rows sorted by group.
       m: rows of the (possibly padded) lhs; `tiles = ceil(m / tm)`.
       tm: M-tile height.
       group_offset: first local group (scalar int32, may be traced) — expert parallelism.
-      num_local_groups: G_local, static.
+      num_local_groups: E_loc, static.
     Returns:
       GroupMetadata (see its docstring for shapes).
     """
     num_groups = group_sizes.shape[0]
     tiles = -(-m // tm)
     offsets = group_offsets(group_sizes, m)
-    ends = offsets[1:]  # [G]
+    ends = offsets[1:]  # [E]
     off = jnp.asarray(group_offset, jnp.int32).reshape(())
     # Step 1: the active row range is the span of the local groups.
     row_lo = offsets[off]
@@ -99,10 +99,10 @@ def make_group_metadata(
 class ChunkSchedule(NamedTuple):
     """Row chunks for the CPU-fast path: each chunk is <= `chunk` rows of one local group.
 
-    chunk_cum:  [G_local] int32 inclusive cumulative chunk counts per local group.
-    starts:     [G_local] int32 first row of each local group.
-    ends:       [G_local] int32 one past its last row.
-    num_chunks: []        int32 total chunks (the loop's trip count; static bound ceil(M/chunk) + G_local).
+    chunk_cum:  [E_loc] int32 inclusive cumulative chunk counts per local group.
+    starts:     [E_loc] int32 first row of each local group.
+    ends:       [E_loc] int32 one past its last row.
+    num_chunks: []        int32 total chunks (the loop's trip count; static bound ceil(M/chunk) + E_loc).
     """
 
     chunk_cum: jax.Array
@@ -118,7 +118,7 @@ def make_chunk_schedule(
 
     Chunk t belongs to local group j = searchsorted(chunk_cum, t, "right") and covers rows
     [starts[j] + q * chunk, min(starts[j] + (q + 1) * chunk, ends[j])) with q its index inside the group.
-    Shapes as in `ChunkSchedule`; `group_sizes [G]` int32, `group_offset` scalar.
+    Shapes as in `ChunkSchedule`; `group_sizes [E]` int32, `group_offset` scalar.
     """
     num_groups = group_sizes.shape[0]
     offsets = group_offsets(group_sizes, m)

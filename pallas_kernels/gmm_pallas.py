@@ -2,10 +2,10 @@
 
 Two kernels, both race-free without atomics because every grid program owns its output tile:
 
-- `gmm_pallas`: grid (M-tiles, N-tiles). Program (i, j) loops over the active groups touching M-tile i
-  (the tile's revisits, from `GroupMetadata`) and, per group, over K in `tk` steps; it keeps each visit's
+- `gmm_pallas`: grid (M-tiles, F-tiles). Program (i, j) loops over the active groups touching M-tile i
+  (the tile's revisits, from `GroupMetadata`) and, per group, over H in `tk` steps; it keeps each visit's
   rows with a row mask and writes the whole (tm, tn) tile once — zeros where no active group owns a row.
-- `tgmm_pallas`: grid (G_local, K-tiles, N-tiles). Program (g, a, b) loops over the M-tiles of group g
+- `tgmm_pallas`: grid (E_loc, H-tiles, F-tiles). Program (g, a, b) loops over the M-tiles of group g
   and accumulates lhs_tile^T @ grad_tile with rows outside the group masked to zero on both operands; an
   empty group runs zero iterations, so its gradient block is exactly zero.
 
@@ -33,12 +33,12 @@ _TN = (((0,), (0,)), ((), ()))  # x[m, k]^T @ y [m, n]
 
 
 def _gmm_kernel(
-    offsets_ref,  # [G + 1]
+    offsets_ref,  # [E + 1]
     tile_lo_ref,  # [tiles]
     tile_hi_ref,  # [tiles]
     goff_ref,  # [1]
-    lhs_ref,  # block [tm, Kp]
-    rhs_ref,  # whole [G_local, Kp, Np] (or [G_local, Np, Kp] when transpose_rhs)
+    lhs_ref,  # block [tm, Hp]
+    rhs_ref,  # whole [E_loc, Hp, Fp] (or [E_loc, Fp, Hp] when transpose_rhs)
     out_ref,  # block [tm, tn]
     *,
     tm: int,
@@ -110,9 +110,9 @@ def gmm_pallas(
     num_stages: int = 3,
     precision=None,
 ) -> jax.Array:
-    """Grouped GEMM on pre-padded operands: out [Mp, Np] = per-row lhs [Mp, Kp] @ rhs[group(row)].
+    """Grouped GEMM on pre-padded operands: out [Mp, Fp] = per-row lhs [Mp, Hp] @ rhs[group(row)].
 
-    `rhs` is [G_local, Kp, Np] (or [G_local, Np, Kp] with `transpose_rhs`); Mp, Kp, Np are multiples of
+    `rhs` is [E_loc, Hp, Fp] (or [E_loc, Fp, Hp] with `transpose_rhs`); Mp, Hp, Fp are multiples of
     tiling = (tm, tk, tn). `meta` comes from `make_group_metadata(..., m=Mp, tm=tm)`; `group_offset` is
     int32 [1]. Rows outside the local groups come back as zeros.
     """
@@ -149,12 +149,12 @@ def gmm_pallas(
 
 
 def _tgmm_kernel(
-    offsets_ref,  # [G + 1]
-    gtile_lo_ref,  # [G_local]
-    gtile_hi_ref,  # [G_local]
+    offsets_ref,  # [E + 1]
+    gtile_lo_ref,  # [E_loc]
+    gtile_hi_ref,  # [E_loc]
     goff_ref,  # [1]
-    lhs_ref,  # whole [Mp, Kp]
-    grad_ref,  # whole [Mp, Np]
+    lhs_ref,  # whole [Mp, Hp]
+    grad_ref,  # whole [Mp, Fp]
     out_ref,  # block [1, tk, tn]
     *,
     tm: int,
@@ -201,9 +201,9 @@ def tgmm_pallas(
     num_stages: int = 3,
     precision=None,
 ) -> jax.Array:
-    """Transposed grouped GEMM on pre-padded operands: out [G_local, Kp, Np], out[j] = lhs_j^T @ grad_j.
+    """Transposed grouped GEMM on pre-padded operands: out [E_loc, Hp, Fp], out[j] = lhs_j^T @ grad_j.
 
-    `lhs [Mp, Kp]`, `grad [Mp, Np]` with rows sorted by group; lhs_j / grad_j are the rows of local group j
+    `lhs [Mp, Hp]`, `grad [Mp, Fp]` with rows sorted by group; lhs_j / grad_j are the rows of local group j
     (global group group_offset + j). Empty groups give exact zeros.
     """
     tm, tk, tn = tiling

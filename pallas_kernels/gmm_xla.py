@@ -2,7 +2,7 @@
 
 CPU-fast path ("chunked"): `ragged_dot` on XLA:CPU runs an order of magnitude below a dense matmul. Here
 every local group is cut into row chunks of `chunk` rows aligned to the group's first row
-(`make_chunk_schedule`), and a `while_loop` runs one dense [chunk, K] @ [K, N] matmul per chunk against that
+(`make_chunk_schedule`), and a `while_loop` runs one dense [chunk, H] @ [H, F] matmul per chunk against that
 group's weights, writing only the chunk's rows (read-modify-write of a `chunk`-row window). The loop runs
 exactly as many iterations as there are chunks (no work for empty or inactive groups); the waste is the
 tail of each group's last chunk. A window that would run past M is shifted back to end at M and masked.
@@ -48,9 +48,9 @@ def gmm_chunked(
     out_dtype,
     precision=None,
 ) -> jax.Array:
-    """CPU-fast grouped GEMM: out [M, N]; rows of local groups get lhs @ rhs[j], all other rows zero.
+    """CPU-fast grouped GEMM: out [M, F]; rows of local groups get lhs @ rhs[j], all other rows zero.
 
-    `lhs [M, K]`, `rhs [G_local, K, N]` (or `[G_local, N, K]` with `transpose_rhs`), `group_sizes [G]`
+    `lhs [M, H]`, `rhs [E_loc, H, F]` (or `[E_loc, F, H]` with `transpose_rhs`), `group_sizes [E]`
     int32, `group_offset` int32 scalar.
     """
     m, _ = lhs.shape
@@ -64,7 +64,7 @@ def gmm_chunked(
     def body(carry):
         t, out = carry
         j, w, r0, r1 = _chunk_rows(sched, t, chunk, m)
-        x = lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0)  # [chunk, K]
+        x = lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0)  # [chunk, H]
         y = lax.dot_general(x, rhs[j], dims, precision=precision, preferred_element_type=jnp.float32)
         rows = w + jnp.arange(chunk, dtype=jnp.int32)[:, None]
         old = lax.dynamic_slice_in_dim(out, w, chunk, axis=0)
@@ -88,9 +88,9 @@ def tgmm_chunked(
     out_dtype,
     precision=None,
 ) -> jax.Array:
-    """CPU-fast transposed grouped GEMM: out [G_local, K, N], out[j] = lhs_j^T @ grad_j (zeros if empty).
+    """CPU-fast transposed grouped GEMM: out [E_loc, H, F], out[j] = lhs_j^T @ grad_j (zeros if empty).
 
-    `lhs [M, K]`, `grad [M, N]`, `group_sizes [G]` int32, `group_offset` int32 scalar.
+    `lhs [M, H]`, `grad [M, F]`, `group_sizes [E]` int32, `group_offset` int32 scalar.
     """
     m, k = lhs.shape
     n = grad.shape[1]
@@ -115,7 +115,7 @@ def tgmm_chunked(
 
 
 def _local_view(group_sizes: jax.Array, group_offset: jax.Array, num_local_groups: int, m: int):
-    """Rows before the local groups, local sizes [G_local] (clipped to M), and local row count."""
+    """Rows before the local groups, local sizes [E_loc] (clipped to M), and local row count."""
     offsets = group_offsets(group_sizes, m)
     num_groups = group_sizes.shape[0]
     off = jnp.asarray(group_offset, jnp.int32).reshape(())

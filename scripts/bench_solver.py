@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from solvers import PRESETS, DispatchProblem, Placement, solve
+from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
 from tempo_jax.report import table
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
@@ -35,9 +35,7 @@ MODELS = {"dsv3": ("dsv3_fp8_offline", 256, 8), "qwen3": ("qwen3_30b_offline", 1
 
 
 def eplb(load: np.ndarray, ep: int, replication: float = 1.25) -> Placement:
-    slots = max(int(round(load.shape[0] * replication / ep)), 1) * ep
-    slots = max(slots, ep * -(-load.shape[0] // ep))
-    return Placement.from_eplb(np.asarray(load, dtype=float) + 1e-6, slots, ep)
+    return Placement.from_eplb(load, slots_for(load.shape[0], ep, replication), ep, spread_idle=True)
 
 
 def synthetic_instances(args) -> list[tuple[dict, DispatchProblem]]:

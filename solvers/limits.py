@@ -55,7 +55,6 @@ def token_lp_shares(n: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return x
 
 
-
 def semi_matching(mask: np.ndarray, live: np.ndarray) -> np.ndarray:
     """Optimal semi-matching of live experts to replica ranks (β → 0 limit, Lemma 2).
 

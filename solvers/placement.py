@@ -18,7 +18,10 @@ import numpy as np
 from .checks import check_array, check_real, fmt_ids
 from .eplb import rebalance_experts
 
-__all__ = ["Placement", "slots_for", "static_map", "drift_corrupt"]
+__all__ = ["IDLE_LOAD", "Placement", "slots_for", "static_map", "drift_corrupt"]
+
+#: Load added to every expert by ``Placement.from_eplb(..., spread_idle=True)``.
+IDLE_LOAD = 1e-9
 
 
 def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:
@@ -133,9 +136,17 @@ class Placement:
         *,
         num_groups: int = 1,
         num_nodes: int = 1,
+        spread_idle: bool = False,
     ) -> Placement:
-        """EPLB placement of ``num_replicas`` slots from a long-run per-expert load ``[E]``."""
+        """EPLB placement of ``num_replicas`` slots from a long-run per-expert load ``[E]``.
+
+        ``spread_idle``: add a vanishing load (`IDLE_LOAD` = 1e-9) to every expert first, so experts with no
+        recorded load share the spare replicas instead of EPLB stacking them all on expert 0 (what a window of
+        counts with zeros needs; a long-run average has no zeros).
+        """
         load = check_array("load", load, ndims=(1,))
+        if spread_idle:
+            load = load + IDLE_LOAD
         phy2log, _, _ = rebalance_experts(load[None, :], num_replicas, num_groups, num_nodes, num_gpus)
         gpn = num_gpus // num_nodes if num_nodes > 1 else None
         return cls.from_phy2log(phy2log[0], num_gpus, gpn, load.shape[0])

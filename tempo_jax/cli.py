@@ -80,7 +80,7 @@ def _problem_from_args(args: argparse.Namespace):
         pdata = json.loads(Path(args.placement).read_text())
         placement = Placement.from_dict(pdata)
     elif args.replicas:
-        placement = Placement.from_eplb(np.asarray(load, dtype=float) + 1e-9, args.replicas, args.gpus)
+        placement = Placement.from_eplb(load, args.replicas, args.gpus, spread_idle=True)
     else:
         placement = Placement.full(np.shape(counts)[-1], args.gpus)
     return DispatchProblem(counts, placement, cost)
@@ -164,11 +164,10 @@ def _cmd_phase(args: argparse.Namespace) -> int:
         eps=(args.ep,),
         replications=(args.replication,),
         skews=tuple(float(v) for v in args.skews.split(",")),
-        batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
+        tokens_per_gpu=tuple(int(v) for v in args.tokens_per_gpu.split(",")),
         batches=args.batches,
-        workers=args.workers,
     )
-    result = run_phase(PhaseConfig(**grid))
+    result = run_phase(PhaseConfig(**grid), workers=args.workers)
     letters = result.grid(result.winner(), preset=args.preset, ep=args.ep, replication=args.replication)
     gains = result.grid(result.gain(), preset=args.preset, ep=args.ep, replication=args.replication)
     rows = [
@@ -179,7 +178,7 @@ def _cmd_phase(args: argparse.Namespace) -> int:
         f"Phase diagram, {args.preset}, EP{args.ep}, {args.replication}× replicas: winning fixed policy "
         "(M = METRO, L = token-LP, E = EPLB-even) and TEMPO's gain over it"
     )
-    print(table(rows, ["skew s", *(f"B={b}" for b in result.config.batch_sizes)], title=title))
+    print(table(rows, ["skew s", *(f"B={b}" for b in result.config.tokens_per_gpu)], title=title))
     return 0
 
 
@@ -237,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, default=8)
     p.add_argument("--replication", type=float, default=1.25)
     p.add_argument("--skews", default="0,0.6,1.2")
-    p.add_argument("--batch-sizes", default="16,64,256,1024")
+    p.add_argument("--tokens-per-gpu", "--batch-sizes", default="16,64,256,1024", dest="tokens_per_gpu",
+                   help="batch sizes B, tokens per GPU, comma-separated")  # fmt: skip
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(fn=_cmd_phase)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers import PRESETS, DispatchProblem, Placement, solve
+from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
 
 from .report import table
 from .workloads import SyntheticRouting, load_sample, regime_stats
@@ -56,9 +56,7 @@ def synthetic_batch(tokens_per_rank: int = 128, s: float = 1.2, seed: int = 0) -
 
 
 def eplb_placement(load: np.ndarray) -> Placement:
-    E = load.shape[0]
-    slots = int(round(E * REPLICATION / EP)) * EP
-    return Placement.from_eplb(load, slots, EP)
+    return Placement.from_eplb(load, slots_for(load.shape[0], EP, REPLICATION), EP)
 
 
 def batch_report(label: str, counts: np.ndarray, placement: Placement) -> tuple[str, dict]:

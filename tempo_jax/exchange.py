@@ -6,26 +6,37 @@ them), zeros after. The reverse call returns each rank's rows to where they came
 
 - "padded": `jax.lax.all_to_all` of a capacity-padded ``[D, C, H]`` buffer (works everywhere, XLA:CPU too).
 - "ragged": `jax.lax.ragged_all_to_all` (GPU/TPU; not implemented on XLA:CPU). Same result.
+- "auto": resolved by `EXCHANGE` (`pallas_kernels.backends.ImplementationTable`): ragged on GPU/TPU, padded
+  elsewhere.
 
 Glossary: D ranks on the axis, C rows per (source, destination) block, H features.
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import jax
 import jax.numpy as jnp
 
-__all__ = ["EXCHANGES", "resolve_exchange", "exchange", "exchange_back"]
+from pallas_kernels import ImplementationTable
 
-EXCHANGES = ("auto", "padded", "ragged")
+__all__ = ["EXCHANGE", "ExchangeImpl", "exchange", "exchange_back"]
+
+ExchangeImpl = Literal["auto", "padded", "ragged"]
+
+#: The exchange's implementations: "auto" is the ragged collective on GPU/TPU and the padded one elsewhere.
+EXCHANGE = ImplementationTable(
+    op="exchange",
+    names=get_args(ExchangeImpl),
+    auto={"gpu": ("ragged",), "tpu": ("ragged",), "default": ("padded",)},
+)
 
 
-def resolve_exchange(name: str) -> str:
-    if name not in EXCHANGES:
-        raise ValueError(f"unknown exchange {name!r}; valid: {EXCHANGES}")
-    if name == "auto":
-        return "ragged" if jax.default_backend() in ("gpu", "tpu") else "padded"
-    return name
+def _concrete(impl: str) -> str:
+    if impl not in ("padded", "ragged"):
+        raise ValueError(f"exchange: impl must be a resolved implementation, 'padded' or 'ragged', got {impl!r}")
+    return impl
 
 
 def _slots(dest: jax.Array, counts: jax.Array, capacity: int):
@@ -42,6 +53,7 @@ def exchange(rows: jax.Array, dest: jax.Array, counts: jax.Array, *, axis: str, 
     Rows beyond ``capacity`` per destination are dropped (never in dropless mode, where C ≥ M).
     """
     D = counts.shape[0]
+    impl = _concrete(impl)
     counts = jnp.minimum(counts, capacity).astype(jnp.int32)
     recv_counts = jax.lax.all_to_all(counts[:, None], axis, 0, 0, tiled=True)[:, 0]
     if impl == "padded":
@@ -67,6 +79,7 @@ def exchange_back(
     """Inverse of `exchange`: ``recv [D, C, H]`` (results per source block) back to the senders, returned as
     ``[M, H]`` rows in the senders' original dest-sorted order (dropped rows come back as zeros)."""
     D = counts.shape[0]
+    impl = _concrete(impl)
     counts = jnp.minimum(counts, capacity).astype(jnp.int32)
     pos, keep = _slots(dest, counts, capacity)
     if impl == "padded":

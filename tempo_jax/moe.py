@@ -25,9 +25,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE, dispatch, gmm
+from pallas_kernels import COUNTER_DTYPE, DISPATCH_MODES, GMM, DispatchMode, GmmImpl, dispatch, gmm
 
-from .exchange import exchange, exchange_back, resolve_exchange
+from .exchange import EXCHANGE, ExchangeImpl, exchange, exchange_back
 from .tables import PlacementArrays, Tables
 
 __all__ = ["MoEConfig", "init_params", "materialize", "route", "moe_forward", "moe_reference", "make_ep_mesh"]
@@ -41,8 +41,8 @@ class MoEConfig:
       hidden: H.  ffn: F (per expert).  experts: E.  top_k: K.
       slots_per_device: S physical expert slots per rank (P = D·S must match the placement).
       dtype: activation/weight dtype for the expert FFN (router runs in float32).
-      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded" or "ragged".
-      gmm_impl: `pallas_kernels.gmm` implementation ("auto", "pallas", "chunked", "ragged_dot").
+      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded" or "ragged" (`ExchangeImpl`).
+      gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       mode: dispatch mode, "sample" (paper) or "quota" (deterministic).
       renormalize: renormalise the top-k gate weights to sum to 1.
@@ -56,10 +56,10 @@ class MoEConfig:
     top_k: int
     slots_per_device: int
     dtype: Any = jnp.float32
-    exchange: str = "auto"
-    gmm_impl: str = "auto"
+    exchange: ExchangeImpl = "auto"
+    gmm_impl: GmmImpl = "auto"
     interpret: bool = False
-    mode: str = "sample"
+    mode: DispatchMode = "sample"
     renormalize: bool = True
     capacity: int | None = None
     axis: str = "ep"
@@ -70,9 +70,10 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be ≥ 1, got {getattr(self, name)}")
         if self.top_k > self.experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}")
-        if self.mode not in ("sample", "quota"):
-            raise ValueError(f"MoEConfig.mode must be 'sample' or 'quota', got {self.mode!r}")
-        resolve_exchange(self.exchange)
+        if self.mode not in DISPATCH_MODES:
+            raise ValueError(f"MoEConfig.mode must be one of {list(DISPATCH_MODES)}, got {self.mode!r}")
+        EXCHANGE.validate(self.exchange)
+        GMM.validate(self.gmm_impl)
 
 
 def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.sharding.Mesh:
@@ -108,11 +109,6 @@ def route(x: jax.Array, router: jax.Array, top_k: int, renormalize: bool = True)
     if renormalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return ids.astype(jnp.int32), weights
-
-
-def _swiglu(x, w_gate, w_up, w_down):
-    h = jax.nn.silu(x @ w_gate) * (x @ w_up)
-    return h @ w_down
 
 
 def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
@@ -255,7 +251,7 @@ def moe_forward(
         raise ValueError(f"placement has {phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}")
     if tables.log2phy.shape[0] != E or tables.table.shape[1:] != tables.log2phy.shape:
         raise ValueError(f"tables {tables.table.shape} / log2phy {tables.log2phy.shape} do not match E={E}")
-    impl = resolve_exchange(config.exchange)
+    impl = EXCHANGE.resolve(config.exchange)
     key = jax.random.key(0) if key is None else key
     if counter is None:
         counter = jax.device_put(jnp.zeros((D, E), COUNTER_DTYPE), NamedSharding(mesh, P(axis)))

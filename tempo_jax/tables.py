@@ -48,6 +48,7 @@ class Tables(NamedTuple):
 
 
 def placement_arrays(placement: Placement) -> PlacementArrays:
+    """Device arrays of a `solvers.Placement`: ``phy2log [P]`` and ``log2phy [E, R]`` int32."""
     return PlacementArrays(jnp.asarray(placement.phy2log, jnp.int32), jnp.asarray(placement.log2phy, jnp.int32))
 
 
@@ -64,43 +65,40 @@ def uniform(placement: Placement) -> Tables:
 
 
 def static(placement: Placement, source_gpus=None) -> Tables:
-    """The static map (`solvers.static_map`): each source rank sends each expert to one replica. ``[S, E, R]``."""
-    slots = static_map(placement, source_gpus)  # [S, E]
+    """The static map (`solvers.static_map`): each source rank sends each expert to one replica. ``[Gs, E, R]``."""
+    slots = static_map(placement, source_gpus)  # [Gs, E]
     w = (placement.log2phy[None, :, :] == slots[:, :, None]).astype(np.float32)
     return _tables(w, placement)
 
 
 def _rows_from_gpu_shares(x: np.ndarray, placement: Placement) -> np.ndarray:
-    """[..., E, G] token shares → [..., E, R] weights over replica columns (a GPU's share split evenly over the
+    """[..., E, D] token shares → [..., E, R] weights over replica columns (a rank's share split evenly over the
     replicas it holds)."""
     l2p = placement.log2phy
     valid = l2p >= 0
-    gpu = np.where(valid, placement.slot_gpu[np.maximum(l2p, 0)], 0)  # [E, R]
-    per = placement.replicas_on_gpu[np.arange(l2p.shape[0])[:, None], gpu]  # [E, R]
-    share = np.take_along_axis(x, np.broadcast_to(gpu, x.shape[:-1] + gpu.shape[-1:]), axis=-1)
+    rank = np.where(valid, placement.slot_gpu[np.maximum(l2p, 0)], 0)  # [E, R]
+    per = placement.replicas_on_gpu[np.arange(l2p.shape[0])[:, None], rank]  # [E, R]
+    share = np.take_along_axis(x, np.broadcast_to(rank, x.shape[:-1] + rank.shape[-1:]), axis=-1)
     w = np.where(valid, share / np.maximum(per, 1), 0.0)
     total = w.sum(axis=-1, keepdims=True)
     return np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)  # zero rows → kernel's uniform fallback
 
 
-def from_dispatch(dispatch: Dispatch, placement: Placement | None = None, mode: str = "sample") -> Tables:
-    """One table for every source from a flat solver dispatch ``x [E, G]``: weight of replica column r of
-    expert e = x[e, gpu(r)] / n_e (split evenly when a GPU holds two replicas of e). ``[1, E, R]``.
+def from_dispatch(dispatch: Dispatch, placement: Placement | None = None) -> Tables:
+    """One table for every source from a flat solver dispatch ``x [E, D]``: weight of replica column r of
+    expert e = x[e, rank(r)] / n_e (split evenly when a rank holds two replicas of e). ``[1, E, R]``.
 
-    ``mode`` ("sample" or "quota") only documents how the layer will read the weights: the same numbers are
-    probabilities in sample mode and quota fractions in quota mode.
+    The same numbers are probabilities in the layer's sample mode and quota fractions in its quota mode.
     """
-    if mode not in ("sample", "quota"):
-        raise ValueError(f"mode must be 'sample' or 'quota', got {mode!r}")
     placement = placement or dispatch.problem.placement
     return _tables(_rows_from_gpu_shares(dispatch.x, placement), placement)
 
 
 def from_split(y: np.ndarray, placement: Placement) -> Tables:
-    """Per-source-group tables from a split ``y [Gs, E, G]`` (e.g. `solvers.topology` per source node)."""
+    """Per-source-group tables from a split ``y [Gs, E, D]`` (e.g. `solvers.topology` per source node)."""
     y = np.asarray(y, dtype=np.float64)
     if y.ndim != 3 or y.shape[1:] != (placement.num_experts, placement.num_gpus):
-        raise ValueError(f"split must be [Gs, E={placement.num_experts}, G={placement.num_gpus}], got {y.shape}")
+        raise ValueError(f"split must be [Gs, E={placement.num_experts}, D={placement.num_gpus}], got {y.shape}")
     return _tables(_rows_from_gpu_shares(y, placement), placement)
 
 

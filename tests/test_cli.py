@@ -76,7 +76,7 @@ def test_demo_runs_and_records_every_policy(tmp_path, capsys):
 
 
 def test_phase_panel(capsys):
-    rc = main(["phase", "--skews", "0,1.2", "--batch-sizes", "16,2048", "--batches", "1", "--workers", "1"])
+    rc = main(["phase", "--skews", "0,1.2", "--tokens-per-gpu", "16,2048", "--batches", "1", "--workers", "1"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "B=16" in out and "B=2048" in out and ("M " in out or "L " in out)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pallas_kernels import GmmTiling, gmm, gmm_reference, make_group_metadata, tgmm, tgmm_reference
-from pallas_kernels.gmm import _resolve_impl
+from pallas_kernels.backends import GMM
 
 M, K, N, G = 100, 24, 40, 5  # tm=32 -> 4 M-tiles; tk=tn=16 -> K, N padded
 TILING = (32, 16, 16)
@@ -210,8 +210,8 @@ def test_group_metadata_matches_brute_force(sizes, off, tm):
 
 def test_auto_picks_cpu_fast_path_on_cpu():
     assert jax.default_backend() == "cpu"
-    assert _resolve_impl("auto", False) == "chunked"
-    assert _resolve_impl("auto", True) == "pallas"
+    assert GMM.resolve("auto") == "chunked"
+    assert GMM.resolve("auto", interpret=True) == "pallas"
 
 
 def test_without_the_triton_backend_auto_falls_back_and_pallas_says_why(monkeypatch):
@@ -222,7 +222,7 @@ def test_without_the_triton_backend_auto_falls_back_and_pallas_says_why(monkeypa
     monkeypatch.setattr(triton_backend, "_module", lambda: None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not triton_backend.available()
-    assert _resolve_impl("auto", False) == "ragged_dot" and _resolve_impl("auto", True) == "pallas"
+    assert GMM.resolve("auto") == "ragged_dot" and GMM.resolve("auto", interpret=True) == "pallas"
     x, w = _inputs(jnp.float32)
     gs = jnp.asarray([30, 0, 41, 9, 0], jnp.int32)
     np.testing.assert_allclose(gmm(x, w, gs, interpret=True), gmm_reference(x, w, gs), rtol=1e-5, atol=1e-5)

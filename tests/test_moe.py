@@ -140,7 +140,7 @@ def test_bad_inputs(setup):
         moe_forward(params, x, **{**kw, "config": dataclasses.replace(config, slots_per_device=3)})
     with pytest.raises(ValueError, match="do not match config"):
         moe_forward(params, x[:, :16], **kw)
-    with pytest.raises(ValueError, match="unknown exchange"):
+    with pytest.raises(ValueError, match="exchange: unknown implementation"):
         MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_device=1, exchange="nccl")
     with pytest.raises(ValueError, match="top_k"):
         MoEConfig(hidden=4, ffn=4, experts=4, top_k=5, slots_per_device=1)

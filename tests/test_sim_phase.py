@@ -7,19 +7,11 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from solvers import PRESETS
-from tempo_jax.sim import (
-    PhaseConfig,
-    effective_experts,
-    flip_band,
-    flip_boundary,
-    in_band,
-    regime_curve,
-    run_phase,
-    trace_regime_curve,
-)
+from solvers import PRESETS, slots_for
+from tempo_jax.sim import PhaseConfig, flip_boundary, run_phase, trace_regime_curve
 from tempo_jax.sim import phase as phase_mod
-from tempo_jax.sim.boundary import b_star_avg, b_star_hot
+from tempo_jax.sim.boundary import b_star_avg, b_star_hot, effective_experts, flip_band, in_band
+from tempo_jax.sim.regimes import regime_curve
 from tempo_jax.sim.summary import boundary_rows, phase_rows
 from tempo_jax.workloads import RoutingTrace
 
@@ -28,15 +20,14 @@ TINY = PhaseConfig(
     eps=(8,),
     replications=(1.25,),
     skews=(0.0, 1.2),
-    batch_sizes=(16, 2048),
+    tokens_per_gpu=(16, 2048),
     batches=2,
-    workers=1,
 )
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return run_phase(TINY, cache_dir=None, progress=False)
+    return run_phase(TINY, workers=1, cache_dir=None, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------- boundary
@@ -116,27 +107,27 @@ def test_metro_wins_small_batches_token_balance_wins_large(tiny):
 
 
 def test_cache_round_trip(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(TINY, skews=(0.6,), batch_sizes=(64,), batches=1)
-    first = run_phase(cfg, cache_dir=tmp_path, progress=False)
-    assert not first.from_cache and len(list(tmp_path.glob("phase-*.npz"))) == 1
+    cfg = dataclasses.replace(TINY, skews=(0.6,), tokens_per_gpu=(64,), batches=1)
+    first = run_phase(cfg, workers=1, cache_dir=tmp_path, progress=False)
+    assert not first.from_cache and any(tmp_path.rglob("output.pkl"))
 
     def boom(*args, **kwargs):
         raise AssertionError("solved again instead of loading the cache")
 
     monkeypatch.setattr(phase_mod, "_solve_cell", boom)
-    again = run_phase(dataclasses.replace(cfg, workers=2), cache_dir=tmp_path, progress=False)  # workers: same key
+    again = run_phase(cfg, workers=2, cache_dir=tmp_path, progress=False)  # workers: same key
     assert again.from_cache
     np.testing.assert_array_equal(again.makespan, first.makespan)
     np.testing.assert_array_equal(again.winner(), first.winner())
     assert again.cells == first.cells
     with pytest.raises(AssertionError, match="solved again"):  # another grid is another key
-        run_phase(dataclasses.replace(cfg, seed=1), cache_dir=tmp_path, progress=False)
+        run_phase(dataclasses.replace(cfg, seed=1), workers=1, cache_dir=tmp_path, progress=False)
 
 
 def test_process_pool_matches_in_process():
-    cfg = dataclasses.replace(TINY, presets=("dsv2_lite_offline",), skews=(0.6,), batch_sizes=(32, 256))
-    serial = run_phase(cfg, cache_dir=None, progress=False)
-    pooled = run_phase(dataclasses.replace(cfg, workers=2), cache_dir=None, progress=False)
+    cfg = dataclasses.replace(TINY, presets=("dsv2_lite_offline",), skews=(0.6,), tokens_per_gpu=(32, 256))
+    serial = run_phase(cfg, workers=1, cache_dir=None, progress=False)
+    pooled = run_phase(cfg, workers=2, cache_dir=None, progress=False)
     np.testing.assert_array_equal(serial.makespan, pooled.makespan)
 
 
@@ -144,14 +135,12 @@ def test_config_validation_and_comm_model():
     with pytest.raises(ValueError, match="unknown presets"):
         PhaseConfig(presets=("nope",))
     with pytest.raises(ValueError, match="ascending"):
-        PhaseConfig(batch_sizes=(64, 16))
+        PhaseConfig(tokens_per_gpu=(64, 16))
     cfg = PhaseConfig(comm_slope=0.0037)
     cost = cfg.cost("dsv3_fp8_offline")
     assert cost.gamma == 0.0037 and cost.c2 == 0.0 and cost.b == PRESETS["dsv3_fp8_offline"].b
     assert PhaseConfig().cost("dsv3_fp8_offline").gamma is None
-    assert cfg.key() != PhaseConfig().key()
-    assert PhaseConfig(workers=1).key() == PhaseConfig(workers=4).key()
-    assert phase_mod.slots_for(256, 64, 1.25) == 320 and phase_mod.slots_for(128, 64, 1.25) == 192
+    assert slots_for(256, 64, 1.25) == 320 and slots_for(128, 64, 1.25) == 192
 
 
 # ---------------------------------------------------------------------------------------------- regimes

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from solvers import PRESETS, DispatchProblem, Placement, drift_corrupt, solve
-from tempo_jax.sim.ablation import COMPONENTS, component_ablation
+from tempo_jax.sim.ablation import component_ablation
 from tempo_jax.sim.cost_demo import TOY_DISPATCHES, calibration_demo, expert_profile, worked_example
 from tempo_jax.sim.phase import PhaseConfig
 from tempo_jax.sim.protocols import (
-    STAGES,
     InformationConfig,
     PolicyConfig,
     RefreshConfig,
@@ -32,6 +31,7 @@ from tempo_jax.sim.replay import (
 )
 from tempo_jax.sim.replay_summary import landscape_table, mispricing_table, refresh_table
 from tempo_jax.sim.traffic import TopologyConfig, topology_replay
+from tempo_jax.sim.variants import COMPONENTS, STAGES
 
 COST = PRESETS["proxy_serving_3term"]
 SMALL_SYN = SyntheticStreams(streams=1, windows=4)
@@ -172,9 +172,9 @@ def test_term_ablation_drop_floor_is_token_balancing(placements):
 
 def test_policy_landscape_rows(tmp_path):
     cfg = PolicyConfig(
-        source="synthetic", synthetic=SMALL_SYN, batch_sizes=(256,), scales=(0.25, 1.0), max_windows=2, workers=1
+        source="synthetic", synthetic=SMALL_SYN, tokens_per_step=(256,), scales=(0.25, 1.0), max_windows=2
     )
-    rows = run_policies(cfg, cache_dir=tmp_path, progress=False)
+    rows = run_policies(cfg, workers=1, cache_dir=tmp_path, progress=False)
     assert len(rows) == 2 * 2  # 2 scales × 2 windows
     assert all(set(cfg.policies) <= set(r) for r in rows)
     table = landscape_table(rows)
@@ -182,15 +182,15 @@ def test_policy_landscape_rows(tmp_path):
     assert all(t["median"] == 1.0 for t in table if t["policy"] == "static")
     assert all(t["median"] <= 1 / (1 - 0.01) for t in table if t["policy"] == "tempo")  # vs static: never worse
     # Cached: a second call reads the same rows back.
-    assert run_policies(cfg, cache_dir=tmp_path, progress=False) == rows
-    assert len(list(tmp_path.glob("replay-policies-*.json"))) == 1
+    assert run_policies(cfg, workers=1, cache_dir=tmp_path, progress=False) == rows
+    assert len(list(tmp_path.rglob("output.pkl"))) == 1
     mis = mispricing_table([{**r, "B": 256} for r in rows])
     assert {m["policy"] for m in mis} == {"static", "uniform", "token_lp", "metro", "spread"}
 
 
 def test_refresh_never_equals_initial_placement(tmp_path):
-    cfg = RefreshConfig(synthetic=SyntheticStreams(streams=1, windows=6), batch_sizes=(128,), modes=("never", "cum2"))
-    rows = run_refresh(cfg, cache_dir=None, progress=False)
+    cfg = RefreshConfig(synthetic=SyntheticStreams(streams=1, windows=6), tokens_per_step=(128,), modes=("never", "cum2"))
+    rows = run_refresh(cfg, workers=1, cache_dir=None, progress=False)
     assert len(rows) == 6
     table = refresh_table(rows)
     assert next(t for t in table if t["policy"] == "static+never")["median"] == 1.0
@@ -202,7 +202,7 @@ def test_refresh_never_equals_initial_placement(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ topology
 def test_topology_split_keeps_makespan_and_cuts_traffic():
-    rows = topology_replay(TopologyConfig(batch_sizes=(256,), batches=1, policy="token_lp"))
+    rows = topology_replay(TopologyConfig(tokens_per_gpu=(256,), batches=1, policy="token_lp"))
     assert {r["layout"] for r in rows} == {"global", "hierarchical"}
     for r in rows:
         assert r["makespan_gap"] <= 1e-9 * r["makespan"]
@@ -221,11 +221,10 @@ def test_component_ablation_tiny():
         eps=(8,),
         replications=(1.25,),
         skews=(1.2,),
-        batch_sizes=(64,),
+        tokens_per_gpu=(64,),
         batches=1,
-        workers=1,
     )
-    res = component_ablation(cfg, cache_dir=None, progress=False)
+    res = component_ablation(cfg, workers=1, cache_dir=None, progress=False)
     deg = res.degradation()
     assert deg.shape == (1, len(COMPONENTS)) and np.all(np.isfinite(deg))
     assert deg[0, list(COMPONENTS).index("no ensemble")] >= -1e-12  # the ensemble only switches when better

@@ -1,58 +1,47 @@
-"""Simulators on the solvers (numpy + solvers only, no jax).
+"""Simulators on the solvers (numpy + solvers only, no jax): the experiments behind the notebooks.
 
-- :mod:`.phase` — phase-diagram sweep: :class:`PhaseConfig`, :func:`run_phase` -> :class:`PhaseResult` (Figs. 6, 12).
-- :mod:`.boundary` — analytic flip boundary B* (:func:`flip_boundary`) and the simulated flip band.
-- :mod:`.regimes` — mixed-regime fraction vs batch size, synthetic and recorded (Fig. 5).
-- :mod:`.summary` — "paper vs here" reductions.
-- :mod:`.replay` — replay streams (recorded / drifting synthetic), replay placements, :func:`apply_split`.
-- :mod:`.protocols` — replay protocols: policies (Tables 1, 4), information regimes (§5.5), refresh (Table 10),
-  TEMPO variants (Tables 8, 9); :mod:`.replay_summary` reduces them to the paper's tables.
-- :mod:`.ablation` — component ablation over the phase grid (Table 2).
-- :mod:`.traffic` — inter-node traffic of flat vs topology-aware tables (§4.3, §5.15).
-- :mod:`.cost_demo` — Fig. 1 worked example, Fig. 2 profiles, Table 6 n*, calibration demo.
+Each experiment is a frozen config and a ``run_*`` function (cached on disk, worker processes with progress,
+both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced by `tempo_jax.sim.summary`
+(phase diagram, regimes) and `tempo_jax.sim.replay_summary` (replay protocols).
+
+- Phase diagram (Figs. 6, 12): `PhaseConfig`, `run_phase` → `PhaseResult`; `flip_boundary` (analytic B*).
+- Component ablation (Table 2): `component_ablation`; TEMPO variants in `TEMPO_VARIANTS`.
+- Mixed regimes (Fig. 5): `synthetic_regime_curve`, `trace_regime_curve`.
+- Replay protocols (Tables 1, 4, 8–10; §5.5): `PolicyConfig` / `run_policies`, `InformationConfig` /
+  `run_information`, `RefreshConfig` / `run_refresh`, `VariantConfig` / `run_variants`; `SyntheticStreams`.
+- Topology traffic (§4.3): `TopologyConfig`, `topology_replay`.
+- Cost-model demos (Fig. 1b, Fig. 2, calibration): `worked_example`, `expert_profile`, `calibration_demo`.
+
+Glossary: D ranks (GPUs), E experts, K top-k; batch sizes carry their unit (``tokens_per_gpu`` in the phase
+diagram, ``tokens_per_step`` across the EP group in the replays).
 """
 
-from .ablation import COMPONENTS, AblationResult, component_ablation
-from .boundary import Boundary, effective_experts, flip_band, flip_boundary, in_band
+from .ablation import AblationResult, component_ablation
+from .boundary import Boundary, flip_boundary
 from .cost_demo import calibration_demo, expert_profile, worked_example
-from .phase import MODEL_SHAPES, POLICIES, Cell, PhaseConfig, PhaseResult, column_setup, run_phase
+from .phase import MODEL_SHAPES, PHASE_POLICIES, PhaseConfig, PhaseResult, run_phase
 from .protocols import (
-    STAGES,
-    TERMS,
-    VARIANTS,
     InformationConfig,
     PolicyConfig,
     RefreshConfig,
     ReplayConfig,
     VariantConfig,
-    replay_stream,
     run_information,
     run_policies,
     run_refresh,
     run_variants,
 )
-from .regimes import RegimeCurve, regime_curve, synthetic_regime_curve, trace_regime_curve
-from .replay import (
-    Stream,
-    SyntheticStreams,
-    apply_split,
-    make_streams,
-    replay_placement,
-    synthetic_stream,
-    trace_streams,
-)
-from .traffic import TopologyConfig, topology_replay, topology_summary
+from .regimes import RegimeCurve, synthetic_regime_curve, trace_regime_curve
+from .replay import SyntheticStreams
+from .traffic import TopologyConfig, topology_replay
+from .variants import TEMPO_VARIANTS
 
 __all__ = [
-    "COMPONENTS",
     "MODEL_SHAPES",
-    "POLICIES",
-    "STAGES",
-    "TERMS",
-    "VARIANTS",
+    "PHASE_POLICIES",
+    "TEMPO_VARIANTS",
     "AblationResult",
     "Boundary",
-    "Cell",
     "InformationConfig",
     "PhaseConfig",
     "PhaseResult",
@@ -60,33 +49,20 @@ __all__ = [
     "RefreshConfig",
     "RegimeCurve",
     "ReplayConfig",
-    "Stream",
     "SyntheticStreams",
     "TopologyConfig",
     "VariantConfig",
-    "apply_split",
     "calibration_demo",
-    "column_setup",
     "component_ablation",
-    "effective_experts",
     "expert_profile",
-    "flip_band",
     "flip_boundary",
-    "in_band",
-    "make_streams",
-    "regime_curve",
-    "replay_placement",
-    "replay_stream",
     "run_information",
     "run_phase",
     "run_policies",
     "run_refresh",
     "run_variants",
     "synthetic_regime_curve",
-    "synthetic_stream",
     "topology_replay",
-    "topology_summary",
     "trace_regime_curve",
-    "trace_streams",
     "worked_example",
 ]

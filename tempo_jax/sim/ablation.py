@@ -1,14 +1,14 @@
 """Component ablation of tempo_fast over the phase grid (TEMPO §4.2, Table 2).
 
-Glossary (shapes): C cells, nb batches per cell, V variants (:data:`COMPONENTS`), E experts, G GPUs, B tokens
-per GPU (the phase diagram's convention), s Zipf skew.
+Glossary (shapes): C cells, nb batches per cell, V variants (`.variants.COMPONENTS`), E experts, D ranks (GPUs),
+s Zipf skew; batch sizes in tokens per GPU (the phase diagram's convention).
 
 On the same cells and batches as the phase sweep (:mod:`.phase`: synthetic Zipf(s) routing, EPLB placement
 from the long-run load, one of the calibrated presets), each batch is solved by full TEMPO and by each variant
 with one component switched off (partial moves, augmenting chains, ensemble), all under the cell's model. The
 degradation of a variant in a cell is ``mean(variant)/mean(full) − 1`` over the cell's batches (positive =
-the component helps). Table 2 pools the EP8 phase grid and the EP8–64 scale grid. Results are cached in
-``results/cache/ablation-<hash>.npz``. numpy + solvers only (no jax).
+the component helps). Table 2 pools the EP8 phase grid and the EP8–64 scale grid. Results are cached by
+`.runner.cached`. numpy + solvers only (no jax).
 """
 
 from __future__ import annotations
@@ -20,18 +20,11 @@ import numpy as np
 
 from solvers import DispatchProblem, solve
 
-from .cache import cache_key
-from .phase import CACHE_DIR, Cell, PhaseConfig, cell_setup
-from .replay import run_jobs, stats
+from .phase import Cell, PhaseConfig, cell_setup, cells_by_work
+from .runner import CACHE_DIR, cached, run_jobs, stats
+from .variants import COMPONENTS, TEMPO_VARIANTS
 
-__all__ = ["COMPONENTS", "AblationResult", "component_ablation", "summarize"]
-
-#: Table 2 variants: name → the tempo option that switches the component off.
-COMPONENTS: dict[str, dict] = {
-    "no partial moves": {"partial_moves": False},
-    "no aug. chains": {"chains": False},
-    "no ensemble": {"ensemble": False},
-}
+__all__ = ["AblationResult", "component_ablation", "summarize"]
 
 
 def _solve_cell(config: PhaseConfig, cell: Cell, chain_depth: int | None) -> np.ndarray:
@@ -41,9 +34,11 @@ def _solve_cell(config: PhaseConfig, cell: Cell, chain_depth: int | None) -> np.
     out = np.empty((config.batches, 1 + len(COMPONENTS)))
     for step in range(config.batches):
         # Step 1: the phase sweep's batch of this step (same seed, same counts).
-        problem = DispatchProblem(routing.batch(cell.batch_size, cell.ep, step), placement, config.cost(cell.preset))
+        problem = DispatchProblem(
+            routing.batch(cell.tokens_per_gpu, cell.ep, step), placement, config.cost(cell.preset)
+        )
         # Step 2: full TEMPO and every one-component-off variant.
-        for j, opts in enumerate([{}, *COMPONENTS.values()]):
+        for j, opts in enumerate([{}, *(TEMPO_VARIANTS[name][1] for name in COMPONENTS)]):
             out[step, j] = solve(problem, "tempo", **base, **opts).makespan
     return out
 
@@ -82,48 +77,40 @@ def summarize(results: list[AblationResult]) -> list[dict]:
         vals = [r[name] for r in rows]
         worst = rows[int(np.argmax(vals))]
         where = f"{worst['preset']} EP{worst['ep']} {worst['replication']:g}× s={worst['skew']:g}"
-        where += f" B={worst['batch_size']}"
+        where += f" B={worst['tokens_per_gpu']}"
         out.append({"variant": name, **stats(vals), "where": where})
     return out
 
 
-def _key(config: PhaseConfig, chain_depth: int | None) -> str:
-    d = {k: v for k, v in config.to_dict().items() if k != "workers"}
-    return cache_key("ablation", {"chain_depth": chain_depth, **d})
+def _compute_ablation(config: PhaseConfig, chain_depth: int | None, *, workers: int, progress: bool) -> np.ndarray:
+    cells = config.cells()
+    order = cells_by_work(cells)
+    jobs = [(config, cells[i], chain_depth) for i in order]
+    out = run_jobs(_solve_cell, jobs, workers=workers, desc="ablation cells", progress=progress)
+    makespan = np.empty((len(cells), config.batches, 1 + len(COMPONENTS)))
+    for i, m in zip(order, out, strict=True):
+        makespan[i] = m
+    return makespan
 
 
 def component_ablation(
     config: PhaseConfig,
     *,
     chain_depth: int | None = None,
+    workers: int = 2,
     cache_dir: str | Path | None = CACHE_DIR,
     progress: bool = True,
 ) -> AblationResult:
-    """Solve every cell of ``config`` with full TEMPO and each :data:`COMPONENTS` variant (or load the cache).
+    """Solve every cell of ``config`` with full TEMPO and each `COMPONENTS` variant (or load the cache).
 
     Args:
-      config: the phase grid (its ``comm_slope`` gives the comm-aware model; ``workers`` processes).
+      config: the phase grid (its ``comm_slope`` gives the comm-aware model).
       chain_depth: augmenting-chain depth of every TEMPO solve (None = the project's full depth; 2 = paper).
-      cache_dir: folder of ``ablation-<key>.npz``; None disables caching.
+      workers: worker processes (not part of the cache key).
+      cache_dir: the cache folder (`.runner.cached`); None disables caching.
       progress: tqdm bar over cells.
     """
-    path = None if cache_dir is None else Path(cache_dir) / f"ablation-{_key(config, chain_depth)}.npz"
-    cells = tuple(config.cells())
-    # Step 1: cache hit.
-    if path is not None and path.exists():
-        with np.load(path) as z:
-            return AblationResult(config, cells, z["makespan"])
-    # Step 2: solve, heaviest cells first.
-    order = sorted(range(len(cells)), key=lambda i: -cells[i].batch_size * cells[i].ep)
-    jobs = [(config, cells[i], chain_depth) for i in order]
-    out = run_jobs(_solve_cell, jobs, workers=config.workers, desc="ablation cells", progress=progress)
-    makespan = np.empty((len(cells), config.batches, 1 + len(COMPONENTS)))
-    for i, m in zip(order, out, strict=True):
-        makespan[i] = m
-    # Step 3: cache.
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, makespan=makespan)
-        tmp.replace(path)
-    return AblationResult(config, cells, makespan)
+    makespan, _ = cached(
+        _compute_ablation, config, chain_depth, cache_dir=cache_dir, workers=workers, progress=progress
+    )
+    return AblationResult(config, tuple(config.cells()), makespan)

@@ -162,12 +162,12 @@ def flip_boundary(
 
 
 def flip_band(
-    batch_sizes: Sequence[float], winners: Sequence[str], memory: str = "M", compute: Sequence[str] = ("L", "E")
+    tokens_per_gpu: Sequence[float], winners: Sequence[str], memory: str = "M", compute: Sequence[str] = ("L", "E")
 ) -> tuple[float, float]:
     """The simulated flip band ``(lo, hi)`` of one column (see the module docstring for the definition).
 
     Args:
-      batch_sizes: ``[n]`` ascending tokens per GPU.
+      tokens_per_gpu: ``[n]`` ascending tokens per GPU.
       winners: ``[n]`` winning fixed-policy letter per batch size.
       memory: the memory-regime winner's letter.
       compute: the compute-regime winners' letters.
@@ -176,9 +176,9 @@ def flip_band(
       ``(lo, hi)``: lo = last B where ``memory`` wins (0.0 if never), hi = first B > lo where a ``compute``
       letter wins (inf if none).
     """
-    bs = np.asarray(batch_sizes, dtype=np.float64)
+    bs = np.asarray(tokens_per_gpu, dtype=np.float64)
     if bs.ndim != 1 or len(winners) != bs.size or np.any(np.diff(bs) <= 0):
-        raise ValueError("batch_sizes must be ascending and match winners in length")
+        raise ValueError("tokens_per_gpu must be ascending and match winners in length")
     # Step 1: the last memory-regime win.
     mem = [i for i, w in enumerate(winners) if w == memory]
     lo_i = mem[-1] if mem else -1

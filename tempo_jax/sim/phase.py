@@ -1,11 +1,11 @@
 """Phase-diagram sweep (TEMPO §3.2, §3.3; Figs. 6 and 12): which fixed dispatch policy wins where, and TEMPO's gain.
 
-Glossary (shapes): C cells, nb batches per cell, P policies (:data:`POLICIES`), E experts, K top-k, G GPUs
-(EP ranks), B tokens per GPU, s Zipf skew.
+Glossary (shapes): C cells, nb batches per cell, E experts, K top-k, D ranks (GPUs), s Zipf skew; batch sizes
+are tokens per GPU (``tokens_per_gpu``).
 
 One *column* is (preset, EP, replication, skew): synthetic Zipf(s) routing over the preset's model shape
 (:data:`MODEL_SHAPES`) with Dirichlet(κ) batch fluctuation, and one EPLB placement built from the column's
-long-run average load. One *cell* is a column at one batch size B: ``batches`` batches ``[G, E]`` are drawn
+long-run average load. One *cell* is a column at one batch size: ``batches`` batches ``[D, E]`` are drawn
 (step n of ``SyntheticRouting(E, K, s, κ, seed)``, the same steps in every cell) and dispatched by every policy;
 the cell keeps each policy's model makespan per batch. The winning fixed policy of a cell is the argmin of
 the batch-averaged makespan over METRO, token-LP and EPLB-even (ties go to that order); TEMPO's gain is
@@ -16,17 +16,14 @@ uses p itself). At s = 0, p is exactly uniform and EPLB's deterministic tie-brea
 of each replicated expert on one GPU, which makes the extra slots useless; a finite long-run average breaks
 those ties the way recorded traffic does.
 
-Results are cached in ``results/cache/phase-<hash of the config>.npz`` so notebooks re-plot without solving.
+Results are cached by `.runner.cached` (``results/cache``) so notebooks re-plot without solving.
 numpy + solvers only (no jax).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,17 +31,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solvers import PRESETS, CostModel, DispatchProblem, Placement, solve
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, slots_for, solve
 from tempo_jax.workloads import SyntheticRouting
 
-from .cache import cache_key
+from .runner import CACHE_DIR, cached, run_jobs
 
 __all__ = [
-    "CACHE_DIR",
     "FIXED_POLICIES",
     "LETTERS",
     "MODEL_SHAPES",
-    "POLICIES",
+    "PHASE_POLICIES",
     "Cell",
     "PhaseConfig",
     "PhaseResult",
@@ -59,22 +55,20 @@ MODEL_SHAPES: dict[str, tuple[int, int]] = {
     "dsv2_lite_offline": (64, 6),
 }
 #: Policies solved in every cell, in the order of ``PhaseResult.makespan``'s last axis.
-POLICIES: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "tempo")
+PHASE_POLICIES: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "tempo")
 #: Fixed policies competing for the cell letter (tie order = this order).
 FIXED_POLICIES: tuple[str, ...] = ("metro", "token_lp", "uniform")
 LETTERS: dict[str, str] = {"metro": "M", "token_lp": "L", "uniform": "E"}
-#: Default cache folder: ``<repo>/results/cache`` (results/ is gitignored).
-CACHE_DIR = Path(__file__).resolve().parents[2] / "results" / "cache"
 
 
 class Cell(NamedTuple):
-    """One grid point: a column (preset, ep, replication, skew) at one batch size."""
+    """One grid point: a column (preset, ep, replication, skew) at one batch size (tokens per GPU)."""
 
     preset: str
     ep: int
     replication: float
     skew: float
-    batch_size: int
+    tokens_per_gpu: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,10 +77,11 @@ class PhaseConfig:
 
     Attributes:
       presets: cost presets (keys of :data:`MODEL_SHAPES`).
-      eps: EP sizes G.
-      replications: physical slots / experts; slots = G·⌈replication·E/G⌉ (the actual ratio can be higher).
+      eps: EP sizes D.
+      replications: physical slots / experts; slots = `solvers.slots_for` (D·⌈replication·E/D⌉; the actual
+        ratio can be higher).
       skews: Zipf exponents s.
-      batch_sizes: tokens per GPU B, ascending.
+      tokens_per_gpu: batch sizes in tokens per GPU, ascending.
       kappa: Dirichlet concentration κ of batch-to-batch fluctuation.
       batches: batches per cell (makespans are averaged over them).
       seed: routing seed (expert permutation of the popularity and the batch draws).
@@ -94,14 +89,13 @@ class PhaseConfig:
       comm_slope: γ of the traffic piece ``c2 + γ·N`` (Eq. 4), µs/token; None = compute-only model.
       comm_floor: c2 of the traffic piece (used only with ``comm_slope``).
       tau: TEMPO's ensemble switching tolerance τ.
-      workers: worker processes (1 = in-process); not part of the cache key.
     """
 
     presets: tuple[str, ...] = tuple(MODEL_SHAPES)
     eps: tuple[int, ...] = (8, 16, 32, 64)
     replications: tuple[float, ...] = (1.25, 1.5)
     skews: tuple[float, ...] = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)
-    batch_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    tokens_per_gpu: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     kappa: float = 2000.0
     batches: int = 8
     seed: int = 0
@@ -109,10 +103,9 @@ class PhaseConfig:
     comm_slope: float | None = None
     comm_floor: float = 0.0
     tau: float = 0.01
-    workers: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("presets", "eps", "replications", "skews", "batch_sizes"):
+        for name in ("presets", "eps", "replications", "skews", "tokens_per_gpu"):
             val = tuple(getattr(self, name))
             if not val:
                 raise ValueError(f"PhaseConfig.{name} must not be empty")
@@ -120,24 +113,24 @@ class PhaseConfig:
         unknown = [p for p in self.presets if p not in MODEL_SHAPES]
         if unknown:
             raise ValueError(f"unknown presets {unknown}; valid: {sorted(MODEL_SHAPES)}")
-        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or min(self.batch_sizes) < 1:
-            raise ValueError(f"batch_sizes must be ascending, distinct and ≥ 1, got {self.batch_sizes}")
+        if list(self.tokens_per_gpu) != sorted(set(self.tokens_per_gpu)) or min(self.tokens_per_gpu) < 1:
+            raise ValueError(f"tokens_per_gpu must be ascending, distinct and ≥ 1, got {self.tokens_per_gpu}")
         if min(self.eps) < 1 or min(self.replications) < 1 or min(self.skews) < 0:
             raise ValueError("eps ≥ 1, replications ≥ 1 and skews ≥ 0 are required")
-        if self.batches < 1 or self.workers < 1 or self.placement_draws < 0 or not 0 <= self.tau < 1:
-            raise ValueError("batches ≥ 1, workers ≥ 1, placement_draws ≥ 0 and 0 ≤ tau < 1 are required")
+        if self.batches < 1 or self.placement_draws < 0 or not 0 <= self.tau < 1:
+            raise ValueError("batches ≥ 1, placement_draws ≥ 0 and 0 ≤ tau < 1 are required")
         if self.comm_slope is not None and self.comm_slope < 0:
             raise ValueError(f"comm_slope must be ≥ 0 or None, got {self.comm_slope}")
 
     def cells(self) -> list[Cell]:
-        """Every cell, column-major (preset, ep, replication, skew, batch_size)."""
+        """Every cell, column-major (preset, ep, replication, skew, tokens_per_gpu)."""
         return [
-            Cell(pr, int(g), float(r), float(s), int(b))
+            Cell(pr, int(d), float(r), float(s), int(b))
             for pr in self.presets
-            for g in self.eps
+            for d in self.eps
             for r in self.replications
             for s in self.skews
-            for b in self.batch_sizes
+            for b in self.tokens_per_gpu
         ]
 
     def cost(self, preset: str) -> CostModel:
@@ -146,25 +139,6 @@ class PhaseConfig:
         if self.comm_slope is None:
             return base
         return dataclasses.replace(base, c2=float(self.comm_floor), gamma=float(self.comm_slope))
-
-    def to_dict(self) -> dict:
-        return {
-            f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in dataclasses.fields(self)
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PhaseConfig:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-    def key(self) -> str:
-        """Cache key: a hash of every field that changes the numbers (``workers`` does not)."""
-        return cache_key("phase", {k: v for k, v in self.to_dict().items() if k != "workers"})
-
-
-def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:
-    """Physical slots ``G·⌈replication·E/G⌉`` (at least one slot per expert)."""
-    per_gpu = max(math.ceil(replication * num_experts / num_gpus - 1e-9), math.ceil(num_experts / num_gpus))
-    return per_gpu * num_gpus
 
 
 @lru_cache(maxsize=64)
@@ -175,7 +149,7 @@ def column_setup(
 
     Returns:
       ``(routing, placement)``: ``SyntheticRouting(E, K, skew, kappa, seed)`` and the EPLB placement of
-      :func:`slots_for` slots on ``ep`` GPUs from the long-run average load (see the module docstring).
+      `solvers.slots_for` slots on ``ep`` GPUs from the long-run average load (see the module docstring).
     """
     E, K = MODEL_SHAPES[preset]
     routing = SyntheticRouting(E, K, skew, kappa=kappa, seed=seed)
@@ -203,17 +177,17 @@ def cell_setup(config: PhaseConfig, cell: Cell) -> tuple[SyntheticRouting, Place
 
 
 def _solve_cell(config: PhaseConfig, cell: Cell) -> tuple[np.ndarray, np.ndarray]:
-    """Makespans ``[nb, P]`` (µs) and mean solve times ``[P]`` (s) of one cell."""
+    """Makespans ``[nb, len(PHASE_POLICIES)]`` (µs) and mean solve times (s) per policy of one cell."""
     routing, placement = cell_setup(config, cell)
     cost = config.cost(cell.preset)
-    ms = np.empty((config.batches, len(POLICIES)))
-    st = np.zeros(len(POLICIES))
+    ms = np.empty((config.batches, len(PHASE_POLICIES)))
+    st = np.zeros(len(PHASE_POLICIES))
     for step in range(config.batches):
-        # Step 1: one batch [G, E] (step-seeded: identical across cells, processes and runs).
-        counts = routing.batch(cell.batch_size, cell.ep, step)
+        # Step 1: one batch [D, E] (step-seeded: identical across cells, processes and runs).
+        counts = routing.batch(cell.tokens_per_gpu, cell.ep, step)
         problem = DispatchProblem(counts, placement, cost)
         # Step 2: every policy, scored under the same model.
-        for j, policy in enumerate(POLICIES):
+        for j, policy in enumerate(PHASE_POLICIES):
             opts = {"tau": config.tau} if policy == "tempo" else {}
             d = solve(problem, policy, **opts)
             ms[step, j] = d.makespan
@@ -228,8 +202,9 @@ class PhaseResult:
     Attributes:
       config: the sweep's configuration.
       cells: C cells in ``config.cells()`` order.
-      makespan: ``[C, nb, P]`` model makespan (µs) per cell, batch and policy (:data:`POLICIES` order).
-      solve_time: ``[C, P]`` mean solve time per batch (s).
+      makespan: ``[C, nb, len(PHASE_POLICIES)]`` model makespan (µs) per cell, batch and policy (in
+        :data:`PHASE_POLICIES` order).
+      solve_time: ``[C, len(PHASE_POLICIES)]`` mean solve time per batch (s).
       from_cache: loaded from the cache instead of solved.
     """
 
@@ -242,7 +217,7 @@ class PhaseResult:
     # ------------------------------------------------------------------ per-cell views, all [C]
     def mean(self, policy: str) -> np.ndarray:
         """``[C]`` batch-averaged makespan of ``policy``."""
-        return self.makespan[:, :, POLICIES.index(policy)].mean(axis=1)
+        return self.makespan[:, :, PHASE_POLICIES.index(policy)].mean(axis=1)
 
     def best_fixed(self) -> np.ndarray:
         """``[C]`` lowest batch-averaged makespan among :data:`FIXED_POLICIES`."""
@@ -259,8 +234,8 @@ class PhaseResult:
 
     def worst_ratio(self, against: tuple[str, ...] = ("static", *FIXED_POLICIES)) -> np.ndarray:
         """``[C]`` max over batches of ``tempo / min(against)`` per batch (> 1/(1−τ) = lost by more than τ)."""
-        cols = [POLICIES.index(p) for p in against]
-        per_batch = self.makespan[:, :, POLICIES.index("tempo")] / self.makespan[:, :, cols].min(axis=2)
+        cols = [PHASE_POLICIES.index(p) for p in against]
+        per_batch = self.makespan[:, :, PHASE_POLICIES.index("tempo")] / self.makespan[:, :, cols].min(axis=2)
         return per_batch.max(axis=1)
 
     # ------------------------------------------------------------------ selection and grids
@@ -274,7 +249,7 @@ class PhaseResult:
     def grid(self, values: np.ndarray, *, preset: str, ep: int, replication: float) -> np.ndarray:
         """``[len(skews), len(batch_sizes)]`` view of per-cell ``values [C]`` for one panel."""
         out = np.asarray(values)[self.mask(preset=preset, ep=ep, replication=replication)]
-        return out.reshape(len(self.config.skews), len(self.config.batch_sizes))
+        return out.reshape(len(self.config.skews), len(self.config.tokens_per_gpu))
 
     def columns(self) -> list[tuple[str, int, float, float]]:
         """Distinct (preset, ep, replication, skew), in cell order."""
@@ -282,12 +257,12 @@ class PhaseResult:
 
     def rows(self) -> list[dict]:
         """Tidy rows: cell fields, mean makespan per policy, winner, gain, worst per-batch ratio."""
-        means = {p: self.mean(p) for p in POLICIES}
+        means = {p: self.mean(p) for p in PHASE_POLICIES}
         win, gain, worst = self.winner(), self.gain(), self.worst_ratio()
         return [
             {
                 **c._asdict(),
-                **{p: float(means[p][i]) for p in POLICIES},
+                **{p: float(means[p][i]) for p in PHASE_POLICIES},
                 "winner": str(win[i]),
                 "gain": float(gain[i]),
                 "worst_ratio": float(worst[i]),
@@ -295,68 +270,38 @@ class PhaseResult:
             for i, c in enumerate(self.cells)
         ]
 
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(path).with_suffix(".tmp.npz")
-        cfg = json.dumps(self.config.to_dict(), sort_keys=True)
-        np.savez_compressed(tmp, config=np.array(cfg), makespan=self.makespan, solve_time=self.solve_time)
-        tmp.replace(path)
 
-    @classmethod
-    def load(cls, path: str | Path, config: PhaseConfig | None = None) -> PhaseResult:
-        with np.load(path, allow_pickle=False) as z:
-            stored = PhaseConfig.from_dict(json.loads(str(z["config"])))
-            makespan, solve_time = z["makespan"], z["solve_time"]
-        config = config or stored
-        if config.key() != stored.key():
-            raise ValueError(f"{path} holds a different configuration")
-        return cls(config, tuple(config.cells()), makespan, solve_time, from_cache=True)
+def cells_by_work(cells) -> list[int]:
+    """Cell indices by descending work (tokens per GPU × ranks): the pool's long jobs start first."""
+    return sorted(range(len(cells)), key=lambda i: -cells[i].tokens_per_gpu * cells[i].ep)
 
 
-def run_phase(config: PhaseConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True) -> PhaseResult:
+def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool) -> PhaseResult:
+    cells = config.cells()
+    order = cells_by_work(cells)
+    out = run_jobs(_solve_cell, [(config, cells[i]) for i in order], workers=workers, desc="phase cells",
+                   progress=progress)  # fmt: skip
+    makespan = np.empty((len(cells), config.batches, len(PHASE_POLICIES)))
+    solve_time = np.empty((len(cells), len(PHASE_POLICIES)))
+    for i, (ms, st) in zip(order, out, strict=True):
+        makespan[i], solve_time[i] = ms, st
+    return PhaseResult(config, tuple(cells), makespan, solve_time)
+
+
+def run_phase(
+    config: PhaseConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+) -> PhaseResult:
     """Solve every cell of ``config`` (or load the cached result).
 
     Args:
       config: the sweep.
-      cache_dir: folder of ``phase-<config.key()>.npz``; None disables caching.
+      workers: worker processes (1 = in-process); the numbers do not depend on it (every batch is seeded by its
+        step), so it is not part of the cache key.
+      cache_dir: the cache folder (`.runner.cached`); None disables caching.
       progress: show a tqdm bar over cells.
 
     Returns:
       A :class:`PhaseResult` (``from_cache`` tells whether anything was solved).
-
-    Workers are started with ``spawn`` (no fork of a process that may hold jax or threads): a script calling
-    this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard. Every batch is seeded by
-    its step, so the numbers do not depend on ``workers``.
     """
-    path = None if cache_dir is None else Path(cache_dir) / f"phase-{config.key()}.npz"
-    # Step 1: cache hit.
-    if path is not None and path.exists():
-        return PhaseResult.load(path, config)
-    cells = config.cells()
-    C, P = len(cells), len(POLICIES)
-    makespan = np.empty((C, config.batches, P))
-    solve_time = np.empty((C, P))
-    from tqdm import tqdm
-
-    bar = tqdm(total=C, desc="phase cells", disable=not progress)
-    # Step 2: solve, heaviest cells first (B·G), in worker processes or in-process.
-    order = sorted(range(C), key=lambda i: -cells[i].batch_size * cells[i].ep)
-    if config.workers == 1:
-        for i in order:
-            makespan[i], solve_time[i] = _solve_cell(config, cells[i])
-            bar.update()
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=config.workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_solve_cell, config, cells[i]): i for i in order}
-            for fut in as_completed(futures):
-                i = futures[fut]
-                makespan[i], solve_time[i] = fut.result()
-                bar.update()
-    bar.close()
-    result = PhaseResult(config, tuple(cells), makespan, solve_time)
-    # Step 3: cache.
-    if path is not None:
-        result.save(path)
-    return result
+    result, hit = cached(_compute_phase, config, cache_dir=cache_dir, workers=workers, progress=progress)
+    return dataclasses.replace(result, from_cache=hit)

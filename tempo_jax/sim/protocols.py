@@ -1,7 +1,8 @@
 """Replay protocols on recorded and synthetic routing (TEMPO §5.5, 5.6, 5.12, 5.14; Tables 1, 4, 8, 9, 10).
 
-Glossary: W windows, S = G source ranks, E experts, G GPUs, R redundant slots, K drift-K, B tokens per step
-(see :mod:`.replay` for the batch-size convention and the stream sources).
+Glossary: W windows, D ranks (GPUs; also the source ranks), E experts, R redundant slots, drift = the paper's
+drift-K (hot experts swapped); batch sizes are tokens per step across the EP group (``tokens_per_step``, the
+rows' ``B`` column; see :mod:`.replay` for the convention and the stream sources).
 
 Every protocol replays, for each stream (a layer of a recording, or a synthetic stream) at each B, each token
 scale, each redundancy R and each drift K, the stream's windows through a placement built from the stream's
@@ -16,42 +17,29 @@ redundant, drift, window``; the reductions to the paper's tables live in :mod:`.
   against static and uniform (no information). Windows t ≥ 1.
 - :func:`run_refresh` (§5.6, Table 10): the placement rebuilt every W windows from cumulative observed
   counts (``cumW``) or from the trailing W windows (``wW``), vs never (``never``); static/uniform/TEMPO.
-- :func:`run_variants` (Tables 8, 9): TEMPO variants — cumulative stages (:data:`STAGES`) and objectives
-  with cost terms deleted (:data:`TERMS`) — each solved under its own model, all scored under the full one.
+- :func:`run_variants` (Tables 8, 9): TEMPO variants (`.variants`) — cumulative stages (``STAGES``) and
+  objectives with cost terms deleted (``TERMS``) — each solved under its own model, all scored under the full one.
 
-Results are cached in ``results/cache/replay-<kind>-<hash>.json``. numpy + solvers only (no jax).
+Results are cached by `.runner.cached`. numpy + solvers only (no jax).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from solvers import PRESETS, CostModel, DispatchProblem, solve
 
-from .phase import CACHE_DIR
-from .replay import (
-    PROXY_PRESET,
-    Stream,
-    SyntheticStreams,
-    apply_split,
-    cached_rows,
-    make_streams,
-    replay_placement,
-    run_jobs,
-)
+from .replay import PROXY_PRESET, Stream, SyntheticStreams, apply_split, make_streams, replay_placement
+from .runner import CACHE_DIR, cached, run_jobs
+from .variants import STAGES, TEMPO_VARIANTS, variant_problem
 
 __all__ = [
     "InformationConfig",
     "PolicyConfig",
     "RefreshConfig",
     "ReplayConfig",
-    "STAGES",
-    "TERMS",
-    "VARIANTS",
     "VariantConfig",
     "run_information",
     "run_policies",
@@ -59,38 +47,6 @@ __all__ = [
     "run_variants",
     "replay_stream",
 ]
-
-KEY = ("stream", "B", "scale", "redundant", "drift", "window")
-
-
-def _no_traffic(cost: CostModel) -> CostModel:
-    return dataclasses.replace(cost, c2=None, gamma=None)
-
-
-def _no_floor(cost: CostModel) -> CostModel:
-    return dataclasses.replace(cost, a=0.0, b=0.0, b2=None)
-
-
-_TRANSFORMS: dict[str, Callable[[CostModel], CostModel]] = {
-    "full": lambda c: c,
-    "no_traffic": _no_traffic,
-    "no_floor": _no_floor,
-}
-
-#: TEMPO variants: name → (objective the solver sees, tempo options). Scored under the full model.
-VARIANTS: dict[str, tuple[str, dict]] = {
-    "seed": ("full", {"chains": False, "local_search": False, "ensemble": False}),
-    "+chains": ("full", {"chains": True, "local_search": False, "ensemble": False}),
-    "+local": ("full", {"ensemble": False}),
-    "+ensemble": ("full", {}),
-    "seed+local": ("full", {"chains": False, "ensemble": False}),
-    "drop_traffic": ("no_traffic", {}),
-    "drop_floor": ("no_floor", {}),
-}
-#: Table 8 rows (cumulative stages, then seed + local search without chains).
-STAGES: tuple[str, ...] = ("seed", "+chains", "+local", "+ensemble", "seed+local")
-#: Table 9 rows (``+ensemble`` is the full three-term objective).
-TERMS: tuple[str, ...] = ("+ensemble", "drop_traffic", "drop_floor")
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -101,22 +57,22 @@ class ReplayConfig:
     Attributes:
       source: a trace name (recorded; the bundled sample when offline) or ``"synthetic"``.
       synthetic: parameters of the synthetic streams (used when ``source == "synthetic"``).
-      batch_sizes: B tokens per step.
+      tokens_per_step: batch sizes, tokens per step across the EP group (the rows' ``B``).
       scales: token scales applied to every window's counts (Table 4: 0.25, 1, 4).
       redundants: R redundant slots (placement has E + R slots).
-      drifts: drift-K corruptions of the placement's long-run load (0 = fresh placement).
-      num_gpus: G (= source ranks).
+      drifts: drift corruptions (hot experts swapped, the paper's drift-K) of the placement's long-run load
+        (0 = fresh placement).
+      num_gpus: D (= source ranks).
       preset: cost model (a key of `solvers.PRESETS`).
       max_windows: cap on windows per stream (None = all).
       tau: TEMPO's ensemble switching tolerance.
       chain_depth: TEMPO's augmenting-chain depth (None = the project's full depth; 2 = the paper's).
       seed: seeds the drift corruption (per stream: ``1000·seed + stream index``) and count scaling.
-      workers: worker processes (not part of the cache key).
     """
 
     source: str = "flame_moe_290m"
     synthetic: SyntheticStreams = SyntheticStreams()
-    batch_sizes: tuple[int, ...] = (128, 512, 1024)
+    tokens_per_step: tuple[int, ...] = (128, 512, 1024)
     scales: tuple[float, ...] = (1.0,)
     redundants: tuple[int, ...] = (64,)
     drifts: tuple[int, ...] = (16,)
@@ -126,20 +82,19 @@ class ReplayConfig:
     tau: float = 0.01
     chain_depth: int | None = None
     seed: int = 0
-    workers: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("batch_sizes", "scales", "redundants", "drifts"):
+        for name in ("tokens_per_step", "scales", "redundants", "drifts"):
             val = tuple(getattr(self, name))
             if not val:
                 raise ValueError(f"{type(self).__name__}.{name} must not be empty")
             object.__setattr__(self, name, val)
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {sorted(PRESETS)}")
-        if min(self.batch_sizes) < self.num_gpus or min(self.scales) <= 0 or min(self.drifts) < 0:
-            raise ValueError("need batch_sizes ≥ num_gpus, scales > 0 and drifts ≥ 0")
-        if not 0 <= self.tau < 1 or self.workers < 1:
-            raise ValueError("need 0 ≤ tau < 1 and workers ≥ 1")
+        if min(self.tokens_per_step) < self.num_gpus or min(self.scales) <= 0 or min(self.drifts) < 0:
+            raise ValueError("need tokens_per_step ≥ num_gpus, scales > 0 and drifts ≥ 0")
+        if not 0 <= self.tau < 1:
+            raise ValueError("need 0 ≤ tau < 1")
 
     @property
     def cost(self) -> CostModel:
@@ -172,7 +127,7 @@ class RefreshConfig(ReplayConfig):
     """:func:`run_refresh`: long synthetic streams; ``modes`` are ``never``, ``cum<W>``, ``w<W>``."""
 
     source: str = "synthetic"
-    batch_sizes: tuple[int, ...] = (128, 512)
+    tokens_per_step: tuple[int, ...] = (128, 512)
     modes: tuple[str, ...] = ("never", "cum16", "w4")
     policies: tuple[str, ...] = ("static", "uniform", "tempo")
 
@@ -184,15 +139,15 @@ class RefreshConfig(ReplayConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class VariantConfig(ReplayConfig):
-    """:func:`run_variants`: names of :data:`VARIANTS`."""
+    """:func:`run_variants`: names of `.variants.TEMPO_VARIANTS`."""
 
     variants: tuple[str, ...] = STAGES
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bad = sorted(set(self.variants) - set(VARIANTS))
+        bad = sorted(set(self.variants) - set(TEMPO_VARIANTS))
         if bad:
-            raise ValueError(f"unknown variants {bad}; valid: {sorted(VARIANTS)}")
+            raise ValueError(f"unknown variants {bad}; valid: {sorted(TEMPO_VARIANTS)}")
 
 
 def _parse_mode(mode: str) -> tuple[str, int]:
@@ -210,7 +165,7 @@ def _parse_mode(mode: str) -> tuple[str, int]:
 class _Ctx:
     config: ReplayConfig
     stream: Stream
-    placement: object  # solvers.Placement, drift-K corrupted
+    placement: object  # solvers.Placement, drift corrupted
     fresh: object  # the fresh (drift 0) placement of the same stream and R
     redundant: int
 
@@ -282,8 +237,8 @@ def _variant_rows(ctx: _Ctx) -> Iterator[dict]:
     for t, counts in enumerate(ctx.stream.windows):
         row = {"window": t, "static": _solve(cfg, counts, ctx.placement, "static").makespan}
         for name in cfg.variants:
-            objective, opts = VARIANTS[name]
-            d = _solve(cfg, counts, ctx.placement, "tempo", _TRANSFORMS[objective](cost), **opts)
+            seen, opts = variant_problem(name, cost)
+            d = _solve(cfg, counts, ctx.placement, "tempo", seen, **opts)
             row[name] = cost.makespan(d.x)  # solved under its objective, scored under the full model
             row[f"{name}_ms"] = 1e3 * d.info["solve_time_s"]
         yield row
@@ -304,7 +259,7 @@ def replay_stream(kind: str, config: ReplayConfig, stream: Stream, placement, *,
 
     Args:
       kind: ``"policies"``, ``"information"``, ``"refresh"`` or ``"variants"``.
-      config: the protocol's config (its source, batch sizes, scales, drifts are ignored here).
+      config: the protocol's config (its source, tokens_per_step, scales, drifts are ignored here).
       stream: the windows to replay.
       placement: the placement served (for ``refresh``: the initial one).
       fresh: the fresh placement ``static_fresh`` is scored on (default: ``placement``).
@@ -315,78 +270,90 @@ def replay_stream(kind: str, config: ReplayConfig, stream: Stream, placement, *,
     return list(_KINDS[kind][0](_Ctx(config, stream, placement, fresh, placement.num_slots - stream.num_experts)))
 
 
-def _streams(kind: str, config: ReplayConfig, batch_size: int) -> tuple[Stream, ...]:
+def _streams(kind: str, config: ReplayConfig, tokens_per_step: int) -> tuple[Stream, ...]:
     return make_streams(
-        config.source, batch_size, config.num_gpus, config.synthetic, config.max_windows, _KINDS[kind][1]
+        config.source, tokens_per_step, config.num_gpus, config.synthetic, config.max_windows, _KINDS[kind][1]
     )
 
 
-def _job(kind: str, config: ReplayConfig, batch_size: int, index: int) -> list[dict]:
+def _job(kind: str, config: ReplayConfig, tokens_per_step: int, index: int) -> list[dict]:
     """Rows of one (stream, B): every scale × redundancy × drift, every window."""
-    stream = _streams(kind, config, batch_size)[index]
+    stream = _streams(kind, config, tokens_per_step)[index]
     per_window = _KINDS[kind][0]
     rows = []
     for scale in config.scales:
         scaled = stream.scaled(scale, seed=config.seed * 1000 + index)
         for R in config.redundants:
-            # Step 1: the fresh placement and, per K, the drift-K placement (from the stream's recording).
+            # Step 1: the fresh placement and, per drift, the corrupted one (from the stream's recording).
             fresh = replay_placement(stream.history, num_gpus=config.num_gpus, redundant=R)
-            for K in config.drifts:
+            for drift in config.drifts:
                 pl = fresh
-                if K:
+                if drift:
                     pl = replay_placement(
-                        stream.history, num_gpus=config.num_gpus, redundant=R, drift=K, seed=config.seed * 1000 + index
+                        stream.history,
+                        num_gpus=config.num_gpus,
+                        redundant=R,
+                        drift=drift,
+                        seed=config.seed * 1000 + index,
                     )
                 # Step 2: the protocol's rows, keyed.
                 ctx = _Ctx(config, scaled, pl, fresh, R)
-                key = {"stream": stream.label, "B": batch_size, "scale": scale, "redundant": R, "drift": K}
+                key = {"stream": stream.label, "B": tokens_per_step, "scale": scale, "redundant": R, "drift": drift}
                 rows += [{**key, **r} for r in per_window(ctx)]
     return rows
 
 
-def _run(kind: str, config: ReplayConfig, cache_dir, progress: bool) -> list[dict]:
-    def compute() -> list[dict]:
-        jobs = [(kind, config, B, i) for B in config.batch_sizes for i in range(len(_streams(kind, config, B)))]
-        if not jobs:
-            raise ValueError(f"{kind}: no stream of {config.source!r} has enough windows at B={config.batch_sizes}")
-        out = run_jobs(_job, jobs, workers=config.workers, desc=f"replay {kind}", progress=progress)
-        return [row for rows in out for row in rows]
-
-    return cached_rows(kind, config, compute, cache_dir)
+def _compute(kind: str, config: ReplayConfig, *, workers: int, progress: bool) -> list[dict]:
+    jobs = [(kind, config, B, i) for B in config.tokens_per_step for i in range(len(_streams(kind, config, B)))]
+    if not jobs:
+        raise ValueError(f"{kind}: no stream of {config.source!r} has enough windows at B={config.tokens_per_step}")
+    out = run_jobs(_job, jobs, workers=workers, desc=f"replay {kind}", progress=progress)
+    return [row for rows in out for row in rows]
 
 
-def run_policies(config: PolicyConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+def _run(kind: str, config: ReplayConfig, workers: int, cache_dir, progress: bool) -> list[dict]:
+    rows, _ = cached(_compute, kind, config, cache_dir=cache_dir, workers=workers, progress=progress)
+    return rows
+
+
+def run_policies(
+    config: PolicyConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+) -> list[dict]:
     """Per window: makespan (µs) of every policy in ``config.policies``, ``tempo_ms`` and ``static_fresh``.
+
+    ``workers`` (processes; not part of the cache key), ``cache_dir`` (None = no cache) and ``progress`` are the
+    same in every ``run_*`` function of the simulators.
 
     Returns:
       Rows ``{stream, B, scale, redundant, drift, window, <policy>: µs, ..., tempo_ms, static_fresh}``.
     """
-    return _run("policies", config, cache_dir, progress)
+    return _run("policies", config, workers, cache_dir, progress)
 
 
-def run_information(config: InformationConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+def run_information(
+    config: InformationConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+) -> list[dict]:
     """Per window t ≥ 1: ``static``, ``uniform``, ``exact``, ``stale`` (stale-1) and ``frozen`` makespans (µs).
 
     ``exact`` solves window t; ``stale`` applies window t − 1's solution and ``frozen`` window 0's to window
     t's true counts (:func:`.replay.apply_split`); static and uniform need no information.
     """
-    return _run("information", config, cache_dir, progress)
+    return _run("information", config, workers, cache_dir, progress)
 
 
-def run_refresh(config: RefreshConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
-    """Per window: ``"<policy>+<mode>"`` makespans (µs); the placement starts drift-K corrupted (``drifts``).
+def run_refresh(
+    config: RefreshConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+) -> list[dict]:
+    """Per window: ``"<policy>+<mode>"`` makespans (µs); the placement starts drift-corrupted (``drifts``).
 
     ``cumW`` rebuilds the EPLB placement at t = W, 2W, … from the counts of windows ``[0, t)``; ``wW`` from
     windows ``[t − W, t)``; ``never`` keeps the corrupted one. Policies solve with exact information.
     """
-    return _run("refresh", config, cache_dir, progress)
+    return _run("refresh", config, workers, cache_dir, progress)
 
 
-def run_variants(config: VariantConfig, *, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True):
+def run_variants(
+    config: VariantConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+) -> list[dict]:
     """Per window: ``static`` and every variant's makespan under the full model (µs), plus ``<variant>_ms``."""
-    return _run("variants", config, cache_dir, progress)
-
-
-def ratio(rows, column: str, reference: str) -> list[float]:
-    """Per-row ``row[column] / row[reference]`` (NaN when the reference is 0)."""
-    return [r[column] / r[reference] if r[reference] > 0 else math.nan for r in rows]
+    return _run("variants", config, workers, cache_dir, progress)

@@ -50,7 +50,7 @@ class RegimeCurve:
     Attributes:
       label: curve name (trace or ``"zipf s=..."``).
       n_star: inflection used to classify experts.
-      batch_sizes: ``[nB]`` tokens per rank.
+      tokens_per_gpu: ``[nB]`` tokens per rank.
       num_ranks: G.
       mixed: ``[nB]`` fraction of mixed batches (NaN where no batch exists).
       flat_experts: ``[nB]`` mean fraction of activated experts that are flat.
@@ -60,7 +60,7 @@ class RegimeCurve:
 
     label: str
     n_star: float
-    batch_sizes: np.ndarray
+    tokens_per_gpu: np.ndarray
     num_ranks: int
     mixed: np.ndarray
     flat_experts: np.ndarray
@@ -78,23 +78,23 @@ class RegimeCurve:
                 "linear_tokens": float(self.linear_tokens[i]),
                 "batches": int(self.num_batches[i]),
             }
-            for i, b in enumerate(self.batch_sizes)
+            for i, b in enumerate(self.tokens_per_gpu)
         ]
 
 
 def regime_curve(
     batches_at: Callable[[int], Iterable[np.ndarray]],
-    batch_sizes: Sequence[int],
+    tokens_per_gpu: Sequence[int],
     n_star: float,
     *,
     num_ranks: int,
     label: str = "",
 ) -> RegimeCurve:
     """Pool :func:`regime_stats` over the batches ``batches_at(B)`` (each ``[G, E]`` or ``[E]``) per B."""
-    nB = len(batch_sizes)
+    nB = len(tokens_per_gpu)
     mixed, flat, lin = np.full(nB, np.nan), np.full(nB, np.nan), np.full(nB, np.nan)
     count = np.zeros(nB, dtype=np.int64)
-    for i, B in enumerate(batch_sizes):
+    for i, B in enumerate(tokens_per_gpu):
         # Step 1: classify every batch at this B.
         stats = [regime_stats(c, n_star) for c in batches_at(int(B))]
         if not stats:
@@ -104,14 +104,14 @@ def regime_curve(
         mixed[i] = np.mean([s.mixed for s in stats])
         flat[i] = np.mean([s.flat_expert_fraction for s in stats])
         lin[i] = np.mean([s.linear_token_fraction for s in stats])
-    return RegimeCurve(label, float(n_star), np.asarray(batch_sizes), int(num_ranks), mixed, flat, lin, count)
+    return RegimeCurve(label, float(n_star), np.asarray(tokens_per_gpu), int(num_ranks), mixed, flat, lin, count)
 
 
 def synthetic_regime_curve(
     num_experts: int,
     top_k: int,
     skew: float,
-    batch_sizes: Sequence[int],
+    tokens_per_gpu: Sequence[int],
     n_star: float,
     *,
     num_ranks: int = DEFAULT_RANKS,
@@ -123,7 +123,7 @@ def synthetic_regime_curve(
     routing = SyntheticRouting(num_experts, top_k, skew, kappa=kappa, seed=seed)
     return regime_curve(
         lambda B: routing.batches(B, num_ranks, batches),
-        batch_sizes,
+        tokens_per_gpu,
         n_star,
         num_ranks=num_ranks,
         label=f"zipf s={skew:g}",
@@ -132,7 +132,7 @@ def synthetic_regime_curve(
 
 def trace_regime_curve(
     trace: RoutingTrace,
-    batch_sizes: Sequence[int],
+    tokens_per_gpu: Sequence[int],
     n_star: float | None = None,
     *,
     num_ranks: int | None = None,
@@ -142,7 +142,7 @@ def trace_regime_curve(
 
     Args:
       trace: a loaded recording.
-      batch_sizes: tokens per rank B.
+      tokens_per_gpu: tokens per rank B.
       n_star: inflection (default: n* of ``TRACE_PRESETS[trace.name]``).
       num_ranks: G (default: the recorded rank count, else :data:`DEFAULT_RANKS`).
       max_batches: cap per B, spread evenly over layers (the first batches of each layer).
@@ -161,4 +161,4 @@ def trace_regime_curve(
                     break
                 yield counts
 
-    return regime_curve(batches_at, batch_sizes, n_star, num_ranks=G, label=trace.name)
+    return regime_curve(batches_at, tokens_per_gpu, n_star, num_ranks=G, label=trace.name)

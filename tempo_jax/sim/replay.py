@@ -1,15 +1,15 @@
 """Replay building blocks (TEMPO §5.5, 5.6, 5.12, 5.14): streams of windows, replay placements, stale splits.
 
-Glossary (shapes): W windows, S source ranks (S = G here), E logical experts, K top-k, G GPUs (EP ranks),
-R redundant slots (physical slots = E + R), B tokens per step.
+Glossary (shapes): W windows, D ranks (GPUs; each is also a source rank), E logical experts, K top-k, R redundant
+slots (physical slots = E + R); B = tokens per step (``tokens_per_step``).
 
 **Batch size.** In the replay protocols B is the number of tokens of one step across the whole EP group
-(the serving concurrency of TEMPO §5.13), so each of the G source ranks holds B/G tokens and each GPU receives
-about B·K/G token–expert pairs (0.75·B for the proxy shape K = 6, G = 8). This is the reading under which the
+(the serving concurrency of TEMPO §5.13), so each of the D source ranks holds B/D tokens and each GPU receives
+about B·K/D token–expert pairs (0.75·B for the proxy shape K = 6, G = 8). This is the reading under which the
 paper's regime labels hold for the proxy model (B = 128 floor-bound, B ≥ 512 traffic-bound, B*_a2a ≈ 300
 pairs per GPU); the phase diagram (:mod:`.phase`) counts B per GPU instead.
 
-**Streams.** A :class:`Stream` is a sequence of windows ``[W, S, E]`` plus the long-run load ``[E]`` that a
+**Streams.** A :class:`Stream` is a sequence of windows ``[W, D, E]`` plus the long-run load ``[E]`` that a
 placement is built from (the "recording"). Two sources:
 
 - recorded routing (:func:`trace_streams`): one stream per layer, windows = the layer's consecutive batches
@@ -31,21 +31,14 @@ numpy + solvers only (no jax).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import multiprocessing
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
 from solvers import Placement, drift_corrupt
 from tempo_jax.workloads import load_sample, load_trace, sample_topk, zipf_popularity
-
-from .cache import cache_key
 
 __all__ = [
     "HISTORY_TOKENS",
@@ -53,13 +46,9 @@ __all__ = [
     "Stream",
     "SyntheticStreams",
     "apply_split",
-    "cached_rows",
-    "config_key",
     "make_streams",
     "replay_placement",
-    "run_jobs",
     "scale_counts",
-    "stats",
     "synthetic_stream",
     "trace_streams",
 ]
@@ -142,21 +131,21 @@ def scale_counts(counts: np.ndarray, factor: float, rng: np.random.Generator) ->
     return out.astype(np.int64)
 
 
-def trace_streams(trace, batch_size: int, num_ranks: int = 8, *, min_windows: int = 1) -> list[Stream]:
-    """One :class:`Stream` per layer of a recording: consecutive batches of ``batch_size`` tokens.
+def trace_streams(trace, tokens_per_step: int, num_ranks: int = 8, *, min_windows: int = 1) -> list[Stream]:
+    """One :class:`Stream` per layer of a recording: consecutive batches of ``tokens_per_step`` tokens.
 
     Args:
       trace: a `tempo_jax.workloads.RoutingTrace`.
-      batch_size: B tokens per step; each of the ``num_ranks`` sources gets ``B // num_ranks`` tokens.
+      tokens_per_step: B tokens per step; each of the ``num_ranks`` sources gets ``B // num_ranks`` tokens.
       num_ranks: G source ranks.
       min_windows: layers with fewer whole windows are left out.
 
     Returns:
       Streams labelled ``"<trace>/L<layer>"``, history = the layer's whole recording (``expert_load``).
     """
-    per_rank = batch_size // num_ranks
+    per_rank = tokens_per_step // num_ranks
     if per_rank < 1:
-        raise ValueError(f"batch_size={batch_size} gives no token per rank on {num_ranks} ranks")
+        raise ValueError(f"tokens_per_step={tokens_per_step} gives no token per rank on {num_ranks} ranks")
     out = []
     for layer in trace.layers:
         if trace.num_batches(layer, per_rank, num_ranks) < min_windows:
@@ -198,8 +187,8 @@ class SyntheticStreams:
             raise ValueError("need streams ≥ 1, windows ≥ 1 and top_k ≤ num_experts")
 
 
-def synthetic_stream(spec: SyntheticStreams, batch_size: int, num_ranks: int = 8, index: int = 0) -> Stream:
-    """Stream ``index`` of ``spec`` at B = ``batch_size`` tokens per step on ``num_ranks`` sources.
+def synthetic_stream(spec: SyntheticStreams, tokens_per_step: int, num_ranks: int = 8, index: int = 0) -> Stream:
+    """Stream ``index`` of ``spec`` at B = ``tokens_per_step`` tokens per step on ``num_ranks`` sources.
 
     Window t: popularity ``p_t ∝ p_0·exp(z_t)`` with ``z_t = ρ·z_{t−1} + √(1−ρ²)·σ·ε_t`` (z_0 = 0), batch
     popularity ``q_t ~ Dirichlet(κ·p_t)``, then ``B`` tokens × K distinct experts ∝ q_t, dealt to the
@@ -207,9 +196,9 @@ def synthetic_stream(spec: SyntheticStreams, batch_size: int, num_ranks: int = 8
     :data:`HISTORY_TOKENS` tokens drawn from ``p_0`` (so a hot expert's load is capped by top-K sampling without
     replacement as in real routing). The same seed gives the same popularity path at every B.
     """
-    per_rank = batch_size // num_ranks
+    per_rank = tokens_per_step // num_ranks
     if per_rank < 1:
-        raise ValueError(f"batch_size={batch_size} gives no token per rank on {num_ranks} ranks")
+        raise ValueError(f"tokens_per_step={tokens_per_step} gives no token per rank on {num_ranks} ranks")
     E, K, seed = spec.num_experts, spec.top_k, spec.seed + index
     p0 = zipf_popularity(E, spec.skew, seed)
     # Step 1: the popularity path (independent of B).
@@ -222,7 +211,7 @@ def synthetic_stream(spec: SyntheticStreams, batch_size: int, num_ranks: int = 8
         p = p0 * np.exp(z)
         p /= p.sum()
         # Step 2: one batch of this window.
-        rng = np.random.default_rng([seed, 2, batch_size, t])
+        rng = np.random.default_rng([seed, 2, tokens_per_step, t])
         q = rng.dirichlet(spec.kappa * p) if math.isfinite(spec.kappa) else p
         q = np.maximum(q, 1e-300)
         ids = sample_topk(q, per_rank * num_ranks, K, rng).reshape(num_ranks, per_rank * K)
@@ -245,7 +234,7 @@ def _trace(name: str):
 @lru_cache(maxsize=64)
 def make_streams(
     source: str,
-    batch_size: int,
+    tokens_per_step: int,
     num_ranks: int = 8,
     synthetic: SyntheticStreams = SyntheticStreams(),  # noqa: B008 (frozen, hashable)
     max_windows: int | None = None,
@@ -256,16 +245,16 @@ def make_streams(
     Args:
       source: a trace name of `tempo_jax.workloads.TRACES` (recorded; bundled sample when offline) or
         ``"synthetic"`` (``synthetic`` gives the parameters).
-      batch_size: B.
+      tokens_per_step: B.
       num_ranks: G.
       synthetic: parameters of the synthetic streams.
       max_windows: keep at most this many windows per stream (None = all).
       min_windows: drop streams with fewer windows.
     """
     if source == "synthetic":
-        streams = [synthetic_stream(synthetic, batch_size, num_ranks, i) for i in range(synthetic.streams)]
+        streams = [synthetic_stream(synthetic, tokens_per_step, num_ranks, i) for i in range(synthetic.streams)]
     else:
-        streams = trace_streams(_trace(source), batch_size, num_ranks, min_windows=min_windows)
+        streams = trace_streams(_trace(source), tokens_per_step, num_ranks, min_windows=min_windows)
     if max_windows is not None:
         streams = [dataclasses.replace(s, windows=s.windows[:max_windows]) for s in streams]
     return tuple(s for s in streams if s.num_windows >= min_windows)
@@ -329,71 +318,3 @@ def apply_split(x_stale, n_true, placement: Placement) -> np.ndarray:
     even = placement.replicas_on_gpu / np.maximum(placement.logcnt, 1)[:, None]
     frac = np.where(tot > 0, x / np.where(tot > 0, tot, 1.0), even)
     return n[:, None] * frac
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-def stats(values: Iterable[float]) -> dict:
-    """``{"n", "mean", "median", "p95", "max"}`` of finite values (NaN when there are none)."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return {"n": 0, "mean": math.nan, "median": math.nan, "p95": math.nan, "max": math.nan}
-    return {
-        "n": int(v.size),
-        "mean": float(v.mean()),
-        "median": float(np.median(v)),
-        "p95": float(np.percentile(v, 95)),
-        "max": float(v.max()),
-    }
-
-
-def _jsonable(v):
-    if dataclasses.is_dataclass(v):
-        return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    if isinstance(v, tuple | list):
-        return [_jsonable(x) for x in v]
-    return v
-
-
-def config_key(kind: str, config, ignore: Sequence[str] = ("workers",)) -> str:
-    """Cache key of a frozen config dataclass: hash of every field except ``ignore`` (and the kind)."""
-    return cache_key(kind, {k: v for k, v in _jsonable(config).items() if k not in ignore})
-
-
-def cached_rows(kind: str, config, compute: Callable[[], list[dict]], cache_dir: str | Path | None) -> list[dict]:
-    """``compute()``'s rows, stored in ``<cache_dir>/replay-<kind>-<key>.json`` (None = no cache)."""
-    path = None if cache_dir is None else Path(cache_dir) / f"replay-{kind}-{config_key(kind, config)}.json"
-    if path is not None and path.exists():
-        return json.loads(path.read_text())["rows"]
-    rows = compute()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"config": _jsonable(config), "rows": rows}, default=float))
-        tmp.replace(path)
-    return rows
-
-
-def run_jobs(fn: Callable, jobs: Sequence[tuple], *, workers: int = 1, desc: str = "", progress: bool = True) -> list:
-    """``[fn(*job) for job in jobs]`` in job order, in ``workers`` spawned processes when > 1, with a tqdm bar.
-
-    ``fn`` must be a module-level function (picklable). Workers use ``spawn`` (no fork of a process that may
-    hold jax or threads), so scripts calling this with ``workers > 1`` need an ``if __name__ == "__main__":``
-    guard.
-    """
-    from tqdm import tqdm
-
-    out: list = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc=desc, disable=not progress)
-    if workers <= 1 or len(jobs) <= 1:
-        for i, job in enumerate(jobs):
-            out[i] = fn(*job)
-            bar.update()
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-            for fut in as_completed(futures):
-                out[futures[fut]] = fut.result()
-                bar.update()
-    bar.close()
-    return out

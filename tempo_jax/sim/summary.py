@@ -57,7 +57,7 @@ def boundary_rows(result: PhaseResult) -> list[dict]:
     for preset, ep, repl, skew in result.columns():
         # Step 1: the simulated band along B.
         m = result.mask(preset=preset, ep=ep, replication=repl, skew=skew)
-        band = flip_band(cfg.batch_sizes, list(win[m]))
+        band = flip_band(cfg.tokens_per_gpu, list(win[m]))
         # Step 2: the analytic boundary from the column's popularity and placement.
         routing, placement = column_setup(
             preset, ep, repl, skew, kappa=cfg.kappa, seed=cfg.seed, placement_draws=cfg.placement_draws
@@ -135,7 +135,7 @@ def scale_stats(result: PhaseResult, preset: str, replication: float) -> list[di
                     "skew": skew,
                     "mean_gain": float(g.mean()),
                     "max_gain": float(g.max()),
-                    "argmax_B": int(np.asarray(result.config.batch_sizes)[int(np.argmax(g))]),
+                    "argmax_B": int(np.asarray(result.config.tokens_per_gpu)[int(np.argmax(g))]),
                 }
             )
     return out
@@ -175,17 +175,17 @@ def regime_rows(real: Sequence[RegimeCurve], zipf: Sequence[RegimeCurve], decode
     """Paper vs here for Fig. 5: real traces' mixed fraction at decode B, and Zipf s=1.2's minimum."""
     rows = []
     for c in real:
-        sel = (c.batch_sizes >= decode[0]) & (c.batch_sizes <= decode[1]) & np.isfinite(c.mixed)
+        sel = (c.tokens_per_gpu >= decode[0]) & (c.tokens_per_gpu <= decode[1]) & np.isfinite(c.mixed)
         if sel.any():
             lo, hi = float(np.nanmin(c.mixed[sel])), float(np.nanmax(c.mixed[sel]))
             where = f"B {decode[0]}–{decode[1]}"
         else:  # too few recorded tokens for decode B at this rank count: report what the ladder covers
             ok = np.isfinite(c.mixed)
             lo, hi = float(np.nanmin(c.mixed[ok])), float(np.nanmax(c.mixed[ok]))
-            where = f"B {int(c.batch_sizes[ok].min())}–{int(c.batch_sizes[ok].max())} only"
+            where = f"B {int(c.tokens_per_gpu[ok].min())}–{int(c.tokens_per_gpu[ok].max())} only"
         label = f"mixed batches, {c.label} (G={c.num_ranks}, {where})"
         rows.append((label, PAPER["mixed_real"], f"{_pct(lo)}–{_pct(hi)}"))
-    at = [(c, int(np.flatnonzero(c.batch_sizes == 512)[0])) for c in real if 512 in c.batch_sizes]
+    at = [(c, int(np.flatnonzero(c.tokens_per_gpu == 512)[0])) for c in real if 512 in c.tokens_per_gpu]
     at = [(c, i) for c, i in at if c.num_batches[i] > 0]
     if at:
         flat = ", ".join(f"{c.label} {_pct(float(c.flat_experts[i]))}" for c, i in at)

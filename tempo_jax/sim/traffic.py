@@ -32,14 +32,15 @@ from solvers import (
     flat_split,
     inter_node_tokens,
     node_counts_from_sources,
+    slots_for,
     solve,
     static_map,
     topology_split,
 )
 from tempo_jax.workloads import SyntheticRouting
 
-from .phase import MODEL_SHAPES, slots_for
-from .replay import stats
+from .phase import MODEL_SHAPES
+from .runner import stats
 
 __all__ = ["LAYOUTS", "TopologyConfig", "topology_placement", "topology_replay", "topology_summary"]
 
@@ -58,7 +59,7 @@ class TopologyConfig:
       num_groups: expert groups of the hierarchical EPLB layout.
       skew: Zipf exponent s of the routing.
       kappa: Dirichlet concentration of batch fluctuation.
-      batch_sizes: B tokens per GPU.
+      tokens_per_gpu: B tokens per GPU.
       batches: batches per B.
       policy: stage-1 solver.
       placement_draws: Dirichlet draws averaged into the long-run load EPLB sees.
@@ -72,14 +73,14 @@ class TopologyConfig:
     num_groups: int = 8
     skew: float = 1.2
     kappa: float = 2000.0
-    batch_sizes: tuple[int, ...] = (64, 256, 1024)
+    tokens_per_gpu: tuple[int, ...] = (64, 256, 1024)
     batches: int = 4
     policy: str = "tempo"
     placement_draws: int = 256
     seed: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        object.__setattr__(self, "tokens_per_gpu", tuple(self.tokens_per_gpu))
         if self.preset not in MODEL_SHAPES:
             raise ValueError(f"unknown preset {self.preset!r}; valid: {sorted(MODEL_SHAPES)}")
         if self.num_gpus % self.gpus_per_node or self.batches < 1:
@@ -131,7 +132,7 @@ def topology_replay(config: TopologyConfig = TopologyConfig()) -> list[dict]:  #
     rows = []
     for layout in LAYOUTS:
         pl = topology_placement(config, layout, load)
-        for B in config.batch_sizes:
+        for B in config.tokens_per_gpu:
             for step in range(config.batches):
                 # Step 2: stage 1, the per-GPU shares.
                 counts = routing.batch(B, config.num_gpus, step)

@@ -1,13 +1,14 @@
-"""Routing workloads (numpy only, no jax, no solvers): real recordings, synthetic Zipf routing, regimes.
+"""Routing workloads (numpy only, no jax): real recordings, synthetic Zipf routing, regimes.
 
-Glossary (shapes): T tokens, E experts, K top-k, S source ranks as recorded, G ranks/GPUs, B tokens per
-rank, I recorded iterations.
+Argument checks come from `solvers.checks` (numpy only); nothing else of `solvers` is used here.
+Glossary (shapes): T tokens, E experts, K top-k, Gs source ranks as recorded, D ranks (GPUs) a batch is split
+over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank``).
 
 - :class:`RoutingTrace` — one representation for every recording: per-token ``topk_ids[layer] [T, K]`` or
-  per-rank ``rank_counts[layer] [I, S, E]``; ``batch_counts(layer, B, G, batch) -> [G, E]``.
+  per-rank ``rank_counts[layer] [I, Gs, E]``; ``batch_counts(layer, tokens_per_rank, D, batch) -> [D, E]``.
 - Loaders: :func:`load_flame_moe`, :func:`load_mixtral`, :func:`load_harmoeny`, :func:`load_switch128`,
   :func:`load_trace` over the :data:`TRACES` registry, and :func:`load_sample` (bundled copy, works offline).
-- Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(B, G, rng) -> [G, E]``),
+- Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(tokens_per_rank, D, step) -> [D, E]``),
   :func:`sample_topk`.
 - Trace files: :func:`save_traces`, :func:`load_saved_trace` (``.npz``; also used for recorded traces).
 - Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.

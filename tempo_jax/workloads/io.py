@@ -1,7 +1,7 @@
 """Save and load `RoutingTrace`s as ``.npz`` (the format of the bundled sample and of locally recorded traces).
 
 Layout: for each trace ``name``: ``{name}__meta`` (JSON: model, num_experts, top_k, notes) and per layer either
-``{name}__ids__{layer}`` ``[T, K]`` or ``{name}__counts__{layer}`` ``[I, S, E]``, stored in the smallest
+``{name}__ids__{layer}`` ``[T, K]`` or ``{name}__counts__{layer}`` ``[I, Gs, E]``, stored in the smallest
 integer dtype that holds them. Router weights are not kept.
 """
 

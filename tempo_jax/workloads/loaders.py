@@ -1,7 +1,7 @@
 """Loaders for the real routing recordings in ``../shared/traces`` and the small bundled sample.
 
 Every loader returns a :class:`~tempo_jax.workloads.trace.RoutingTrace`. Glossary: T tokens, E experts,
-K top-k, S source ranks, I recorded iterations.
+K top-k, Gs source ranks, I recorded iterations.
 
 Where the recordings are looked for: the ``path`` argument if given (the recording's own folder or file),
 else ``$TEMPO_JAX_TRACES/<relative path>`` if that environment variable is set, else
@@ -21,7 +21,7 @@ Format decisions (see :data:`TRACES` for the names):
   differs per layer and token t of two layers is not always the same token.
 - ``harmoeny_switch128`` / ``harmoeny_qwen``: ``<rank>/moe_layer-<L>.csv``, one row per iteration, column
   ``expert distribution`` = JSON list of E counts of the tokens that rank sent to each expert (top-1).
-  Loaded as ``rank_counts [I=2, S, E]``. In switch-exp128 layers 6–11 are degenerate: 85 tokens per rank
+  Loaded as ``rank_counts [I=2, Gs, E]``. In switch-exp128 layers 6–11 are degenerate: 85 tokens per rank
   (one per sequence: the decoder layers only see the decoder start token) on 1–6 experts, against 5,100
   for layers 0–5. They are excluded unless ``include_degenerate=True`` (a layer is degenerate when it
   records fewer tokens per rank than the recording's largest layer).
@@ -230,11 +230,11 @@ def _read_rank_csv(file: Path) -> np.ndarray:
 def load_harmoeny(
     model: str = "switch-exp128", path: str | os.PathLike | None = None, *, include_degenerate: bool = False
 ) -> RoutingTrace:
-    """HarMoEny per-rank top-1 counts: ``rank_counts[layer]`` int64 ``[I=2, S, E]``.
+    """HarMoEny per-rank top-1 counts: ``rank_counts[layer]`` int64 ``[I=2, Gs, E]``.
 
-    ``"switch-exp128"``: google/switch-base-128, S = 8, E = 128, 5,100 tokens per rank, layers 0–5
+    ``"switch-exp128"``: google/switch-base-128, Gs = 8, E = 128, 5,100 tokens per rank, layers 0–5
     (6–11 are degenerate decoder layers with 85 tokens per rank; kept only with ``include_degenerate``).
-    ``"qwen"``: Qwen1.5-MoE-A2.7B router taken top-1 (not its native top-4), S = 6, E = 60, 8,192 tokens
+    ``"qwen"``: Qwen1.5-MoE-A2.7B router taken top-1 (not its native top-4), Gs = 6, E = 60, 8,192 tokens
     per rank, layers 0–23.
 
     Args:
@@ -249,7 +249,7 @@ def load_harmoeny(
     folder = _resolve(path, f"harmoeny/raw_trace/{model}", f"HarMoEny {model} recording", name)
     ranks = sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
     if not ranks or ranks != list(range(len(ranks))):
-        raise ValueError(f"{folder}: expected rank folders 0..S-1, found {ranks}")
+        raise ValueError(f"{folder}: expected rank folders 0..Gs-1, found {ranks}")
     meta = {}
     if (folder / "data.json").exists():
         meta = json.loads((folder / "data.json").read_text())
@@ -270,7 +270,7 @@ def load_harmoeny(
             per_rank.append(_read_rank_csv(file))
         if len({a.shape for a in per_rank}) != 1:
             raise ValueError(f"{folder}: layer {layer} ranks disagree on iterations/experts")
-        counts[layer] = np.stack(per_rank, axis=1)  # [I, S, E]
+        counts[layer] = np.stack(per_rank, axis=1)  # [I, Gs, E]
     num_experts = {a.shape[2] for a in counts.values()}
     if len(num_experts) != 1 or ("num_experts" in meta and int(meta["num_experts"]) not in num_experts):
         raise ValueError(
@@ -315,16 +315,16 @@ def load_switch128(path: str | os.PathLike | None = None) -> RoutingTrace:
     """
     file = _resolve(path, "harmoeny/switch128_token_experts.npy", "switch-128 npy recording", "switch128_npy")
     a = np.load(file, allow_pickle=False)
-    E, S = 128, _SWITCH128_RANKS
-    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer) or a.shape[0] % S or a.shape[0] == 0:
+    E, Gs = 128, _SWITCH128_RANKS
+    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer) or a.shape[0] % Gs or a.shape[0] == 0:
         raise ValueError(
-            f"{file}: expected an integer [T, layers] array with T a multiple of {S}, got {a.dtype} {a.shape}"
+            f"{file}: expected an integer [T, layers] array with T a multiple of {Gs}, got {a.dtype} {a.shape}"
         )
     if a.min() < 0 or a.max() >= E:
         raise ValueError(f"{file}: expert ids outside [0, {E})")
-    blocks = a.reshape(S, a.shape[0] // S, a.shape[1])  # [S, T/S, L]
+    blocks = a.reshape(Gs, a.shape[0] // Gs, a.shape[1])  # [Gs, T/Gs, L]
     counts = {
-        layer: np.stack([np.bincount(blocks[s, :, layer], minlength=E) for s in range(S)])[None]
+        layer: np.stack([np.bincount(blocks[s, :, layer], minlength=E) for s in range(Gs)])[None]
         for layer in range(a.shape[1])
     }
     sorted_blocks = bool(np.all(np.diff(blocks, axis=1) >= 0))
@@ -336,7 +336,7 @@ def load_switch128(path: str | os.PathLike | None = None) -> RoutingTrace:
         rank_counts=counts,
         source=str(file),
         notes=(
-            f"{a.shape[0]} rows = {S} rank blocks of {a.shape[0] // S}; "
+            f"{a.shape[0]} rows = {Gs} rank blocks of {a.shape[0] // Gs}; "
             + (
                 "each column is sorted within each block, so rows are not tokens: loaded as per-rank counts. "
                 if sorted_blocks
@@ -373,19 +373,19 @@ TRACES: Mapping[str, TraceSpec] = MappingProxyType(
             "harmoeny_switch128",
             partial(load_harmoeny, "switch-exp128"),
             "harmoeny/raw_trace/switch-exp128",
-            "switch-base-128 per-rank counts, E=128 K=1, S=8, 2 x 5,100 tokens/rank, layers 0-5",
+            "switch-base-128 per-rank counts, E=128 K=1, Gs=8, 2 x 5,100 tokens/rank, layers 0-5",
         ),
         "harmoeny_qwen": TraceSpec(
             "harmoeny_qwen",
             partial(load_harmoeny, "qwen"),
             "harmoeny/raw_trace/qwen",
-            "Qwen1.5-MoE router top-1 per-rank counts, E=60 K=1, S=6, 2 x 8,192 tokens/rank, layers 0-23",
+            "Qwen1.5-MoE router top-1 per-rank counts, E=60 K=1, Gs=6, 2 x 8,192 tokens/rank, layers 0-23",
         ),
         "switch128_npy": TraceSpec(
             "switch128_npy",
             load_switch128,
             "harmoeny/switch128_token_experts.npy",
-            "switch-base-128 128.npy as per-rank counts, E=128 K=1, S=8, 5,100 tokens/rank, layers 0-5",
+            "switch-base-128 128.npy as per-rank counts, E=128 K=1, Gs=8, 5,100 tokens/rank, layers 0-5",
         ),
     }
 )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_counts, check_real
+from solvers.checks import check_counts, check_real
 
 __all__ = ["RegimeStats", "mixed_fraction", "regime_stats"]
 
@@ -43,7 +43,7 @@ def regime_stats(
     """Flat/linear split of a batch.
 
     Args:
-        counts: per-expert loads ``[E]``, or ``[S, E]`` per source rank (summed over S first); finite, >= 0.
+        counts: per-expert loads ``[E]``, or ``[Gs, E]`` per source rank (summed over Gs first); finite, >= 0.
         n_star: inflection ``n* > 0`` (tokens per expert where the cost model turns from flat to linear).
         flat_threshold: minimum flat-expert fraction for ``mixed``, in [0, 1].
         linear_threshold: minimum linear-token fraction for ``mixed``, in [0, 1].
@@ -72,7 +72,7 @@ def regime_stats(
 
 
 def mixed_fraction(batches: Iterable[np.ndarray], n_star: float, **thresholds: float) -> float:
-    """Fraction of ``batches`` (each ``[E]`` or ``[S, E]``) that are mixed under :func:`regime_stats`."""
+    """Fraction of ``batches`` (each ``[E]`` or ``[Gs, E]``) that are mixed under :func:`regime_stats`."""
     flags = [regime_stats(c, n_star, **thresholds).mixed for c in batches]
     if not flags:
         raise ValueError("mixed_fraction needs at least one batch")

@@ -1,10 +1,10 @@
 """Synthetic Zipf routing with Dirichlet batch-to-batch fluctuation (TEMPO §3.2 phase-diagram workload).
 
-Glossary (shapes): T tokens, E experts, K top-k, G ranks, B tokens per rank.
+Glossary (shapes): T tokens, E experts, K top-k, D ranks, B tokens per rank.
 
 Model of one batch: the long-run expert popularity ``p [E]`` is Zipf(s) over a seeded random permutation
 of the experts; the batch's popularity is ``q ~ Dirichlet(κ·p)`` (mean p, ``Var q_e = p_e(1−p_e)/(κ+1)``,
-so fluctuation shrinks as κ grows; ``κ = inf`` means ``q = p``); each of the ``B·G`` tokens then picks K
+so fluctuation shrinks as κ grows; ``κ = inf`` means ``q = p``); each of the ``B·D`` tokens then picks K
 distinct experts by sampling without replacement proportionally to q (successive draws renormalised over
 the experts not yet picked: the Plackett–Luce law, the same as Gumbel-top-k). Tokens ``[g·B, (g+1)·B)``
 sit on rank g. The sampler (:func:`sample_topk`) is vectorised over tokens (alias-table draws with rejection, then
@@ -21,7 +21,7 @@ from numbers import Integral
 
 import numpy as np
 
-from ._checks import check_int, check_real
+from solvers.checks import check_int, check_real
 
 __all__ = ["SyntheticRouting", "sample_topk", "zipf_popularity"]
 
@@ -144,7 +144,7 @@ class SyntheticRouting:
         seed: seeds the expert permutation of the popularity and, via ``rng=step``, the batch draws.
 
     ``rng`` arguments take a ``numpy.random.Generator`` or an integer step; step n uses
-    ``np.random.default_rng([seed, n])``, so ``batch(B, G, n)`` is reproducible per step.
+    ``np.random.default_rng([seed, n])``, so ``batch(B, D, n)`` is reproducible per step.
     """
 
     num_experts: int
@@ -186,19 +186,19 @@ class SyntheticRouting:
         return sample_topk(self.batch_popularity(gen), num_tokens, self.top_k, gen)
 
     def batch(self, tokens_per_rank: int, num_ranks: int, rng: np.random.Generator | int) -> np.ndarray:
-        """int64 ``[G, E]`` token–expert-pair counts of one batch of B tokens on each of G ranks.
+        """int64 ``[D, E]`` token–expert-pair counts of one batch of B tokens on each of D ranks.
 
-        Rows sum to B·K; rank g holds tokens ``[g·B, (g+1)·B)`` of ``topk_ids(B·G, rng)``.
+        Rows sum to B·K; rank g holds tokens ``[g·B, (g+1)·B)`` of ``topk_ids(B·D, rng)``.
         """
         B = check_int("tokens_per_rank", tokens_per_rank)
-        G = check_int("num_ranks", num_ranks)
+        D = check_int("num_ranks", num_ranks)
         E = self.num_experts
-        ids = self.topk_ids(B * G, rng).reshape(G, B * self.top_k)
-        flat = (np.arange(G)[:, None] * E + ids).ravel()
-        return np.bincount(flat, minlength=G * E).reshape(G, E).astype(np.int64)
+        ids = self.topk_ids(B * D, rng).reshape(D, B * self.top_k)
+        flat = (np.arange(D)[:, None] * E + ids).ravel()
+        return np.bincount(flat, minlength=D * E).reshape(D, E).astype(np.int64)
 
     def batches(self, tokens_per_rank: int, num_ranks: int, num_batches: int, start: int = 0) -> Iterator[np.ndarray]:
-        """Yield ``batch(B, G, step)`` for ``step`` in ``range(start, start + num_batches)``, ``[G, E]`` each."""
+        """Yield ``batch(B, D, step)`` for ``step`` in ``range(start, start + num_batches)``, ``[D, E]`` each."""
         n = check_int("num_batches", num_batches, minimum=0)
         start = check_int("start", start, minimum=0)
         for step in range(start, start + n):

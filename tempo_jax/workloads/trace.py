@@ -1,22 +1,22 @@
 """`RoutingTrace`: one in-memory representation for every routing recording (numpy only).
 
-Glossary (shapes): T tokens, E experts, K top-k, S source ranks (as recorded), G ranks asked for,
+Glossary (shapes): T tokens, E experts, K top-k, Gs source ranks (as recorded), D ranks asked for,
 B tokens per rank, I recorded iterations.
 
 A trace holds, per MoE layer, *either*
 
 - ``topk_ids[layer]``: int64 ``[T, K]`` logical expert ids per token (token order as recorded, K distinct
   ids per row, column 0 = highest router score), optionally with ``topk_weights[layer]`` float32 ``[T, K]``;
-- or ``rank_counts[layer]``: int64 ``[I, S, E]`` token–expert-pair counts that each of S source ranks sent
+- or ``rank_counts[layer]``: int64 ``[I, Gs, E]`` token–expert-pair counts that each of Gs source ranks sent
   to each expert in each of I recorded forward iterations (per-token identity was not recorded).
 
-Batches (what the dispatch solvers consume) are ``counts [G, E]``: token–expert pairs from each of G
+Batches (what the dispatch solvers consume) are ``counts [D, E]``: token–expert pairs from each of D
 source ranks to each expert, for B tokens per rank, so every row sums to B·K.
 
-- Per-token traces: batch ``b`` takes the consecutive tokens ``[b·B·G, (b+1)·B·G)`` and deals them to
-  ranks in contiguous chunks of B (rank g gets ``[b·B·G + g·B, b·B·G + (g+1)·B)``); any ``G`` works and
-  the leftover ``T mod B·G`` tokens are not used.
-- Per-rank recordings: ``G`` must equal the recorded S (ranks are never regrouped). With B equal to the
+- Per-token traces: batch ``b`` takes the consecutive tokens ``[b·B·D, (b+1)·B·D)`` and deals them to
+  ranks in contiguous chunks of B (rank g gets ``[b·B·D + g·B, b·B·D + (g+1)·B)``); any ``D`` works and
+  the leftover ``T mod B·D`` tokens are not used.
+- Per-rank recordings: ``D`` must equal the recorded Gs (ranks are never regrouped). With B equal to the
   recorded tokens per rank, batch ``i`` is exactly recorded iteration ``i``. With a smaller B, each rank's
   recorded tokens of an iteration are put in a fixed pseudo-random order (seeded by layer, iteration and
   rank, so replays are reproducible) and cut into ``n_rec // B`` disjoint sub-batches: a sub-batch is a
@@ -34,7 +34,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._checks import check_int
+from solvers.checks import check_int
 
 __all__ = ["RoutingTrace"]
 
@@ -66,7 +66,7 @@ class RoutingTrace:
         num_experts: E, logical (routed) experts per layer.
         top_k: K, experts per token.
         topk_ids: ``{layer: int64 [T, K]}`` for per-token recordings, else ``None``.
-        rank_counts: ``{layer: int64 [I, S, E]}`` for per-rank count recordings, else ``None``.
+        rank_counts: ``{layer: int64 [I, Gs, E]}`` for per-rank count recordings, else ``None``.
         topk_weights: ``{layer: float32 [T, K]}`` router scores matching ``topk_ids`` where recorded.
         source: where the data was read from.
         notes: caveats about this recording (degenerate layers, sorted rows, ...).
@@ -118,7 +118,7 @@ class RoutingTrace:
             shapes = set()
             for layer, a in rc.items():
                 if a.ndim != 3 or a.shape[2] != E or a.shape[0] < 1 or a.shape[1] < 1:
-                    raise ValueError(f"rank_counts[{layer}] must be [I, S, E={E}], got shape {a.shape}")
+                    raise ValueError(f"rank_counts[{layer}] must be [I, Gs, E={E}], got shape {a.shape}")
                 if a.min() < 0:
                     raise ValueError(f"rank_counts[{layer}] has negative counts")
                 if np.any(a.sum(axis=2) % K):
@@ -159,7 +159,7 @@ class RoutingTrace:
         return int(self.rank_counts[layer].sum()) // self.top_k
 
     def recorded_tokens_per_rank(self, layer: int) -> np.ndarray:
-        """int64 ``[I, S]`` tokens each source rank sent in each recorded iteration (per-rank traces only)."""
+        """int64 ``[I, Gs]`` tokens each source rank sent in each recorded iteration (per-rank traces only)."""
         layer = self._layer(layer)
         if self.rank_counts is None:
             raise ValueError(f"trace {self.name!r} is per-token: it records no ranks")
@@ -176,18 +176,18 @@ class RoutingTrace:
     def _check_shape(self, layer: object, tokens_per_rank: object, num_ranks: object) -> tuple[int, int, int]:
         layer = self._layer(layer)
         B = check_int("tokens_per_rank", tokens_per_rank)
-        G = check_int("num_ranks", num_ranks)
-        S = self.num_source_ranks
-        if S is not None and G != S:
+        D = check_int("num_ranks", num_ranks)
+        Gs = self.num_source_ranks
+        if Gs is not None and D != Gs:
             raise ValueError(
-                f"trace {self.name!r} records per-rank counts of {S} source ranks; num_ranks={G} is not "
-                f"supported (recorded ranks are not regrouped): use num_ranks={S}"
+                f"trace {self.name!r} records per-rank counts of {Gs} source ranks; num_ranks={D} is not "
+                f"supported (recorded ranks are not regrouped): use num_ranks={Gs}"
             )
-        return layer, B, G
+        return layer, B, D
 
     def _per_iteration(self, layer: int, B: int) -> np.ndarray:
         """Batches per recorded iteration, int64 [I] (per-rank traces)."""
-        n_rec = self.recorded_tokens_per_rank(layer)  # [I, S]
+        n_rec = self.recorded_tokens_per_rank(layer)  # [I, Gs]
         if self.top_k > 1 and np.any(n_rec != B):
             raise ValueError(
                 f"trace {self.name!r} has top_k={self.top_k}: per-rank counts can only be replayed whole "
@@ -197,32 +197,32 @@ class RoutingTrace:
 
     def num_batches(self, layer: int, tokens_per_rank: int, num_ranks: int) -> int:
         """Number of whole batches of ``tokens_per_rank`` tokens on each of ``num_ranks`` ranks in ``layer``."""
-        layer, B, G = self._check_shape(layer, tokens_per_rank, num_ranks)
+        layer, B, D = self._check_shape(layer, tokens_per_rank, num_ranks)
         if self.topk_ids is not None:
-            return self.topk_ids[layer].shape[0] // (B * G)
+            return self.topk_ids[layer].shape[0] // (B * D)
         return int(self._per_iteration(layer, B).sum())
 
-    def _out_of_range(self, layer: int, B: int, G: int, batch: object, n: int) -> ValueError:
+    def _out_of_range(self, layer: int, B: int, D: int, batch: object, n: int) -> ValueError:
         total = self.num_tokens(layer)
         if n == 0:
             return ValueError(
-                f"layer {layer} of trace {self.name!r} has 0 batches of {B} tokens/rank x {G} ranks "
+                f"layer {layer} of trace {self.name!r} has 0 batches of {B} tokens/rank x {D} ranks "
                 f"({total} tokens recorded); use fewer tokens per rank or ranks"
             )
         return ValueError(
             f"batch {batch!r} out of range: layer {layer} of trace {self.name!r} has {n} batches of "
-            f"{B} tokens/rank x {G} ranks (valid 0..{n - 1})"
+            f"{B} tokens/rank x {D} ranks (valid 0..{n - 1})"
         )
 
-    def _check_batch(self, layer: int, B: int, G: int, batch: object) -> int:
-        n = self.num_batches(layer, B, G)
+    def _check_batch(self, layer: int, B: int, D: int, batch: object) -> int:
+        n = self.num_batches(layer, B, D)
         if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not 0 <= batch < n:
-            raise self._out_of_range(layer, B, G, batch, n)
+            raise self._out_of_range(layer, B, D, batch, n)
         return int(batch)
 
     def _rank_streams(self, layer: int, iteration: int) -> list[np.ndarray]:
         """Per source rank, its recorded expert ids of one iteration in a fixed shuffled order."""
-        counts = self.rank_counts[layer][iteration]  # [S, E]
+        counts = self.rank_counts[layer][iteration]  # [Gs, E]
         experts = np.arange(self.num_experts)
         streams = []
         for s, row in enumerate(counts):
@@ -238,21 +238,21 @@ class RoutingTrace:
         return out
 
     def batch_counts(self, layer: int, tokens_per_rank: int, num_ranks: int, batch: int = 0) -> np.ndarray:
-        """int64 ``[G, E]`` token–expert-pair counts of batch ``batch`` (rows sum to B·K).
+        """int64 ``[D, E]`` token–expert-pair counts of batch ``batch`` (rows sum to B·K).
 
         Args:
             layer: MoE layer id (one of ``self.layers``).
             tokens_per_rank: B, tokens on each source rank.
-            num_ranks: G source ranks (must equal the recorded S for per-rank recordings).
-            batch: batch index in ``range(self.num_batches(layer, B, G))``.
+            num_ranks: D source ranks (must equal the recorded Gs for per-rank recordings).
+            batch: batch index in ``range(self.num_batches(layer, B, D))``.
         """
-        layer, B, G = self._check_shape(layer, tokens_per_rank, num_ranks)
-        batch = self._check_batch(layer, B, G, batch)
+        layer, B, D = self._check_shape(layer, tokens_per_rank, num_ranks)
+        batch = self._check_batch(layer, B, D, batch)
         E = self.num_experts
         if self.topk_ids is not None:
-            ids = self.topk_ids[layer][batch * B * G : (batch + 1) * B * G].reshape(G, B * self.top_k)
-            flat = (np.arange(G)[:, None] * E + ids).ravel()
-            return np.bincount(flat, minlength=G * E).reshape(G, E).astype(np.int64)
+            ids = self.topk_ids[layer][batch * B * D : (batch + 1) * B * D].reshape(D, B * self.top_k)
+            flat = (np.arange(D)[:, None] * E + ids).ravel()
+            return np.bincount(flat, minlength=D * E).reshape(D, E).astype(np.int64)
         per_iter = self._per_iteration(layer, B)
         ends = np.cumsum(per_iter)
         it = int(np.searchsorted(ends, batch, side="right"))
@@ -263,12 +263,12 @@ class RoutingTrace:
         return self._stream_counts(self._rank_streams(layer, it), j, B)
 
     def batches(self, layer: int, tokens_per_rank: int, num_ranks: int) -> Iterator[np.ndarray]:
-        """Yield every ``batch_counts(layer, tokens_per_rank, num_ranks, b)``, ``[G, E]`` each, in order."""
-        layer, B, G = self._check_shape(layer, tokens_per_rank, num_ranks)
-        n = self.num_batches(layer, B, G)
+        """Yield every ``batch_counts(layer, tokens_per_rank, num_ranks, b)``, ``[D, E]`` each, in order."""
+        layer, B, D = self._check_shape(layer, tokens_per_rank, num_ranks)
+        n = self.num_batches(layer, B, D)
         if self.topk_ids is not None:
             for b in range(n):
-                yield self.batch_counts(layer, B, G, b)
+                yield self.batch_counts(layer, B, D, b)
             return
         for it, m in enumerate(self._per_iteration(layer, B)):
             rec = self.rank_counts[layer][it]
@@ -280,13 +280,13 @@ class RoutingTrace:
                 yield self._stream_counts(streams, j, B)
 
     def batch_topk_ids(self, layer: int, tokens_per_rank: int, num_ranks: int, batch: int = 0) -> np.ndarray:
-        """int64 ``[G, B, K]`` expert ids of the tokens of ``batch`` on each rank (per-token traces only)."""
-        layer, B, G = self._check_shape(layer, tokens_per_rank, num_ranks)
+        """int64 ``[D, B, K]`` expert ids of the tokens of ``batch`` on each rank (per-token traces only)."""
+        layer, B, D = self._check_shape(layer, tokens_per_rank, num_ranks)
         if self.topk_ids is None:
             raise ValueError(f"trace {self.name!r} records per-rank counts only, not per-token expert ids")
-        batch = self._check_batch(layer, B, G, batch)
-        ids = self.topk_ids[layer][batch * B * G : (batch + 1) * B * G]
-        return ids.reshape(G, B, self.top_k).copy()
+        batch = self._check_batch(layer, B, D, batch)
+        ids = self.topk_ids[layer][batch * B * D : (batch + 1) * B * D]
+        return ids.reshape(D, B, self.top_k).copy()
 
     def __repr__(self) -> str:
         kind = "per-token topk_ids" if self.per_token else f"rank_counts of {self.num_source_ranks} ranks"

@@ -1,0 +1,106 @@
+"""Implementation names and the one rule that resolves "auto" per platform (for every op with several paths).
+
+An op (the grouped GEMM, the dispatch kernel, the token exchange of `tempo_jax`) declares an
+`ImplementationTable`: its concrete implementations, the preference order "auto" follows on each platform,
+which implementations depend on something optional (the Pallas Triton backend), and what interpret mode
+picks. `resolve` validates a name once (the error lists the valid ones) and turns "auto" into a concrete
+implementation for the current platform:
+
+    GMM.resolve("auto")                  # "chunked" on CPU, "pallas" on a GPU with Triton, else "ragged_dot"
+    GMM.resolve("auto", interpret=True)  # "pallas" (the kernel in interpret mode, on any platform)
+
+jax only; imports nothing from `solvers` or `tempo_jax`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import jax
+
+from pallas_kernels import triton_backend
+
+__all__ = [
+    "DISPATCH",
+    "DispatchImpl",
+    "GMM",
+    "GmmImpl",
+    "ImplementationTable",
+    "Platform",
+    "platform",
+]
+
+Platform = Literal["cpu", "gpu", "tpu"]
+GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot"]
+DispatchImpl = Literal["auto", "pallas", "xla"]
+
+
+def platform() -> str:
+    """The default JAX backend as one of `Platform` ("cuda" / "rocm" count as "gpu"; others pass through)."""
+    name = jax.default_backend()
+    return "gpu" if name in ("gpu", "cuda", "rocm") else name
+
+
+@dataclass(frozen=True)
+class ImplementationTable:
+    """The implementations of one op and how "auto" chooses among them.
+
+    Attributes:
+      op: the op's name (for error messages).
+      names: every accepted name, "auto" first (e.g. ``get_args(GmmImpl)``).
+      auto: platform → implementations in order of preference; "auto" takes the first available one
+        (platforms not listed use ``auto["default"]``).
+      requires: implementation → availability check (e.g. the Pallas Triton backend on a GPU).
+      interpret: what "auto" resolves to when ``interpret=True`` (None: interpret mode changes nothing).
+    """
+
+    op: str
+    names: tuple[str, ...]
+    auto: Mapping[str, tuple[str, ...]]
+    requires: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
+    interpret: str | None = None
+
+    def validate(self, name: str) -> str:
+        """``name`` if it is one of `names`, else ValueError listing them."""
+        if name not in self.names:
+            raise ValueError(f"{self.op}: unknown implementation {name!r}; valid: {list(self.names)}")
+        return name
+
+    def resolve(self, name: str, *, interpret: bool = False, on: str | None = None) -> str:
+        """The concrete implementation ``name`` stands for on platform ``on`` (default: the current one)."""
+        self.validate(name)
+        if name != "auto":
+            return name
+        if interpret and self.interpret is not None:
+            return self.interpret
+        prefs = self.auto.get(on or platform(), self.auto["default"])
+        for impl in prefs:
+            if self.requires.get(impl, lambda: True)():
+                return impl
+        return prefs[-1]
+
+
+def _triton_on_gpu() -> bool:
+    return triton_backend.available()
+
+
+#: `pallas_kernels.gmm`: the Pallas kernel on a GPU while JAX ships its Triton backend, the chunked XLA path on
+#: CPU, `jax.lax.ragged_dot` elsewhere; interpret mode runs the Pallas kernel.
+GMM = ImplementationTable(
+    op="gmm",
+    names=get_args(GmmImpl),
+    auto={"gpu": ("pallas", "ragged_dot"), "cpu": ("chunked",), "default": ("ragged_dot",)},
+    requires={"pallas": _triton_on_gpu},
+    interpret="pallas",
+)
+
+#: `pallas_kernels.dispatch`: the Pallas kernel on a GPU with Triton (or in interpret mode), else the jnp path.
+DISPATCH = ImplementationTable(
+    op="dispatch",
+    names=get_args(DispatchImpl),
+    auto={"gpu": ("pallas", "xla"), "default": ("xla",)},
+    requires={"pallas": _triton_on_gpu},
+    interpret="pallas",
+)
