@@ -76,7 +76,7 @@ fig, axes = plt.subplots(1, 2, figsize=(12, 5.0), sharey=True)
 for ax, curves, title in ((axes[0], real, "(a) recorded traces"), (axes[1], zipf, "(b) synthetic Zipf, DSv3 shape")):
     for c in curves:
         ok = np.isfinite(c.mixed)
-        ax.plot(c.tokens_per_gpu[ok], 100 * c.mixed[ok], "o-", label=f"{c.label} (G={c.num_ranks})")
+        ax.plot(c.tokens_per_gpu[ok], 100 * c.mixed[ok], "o-", label=f"{c.label} (D={c.num_ranks})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(LADDER, [str(b) for b in LADDER])
     ax.axvspan(128, 512, color="0.9", zorder=0)

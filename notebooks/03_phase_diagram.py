@@ -96,7 +96,7 @@ for preset in FIG6.presets:
 def draw_panel(ax, res, preset, ep, repl, bounds, norm):
     cfg = res.config
     bs, ss = np.asarray(cfg.tokens_per_gpu, float), np.asarray(cfg.skews, float)
-    gain = 100 * res.grid(res.gain(), preset=preset, ep=ep, replication=repl)  # [S, B]
+    gain = 100 * res.grid(res.gain(), preset=preset, ep=ep, replication=repl)  # [skews, tokens_per_gpu]
     win = res.grid(res.winner(), preset=preset, ep=ep, replication=repl)
     # Cell edges: geometric midpoints in B, arithmetic midpoints in s.
     xe = np.concatenate([[bs[0] ** 1.5 / bs[1] ** 0.5], np.sqrt(bs[1:] * bs[:-1]), [bs[-1] ** 1.5 / bs[-2] ** 0.5]])

@@ -231,7 +231,7 @@ def _pallas(plan: GpuPlan, tiling: GmmTiling | None = None):
 
 
 def _expert_ffn(gmm_fn, reps: int = 1):
-    """SwiGLU expert FFN over sorted rows: x [M, H], w_up [G, H, 2F], w_down [G, F, H], sizes [G] -> [M, H].
+    """SwiGLU expert FFN over sorted rows: x [M, H], w_up [E, H, 2F], w_down [E, F, H], sizes [E] -> [M, H].
 
     `reps` > 1 applies it `reps` times in one call, each on the previous output plus x (a residual keeps the
     values from shrinking to zeros), so a timed call measures device time, not host dispatch.

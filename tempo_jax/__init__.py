@@ -1,10 +1,17 @@
 """tempo-jax: makespan-aware MoE expert dispatch (TEMPO) and asynchronous expert execution (CascadeEP) in JAX.
 
-Public names (imported on first use, so `import tempo_jax.workloads` stays numpy-only):
-  MoE, MoEConfig, moe_forward, moe_reference, make_ep_mesh   the expert-parallel layer (`tempo_jax.moe`)
-  DispatchController                                        hosts the solver beside the layer
-  tables                                                    dispatch tables from solver output
-  workloads                                                 routing recordings and synthetic routing
+Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_jax.sim` stay numpy-only):
+  MoE, MoEConfig                          the expert-parallel layer as a flax nnx module and its configuration
+  moe_forward, moe_reference              the functional core (shard_map) and its dense single-device reference
+  init_params, materialize, make_ep_mesh  logical parameters, physical replicas, a 1-D ``ep`` mesh
+  Tables, PlacementArrays                 what `moe_forward` reads: dispatch tables and the device placement
+  placement_arrays, tables                `solvers.Placement` → device arrays; the table builders (module)
+  DispatchController                      hosts the solver beside the layer
+  workloads, sim                          routing/request workloads and the simulators (modules)
+
+Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
+S physical slots per rank, P = D·S, R replica columns, Gs source groups of a table; per rank the paper's G_g
+activated experts, N_g tokens, T_g tiles. Batch sizes carry their unit (``tokens_per_gpu``, ``tokens_per_step``).
 """
 
 import importlib
@@ -19,13 +26,19 @@ _LAZY = {
     "make_ep_mesh": "tempo_jax.moe",
     "init_params": "tempo_jax.moe",
     "materialize": "tempo_jax.moe",
+    "Tables": "tempo_jax.tables",
+    "PlacementArrays": "tempo_jax.tables",
+    "placement_arrays": "tempo_jax.tables",
     "DispatchController": "tempo_jax.controller",
 }
+_MODULES = ("tables", "workloads", "sim")
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, *_MODULES])
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(f"tempo_jax.{name}")
     raise AttributeError(f"module 'tempo_jax' has no attribute {name!r}")

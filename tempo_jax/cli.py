@@ -211,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("solve", help="dispatch one batch")
     src = p.add_argument_group("batch")
-    src.add_argument("--counts", help="JSON list/dict{'counts'}, .npy or .npz{'counts'}: [E] or [S, E]")
+    src.add_argument(
+        "--counts", help="JSON list/dict{'counts'}, .npy or .npz{'counts'}: [E] or [D, E] (per source rank)"
+    )
     src.add_argument("--trace", help="trace name (see tempo_jax.workloads.TRACES); bundled sample if not on disk")
     src.add_argument("--layer", type=int)
     src.add_argument("--batch", type=int, default=0)

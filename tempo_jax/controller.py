@@ -22,6 +22,7 @@ import numpy as np
 
 from pallas_kernels import window_counts
 from solvers import CostModel, DispatchProblem, Placement, node_counts_from_sources, solve, topology_split
+from solvers.checks import check_array
 
 from . import tables as T
 
@@ -73,12 +74,10 @@ class DispatchController:
             return self._latest
 
     def observe(self, counts) -> T.Tables:
-        """Add one step's per-source counts ``[S, E]`` (S = GPUs); returns the latest published tables."""
-        c = np.asarray(counts, dtype=np.float64)
+        """Add one step's per-source counts ``[D, E]``; returns the latest published tables."""
+        c = check_array("counts", counts, ndims=(2,))
         if c.shape != self._acc.shape:
-            raise ValueError(f"counts must be [S={self._acc.shape[0]}, E={self._acc.shape[1]}], got {c.shape}")
-        if not np.all(np.isfinite(c)) or np.any(c < 0):
-            raise ValueError("counts must be finite and non-negative")
+            raise ValueError(f"counts must be [D={self._acc.shape[0]}, E={self._acc.shape[1]}], got {c.shape}")
         self._acc += c
         self._steps += 1
         if self._steps % self.window == 0:
@@ -90,7 +89,7 @@ class DispatchController:
         return self.latest
 
     def observe_counter(self, counter) -> T.Tables:
-        """Like `observe`, from the layer's cumulative uint32 counter ``[S, E]`` (wrap-safe differencing)."""
+        """Like `observe`, from the layer's cumulative uint32 counter ``[D, E]`` (wrap-safe differencing)."""
         now = np.asarray(counter, dtype=np.uint32)
         before = self._last_counter if self._last_counter is not None else np.zeros_like(now)
         self._last_counter = now

@@ -39,7 +39,7 @@ def presets_table() -> str:
 
 
 def real_batch(tokens_per_rank: int = 128) -> tuple[str, np.ndarray, np.ndarray]:
-    """FLAME-MoE-290M layer 2 (bundled copy of the recording): batch 0 ``[G, E]`` and the layer's total load."""
+    """FLAME-MoE-290M layer 2 (bundled copy of the recording): batch 0 ``[D, E]`` and the layer's total load."""
     trace = load_sample("flame_moe_290m")
     layer = trace.layers[0]
     counts = trace.batch_counts(layer, tokens_per_rank, EP, batch=0)
@@ -48,7 +48,7 @@ def real_batch(tokens_per_rank: int = 128) -> tuple[str, np.ndarray, np.ndarray]
 
 
 def synthetic_batch(tokens_per_rank: int = 128, s: float = 1.2, seed: int = 0) -> tuple[str, np.ndarray, np.ndarray]:
-    """Synthetic Zipf(s) routing, E = 256, top-8, κ = 2000: one batch ``[G, E]`` and the long-run popularity."""
+    """Synthetic Zipf(s) routing, E = 256, top-8, κ = 2000: one batch ``[D, E]`` and the long-run popularity."""
     routing = SyntheticRouting(num_experts=256, top_k=8, s=s, kappa=2000.0, seed=seed)
     counts = routing.batch(tokens_per_rank, EP, seed)
     label = f"Synthetic Zipf s={s}, E=256, top-8, κ=2000, B={tokens_per_rank} tokens/rank × {EP} ranks"

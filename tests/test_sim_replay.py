@@ -189,7 +189,9 @@ def test_policy_landscape_rows(tmp_path):
 
 
 def test_refresh_never_equals_initial_placement(tmp_path):
-    cfg = RefreshConfig(synthetic=SyntheticStreams(streams=1, windows=6), tokens_per_step=(128,), modes=("never", "cum2"))
+    cfg = RefreshConfig(
+        synthetic=SyntheticStreams(streams=1, windows=6), tokens_per_step=(128,), modes=("never", "cum2")
+    )
     rows = run_refresh(cfg, workers=1, cache_dir=None, progress=False)
     assert len(rows) == 6
     table = refresh_table(rows)
