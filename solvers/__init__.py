@@ -1,4 +1,4 @@
-"""tempo-jax solvers: cost models, calibration, placement and dispatch policies (numpy/scipy/ortools; no jax).
+"""tempo-jax solvers: cost models, calibration, placement, dispatch policies and CascadeEP planning (no jax).
 
 This package must stay importable in a light numpy-only worker process (TEMPO §4.4).
 
@@ -9,16 +9,34 @@ activated experts, N_g tokens, T_g tiles.
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
 `eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
 (`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
-`fit` (calibration) and `topology` (per-node split).
+`fit` (calibration) and `topology` (per-node split). CascadeEP planning: `attention` (App. B attention-time
+model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch groups and the rank-uniform
+`LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
 """
 
+from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, fit_max_affine
 from .limits import semi_matching, semi_matching_value
+from .oewf import (
+    PRICINGS,
+    REJECT_REASONS,
+    FetchPlan,
+    OEWFPlan,
+    OEWFState,
+    Reassignment,
+    Rejection,
+    admit,
+    oewf_plan,
+    predicted_completion,
+    select_weights,
+)
 from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
+from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
+from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
 __all__ = [
@@ -43,4 +61,28 @@ __all__ = [
     "split_tables",
     "static_map",
     "topology_split",
+    # CascadeEP planning (attention model, streamFFN, OEWF)
+    "AttentionFitReport",
+    "AttentionModel",
+    "attention_features",
+    "fit_attention",
+    "DEFAULT_TOKEN_LADDER",
+    "ThroughputCurve",
+    "stream_threshold",
+    "LAUNCH_MODES",
+    "ExchangeRound",
+    "LaunchGroup",
+    "LaunchSchedule",
+    "launch_groups",
+    "PRICINGS",
+    "REJECT_REASONS",
+    "FetchPlan",
+    "OEWFPlan",
+    "OEWFState",
+    "Reassignment",
+    "Rejection",
+    "admit",
+    "oewf_plan",
+    "predicted_completion",
+    "select_weights",
 ]
