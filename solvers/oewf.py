@@ -397,6 +397,8 @@ def _check_fetch(fn: str, fetch, state: OEWFState) -> FetchPlan:
         raise ValueError(f"{fn}: fetch needs ≥ 1 expert and one token count per expert, got {fetch!r}")
     if any(not 0 <= e < state.num_experts for e in fetch.experts):
         raise ValueError(f"{fn}: fetch.experts {fetch.experts} must lie in 0..{state.num_experts - 1}")
+    as_array(fn, "fetch.tokens", fetch.tokens, positive=True)
+    as_array(fn, "fetch.bytes", fetch.bytes, positive=True)
     return fetch
 
 

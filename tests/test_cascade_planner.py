@@ -196,6 +196,16 @@ def test_linear_curve_orders_async_stream_sync(arr, theta):
     assert end["async"] <= end["stream"] + 1e-9 and end["stream"] <= end["sync"] + 1e-9
 
 
+@given(st.lists(st.integers(0, 20_000), min_size=1, max_size=8), st.floats(0, 1e4))
+def test_simultaneous_arrivals_stream_is_sync_and_beats_async(tokens, t):
+    # F(N)/N is non-increasing on CONCAVE (throughput never drops), so F is subadditive: one big kernel wins.
+    tokens, arrival = np.array(tokens, dtype=float), np.full(len(tokens), t)
+    run = {m: launch_groups(arrival, tokens, CONCAVE, mode=m) for m in ("sync", "async", "stream")}
+    assert run["stream"] == run["sync"]
+    if tokens.sum() > 0:
+        assert run["sync"][-1].end_us <= run["async"][-1].end_us * (1 + 1e-12)
+
+
 def test_concave_curve_stream_beats_async_and_sync():
     # Eight sources, 2000 tokens each, 100 µs apart: θ = 6144 groups them four by four.
     arrival, tokens = np.arange(8) * 100.0, np.full(8, 2000.0)
@@ -485,6 +495,10 @@ ERRORS = [
     (lambda: oewf_plan(_state(), curve=LINEAR, helpers=[0, 0]), "repeat a rank"),
     (lambda: select_weights(2, _state(), curve=LINEAR), "rank 2 is still in attention"),
     (lambda: select_weights(7, _state(), curve=LINEAR), "helper must be a rank in 0..2"),
+    (
+        lambda: admit(FetchPlan(helper=0, donor=2, experts=(4,), tokens=(-1.0,), bytes=1.0), _state(), curve=LINEAR),
+        "fetch.tokens must be > 0",
+    ),
     (
         lambda: admit(FetchPlan(helper=0, donor=0, experts=(4,), tokens=(1.0,), bytes=1.0), _state(), curve=LINEAR),
         "fetch.donor = 0 must be a rank other than the helper",
