@@ -12,6 +12,9 @@ over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank`
   :func:`sample_topk`.
 - Trace files: :func:`save_traces`, :func:`load_saved_trace` (``.npz``; also used for recorded traces).
 - Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.
+- Request traces (prefill serving, CascadeEP): :class:`RequestTrace` (arrivals [n] s, input/output lengths [n]
+  tokens, CSR prefix-block ids), :func:`load_mooncake`, :func:`load_mooncake_sample` (bundled, offline),
+  :func:`synthetic_requests`, the :data:`REQUEST_TRACES` registry and :func:`load_request_trace`.
 """
 
 from .io import load_saved_trace, save_traces, saved_trace_names
@@ -29,6 +32,17 @@ from .loaders import (
     traces_dir,
 )
 from .regime import RegimeStats, mixed_fraction, regime_stats
+from .requests import (
+    BLOCK_SIZE,
+    REQUEST_TRACES,
+    RequestTrace,
+    RequestTraceSpec,
+    build_mooncake_sample,
+    load_mooncake,
+    load_mooncake_sample,
+    load_request_trace,
+    synthetic_requests,
+)
 from .synthetic import SyntheticRouting, sample_topk, zipf_popularity
 from .trace import RoutingTrace
 
@@ -54,4 +68,13 @@ __all__ = [
     "sample_topk",
     "traces_dir",
     "zipf_popularity",
+    "BLOCK_SIZE",
+    "REQUEST_TRACES",
+    "RequestTrace",
+    "RequestTraceSpec",
+    "build_mooncake_sample",
+    "load_mooncake",
+    "load_mooncake_sample",
+    "load_request_trace",
+    "synthetic_requests",
 ]
