@@ -11,6 +11,8 @@ both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced
   `run_information`, `RefreshConfig` / `run_refresh`, `VariantConfig` / `run_variants`; `SyntheticStreams`.
 - Topology traffic (§4.3): `TopologyConfig`, `topology_replay`.
 - Cost-model demos (Fig. 1b, Fig. 2, calibration): `worked_example`, `expert_profile`, `calibration_demo`.
+- CascadeEP request level: `serve` (placement over DP attention replicas with prefix caches, chunked-prefill
+  batches, lockstep steps, TTFT) → `ServeResult`; `StepBatch` is what a step-time model receives.
 
 Glossary: D ranks (GPUs), E experts, K top-k; batch sizes carry their unit (``tokens_per_gpu`` in the phase
 diagram, ``tokens_per_step`` across the EP group in the replays).
@@ -33,12 +35,14 @@ from .protocols import (
 )
 from .regimes import RegimeCurve, synthetic_regime_curve, trace_regime_curve
 from .replay import SyntheticStreams
+from .requests import PLACEMENT_POLICIES, ServeResult, StepBatch, serve
 from .traffic import TopologyConfig, topology_replay
 from .variants import TEMPO_VARIANTS
 
 __all__ = [
     "MODEL_SHAPES",
     "PHASE_POLICIES",
+    "PLACEMENT_POLICIES",
     "TEMPO_VARIANTS",
     "AblationResult",
     "Boundary",
@@ -49,6 +53,8 @@ __all__ = [
     "RefreshConfig",
     "RegimeCurve",
     "ReplayConfig",
+    "ServeResult",
+    "StepBatch",
     "SyntheticStreams",
     "TopologyConfig",
     "VariantConfig",
@@ -61,6 +67,7 @@ __all__ = [
     "run_policies",
     "run_refresh",
     "run_variants",
+    "serve",
     "synthetic_regime_curve",
     "topology_replay",
     "trace_regime_curve",
