@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_array
+from .checks import check_array
 
 __all__ = ["AttentionFitReport", "AttentionModel", "attention_features", "fit_attention"]
 
@@ -64,8 +64,18 @@ def attention_features(input_len, prefix_len, key_budget=None, batch=None, *, nu
     """
     fn = "attention_features"
     # Step 1: validate lengths (whole tokens, 0 ≤ P ≤ I).
-    I = as_array(fn, "input_len", input_len, ndim=1, integer=True, nonneg=True, hint="one input length per request")
-    P = as_array(fn, "prefix_len", prefix_len, shape=I.shape, integer=True, nonneg=True, hint="one per request")
+    I = check_array(
+        "input_len",
+        input_len,
+        where=fn,
+        ndims=(1,),
+        integer=True,
+        nonnegative=True,
+        hint="one input length per request",
+    )
+    P = check_array(
+        "prefix_len", prefix_len, where=fn, shape=I.shape, integer=True, nonnegative=True, hint="one per request"
+    )
     over = P > I
     if over.any():
         i = int(np.flatnonzero(over)[0])
@@ -78,7 +88,7 @@ def attention_features(input_len, prefix_len, key_budget=None, batch=None, *, nu
     # Step 2: key budgets (None or inf = dense).
     k = None
     if key_budget is not None:
-        kb = as_array(fn, "key_budget", key_budget, positive=True, allow_inf=True)
+        kb = check_array("key_budget", key_budget, where=fn, positive=True, allow_inf=True)
         if kb.ndim not in (0, 1) or (kb.ndim == 1 and kb.shape != I.shape):
             raise ValueError(f"{fn}: key_budget must be a scalar or shape {I.shape}, got {kb.shape}")
         kb = np.broadcast_to(kb, I.shape)
@@ -102,7 +112,9 @@ def attention_features(input_len, prefix_len, key_budget=None, batch=None, *, nu
         if num_batches is not None:
             raise ValueError(f"{fn}: num_batches={num_batches!r} needs batch=[n] batch indices")
         return np.int64(q.sum()), np.int64(pi.sum())
-    b = as_array(fn, "batch", batch, shape=I.shape, integer=True, nonneg=True, hint="batch index of each request")
+    b = check_array(
+        "batch", batch, where=fn, shape=I.shape, integer=True, nonnegative=True, hint="batch index of each request"
+    )
     nb = int(b.max()) + 1 if b.size else 0
     if num_batches is not None:
         if int(num_batches) != num_batches or num_batches < nb:
@@ -116,8 +128,8 @@ def attention_features(input_len, prefix_len, key_budget=None, batch=None, *, nu
 
 
 def _features(fn: str, Q, Pi) -> tuple[np.ndarray, np.ndarray]:
-    Q = as_array(fn, "Q", Q, nonneg=True)
-    Pi = as_array(fn, "Pi", Pi, nonneg=True)
+    Q = check_array("Q", Q, where=fn, nonnegative=True)
+    Pi = check_array("Pi", Pi, where=fn, nonnegative=True)
     try:
         np.broadcast_shapes(Q.shape, Pi.shape)
     except ValueError as err:
@@ -164,7 +176,7 @@ class AttentionModel:
 
         A replica whose prediction has run out gets A = 0 and is no longer a candidate donor (§3.3).
         """
-        el = as_array("AttentionModel.remaining", "elapsed", elapsed, nonneg=True)
+        el = check_array("elapsed", elapsed, where="AttentionModel.remaining", nonnegative=True)
         return np.maximum(0.0, self.predict(Q, Pi) - el)[()]
 
 
@@ -206,12 +218,12 @@ def fit_attention(Q, Pi, time_us) -> tuple[AttentionModel, AttentionFitReport]:
     """
     fn = "fit_attention"
     # Step 1: validate.
-    t = as_array(fn, "time_us", time_us, ndim=1, hint="one measured duration per profiled batch")
+    t = check_array("time_us", time_us, where=fn, ndims=(1,), hint="one measured duration per profiled batch")
     n = t.shape[0]
     if n < 3:
         raise ValueError(f"{fn}: need at least 3 profiled batches for 3 coefficients, got {n}; profile more shapes")
-    Q = as_array(fn, "Q", Q, shape=(n,), nonneg=True, hint="one value per entry of time_us")
-    Pi = as_array(fn, "Pi", Pi, shape=(n,), nonneg=True, hint="one value per entry of time_us")
+    Q = check_array("Q", Q, where=fn, shape=(n,), nonnegative=True, hint="one value per entry of time_us")
+    Pi = check_array("Pi", Pi, where=fn, shape=(n,), nonnegative=True, hint="one value per entry of time_us")
     if (t <= 0).any():
         i = int(np.flatnonzero(t <= 0)[0])
         raise ValueError(f"{fn}: time_us[{i}] = {t[i].item()!r} must be > 0 (the fit minimises relative error)")

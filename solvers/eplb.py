@@ -165,7 +165,7 @@ def rebalance_experts(
         log2phy: [L, E, P - E + 1] int64, slots of each logical expert by replica rank, padded with -1.
         logcnt: [L, E] int64, number of replicas of each logical expert.
     """
-    w = check_array("weight [layers, experts]", weight, ndims=(2,))
+    w = check_array("weight [layers, experts]", weight, ndims=(2,), nonnegative=True)
     layers, num_log = w.shape
     if num_log == 0:
         raise ValueError("weight must have at least one expert")

@@ -37,7 +37,7 @@ class FitReport:
 
 
 def _as_samples(name: str, v, n: int | None) -> np.ndarray:
-    arr = check_array(f"fit_max_affine: {name}", v, ndims=(1,))
+    arr = check_array(name, v, where="fit_max_affine", ndims=(1,), nonnegative=True)
     if n is not None and arr.shape[0] != n:
         raise ValueError(f"fit_max_affine: {name} has {arr.shape[0]} samples but G has {n}; lengths must match")
     return arr

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_array, choice
+from .checks import check_array, check_choice
 from .cost import CostModel
 from .throughput import ThroughputCurve
 
@@ -110,32 +110,50 @@ class OEWFState:
 
     def __post_init__(self) -> None:
         fn = "OEWFState"
-        A = as_array(fn, "attention_us", self.attention_us, ndim=1, nonneg=True, hint="remaining A_d per rank")
+        A = check_array(
+            "attention_us", self.attention_us, where=fn, ndims=(1,), nonnegative=True, hint="remaining A_d per rank"
+        )
         D = A.shape[0]
         if D == 0:
             raise ValueError(f"{fn}: attention_us is empty; give one value per EP rank")
-        vec = {"shape": (D,), "nonneg": True, "hint": f"one value per rank, D = {D}"}
-        pair = as_array(fn, "pair_tokens", self.pair_tokens, ndim=3, nonneg=True, hint="[source, destination, expert]")
+        vec = {"shape": (D,), "nonnegative": True, "hint": f"one value per rank, D = {D}"}
+        pair = check_array(
+            "pair_tokens",
+            self.pair_tokens,
+            where=fn,
+            ndims=(3,),
+            nonnegative=True,
+            hint="[source, destination, expert]",
+        )
         if pair.shape[:2] != (D, D):
             raise ValueError(f"{fn}: pair_tokens must be [D, D, E] with D = {D}, got shape {pair.shape}")
         E = pair.shape[2]
         fields = {
             "attention_us": A,
-            "dispatch_us": as_array(fn, "dispatch_us", self.dispatch_us, **vec),
-            "tokens": as_array(fn, "tokens", self.tokens, **vec),
+            "dispatch_us": check_array("dispatch_us", self.dispatch_us, where=fn, **vec),
+            "tokens": check_array("tokens", self.tokens, where=fn, **vec),
             "pair_tokens": pair,
-            "expert_bytes": as_array(
-                fn, "expert_bytes", self.expert_bytes, shape=(E,), positive=True, hint=f"bytes per expert, E = {E}"
+            "expert_bytes": check_array(
+                "expert_bytes",
+                self.expert_bytes,
+                where=fn,
+                shape=(E,),
+                positive=True,
+                hint=f"bytes per expert, E = {E}",
             ),
         }
         for name in ("budget_bytes", "fetch_bytes_per_us"):
-            v = as_array(fn, name, getattr(self, name), nonneg=True, positive=name == "fetch_bytes_per_us")
+            v = check_array(
+                name, getattr(self, name), where=fn, nonnegative=True, positive=name == "fetch_bytes_per_us"
+            )
             if v.ndim not in (0, 1) or (v.ndim == 1 and v.shape != (D,)):
                 raise ValueError(f"{fn}: {name} must be a scalar or shape ({D},), got {v.shape}")
             fields[name] = np.broadcast_to(v, (D,))
         G = (pair.sum(axis=0) > 0).sum(axis=1) if self.activated is None else self.activated
-        fields["activated"] = as_array(fn, "activated", G, **vec)
-        fields["floor_us"] = as_array(fn, "floor_us", np.zeros(D) if self.floor_us is None else self.floor_us, **vec)
+        fields["activated"] = check_array("activated", G, where=fn, **vec)
+        fields["floor_us"] = check_array(
+            "floor_us", np.zeros(D) if self.floor_us is None else self.floor_us, where=fn, **vec
+        )
         for name, v in fields.items():
             object.__setattr__(self, name, _freeze(v))
 
@@ -165,7 +183,7 @@ class _Pricer:
 
 
 def _pricer(fn: str, curve, pricing, cost) -> _Pricer:
-    pricing = choice(fn, "pricing", pricing, PRICINGS)
+    pricing = check_choice("pricing", pricing, PRICINGS, where=fn)
     if pricing == "paper":
         if not isinstance(curve, ThroughputCurve):
             raise ValueError(f"{fn}: pricing='paper' needs curve=ThroughputCurve (F of Eq. 2), got {curve!r}")
@@ -397,8 +415,8 @@ def _check_fetch(fn: str, fetch, state: OEWFState) -> FetchPlan:
         raise ValueError(f"{fn}: fetch needs ≥ 1 expert and one token count per expert, got {fetch!r}")
     if any(not 0 <= e < state.num_experts for e in fetch.experts):
         raise ValueError(f"{fn}: fetch.experts {fetch.experts} must lie in 0..{state.num_experts - 1}")
-    as_array(fn, "fetch.tokens", fetch.tokens, positive=True)
-    as_array(fn, "fetch.bytes", fetch.bytes, positive=True)
+    check_array("fetch.tokens", fetch.tokens, where=fn, positive=True)
+    check_array("fetch.bytes", fetch.bytes, where=fn, positive=True)
     return fetch
 
 

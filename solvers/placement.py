@@ -144,7 +144,7 @@ class Placement:
         recorded load share the spare replicas instead of EPLB stacking them all on expert 0 (what a window of
         counts with zeros needs; a long-run average has no zeros).
         """
-        load = check_array("load", load, ndims=(1,))
+        load = check_array("load", load, ndims=(1,), nonnegative=True)
         if spread_idle:
             load = load + IDLE_LOAD
         phy2log, _, _ = rebalance_experts(load[None, :], num_replicas, num_groups, num_nodes, num_gpus)

@@ -39,7 +39,7 @@ class DispatchProblem:
     def __post_init__(self) -> None:
         if not isinstance(self.placement, Placement):
             raise ValueError(f"placement must be a solvers.Placement, got {type(self.placement).__name__}")
-        t = check_array("tokens", self.tokens, ndims=(1, 2), integer=True)
+        t = check_array("tokens", self.tokens, ndims=(1, 2), nonnegative=True, integer=True).astype(np.float64)
         E = self.placement.num_experts
         if t.shape[-1] != E:
             raise ValueError(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_array, as_scalar, choice
+from .checks import check_array, check_choice, check_real
 from .throughput import ThroughputCurve, stream_threshold
 
 __all__ = ["LAUNCH_MODES", "ExchangeRound", "LaunchGroup", "LaunchSchedule", "launch_groups"]
@@ -66,7 +66,7 @@ def _partition(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float)
 
 def _stream_theta(fn: str, curve, threshold, rho) -> float:
     if threshold is not None:
-        return as_scalar(fn, "threshold", threshold, lo=0.0, allow_inf=True)
+        return check_real("threshold", threshold, where=fn, minimum=0.0, allow_inf=True)
     if not isinstance(curve, ThroughputCurve):
         raise ValueError(f"{fn}: mode='stream' needs a ThroughputCurve (or an explicit threshold=θ tokens)")
     return float(stream_threshold(curve, rho))
@@ -132,13 +132,17 @@ def launch_groups(
     """
     fn = "launch_groups"
     # Step 1: validate.
-    mode = choice(fn, "mode", mode, LAUNCH_MODES)
-    arrival = as_array(fn, "arrival_us", arrival_us, ndim=1, nonneg=True, hint="one arrival time per source")
-    tok = as_array(fn, "tokens", tokens, shape=arrival.shape, nonneg=True, hint="one token count per source")
+    mode = check_choice("mode", mode, LAUNCH_MODES, where=fn)
+    arrival = check_array(
+        "arrival_us", arrival_us, where=fn, ndims=(1,), nonnegative=True, hint="one arrival time per source"
+    )
+    tok = check_array(
+        "tokens", tokens, where=fn, shape=arrival.shape, nonnegative=True, hint="one token count per source"
+    )
     if not isinstance(curve, ThroughputCurve):
         raise ValueError(f"{fn}: curve must be a ThroughputCurve, got {type(curve).__name__}")
-    t0 = as_scalar(fn, "start_us", start_us, lo=0.0)
-    eff = as_scalar(fn, "efficiency", efficiency, lo=0.0, lo_open=True, hi=1.0)
+    t0 = check_real("start_us", start_us, where=fn, minimum=0.0)
+    eff = check_real("efficiency", efficiency, where=fn, minimum=0.0, strict=True, maximum=1.0)
     theta = _stream_theta(fn, curve, threshold, rho) if mode == "stream" else 0.0
     slow = 1.0 / eff if mode == "stream" else 1.0
 
@@ -245,12 +249,16 @@ class LaunchSchedule:
         """
         fn = "LaunchSchedule.from_arrivals"
         # Step 1: validate.
-        mode = choice(fn, "mode", mode, LAUNCH_MODES)
-        arrival = as_array(fn, "arrival_us", arrival_us, ndim=1, nonneg=True, hint="one time per source rank")
+        mode = check_choice("mode", mode, LAUNCH_MODES, where=fn)
+        arrival = check_array(
+            "arrival_us", arrival_us, where=fn, ndims=(1,), nonnegative=True, hint="one time per source rank"
+        )
         D = arrival.shape[0]
         if D == 0:
             raise ValueError(f"{fn}: arrival_us is empty; give one arrival time per source rank")
-        tok = as_array(fn, "tokens", tokens, shape=(D, D), nonneg=True, hint="[source, destination] token counts")
+        tok = check_array(
+            "tokens", tokens, where=fn, shape=(D, D), nonnegative=True, hint="[source, destination] token counts"
+        )
         theta = _stream_theta(fn, curve, threshold, rho) if mode == "stream" else 0.0
         # Step 2: mean tokens per destination of each source, then the shared partition rule.
         groups = _partition(arrival, tok.sum(axis=1) / D, mode, theta)

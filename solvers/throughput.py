@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_array, as_scalar
+from .checks import check_array, check_real
 from .cost import CostModel
 
 __all__ = ["DEFAULT_TOKEN_LADDER", "ThroughputCurve", "stream_threshold"]
@@ -54,10 +54,14 @@ class ThroughputCurve:
 
     def __post_init__(self) -> None:
         fn = "ThroughputCurve"
-        tok = as_array(fn, "tokens", self.tokens, ndim=1, integer=True, positive=True, hint="profiled token counts")
+        tok = check_array(
+            "tokens", self.tokens, where=fn, ndims=(1,), integer=True, positive=True, hint="profiled token counts"
+        )
         if tok.size == 0:
             raise ValueError(f"{fn}: empty profile; give at least one (tokens, time_us) point")
-        t = as_array(fn, "time_us", self.time_us, shape=tok.shape, positive=True, hint="one time per token count")
+        t = check_array(
+            "time_us", self.time_us, where=fn, shape=tok.shape, positive=True, hint="one time per token count"
+        )
         step = np.diff(tok) <= 0
         if step.any():
             i = int(np.flatnonzero(step)[0])
@@ -101,11 +105,16 @@ class ThroughputCurve:
         fn = "ThroughputCurve.from_cost_model"
         if not isinstance(cost, CostModel):
             raise ValueError(f"{fn}: cost must be a solvers.CostModel, got {type(cost).__name__}")
-        S = as_scalar(fn, "experts_per_rank", experts_per_rank, lo=1)
+        S = check_real("experts_per_rank", experts_per_rank, where=fn, minimum=1)
         if S != int(S):
             raise ValueError(f"{fn}: experts_per_rank must be a whole number ≥ 1, got {experts_per_rank!r}")
-        grid = as_array(
-            fn, "tokens", DEFAULT_TOKEN_LADDER if tokens is None else tokens, ndim=1, integer=True, positive=True
+        grid = check_array(
+            "tokens",
+            DEFAULT_TOKEN_LADDER if tokens is None else tokens,
+            where=fn,
+            ndims=(1,),
+            integer=True,
+            positive=True,
         )
         # Step 1: expected activated experts under uniform routing (log1p/expm1 keep S = 1 and large N exact).
         N = grid.astype(np.float64)
@@ -142,7 +151,7 @@ class ThroughputCurve:
         Vectorised over ``N [...]`` (tokens, ≥ 0, may be fractional estimates); returns float64 of the same
         shape (a numpy scalar for a scalar). F(0) = 0; interpolation and extrapolation as in the class doc.
         """
-        N = as_array("ThroughputCurve.ffn_time", "N", N, nonneg=True)
+        N = check_array("N", N, where="ThroughputCurve.ffn_time", nonnegative=True)
         tok = np.asarray(self.tokens, dtype=np.float64)
         t = np.asarray(self.time_us)
         # np.interp holds t_1 below the first point (the launch floor) and we override past the last point.
@@ -155,7 +164,7 @@ class ThroughputCurve:
 
         η(0) is not needed by F (F(0) = 0); it is reported as η at the smallest profiled point.
         """
-        N = as_array("ThroughputCurve.eta", "N", N, nonneg=True)
+        N = check_array("N", N, where="ThroughputCurve.eta", nonnegative=True)
         F = np.asarray(self.ffn_time(N))
         safe = np.where(N > 0, F, 1.0)
         return np.where(N > 0, N / (safe * self.peak), self.profile_eta[0])[()]
@@ -173,7 +182,7 @@ def stream_threshold(curve: ThroughputCurve, rho: float = 0.9) -> int:
     """
     if not isinstance(curve, ThroughputCurve):
         raise ValueError(f"stream_threshold: curve must be a ThroughputCurve, got {type(curve).__name__}")
-    rho = as_scalar("stream_threshold", "rho", rho, lo=0.0, lo_open=True, hi=1.0)
+    rho = check_real("rho", rho, where="stream_threshold", minimum=0.0, strict=True, maximum=1.0)
     # The peak point has η = 1 exactly, so some point always qualifies; 1e-12 absorbs rounding of N/t.
     idx = int(np.flatnonzero(curve.profile_eta >= rho - 1e-12)[0])
     return curve.tokens[idx]

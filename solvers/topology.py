@@ -31,7 +31,7 @@ _RTOL = 1e-6
 def _array(name: str, a, ndim: int) -> np.ndarray:
     """float64 copy of ``a`` with ``ndim`` axes, finite and non-negative, or ValueError."""
     a = getattr(a, "x", a) if name == "x" else a  # a solvers.Dispatch is accepted for x
-    return check_array(name, a, ndims=(ndim,))
+    return check_array(name, a, ndims=(ndim,), nonnegative=True)
 
 
 def _check_marginals(x: np.ndarray, node_counts: np.ndarray) -> np.ndarray:

@@ -75,7 +75,7 @@ class DispatchController:
 
     def observe(self, counts) -> T.Tables:
         """Add one step's per-source counts ``[D, E]``; returns the latest published tables."""
-        c = check_array("counts", counts, ndims=(2,))
+        c = check_array("counts", counts, ndims=(2,), nonnegative=True)
         if c.shape != self._acc.shape:
             raise ValueError(f"counts must be [D={self._acc.shape[0]}, E={self._acc.shape[1]}], got {c.shape}")
         self._acc += c

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tempo_jax.sim import PLACEMENT_POLICIES, PrefixCache, Router, ServeResult, StepBatch, ToyStepTime, serve
+from tempo_jax.sim import PLACEMENT_POLICIES, ServeResult, StepBatch, serve
+from tempo_jax.sim.requests import PrefixCache, Router, ToyStepTime
 from tempo_jax.workloads import RequestTrace, load_mooncake_sample, synthetic_requests
 
 TOY = ToyStepTime(alpha0_s=2e-3, alpha1_s=2e-5, alpha2_s=1e-9, ffn_s_per_token=2e-5)
