@@ -38,6 +38,7 @@ from types import MappingProxyType
 import numpy as np
 
 from solvers.checks import check_int, check_real
+
 from .loaders import TRACES_ENV, traces_dir
 
 __all__ = [
