@@ -157,6 +157,15 @@ class OEWFState:
         for name, v in fields.items():
             object.__setattr__(self, name, _freeze(v))
 
+    @classmethod
+    def unchecked(cls, **fields) -> OEWFState:
+        """Build a state from float64 arrays of the right shapes without validation (simulators' inner loops;
+        ``activated`` and ``floor_us`` must be given, ``budget_bytes`` / ``fetch_bytes_per_us`` as ``[D]``)."""
+        state = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            object.__setattr__(state, f.name, fields[f.name])
+        return state
+
     @property
     def num_ranks(self) -> int:
         return self.attention_us.shape[0]
@@ -177,7 +186,7 @@ class _Pricer:
     def time(self, G, N) -> np.ndarray:
         N = np.maximum(np.asarray(N, dtype=np.float64), 0.0)
         if self.pricing == "paper":
-            return np.asarray(self.curve.ffn_time(N))
+            return np.asarray(self.curve.ffn_time_unchecked(N))
         t = self.kernel.gpu_times(np.maximum(G, 0.0), N)
         return np.where(N > 0, t, 0.0)
 
@@ -444,6 +453,12 @@ def admit(fetch: FetchPlan, state: OEWFState, *, curve=None, pricing: str = "pap
     return _admit(fetch, state, pr, _completion(state, pr))
 
 
+def _replaced(state: OEWFState, **changes) -> OEWFState:
+    """A copy of a (validated) state with some arrays replaced by arrays derived from it (no re-validation)."""
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(OEWFState)}
+    return OEWFState.unchecked(**{**fields, **{k: _freeze(v) for k, v in changes.items()}})
+
+
 def _apply(state: OEWFState, r: Reassignment) -> OEWFState:
     """The plan after an accepted reassignment: donor loses N_trans tokens, helper gains its new floor."""
     tokens = state.tokens.copy()
@@ -454,7 +469,7 @@ def _apply(state: OEWFState, r: Reassignment) -> OEWFState:
     activated[r.donor] = max(0.0, activated[r.donor] - r.donor_dropped_experts)
     pair[r.helper, r.donor, list(r.experts)] = 0.0
     floor[r.helper] = max(floor[r.helper], r.ready_us + r.work_us)
-    return dataclasses.replace(state, tokens=tokens, activated=activated, floor_us=floor, pair_tokens=pair)
+    return _replaced(state, tokens=tokens, activated=activated, floor_us=floor, pair_tokens=pair)
 
 
 def _apply_tempo(state: OEWFState, r: Reassignment) -> OEWFState:
@@ -463,7 +478,7 @@ def _apply_tempo(state: OEWFState, r: Reassignment) -> OEWFState:
     tokens, activated = s.tokens.copy(), s.activated.copy()
     tokens[r.helper] += r.n_trans
     activated[r.helper] += r.helper_new_experts
-    return dataclasses.replace(s, tokens=tokens, activated=activated)
+    return _replaced(s, tokens=tokens, activated=activated)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -23,7 +23,15 @@ import numpy as np
 from .checks import check_array, check_choice, check_real
 from .throughput import ThroughputCurve, stream_threshold
 
-__all__ = ["LAUNCH_MODES", "ExchangeRound", "LaunchGroup", "LaunchSchedule", "launch_groups"]
+__all__ = [
+    "LAUNCH_MODES",
+    "ExchangeRound",
+    "LaunchGroup",
+    "LaunchSchedule",
+    "launch_groups",
+    "partition_sources",
+    "run_partition",
+]
 
 #: Valid ``mode`` names of `launch_groups` and `LaunchSchedule.from_arrivals`.
 LAUNCH_MODES = ("sync", "async", "stream")
@@ -34,10 +42,15 @@ def _arrival_order(arrival: np.ndarray) -> np.ndarray:
     return np.argsort(arrival, kind="stable")
 
 
-def _partition(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float) -> list[list[int]]:
-    """All sources split into launch groups (in launch order), zero-token sources included.
+def partition_sources(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float) -> list[list[int]]:
+    """All sources split into launch groups (in launch order), zero-token sources included (no validation).
 
-    Every source lands in exactly one group: the one pending when it arrives.
+    Args:
+      arrival: ``[Gs]`` float arrival times; tokens: ``[Gs]`` tokens per source; mode: one of `LAUNCH_MODES`;
+      theta: the stream threshold in tokens (ignored by sync and async).
+
+    Every source lands in exactly one group: the one pending when it arrives. `launch_groups` is the checked
+    entry point; simulators call this in their inner loops.
     """
     order = _arrival_order(arrival)
     # Step 1: sync waits for everyone; async launches every source on its own.
@@ -146,17 +159,34 @@ def launch_groups(
     theta = _stream_theta(fn, curve, threshold, rho) if mode == "stream" else 0.0
     slow = 1.0 / eff if mode == "stream" else 1.0
 
-    # Step 2: partition the sources into launches; drop launches without tokens.
+    # Step 2: partition the sources into launches, then run them back to back.
+    groups = partition_sources(arrival, tok, mode, theta)
+    return run_partition(groups, arrival, tok, curve.ffn_time, start_us=t0, slow=slow)
+
+
+def run_partition(groups, arrival, tokens, ffn_time, *, start_us: float = 0.0, slow: float = 1.0):
+    """Run launch groups back to back on one rank's GPU (no validation; `launch_groups` checks its inputs).
+
+    Args:
+      groups: source lists in launch order (`partition_sources`).
+      arrival: ``[Gs]`` arrival times (µs); tokens: ``[Gs]`` tokens per source.
+      ffn_time: N → µs (e.g. `ThroughputCurve.ffn_time`).
+      start_us: the GPU is free from this time; slow: duration multiplier.
+
+    Returns:
+      ``tuple[LaunchGroup, ...]``: kernel k starts at max(its ready time, kernel k−1's end, start_us); groups
+      without tokens launch nothing.
+    """
     out: list[LaunchGroup] = []
-    gpu_free = t0
-    for group in _partition(arrival, tok, mode, theta):
-        n = float(tok[group].sum())
+    gpu_free = float(start_us)
+    tok, arr = np.asarray(tokens, dtype=np.float64).tolist(), np.asarray(arrival, dtype=np.float64).tolist()
+    for group in groups:
+        n = sum(tok[s] for s in group)
         if n <= 0:
             continue
-        # Step 3: run kernels back to back on the rank's GPU.
-        ready = float(arrival[group].max())
+        ready = max(arr[s] for s in group)
         start = max(ready, gpu_free)
-        end = start + float(curve.ffn_time(n)) * slow
+        end = start + float(ffn_time(n)) * slow
         out.append(LaunchGroup(sources=tuple(group), tokens=n, ready_us=ready, start_us=start, end_us=end))
         gpu_free = end
     return tuple(out)
@@ -261,7 +291,7 @@ class LaunchSchedule:
         )
         theta = _stream_theta(fn, curve, threshold, rho) if mode == "stream" else 0.0
         # Step 2: mean tokens per destination of each source, then the shared partition rule.
-        groups = _partition(arrival, tok.sum(axis=1) / D, mode, theta)
+        groups = partition_sources(arrival, tok.sum(axis=1) / D, mode, theta)
         order = tuple(r for g in groups for r in g)
         return cls(num_ranks=D, order=order, groups=tuple(tuple(g) for g in groups))
 

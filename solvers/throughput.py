@@ -12,7 +12,9 @@ numpy only.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -151,13 +153,29 @@ class ThroughputCurve:
         Vectorised over ``N [...]`` (tokens, ≥ 0, may be fractional estimates); returns float64 of the same
         shape (a numpy scalar for a scalar). F(0) = 0; interpolation and extrapolation as in the class doc.
         """
-        N = check_array("N", N, where="ThroughputCurve.ffn_time", nonnegative=True)
-        tok = np.asarray(self.tokens, dtype=np.float64)
-        t = np.asarray(self.time_us)
+        return self.ffn_time_unchecked(check_array("N", N, where="ThroughputCurve.ffn_time", nonnegative=True))
+
+    def ffn_time_unchecked(self, N):
+        """`ffn_time` without input checks (simulators' inner loops): ``N`` float ≥ 0, scalar or array."""
+        if isinstance(N, int | float):  # scalar fast path, same rule as the array path below
+            if N <= 0:
+                return 0.0
+            tok, t = self.tokens, self.time_us
+            if N >= tok[-1]:
+                return N * (t[-1] / tok[-1])
+            i = bisect.bisect_left(tok, N)
+            if i == 0:
+                return t[0]
+            return t[i - 1] + (t[i] - t[i - 1]) * (N - tok[i - 1]) / (tok[i] - tok[i - 1])
+        tok, t = self._points
         # np.interp holds t_1 below the first point (the launch floor) and we override past the last point.
         out = np.interp(N, tok, t)
         out = np.where(N > tok[-1], N * (t[-1] / tok[-1]), out)
         return np.where(N == 0, 0.0, out)[()]
+
+    @cached_property
+    def _points(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.tokens, dtype=np.float64), np.asarray(self.time_us, dtype=np.float64)
 
     def eta(self, N):
         """η(N) = N / (F(N) · P_peak), normalised throughput in (0, 1] (Eq. 2), vectorised over ``N [...]``.

@@ -1,0 +1,302 @@
+"""Model shapes, hardware and the derived per-layer costs of the CascadeEP prefill simulator.
+
+The CascadeEP paper gives model shapes (Table 1) and two calibration facts (Fig. 4: DeepSeek-V4-Flash EP8 on
+B200 reaches 90% of peak FFN throughput at θ = 28,672 tokens per EP rank; App. B: attention follows
+f = α0 + α1·Q + α2·Π), but no absolute coefficients. Everything here is derived from FLOPs and bytes of the
+stated shapes at stated efficiencies, so absolute times are ours; the notebook compares ratios.
+
+Derivations (per MoE layer, one EP rank = one GPU, D ranks, S = E/D experts per rank):
+
+- **Shapes.** Table 1 gives experts, top-k, expert width F and total / active parameters. We pick hidden size
+  H and layer count L so that L·E·3·H·F matches the total (V4-Flash: 43 × 256 × 3 × 4096 × 2048 = 277B of
+  284B; V4-Pro: 61 × 384 × 3 × 7168 × 3072 = 1.55T of 1.6T; GLM-5.3: 78 × 256 × 3 × 6144 × 2048 = 754B of
+  753B). These H and L are our assumption, not the paper's.
+- **Expert FFN.** A token–expert pair costs 6·H·F FLOPs (three GEMMs). Peak throughput per rank
+  ``P = gemm_efficiency × peak_flops / (6·H·F)`` tokens per µs. A grouped FFN kernel over N pairs takes
+  ``F(N) = t_fix + N / P``: the fixed part is the non-overlapped cost of streaming the rank's S experts'
+  weights (``S·3·H·F`` parameters at ``weight_bytes`` each over HBM) times one factor, calibrated once so
+  that V4-Flash on B200 gives θ(ρ = 0.9) = 28,672 (Fig. 4); the same factor serves every model. The curve is
+  profiled on 1,024-token steps up to 131,072 tokens (Fig. 4's range) as a `solvers.ThroughputCurve`.
+- **Attention** (App. B, Eq. 11). ``α1 = 2·4·H² / (attention_efficiency × peak_flops)`` µs per new token (the
+  q/k/v/o projections), ``α2 = 4·H / (attention_efficiency × peak_flops)`` µs per query–key pair (QKᵀ and
+  PV), ``α0`` = ``launch_us``. Sparse attention with a per-query key budget ``key_budget`` (DSA-style top-k
+  keys; None = dense) enters through Π.
+- **Communication.** Dispatch sends each remote token–expert pair's hidden vector in FP8 (H bytes), combine
+  returns it in BF16 (2H bytes), over ``link_bytes_per_us`` with ``link_latency_us`` per exchange. OEWF
+  fetches full expert weights (3·H·F·``weight_bytes``) at ``fetch_bytes_per_us`` into a buffer of
+  ``helper_budget_experts`` experts.
+
+numpy + solvers only (no jax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from solvers import AttentionModel, CostModel, ThroughputCurve, stream_threshold
+from solvers.checks import check_choice, check_int, check_real
+
+__all__ = [
+    "HARDWARE",
+    "MODELS",
+    "Hardware",
+    "ModelShape",
+    "PrefillCosts",
+    "prefill_costs",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """An MoE model's shape as the simulator needs it.
+
+    Attributes:
+      name: preset name.
+      layers: L MoE layers.
+      experts: E routed experts per layer.
+      top_k: K routed experts per token.
+      hidden: H.
+      expert_dim: F, expert intermediate width.
+      weight_bytes: bytes per routed-expert parameter (MXFP4 with one scale per 32 values: 0.53125; FP8 with
+        one scale per 128: 1.0078).
+      key_budget: per-query key budget of sparse attention (None = dense).
+      source: where the numbers come from.
+    """
+
+    name: str
+    layers: int
+    experts: int
+    top_k: int
+    hidden: int
+    expert_dim: int
+    weight_bytes: float
+    key_budget: int | None = 2048
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for attr in ("layers", "experts", "top_k", "hidden", "expert_dim"):
+            check_int(attr, getattr(self, attr), where="ModelShape")
+        if self.top_k > self.experts:
+            raise ValueError(f"ModelShape: top_k={self.top_k} exceeds experts={self.experts}")
+        check_real("weight_bytes", self.weight_bytes, where="ModelShape", minimum=0.0, strict=True)
+        if self.key_budget is not None:
+            check_int("key_budget", self.key_budget, where="ModelShape")
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (gate, up, down): 3·H·F."""
+        return 3 * self.hidden * self.expert_dim
+
+
+_T1 = "CascadeEP Table 1 (experts, top-k, expert dim); H and L derived from the totals (see module doc)"
+#: Table 1's three models.
+MODELS: dict[str, ModelShape] = {
+    "deepseek_v4_flash": ModelShape(
+        name="deepseek_v4_flash",
+        layers=43,
+        experts=256,
+        top_k=6,
+        hidden=4096,
+        expert_dim=2048,
+        weight_bytes=0.53125,
+        source=f"{_T1}: 284B / 13B, MXFP4 experts",
+    ),  # fmt: skip
+    "deepseek_v4_pro": ModelShape(
+        name="deepseek_v4_pro",
+        layers=61,
+        experts=384,
+        top_k=6,
+        hidden=7168,
+        expert_dim=3072,
+        weight_bytes=0.53125,
+        source=f"{_T1}: 1.6T / 49B, MXFP4 experts",
+    ),  # fmt: skip
+    "glm_5_3": ModelShape(
+        name="glm_5_3",
+        layers=78,
+        experts=256,
+        top_k=8,
+        hidden=6144,
+        expert_dim=2048,
+        weight_bytes=1.0078125,
+        source=f"{_T1}: 753B / ~40B, FP8 experts",
+    ),  # fmt: skip
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One GPU of the EP group and its links (numbers are stated assumptions, not measurements).
+
+    Attributes:
+      name: preset name.
+      peak_flops: dense tensor FLOP/s used for both GEMMs and attention (B200 dense FP8: 4.5e15).
+      gemm_efficiency: fraction of peak the expert GEMMs reach at their plateau.
+      attention_efficiency: fraction of peak the attention stage reaches.
+      hbm_bytes_per_us: HBM bandwidth (B200: 8 TB/s = 8e6 bytes/µs).
+      link_bytes_per_us: effective all-to-all bandwidth per rank for dispatch / combine.
+      link_latency_us: fixed latency of one dispatch or combine.
+      fetch_bytes_per_us: peer-to-peer bandwidth of OEWF's weight copies.
+      launch_us: fixed cost of one attention stage (α0).
+      helper_budget_experts: OEWF helper weight buffer, in experts (B_h = this × one expert's bytes).
+    """
+
+    name: str
+    peak_flops: float
+    gemm_efficiency: float
+    attention_efficiency: float
+    hbm_bytes_per_us: float
+    link_bytes_per_us: float
+    link_latency_us: float
+    fetch_bytes_per_us: float
+    launch_us: float
+    helper_budget_experts: int
+
+    def __post_init__(self) -> None:
+        for attr in ("peak_flops", "hbm_bytes_per_us", "link_bytes_per_us", "fetch_bytes_per_us"):
+            check_real(attr, getattr(self, attr), where="Hardware", minimum=0.0, strict=True)
+        for attr in ("gemm_efficiency", "attention_efficiency"):
+            check_real(attr, getattr(self, attr), where="Hardware", minimum=0.0, strict=True, maximum=1.0)
+        for attr in ("link_latency_us", "launch_us"):
+            check_real(attr, getattr(self, attr), where="Hardware", minimum=0.0)
+        check_int("helper_budget_experts", self.helper_budget_experts, where="Hardware", minimum=0)
+
+
+#: The paper's testbed: 8 B200 GPUs on NVLink (§4.1). Efficiencies and link numbers are our assumptions.
+HARDWARE: dict[str, Hardware] = {
+    "b200": Hardware(
+        name="b200",
+        peak_flops=4.5e15,
+        gemm_efficiency=0.6,
+        attention_efficiency=0.4,
+        hbm_bytes_per_us=8.0e6,
+        link_bytes_per_us=6.0e5,
+        link_latency_us=20.0,
+        fetch_bytes_per_us=6.0e5,
+        launch_us=30.0,
+        helper_budget_experts=8,
+    ),
+}
+
+# Fig. 4: V4-Flash EP8 on B200 reaches ρ = 0.9 of its peak FFN throughput at θ = 28,672 tokens per rank,
+# profiled up to 131,072 tokens (our grid: 1,024-token steps).
+_FIG4 = {"model": "deepseek_v4_flash", "hardware": "b200", "ranks": 8, "theta": 28_672, "rho": 0.9}
+_GRID = np.unique(np.concatenate([[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], np.arange(1024, 131_072 + 1, 1024)]))
+
+
+def _peak_tokens_per_us(model: ModelShape, hw: Hardware) -> float:
+    return hw.gemm_efficiency * hw.peak_flops / (6.0 * model.hidden * model.expert_dim) / 1e6
+
+
+def _weight_stream_us(model: ModelShape, hw: Hardware, experts_per_rank: float) -> float:
+    return experts_per_rank * model.expert_params * model.weight_bytes / hw.hbm_bytes_per_us
+
+
+def _fixed_over_stream() -> float:
+    """The one calibration factor: t_fix / (weight-streaming time), from Fig. 4's θ.
+
+    With F(N) = (x + N)/P, η(N) = [N/(x + N)] / [N_max/(x + N_max)]; η(θ) = ρ gives
+    x = θ·N_max·(1 − ρ) / (ρ·N_max − θ) tokens, i.e. t_fix = x / P.
+    """
+    model, hw = MODELS[_FIG4["model"]], HARDWARE[_FIG4["hardware"]]
+    theta, rho, n_max = _FIG4["theta"], _FIG4["rho"], float(_GRID[-1])
+    x = theta * n_max * (1 - rho) / (rho * n_max - theta)
+    return (x / _peak_tokens_per_us(model, hw)) / _weight_stream_us(model, hw, model.experts / _FIG4["ranks"])
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillCosts:
+    """Per-layer cost model of one (model, hardware, D) deployment (see the module doc for the derivation).
+
+    Attributes:
+      model, hardware, num_ranks: what it was derived for (D ranks, one attention replica each).
+      curve: the per-rank FFN `ThroughputCurve` F(N).
+      attention: the App. B `AttentionModel` (µs).
+      dispatch_bytes_per_pair / combine_bytes_per_pair: bytes per remote token–expert pair each way.
+      expert_bytes: bytes of one routed expert's weights (OEWF fetches).
+      fixed_us, peak_tokens_per_us: the two parameters of F(N) = fixed_us + N / peak_tokens_per_us.
+    """
+
+    model: ModelShape
+    hardware: Hardware
+    num_ranks: int
+    curve: ThroughputCurve
+    attention: AttentionModel
+    dispatch_bytes_per_pair: float
+    combine_bytes_per_pair: float
+    expert_bytes: float
+    fixed_us: float
+    peak_tokens_per_us: float
+
+    @property
+    def experts_per_rank(self) -> float:
+        return self.model.experts / self.num_ranks
+
+    @cached_property
+    def threshold(self) -> int:
+        """streamFFN's θ = `solvers.stream_threshold` at ρ = 0.9 (tokens per rank)."""
+        return stream_threshold(self.curve, 0.9)
+
+    @property
+    def helper_budget_bytes(self) -> float:
+        return self.hardware.helper_budget_experts * self.expert_bytes
+
+    def ffn_us(self, tokens) -> np.ndarray:
+        """F(N) µs for ``tokens [...]`` (0 for no tokens)."""
+        return np.asarray(self.curve.ffn_time(tokens))
+
+    def exchange_us(self, pairs, bytes_per_pair: float) -> np.ndarray:
+        """One dispatch or combine of ``pairs [...]`` remote pairs: latency + bytes / link bandwidth (0 if none)."""
+        pairs = np.asarray(pairs, dtype=np.float64)
+        hw = self.hardware
+        return np.where(pairs > 0, hw.link_latency_us + pairs * bytes_per_pair / hw.link_bytes_per_us, 0.0)
+
+    def tempo_cost_model(self) -> CostModel:
+        """The same rank as a TEMPO max-affine model (for ``dispatch="tempo"``): b = one expert's weight stream
+        time, β = 1/P, a = c = the fixed part (µs)."""
+        hw = self.hardware
+        b = self.model.expert_params * self.model.weight_bytes / hw.hbm_bytes_per_us
+        return CostModel(
+            a=self.fixed_us, b=b, c=self.fixed_us, beta=1.0 / self.peak_tokens_per_us, source="prefill_costs"
+        )
+
+
+def prefill_costs(model: str | ModelShape = "deepseek_v4_flash", hardware: str | Hardware = "b200",
+                  num_ranks: int = 8) -> PrefillCosts:  # fmt: skip
+    """Derive the per-layer costs of ``model`` on ``num_ranks`` GPUs of ``hardware`` (see the module doc)."""
+    if isinstance(model, str):
+        model = MODELS[check_choice("model", model, MODELS, where="prefill_costs")]
+    if isinstance(hardware, str):
+        hardware = HARDWARE[check_choice("hardware", hardware, HARDWARE, where="prefill_costs")]
+    D = check_int("num_ranks", num_ranks, where="prefill_costs")
+    if model.experts % D:
+        raise ValueError(f"prefill_costs: {model.experts} experts do not split evenly over num_ranks={D}")
+    hw = hardware
+    # Step 1: FFN curve F(N) = t_fix + N / P on Fig. 4's grid.
+    P = _peak_tokens_per_us(model, hw)
+    fixed = _fixed_over_stream() * _weight_stream_us(model, hw, model.experts / D)
+    curve = ThroughputCurve.from_profile(_GRID, fixed + _GRID / P, source=f"{model.name} on {hw.name}, D={D}")
+    # Step 2: attention coefficients from FLOPs (Eq. 11).
+    rate = hw.attention_efficiency * hw.peak_flops / 1e6  # FLOP per µs
+    attention = AttentionModel(
+        alpha0=hw.launch_us,
+        alpha1=8.0 * model.hidden**2 / rate,
+        alpha2=4.0 * model.hidden / rate,
+        source=f"FLOPs of {model.name} at {hw.attention_efficiency:.0%} of {hw.name} peak",
+    )
+    # Step 3: bytes on the links.
+    return PrefillCosts(
+        model=model,
+        hardware=hw,
+        num_ranks=D,
+        curve=curve,
+        attention=attention,
+        dispatch_bytes_per_pair=float(model.hidden),
+        combine_bytes_per_pair=2.0 * model.hidden,
+        expert_bytes=float(model.expert_params * model.weight_bytes),
+        fixed_us=float(fixed),
+        peak_tokens_per_us=float(P),
+    )
