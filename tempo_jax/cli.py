@@ -5,6 +5,7 @@ Commands:
   solve      dispatch one batch from files (counts + placement) or from a routing trace, print/write it
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
+  cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
   bench      run a benchmark script (solver, gemm, ep)
   reproduce  execute the figure notebooks headless and report failures
 """
@@ -182,6 +183,50 @@ def _cmd_phase(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cascade(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .report import table
+    from .sim import CascadeConfig, run_cascade
+    from .sim.cascade_summary import LABELS, capacity_rps, oewf_rows
+
+    cfg = CascadeConfig(
+        model=args.model,
+        trace=args.trace,
+        max_requests=args.requests,
+        placement=args.placement,
+        attention=args.attention,
+        estimates=args.estimates,
+        guard=not args.no_guard,
+        replication=args.replication,
+        dispatch=args.dispatch,
+    )
+    run_kw = dict(workers=args.workers, progress=True)
+    if args.rate is None:
+        _, cap = capacity_rps(cfg, **run_kw)
+        rate = args.load * cap
+        print(f"Sync capacity {cap:.2f} req/s on this trace; serving at load {args.load} = {rate:.2f} req/s")
+    else:
+        rate = args.rate
+    runs = run_cascade(dataclasses.replace(cfg, rate_rps=rate), tuple(args.modes.split(",")), **run_kw)
+    base = next(iter(runs.values())).serve
+    rows = []
+    for mode, r in runs.items():
+        s = r.summary()
+        rows.append(
+            [LABELS[mode], f"{s['throughput_ktok_s']:.1f}", f"{s['ttft_mean_s']:.3f}", f"{s['ttft_p95_s']:.3f}",
+             f"{100 * (1 - s['ttft_p95_s'] / base.ttft_p95_s):+.1f}%", f"{100 * s['tail_ratio']:.1f}%",
+             f"{s['alb']:.2f}", s["oewf_moves"]]
+        )  # fmt: skip
+    heads = ["mode", "ktok/s", "TTFT avg s", "p95 s", "p95 vs first", "R_tail", "ALB", "OEWF moves"]
+    print(table(rows, heads, f"{cfg.model}, {cfg.placement}, {base.num_requests} requests at {rate:.2f} req/s"))
+    if "cascade" in runs:
+        o = oewf_rows(runs["cascade"])
+        print(f"OEWF: cuts ≥ 1% of the layer in {100 * o['ge_1pct']:.1f}% of layer forwards, ≥ 5% in "
+              f"{100 * o['ge_5pct']:.1f}%, max {100 * o['max']:.2f}%")  # fmt: skip
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import runpy
 
@@ -243,6 +288,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(fn=_cmd_phase)
+
+    p = sub.add_parser("cascade", help="CascadeEP prefill simulation of one configuration (cached under results/cache)")
+    p.add_argument("--model", default="deepseek_v4_flash", help="deepseek_v4_flash, deepseek_v4_pro or glm_5_3")
+    p.add_argument("--trace", default="mooncake", help="mooncake, mooncake_sample or synthetic")
+    p.add_argument("--requests", type=int, default=400, help="serve the first N requests of the trace")
+    p.add_argument("--placement", default="round_robin",
+                   help="round_robin, least_loaded, power_of_two or prefix_only")  # fmt: skip
+    p.add_argument("--rate", type=float, help="request rate (req/s); default: --load × Sync capacity")
+    p.add_argument("--load", type=float, default=0.9, help="rate as a fraction of Sync capacity (without --rate)")
+    p.add_argument("--modes", default="sync,async,async_sf,cascade", help="comma-separated layer modes")
+    p.add_argument("--attention", default="dense", help="dense or sparse")
+    p.add_argument("--estimates", default="paper", help="paper (noisy, previous layer) or exact")
+    p.add_argument("--no-guard", action="store_true", help="paper-literal launch rules (no predicted-completion guard)")
+    p.add_argument("--replication", type=float, default=1.0, help="expert replicas / experts (EPLB per layer)")
+    p.add_argument("--dispatch", default="uniform", help="uniform or tempo (with --replication > 1)")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(fn=_cmd_cascade)
 
     p = sub.add_parser("bench", help="run a benchmark script (solver, gemm or ep); extra arguments pass through")
     p.add_argument("which", choices=["solver", "gemm", "ep"])

@@ -89,3 +89,12 @@ def test_bench_solver_quick(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["suites"]["synthetic"]["summary"]["tempo"]["ratio_median"] == 1.0
     assert "timing" in data and "/tempo median" in capsys.readouterr().out
+
+
+def test_cascade_command_prints_the_mode_table(capsys):
+    argv = ["cascade", "--trace", "mooncake_sample", "--requests", "12", "--rate", "5", "--modes", "sync,cascade"]
+    assert main([*argv, "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "CascadeEP" in out and "Sync" in out and "OEWF: cuts" in out
+    assert main(["cascade", "--placement", "random", "--trace", "mooncake_sample"]) == 2
+    assert "unknown placement 'random'" in capsys.readouterr().err

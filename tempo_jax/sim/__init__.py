@@ -13,6 +13,8 @@ both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced
 - Cost-model demos (Fig. 1b, Fig. 2, calibration): `worked_example`, `expert_profile`, `calibration_demo`.
 - CascadeEP request level: `serve` (placement over DP attention replicas with prefix caches, chunked-prefill
   batches, lockstep steps, TTFT) → `ServeResult`; `StepBatch` is what a step-time model receives.
+- CascadeEP prefill (Figs. 1, 6–9): `CascadeConfig`, `run_cascade` → ``{mode: CascadeRun}`` over `LAYER_MODES`
+  (Sync, Async, Async+SF, CascadeEP); `prefill_costs` derives a deployment's costs; `layer_timeline` one layer.
 
 Glossary: D ranks (GPUs), E experts, K top-k; batch sizes carry their unit (``tokens_per_gpu`` in the phase
 diagram, ``tokens_per_step`` across the EP group in the replays).
@@ -20,8 +22,11 @@ diagram, ``tokens_per_step`` across the EP group in the replays).
 
 from .ablation import AblationResult, component_ablation
 from .boundary import Boundary, flip_boundary
+from .cascade import CascadeConfig, CascadeRun, run_cascade
+from .cascade_layer import LAYER_MODES, LayerInputs, layer_timeline
 from .cost_demo import calibration_demo, expert_profile, worked_example
 from .phase import MODEL_SHAPES, PHASE_POLICIES, PhaseConfig, PhaseResult, run_phase
+from .prefill import prefill_costs
 from .protocols import (
     InformationConfig,
     PolicyConfig,
@@ -40,13 +45,17 @@ from .traffic import TopologyConfig, topology_replay
 from .variants import TEMPO_VARIANTS
 
 __all__ = [
+    "LAYER_MODES",
     "MODEL_SHAPES",
     "PHASE_POLICIES",
     "PLACEMENT_POLICIES",
     "TEMPO_VARIANTS",
     "AblationResult",
     "Boundary",
+    "CascadeConfig",
+    "CascadeRun",
     "InformationConfig",
+    "LayerInputs",
     "PhaseConfig",
     "PhaseResult",
     "PolicyConfig",
@@ -62,6 +71,9 @@ __all__ = [
     "component_ablation",
     "expert_profile",
     "flip_boundary",
+    "layer_timeline",
+    "prefill_costs",
+    "run_cascade",
     "run_information",
     "run_phase",
     "run_policies",
