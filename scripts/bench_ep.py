@@ -103,7 +103,7 @@ def main(argv=None) -> int:
             return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
                                config=cfg)  # fmt: skip
 
-        _, counts, _ = jax.jit(layer)(params, x, T.uniform(placement).table)
+        counts = jax.jit(layer)(params, x, T.uniform(placement).table).counts
         problem = DispatchProblem(np.asarray(counts), placement, cost)
         dense = None
         if jax.default_backend() == "cpu":

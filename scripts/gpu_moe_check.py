@@ -49,9 +49,9 @@ def check_layer(*, smoke: bool) -> dict:
                 params = init_params(jax.random.key(1), cfg)
                 fwd = jax.jit(lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
                                                                 config=c))  # fmt: skip
-                y, _, aux = fwd(params, x)
-                err = float(jnp.abs(y - moe_reference(params, x, cfg)).max())
-                drops = int(aux["drops"].sum())
+                res = fwd(params, x)
+                err = float(jnp.abs(res.out - moe_reference(params, x, cfg)).max())
+                drops = int(res.stats.drops.sum())
                 out[name] = dict(max_abs_err=err, drops=drops, ok=bool(np.isfinite(err) and err < TOL and not drops))
             except Exception as e:  # recorded, and the other cases still run
                 out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)

@@ -60,7 +60,8 @@ def main(argv=None) -> int:
 
     # Step 3: run and gather.
     f = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config))
-    out, counts, aux = f(params, xg)
+    res = f(params, xg)
+    out, counts = res.out, res.counts
     out = multihost_utils.process_allgather(out, tiled=True)
     counts = multihost_utils.process_allgather(counts, tiled=True)
     if jax.process_index() == 0:

@@ -155,10 +155,10 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
             tables = T.static(placement) if policy == "static" else T.uniform(placement)
         else:
             tables = T.from_dispatch(d)
-        out, _, aux = run(tables.table)
-        out = np.asarray(out)
+        res = run(tables.table)
+        out = np.asarray(res.out)
         first = out if first is None else first
-        acts, toks = np.asarray(aux["gpu_activations"]), np.asarray(aux["gpu_tokens"])
+        acts, toks = np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)
         times[policy] = cost.gpu_times(acts, toks)
         rows.append(
             dict(

@@ -112,7 +112,7 @@ class MoE(nnx.Module):
         """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""
         lead, H = x.shape[:-1], x.shape[-1]
         key = self.rngs.dispatch() if "dispatch" in self.rngs else jax.random.key(0)
-        out, counts, aux = moe_forward(
+        res = moe_forward(
             self.params(),
             x.reshape(-1, H),
             mesh=self.mesh,
@@ -122,9 +122,9 @@ class MoE(nnx.Module):
             key=key,
             counter=self.counter.get_value(),
         )
-        self.counter.set_value(aux["counter"])
-        self.counts.set_value(counts)
-        self.gpu_tokens.set_value(aux["gpu_tokens"])
+        self.counter.set_value(res.counter)
+        self.counts.set_value(res.counts)
+        self.gpu_tokens.set_value(res.stats.gpu_tokens)
         if self.record:
-            self.topk_ids.set_value(aux["topk_ids"])
-        return out.reshape(*lead, H)
+            self.topk_ids.set_value(res.stats.topk_ids)
+        return res.out.reshape(*lead, H)

@@ -1,10 +1,13 @@
 """The expert-parallel MoE layer: functional core (`moe_forward`) and its dense reference.
 
 Inside `jax.shard_map` over the ``ep`` mesh axis (tokens data-parallel, physical expert slots
-expert-parallel), per rank:
+expert-parallel), per rank, the stages of `tempo_jax.stages`:
 
-  router → top-k gating → dispatch kernel (table → physical slot) → sort by destination rank → exchange →
-  sort by local slot → grouped-GEMM SwiGLU FFN → reverse exchange → weighted combine.
+  route → dispatch (table → physical slot, counts) → pack by destination (rows + slot ids) → exchange →
+  expert FFN (sort by local slot, grouped-GEMM SwiGLU) → return → weighted combine.
+
+The per-rank inputs are one pytree (`RankInputs`) whose shard_map specs come from the same structure, and the
+result is one type (`MoEOutput`: out, counts, counter, stats).
 
 Replicas hold identical weights, so the output does not depend on the dispatch table, the policy or the mode:
 every choice computes the same function as `moe_reference` (up to float reassociation). That is the project's
@@ -18,19 +21,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE, DISPATCH_MODES, GMM, DispatchMode, GmmImpl, dispatch, gmm
+from pallas_kernels import COUNTER_DTYPE, DISPATCH_MODES, GMM, DispatchMode, GmmImpl
 
-from .exchange import EXCHANGE, ExchangeImpl, exchange, exchange_back
+from . import stages
+from .exchange import EXCHANGE, ExchangeImpl
+from .stages import route
 from .tables import PlacementArrays, Tables
 
-__all__ = ["MoEConfig", "init_params", "materialize", "route", "moe_forward", "moe_reference", "make_ep_mesh"]
+__all__ = [
+    "MoEConfig",
+    "MoEOutput",
+    "MoEStats",
+    "RankInputs",
+    "init_params",
+    "make_ep_mesh",
+    "materialize",
+    "moe_forward",
+    "moe_reference",
+    "route",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,7 +63,10 @@ class MoEConfig:
       interpret: run Pallas kernels in interpret mode (CPU tests).
       mode: dispatch mode, "sample" (paper) or "quota" (deterministic).
       renormalize: renormalise the top-k gate weights to sum to 1.
-      capacity: rows per (source, destination) block; None = dropless worst case T/D·K.
+      capacity: rows per (source, destination) block: None = the dropless worst case T/D·K; a positive int =
+        that many (pairs beyond it are dropped, counted in ``MoEOutput.stats.drops``); ``"auto"`` = the `MoE`
+        module's bucketed capacity with a dropless re-run (see `tempo_jax.module`); `moe_forward` itself needs
+        an int or None (``capacity=`` overrides per call).
       axis: name of the expert-parallel mesh axis.
     """
 
@@ -61,19 +81,28 @@ class MoEConfig:
     interpret: bool = False
     mode: DispatchMode = "sample"
     renormalize: bool = True
-    capacity: int | None = None
+    capacity: int | str | None = None
     axis: str = "ep"
 
     def __post_init__(self):
         for name in ("hidden", "ffn", "experts", "top_k", "slots_per_device"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MoEConfig.{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.slots_per_device >= 2**16:
+            raise ValueError(f"MoEConfig.slots_per_device must be < 65536 (slot ids travel in 16 bits), got "
+                             f"{self.slots_per_device}")  # fmt: skip
         if self.top_k > self.experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}")
         if self.mode not in DISPATCH_MODES:
             raise ValueError(f"MoEConfig.mode must be one of {list(DISPATCH_MODES)}, got {self.mode!r}")
         EXCHANGE.validate(self.exchange)
         GMM.validate(self.gmm_impl)
+        c = self.capacity
+        if not (c is None or c == "auto" or (isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 1)):
+            raise ValueError(
+                f"MoEConfig.capacity must be None (dropless worst case), a positive int (rows per block) or "
+                f"'auto' (bucketed, dropless), got {c!r}"
+            )
 
 
 def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.sharding.Mesh:
@@ -101,16 +130,6 @@ def materialize(params: dict, phy2log: jax.Array) -> dict:
     return {name: jnp.take(params[name], phy2log, axis=0) for name in ("w_gate", "w_up", "w_down")}
 
 
-def route(x: jax.Array, router: jax.Array, top_k: int, renormalize: bool = True) -> tuple[jax.Array, jax.Array]:
-    """Softmax top-k gating. ``x [T, H]`` → ``(ids [T, K] int32, weights [T, K] float32)``."""
-    logits = jnp.dot(x.astype(jnp.float32), router, precision=jax.lax.Precision.HIGHEST)
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, ids = jax.lax.top_k(probs, top_k)
-    if renormalize:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return ids.astype(jnp.int32), weights
-
-
 def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts, no dispatch. ``[T, H]`` → ``[T, H]``.
 
@@ -125,82 +144,183 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -
     return jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked).astype(x.dtype)
 
 
-def _local_moe(
-    x, router, wg, wu, wd, table, log2phy, counter, key, ids_in, gate_in, *, config, impl, groups, given_routing
-):
-    """Per-rank body (inside shard_map). x [T_loc, H]; wg/wu [S, H, F]; wd [S, F, H]; table [Gs, E, R]."""
+class RankInputs(NamedTuple):
+    """What each rank's body receives; `specs` gives the shard_map spec of every field from this structure.
+
+    Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], w_gate /
+    w_up [P, H, F], w_down [P, F, H], counter [D, E], ids / gate [T, K] (replayed routing). Replicated: router
+    [H, E], table [Gs, E, R], log2phy [E, R], key.
+    """
+
+    x: jax.Array
+    router: jax.Array
+    w_gate: jax.Array
+    w_up: jax.Array
+    w_down: jax.Array
+    table: jax.Array
+    log2phy: jax.Array
+    counter: jax.Array
+    key: jax.Array
+    ids: jax.Array
+    gate: jax.Array
+
+    _REPLICATED = ("router", "table", "log2phy", "key")
+
+    @classmethod
+    def specs(cls, axis: str) -> RankInputs:
+        return cls(*(P() if f in cls._REPLICATED else P(axis) for f in cls._fields))
+
+
+class MoEStats(NamedTuple):
+    """Per-rank statistics of one forward pass (leading axis D).
+
+    Attributes:
+      gpu_tokens: ``[D]`` rows each rank's experts computed (the paper's N_g).
+      gpu_activations: ``[D]`` non-empty local slots (G_g).
+      slot_tokens: ``[D, S]`` rows each local slot computed.
+      drops: ``[D]`` pairs each source rank could not send (blocks over capacity); 0 when dropless.
+      max_block: ``[D]`` the largest (source, destination) block each source wanted to send (the capacity a
+        dropless run needs).
+      replica_counts: ``[D, E, R]`` pairs each source sent to each replica column.
+      topk_ids: ``[T, K]`` the routing (for traces).
+    """
+
+    gpu_tokens: jax.Array
+    gpu_activations: jax.Array
+    slot_tokens: jax.Array
+    drops: jax.Array
+    max_block: jax.Array
+    replica_counts: jax.Array
+    topk_ids: jax.Array
+
+
+class MoEOutput(NamedTuple):
+    """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
+    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`)."""
+
+    out: jax.Array
+    counts: jax.Array
+    counter: jax.Array
+    stats: MoEStats
+
+
+def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
+               capacity: int) -> MoEOutput:  # fmt: skip
+    """Per-rank body (inside shard_map): the synchronous composition of `tempo_jax.stages`."""
     axis, K, S = config.axis, config.top_k, config.slots_per_device
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
-    T = x.shape[0]
+    T = inp.x.shape[0]
     # Step 1: route.
-    if given_routing:
-        ids, gate = ids_in, gate_in
-    else:
-        ids, gate = route(x, router, K, config.renormalize)
-    # Step 2: dispatch kernel: logical expert → physical slot, with counts.
-    tbl = table[(d * groups) // D]
-    valid = jnp.ones((T,), bool)
-    uniforms = jax.random.uniform(jax.random.fold_in(key, d), (T, K)) if config.mode == "sample" else None
-    res = dispatch(ids, valid, tbl, log2phy, counter[0], mode=config.mode, uniforms=uniforms,
-                   interpret=config.interpret)  # fmt: skip
-    slot = res.slots.reshape(-1)  # [T·K]
-    # Step 3: sort pairs by destination rank.
-    dest = slot // S
-    order = jnp.argsort(dest, stable=True)
-    dest_sorted = dest[order]
-    counts = jnp.bincount(dest, length=D)
-    capacity = config.capacity or T * K
-    rows = x.astype(config.dtype)[order // K]
-    # Step 4: exchange (rows and their local slot ids).
-    recv, recv_counts = exchange(rows, dest_sorted, counts, axis=axis, capacity=capacity, impl=impl)
-    lslot, _ = exchange((slot[order] % S)[:, None], dest_sorted, counts, axis=axis, capacity=capacity, impl=impl)
-    # Step 5: sort received rows by local slot (invalid rows last, outside every group).
-    in_block = jnp.arange(capacity)[None, :] < recv_counts[:, None]  # [D, C]
-    local = jnp.where(in_block, lslot[..., 0], S).reshape(-1)
-    order2 = jnp.argsort(local, stable=True)
-    xr = recv.reshape(-1, recv.shape[-1])[order2]
-    group_sizes = jnp.bincount(local, length=S + 1)[:S].astype(jnp.int32)
-    # Step 6: SwiGLU expert FFN as three grouped GEMMs over the local slots.
-    mm = dict(implementation=config.gmm_impl, interpret=config.interpret)
-    h = jax.nn.silu(gmm(xr, wg, group_sizes, **mm)) * gmm(xr, wu, group_sizes, **mm)
-    y = gmm(h, wd, group_sizes, **mm)
-    # Step 7: undo the local sort, send results back, undo the destination sort.
-    y_recv = jnp.zeros_like(y).at[order2].set(y).reshape(recv.shape)
-    back = exchange_back(y_recv, recv_counts, dest_sorted, counts, axis=axis, capacity=capacity, impl=impl)
-    y_pairs = jnp.zeros_like(back).at[order].set(back).reshape(T, K, -1)
-    # Step 8: weighted combine.
-    out = jnp.einsum("tk,tkh->th", gate.astype(y_pairs.dtype), y_pairs).astype(x.dtype)
-    aux = {
-        "gpu_tokens": jnp.sum(group_sizes)[None],
-        "gpu_activations": jnp.sum(group_sizes > 0)[None],
-        "drops": jnp.sum(jnp.maximum(counts - capacity, 0))[None],
-        "slot_tokens": group_sizes[None],
-        "replica_counts": res.replica_counts[None],
-        "topk_ids": ids,
-    }
-    return out, res.counts[None], res.counter[None], aux
-
-
-def _in_specs(axis: str) -> tuple:
-    # x, router, w_gate, w_up, w_down, table, log2phy, counter, key, routing ids, routing weights
-    return (P(axis), P(), P(axis), P(axis), P(axis), P(), P(), P(axis), P(), P(axis), P(axis))
+    rt = stages.Routing(inp.ids, inp.gate) if given_routing else route(inp.x, inp.router, K, config.renormalize)
+    # Step 2: dispatch: logical expert → physical slot, with counts.
+    uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if config.mode == "sample" else None
+    dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0], mode=config.mode,
+                               uniforms=uniforms, interpret=config.interpret)  # fmt: skip
+    # Step 3: pack by destination; Step 4: exchange (rows and slot ids in one collective).
+    packed = stages.pack(inp.x, dp.slot, top_k=K, slots_per_rank=S, num_ranks=D, capacity=capacity,
+                         dtype=config.dtype)  # fmt: skip
+    recv = stages.exchange(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=S)
+    # Step 5: expert FFN on every received row.
+    rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
+    mm = dict(gmm_impl=config.gmm_impl, interpret=config.interpret)
+    y, group_sizes = stages.expert_ffn(rows, slots, inp.w_gate, inp.w_up, inp.w_down, **mm)
+    # Step 6: return; Step 7: combine.
+    y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, impl=impl)
+    out = stages.combine(y_pairs, rt.gate, inp.x.dtype)
+    stats = MoEStats(
+        gpu_tokens=jnp.sum(group_sizes)[None],
+        gpu_activations=jnp.sum(group_sizes > 0)[None],
+        slot_tokens=group_sizes[None],
+        drops=jnp.sum(packed.wanted - packed.counts)[None],
+        max_block=jnp.max(packed.wanted)[None],
+        replica_counts=dp.replica_counts[None],
+        topk_ids=rt.ids,
+    )
+    return MoEOutput(out, dp.counts[None], dp.counter[None], stats)
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool):
-    """The jitted shard_map program, built once per (mesh, config, exchange, table groups): eager callers
-    (e.g. `MoE.__call__` outside `jit`) compile once instead of running the collective program op by op."""
+def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
+                  capacity: int):  # fmt: skip
+    """The jitted shard_map program, built once per (mesh, config, exchange, table groups, capacity): eager
+    callers (e.g. `MoE.__call__` outside `jit`) compile once instead of running the collective program op by op."""
     axis = config.axis
+    body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
+                             capacity=capacity)  # fmt: skip
+    out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)))
     return jax.jit(
-        jax.shard_map(
-            functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing),
-            mesh=mesh,
-            in_specs=_in_specs(axis),
-            out_specs=(P(axis), P(axis), P(axis), P(axis)),
-            check_vma=False,
-        )
+        jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs, check_vma=False)
     )
+
+
+def _concrete(*arrays) -> bool:
+    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity) -> int:
+    """Every consistency check `moe_forward` can make before tracing; returns the per-rank capacity C.
+
+    Value checks (ids in range, tables matching the placement) run when the arrays are concrete (an eager call);
+    inside a caller's `jit` only shapes can be checked.
+    """
+    axis = config.axis
+    if axis not in mesh.shape:
+        raise ValueError(f"axis {axis!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.axis")
+    D = mesh.shape[axis]
+    T, H = x.shape
+    E, S, K = config.experts, config.slots_per_device, config.top_k
+    # Step 1: shapes.
+    if T == 0:
+        raise ValueError("x has no tokens (T = 0); call the layer with at least D tokens")
+    if H != config.hidden or params["router"].shape != (H, E):
+        raise ValueError(
+            f"x [T, H={H}] / router {params['router'].shape} do not match config (H={config.hidden}, E={E})"
+        )
+    if T % D:
+        raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
+    phy2log = placement_arrays.phy2log
+    if phy2log.shape[0] != D * S:
+        raise ValueError(f"placement has {phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}")
+    if tables.table.ndim != 3 or tables.table.shape[0] == 0:
+        raise ValueError(f"tables.table must be [Gs ≥ 1, E, R], got shape {tables.table.shape}")
+    if tables.log2phy.shape[0] != E or tables.table.shape[1:] != tables.log2phy.shape:
+        raise ValueError(f"tables {tables.table.shape} / log2phy {tables.log2phy.shape} do not match E={E}")
+    if placement_arrays.log2phy.shape != tables.log2phy.shape:
+        raise ValueError(
+            f"tables were built for another placement: log2phy {tables.log2phy.shape} vs the placement's "
+            f"{placement_arrays.log2phy.shape}; build them from this placement (tempo_jax.tables)"
+        )
+    # Step 2: values, when concrete.
+    if _concrete(phy2log, tables.log2phy, placement_arrays.log2phy):
+        p2l, l2p = np.asarray(phy2log), np.asarray(tables.log2phy)
+        if p2l.min() < 0 or p2l.max() >= E:
+            bad = np.flatnonzero((p2l < 0) | (p2l >= E))
+            raise ValueError(f"phy2log slots {bad[:10].tolist()} hold expert ids outside [0, {E})")
+        if not np.array_equal(l2p, np.asarray(placement_arrays.log2phy)):
+            raise ValueError("tables.log2phy differs from the placement's log2phy: tables built for another placement")
+        if l2p.min() < -1 or l2p.max() >= D * S:
+            raise ValueError(f"log2phy holds slots outside [-1, P = {D * S}): min {l2p.min()}, max {l2p.max()}")
+        orphan = np.flatnonzero((l2p < 0).all(axis=1))
+        if orphan.size:
+            raise ValueError(f"experts {orphan[:10].tolist()} have no replica in log2phy; every expert needs one")
+        if not np.array_equal(p2l[l2p[l2p >= 0]], np.nonzero(l2p >= 0)[0]):
+            raise ValueError("log2phy and phy2log disagree: a replica column points at a slot of another expert")
+    if routing is not None and _concrete(routing[0]):
+        ids = np.asarray(routing[0])
+        if ids.size and (ids.min() < 0 or ids.max() >= E):
+            raise ValueError(f"routing ids must lie in [0, {E}), got min {ids.min()}, max {ids.max()}")
+    # Step 3: capacity (rows per block): at most the worst case T/D·K.
+    worst = (T // D) * K
+    if capacity is None:
+        capacity = config.capacity
+    if capacity is None:
+        return worst
+    if capacity == "auto":
+        raise ValueError("capacity='auto' is the MoE module's policy; pass capacity=<rows> to moe_forward")
+    if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
+        raise ValueError(f"capacity must be a positive int (rows per block) or None, got {capacity!r}")
+    return int(min(capacity, worst))
 
 
 def moe_forward(
@@ -214,7 +334,8 @@ def moe_forward(
     key: jax.Array | None = None,
     counter: jax.Array | None = None,
     routing: tuple[jax.Array, jax.Array] | None = None,
-) -> tuple[jax.Array, jax.Array, dict]:
+    capacity: int | None = None,
+) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
     Args:
@@ -228,46 +349,34 @@ def moe_forward(
       counter: [D, E] uint32 cumulative per-rank expert counters (default zeros).
       routing: optional precomputed ``(topk_ids [T, K] int32, weights [T, K] float32)`` replacing the router
         (replaying recorded routing); the router parameter is then unused.
+      capacity: rows per (source, destination) block for this call (overrides ``config.capacity``; clamped to
+        the dropless worst case T/D·K).
 
     Returns:
-      ``(out [T, H], counts [D, E] per source rank, aux)``; aux holds ``counter [D, E]`` (updated),
-      ``gpu_tokens [D]``, ``gpu_activations [D]`` (non-empty slots), ``drops [D]`` (zero when dropless),
-      ``slot_tokens [D, S]`` (rows each slot computed) and ``replica_counts [D, E, R]`` (pairs each source
-      sent to each replica column) and ``topk_ids [T, K]`` (the routing, for traces).
+      `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats)``.
+
+    Raises:
+      ValueError: before tracing, on inconsistent shapes, tables of another placement, ids out of range,
+        experts without a replica, T = 0, an axis missing from the mesh or a bad capacity.
     """
+    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity)
     axis = config.axis
-    D = mesh.shape[axis]
-    T, H = x.shape
-    E, S = config.experts, config.slots_per_device
-    # Step 0: validate shapes (clear errors before tracing the collective program).
-    if H != config.hidden or params["router"].shape != (H, E):
-        raise ValueError(
-            f"x [T, H={H}] / router {params['router'].shape} do not match config (H={config.hidden}, E={E})"
-        )
-    if T % D:
-        raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
-    phy2log = placement_arrays.phy2log
-    if phy2log.shape[0] != D * S:
-        raise ValueError(f"placement has {phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}")
-    if tables.log2phy.shape[0] != E or tables.table.shape[1:] != tables.log2phy.shape:
-        raise ValueError(f"tables {tables.table.shape} / log2phy {tables.log2phy.shape} do not match E={E}")
+    D, T, E = mesh.shape[axis], x.shape[0], config.experts
     impl = EXCHANGE.resolve(config.exchange)
     key = jax.random.key(0) if key is None else key
     if counter is None:
         counter = jax.device_put(jnp.zeros((D, E), COUNTER_DTYPE), NamedSharding(mesh, P(axis)))
-    phys = materialize(params, phy2log)
-
-    body = _sharded_body(mesh, config, impl, tables.num_groups, routing is not None)
+    phys = materialize(params, placement_arrays.phy2log)
+    body = _sharded_body(mesh, config, impl, tables.num_groups, routing is not None, C)
     if routing is None:
-        ids_in, gate_in = jnp.zeros((T, config.top_k), jnp.int32), jnp.zeros((T, config.top_k), jnp.float32)
+        ids, gate = jnp.zeros((T, config.top_k), jnp.int32), jnp.zeros((T, config.top_k), jnp.float32)
     else:
-        ids_in, gate_in = jnp.asarray(routing[0], jnp.int32), jnp.asarray(routing[1], jnp.float32)
-        if ids_in.shape != (T, config.top_k) or gate_in.shape != ids_in.shape:
+        ids, gate = jnp.asarray(routing[0], jnp.int32), jnp.asarray(routing[1], jnp.float32)
+        if ids.shape != (T, config.top_k) or gate.shape != ids.shape:
             raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={config.top_k}]")
-    args = [x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table, tables.log2phy,
-            counter, key, ids_in, gate_in]  # fmt: skip
+    inputs = RankInputs(x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table,
+                        tables.log2phy, counter, key, ids, gate)  # fmt: skip
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        args = [jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(args, _in_specs(axis), strict=True)]
-    out, counts, new_counter, aux = body(*args)
-    aux = {**aux, "counter": new_counter}
-    return out, counts, aux
+        specs = RankInputs.specs(axis)
+        inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
+    return body(inputs)

@@ -51,7 +51,7 @@ def test_output_independent_of_tables(setup, mode):
     f = _forward(placement, config, mesh)
     ref = moe_reference(params, x, config)
     # First pass (uniform) gives the per-source counts the solver needs.
-    _, counts, _ = f(params, x, T.uniform(placement).table, jax.random.key(0))
+    _, counts, *_ = f(params, x, T.uniform(placement).table, jax.random.key(0))
     tempo = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
     candidates = {
         "uniform": T.uniform(placement),
@@ -62,12 +62,12 @@ def test_output_independent_of_tables(setup, mode):
     }
     seen_loads = set()
     for name, tables in candidates.items():
-        out, c, aux = f(params, x, tables.table, jax.random.key(7))
+        out, c, _, aux = f(params, x, tables.table, jax.random.key(7))
         f32_close(out, ref)
         np.testing.assert_array_equal(c, counts)  # counts depend on routing only
-        assert int(aux["drops"].sum()) == 0, name
-        assert int(aux["gpu_tokens"].sum()) == TOKENS * config.top_k
-        seen_loads.add(tuple(np.asarray(aux["gpu_tokens"]).tolist()))
+        assert int(aux.drops.sum()) == 0, name
+        assert int(aux.gpu_tokens.sum()) == TOKENS * config.top_k
+        seen_loads.add(tuple(np.asarray(aux.gpu_tokens).tolist()))
     assert len(seen_loads) > 1  # the tables really changed where tokens went
 
 
@@ -79,10 +79,10 @@ def test_skewed_and_single_expert_batches(setup):
     x_pos = x.at[:, 0].set(5.0 + jnp.abs(x[:, 0]))  # every token carries feature 0
     ids = np.asarray(jax.lax.top_k(x_pos @ hot["router"], 1)[1])
     assert (ids == 5).all()
-    out, counts, aux = f(hot, x_pos, T.static(placement).table, jax.random.key(1))
+    out, counts, _, aux = f(hot, x_pos, T.static(placement).table, jax.random.key(1))
     f32_close(out, moe_reference(hot, x_pos, config))
     assert int(np.asarray(counts)[:, 5].sum()) == TOKENS
-    assert int(aux["drops"].sum()) == 0
+    assert int(aux.drops.sum()) == 0
 
 
 def test_gradients_match_dense_reference(setup):
@@ -91,7 +91,7 @@ def test_gradients_match_dense_reference(setup):
     tables = T.perturbed(T.uniform(placement), seed=1)
 
     def loss(p, x):
-        out, _, _ = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
+        out, *_ = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
         return jnp.sum(out**2)
 
     gp, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
@@ -105,17 +105,17 @@ def test_quota_mode_realises_the_plan(setup):
     placement, config, params, x, mesh = setup
     config = dataclasses.replace(config, mode="quota")
     f = _forward(placement, config, mesh)
-    _, counts, _ = f(params, x, T.uniform(placement).table, jax.random.key(0))
+    _, counts, *_ = f(params, x, T.uniform(placement).table, jax.random.key(0))
     d = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
-    _, _, aux = f(params, x, T.from_dispatch(d).table, jax.random.key(0))
-    rc = np.asarray(aux["replica_counts"]).sum(axis=0)  # [E, R] pairs per replica column
+    *_, aux = f(params, x, T.from_dispatch(d).table, jax.random.key(0))
+    rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     l2p = placement.log2phy
     realised = np.zeros((E, D))
     for e in range(E):
         for r in range(placement.logcnt[e]):
             realised[e, placement.slot_gpu[l2p[e, r]]] += rc[e, r]
     assert np.abs(realised - d.x).max() <= D  # within one token per source rank
-    np.testing.assert_array_equal(np.asarray(aux["gpu_tokens"]), realised.sum(axis=0))
+    np.testing.assert_array_equal(np.asarray(aux.gpu_tokens), realised.sum(axis=0))
 
 
 def test_ragged_exchange_lowers(setup):
@@ -156,12 +156,12 @@ def test_extra_mesh_axis_bfloat16_and_explicit_mesh():
     mesh2d = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     cfg = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=4, dtype=jnp.bfloat16)
     params = init_params(jax.random.key(1), cfg)
-    out, counts, _ = moe_forward(params, x, mesh=mesh2d, placement_arrays=pa, tables=tables, config=cfg)
+    out, counts, *_ = moe_forward(params, x, mesh=mesh2d, placement_arrays=pa, tables=tables, config=cfg)
     assert counts.shape == (4, E)
     ref = moe_reference(params, x, cfg).astype(jnp.float32)
     f32_close(out.astype(jnp.float32), ref, atol=2e-2, rtol=2e-2)  # the bfloat16 tolerance
     cfg32 = dataclasses.replace(cfg, dtype=jnp.float32)
     params32 = init_params(jax.random.key(1), cfg32)
     explicit = jax.make_mesh((4,), ("ep",))  # Explicit axes by default in jax 0.10
-    out, _, _ = moe_forward(params32, x, mesh=explicit, placement_arrays=pa, tables=tables, config=cfg32)
+    out, *_ = moe_forward(params32, x, mesh=explicit, placement_arrays=pa, tables=tables, config=cfg32)
     f32_close(out, moe_reference(params32, x, cfg32))

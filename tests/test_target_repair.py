@@ -122,16 +122,16 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
                            routing=(ids, weights))  # fmt: skip
 
-    out, counts, aux = run(T.from_dispatch(plan))
+    out, counts, _, aux = run(T.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
     np.testing.assert_allclose(out, moe_reference(params, x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5)
     np.testing.assert_array_equal(out, run(T.uniform(placement))[0])
-    assert int(aux["drops"].sum()) == 0
-    rc = np.asarray(aux["replica_counts"]).sum(axis=0)  # [E, R] pairs per replica column
+    assert int(aux.drops.sum()) == 0
+    rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     realised = np.zeros_like(plan.x)
     for e in range(256):
         for r in range(placement.logcnt[e]):
             realised[e, placement.slot_gpu[placement.log2phy[e, r]]] += rc[e, r]
     assert np.abs(realised - plan.x).max() <= 8  # within one token per source rank
-    np.testing.assert_array_equal(np.asarray(aux["gpu_tokens"]), realised.sum(axis=0))
+    np.testing.assert_array_equal(np.asarray(aux.gpu_tokens), realised.sum(axis=0))
     assert problem.cost.makespan(plan.x) == pytest.approx(forced_lower_bound(problem))

@@ -1,0 +1,205 @@
+"""The MoE layer's per-rank stages (inside `shard_map` over the ``ep`` axis), one function each.
+
+    route → dispatch → pack by destination → exchange → expert FFN → return → combine
+
+`tempo_jax.moe` composes them into the synchronous layer; `tempo_jax.cascade_exec` composes the same stages
+into CascadeEP's asynchronous schedule (exchange rounds per launch group, one expert FFN per group, OEWF).
+Every stage takes and returns small NamedTuples of per-rank arrays, so a schedule can say "exchange these
+source blocks, then run the expert FFN on those rows" without copying code.
+
+The packed layout is a capacity-padded buffer ``[D, C, W]``: block j holds the rows this rank sends to rank j
+(valid rows first), each row's hidden vector followed by its local slot id written as exact small numbers of
+the row dtype (so the slot id travels with its row in one collective: 1 lane for 32-bit rows, 2 for 16-bit).
+
+Glossary: T tokens on this rank, H hidden, F expert width, E logical experts, K top-k, D ranks on the axis,
+S physical slots per rank, R replica columns, C rows per (source, destination) block, W = H + slot lanes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import dispatch, gmm
+
+from .exchange import return_blocks, send_blocks
+
+__all__ = [
+    "Dispatched",
+    "Packed",
+    "Received",
+    "Routing",
+    "combine",
+    "dispatch_pairs",
+    "exchange",
+    "expert_ffn",
+    "pack",
+    "received",
+    "return_rows",
+    "route",
+    "unpack_rows",
+]
+
+
+class Routing(NamedTuple):
+    """Top-k routing of this rank's tokens: ``ids [T, K]`` int32 logical experts, ``gate [T, K]`` float32."""
+
+    ids: jax.Array
+    gate: jax.Array
+
+
+class Dispatched(NamedTuple):
+    """The dispatch kernel's result: ``slot [T·K]`` int32 physical slot per (token, k) pair (row-major),
+    ``counts [E]`` pairs per expert, ``counter [E]`` uint32 updated cumulative counter, ``replica_counts
+    [E, R]`` pairs per replica column."""
+
+    slot: jax.Array
+    counts: jax.Array
+    counter: jax.Array
+    replica_counts: jax.Array
+
+
+class Packed(NamedTuple):
+    """Rows packed by destination rank.
+
+    Attributes:
+      buffer: ``[D, C, W]`` block j = rows (with slot lanes) for rank j, valid rows first, zeros after.
+      counts: ``[D]`` int32 valid rows per block (≤ C; rows past C were dropped).
+      wanted: ``[D]`` int32 rows per destination before the capacity cut (drops = wanted − counts).
+      order: ``[T·K]`` int32 pair index of each destination-sorted row.
+      dest, pos: ``[T·K]`` int32 block and row of each destination-sorted row (pos ≥ C: dropped).
+    """
+
+    buffer: jax.Array
+    counts: jax.Array
+    wanted: jax.Array
+    order: jax.Array
+    dest: jax.Array
+    pos: jax.Array
+
+
+class Received(NamedTuple):
+    """Rows this rank received: ``rows [D, C, H]`` (block s from source s), ``slots [D, C]`` int32 local slot
+    (S for padding rows), ``counts [D]`` int32 valid rows per block."""
+
+    rows: jax.Array
+    slots: jax.Array
+    counts: jax.Array
+
+
+def route(x: jax.Array, router: jax.Array, top_k: int, renormalize: bool = True) -> Routing:
+    """Softmax top-k gating. ``x [T, H]``, ``router [H, E]`` → `Routing` (``ids [T, K]``, ``gate [T, K]``)."""
+    logits = jnp.dot(x.astype(jnp.float32), router, precision=jax.lax.Precision.HIGHEST)
+    probs = jax.nn.softmax(logits, axis=-1)
+    weights, ids = jax.lax.top_k(probs, top_k)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return Routing(ids.astype(jnp.int32), weights)
+
+
+def dispatch_pairs(
+    routing: Routing, table: jax.Array, log2phy: jax.Array, counter: jax.Array, *, mode: str,
+    uniforms: jax.Array | None, interpret: bool,
+) -> Dispatched:  # fmt: skip
+    """The fused dispatch + count kernel: a physical slot per (token, k) pair through ``table [E, R]`` over the
+    replica columns ``log2phy [E, R]``; ``counter [E]`` cumulative; ``uniforms [T, K]`` for sample mode."""
+    T = routing.ids.shape[0]
+    res = dispatch(routing.ids, jnp.ones((T,), bool), table, log2phy, counter, mode=mode, uniforms=uniforms,
+                   interpret=interpret)  # fmt: skip
+    return Dispatched(res.slots.reshape(-1), res.counts, res.counter, res.replica_counts)
+
+
+def _slot_lanes(slots: jax.Array, dtype) -> jax.Array:
+    """``slots [M]`` int32 (0 ≤ slot < 2^16) as exact small numbers of the row ``dtype``: ``[M, 1]`` for 32-bit rows,
+    ``[M, 2]`` (slot // 256, slot % 256) for 16-bit rows, whose 8-bit mantissa holds integers up to 256 exactly.
+
+    Values, not bit patterns: small ints bit-cast into a float are denormals, which XLA may flush to zero.
+    """
+    if jnp.dtype(dtype).itemsize == 4:
+        return slots.astype(dtype)[:, None]
+    if jnp.dtype(dtype).itemsize == 2:
+        return jnp.stack([slots // 256, slots % 256], axis=1).astype(dtype)
+    raise ValueError(f"pack: rows of dtype {dtype} are not supported (32- or 16-bit floats)")
+
+
+def _unpack_slots(lanes: jax.Array) -> jax.Array:
+    """Inverse of `_slot_lanes`: ``[..., lanes]`` of the row dtype → ``[...]`` int32."""
+    v = jnp.round(lanes.astype(jnp.float32)).astype(jnp.int32)
+    return v[..., 0] if lanes.shape[-1] == 1 else v[..., 0] * 256 + v[..., 1]
+
+
+def pack(x: jax.Array, slot: jax.Array, *, top_k: int, slots_per_rank: int, num_ranks: int, capacity: int,
+         dtype) -> Packed:  # fmt: skip
+    """Sort this rank's (token, k) pairs by destination rank and pack them, with their local slot ids, into
+    ``[D, C, W]`` (``x [T, H]``, ``slot [T·K]`` physical slots; rows past ``capacity`` per block are dropped)."""
+    D, S, C = num_ranks, slots_per_rank, capacity
+    dest = slot // S
+    order = jnp.argsort(dest, stable=True).astype(jnp.int32)
+    dest_sorted = dest[order]
+    wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
+    start = jnp.cumsum(wanted) - wanted
+    pos = jnp.arange(dest.shape[0], dtype=jnp.int32) - start[dest_sorted].astype(jnp.int32)
+    rows = x.astype(dtype)[order // top_k]
+    payload = jnp.concatenate([rows, _slot_lanes((slot[order] % S).astype(jnp.int32), dtype)], axis=1)
+    buf = jnp.zeros((D, C, payload.shape[1]), dtype)
+    buf = buf.at[jnp.where(pos < C, dest_sorted, D), pos].set(payload, mode="drop")
+    return Packed(buf, jnp.minimum(wanted, C), wanted, order, dest_sorted, pos)
+
+
+def exchange(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
+    """Send block j of ``packed.buffer`` to rank j (`tempo_jax.exchange.send_blocks`: ``"padded"`` or
+    ``"ragged"``, same result) and split the received payload into rows and local slot ids."""
+    recv, recv_counts = send_blocks(packed.buffer, packed.counts, axis=axis, impl=impl)
+    return received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_per_rank)
+
+
+def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_rank: int) -> Received:
+    """`Received` from a block buffer ``recv [D, C, W]`` with ``recv_counts [D]`` valid rows per block."""
+    C = recv.shape[1]
+    valid = jnp.arange(C)[None, :] < recv_counts[:, None]
+    # The slot lanes are ids, not activations: no gradient flows through them.
+    slots = jnp.where(valid, _unpack_slots(jax.lax.stop_gradient(recv[..., hidden:])), slots_per_rank)
+    return Received(recv[..., :hidden], slots, recv_counts)
+
+
+def expert_ffn(rows: jax.Array, slots: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
+               gmm_impl: str, interpret: bool) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """SwiGLU expert FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this
+    rank's weights ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]``: sort by slot, three grouped GEMMs, unsort.
+
+    Returns ``(y [M, H], group_sizes [S])``.
+    """
+    S = w_gate.shape[0]
+    order = jnp.argsort(slots, stable=True)
+    xs = rows[order]
+    group_sizes = jnp.bincount(slots, length=S + 1)[:S].astype(jnp.int32)
+    mm = dict(implementation=gmm_impl, interpret=interpret)
+    h = jax.nn.silu(gmm(xs, w_gate, group_sizes, **mm)) * gmm(xs, w_up, group_sizes, **mm)
+    y = gmm(h, w_down, group_sizes, **mm)
+    return jnp.zeros_like(y).at[order].set(y), group_sizes
+
+
+def return_rows(y: jax.Array, received_counts: jax.Array, packed: Packed, *, axis: str, impl: str) -> jax.Array:
+    """Send results ``y [D, C, H]`` (block s = rows from source s) back; returns ``[T·K, H]`` in pair order
+    (dropped pairs: zeros)."""
+    back = return_blocks(y, received_counts, packed.counts, axis=axis, impl=impl)
+    return unpack_rows(back, packed)
+
+
+def unpack_rows(back: jax.Array, packed: Packed) -> jax.Array:
+    """Rows ``back [D, C, H]`` (block j = results from rank j, in this rank's packing order) → ``[T·K, H]`` in
+    pair order; dropped pairs get zeros."""
+    C = back.shape[1]
+    keep = packed.pos < C
+    rows = back[jnp.where(keep, packed.dest, 0), jnp.where(keep, packed.pos, 0)]
+    rows = jnp.where(keep[:, None], rows, 0)
+    return jnp.zeros_like(rows).at[packed.order].set(rows)
+
+
+def combine(y_pairs: jax.Array, gate: jax.Array, out_dtype) -> jax.Array:
+    """Weighted sum of each token's K expert outputs: ``y_pairs [T·K, H]``, ``gate [T, K]`` → ``[T, H]``."""
+    T, K = gate.shape
+    y = y_pairs.reshape(T, K, -1)
+    return jnp.einsum("tk,tkh->th", gate.astype(y.dtype), y).astype(out_dtype)
