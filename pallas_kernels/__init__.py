@@ -1,6 +1,7 @@
 """Pallas kernels for MoE expert parallelism (jax only; imports nothing from `solvers` or `tempo_jax`).
 
-- `gmm` / `tgmm`: grouped GEMM mirroring `jax.lax.ragged_dot` (+ `group_offset`), with a custom VJP;
+- `gmm` / `tgmm`: grouped GEMM mirroring `jax.lax.ragged_dot` (+ `group_offset`; mixed float operand dtypes,
+  group sizes of any integer dtype), with a custom VJP;
   Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes); `dispatch_reference`;
   `window_counts` recovers per-window counts from wrapping uint32 cumulative counters.

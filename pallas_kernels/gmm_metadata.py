@@ -1,4 +1,5 @@
-"""Group metadata for the grouped GEMM: which groups touch which M-tiles, and the CPU chunk schedule.
+"""Group metadata for the grouped GEMM: which groups touch which M-tiles, the CPU chunk schedule, and the one
+operand-dtype rule of every path (`dot_dtype`).
 
 Rows of `lhs [M, H]` are sorted by group: group g owns rows [offsets[g], offsets[g + 1]). The kernels cut M
 into `tm`-row tiles. A tile shared by two (or more) groups is *revisited*: the kernel computes it once per
@@ -17,7 +18,47 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GroupMetadata", "make_group_metadata", "group_offsets", "ChunkSchedule", "make_chunk_schedule"]
+__all__ = [
+    "GroupMetadata",
+    "make_group_metadata",
+    "group_offsets",
+    "ChunkSchedule",
+    "make_chunk_schedule",
+    "dot_dtype",
+    "default_out_dtype",
+]
+
+
+_F32, _BF16, _F16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)
+
+
+def dot_dtype(a: jax.Array, b: jax.Array, compute_dtype=None) -> jnp.dtype:
+    """The dtype both operands of every grouped-GEMM dot are cast to (the dot then accumulates in float32):
+    ``compute_dtype`` if given, else their common dtype when they agree and float32 when they differ
+    (megablox's ``select_input_dtype``: bf16 × bf16 stays bf16, any mixed pair of float32 / bfloat16 / float16
+    computes in float32, which holds every operand exactly). Explicit, so "strict" dtype promotion allows it."""
+    if compute_dtype is not None:
+        return jnp.dtype(compute_dtype)
+    a, b = jnp.dtype(a.dtype), jnp.dtype(b.dtype)
+    if a == b:
+        return a
+    if {a, b} <= {_F32, _BF16, _F16}:
+        return _F32
+    return jnp.promote_types(a, b)
+
+
+def default_out_dtype(a, b) -> jnp.dtype:
+    """The output dtype of a grouped GEMM without ``preferred_element_type``: the dtype ``jax.lax.ragged_dot``
+    returns for these operand dtypes (their common dtype; float32 when either is float32; bfloat16 for
+    bfloat16 × float16, where lax's dot rule differs from ``jnp.promote_types``' float32)."""
+    a, b = jnp.dtype(a), jnp.dtype(b)
+    if a == b:
+        return a
+    if {a, b} == {_BF16, _F16}:
+        return _BF16
+    if {a, b} <= {_F32, _BF16, _F16}:
+        return _F32
+    return jnp.promote_types(a, b)
 
 
 def group_offsets(group_sizes: jax.Array, m: int) -> jax.Array:

@@ -9,8 +9,14 @@ Two kernels, both race-free without atomics because every grid program owns its 
   and accumulates lhs_tile^T @ grad_tile with rows outside the group masked to zero on both operands; an
   empty group runs zero iterations, so its gradient block is exactly zero.
 
-Shapes are padded by the caller (`pallas_kernels.gmm`) to tile multiples; block shapes are powers of two
-as Triton requires. Accumulation is float32.
+Shapes are padded by the caller (`pallas_kernels.gmm`) to tile multiples; block shapes are powers of two as Triton
+requires. Dtypes: each loaded tile is cast to `compute_dtype` (default: `gmm_metadata.dot_dtype`, the common dtype
+of the two operands or float32 when they differ; Triton's dot needs equal operand types), every tile dot accumulates
+in float32, and the float32 accumulator is cast once to `out_dtype`. Accumulation order: `gmm_pallas` sums the H/tk
+tile products of a (tm, tn) tile sequentially in H order (each product itself is one `dot` over tk terms);
+`tgmm_pallas` sums the M-tile products of a group sequentially in row order. On a GPU, float32 tiles with the
+default `precision` go through TF32 tensor cores (Triton's rule); pass `jax.lax.Precision.HIGHEST` for IEEE float32
+products.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_backend
-from pallas_kernels.gmm_metadata import GroupMetadata
+from pallas_kernels.gmm_metadata import GroupMetadata, dot_dtype
 
 __all__ = ["gmm_pallas", "tgmm_pallas"]
 
@@ -47,6 +53,7 @@ def _gmm_kernel(
     k_tiles: int,
     transpose_rhs: bool,
     precision,
+    compute_dtype,
 ):
     i = pl.program_id(0)
     j = pl.program_id(1)
@@ -58,12 +65,12 @@ def _gmm_kernel(
         end = offsets_ref[g + 1]
 
         def k_step(kk, part):
-            x = lhs_ref[:, pl.ds(kk * tk, tk)]  # [tm, tk]
+            x = lhs_ref[:, pl.ds(kk * tk, tk)].astype(compute_dtype)  # [tm, tk]
             if transpose_rhs:
-                w = rhs_ref[g - g_off, pl.ds(j * tn, tn), pl.ds(kk * tk, tk)]  # [tn, tk]
+                w = rhs_ref[g - g_off, pl.ds(j * tn, tn), pl.ds(kk * tk, tk)].astype(compute_dtype)  # [tn, tk]
                 dims = _NN_T
             else:
-                w = rhs_ref[g - g_off, pl.ds(kk * tk, tk), pl.ds(j * tn, tn)]  # [tk, tn]
+                w = rhs_ref[g - g_off, pl.ds(kk * tk, tk), pl.ds(j * tn, tn)].astype(compute_dtype)  # [tk, tn]
                 dims = _NT
             return part + lax.dot_general(x, w, dims, precision=precision, preferred_element_type=jnp.float32)
 
@@ -93,6 +100,7 @@ def _compiler_params(num_warps: int, num_stages: int, interpret: bool):
         "num_warps",
         "num_stages",
         "precision",
+        "compute_dtype",
     ),
 )
 def gmm_pallas(
@@ -109,12 +117,14 @@ def gmm_pallas(
     num_warps: int = 4,
     num_stages: int = 3,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
     """Grouped GEMM on pre-padded operands: out [Mp, Fp] = per-row lhs [Mp, Hp] @ rhs[group(row)].
 
     `rhs` is [E_loc, Hp, Fp] (or [E_loc, Fp, Hp] with `transpose_rhs`); Mp, Hp, Fp are multiples of
     tiling = (tm, tk, tn). `meta` comes from `make_group_metadata(..., m=Mp, tm=tm)`; `group_offset` is
-    int32 [1]. Rows outside the local groups come back as zeros.
+    int32 [1]. Rows outside the local groups come back as zeros. Tiles are cast to `compute_dtype` (default:
+    `dot_dtype`: float32 for mixed operands) before each float32-accumulating dot.
     """
     tm, tk, tn = tiling
     mp, kp = lhs.shape
@@ -127,6 +137,7 @@ def gmm_pallas(
         k_tiles=kp // tk,
         transpose_rhs=transpose_rhs,
         precision=precision,
+        compute_dtype=dot_dtype(lhs, rhs, compute_dtype),
     )
     whole = lambda a: pl.BlockSpec(a.shape, lambda i, j: (0,) * a.ndim)  # noqa: E731
     return pl.pallas_call(
@@ -161,6 +172,7 @@ def _tgmm_kernel(
     tk: int,
     tn: int,
     precision,
+    compute_dtype,
 ):
     g = pl.program_id(0)
     a = pl.program_id(1)
@@ -175,8 +187,8 @@ def _tgmm_kernel(
         rx = mi * tm + lax.broadcasted_iota(jnp.int32, (tm, tk), 0)
         ry = mi * tm + lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
         # Mask both operands: a non-finite value in another group's row must not leak in as 0 * inf.
-        x = jnp.where((rx >= start) & (rx < end), x, jnp.zeros_like(x))
-        y = jnp.where((ry >= start) & (ry < end), y, jnp.zeros_like(y))
+        x = jnp.where((rx >= start) & (rx < end), x, jnp.zeros_like(x)).astype(compute_dtype)
+        y = jnp.where((ry >= start) & (ry < end), y, jnp.zeros_like(y)).astype(compute_dtype)
         return acc + lax.dot_general(x, y, _TN, precision=precision, preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(gtile_lo_ref[g], gtile_hi_ref[g], m_step, jnp.zeros((tk, tn), jnp.float32))
@@ -185,7 +197,16 @@ def _tgmm_kernel(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("num_local_groups", "tiling", "out_dtype", "interpret", "num_warps", "num_stages", "precision"),
+    static_argnames=(
+        "num_local_groups",
+        "tiling",
+        "out_dtype",
+        "interpret",
+        "num_warps",
+        "num_stages",
+        "precision",
+        "compute_dtype",
+    ),
 )
 def tgmm_pallas(
     lhs: jax.Array,
@@ -200,16 +221,18 @@ def tgmm_pallas(
     num_warps: int = 4,
     num_stages: int = 3,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
     """Transposed grouped GEMM on pre-padded operands: out [E_loc, Hp, Fp], out[j] = lhs_j^T @ grad_j.
 
     `lhs [Mp, Hp]`, `grad [Mp, Fp]` with rows sorted by group; lhs_j / grad_j are the rows of local group j
-    (global group group_offset + j). Empty groups give exact zeros.
+    (global group group_offset + j). Empty groups give exact zeros. Dtypes as in `gmm_pallas`.
     """
     tm, tk, tn = tiling
     mp, kp = lhs.shape
     np_ = grad.shape[1]
-    kernel = functools.partial(_tgmm_kernel, tm=tm, tk=tk, tn=tn, precision=precision)
+    cd = dot_dtype(lhs, grad, compute_dtype)
+    kernel = functools.partial(_tgmm_kernel, tm=tm, tk=tk, tn=tn, precision=precision, compute_dtype=cd)
     whole = lambda x: pl.BlockSpec(x.shape, lambda g, a, b: (0,) * x.ndim)  # noqa: E731
     return pl.pallas_call(
         kernel,

@@ -10,6 +10,12 @@ tail of each group's last chunk. A window that would run past M is shifted back 
 Fallback ("ragged_dot"): `jax.lax.ragged_dot` with its default lowering. Its own `group_offset` is not
 usable in jax 0.10 (the parameter must be hashable), so the local groups are rotated to row 0 with
 `jnp.roll`, computed, masked and rotated back.
+
+Dtypes: both operands are cast to `compute_dtype` (default: `gmm_metadata.dot_dtype`, their common dtype, or float32
+when they differ) right before each dot, every dot accumulates in float32 (`preferred_element_type=float32`), and
+the float32 result is cast once to `out_dtype`. Accumulation order: "chunked" leaves the H (contraction) sum to
+XLA's dense dot, one call per row chunk (rows are independent, so chunking changes no sum); `tgmm_chunked` adds
+per-chunk float32 partial products in chunk order. "ragged_dot" leaves both to XLA's `ragged_dot` lowering.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.gmm_metadata import group_offsets, make_chunk_schedule
+from pallas_kernels.gmm_metadata import dot_dtype, group_offsets, make_chunk_schedule
 
 __all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged"]
 
@@ -35,7 +41,9 @@ def _chunk_rows(sched, t, chunk: int, m: int):
     return j, w, r0, r1
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "chunk", "transpose_rhs", "out_dtype", "precision"))
+@functools.partial(
+    jax.jit, static_argnames=("num_local_groups", "chunk", "transpose_rhs", "out_dtype", "precision", "compute_dtype")
+)
 def gmm_chunked(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -47,12 +55,15 @@ def gmm_chunked(
     transpose_rhs: bool,
     out_dtype,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
     """CPU-fast grouped GEMM: out [M, F]; rows of local groups get lhs @ rhs[j], all other rows zero.
 
     `lhs [M, H]`, `rhs [E_loc, H, F]` (or `[E_loc, F, H]` with `transpose_rhs`), `group_sizes [E]`
-    int32, `group_offset` int32 scalar.
+    int32, `group_offset` int32 scalar. Operands are cast to `compute_dtype` (default: `dot_dtype`, float32
+    for mixed operands) per chunk; float32 accumulation; `out_dtype` output.
     """
+    cd = dot_dtype(lhs, rhs, compute_dtype)
     m, _ = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     chunk = min(chunk, m)
@@ -64,8 +75,8 @@ def gmm_chunked(
     def body(carry):
         t, out = carry
         j, w, r0, r1 = _chunk_rows(sched, t, chunk, m)
-        x = lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0)  # [chunk, H]
-        y = lax.dot_general(x, rhs[j], dims, precision=precision, preferred_element_type=jnp.float32)
+        x = lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0).astype(cd)  # [chunk, H]
+        y = lax.dot_general(x, rhs[j].astype(cd), dims, precision=precision, preferred_element_type=jnp.float32)
         rows = w + jnp.arange(chunk, dtype=jnp.int32)[:, None]
         old = lax.dynamic_slice_in_dim(out, w, chunk, axis=0)
         new = jnp.where((rows >= r0) & (rows < r1), y.astype(out.dtype), old)
@@ -76,7 +87,7 @@ def gmm_chunked(
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "chunk", "out_dtype", "precision"))
+@functools.partial(jax.jit, static_argnames=("num_local_groups", "chunk", "out_dtype", "precision", "compute_dtype"))
 def tgmm_chunked(
     lhs: jax.Array,
     grad: jax.Array,
@@ -87,11 +98,14 @@ def tgmm_chunked(
     chunk: int,
     out_dtype,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
     """CPU-fast transposed grouped GEMM: out [E_loc, H, F], out[j] = lhs_j^T @ grad_j (zeros if empty).
 
-    `lhs [M, H]`, `grad [M, F]`, `group_sizes [E]` int32, `group_offset` int32 scalar.
+    `lhs [M, H]`, `grad [M, F]`, `group_sizes [E]` int32, `group_offset` int32 scalar; dtypes as in
+    `gmm_chunked`.
     """
+    cd = dot_dtype(lhs, grad, compute_dtype)
     m, k = lhs.shape
     n = grad.shape[1]
     chunk = min(chunk, m)
@@ -104,8 +118,8 @@ def tgmm_chunked(
         j, w, r0, r1 = _chunk_rows(sched, t, chunk, m)
         rows = w + jnp.arange(chunk, dtype=jnp.int32)[:, None]
         keep = (rows >= r0) & (rows < r1)
-        x = jnp.where(keep, lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0), 0)
-        y = jnp.where(keep, lax.dynamic_slice_in_dim(grad, w, chunk, axis=0), 0)
+        x = jnp.where(keep, lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0), 0).astype(cd)
+        y = jnp.where(keep, lax.dynamic_slice_in_dim(grad, w, chunk, axis=0), 0).astype(cd)
         part = lax.dot_general(x, y, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
         return t + 1, acc.at[j].add(part)
 
@@ -126,7 +140,9 @@ def _local_view(group_sizes: jax.Array, group_offset: jax.Array, num_local_group
     return before, sizes.astype(jnp.int32), jnp.sum(sizes)
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision"))
+@functools.partial(
+    jax.jit, static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision", "compute_dtype")
+)
 def gmm_ragged(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -137,19 +153,21 @@ def gmm_ragged(
     transpose_rhs: bool,
     out_dtype,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
-    """`jax.lax.ragged_dot` fallback with group_offset; shapes as in `gmm_chunked`."""
+    """`jax.lax.ragged_dot` fallback with group_offset; shapes and dtypes as in `gmm_chunked`."""
+    cd = dot_dtype(lhs, rhs, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     if transpose_rhs:
         rhs = jnp.swapaxes(rhs, 1, 2)
-    x = jnp.roll(lhs, -before, axis=0)
-    y = lax.ragged_dot(x, rhs, sizes, precision=precision, preferred_element_type=jnp.float32)
+    x = jnp.roll(lhs, -before, axis=0).astype(cd)
+    y = lax.ragged_dot(x, rhs.astype(cd), sizes, precision=precision, preferred_element_type=jnp.float32)
     y = jnp.where(jnp.arange(m)[:, None] < total, y, 0)
     return jnp.roll(y, before, axis=0).astype(out_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision"))
+@functools.partial(jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision", "compute_dtype"))
 def tgmm_ragged(
     lhs: jax.Array,
     grad: jax.Array,
@@ -159,13 +177,15 @@ def tgmm_ragged(
     num_local_groups: int,
     out_dtype,
     precision=None,
+    compute_dtype=None,
 ) -> jax.Array:
-    """`jax.lax.ragged_dot_general` (ragged contraction) fallback of tgmm; shapes as in `tgmm_chunked`."""
+    """`jax.lax.ragged_dot_general` (ragged contraction) fallback of tgmm; shapes and dtypes as in `tgmm_chunked`."""
+    cd = dot_dtype(lhs, grad, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     keep = jnp.arange(m)[:, None] < total
-    x = jnp.where(keep, jnp.roll(lhs, -before, axis=0), 0)
-    y = jnp.where(keep, jnp.roll(grad, -before, axis=0), 0)
+    x = jnp.where(keep, jnp.roll(lhs, -before, axis=0), 0).astype(cd)
+    y = jnp.where(keep, jnp.roll(grad, -before, axis=0), 0).astype(cd)
     dims = lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
     )

@@ -9,10 +9,20 @@ Hierarchical policy (``num_groups % num_nodes == 0``):
 2. inside each node, add redundant replicas one at a time to the expert with the largest load per replica;
 3. pack each node's replicas onto its GPUs (balanced packing, ``P / num_gpus`` per GPU).
 
-Otherwise the global policy runs the same steps with one group and one node.
+Otherwise the global policy runs the same steps with one group and one node (whatever ``num_gpus % num_nodes``
+is: upstream checks ``num_nodes | num_gpus`` only inside the hierarchical policy).
 
 Arithmetic is float32 like EPLB's ``weight.float()``. Ties go to the lowest index everywhere: descending
 sorts are stable, ``argmax``/``argmin`` return the first extremum (as torch's ``max``/Python's ``min`` do).
+
+Ties and upstream: EPLB orders items with ``torch.sort(descending=True)``, which is not stable on CPU above
+16 elements, so on tied loads (frequent with integer token counts) upstream's slot order is
+implementation-defined. Here ties always go to the lowest index, which is what upstream computes with a
+stable sort. Smallest case where the two can differ: 17 experts of equal weight on one GPU
+(``rebalance_experts(np.ones((1, 17)), 17, 1, 1, 1)``): here ``phy2log = [0, 1, …, 16]``; upstream packs the
+17 tied slots in whatever order its sort returns. Under the global policy only which tied slot lands where can
+differ (``logcnt`` and every GPU's load are the same); under the hierarchical one, tied group loads can also send
+different groups to a node.
 """
 
 from __future__ import annotations
@@ -156,19 +166,28 @@ def rebalance_experts(
         weight: [L, E] load statistics of each logical expert (finite, non-negative).
         num_replicas: P, number of physical expert slots; multiple of ``num_gpus``, ``>= E``.
         num_groups: number of expert groups (must divide E when the hierarchical policy is used).
-        num_nodes: number of server nodes; divides ``num_gpus``. The hierarchical policy is used when
-            ``num_groups % num_nodes == 0``, otherwise the global one (a single group and node).
+        num_nodes: number of server nodes. The hierarchical policy is used when ``num_groups % num_nodes == 0``
+            (then ``num_nodes`` must divide ``num_gpus``), otherwise the global one (a single group and node,
+            any ``num_gpus``), exactly as upstream decides.
         num_gpus: number of GPUs.
 
     Returns:
         phy2log: [L, P] int64, logical expert in each slot; slot ``s`` is on GPU ``s // (P / num_gpus)``.
-        log2phy: [L, E, P - E + 1] int64, slots of each logical expert by replica rank, padded with -1.
+        log2phy: [L, E, X] int64 with X = ``logcnt.max()`` over all layers (upstream's shape): slots of each
+            logical expert by replica rank, padded with -1.
         logcnt: [L, E] int64, number of replicas of each logical expert.
+
+    Raises:
+        ValueError: a weight that is not a finite, non-negative [L, E] array with L, E >= 1, or arguments
+            upstream's assertions reject (each message names the argument and the rule).
+
+    Ties go to the lowest index (see the module docstring): equal to upstream run with a stable sort, while
+    upstream's own CPU sort orders tied items arbitrarily above 16 of them.
     """
     w = check_array("weight [layers, experts]", weight, ndims=(2,), nonnegative=True)
     layers, num_log = w.shape
-    if num_log == 0:
-        raise ValueError("weight must have at least one expert")
+    if num_log == 0 or layers == 0:
+        raise ValueError(f"weight must have at least one layer and one expert, got shape {w.shape}")
     num_replicas, num_groups, num_nodes, num_gpus = (
         operator.index(v) for v in (num_replicas, num_groups, num_nodes, num_gpus)
     )
@@ -178,22 +197,30 @@ def rebalance_experts(
         raise ValueError(f"num_replicas ({num_replicas}) must be >= the number of experts ({num_log})")
     if num_replicas % num_gpus:
         raise ValueError(f"num_replicas ({num_replicas}) must be divisible by num_gpus ({num_gpus})")
-    if num_gpus % num_nodes:
-        raise ValueError(f"num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes})")
 
-    # Step 1: choose the policy; the global one is the hierarchical one with a single group and node.
+    # Step 1: choose the policy as upstream does; the global one is the hierarchical one with a single group and
+    # node, so only the hierarchical policy needs num_nodes | num_gpus and num_groups | E.
     if num_groups % num_nodes:
         num_groups, num_nodes = 1, 1
-    elif num_log % num_groups:
-        raise ValueError(f"number of experts ({num_log}) must be divisible by num_groups ({num_groups})")
+    else:
+        if num_log % num_groups:
+            raise ValueError(
+                f"number of experts ({num_log}) must be divisible by num_groups ({num_groups}) for the hierarchical "
+                f"policy (num_groups % num_nodes == 0)"
+            )
+        if num_gpus % num_nodes:
+            raise ValueError(
+                f"num_gpus ({num_gpus}) must be divisible by num_nodes ({num_nodes}) for the hierarchical policy "
+                f"(num_groups={num_groups} is a multiple of num_nodes); upstream asserts the same"
+            )
 
     # Step 2: place the replicas (float32, as EPLB computes on weight.float()).
     phy2log, phyrank, logcnt = _rebalance_hierarchical(
         w.astype(np.float32), num_replicas, num_groups, num_nodes, num_gpus
     )
 
-    # Step 3: invert into log2phy, one row of max_replicas entries per expert, -1 padded.
-    max_replicas = num_replicas - num_log + 1
+    # Step 3: invert into log2phy, one row of max(logcnt) entries per expert (upstream's width), -1 padded.
+    max_replicas = int(logcnt.max())
     log2phy = np.full((layers, num_log * max_replicas), -1, dtype=np.int64)
     slots = np.broadcast_to(np.arange(num_replicas), (layers, num_replicas))
     np.put_along_axis(log2phy, phy2log * max_replicas + phyrank, slots, axis=1)

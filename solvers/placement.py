@@ -145,6 +145,12 @@ class Placement:
         counts with zeros needs; a long-run average has no zeros).
         """
         load = check_array("load", load, ndims=(1,), nonnegative=True)
+        if num_nodes > 1 and num_gpus % num_nodes:
+            # rebalance_experts accepts this (global policy, as upstream); a Placement needs equal nodes.
+            raise ValueError(
+                f"Placement.from_eplb: num_nodes ({num_nodes}) must divide num_gpus ({num_gpus}) so every node holds "
+                f"the same number of ranks; pass num_nodes=1 for a flat layout"
+            )
         if spread_idle:
             load = load + IDLE_LOAD
         phy2log, _, _ = rebalance_experts(load[None, :], num_replicas, num_groups, num_nodes, num_gpus)

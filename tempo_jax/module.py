@@ -22,9 +22,23 @@ from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
 from .moe import MoEConfig, init_params, moe_forward
-from .tables import PlacementArrays, Tables, placement_arrays, uniform
+from .tables import PlacementArrays, Tables, check_weights, placement_arrays, uniform
 
 __all__ = ["MoE", "DispatchState", "RankState", "place_on_mesh"]
+
+
+def _checked_table(tables: Tables, log2phy: jax.Array, where: str) -> jax.Array:
+    """``tables.table`` as float32 [Gs, E, R] after the host checks of an installed table (see `MoE.set_tables`)."""
+    if tables.log2phy.shape != log2phy.shape or not bool(jnp.all(jnp.asarray(tables.log2phy) == log2phy)):
+        raise ValueError(f"{where}: tables were built for a different placement (log2phy differs)")
+    shape = tuple(jnp.shape(tables.table))
+    if len(shape) != 3 or shape[0] < 1 or shape[1:] != tuple(log2phy.shape):
+        raise ValueError(
+            f"{where}: table must be [Gs, E, R] = [Gs >= 1, {log2phy.shape[0]}, {log2phy.shape[1]}], got {shape}; "
+            f"build tables with tempo_jax.tables (uniform, static, from_dispatch, from_split)"
+        )
+    check_weights("table", tables.table, where=where)
+    return jnp.asarray(tables.table, jnp.float32)
 
 
 class DispatchState(nnx.Variable):
@@ -54,7 +68,8 @@ class MoE(nnx.Module):
       placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_device`` slots.
       mesh: mesh with the expert-parallel axis.
       rngs: ``nnx.Rngs`` with a ``params`` stream (weights) and optionally ``dispatch`` (sampling).
-      tables: initial dispatch tables (default: EPLB-even over the placement's replicas).
+      tables: initial dispatch tables (default: EPLB-even over the placement's replicas); checked like
+        `set_tables`.
       record: keep the last call's ``topk_ids [T, K]`` in ``self.topk_ids`` (routing traces).
     """
 
@@ -86,10 +101,10 @@ class MoE(nnx.Module):
         self.record = record
         self.rngs = rngs
         pa = placement_arrays(placement)
-        tables = tables or uniform(placement)
+        table = uniform(placement).table if tables is None else _checked_table(tables, pa.log2phy, "MoE")
         self.phy2log = DispatchState(pa.phy2log)
         self.log2phy = DispatchState(pa.log2phy)
-        self.table = DispatchState(tables.table)
+        self.table = DispatchState(table)
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
         self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
@@ -101,12 +116,13 @@ class MoE(nnx.Module):
                 "w_down": self.w_down.get_value()}  # fmt: skip
 
     def set_tables(self, tables: Tables) -> None:
-        """Install fresh dispatch tables (same replica columns as the placement)."""
-        if tables.log2phy.shape != self.log2phy.get_value().shape or not bool(
-            jnp.all(tables.log2phy == self.log2phy.get_value())
-        ):
-            raise ValueError("tables were built for a different placement (log2phy differs)")
-        self.table.set_value(jnp.asarray(tables.table, jnp.float32))
+        """Install fresh dispatch tables: ``table [Gs, E, R]`` over the placement's replica columns.
+
+        Raises:
+          ValueError: tables of another placement (log2phy differs), a table of the wrong shape, or weights
+            that are negative, NaN or infinite (checked on the host, whatever built the tables).
+        """
+        self.table.set_value(_checked_table(tables, self.log2phy.get_value(), "MoE.set_tables"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""

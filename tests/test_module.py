@@ -60,6 +60,32 @@ def test_module_matches_reference_and_trains(layer):
         moe.set_tables(T.uniform(Placement.from_eplb(np.ones(12), 16, 8)))
 
 
+def test_installed_tables_are_checked_on_the_host(layer):
+    """MoE(tables=...) and set_tables reject negative, NaN or infinite weights and wrong shapes with the
+    function's name (the kernel would read a negative entry as 0); tables built in a traced program and installed
+    later are caught here too."""
+    placement, cfg, mesh = layer
+    good = T.uniform(placement)
+    bad = np.array(good.table)
+    bad[0, 4, 0] = -1.0
+    bad_tables = T.Tables._trusted(jnp.asarray(bad), good.log2phy)  # e.g. from a jit output or a tree map
+    with pytest.raises(ValueError, match=r"^MoE: table must be ≥ 0.*table\[0, 4, 0\] = -1.0"):
+        tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0), tables=bad_tables)
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0), tables=T.static(placement))
+    before = np.asarray(moe.table.get_value())
+    for table, match in [
+        (bad, "must be ≥ 0"),
+        (np.where(bad < 0, np.nan, bad), "NaN"),
+        (np.where(bad < 0, np.inf, bad), "finite"),
+        (bad[0], r"table must be \[Gs, E, R\]"),
+    ]:
+        with pytest.raises(ValueError, match=r"^MoE.set_tables: .*" + match):
+            moe.set_tables(T.Tables._trusted(jnp.asarray(table), good.log2phy))
+    np.testing.assert_array_equal(moe.table.get_value(), before)  # nothing was installed
+    moe.set_tables(good)
+    np.testing.assert_array_equal(moe.table.get_value(), good.table)
+
+
 def test_controller_windows_counter_and_per_node():
     placement = Placement.from_eplb(np.arange(16) + 1.0, 32, 8, num_groups=4, num_nodes=2)
     ctl = tempo_jax.DispatchController(placement, PRESETS["dsv3_fp8_offline"], window=2, per_node=True)

@@ -53,6 +53,16 @@ def test_invalid_layouts(phy2log, kwargs, match):
         Placement.from_phy2log(phy2log, **kwargs)
 
 
+def test_from_eplb_needs_equal_nodes():
+    """rebalance_experts accepts 32 GPUs on 3 nodes with 8 groups (global policy, like upstream EPLB), but a
+    Placement's nodes hold equal rank counts: from_eplb says so instead of failing on a derived gpus_per_node."""
+    load = np.arange(64) + 1.0
+    with pytest.raises(ValueError, match=r"num_nodes \(3\) must divide num_gpus \(32\).*num_nodes=1"):
+        Placement.from_eplb(load, 96, 32, num_groups=8, num_nodes=3)
+    flat = Placement.from_eplb(load, 96, 32, num_groups=8)
+    assert flat.num_nodes == 1 and flat.num_slots == 96
+
+
 @st.composite
 def layouts(draw):
     E = draw(st.integers(1, 12))
