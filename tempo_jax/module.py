@@ -4,13 +4,28 @@
     y = moe(x)                      # x [..., H] with prod(...) divisible by the ep axis size
     moe.set_tables(tables)          # fresh dispatch tables (e.g. from a DispatchController)
     moe.counts.get_value()          # [D, E] per-source expert counts of the last call
+    moe.drops.get_value()           # [D] pairs each source could not send (0 unless a fixed capacity is too small)
 
 Trainable weights are `nnx.Param` (router, logical w_gate / w_up / w_down); placement, tables, the cumulative
 counter and the last call's routing statistics are non-trainable `DispatchState` variables, so
 ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` trains exactly the logical parameters.
+
+Capacity (rows per source → destination block of the exchange; `MoEConfig.capacity`):
+
+- ``None``: the dropless worst case T/D·K rows per block (memory grows with D·T·K·H per rank).
+- an int: fixed; pairs beyond it are dropped, counted in ``moe.drops`` / ``moe.total_drops`` and warned about
+  once.
+- ``"auto"``: bucketed and dropless. Each eager call uses the bucket of the previous call's largest block
+  (powers of two from 16, up to the worst case; the first call starts at twice the mean block); when a block
+  overflows, the step runs again with the bucket that fits (one compile per bucket), so nothing is dropped.
+  ``moe.capacity`` is the bucket in use, ``moe.capacity_reruns`` counts the re-runs. Inside a traced function
+  (``nnx.jit``) the host cannot re-run, so the worst case is used.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +123,11 @@ class MoE(nnx.Module):
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
         self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
+        self.drops = RankState(jnp.zeros((D,), jnp.int32))
+        self.total_drops = 0  # eager calls only (a traced call cannot read its drops on the host)
+        self.capacity: int | None = None  # the bucket of config.capacity="auto" in use
+        self.capacity_reruns = 0
+        self._warned_drops = False
         self.topk_ids = DispatchState(jnp.zeros((0, config.top_k), jnp.int32))
         place_on_mesh(self, mesh, config.axis)
 
@@ -128,19 +148,65 @@ class MoE(nnx.Module):
         """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""
         lead, H = x.shape[:-1], x.shape[-1]
         key = self.rngs.dispatch() if "dispatch" in self.rngs else jax.random.key(0)
-        res = moe_forward(
-            self.params(),
-            x.reshape(-1, H),
-            mesh=self.mesh,
-            placement_arrays=PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value()),
-            tables=Tables(self.table.get_value(), self.log2phy.get_value()),
-            config=self.config,
-            key=key,
-            counter=self.counter.get_value(),
-        )
+        tokens = x.reshape(-1, H)
+
+        def run(capacity):
+            return moe_forward(
+                self.params(),
+                tokens,
+                mesh=self.mesh,
+                placement_arrays=PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value()),
+                tables=Tables(self.table.get_value(), self.log2phy.get_value()),
+                config=self.config,
+                key=key,
+                counter=self.counter.get_value(),
+                capacity=capacity,
+            )
+
+        eager = not isinstance(tokens, jax.core.Tracer)
+        if self.config.capacity == "auto":
+            res = self._run_auto(run, tokens.shape[0]) if eager else run(None)
+        else:
+            res = run(None)
+            if eager:
+                self._count_drops(res)
+        self.drops.set_value(res.stats.drops)
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
         self.gpu_tokens.set_value(res.stats.gpu_tokens)
         if self.record:
             self.topk_ids.set_value(res.stats.topk_ids)
         return res.out.reshape(*lead, H)
+
+    # ------------------------------------------------------------------ capacity
+    def _bucket(self, rows: int, worst: int) -> int:
+        return min(worst, max(16, 1 << max(0, math.ceil(math.log2(max(rows, 1))))))
+
+    def _run_auto(self, run, num_tokens: int):
+        """Bucketed dropless capacity: try the current bucket, re-run once with the bucket that fits on overflow."""
+        D = self.mesh.shape[self.config.axis]
+        worst = (num_tokens // D) * self.config.top_k
+        if self.capacity is None:
+            self.capacity = self._bucket(2 * -(-worst // D), worst)  # twice the mean block
+        cap = min(self.capacity, worst)
+        res = run(cap)
+        need = int(res.stats.max_block.max())
+        if need > cap:
+            self.capacity_reruns += 1
+            cap = self._bucket(need, worst)
+            res = run(cap)
+        self.capacity = self._bucket(need, worst)
+        return res
+
+    def _count_drops(self, res) -> None:
+        dropped = int(res.stats.drops.sum())
+        self.total_drops += dropped
+        if dropped and not self._warned_drops:
+            self._warned_drops = True
+            warnings.warn(
+                f"MoE: {dropped} token–expert pairs were dropped this call (capacity={self.config.capacity} rows "
+                f"per block; the largest block wanted {int(res.stats.max_block.max())}). Their outputs are zero. "
+                "Use capacity=None (dropless worst case) or 'auto' (bucketed, dropless); moe.drops / "
+                "moe.total_drops count them.",
+                stacklevel=3,
+            )
