@@ -1,12 +1,19 @@
-"""Expert-parallel MoE layer benchmark (`make bench-ep`): step time per policy and batch size.
+"""Expert-parallel MoE layer benchmark (`make bench-ep`): step time against compute baselines and a bound.
 
-Runs `tempo_jax.moe_forward` on every available device (8 fake CPU devices here; real GPUs when present;
-all processes' devices when started under `jax.distributed`), with dispatch tables from each policy solved on
-the batch's own counts. Times the jitted forward pass after warm-up (`block_until_ready`, median of repeats)
-and reports compile time separately. On CPU it also times a dense GShard-style capacity-einsum MoE of the same
-shapes (one-hot dispatch/combine tensors, capacity factor 1.25) as the baseline. Writes JSON.
+Runs `tempo_jax.moe_forward` on every available device (8 fake CPU devices here; real GPUs when present) and,
+in the same run and process, the same tokens, router and expert weights through:
 
-    python scripts/bench_ep.py                       # default shapes
+- **sorted gmm**: one device, pairs sorted by expert, the project's grouped GEMM (SwiGLU as three `gmm`s) — the
+  compute the layer must do, without the exchange (the baseline the layer is measured against);
+- **ragged_dot**: the same with `jax.lax.ragged_dot` (MaxText's dropless path);
+- **dense bound**: three dense matmuls of the same FLOPs (every pair through one expert-sized FFN);
+- **capacity einsum** (CPU only): a GShard-style dense capacity-einsum MoE (capacity factor 1.25).
+
+The layer runs with the dropless worst-case capacity (``cap=worst``) and with the bucket that fits this batch
+(``cap=auto``, what `MoE(capacity="auto")` uses). Times are medians after warm-up (`block_until_ready`),
+compile time separate. Prints every ratio and writes JSON.
+
+    python scripts/bench_ep.py                       # tokens per device 128, 512
     python scripts/bench_ep.py --quick
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -27,7 +35,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from solvers import PRESETS, DispatchProblem, Placement, solve  # noqa: E402
+from pallas_kernels import gmm  # noqa: E402
+from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
 from tempo_jax import tables as T  # noqa: E402
 from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, route  # noqa: E402
 from tempo_jax.report import table  # noqa: E402
@@ -49,9 +58,31 @@ def dense_capacity_moe(params, x, config: MoEConfig, capacity_factor: float = 1.
     return jnp.einsum("tec,ech->th", combine.astype(x.dtype), ye)
 
 
+def sorted_moe(params, x, config: MoEConfig, implementation: str):
+    """One-device dropless MoE: pairs sorted by expert, SwiGLU as three grouped GEMMs, unsort, combine."""
+    T_, K = x.shape[0], config.top_k
+    ids, w = route(x, params["router"], K, config.renormalize)
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    xs = x[order // K]
+    sizes = jnp.bincount(flat, length=config.experts).astype(jnp.int32)
+    h = jax.nn.silu(gmm(xs, params["w_gate"], sizes, implementation=implementation)) * gmm(
+        xs, params["w_up"], sizes, implementation=implementation
+    )
+    y = gmm(h, params["w_down"], sizes, implementation=implementation)
+    y = jnp.zeros_like(y).at[order].set(y).reshape(T_, K, -1)
+    return jnp.einsum("tk,tkh->th", w.astype(y.dtype), y)
+
+
+def dense_bound(params, x, config: MoEConfig):
+    """The same FLOPs as the experts' work: every pair through one expert-sized SwiGLU FFN (a lower bound)."""
+    xs = jnp.repeat(x, config.top_k, axis=0)
+    h = jax.nn.silu(xs @ params["w_gate"][0]) * (xs @ params["w_up"][0])
+    return h @ params["w_down"][0]
+
+
 def timed(fn, *args, repeats: int) -> tuple[float, float]:
     """(compile seconds, median step seconds) of a jitted fn."""
-    jax.clear_caches()  # measure a cold compile, not a cache hit
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
@@ -64,74 +95,89 @@ def timed(fn, *args, repeats: int) -> tuple[float, float]:
     return compile_s, float(np.median(steps))
 
 
+def _bucket(rows: int, worst: int) -> int:
+    return min(worst, max(16, 1 << max(0, math.ceil(math.log2(max(rows, 1))))))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch-sizes", default="32,128,512", help="tokens per device")
+    ap.add_argument("--tokens-per-device", default="128,512", help="batch sizes, tokens per device")
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=128)
     ap.add_argument("--replication", type=float, default=1.25)
-    ap.add_argument("--policies", default="uniform,static,token_lp,metro,tempo")
+    ap.add_argument("--policies", default="uniform,tempo", help="dispatch tables the layer runs with")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="results/bench_ep.json")
     args = ap.parse_args(argv)
     if args.quick:
-        args.batch_sizes, args.repeats, args.policies = "32,128", 3, "uniform,tempo"
+        args.tokens_per_device, args.repeats, args.policies = "128", 3, "uniform"
 
     D = jax.device_count()
     E = args.experts
-    slots = int(np.ceil(E * args.replication / D)) * D
-    rng = np.random.default_rng(0)
-    popularity = rng.zipf(1.6, E).astype(float)
-    placement = Placement.from_eplb(popularity, slots, D)
+    placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float),
+                                    slots_for(E, D, args.replication), D)  # fmt: skip
     cfg = MoEConfig(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k,
                     slots_per_device=placement.slots_per_gpu, mode="quota")  # fmt: skip
     params = init_params(jax.random.key(0), cfg)
     mesh = make_ep_mesh(D)
     pa = T.placement_arrays(placement)
     cost = PRESETS["dsv3_fp8_offline"]
-    rows, results = [], []
+    one = jax.devices()[0]
     print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
-          f"H={args.hidden}, F={args.ffn}, {slots} slots", flush=True)  # fmt: skip
-    for B in [int(b) for b in args.batch_sizes.split(",")]:
+          f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots", flush=True)  # fmt: skip
+    rows, results = [], []
+    for B in [int(b) for b in args.tokens_per_device.split(",")]:
         # A shared offset direction skews the router's choices like real routing does.
+        rng = np.random.default_rng(B)
         x = jax.random.normal(jax.random.key(B), (B * D, args.hidden)) + jnp.asarray(rng.normal(size=(1, args.hidden)))
 
-        def layer(params, x, table):
+        def layer(params, x, table, capacity=None):
             return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
-                               config=cfg)  # fmt: skip
+                               config=cfg, capacity=capacity)  # fmt: skip
 
-        counts = jax.jit(layer)(params, x, T.uniform(placement).table).counts
-        problem = DispatchProblem(np.asarray(counts), placement, cost)
-        dense = None
+        first = jax.jit(layer)(params, x, T.uniform(placement).table)
+        counts, need = np.asarray(first.counts), int(first.stats.max_block.max())
+        worst = B * args.top_k
+        # Step 1: the baselines, on one device, same tokens and weights.
+        p1, x1 = jax.device_put(params, one), jax.device_put(x, one)
+        base = {name: timed(fn, p1, x1, repeats=args.repeats)[1] for name, fn in (
+            ("sorted gmm", lambda p, x: sorted_moe(p, x, cfg, "auto")),
+            ("ragged_dot", lambda p, x: sorted_moe(p, x, cfg, "ragged_dot")),
+            ("dense bound", lambda p, x: dense_bound(p, x, cfg)),
+        )}  # fmt: skip
         if jax.default_backend() == "cpu":
-            dense = timed(lambda p, x: dense_capacity_moe(p, x, cfg), params, x, repeats=args.repeats)
+            base["capacity einsum"] = timed(lambda p, x: dense_capacity_moe(p, x, cfg), p1, x1,
+                                            repeats=args.repeats)[1]  # fmt: skip
+        rec_base = {k: v * 1e3 for k, v in base.items()}
+        # Step 2: the layer, per policy and capacity.
         for policy in args.policies.split(","):
-            d = solve(problem, policy)
-            tables = {"static": T.static, "uniform": T.uniform}.get(policy)
-            tables = tables(placement) if tables else T.from_dispatch(d)
-            compile_s, step_s = timed(layer, params, x, tables.table, repeats=args.repeats)
-            rec = dict(B=B, policy=policy, step_ms=step_s * 1e3, compile_s=compile_s, model_makespan_us=d.makespan,
-                       dense_ms=dense[1] * 1e3 if dense else None,
-                       vs_dense=step_s / dense[1] if dense else None)  # fmt: skip
-            results.append(rec)
-            rows.append((B, policy, rec["step_ms"], compile_s, d.makespan, rec["dense_ms"] or float("nan"),
-                         rec["vs_dense"] or float("nan")))  # fmt: skip
-            print(f"  B={B} {policy}: {rec['step_ms']:.2f} ms", flush=True)
-    print(table(rows, ["B/dev", "policy", "step ms", "compile s", "model µs", "dense ms", "/dense"],
-                title="\nEP MoE layer step time (forward, median) vs dense capacity-einsum MoE"))  # fmt: skip
+            d = solve(DispatchProblem(counts, placement, cost), policy)
+            tables = T.uniform(placement) if policy == "uniform" else T.from_dispatch(d)
+            for cap_name, cap in (("worst", None), ("auto", _bucket(need, worst))):
+                compile_s, step_s = timed(lambda p, x, t, c=cap: layer(p, x, t, c), params, x, tables.table,
+                                          repeats=args.repeats)  # fmt: skip
+                ms = step_s * 1e3
+                rec = dict(tokens_per_device=B, policy=policy, capacity=cap_name, capacity_rows=cap or worst,
+                           step_ms=ms, compile_s=compile_s, **{f"{k} ms": v for k, v in rec_base.items()},
+                           vs_sorted_gmm=ms / rec_base["sorted gmm"], vs_dense=ms / rec_base["dense bound"],
+                           model_makespan_us=d.makespan)  # fmt: skip
+                results.append(rec)
+                rows.append((B, policy, f"{cap_name} ({cap or worst})", f"{ms:.1f}", f"{rec_base['sorted gmm']:.1f}",
+                             f"{rec['vs_sorted_gmm']:.2f}", f"{rec_base['ragged_dot']:.1f}",
+                             f"{rec_base['dense bound']:.2f}", f"{rec['vs_dense']:.1f}",
+                             f"{rec_base.get('capacity einsum', float('nan')):.1f}", f"{compile_s:.1f}"))  # fmt: skip
+                print(f"  B={B} {policy} cap={cap_name}: {ms:.1f} ms", flush=True)
+    heads = ["B/dev", "tables", "capacity", "layer ms", "sorted gmm ms", "layer/gmm", "ragged_dot ms", "dense ms",
+             "layer/dense", "cap-einsum ms", "compile s"]  # fmt: skip
+    print(table(rows, heads, title="\nEP MoE layer (forward, median) vs one-device baselines, same tokens"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        command="python " + " ".join(sys.argv),
-        devices=D,
-        backend=jax.default_backend(),
-        processes=jax.process_count(),
-        machine=platform.processor() or platform.machine(),
-        args=vars(args),
-    )
+    meta = dict(command="python " + " ".join(sys.argv), devices=D, backend=jax.default_backend(),
+                processes=jax.process_count(), machine=platform.processor() or platform.machine(),
+                cpus=os.cpu_count(), args=vars(args))  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"wrote {out}")
     return 0
