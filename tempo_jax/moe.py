@@ -30,9 +30,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import COUNTER_DTYPE, DISPATCH_MODES, GMM, DispatchMode, GmmImpl
+from solvers import LaunchSchedule
 
-from . import stages
-from .exchange import EXCHANGE, ExchangeImpl
+from . import cascade_exec, stages
+from .cascade_exec import WeightFetch
+from .exchange import EXCHANGE, ExchangeImpl, return_blocks
 from .stages import route
 from .tables import PlacementArrays, Tables
 
@@ -68,6 +70,9 @@ class MoEConfig:
         module's bucketed capacity with a dropless re-run (see `tempo_jax.module`); `moe_forward` itself needs
         an int or None (``capacity=`` overrides per call).
       axis: name of the expert-parallel mesh axis.
+      schedule: ``"sync"`` (one all-to-all) or a `solvers.LaunchSchedule` (CascadeEP: per-source exchange
+        rounds, one grouped GEMM per launch group; `tempo_jax.cascade_exec`). The output is the same.
+      fetches: OEWF `WeightFetch`es (helper computes its own tokens of the donor's experts with fetched weights).
     """
 
     hidden: int
@@ -83,6 +88,8 @@ class MoEConfig:
     renormalize: bool = True
     capacity: int | str | None = None
     axis: str = "ep"
+    schedule: str | LaunchSchedule = "sync"
+    fetches: tuple[WeightFetch, ...] = ()
 
     def __post_init__(self):
         for name in ("hidden", "ffn", "experts", "top_k", "slots_per_device"):
@@ -97,6 +104,11 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.mode must be one of {list(DISPATCH_MODES)}, got {self.mode!r}")
         EXCHANGE.validate(self.exchange)
         GMM.validate(self.gmm_impl)
+        if not (self.schedule == "sync" or isinstance(self.schedule, LaunchSchedule)):
+            raise ValueError(f"MoEConfig.schedule must be 'sync' or a solvers.LaunchSchedule, got {self.schedule!r}")
+        object.__setattr__(self, "fetches", tuple(self.fetches))
+        if not all(isinstance(f, WeightFetch) for f in self.fetches):
+            raise ValueError("MoEConfig.fetches must be tempo_jax.cascade_exec.WeightFetch values")
         c = self.capacity
         if not (c is None or c == "auto" or (isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 1)):
             raise ValueError(
@@ -149,7 +161,7 @@ class RankInputs(NamedTuple):
 
     Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], w_gate /
     w_up [P, H, F], w_down [P, F, H], counter [D, E], ids / gate [T, K] (replayed routing). Replicated: router
-    [H, E], table [Gs, E, R], log2phy [E, R], key.
+    [H, E], table [Gs, E, R], log2phy [E, R], phy2log [P], key.
     """
 
     x: jax.Array
@@ -159,12 +171,13 @@ class RankInputs(NamedTuple):
     w_down: jax.Array
     table: jax.Array
     log2phy: jax.Array
+    phy2log: jax.Array
     counter: jax.Array
     key: jax.Array
     ids: jax.Array
     gate: jax.Array
 
-    _REPLICATED = ("router", "table", "log2phy", "key")
+    _REPLICATED = ("router", "table", "log2phy", "phy2log", "key")
 
     @classmethod
     def specs(cls, axis: str) -> RankInputs:
@@ -206,7 +219,8 @@ class MoEOutput(NamedTuple):
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
                capacity: int) -> MoEOutput:  # fmt: skip
-    """Per-rank body (inside shard_map): the synchronous composition of `tempo_jax.stages`."""
+    """Per-rank body (inside shard_map): `tempo_jax.stages` composed synchronously, or by the CascadeEP launch
+    schedule and OEWF fetches of `tempo_jax.cascade_exec`."""
     axis, K, S = config.axis, config.top_k, config.slots_per_device
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
@@ -217,21 +231,32 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if config.mode == "sample" else None
     dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0], mode=config.mode,
                                uniforms=uniforms, interpret=config.interpret)  # fmt: skip
-    # Step 3: pack by destination; Step 4: exchange (rows and slot ids in one collective).
-    packed = stages.pack(inp.x, dp.slot, top_k=K, slots_per_rank=S, num_ranks=D, capacity=capacity,
-                         dtype=config.dtype)  # fmt: skip
-    recv = stages.exchange(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=S)
-    # Step 5: expert FFN on every received row.
-    rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
+    dest, local = dp.slot // S, dp.slot % S
+    weights = (inp.w_gate, inp.w_up, inp.w_down)
+    if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
+        ids = rt.ids.reshape(-1)
+        fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
+        dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
+    slots_total = weights[0].shape[0]
+    # Step 3: pack by destination (rows and their slot ids travel together).
+    packed = stages.pack(inp.x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
     mm = dict(gmm_impl=config.gmm_impl, interpret=config.interpret)
-    y, group_sizes = stages.expert_ffn(rows, slots, inp.w_gate, inp.w_up, inp.w_down, **mm)
-    # Step 6: return; Step 7: combine.
-    y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, impl=impl)
-    out = stages.combine(y_pairs, rt.gate, inp.x.dtype)
+    if config.schedule == "sync":
+        # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
+        recv = stages.exchange(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
+        rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
+        y, group_sizes = stages.expert_ffn(rows, slots, *weights, **mm)
+        back = return_blocks(y.reshape(recv.rows.shape), recv.counts, packed.counts, axis=axis, impl=impl)
+    else:
+        # Steps 4–6 by the launch schedule: rounds per group, one grouped GEMM per group (CascadeEP).
+        run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)
+        back, group_sizes = run(packed, config.schedule, weights, slots_total=slots_total)
+    # Step 7: combine.
+    out = stages.combine(stages.unpack_rows(back, packed), rt.gate, inp.x.dtype)
     stats = MoEStats(
         gpu_tokens=jnp.sum(group_sizes)[None],
         gpu_activations=jnp.sum(group_sizes > 0)[None],
-        slot_tokens=group_sizes[None],
+        slot_tokens=group_sizes[:S][None],
         drops=jnp.sum(packed.wanted - packed.counts)[None],
         max_block=jnp.max(packed.wanted)[None],
         replica_counts=dp.replica_counts[None],
@@ -306,6 +331,10 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
             raise ValueError(f"experts {orphan[:10].tolist()} have no replica in log2phy; every expert needs one")
         if not np.array_equal(p2l[l2p[l2p >= 0]], np.nonzero(l2p >= 0)[0]):
             raise ValueError("log2phy and phy2log disagree: a replica column points at a slot of another expert")
+    if isinstance(config.schedule, LaunchSchedule) and config.schedule.num_ranks != D:
+        raise ValueError(f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but axis {axis!r} has {D}")
+    if config.fetches and _concrete(phy2log):
+        cascade_exec.check_fetches(config.fetches, np.asarray(phy2log), D, S)
     if routing is not None and _concrete(routing[0]):
         ids = np.asarray(routing[0])
         if ids.size and (ids.min() < 0 or ids.max() >= E):
@@ -375,7 +404,7 @@ def moe_forward(
         if ids.shape != (T, config.top_k) or gate.shape != ids.shape:
             raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={config.top_k}]")
     inputs = RankInputs(x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table,
-                        tables.log2phy, counter, key, ids, gate)  # fmt: skip
+                        tables.log2phy, placement_arrays.phy2log, counter, key, ids, gate)  # fmt: skip
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         specs = RankInputs.specs(axis)
         inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))

@@ -130,19 +130,19 @@ def _unpack_slots(lanes: jax.Array) -> jax.Array:
     return v[..., 0] if lanes.shape[-1] == 1 else v[..., 0] * 256 + v[..., 1]
 
 
-def pack(x: jax.Array, slot: jax.Array, *, top_k: int, slots_per_rank: int, num_ranks: int, capacity: int,
+def pack(x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ranks: int, capacity: int,
          dtype) -> Packed:  # fmt: skip
     """Sort this rank's (token, k) pairs by destination rank and pack them, with their local slot ids, into
-    ``[D, C, W]`` (``x [T, H]``, ``slot [T·K]`` physical slots; rows past ``capacity`` per block are dropped)."""
-    D, S, C = num_ranks, slots_per_rank, capacity
-    dest = slot // S
+    ``[D, C, W]``: ``x [T, H]``, ``dest [T·K]`` destination rank and ``local [T·K]`` slot there of each pair
+    (row-major over ``[T, K]``); rows past ``capacity`` per block are dropped (counted in ``wanted − counts``)."""
+    D, C = num_ranks, capacity
     order = jnp.argsort(dest, stable=True).astype(jnp.int32)
     dest_sorted = dest[order]
     wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
     start = jnp.cumsum(wanted) - wanted
     pos = jnp.arange(dest.shape[0], dtype=jnp.int32) - start[dest_sorted].astype(jnp.int32)
     rows = x.astype(dtype)[order // top_k]
-    payload = jnp.concatenate([rows, _slot_lanes((slot[order] % S).astype(jnp.int32), dtype)], axis=1)
+    payload = jnp.concatenate([rows, _slot_lanes(local[order].astype(jnp.int32), dtype)], axis=1)
     buf = jnp.zeros((D, C, payload.shape[1]), dtype)
     buf = buf.at[jnp.where(pos < C, dest_sorted, D), pos].set(payload, mode="drop")
     return Packed(buf, jnp.minimum(wanted, C), wanted, order, dest_sorted, pos)

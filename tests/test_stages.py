@@ -35,7 +35,8 @@ def test_pack_exchange_return_move_every_row_with_its_slot(mesh, dtype):
 
     def body(x, slot):
         me = jax.lax.axis_index("ep")
-        packed = stages.pack(x, slot[0], top_k=K, slots_per_rank=S, num_ranks=D, capacity=T_loc * K, dtype=dtype)
+        sl = slot[0]
+        packed = stages.pack(x, sl // S, sl % S, top_k=K, num_ranks=D, capacity=T_loc * K, dtype=dtype)
         recv = stages.exchange(packed, axis="ep", impl="padded", hidden=H, slots_per_rank=S)
         # Tag each received row with its local slot and the receiving rank, then send it back.
         tagged = (

@@ -1,0 +1,167 @@
+"""CascadeEP inside the `shard_map` layer: per-source exchange rounds, one expert FFN per launch group, OEWF.
+
+`tempo_jax.moe` calls these per-rank functions when `MoEConfig.schedule` is a `solvers.LaunchSchedule` or
+`MoEConfig.fetches` is non-empty; they compose the stages of `tempo_jax.stages`.
+
+**Asynchronous launching** (`scheduled_exchange_ffn`). The synchronous all-to-all is decomposed into the
+schedule's rounds (`LaunchSchedule.rounds`): for launch group g and shift k, every source s of g sends its
+block for rank (s + k) mod D with one `jax.lax.ppermute` (k = 0 is the local block, no collective). After
+group g's D rounds, each rank runs one grouped-GEMM SwiGLU over the blocks of g's sources only and returns
+their results with the reverse rounds. So group g's GEMM depends on g's rounds alone (checked on the jaxpr
+in the tests): a scheduler (XLA's latency-hiding scheduler on GPU) can start it as soon as g's sources have
+sent, while later groups are still in attention. The arrival order is fixed at compile time, from the
+planner's predicted order; every row still goes through exactly one GEMM, so the output equals the
+synchronous layer's.
+
+**OEWF** (`apply_fetches`). A `WeightFetch` (helper h, donor d, logical experts) copies the donor's weights
+of those experts to h with a `ppermute` that depends on no activation (a scheduler can hoist it under
+attention) into extra local slots S, S+1, … of every rank (zeros where unused); h's own pairs routed to those
+experts on d are redirected to its extra slots and computed locally; d receives fewer rows. Gradients of the
+fetched weights flow back through the ppermute to the donor's replica, hence once to the logical weights.
+
+Glossary: T tokens on this rank, K top-k, H hidden, F expert width, D ranks, S slots per rank, C rows per
+block, W = H + slot lanes; m sources in a launch group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from solvers import LaunchSchedule, OEWFPlan
+
+from . import stages
+
+__all__ = ["WeightFetch", "fetch_bytes", "fetches_from_plan", "apply_fetches", "scheduled_exchange_ffn"]
+
+
+@dataclass(frozen=True)
+class WeightFetch:
+    """One OEWF reassignment as the layer executes it: ``helper`` fetches the full weights of logical
+    ``experts`` from ``donor`` and computes its own tokens for them (from `solvers.oewf_plan`'s accepted moves)."""
+
+    helper: int
+    donor: int
+    experts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "experts", tuple(int(e) for e in self.experts))
+        if self.helper == self.donor or min(self.helper, self.donor) < 0:
+            raise ValueError(f"WeightFetch: helper {self.helper} and donor {self.donor} must be distinct ranks ≥ 0")
+        if not self.experts or len(set(self.experts)) != len(self.experts):
+            raise ValueError(f"WeightFetch: experts must be distinct and non-empty, got {self.experts}")
+
+
+def fetches_from_plan(plan: OEWFPlan) -> tuple[WeightFetch, ...]:
+    """The accepted reassignments of a `solvers.OEWFPlan`, in decision order."""
+    return tuple(WeightFetch(r.helper, r.donor, tuple(r.experts)) for r in plan.accepted)
+
+
+def fetch_bytes(fetches, hidden: int, ffn: int, dtype) -> int:
+    """Bytes the weight copies move: Σ experts × 3·H·F × itemsize."""
+    return sum(len(f.experts) for f in fetches) * 3 * hidden * ffn * jnp.dtype(dtype).itemsize
+
+
+def apply_fetches(fetches, ids, dest, local, phy2log, weights, *, axis: str, slots_per_rank: int):
+    """OEWF on one rank: fetch weights into extra local slots and redirect the helper's pairs to them.
+
+    Args:
+      fetches: `WeightFetch`es (static).
+      ids: ``[T·K]`` logical expert of each pair; dest, local: ``[T·K]`` destination rank and its slot.
+      phy2log: ``[P]`` logical expert of every physical slot.
+      weights: this rank's ``(w_gate [S, H, F], w_up [S, H, F], w_down [S, F, H])``.
+
+    Returns:
+      ``(dest, local, weights)`` with the helper's redirected pairs and every rank's weights extended by
+      ``Σ len(experts)`` slots (zeros where the rank is not the helper).
+    """
+    S = slots_per_rank
+    me = jax.lax.axis_index(axis)
+    mine = jax.lax.dynamic_slice_in_dim(phy2log, me * S, S)  # [S] logical experts of this rank's slots
+    extra, off = [[], [], []], 0
+    for f in fetches:
+        ex = jnp.asarray(f.experts, jnp.int32)
+        # Step 1: on the donor, the local slot of each fetched expert; copy its weights to the helper.
+        idx = jnp.argmax(mine[None, :] == ex[:, None], axis=1)
+        with jax.named_scope(f"oewf_fetch_{f.helper}_{f.donor}"):
+            for lst, w in zip(extra, weights, strict=True):
+                lst.append(jax.lax.ppermute(w[idx], axis, perm=[(f.donor, f.helper)]))
+        # Step 2: on the helper, its pairs for those experts on the donor go to the fetched slots instead.
+        for j, e in enumerate(f.experts):
+            hit = (me == f.helper) & (dest == f.donor) & (ids == e)
+            dest = jnp.where(hit, me, dest)
+            local = jnp.where(hit, S + off + j, local)
+        off += len(f.experts)
+    weights = tuple(jnp.concatenate([w, *lst], axis=0) for w, lst in zip(weights, extra, strict=True))
+    return dest, local, weights
+
+
+def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weights, *, axis: str, hidden: int,
+                           slots_total: int, gmm_impl: str, interpret: bool):  # fmt: skip
+    """Exchange and expert FFN round by round, one grouped GEMM per launch group (see the module doc).
+
+    Args:
+      packed: this rank's `stages.Packed` rows (``buffer [D, C, W]``, ``counts [D]``).
+      schedule: the static `solvers.LaunchSchedule` (D ranks, groups in launch order).
+      weights: ``(w_gate, w_up, w_down)`` of the rank's slots (extended by OEWF's fetched slots).
+      hidden: H; slots_total: slots including fetched ones (the padding slot id).
+
+    Returns:
+      ``(back [D, C, H], group_sizes [slots_total])``: block j = results of the rows this rank sent to rank j
+      (as `tempo_jax.exchange.return_blocks` gives them), and the rows each slot computed.
+    """
+    D = schedule.num_ranks
+    buf, counts = packed.buffer, packed.counts
+    C = buf.shape[1]
+    me = jax.lax.axis_index(axis)
+    back = jnp.zeros((D, C, hidden), buf.dtype)
+    sizes = jnp.zeros((slots_total,), jnp.int32)
+    rounds = schedule.rounds
+    for g, group in enumerate(schedule.groups):
+        src = jnp.asarray(group, jnp.int32)
+        in_group = jnp.any(src == me)
+        # Step 1: g's rounds: source s sends its block for (s + k) mod D; round k delivers source (me − k) mod D.
+        got, got_counts = [], []
+        for r in (r for r in rounds if r.group == g):
+            block = jax.lax.dynamic_index_in_dim(buf, (me + r.shift) % D, keepdims=False)
+            n = counts[(me + r.shift) % D]
+            if r.shift == 0:
+                got.append(jnp.where(in_group, block, 0))
+                got_counts.append(jnp.where(in_group, n, 0))
+                continue
+            with jax.named_scope(f"cascade_round_{g}_{r.shift}"):
+                got.append(jax.lax.ppermute(block, axis, perm=list(r.pairs)))
+                got_counts.append(jax.lax.ppermute(n, axis, perm=list(r.pairs)))
+        # Step 2: keep the m rounds that carried a source of g to this rank (static count, rank-dependent rounds).
+        ks = (me - src) % D  # [m] round of each source of g
+        blocks = jnp.stack(got)[ks]  # [m, C, W]
+        recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
+        # Step 3: one grouped GEMM over g's rows.
+        with jax.named_scope(f"cascade_group_{g}"):
+            y, gs = stages.expert_ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), *weights,
+                                      gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+        sizes = sizes + gs
+        # Step 4: reverse rounds: results for source (me − k) mod D go back to it.
+        per_round = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))
+        for r in (r for r in rounds if r.group == g):
+            if r.shift == 0:
+                ret = jnp.where(in_group, per_round[0], 0)
+            else:
+                with jax.named_scope(f"cascade_return_{g}_{r.shift}"):
+                    ret = jax.lax.ppermute(per_round[r.shift], axis, perm=[(d, s) for s, d in r.pairs])
+            back = back.at[(me + r.shift) % D].add(ret.astype(back.dtype))
+    return back, sizes
+
+
+def check_fetches(fetches, phy2log: np.ndarray, num_ranks: int, slots_per_rank: int) -> None:
+    """Host check: every fetch names ranks of the mesh and experts its donor holds."""
+    for f in fetches:
+        if max(f.helper, f.donor) >= num_ranks:
+            raise ValueError(f"{f}: ranks must lie in 0..{num_ranks - 1}")
+        held = set(phy2log[f.donor * slots_per_rank : (f.donor + 1) * slots_per_rank].tolist())
+        missing = [e for e in f.experts if e not in held]
+        if missing:
+            raise ValueError(f"{f}: donor {f.donor} holds no replica of experts {missing}; fetch what it holds")

@@ -1,0 +1,165 @@
+"""CascadeEP inside the shard_map layer (tempo_jax.cascade_exec) on 8 fake CPU devices: the central invariant
+for launch schedules and OEWF, the dependence structure of the launch groups, no drops."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from solvers import LaunchSchedule, Placement
+from tempo_jax import tables as T
+from tempo_jax.cascade_exec import WeightFetch, fetch_bytes
+from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+
+D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
+
+
+def f32_close(a, b, atol=2e-5, rtol=2e-5):
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    rng = np.random.default_rng(0)
+    placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
+    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=placement.slots_per_gpu)
+    params = init_params(jax.random.key(0), config)
+    # A shared offset skews the router towards a few experts (skewed routing).
+    x = jax.random.normal(jax.random.key(1), (TOKENS, 32)) + 1.5 * jax.random.normal(jax.random.key(2), (1, 32))
+    return placement, config, params, x, make_ep_mesh(D)
+
+
+def random_schedule(seed: int) -> LaunchSchedule:
+    """A random arrival order cut into random consecutive launch groups."""
+    rng = np.random.default_rng(seed)
+    order = tuple(int(r) for r in rng.permutation(D))
+    cuts = sorted(rng.choice(np.arange(1, D), size=rng.integers(0, D), replace=False).tolist())
+    groups = tuple(order[a:b] for a, b in zip([0, *cuts], [*cuts, D], strict=True))
+    return LaunchSchedule(num_ranks=D, order=order, groups=groups)
+
+
+def _run(setup, config, tables=None, params=None):
+    placement, _, p, x, mesh = setup
+    pa = T.placement_arrays(placement)
+    tables = tables or T.perturbed(T.uniform(placement), seed=3)
+    return moe_forward(params or p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
+                       key=jax.random.key(5))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- invariant
+@pytest.mark.parametrize("mode", ["sample", "quota"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
+    placement, config, params, x, _ = setup
+    sync_cfg = dataclasses.replace(config, mode=mode)
+    cas_cfg = dataclasses.replace(sync_cfg, schedule=random_schedule(seed))
+    sync, cas = _run(setup, sync_cfg), _run(setup, cas_cfg)
+    f32_close(cas.out, sync.out)
+    f32_close(cas.out, moe_reference(params, x, config))
+    np.testing.assert_array_equal(cas.counts, sync.counts)  # the same dispatch decisions
+    np.testing.assert_array_equal(cas.stats.gpu_tokens, sync.stats.gpu_tokens)
+    assert int(cas.stats.drops.sum()) == 0 and int(cas.stats.gpu_tokens.sum()) == TOKENS * config.top_k
+
+
+def test_gradients_match_the_synchronous_layer(setup):
+    placement, config, params, x, mesh = setup
+    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+
+    def loss(p, x, cfg):
+        return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg).out ** 2)
+
+    cas_cfg = dataclasses.replace(config, schedule=random_schedule(7))
+    g_sync = jax.grad(loss, argnums=(0, 1))(params, x, config)
+    g_cas = jax.grad(loss, argnums=(0, 1))(params, x, cas_cfg)
+    for a, b in zip(jax.tree.leaves(g_cas), jax.tree.leaves(g_sync), strict=True):
+        f32_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------- dependence
+def _shard_map_body(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "shard_map":
+            return eqn.params["jaxpr"]
+        for v in eqn.params.values():
+            sub = getattr(v, "jaxpr", None)
+            if sub is not None:
+                found = _shard_map_body(sub if hasattr(sub, "eqns") else sub.jaxpr)
+                if found is not None:
+                    return found
+    return None
+
+
+def _ancestors(body, roots):
+    """Every eqn some eqn of ``roots`` transitively reads from."""
+    producer = {v: e for e in body.eqns for v in e.outvars}
+    seen, todo = set(), list(roots)
+    while todo:
+        e = todo.pop()
+        for v in e.invars:
+            p = None if type(v).__name__ == "Literal" else producer.get(v)
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                todo.append(p)
+    return [e for e in body.eqns if id(e) in seen]
+
+
+def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
+    placement, config, params, x, mesh = setup
+    sched = LaunchSchedule(num_ranks=D, order=(3, 1, 0, 7, 2, 5, 4, 6), groups=((3, 1), (0, 7, 2), (5,), (4, 6)))
+    cfg = dataclasses.replace(config, schedule=sched)
+    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    jaxpr = jax.make_jaxpr(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
+                                                    config=cfg))(params, x)  # fmt: skip
+    body = _shard_map_body(jaxpr.jaxpr)
+    scope = lambda e: str(e.source_info.name_stack)  # noqa: E731
+    for g in range(len(sched.groups)):
+        gemms = [e for e in body.eqns if e.primitive.name == "custom_vjp_call" and f"cascade_group_{g}" in scope(e)]
+        assert len(gemms) == 3  # gate, up, down
+        collectives = [e for e in _ancestors(body, gemms) if e.primitive.name == "ppermute"]
+        rounds = {re.search(r"cascade_(round|return)_(\d+)_(\d+)", scope(e)).groups() for e in collectives}
+        assert rounds == {("round", str(g), str(k)) for k in range(1, D)}, (g, sorted(rounds))
+
+
+# ----------------------------------------------------------------------------------------------- OEWF
+def test_oewf_fetches_keep_the_output_and_send_gradients_once(setup):
+    placement, config, params, x, mesh = setup
+    S = placement.slots_per_gpu
+    held = lambda d: tuple(sorted(set(placement.phy2log[d * S : (d + 1) * S].tolist())))  # noqa: E731
+    fetches = (WeightFetch(0, 5, held(5)), WeightFetch(2, 5, held(5)[:1]), WeightFetch(1, 6, held(6)))
+    sync_cfg = dataclasses.replace(config, mode="quota")
+    for schedule in ("sync", random_schedule(4)):
+        cfg = dataclasses.replace(sync_cfg, schedule=schedule, fetches=fetches)
+        sync, oe = _run(setup, sync_cfg), _run(setup, cfg)
+        f32_close(oe.out, sync.out)
+        tok, base = np.asarray(oe.stats.gpu_tokens), np.asarray(sync.stats.gpu_tokens)
+        assert tok.sum() == base.sum() and int(oe.stats.drops.sum()) == 0  # every pair computed once
+        assert tok[5] < base[5] and tok[0] > base[0]  # the donor computes less, the helper more
+    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+
+    def loss(p, c):
+        return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c).out ** 2)
+
+    g_sync = jax.grad(loss)(params, sync_cfg)
+    g_oe = jax.grad(loss)(params, dataclasses.replace(sync_cfg, fetches=fetches))
+    for k in g_sync:
+        f32_close(g_oe[k], g_sync[k], atol=1e-4, rtol=1e-4)
+    assert fetch_bytes(fetches, 32, 16, jnp.float32) == (len(held(5)) + 1 + len(held(6))) * 3 * 32 * 16 * 4
+
+
+def test_bad_schedules_and_fetches_are_rejected(setup):
+    placement, config, params, x, mesh = setup
+    with pytest.raises(ValueError, match="schedule"):
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=1, slots_per_device=1, schedule="async")
+    with pytest.raises(ValueError, match="for 4 ranks"):
+        _run(setup, dataclasses.replace(config, schedule=LaunchSchedule.sync(4)))
+    S = placement.slots_per_gpu
+    absent = next(e for e in range(E) if e not in placement.phy2log[5 * S : 6 * S])
+    with pytest.raises(ValueError, match="holds no replica"):
+        _run(setup, dataclasses.replace(config, fetches=(WeightFetch(0, 5, (absent,)),)))
+    with pytest.raises(ValueError, match="distinct"):
+        WeightFetch(3, 3, (1,))
