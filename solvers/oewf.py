@@ -56,11 +56,14 @@ __all__ = [
     "PRICINGS",
     "REJECT_REASONS",
     "FetchPlan",
+    "LayerOEWF",
     "OEWFPlan",
     "OEWFState",
     "Reassignment",
     "Rejection",
+    "TimedReassignment",
     "admit",
+    "oewf_at_dispatch",
     "oewf_plan",
     "predicted_completion",
     "select_weights",
@@ -597,3 +600,117 @@ def oewf_plan(state: OEWFState, *, curve=None, pricing: str = "paper", cost=None
         state=cur,
         pricing=pr.pricing,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedReassignment:
+    """An accepted OEWF move with its absolute times (µs from the layer's start).
+
+    Attributes:
+      reassignment: the `Reassignment` (its times are relative to ``decided_us``).
+      decided_us: the helper's decision instant (its dispatch completion).
+      start_us / end_us: the helper's reassigned kernel: weights ready → F(N_trans) later.
+    """
+
+    reassignment: Reassignment
+    decided_us: float
+    start_us: float
+    end_us: float
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LayerOEWF:
+    """`oewf_at_dispatch`'s result for one layer.
+
+    Attributes:
+      accepted: `TimedReassignment`s in decision order.
+      rejected: helpers that decided without a move.
+      pair_tokens: ``[D, D, E]`` the pairs each destination still computes (moved pairs zeroed).
+    """
+
+    accepted: tuple[TimedReassignment, ...]
+    rejected: int
+    pair_tokens: np.ndarray
+
+
+def oewf_at_dispatch(
+    ready_us,
+    attention_est_us,
+    dispatch_us,
+    tokens_est,
+    pair_tokens,
+    *,
+    expert_bytes,
+    budget_bytes,
+    fetch_bytes_per_us,
+    curve: ThroughputCurve,
+    pricing: str = "paper",
+    cost: CostModel | None = None,
+) -> LayerOEWF:
+    """OEWF over one layer with per-helper decision instants (§3.3, App. C): each rank decides once, when its own
+    dispatch completes (``ready_us``, ascending), against the latest joint plan, as a helper of the ranks still
+    predicted to be in attention at that instant.
+
+    At helper h's instant t the state is built relative to t: remaining attention ``max(0, â_d − t)``,
+    remaining dispatch, the token estimates N̂ minus earlier moves, the pairs after earlier moves, and the
+    floors of earlier helpers' reassigned kernels; then `oewf_plan` decides for h alone (Algorithm 1 + Eq. 6).
+    Later helpers stop once no rank is predicted to be in attention.
+
+    Args:
+      ready_us: ``[D]`` when each rank finished dispatch (µs from the layer's start): its decision instant.
+      attention_est_us: ``[D]`` predicted attention-stage times â_d (µs).
+      dispatch_us: ``[D]`` dispatch times D_d (µs).
+      tokens_est: ``[D]`` N̂_d, predicted expert tokens per rank.
+      pair_tokens: ``[D, D, E]`` tokens source h routes to expert e on destination d.
+      expert_bytes: ``[E]`` or a scalar; budget_bytes, fetch_bytes_per_us: scalars or ``[D]`` (see `OEWFState`).
+      curve, pricing, cost: see `oewf_plan`.
+
+    Returns:
+      `LayerOEWF`.
+    """
+    fn = "oewf_at_dispatch"
+    # Step 1: validate once (the per-helper states below are built from these checked arrays).
+    base = OEWFState(attention_us=attention_est_us, dispatch_us=dispatch_us, tokens=tokens_est,
+                     pair_tokens=pair_tokens, expert_bytes=np.broadcast_to(expert_bytes, np.shape(pair_tokens)[2:]),
+                     budget_bytes=budget_bytes, fetch_bytes_per_us=fetch_bytes_per_us)  # fmt: skip
+    D = base.num_ranks
+    ready = check_array("ready_us", ready_us, where=fn, shape=(D,), nonnegative=True)
+    pairs, n_hat, floor_abs = base.pair_tokens.copy(), base.tokens.copy(), np.zeros(D)
+    att, disp = base.attention_us, base.dispatch_us
+    last_attention = float(att.max())
+    accepted: list[TimedReassignment] = []
+    rejected = 0
+    for h in np.argsort(ready, kind="stable"):
+        t = float(ready[h])
+        if t >= last_attention:  # nobody is predicted to be in attention any more: no donor for later helpers
+            break
+        # Step 2: the predicted state at the helper's decision instant (times relative to t).
+        remaining = np.maximum(att - t, 0.0)
+        remaining[h] = 0.0
+        left = np.where(remaining > 0, disp, np.maximum(att + disp - t, 0.0))
+        left[h] = 0.0
+        state = OEWFState.unchecked(
+            attention_us=remaining,
+            dispatch_us=left,
+            tokens=n_hat.copy(),
+            pair_tokens=pairs.copy(),
+            expert_bytes=base.expert_bytes,
+            budget_bytes=base.budget_bytes,
+            fetch_bytes_per_us=base.fetch_bytes_per_us,
+            activated=(pairs.sum(axis=0) > 0).sum(axis=1).astype(np.float64),
+            floor_us=np.maximum(floor_abs - t, 0.0),
+        )
+        # Step 3: Algorithm 1 and Eq. 6 for this helper alone.
+        plan = oewf_plan(state, curve=curve, pricing=pricing, cost=cost, helpers=[int(h)])
+        if not plan.accepted:
+            rejected += 1
+            continue
+        # Step 4: apply: the donor loses the helper's pairs of the fetched experts; the helper runs a side kernel.
+        r = plan.accepted[0]
+        pairs[h, r.donor, list(r.experts)] = 0.0
+        n_hat[r.donor] = max(0.0, n_hat[r.donor] - r.n_trans)
+        start = t + r.ready_us
+        end = start + float(curve.ffn_time_unchecked(r.n_trans))
+        accepted.append(TimedReassignment(reassignment=r, decided_us=t, start_us=start, end_us=end))
+        floor_abs[h] = max(floor_abs[h], end)
+    return LayerOEWF(accepted=tuple(accepted), rejected=rejected, pair_tokens=pairs)

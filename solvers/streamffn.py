@@ -252,6 +252,22 @@ class LaunchSchedule:
         return cls(num_ranks=int(num_ranks), order=order, groups=(order,))
 
     @classmethod
+    def stragglers(cls, num_ranks: int, late) -> LaunchSchedule:
+        """Two launch groups: every rank not in ``late``, then the ``late`` ranks (each ascending; ``late`` empty =
+        `sync`). The compile-friendly form: the structure is only the straggler set, so a D-rank layer has at
+        most 2^D − 1 programs (255 for D = 8), and in practice the few sets a deployment's imbalance produces."""
+        fn = "LaunchSchedule.stragglers"
+        if not isinstance(num_ranks, int | np.integer) or num_ranks < 1:
+            raise ValueError(f"{fn}: num_ranks must be an integer ≥ 1, got {num_ranks!r}")
+        late = sorted({int(r) for r in late})
+        if any(not 0 <= r < num_ranks for r in late):
+            raise ValueError(f"{fn}: late ranks {late} must lie in 0..{num_ranks - 1}")
+        early = [r for r in range(int(num_ranks)) if r not in late]
+        if not late or not early:
+            return cls.sync(int(num_ranks))
+        return cls(num_ranks=int(num_ranks), order=(*early, *late), groups=(tuple(early), tuple(late)))
+
+    @classmethod
     def from_arrivals(
         cls,
         arrival_us,

@@ -511,3 +511,33 @@ def test_clear_errors(call, fragment):
     with pytest.raises(ValueError) as info:
         call()
     assert fragment in str(info.value)
+
+
+def test_straggler_schedules_are_canonical_two_group_plans():
+    s = LaunchSchedule.stragglers(8, [6, 2])
+    assert s.groups == ((0, 1, 3, 4, 5, 7), (2, 6)) and s.key == LaunchSchedule.stragglers(8, (2, 6, 6)).key
+    assert LaunchSchedule.stragglers(8, []).key == LaunchSchedule.sync(8).key
+    assert LaunchSchedule.stragglers(4, range(4)).groups == ((0, 1, 2, 3),)
+    with pytest.raises(ValueError, match="late ranks"):
+        LaunchSchedule.stragglers(4, [4])
+
+
+def test_oewf_at_dispatch_decides_in_readiness_order_and_moves_only_helper_pairs():
+    from solvers import oewf_at_dispatch
+
+    rng = np.random.default_rng(5)
+    D, E = 4, 8
+    pairs = rng.integers(0, 2000, size=(D, D, E)).astype(float)
+    att = np.array([100.0, 2500.0, 400.0, 3000.0])
+    disp = np.full(D, 50.0)
+    curve = ThroughputCurve.from_profile([1, 1024, 65536], [80.0, 100.0, 1300.0])
+    res = oewf_at_dispatch(att + disp, att, disp, pairs.sum(axis=(0, 2)), pairs, expert_bytes=1e6,
+                           budget_bytes=4e6, fetch_bytes_per_us=1e4, curve=curve)  # fmt: skip
+    assert res.accepted, "the early ranks should help the two stragglers"
+    times = [a.decided_us for a in res.accepted]
+    assert times == sorted(times) and all(a.start_us > a.decided_us for a in res.accepted)
+    moved = pairs - res.pair_tokens
+    assert (moved >= 0).all() and np.isclose(moved.sum(), sum(a.reassignment.n_trans for a in res.accepted))
+    for a in res.accepted:  # only the helper's own row towards its donor changes
+        r = a.reassignment
+        assert moved[r.helper, r.donor].sum() > 0 and att[r.helper] < att[r.donor]

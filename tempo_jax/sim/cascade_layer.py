@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers import CostModel, LaunchGroup, OEWFState, Reassignment, oewf_plan
+from solvers import CostModel, LaunchGroup, Reassignment, oewf_at_dispatch
 from solvers.checks import check_array, check_choice
 from solvers.streamffn import partition_sources, run_partition
 
@@ -198,56 +198,23 @@ def _run_ranks(costs, inp: LayerInputs, pairs, pairs_est, allowed, theta):
 
 
 def _oewf(costs: PrefillCosts, inp: LayerInputs, pricing: str, cost: CostModel | None):
-    """Helpers in order of readiness decide against the latest joint plan; returns (pairs, pairs_est, side, ok, no)."""
-    D = inp.num_ranks
-    pairs, pairs_est = inp.pairs.copy(), inp.pairs_est.copy()
-    n_hat = inp.tokens_est.copy()
-    floor_abs = np.zeros(D)
-    side: list[SideKernel] = []
-    accepted: list[Reassignment] = []
-    rejected = 0
-    ready = inp.ready_us
-    last_attention = float(inp.attention_est_us.max())
-    expert_bytes = np.full(pairs.shape[2], costs.expert_bytes)
-    budget = np.full(D, costs.helper_budget_bytes)
-    bandwidth = np.full(D, costs.hardware.fetch_bytes_per_us)
-    for h in np.argsort(ready, kind="stable"):
-        t = float(ready[h])
-        if t >= last_attention:  # nobody is predicted to be in attention any more: no donor for later helpers
-            break
-        # Step 1: the predicted state at the helper's decision instant (times relative to t).
-        remaining = np.maximum(inp.attention_est_us - t, 0.0)
-        remaining[h] = 0.0
-        disp = np.where(remaining > 0, inp.dispatch_us, np.maximum(inp.attention_est_us + inp.dispatch_us - t, 0.0))
-        disp[h] = 0.0
-        state = OEWFState.unchecked(  # built from checked LayerInputs: skip re-validation in this inner loop
-            attention_us=remaining,
-            dispatch_us=disp,
-            tokens=n_hat.copy(),
-            pair_tokens=pairs.copy(),
-            expert_bytes=expert_bytes,
-            budget_bytes=budget,
-            fetch_bytes_per_us=bandwidth,
-            activated=(pairs.sum(axis=0) > 0).sum(axis=1).astype(np.float64),
-            floor_us=np.maximum(floor_abs - t, 0.0),
-        )
-        # Step 2: Algorithm 1 and Eq. 6 for this helper alone (the state carries earlier decisions).
-        plan = oewf_plan(state, curve=costs.curve, pricing=pricing, cost=cost, helpers=[int(h)])
-        if not plan.accepted:
-            rejected += 1
-            continue
-        r = plan.accepted[0]
-        accepted.append(r)
-        # Step 3: apply: the donor loses the helper's pairs of the fetched experts; the helper runs a side kernel.
-        ex = list(r.experts)
-        pairs[h, r.donor, ex] = 0.0
-        pairs_est[h, r.donor, ex] = 0.0
-        n_hat[r.donor] = max(0.0, n_hat[r.donor] - r.n_trans)
-        start = t + r.ready_us
-        end = start + float(costs.curve.ffn_time_unchecked(r.n_trans))
-        side.append(SideKernel(rank=int(h), donor=int(r.donor), tokens=r.n_trans, start_us=start, end_us=end))
-        floor_abs[h] = max(floor_abs[h], end)
-    return pairs, pairs_est, tuple(side), tuple(accepted), rejected
+    """`solvers.oewf_at_dispatch` on the layer's predictions: (pairs after the moves, side kernels, accepted, no)."""
+    res = oewf_at_dispatch(
+        inp.ready_us, inp.attention_est_us, inp.dispatch_us, inp.tokens_est, inp.pairs,
+        expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
+        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve, pricing=pricing, cost=cost,
+    )  # fmt: skip
+    side = tuple(
+        SideKernel(
+            rank=a.reassignment.helper,
+            donor=a.reassignment.donor,
+            tokens=a.reassignment.n_trans,
+            start_us=a.start_us,
+            end_us=a.end_us,
+        )  # fmt: skip
+        for a in res.accepted
+    )
+    return res.pair_tokens, side, tuple(a.reassignment for a in res.accepted), res.rejected
 
 
 def layer_timeline(
@@ -292,7 +259,7 @@ def layer_timeline(
     # reassignment leaves it below θ) and run them with the pairs that stay; helpers add their side kernels.
     if pricing == "tempo" and cost is None:
         cost = costs.tempo_cost_model()
-    pairs, _, side, accepted, rejected = _oewf(costs, inputs, pricing, cost)
+    pairs, side, accepted, rejected = _oewf(costs, inputs, pricing, cost)
     if accepted:
         ready = inputs.ready_us
         runs = [_rank_plan(costs, ready, pairs[:, d, :].sum(axis=1), d, partitions[d]) for d in range(len(ready))]
