@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep bench-cascade gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -27,7 +27,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm bench-ep
+bench: bench-solver bench-gemm bench-ep bench-cascade
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
@@ -37,6 +37,9 @@ bench-gemm: $(STAMP)
 
 bench-ep: $(STAMP)
 	$(PY) scripts/bench_ep.py
+
+bench-cascade: $(STAMP)
+	$(PY) scripts/bench_cascade.py
 
 gpu-check:  # on a machine with a CUDA GPU; needs only jax with CUDA (no venv)
 	bash scripts/gpu_check.sh

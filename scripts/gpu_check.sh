@@ -4,7 +4,9 @@
 #                  dispatch exact) against their references
 #   2. bench_gemm  Pallas gmm vs ragged_dot vs dense on DeepSeek-V3 / Qwen3 expert shapes, the tiling sweep and
 #                  the expert-FFN cost profile (profile.csv: G,N,T,t in µs, for `tempo-jax calibrate`)
-#   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference
+#   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference;
+#                  CascadeEP launch schedules + OEWF vs the synchronous layer (equality, step time per mode), run
+#                  with XLA's latency-hiding scheduler (needs ≥ 2 GPUs; recorded as not run on one)
 # Results: <dest>/{check,bench_gemm,moe_check}.{json,log}, <dest>/profile.csv and <dest>/env.txt (8 files at
 # most, what the lent device machine hands back); <dest> is $OUT when set, else results/gpu.
 # Afterwards (any machine): python scripts/gpu_report.py <dest>  ->  <dest>/report.md + profile.png.
@@ -54,6 +56,9 @@ step() {  # step NAME LIMIT_S SCRIPT ARGS...: run one step with a time limit, lo
 step check "$LIMIT_CHECK" scripts/bench_gemm.py --check "${SMOKE[@]}" --out "$DEST/check.json"
 step bench_gemm "$LIMIT_BENCH" scripts/bench_gemm.py "${SMOKE[@]}" --out "$DEST/bench_gemm.json" \
   --profile-csv "$DEST/profile.csv"
+if [[ ${#SMOKE[@]} -eq 0 ]]; then  # let XLA overlap the per-source rounds with the launch groups' GEMMs
+  export XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true"
+fi
 step moe_check "$LIMIT_MOE" scripts/gpu_moe_check.py "${SMOKE[@]}" --out "$DEST/moe_check.json"
 
 failed=0

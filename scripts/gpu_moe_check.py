@@ -1,5 +1,7 @@
 """GPU check of the MoE layer: the ragged_all_to_all exchange and the Pallas kernels against the padded/XLA
-path and the dense reference, on every visible device. Part of scripts/gpu_check.sh.
+path and the dense reference, on every visible device; then CascadeEP's launch schedules and OEWF fetches against
+the synchronous layer (equal outputs, step time per mode, `scripts/bench_cascade.py`; gpu_check.sh runs this step
+with XLA's latency-hiding scheduler). Part of scripts/gpu_check.sh.
 
     python scripts/gpu_moe_check.py --out results/gpu/moe_check.json       # on a GPU machine
     python scripts/gpu_moe_check.py --smoke --out /tmp/moe_check.json       # CPU: padded exchange, interpret
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cascade
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -61,17 +65,37 @@ def check_layer(*, smoke: bool) -> dict:
     return dict(devices=D, backend=jax.default_backend(), jax=jax.__version__, tol=TOL, results=out)
 
 
+def check_cascade(*, smoke: bool) -> dict:
+    """Sync / Async / Async+SF / CascadeEP on the same batch (`bench_cascade.measure`); needs ≥ 2 devices."""
+    D = jax.device_count()
+    if D < 2:
+        print(f"  cascade: not run — launch schedules need ≥ 2 devices, this machine has {D}", flush=True)
+        return dict(ok=True, ran=False, reason=f"{D} device(s): launch schedules need at least 2")
+    import bench_cascade
+
+    shape = dict(tokens_per_device=32, experts=16, hidden=32, ffn=16, max_iters=4, repeats=1) if smoke else dict(
+        tokens_per_device=512, experts=64, hidden=1024, ffn=512, max_iters=40, repeats=5)  # fmt: skip
+    try:
+        res = bench_cascade.measure(top_k=2 if smoke else 6, requests=64, interpret=smoke,
+                                    gmm_impl="chunked" if smoke else "auto", **shape)  # fmt: skip
+    except Exception as e:  # recorded, like the other cases
+        return dict(ok=False, ran=True, error=f"{type(e).__name__}: {str(e)[:300]}")
+    flags = os.environ.get("XLA_FLAGS", "")
+    return dict(ok=res["equal_outputs"], ran=True, xla_flags=flags, **res)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/gpu/moe_check.json", help="JSON output path")
     p.add_argument("--smoke", action="store_true", help="tiny shapes; padded exchange; Pallas in interpret mode")
     args = p.parse_args()
     res = check_layer(smoke=args.smoke)
+    res["cascade"] = check_cascade(smoke=args.smoke)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")
-    return 0 if all(r["ok"] for r in res["results"].values()) else 1
+    return 0 if all(r["ok"] for r in res["results"].values()) and res["cascade"]["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ def test_gpu_check_smoke(tmp_path):
     assert set(bench["gpu"]["profile"]) == {"pallas gmm", "ragged_dot"}
     moe = json.loads((tmp_path / "moe_check.json").read_text())
     assert moe["devices"] == 8 and set(moe["results"]) == {"padded/chunked", "padded/pallas"}
+    cascade = moe["cascade"]  # CascadeEP schedules and OEWF against the synchronous layer
+    assert cascade["ran"] and cascade["ok"] and [r["mode"] for r in cascade["results"]] == [
+        "sync", "async", "async_sf", "cascade"]  # fmt: skip
+    assert max(r["max_abs_diff_vs_sync"] for r in cascade["results"]) < 1e-3
     assert all(r["ok"] and r["max_abs_err"] < 1e-4 for r in moe["results"].values())
     # The profile is what `tempo-jax calibrate` fits: G, N, tiles T and t (µs), all positive.
     with open(tmp_path / "profile.csv") as f:
