@@ -9,6 +9,9 @@
 4. The JAX MoE layer (`moe_forward` on 8 devices) serving that batch under every policy: realised per-GPU
    tokens and activations, modelled makespan, and the check that outputs are identical across policies;
    figure ``results/demo_layer.png``.
+5. CascadeEP (`tempo_jax.demo_cascade`): one Mooncake prefill step's planned layer timelines under Sync and
+   CascadeEP, and the JAX layer running the planned asynchronous schedule + OEWF with identical outputs;
+   figure ``results/demo_cascade.png``.
 Numbers land in ``results/demo.json``.
 """
 
@@ -209,6 +212,10 @@ def run_demo(out_dir: str | Path = "results", milp_time_limit: float = 10.0, lay
     out.mkdir(parents=True, exist_ok=True)
     if layer:
         text, record["layer"] = layer_demo(out)
+        print("\n" + text)
+        from .demo_cascade import cascade_demo
+
+        text, record["cascade"] = cascade_demo(out)
         print("\n" + text)
     (out / "demo.json").write_text(json.dumps(record, indent=2, default=float))
     print(f"\nwrote {out / 'demo.json'} (EP{EP}, {REPLICATION}× replicas, cost model {COST})")
