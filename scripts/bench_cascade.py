@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from solvers import LaunchSchedule, Placement, oewf_at_dispatch, slots_for  # noqa: E402
 from tempo_jax import tables as T  # noqa: E402
-from tempo_jax.cascade_exec import WeightFetch, fetch_bytes  # noqa: E402
+from tempo_jax.cascade_exec import fetch_bytes, fetches_from_plan, pair_tokens  # noqa: E402
 from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
 from tempo_jax.report import table  # noqa: E402
 from tempo_jax.sim import prefill_costs  # noqa: E402
@@ -92,19 +92,14 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
 
     # Step 2: what the planner knows: arrivals (exact), pairs per (source, destination, expert) from routing.
     first = moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=base)
-    rc = np.asarray(first.stats.replica_counts, np.float64)  # [D, E, R] pairs per source and replica column
-    pairs = np.zeros((D, D, E))
-    for e in range(E):
-        for r in range(placement.logcnt[e]):
-            pairs[:, placement.slot_gpu[placement.log2phy[e, r]], e] += rc[:, e, r]
+    pairs = pair_tokens(first.stats.replica_counts, placement)  # [D, D, E]
     costs = prefill_costs("deepseek_v4_flash", num_ranks=8)
     arrival = iters * US_PER_ITER
     sf = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
     plan = oewf_at_dispatch(arrival, arrival, np.zeros(D), pairs.sum(axis=(0, 2)), pairs,
                             expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
                             fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve)  # fmt: skip
-    fetches = tuple(WeightFetch(a.reassignment.helper, a.reassignment.donor, a.reassignment.experts)
-                    for a in plan.accepted)  # fmt: skip
+    fetches = fetches_from_plan(plan)
     async_ = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="async")
     configs = {
         "sync": base,

@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solvers import LaunchSchedule, OEWFPlan
+from solvers import LaunchSchedule, LayerOEWF, OEWFPlan
 
 from . import stages
 
-__all__ = ["WeightFetch", "fetch_bytes", "fetches_from_plan", "apply_fetches", "scheduled_exchange_ffn"]
+__all__ = ["WeightFetch", "fetch_bytes", "fetches_from_plan", "pair_tokens", "apply_fetches", "scheduled_exchange_ffn"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,27 @@ class WeightFetch:
             raise ValueError(f"WeightFetch: experts must be distinct and non-empty, got {self.experts}")
 
 
-def fetches_from_plan(plan: OEWFPlan) -> tuple[WeightFetch, ...]:
-    """The accepted reassignments of a `solvers.OEWFPlan`, in decision order."""
-    return tuple(WeightFetch(r.helper, r.donor, tuple(r.experts)) for r in plan.accepted)
+def pair_tokens(replica_counts, placement) -> np.ndarray:
+    """``[D, D, E]`` pairs per (source rank, destination rank, logical expert) from a layer run's
+    ``MoEOutput.stats.replica_counts`` ``[D, E, R]`` (pairs per source and replica column) and its `Placement`:
+    what `solvers.LaunchSchedule.from_arrivals` (summed over E) and `solvers.oewf_at_dispatch` plan with."""
+    rc = np.asarray(replica_counts, np.float64)
+    D, E, R = rc.shape
+    if E != placement.num_experts or D != placement.num_gpus:
+        raise ValueError(f"pair_tokens: replica_counts has shape {rc.shape}, the placement has "
+                         f"D = {placement.num_gpus}, E = {placement.num_experts}")  # fmt: skip
+    out = np.zeros((D, D, E))
+    for e in range(E):
+        for r in range(int(placement.logcnt[e])):
+            out[:, placement.slot_gpu[placement.log2phy[e, r]], e] += rc[:, e, r]
+    return out
+
+
+def fetches_from_plan(plan: OEWFPlan | LayerOEWF) -> tuple[WeightFetch, ...]:
+    """The accepted reassignments of a `solvers.OEWFPlan` (`oewf_plan`) or a `solvers.LayerOEWF`
+    (`oewf_at_dispatch`), in decision order."""
+    moves = [getattr(a, "reassignment", a) for a in plan.accepted]
+    return tuple(WeightFetch(r.helper, r.donor, tuple(r.experts)) for r in moves)
 
 
 def fetch_bytes(fetches, hidden: int, ffn: int, dtype) -> int:

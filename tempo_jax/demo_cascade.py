@@ -71,7 +71,7 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     from solvers import Placement, slots_for
 
     from . import tables as T
-    from .cascade_exec import WeightFetch, fetch_bytes
+    from .cascade_exec import fetch_bytes, fetches_from_plan, pair_tokens
     from .moe import MoEConfig, init_params, make_ep_mesh, moe_forward
 
     # Step 1: the planner's view of one layer of the step.
@@ -94,18 +94,13 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     run = jax.jit(lambda p, x, c: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c),
                   static_argnums=2)  # fmt: skip
     first = run(params, x, cfg)
-    rc = np.asarray(first.stats.replica_counts, np.float64)
-    pairs = np.zeros((D, D, E))
-    for e in range(E):
-        for r in range(placement.logcnt[e]):
-            pairs[:, placement.slot_gpu[placement.log2phy[e, r]], e] += rc[:, e, r]
+    pairs = pair_tokens(first.stats.replica_counts, placement)  # [D, D, E]
     arrival = inputs.ready_us
     schedule = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
     plan = oewf_at_dispatch(arrival, inputs.attention_us, inputs.dispatch_us, pairs.sum(axis=(0, 2)), pairs,
                             expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
                             fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve)  # fmt: skip
-    fetches = tuple(WeightFetch(a.reassignment.helper, a.reassignment.donor, a.reassignment.experts)
-                    for a in plan.accepted)  # fmt: skip
+    fetches = fetches_from_plan(plan)
     import dataclasses
 
     outs = {"sync": np.asarray(first.out)}

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from solvers import LaunchSchedule, Placement
+from solvers import LaunchSchedule, OEWFState, Placement, ThroughputCurve, oewf_at_dispatch, oewf_plan
 from tempo_jax import tables as T
-from tempo_jax.cascade_exec import WeightFetch, fetch_bytes
+from tempo_jax.cascade_exec import WeightFetch, fetch_bytes, fetches_from_plan, pair_tokens
 from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
 
 D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
@@ -149,6 +149,36 @@ def test_oewf_fetches_keep_the_output_and_send_gradients_once(setup):
     for k in g_sync:
         f32_close(g_oe[k], g_sync[k], atol=1e-4, rtol=1e-4)
     assert fetch_bytes(fetches, 32, 16, jnp.float32) == (len(held(5)) + 1 + len(held(6))) * 3 * 32 * 16 * 4
+
+
+def test_planned_pipeline_from_the_layers_own_routing(setup):
+    """pair_tokens → LaunchSchedule + oewf_at_dispatch → fetches_from_plan → the layer: Sync's output."""
+    placement, config, *_ = setup
+    cfg = dataclasses.replace(config, mode="quota")
+    first = _run(setup, cfg)
+    pairs = pair_tokens(first.stats.replica_counts, placement)
+    assert pairs.shape == (D, D, E) and pairs.sum() == TOKENS * config.top_k
+    np.testing.assert_array_equal(pairs.sum(axis=(0, 2)), np.asarray(first.stats.gpu_tokens))
+    np.testing.assert_array_equal(pairs.sum(axis=(1, 2)), np.full(D, TOKENS // D * config.top_k))
+    arrival = np.array([10.0, 12, 11, 13, 14, 200, 220, 15])  # ranks 5 and 6 straggle
+    curve = ThroughputCurve(tokens=(1, 1000), time_us=(1.0, 1000.0))  # one token per µs
+    plan = oewf_at_dispatch(arrival, arrival, np.zeros(D), pairs.sum(axis=(0, 2)), pairs, expert_bytes=1.0,
+                            budget_bytes=8.0, fetch_bytes_per_us=1.0, curve=curve)  # fmt: skip
+    fetches = fetches_from_plan(plan)
+    assert fetches and {f.donor for f in fetches} <= {5, 6}
+    schedule = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D)
+    out = _run(setup, dataclasses.replace(cfg, schedule=schedule, fetches=fetches))
+    f32_close(out.out, first.out)
+    assert int(out.stats.drops.sum()) == 0
+    # The static planner's plan converts the same way.
+    state = OEWFState(attention_us=np.where(arrival > 100, arrival, 0.0), dispatch_us=np.zeros(D),
+                      tokens=pairs.sum(axis=(0, 2)), pair_tokens=pairs, expert_bytes=np.ones(E),
+                      budget_bytes=8.0, fetch_bytes_per_us=1.0)  # fmt: skip
+    static = oewf_plan(state, curve=curve)
+    assert static.accepted
+    assert [(f.helper, f.donor) for f in fetches_from_plan(static)] == [(r.helper, r.donor) for r in static.accepted]
+    with pytest.raises(ValueError, match="replica_counts has shape"):
+        pair_tokens(np.zeros((D, E + 1, 2)), placement)
 
 
 def test_bad_schedules_and_fetches_are_rejected(setup):
