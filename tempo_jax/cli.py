@@ -197,7 +197,7 @@ def _cmd_cascade(args: argparse.Namespace) -> int:
         placement=args.placement,
         attention=args.attention,
         estimates=args.estimates,
-        guard=not args.no_guard,
+        guard=args.guard,
         replication=args.replication,
         dispatch=args.dispatch,
     )
@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="sync,async,async_sf,cascade", help="comma-separated layer modes")
     p.add_argument("--attention", default="dense", help="dense or sparse")
     p.add_argument("--estimates", default="paper", help="paper (noisy, previous layer) or exact")
-    p.add_argument("--no-guard", action="store_true", help="paper-literal launch rules (no predicted-completion guard)")
+    p.add_argument("--guard", action="store_true",
+                   help="launch with the best predicted policy up to each mode's own (default: the paper's rules)")
     p.add_argument("--replication", type=float, default=1.0, help="expert replicas / experts (EPLB per layer)")
     p.add_argument("--dispatch", default="uniform", help="uniform or tempo (with --replication > 1)")
     p.add_argument("--workers", type=int, default=2)

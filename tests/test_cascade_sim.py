@@ -60,7 +60,7 @@ def test_costs_reject_bad_input():
 @given(seed=st.integers(0, 10_000), skew=st.sampled_from([0.1, 0.5, 2.0]))
 def test_modes_are_ordered_on_every_layer_under_exact_estimates(seed, skew):
     inp = _inputs(seed, skew=skew)
-    ends = [layer_timeline(inp, COSTS, m).end_us for m in LAYER_MODES]
+    ends = [layer_timeline(inp, COSTS, m, guard=True).end_us for m in LAYER_MODES]
     assert all(a >= b - 1e-6 for a, b in zip(ends, ends[1:], strict=False)), dict(zip(LAYER_MODES, ends, strict=True))
 
 

@@ -83,7 +83,8 @@ class CascadeConfig:
         to matter.
       estimates: ``"paper"`` (noisy attention predictions, previous-layer token counts) or ``"exact"``.
       attention_noise: mean relative error of the attention prediction under ``estimates="paper"``.
-      guard: launch with the best predicted policy up to the mode's own (see `layer_timeline`).
+      guard: ``False`` (default) launches with each mode's own rule, as the paper does; ``True`` picks the best
+        predicted policy up to the mode's own (see `layer_timeline`).
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
       synthetic_requests: requests of the synthetic trace; synthetic_rate_rps: its Poisson rate.
       seed: seeds routing draws, estimation noise and placement tie-breaks.
@@ -105,7 +106,7 @@ class CascadeConfig:
     dispatch: str = "uniform"
     estimates: str = "paper"
     attention_noise: float = 0.097
-    guard: bool = True
+    guard: bool = False
     pricing: str = "paper"
     synthetic_requests: int = 1000
     synthetic_rate_rps: float = 5.0

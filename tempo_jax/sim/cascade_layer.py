@@ -15,11 +15,12 @@ a layer together: the layer barrier of §3.2).
    every rank is done (the barrier).
 
 Modes (`LAYER_MODES`): ``sync`` (synchronous EP), ``async`` (per-source launching), ``async_sf`` (+ streamFFN),
-``cascade`` (+ OEWF on every layer but the first). With ``guard=True`` (default) each rank launches with the
-best of its mode's policy and the previous modes' (by its *predicted* completion, from the attention and
-token estimates it has — the same predictions CascadeEP's OEWF uses), so under exact estimates
-Sync ≥ Async ≥ Async+SF ≥ CascadeEP on every layer. ``guard=False`` launches with the mode's own policy only
-(the paper's ablation variants: per-source kernels even when all sources are already there).
+``cascade`` (+ OEWF on every layer but the first). By default (``guard=False``) each rank launches with its
+mode's own rule, as the paper's ablation does: per-source kernels in Async even when every source has already
+arrived, θ-grouped kernels in Async+SF. With ``guard=True`` a rank launches with the best of its mode's policy and
+the previous modes' by its *predicted* completion (from the attention and token estimates it has — the same
+predictions OEWF uses), so under exact estimates Sync ≥ Async ≥ Async+SF ≥ CascadeEP on every layer; under the
+paper's noisy estimates the guard mispredicts often enough to cost more than it saves (notebook 09).
 
 **OEWF** (§3.3) runs on the Async+SF plan: helpers decide one after another at their dispatch completion
 r_h, with `solvers.oewf_plan` on the predicted state at that instant (remaining attention from the estimates,
@@ -222,7 +223,7 @@ def layer_timeline(
     costs: PrefillCosts,
     mode: str,
     *,
-    guard: bool = True,
+    guard: bool = False,
     pricing: str = "paper",
     cost: CostModel | None = None,
 ) -> LayerResult:
@@ -232,7 +233,8 @@ def layer_timeline(
       inputs: the layer's `LayerInputs` (true and predicted times and pairs).
       costs: the deployment's `PrefillCosts` (F(N), links, expert bytes, helper budget).
       mode: one of `LAYER_MODES`.
-      guard: launch with the best predicted policy up to the mode's own (default), or the mode's own only.
+      guard: launch with the mode's own policy only (default, the paper's rules), or with the best predicted
+        policy up to the mode's own (``True``).
       pricing: OEWF's admission model, ``"paper"`` (Eqs. 3–6) or ``"tempo"`` (max-affine, beyond the paper).
       cost: the `CostModel` for ``pricing="tempo"`` (default `PrefillCosts.tempo_cost_model`).
 
