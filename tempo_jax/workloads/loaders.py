@@ -137,7 +137,7 @@ def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] 
             col = int(np.flatnonzero(~(np.isfinite(row) & (row >= 0)))[0])
             raise ValueError(
                 f"{files[layer]}:{line_no[order[bad[0]]]}: router scores must be finite and >= 0, got "
-                f"expert_{col} = {row[col]!r}"
+                f"expert_{col} = {row[col].item()!r}"
             )
         nnz = np.count_nonzero(scores, axis=1)
         if np.any(nnz != nnz[0]):
