@@ -18,7 +18,14 @@ import pytest
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, solve
 from solvers.checks import ArgTypeError
 from tempo_jax.cli import build_parser, main
-from tempo_jax.workloads import load_flame_moe, load_harmoeny, load_mixtral, load_saved_trace, load_switch128
+from tempo_jax.workloads import (
+    RoutingTrace,
+    load_flame_moe,
+    load_harmoeny,
+    load_mixtral,
+    load_saved_trace,
+    load_switch128,
+)
 
 COST = PRESETS["dsv3_fp8_offline"]
 PL = Placement.full(4, 2)
@@ -129,6 +136,12 @@ API_CASES = [
     ("fit_one_sample", lambda: fit_max_affine([1], [2], [3]), ValueError, "need at least 4 samples"),
     ("fit_scalar_samples", lambda: fit_max_affine(1.0, 2.0, 3.0), ValueError, "G must be 1-D"),
     ("fit_iters_string", lambda: fit_max_affine([1] * 4, [1] * 4, [1] * 4, iters="5"), TypeError, "iters"),
+    (
+        "trace_nan_weights",
+        lambda: RoutingTrace("toy", "toy", 4, 1, topk_ids={0: [[1], [2]]}, topk_weights={0: [[0.5], [np.nan]]}),
+        ValueError,
+        "topk_weights[0] must be finite and >= 0, got nan at token 1",
+    ),
     ("fit_zero_time", lambda: fit_max_affine([1, 2, 3, 4], [1, 2, 3, 4], [1, 0, 3, 4]), ValueError, "positive"),
 ]
 
