@@ -14,9 +14,7 @@ those parameters and their unconstrained values in ``outside_domain``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import numpy as np
 from scipy.optimize import nnls
@@ -46,10 +44,10 @@ class FitReport:
     samples_per_piece: tuple[int, int]
     iterations: int
     converged: bool
-    outside_domain: Mapping[str, float] = field(default_factory=dict)
+    outside_domain: dict[str, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "outside_domain", MappingProxyType(dict(self.outside_domain)))
+        object.__setattr__(self, "outside_domain", dict(self.outside_domain))
 
 
 def _as_samples(name: str, v, n: int | None) -> np.ndarray:
@@ -119,6 +117,10 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
 
     def alternate(mask: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, int, bool]:
         th = refit(mask, (np.zeros(p_floor), np.zeros(2)))
+        # The state (mask, θ) after each iteration decides the rest; an assignment that oscillates revisits one,
+        # and the state after ``iters`` iterations is then known without running them (a huge ``iters`` is cheap).
+        seen: dict[bytes, int] = {}
+        states: list[tuple] = []
         for it in range(1, iters + 1):
             f, k = predict(th)
             new_mask = f >= k
@@ -126,6 +128,13 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
                 return th, mask, it, True
             mask = new_mask
             th = refit(mask, th)
+            key = mask.tobytes() + th[0].tobytes() + th[1].tobytes()
+            if key in seen:  # periodic from iteration seen[key] on, with period it - seen[key]
+                start = seen[key]
+                th, mask = states[start - 1 + (iters - start) % (it - start)]
+                return th, mask, iters, False
+            seen[key] = it
+            states.append((th, mask))
         return th, mask, iters, False
 
     def rel_err(th) -> float:

@@ -185,6 +185,19 @@ def test_fit_outside_domain_is_constrained_and_reported():
     assert not rep.outside_domain and good.b > 0
 
 
+def test_fit_with_a_huge_iters_ends_and_matches_the_plain_loop():
+    """Random times make the assignment oscillate; a cycle is detected, so iters=10**12 ends at once and equals
+    running the loop: adding a multiple of the period to iters gives the same state."""
+    rng = np.random.default_rng(1)  # a draw whose assignment oscillates
+    G, N, t = rng.integers(1, 17, 8), rng.integers(1, 4000, 8), rng.uniform(0.5, 1e4, 8)
+    t0 = time.perf_counter()
+    model, report = fit_max_affine(G, N, t, iters=10**12)
+    assert time.perf_counter() - t0 < 1.0 and not report.converged and report.iterations == 10**12
+    assert hash(report) == hash(report)  # outside_domain (a dict) is left out of the hash
+    same, rep = fit_max_affine(G, N, t, iters=10**12 + math.lcm(*range(1, 17)))  # a multiple of short periods
+    assert same == model and rep.mean_rel_error == report.mean_rel_error
+
+
 def test_token_lp_keeps_small_experts_beside_huge_ones():
     d = solve(_problem([1e12, 1, 5, 7]), "token_lp")
     np.testing.assert_allclose(d.x.sum(axis=1), [1e12, 1, 5, 7])
