@@ -157,6 +157,8 @@ class Placement:
         num_groups = _positive("num_groups", num_groups, where)
         num_nodes = _positive("num_nodes", num_nodes, where)
         _check_pairs(load.shape[0], num_gpus, where)
+        if num_replicas > MAX_PAIRS:  # EPLB walks every slot: refuse before building anything of that size
+            raise ValueError(f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_PAIRS:,} slots")
         if num_nodes > 1 and num_gpus % num_nodes:
             # rebalance_experts accepts this (global policy, as upstream); a Placement needs equal nodes.
             raise ValueError(

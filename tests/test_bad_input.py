@@ -87,6 +87,7 @@ API_CASES = [
     ("placement_full_huge", lambda: Placement.full(5000, 5000), ValueError, "exceeds the supported"),
     ("placement_full_string", lambda: Placement.full("3", 2), TypeError, "num_experts must be an integer"),
     ("placement_eplb_string", lambda: Placement.from_eplb([1, 2, 3], "4", 2), TypeError, "num_replicas"),
+    ("placement_eplb_huge", lambda: Placement.from_eplb([1, 2], 10**12, 2), ValueError, "exceeds the supported"),
     ("placement_eplb_nan", lambda: Placement.from_eplb([1, np.nan], 4, 2), ValueError, "load contains NaN"),
     ("placement_dict_no_gpus", lambda: Placement.from_dict({"phy2log": [0, 1]}), ValueError, "lacks ['num_gpus']"),
     (
