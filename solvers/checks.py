@@ -60,7 +60,8 @@ def _prefix(where: str) -> str:
 
 
 def check_int(name: str, value: object, *, minimum: int = 1, where: str = "") -> int:
-    """``value`` as an ``int`` if it is an integer ``>= minimum`` (bools are not integers here)."""
+    """``value`` as an ``int`` if it is an integer ``>= minimum`` (bools are not integers here); `ArgTypeError` for
+    a non-integer (``"2"``, ``2.0``), ``ValueError`` below ``minimum``."""
     pre = _prefix(where)
     if isinstance(value, bool | np.bool_) or not isinstance(value, Integral):
         raise ArgTypeError(f"{pre}{name} must be an integer >= {minimum}, got {_kind(value)}")
@@ -166,7 +167,8 @@ def check_array(
       hint: appended to shape errors (what the argument holds).
 
     Raises:
-      ValueError: naming the argument and the first offending entry.
+      ValueError: naming the argument and the first offending entry (or the shape, or a ragged nesting).
+      ArgTypeError: values that are not numbers (strings, None, objects, bools, complex).
     """
     pre, fix = _prefix(where), f" ({hint})" if hint else ""
     try:

@@ -189,7 +189,7 @@ def _problem_from_args(args: argparse.Namespace):
         given = [o for o, v in (("--layer", args.layer), ("--batch", args.batch), ("--tokens-per-rank",
                  args.tokens_per_rank)) if v is not None]  # fmt: skip
         if given:
-            raise UsageError(f"{', '.join(given)} select a batch of a --trace; with --counts they would be ignored")
+            raise UsageError(f"{', '.join(given)}: only with --trace (they pick its batch); --counts gives the batch")
     gpus = 8 if args.gpus is None else args.gpus
     # Step 2: the cost model.
     if args.cost_json:

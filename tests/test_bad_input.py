@@ -390,7 +390,7 @@ CLI_CASES = [
     ("neither_counts_nor_trace", ["solve"], 2, "one of the arguments --counts --trace is required"),
     ("gpus_and_placement", _solve("--gpus", "2", "--placement", "{placement}"), 2, "--gpus and --placement exclude"),
     ("replicas_and_placement", _solve("--replicas", "8", "--placement", "{placement}"), 2, "--replicas and --place"),
-    ("trace_options_with_counts", _solve("--layer", "3", "--batch", "1"), 2, "--layer, --batch select a batch"),
+    ("trace_options_with_counts", _solve("--layer", "3", "--batch", "1"), 2, "--layer, --batch: only with --trace"),
     ("gpus_zero", _solve("--gpus", "0"), 2, "argument --gpus: must be >= 1, got 0"),
     ("gpus_word", _solve("--gpus", "two"), 2, "argument --gpus: must be an integer >= 1, got 'two'"),
     ("replicas_too_few", _solve("--replicas", "2", "--gpus", "2"), 2, "num_replicas (2) must be >="),
