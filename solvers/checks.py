@@ -1,22 +1,52 @@
 """Argument checks shared by every package (numpy only): one rule per fact, one message style.
 
-Each check returns the value converted (``int``, ``float``, a float64 or int64 array, a name) or raises
-``ValueError`` naming the function (``where``), the argument, the offending value (with its index) and what is
-expected. `fmt_ids` shortens long lists of offending ids.
+Each check returns the value converted (``int``, ``float``, a float64 or int64 array, a name) or raises an
+error naming the function (``where``), the argument, the offending value (with its index) and what is expected:
+``ValueError`` for a bad value or shape, `ArgTypeError` for a value of the wrong type. `ArgTypeError` is a
+``TypeError`` that is also a ``ValueError``, so callers that catch either keep working. `fmt_ids` shortens long
+lists of offending ids; `check_instance` and `check_fields` cover objects and JSON-like records;
+`read_text` / `read_json` read a file and name it (and the line) in every error.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from numbers import Integral, Real
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["check_array", "check_choice", "check_counts", "check_int", "check_real", "fmt_ids"]
+__all__ = [
+    "ArgTypeError",
+    "check_array",
+    "check_choice",
+    "check_counts",
+    "check_fields",
+    "check_instance",
+    "check_int",
+    "check_real",
+    "fmt_ids",
+    "read_json",
+    "read_text",
+]
 
 # Integers beyond this are not exact in float64; integer arrays are refused above it.
 _EXACT_INT = float(2**53)
+
+
+class ArgTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a string where a number belongs, None for a placement, …).
+
+    A ``TypeError``; also a ``ValueError`` so that code written against the earlier checks (which raised
+    ``ValueError`` for every bad argument) still catches it.
+    """
+
+
+def _kind(value: object) -> str:
+    return f"{value!r} ({type(value).__name__})" if len(repr(value)) <= 60 else f"a {type(value).__name__}"
 
 
 def fmt_ids(ids: Iterable, limit: int = 10) -> str:
@@ -30,10 +60,11 @@ def _prefix(where: str) -> str:
 
 
 def check_int(name: str, value: object, *, minimum: int = 1, where: str = "") -> int:
-    """``value`` as an ``int`` if it is an integer ``>= minimum`` (bools are not integers here)."""
+    """``value`` as an ``int`` if it is an integer ``>= minimum`` (bools are not integers here); `ArgTypeError` for
+    a non-integer (``"2"``, ``2.0``), ``ValueError`` below ``minimum``."""
     pre = _prefix(where)
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{pre}{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if isinstance(value, bool | np.bool_) or not isinstance(value, Integral):
+        raise ArgTypeError(f"{pre}{name} must be an integer >= {minimum}, got {_kind(value)}")
     if value < minimum:
         raise ValueError(f"{pre}{name} must be >= {minimum}, got {value}")
     return int(value)
@@ -52,8 +83,8 @@ def check_real(
     """``value`` as a ``float`` if it is a real number in ``[minimum, maximum]`` (``(minimum, maximum]`` when
     ``strict``), finite unless ``allow_inf``."""
     pre = _prefix(where)
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{pre}{name} must be a real number, got {value!r} ({type(value).__name__})")
+    if isinstance(value, bool | np.bool_) or not isinstance(value, Real):
+        raise ArgTypeError(f"{pre}{name} must be a real number, got {_kind(value)}")
     v = float(value)
     if math.isnan(v) or (math.isinf(v) and not allow_inf):
         raise ValueError(f"{pre}{name} must be a finite number, got {v}")
@@ -70,8 +101,38 @@ def check_choice(name: str, value: object, valid: Iterable[str], *, where: str =
     """``value`` if it is one of ``valid``, else ValueError listing them."""
     valid = tuple(valid)
     if not isinstance(value, str) or value not in valid:
-        raise ValueError(f"{_prefix(where)}unknown {name} {value!r}; valid: {', '.join(repr(v) for v in valid)}")
+        err, shown = (ValueError, repr(value)) if isinstance(value, str) else (ArgTypeError, _kind(value))
+        raise err(f"{_prefix(where)}unknown {name} {shown}; valid: {', '.join(repr(v) for v in valid)}")
     return value
+
+
+def check_instance(
+    name: str, value: object, cls: type | tuple[type, ...], *, where: str = "", hint: str = ""
+) -> object:
+    """``value`` if it is an instance of ``cls``, else `ArgTypeError` naming the expected and the given type."""
+    if not isinstance(value, cls):
+        want = " or ".join(c.__name__ for c in (cls if isinstance(cls, tuple) else (cls,)))
+        fix = f"; {hint}" if hint else ""
+        raise ArgTypeError(f"{_prefix(where)}{name} must be a {want}, got {_kind(value)}{fix}")
+    return value
+
+
+def check_fields(
+    name: str, record: object, required: Iterable[str], optional: Iterable[str] = (), *, where: str = ""
+) -> Mapping:
+    """``record`` if it is a mapping with every ``required`` key and no key outside ``required + optional``."""
+    required, optional = tuple(required), tuple(optional)
+    pre = _prefix(where)
+    form = "{" + ", ".join([*required, *(f"[{k}]" for k in optional)]) + "}"
+    if not isinstance(record, Mapping):
+        raise ArgTypeError(f"{pre}{name} must be a mapping {form}, got {_kind(record)}")
+    missing = [k for k in required if k not in record]
+    if missing:
+        raise ValueError(f"{pre}{name} lacks {missing} (has {sorted(map(str, record))}); give {form}")
+    unknown = sorted(str(k) for k in record if k not in required and k not in optional)
+    if unknown:
+        raise ValueError(f"{pre}{name} has unknown field(s) {unknown}; valid: {form}")
+    return record
 
 
 def _at(name: str, arr: np.ndarray, mask: np.ndarray) -> str:
@@ -106,12 +167,16 @@ def check_array(
       hint: appended to shape errors (what the argument holds).
 
     Raises:
-      ValueError: naming the argument and the first offending entry.
+      ValueError: naming the argument and the first offending entry (or the shape, or a ragged nesting).
+      ArgTypeError: values that are not numbers (strings, None, objects, bools, complex).
     """
     pre, fix = _prefix(where), f" ({hint})" if hint else ""
-    raw = np.asarray(values)
+    try:
+        raw = np.asarray(values)
+    except (ValueError, TypeError) as err:  # ragged nested lists
+        raise ValueError(f"{pre}{name} must be a rectangular numeric array ({err}){fix}") from None
     if raw.dtype == bool or raw.dtype.kind not in "iuf":
-        raise ValueError(f"{pre}{name} must be a numeric array, got dtype {raw.dtype}{fix}")
+        raise ArgTypeError(f"{pre}{name} must be a numeric array, got dtype {raw.dtype}{fix}")
     arr = raw.astype(np.float64)
     if ndims is not None and arr.ndim not in ndims:
         want = " or ".join(f"{d}-D" for d in ndims)
@@ -131,7 +196,10 @@ def check_array(
     if integer:
         bad = np.abs(arr) >= _EXACT_INT
         if bad.any():
-            raise ValueError(f"{pre}{name} is too large for exact integer arithmetic, got {_at(name, arr, bad)}")
+            raise ValueError(
+                f"{pre}{name} is too large for exact integer arithmetic, got {_at(name, arr, bad)}; "
+                "whole numbers must stay below 2^53 ≈ 9.0e15"
+            )
         bad = arr != np.round(arr)
         if bad.any():
             raise ValueError(f"{pre}{name} must be whole numbers (integer-valued), got {_at(name, arr, bad)}")
@@ -144,3 +212,31 @@ def check_counts(name: str, counts: object, *, ndims: tuple[int, ...]) -> np.nda
     arr = np.asarray(counts)
     check_array(name, arr, ndims=ndims, nonnegative=True)
     return arr
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of ``path`` (UTF-8). Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a
+    folder, an unreadable file or bytes that are not UTF-8 text; every message names ``what`` and the path."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {p} does not exist")
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a folder; give a file")
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{what} {p} cannot be read ({err.strerror or err})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{what} {p}:{line}: not UTF-8 text (byte {err.start}); is it a binary file?") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> object:
+    """The parsed JSON of ``path``; syntax errors name the file, line and column (see `read_text`)."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg})") from None

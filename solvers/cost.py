@@ -14,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .checks import check_fields, check_instance, check_int, check_real, read_text
 
 __all__ = ["CostModel", "PRESETS", "gpu_loads"]
 
@@ -55,6 +58,11 @@ class CostModel:
       tile: M-tile height (tokens) for the tile term.
       c2, gamma: optional traffic piece ``c2 + γ·N`` (all-to-all cost of received tokens, Eq. 4).
       source: where the numbers come from (not part of equality).
+
+    Raises:
+      ValueError: a parameter that is negative, NaN or infinite (each is a time or a slope, µs), ``tile`` < 1, or
+        only one of ``c2`` / ``gamma``.
+      ArgTypeError (a TypeError): a parameter that is not a number (``b="1"``, ``b=None``), a non-integer tile.
     """
 
     a: float = 0.0
@@ -68,14 +76,17 @@ class CostModel:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        # Every parameter is a finite number >= 0 (times and slopes of a max-affine model); stored as a float.
         for name in ("a", "b", "c", "beta", "b2", "c2", "gamma"):
             v = getattr(self, name)
-            if v is not None and not math.isfinite(float(v)):
-                raise ValueError(f"CostModel.{name} must be finite, got {v!r}")
+            if v is None and name in ("b2", "c2", "gamma"):
+                continue
+            v = check_real(f"CostModel.{name}", v, minimum=0.0)
+            object.__setattr__(self, name, v)
         if (self.c2 is None) != (self.gamma is None):
             raise ValueError("CostModel: give both c2 and gamma (the traffic piece) or neither")
-        if int(self.tile) != self.tile or self.tile <= 0:
-            raise ValueError(f"CostModel.tile must be a positive integer, got {self.tile!r}")
+        object.__setattr__(self, "tile", check_int("CostModel.tile", self.tile))
+        check_instance("CostModel.source", self.source, str)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -160,10 +171,15 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown CostModel fields {unknown}; valid: {sorted(known)}")
+        """Inverse of `to_dict`; ``b`` and ``beta`` are required, unknown fields are refused."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        if isinstance(d, Mapping):
+            unknown = sorted(str(k) for k in d if k not in fields)
+            if unknown:  # the historical message
+                raise ValueError(f"unknown CostModel fields {unknown}; valid: {sorted(fields)}")
+        check_fields(
+            "cost model", d, ("b", "beta"), [f for f in fields if f not in ("b", "beta")], where="CostModel.from_dict"
+        )
         return cls(**d)
 
     def to_json(self) -> str:
@@ -171,14 +187,26 @@ class CostModel:
 
     @classmethod
     def from_json(cls, text: str) -> CostModel:
-        return cls.from_dict(json.loads(text))
+        """Parse a JSON object (see `from_dict`); a syntax error says where."""
+        check_instance("text", text, (str, bytes), where="CostModel.from_json")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            msg = f"CostModel.from_json: invalid JSON at line {err.lineno} column {err.colno} ({err.msg})"
+            raise ValueError(msg) from None
+        return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
-        return cls.from_json(Path(path).read_text())
+        """Read a `save`d model; errors name the file."""
+        text = read_text(path, "cost model file")
+        try:
+            return cls.from_json(text)
+        except ValueError as err:  # ArgTypeError included
+            raise type(err)(f"cost model file {path}: {err}") from None
 
 
 _T6 = "TEMPO Table 6 (Testbed A, fp8 masked grouped GEMM, offline kernel grid; a = c = 0)"

@@ -5,15 +5,21 @@ refit each piece by least squares on its own samples, repeat until the assignmen
 least squares are weighted by 1/t, so the fit minimises relative error (samples span orders of magnitude
 on the paper's log-ladder grid). The traffic piece of Eq. 4 is fitted separately, from all-to-all logs
 (TEMPO App. C); this function fits the kernel pieces: Eq. 1, or Eq. 2 when ``tiles`` is given.
+
+Every parameter of the model is a time or a slope and must be ≥ 0 (`CostModel` refuses anything else), so each
+least squares is solved under that constraint (non-negative least squares when the plain solution leaves the
+domain). Data that pull a parameter below 0 (times falling as G rises, say) are not hidden: the report names
+those parameters and their unconstrained values in ``outside_domain``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import nnls
 
-from .checks import check_array
+from .checks import check_array, check_int
 from .cost import CostModel
 
 __all__ = ["FitReport", "fit_max_affine"]
@@ -28,12 +34,20 @@ class FitReport:
       samples_per_piece: (floor piece, token piece) sample counts in the final assignment.
       iterations: alternating-assignment iterations run.
       converged: True when the assignment stopped changing before ``iters`` ran out.
+      outside_domain: parameters (``a``, ``b``, ``b2``, ``c``, ``beta``) whose unconstrained least-squares value
+        on the final assignment is negative, with that value; the model holds them at their bound (0) instead.
+        Empty for data the model describes; otherwise the samples contradict the model (e.g. b < 0: times fall
+        as more experts are activated) and the fit is only the best one inside the domain.
     """
 
     mean_rel_error: float
     samples_per_piece: tuple[int, int]
     iterations: int
     converged: bool
+    outside_domain: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outside_domain", dict(self.outside_domain))
 
 
 def _as_samples(name: str, v, n: int | None) -> np.ndarray:
@@ -43,9 +57,14 @@ def _as_samples(name: str, v, n: int | None) -> np.ndarray:
     return arr
 
 
-def _weighted_lstsq(X: np.ndarray, t: np.ndarray) -> np.ndarray:
+def _weighted_lstsq(X: np.ndarray, t: np.ndarray, nonnegative: bool = True) -> np.ndarray:
+    """Least squares of ``X θ ≈ t`` weighted by 1/t; with ``nonnegative`` the best θ ≥ 0 (the plain solution when
+    it already is ≥ 0, else non-negative least squares)."""
     w = 1.0 / t
-    theta, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
+    A, y = X * w[:, None], t * w
+    theta, *_ = np.linalg.lstsq(A, y, rcond=None)
+    if nonnegative and np.any(theta < 0):
+        theta, _ = nnls(A, y)
     return theta
 
 
@@ -65,6 +84,8 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
     Raises:
       ValueError: negative/NaN inputs, mismatched lengths, non-positive times, or fewer samples than
         parameters.
+
+    Every parameter is fitted under ``≥ 0``; see ``FitReport.outside_domain`` for data that disagree.
     """
     # Step 0: validate.
     G = _as_samples("G", G, None)
@@ -77,8 +98,7 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
     p_floor = 2 if T is None else 3
     if n < p_floor + 2:
         raise ValueError(f"fit_max_affine: need at least {p_floor + 2} samples for {p_floor + 2} parameters, got {n}")
-    if iters < 1:
-        raise ValueError(f"fit_max_affine: iters must be ≥ 1, got {iters}")
+    iters = check_int("iters", iters, where="fit_max_affine")
 
     # Step 1: design matrices of the two pieces.
     X_floor = np.stack([np.ones(n), G] + ([] if T is None else [T - G]), axis=1)
@@ -97,6 +117,10 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
 
     def alternate(mask: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, int, bool]:
         th = refit(mask, (np.zeros(p_floor), np.zeros(2)))
+        # The state (mask, θ) after each iteration decides the rest; an assignment that oscillates revisits one,
+        # and the state after ``iters`` iterations is then known without running them (a huge ``iters`` is cheap).
+        seen: dict[bytes, int] = {}
+        states: list[tuple] = []
         for it in range(1, iters + 1):
             f, k = predict(th)
             new_mask = f >= k
@@ -104,6 +128,13 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
                 return th, mask, it, True
             mask = new_mask
             th = refit(mask, th)
+            key = mask.tobytes() + th[0].tobytes() + th[1].tobytes()
+            if key in seen:  # periodic from iteration seen[key] on, with period it - seen[key]
+                start = seen[key]
+                th, mask = states[start - 1 + (iters - start) % (it - start)]
+                return th, mask, iters, False
+            seen[key] = it
+            states.append((th, mask))
         return th, mask, iters, False
 
     def rel_err(th) -> float:
@@ -125,8 +156,14 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
         if best is None or err < best[0] - 1e-12:
             best = (err, th, mask, its, conv)
 
-    # Step 4: package.
+    # Step 4: package; parameters the unconstrained fit of the final pieces would put below 0.
     err, (th_f, th_t), mask, its, conv = best
+    names = ["a", "b"] + ([] if T is None else ["b2"])
+    outside = {}
+    for keep, X, piece, k in ((mask, X_floor, names, p_floor), (~mask, X_tok, ["c", "beta"], 2)):
+        if keep.sum() >= k:
+            free = _weighted_lstsq(X[keep], t[keep], nonnegative=False)
+            outside.update({nm: float(v) for nm, v in zip(piece, free, strict=True) if v < 0})
     model = CostModel(
         a=float(th_f[0]),
         b=float(th_f[1]),
@@ -136,6 +173,10 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
         source="fit_max_affine",
     )
     report = FitReport(
-        mean_rel_error=err, samples_per_piece=(int(mask.sum()), int((~mask).sum())), iterations=its, converged=conv
+        mean_rel_error=err,
+        samples_per_piece=(int(mask.sum()), int((~mask).sum())),
+        iterations=its,
+        converged=conv,
+        outside_domain=outside,
     )
     return model, report

@@ -50,7 +50,10 @@ def token_lp_shares(n: np.ndarray, mask: np.ndarray) -> np.ndarray:
         raise RuntimeError(f"token_lp: HiGHS failed: {res.message}")
     # Step 3: scatter back, clean LP dust and re-normalise each expert exactly.
     x[live[ee], dd] = np.maximum(res.x[:m], 0.0)
-    x[x < 1e-9 * max(1.0, n.max())] = 0.0
+    # Dust is < 1e-9 of the largest count, but never more than 1e-3 of the row's own tokens: a row of 1 token
+    # beside one of 1e11 keeps its shares (every live row keeps ≥ 1/D of its tokens, so none is emptied).
+    tol = np.minimum(1e-9 * max(1.0, n.max()), 1e-3 * n)[:, None]
+    x[x < tol] = 0.0
     x[live] *= (n[live] / x[live].sum(axis=1))[:, None]
     return x
 

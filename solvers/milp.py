@@ -33,12 +33,15 @@ from .placement import Placement
 from .policies import llep, metro, round_robin, token_lp
 from .problem import Dispatch, DispatchProblem
 
-__all__ = ["BACKENDS", "milp", "partition_instance"]
+__all__ = ["BACKENDS", "MAX_MODEL_MAGNITUDE", "milp", "partition_instance"]
 
 BACKENDS = ("cp_sat", "scip", "highs", "cbc", "math_opt_highs", "math_opt_scip")
 _PYWRAPLP = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC"}
 _RTOL = 1e-6  # "optimal" needs the recomputed objective within this of the solver's bound
 _SLACK = 1e-9  # relative slack on UB-derived caps (float evaluation of the incumbent)
+# Largest coefficient × variable bound a model may hold (see `_check_size`): CP-SAT sums in int64 (2^63; 2^60
+# leaves headroom), the floating-point backends refuse or mistrust values above 1e15 (HiGHS: "|values| > 1e15").
+MAX_MODEL_MAGNITUDE = {"cp_sat": float(2**60)} | dict.fromkeys(BACKENDS[1:], 1e15)
 
 
 class _CpSat:
@@ -201,6 +204,23 @@ def _model_pieces(coef: dict, k, T, N):
     return [floor, coef["c"] + coef["beta"] * N] + ([coef["c2"] + coef["gamma"] * N] if "c2" in coef else [])
 
 
+def _check_size(n: np.ndarray, ub: float, scale: float, D: int, backend: str) -> None:
+    """ValueError when the model would hold numbers beyond `MAX_MODEL_MAGNITUDE` of the backend.
+
+    In model units the largest terms are ρ(ρ+1)·M ≤ D²·S·UB and the secant constants β·n_e·(2ρ+1) ≤ 3D²·S·UB
+    (β·n_e ≤ D·UB), and the token caps x ≤ n_e.
+    """
+    size, limit = max(3.0 * D * D * scale * ub, float(n.max(initial=0.0))), MAX_MODEL_MAGNITUDE[backend]
+    if size > limit:
+        about = float(n.sum()) * limit / size
+        raise ValueError(
+            f"milp: this batch ({n.sum():.4g} tokens, largest expert {n.max():.4g}) is too large for an exact model: "
+            f"its coefficients reach {size:.3g} (makespan bound {ub:.4g} µs × scale {scale:g} × 3·D² with D={D}), "
+            f"above the {limit:.3g} backend {backend!r} supports. With this cost model and D the MILP handles "
+            f"batches up to about {about:.3g} tokens; use policy 'tempo' (any size) for larger ones"
+        )
+
+
 def milp(
     problem: DispatchProblem,
     *,
@@ -235,7 +255,9 @@ def milp(
 
     Raises:
       ValueError: unknown backend (lists valid ones), time_limit ≤ 0, threads < 1, a bad hint, negative slopes,
-        ``integer_tokens=False`` with cp_sat.
+        ``integer_tokens=False`` with cp_sat, a batch too large for exact coefficients (the makespan bound
+        × scale × 3·D², or a count, above `MAX_MODEL_MAGNITUDE`: 2^60 for cp_sat, 1e15 for the others; with the
+        presets and D = 8 about 1e12 and 1e10 tokens): use ``tempo`` there.
       RuntimeError: the solver called the model infeasible / invalid (a modelling bug).
     """
     t0 = time.perf_counter()
@@ -282,6 +304,7 @@ def milp(
     if integer_tokens and math.isfinite(ncap):
         ncap = math.floor(ncap)
     coef, S, exact = _coefficients(cost, cls.integer_only, ub)
+    _check_size(n, ub_s, S, D, backend)
 
     # Step 3: variables x, z (and tiles y) on live replica edges only.
     lib = cls(kind)

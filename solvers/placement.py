@@ -9,19 +9,22 @@ Gs source groups. numpy only.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from .checks import check_array, check_real, fmt_ids
+from .checks import check_array, check_fields, check_int, check_real, fmt_ids
 from .eplb import rebalance_experts
 
-__all__ = ["IDLE_LOAD", "Placement", "slots_for", "static_map", "drift_corrupt"]
+__all__ = ["IDLE_LOAD", "MAX_PAIRS", "Placement", "slots_for", "static_map", "drift_corrupt"]
 
 #: Load added to every expert by ``Placement.from_eplb(..., spread_idle=True)``.
 IDLE_LOAD = 1e-9
+
+#: Largest E·D (experts × ranks) a Placement accepts: its ``[E, D]`` tables would otherwise take gigabytes
+#: (2^24 pairs, e.g. 4,096 experts on 4,096 ranks, is 128 MiB of int64 per table).
+MAX_PAIRS = 2**24
 
 
 def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:
@@ -30,10 +33,9 @@ def slots_for(num_experts: int, num_gpus: int, replication: float) -> int:
     The one rule every driver uses (phase sweeps, the demo, the benchmarks): every rank gets the same slot count
     S = ⌈replication·E/D⌉, so the realised ratio P/E can exceed ``replication`` when D does not divide it.
     """
-    E, D = operator.index(num_experts), operator.index(num_gpus)
-    if E < 1 or D < 1:
-        raise ValueError(f"slots_for: num_experts and num_gpus must be ≥ 1, got {num_experts}, {num_gpus}")
-    r = check_real("replication", replication, minimum=1.0)
+    E = check_int("num_experts", num_experts, where="slots_for")
+    D = check_int("num_gpus", num_gpus, where="slots_for")
+    r = check_real("replication", replication, minimum=1.0, where="slots_for")
     per_rank = max(math.ceil(r * E / D - 1e-9), math.ceil(E / D))
     return per_rank * D
 
@@ -58,7 +60,8 @@ class Placement:
 
     Raises:
       ValueError: non-integer or out-of-range slot ids, a ragged layout (P not divisible by D), experts without a
-        replica, num_gpus not divisible by gpus_per_node, non-integer counts.
+        replica, num_gpus not divisible by gpus_per_node, counts < 1, E·D above `MAX_PAIRS`.
+      ArgTypeError (a TypeError): a count that is not an integer (``num_gpus="2"``, ``2.0``), non-numeric ids.
     """
 
     phy2log: np.ndarray
@@ -118,14 +121,17 @@ class Placement:
         """
         arr = _ids(phy2log)
         if num_experts is None and arr.size:
+            # at least 1; a huge id is caught by the range checks (E > P), before anything of size E exists
             num_experts = max(int(arr.max()) + 1, 1)
         return cls(arr, num_gpus, num_experts, gpus_per_node)
 
     @classmethod
     def full(cls, num_experts: int, num_gpus: int, gpus_per_node: int | None = None) -> Placement:
         """Full replication: every rank holds one replica of every expert (P = E·D)."""
-        E = _positive("num_experts", num_experts)
-        return cls.from_phy2log(np.tile(np.arange(E), _positive("num_gpus", num_gpus)), num_gpus, gpus_per_node, E)
+        E = _positive("num_experts", num_experts, "Placement.full")
+        D = _positive("num_gpus", num_gpus, "Placement.full")
+        _check_pairs(E, D, "Placement.full")
+        return cls.from_phy2log(np.tile(np.arange(E), D), D, gpus_per_node, E)
 
     @classmethod
     def from_eplb(
@@ -144,7 +150,15 @@ class Placement:
         recorded load share the spare replicas instead of EPLB stacking them all on expert 0 (what a window of
         counts with zeros needs; a long-run average has no zeros).
         """
-        load = check_array("load", load, ndims=(1,), nonnegative=True)
+        where = "Placement.from_eplb"
+        load = check_array("load", load, ndims=(1,), nonnegative=True, where=where)
+        num_replicas = _positive("num_replicas", num_replicas, where)
+        num_gpus = _positive("num_gpus", num_gpus, where)
+        num_groups = _positive("num_groups", num_groups, where)
+        num_nodes = _positive("num_nodes", num_nodes, where)
+        _check_pairs(load.shape[0], num_gpus, where)
+        if num_replicas > MAX_PAIRS:  # EPLB walks every slot: refuse before building anything of that size
+            raise ValueError(f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_PAIRS:,} slots")
         if num_nodes > 1 and num_gpus % num_nodes:
             # rebalance_experts accepts this (global policy, as upstream); a Placement needs equal nodes.
             raise ValueError(
@@ -198,6 +212,10 @@ class Placement:
 
     @classmethod
     def from_dict(cls, d: dict) -> Placement:
+        """Inverse of `to_dict`: ``{phy2log, num_gpus[, gpus_per_node, num_experts]}``; other keys are refused."""
+        check_fields(
+            "placement", d, ("phy2log", "num_gpus"), ("gpus_per_node", "num_experts"), where="Placement.from_dict"
+        )
         return cls.from_phy2log(d["phy2log"], d["num_gpus"], d.get("gpus_per_node"), d.get("num_experts"))
 
     def __repr__(self) -> str:
@@ -207,33 +225,31 @@ class Placement:
         )
 
 
-def _positive(name: str, value) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r} ({type(value).__name__})") from None
-    if v < 1:
-        raise ValueError(f"{name} must be ≥ 1, got {v}")
-    return v
+def _positive(name: str, value, where: str = "") -> int:
+    return check_int(name, value, where=where)
+
+
+def _check_pairs(E: int, D: int, where: str = "Placement") -> None:
+    if E * D > MAX_PAIRS:
+        gib = E * D * 8 / 2**30
+        raise ValueError(
+            f"{where}: {E} experts × {D} ranks = {E * D:,} expert-rank pairs exceeds the supported {MAX_PAIRS:,} "
+            f"(MAX_PAIRS; the [E, D] tables alone would take {gib:.1f} GiB); check the expert ids and counts"
+        )
 
 
 def _ids(phy2log) -> np.ndarray:
     """``phy2log`` as an int64 array (integer-valued floats are accepted)."""
-    arr = np.asarray(phy2log)
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise ValueError(f"phy2log must hold integer expert ids, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
+    return check_array("phy2log", phy2log, integer=True, hint="integer expert ids, [P] or [D, S]")
 
 
 def _validated(phy2log, num_gpus, num_experts, gpus_per_node) -> tuple[np.ndarray, int, int]:
     """Checked ``(phy2log [P] int64 copy, D, E)`` of a layout; see `Placement` for what is rejected."""
-    D = _positive("num_gpus", num_gpus)
+    D = _positive("num_gpus", num_gpus, "Placement")
     if num_experts is None:
         raise ValueError("num_experts is required (use Placement.from_phy2log to infer it from phy2log)")
-    E = _positive("num_experts", num_experts)
+    E = _positive("num_experts", num_experts, "Placement")
+    gpn = None if gpus_per_node is None else _positive("gpus_per_node", gpus_per_node, "Placement")
     arr = _ids(phy2log)
     if arr.ndim == 2:
         if arr.shape[0] != D:
@@ -254,10 +270,11 @@ def _validated(phy2log, num_gpus, num_experts, gpus_per_node) -> tuple[np.ndarra
         )
     if E > P:
         raise ValueError(f"{E} experts but only {P} physical slots: every expert needs ≥ 1 slot")
+    _check_pairs(E, D)
     missing = np.flatnonzero(np.bincount(arr, minlength=E) == 0)
     if missing.size:
         raise ValueError(f"experts without a replica: {fmt_ids(missing)}; every expert needs ≥ 1 physical slot")
-    if gpus_per_node is not None and D % _positive("gpus_per_node", gpus_per_node):
+    if gpn is not None and D % gpn:
         raise ValueError(f"num_gpus={D} is not a multiple of gpus_per_node={gpus_per_node}")
     return arr.copy(), D, E
 

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from .bounds import problem_lower_bound
-from .checks import check_array, fmt_ids
+from .checks import check_array, check_instance, fmt_ids
 from .cost import ACTIVE_EPS, CostModel, gpu_loads
 from .placement import Placement
 
@@ -30,6 +30,12 @@ class DispatchProblem:
         pairs). Non-negative, finite, integer-valued.
       placement: replicas of the E experts on D ranks.
       cost: the max-affine cost model scoring a dispatch.
+
+    Raises:
+      ValueError: tokens not ``[E]`` / ``[Gs, E]``, negative, NaN, infinite, fractional or ≥ 2^53; a different E
+        than the placement's.
+      ArgTypeError (a TypeError): a placement that is not a `Placement`, a cost that is not a `CostModel`,
+        non-numeric tokens.
     """
 
     tokens: np.ndarray
@@ -37,8 +43,8 @@ class DispatchProblem:
     cost: CostModel
 
     def __post_init__(self) -> None:
-        if not isinstance(self.placement, Placement):
-            raise ValueError(f"placement must be a solvers.Placement, got {type(self.placement).__name__}")
+        hint = "build one with Placement.from_phy2log, Placement.full or Placement.from_eplb"
+        check_instance("placement", self.placement, Placement, where="DispatchProblem", hint=hint)
         t = check_array("tokens", self.tokens, ndims=(1, 2), nonnegative=True, integer=True).astype(np.float64)
         E = self.placement.num_experts
         if t.shape[-1] != E:
@@ -46,8 +52,8 @@ class DispatchProblem:
                 f"tokens has {t.shape[-1]} experts in its last axis but the placement has {E}; "
                 "pass counts over the placement's logical experts"
             )
-        if not isinstance(self.cost, CostModel):
-            raise ValueError(f"cost must be a solvers.CostModel, got {type(self.cost).__name__}")
+        hint = "e.g. solvers.PRESETS['dsv3_fp8_offline'] or CostModel(b=..., beta=...)"
+        check_instance("cost", self.cost, CostModel, where="DispatchProblem", hint=hint)
         n = t if t.ndim == 1 else t.sum(axis=0)
         orphan = np.flatnonzero((n > 0) & (self.placement.logcnt == 0))
         if orphan.size:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from numbers import Integral, Real
+
+import numpy as np
 
 from . import policies
+from .checks import ArgTypeError, check_instance
 from .milp import milp
 from .problem import Dispatch, DispatchProblem
 from .tempo_fast import tempo_fast
@@ -31,6 +35,26 @@ def _options_of(policy: str) -> list[str]:
     return [p.name for p in params if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty and p.name != "problem")]
 
 
+# Annotation words of policy options → the Python types they accept (bool is not a number here).
+_ACCEPTS = {"bool": (bool, np.bool_), "int": (Integral,), "float": (Real,), "str": (str,), "None": (type(None),)}
+
+
+def _check_option_types(policy: str, options: dict) -> None:
+    """ArgTypeError for an option whose value does not match its annotation (``tau: float`` gets ``"x"``)."""
+    params = inspect.signature(POLICIES[policy]).parameters
+    for name, value in options.items():
+        words = [w.strip() for w in str(params[name].annotation).split("|")]
+        if not words or any(w not in _ACCEPTS for w in words):
+            continue  # unannotated or structured (arrays): the policy checks it
+        is_bool = isinstance(value, bool | np.bool_)  # a bool is not a number here
+        ok = ("bool" in words) if is_bool else any(isinstance(value, _ACCEPTS[w]) for w in words)
+        if not ok:
+            raise ArgTypeError(
+                f"solve: option {name} of policy {policy!r} must be {' or '.join(words)}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
+
+
 def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatch:
     """Dispatch one batch with a named policy.
 
@@ -43,16 +67,18 @@ def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatc
       A validated `Dispatch` whose ``info`` holds ``solve_time_s`` (and solver details).
 
     Raises:
-      ValueError: unknown policy or option (the message lists the valid ones).
+      ValueError: unknown policy or option (the message lists the valid ones), an option value out of range.
+      ArgTypeError (a TypeError): a problem that is not a `DispatchProblem`, an option of the wrong type.
     """
-    if not isinstance(problem, DispatchProblem):
-        raise ValueError(f"solve: expected a solvers.DispatchProblem, got {type(problem).__name__}")
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
+    check_instance("problem", problem, DispatchProblem, where="solve", hint="build one with DispatchProblem(...)")
+    if not isinstance(policy, str) or policy not in POLICIES:
+        err = ValueError if isinstance(policy, str) else ArgTypeError
+        raise err(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
     valid = _options_of(policy)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; valid options: {valid}")
+    _check_option_types(policy, options)
     t0 = time.perf_counter()
     out = POLICIES[policy](problem, **options)
     elapsed = time.perf_counter() - t0

@@ -269,7 +269,7 @@ def test_bad_options():
         milp(p, hint=np.zeros((7, 3)))
     with pytest.raises(ValueError):
         milp(p, hint=np.zeros((7, 2)))  # violates conservation
-    with pytest.raises(ValueError, match="non-negative slopes"):
+    with pytest.raises(ValueError, match=r"CostModel.b must be >= 0"):  # negative slopes never reach milp now
         milp(DispatchProblem(np.array([3, 4]), Placement.full(2, 2), CostModel(b=-1.0, beta=0.1)))
     with pytest.raises(ValueError, match="unknown option"):
         solve(p, "milp", gap=0.1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -44,17 +45,37 @@ def save_traces(traces: Iterable[RoutingTrace], path: str | os.PathLike) -> Path
     return out
 
 
+def _open(p: Path):
+    """``np.load`` of a saved-trace file; a file that is not one raises ValueError naming it."""
+    if p.is_dir():
+        raise ValueError(f"{p} is a folder, not a saved trace file (.npz)")
+    try:
+        z = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{p}: not a saved trace file (.npz written by save_traces): {err}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"{p}: a single .npy array, not a saved trace file (.npz written by save_traces)")
+    return z
+
+
 def saved_trace_names(path: str | os.PathLike) -> list[str]:
     """Names of the traces stored in ``path``."""
-    with np.load(path, allow_pickle=False) as z:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no saved trace file at {p}")
+    with _open(p) as z:
         return sorted(k[: -len("__meta")] for k in z.files if k.endswith("__meta"))
 
 
 def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> RoutingTrace:
-    """Read trace ``name`` (default: the only one in the file) back from ``path``."""
+    """Read trace ``name`` (default: the only one in the file) back from ``path``.
+
+    Raises:
+      FileNotFoundError: no file at ``path``.
+      ValueError: naming the file: not a saved-trace ``.npz`` (garbage, truncated), no trace ``name``, or a
+        damaged entry.
+    """
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no saved trace file at {p}")
     names = saved_trace_names(p)
     if name is None:
         if len(names) != 1:
@@ -63,19 +84,22 @@ def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> Routin
     if name not in names:
         raise ValueError(f"{p} has no trace {name!r}; it holds {names}")
     ids, counts = {}, {}
-    with np.load(p, allow_pickle=False) as z:
-        meta = json.loads(str(z[f"{name}__meta"]))
-        for key in z.files:
-            parts = key.split("__")
-            if len(parts) == 3 and parts[0] == name:
-                (ids if parts[1] == "ids" else counts)[int(parts[2])] = z[key]
-    return RoutingTrace(
-        name=name,
-        model=meta["model"],
-        num_experts=meta["num_experts"],
-        top_k=meta["top_k"],
-        topk_ids=ids or None,
-        rank_counts=counts or None,
-        source=str(p),
-        notes=meta["notes"],
-    )
+    try:
+        with _open(p) as z:
+            meta = json.loads(str(z[f"{name}__meta"]))
+            for key in z.files:
+                parts = key.split("__")
+                if len(parts) == 3 and parts[0] == name:
+                    (ids if parts[1] == "ids" else counts)[int(parts[2])] = z[key]
+        return RoutingTrace(
+            name=name,
+            model=meta["model"],
+            num_experts=meta["num_experts"],
+            top_k=meta["top_k"],
+            topk_ids=ids or None,
+            rank_counts=counts or None,
+            source=str(p),
+            notes=meta["notes"],
+        )
+    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{p}: trace {name!r} is damaged ({type(err).__name__}: {err})") from None

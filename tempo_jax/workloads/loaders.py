@@ -33,13 +33,19 @@ Format decisions (see :data:`TRACES` for the names):
   (the histogram of each block). These equal iteration 0 of ``harmoeny_switch128`` layers 0–5 exactly.
   No row is dropped: pad positions of short sequences, if any, are routed tokens in both recordings and
   cannot be told apart.
+
+Bad files: every loader names the file (and the line where it can) in its error: ``ValueError`` for a file that
+is truncated, not text, not numbers, or breaks the format (non-integer expert ids, NaN or negative scores, ...),
+``FileNotFoundError`` for a missing one. Nothing is rounded or dropped silently.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +55,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+
+from solvers.checks import read_json, read_text
 
 from .io import load_saved_trace, save_traces
 from .trace import RoutingTrace
@@ -120,19 +128,24 @@ def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] 
             raise ValueError(f"FLAME-MoE layers {missing or wanted} not recorded; available layers: {sorted(files)}")
     ids, weights, E, K = {}, {}, None, None
     for layer in wanted:
-        with open(files[layer]) as fh:
-            header = fh.readline().strip().split(",")
-        experts = header[2:]
-        if header[:2] != ["layer_id", "token_id"] or experts != [f"expert_{i}" for i in range(len(experts))]:
-            raise ValueError(f"{files[layer]}: unexpected header {header[:4]}...")
-        data = np.loadtxt(files[layer], delimiter=",", skiprows=1, ndmin=2)
+        line_no, data = _read_flame_csv(files[layer])
         order = np.argsort(data[:, 1], kind="stable")  # token order (already 0..T-1 in the recordings)
         scores = data[order, 2:]  # [T, E]
-        if np.any(scores < 0) or not np.all(np.isfinite(scores)):
-            raise ValueError(f"{files[layer]}: router scores must be finite and >= 0")
+        bad = np.flatnonzero(~np.all(np.isfinite(scores) & (scores >= 0), axis=1))
+        if bad.size:
+            row = scores[bad[0]]
+            col = int(np.flatnonzero(~(np.isfinite(row) & (row >= 0)))[0])
+            raise ValueError(
+                f"{files[layer]}:{line_no[order[bad[0]]]}: router scores must be finite and >= 0, got "
+                f"expert_{col} = {row[col].item()!r}"
+            )
         nnz = np.count_nonzero(scores, axis=1)
-        if nnz.size == 0 or np.any(nnz != nnz[0]):
-            raise ValueError(f"{files[layer]}: rows have {sorted(set(nnz.tolist()))} non-zero experts, expected one K")
+        if np.any(nnz != nnz[0]):
+            odd = int(np.flatnonzero(nnz != nnz[0])[0])
+            raise ValueError(
+                f"{files[layer]}:{line_no[order[odd]]}: {nnz[odd]} non-zero experts, but the first row has "
+                f"{nnz[0]}; every row must have the same K (rows have {sorted(set(nnz.tolist()))})"
+            )
         if (E, K) != (None, None) and (E, K) != (scores.shape[1], int(nnz[0])):
             raise ValueError(f"{files[layer]}: E/K differ from the other layers")
         E, K = scores.shape[1], int(nnz[0])
@@ -154,7 +167,85 @@ def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] 
     )
 
 
+def _read_flame_csv(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(line numbers [T], values [T, 2 + E])`` of a FLAME ``layer_<L>.csv``; errors name the file and line."""
+    lines = read_text(file, "FLAME-MoE layer file").splitlines()
+    header = lines[0].strip().split(",") if lines else []
+    experts = header[2:]
+    if header[:2] != ["layer_id", "token_id"] or not experts or experts != [f"expert_{i}" for i in range(len(experts))]:
+        raise ValueError(
+            f"{file}:1: unexpected header {header[:4]}...; expected layer_id,token_id,expert_0,...,expert_<E-1>"
+        )
+    rows = [(n, line) for n, line in enumerate(lines[1:], 2) if line.strip()]
+    if not rows:
+        raise ValueError(f"{file}: no data rows after the header")
+    try:
+        data = np.loadtxt([line for _, line in rows], delimiter=",", ndmin=2)
+    except ValueError as err:  # find the first bad line ourselves: numpy's message names neither file nor line
+        for n, line in rows:
+            cells = line.split(",")
+            if len(cells) != len(header):
+                raise ValueError(
+                    f"{file}:{n}: {len(cells)} values, expected {len(header)} (layer_id, token_id and "
+                    f"{len(experts)} expert scores); truncated?"
+                ) from None
+            for name, cell in zip(header, cells, strict=True):
+                try:
+                    float(cell)
+                except ValueError:
+                    raise ValueError(f"{file}:{n}: {name} = {cell.strip()[:40]!r} is not a number") from None
+        raise ValueError(f"{file}: not a numeric CSV ({err})") from None
+    return np.array([n for n, _ in rows]), data
+
+
 # ------------------------------------------------------------------------------------------------ Mixtral
+def _whole(value: object) -> int | None:
+    """``value`` as an int if it is a JSON integer (or an integer-valued float), else None (bools are not)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _mixtral_record(raw: bytes, where: str, num_experts: int) -> tuple[int, int, int, list[int], list[float]]:
+    """``(layer, problem_id, token_idx, experts, gating_probs)`` of one JSONL line, checked."""
+    try:
+        r = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not UTF-8 text; is it a binary file?") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not a routing record (invalid JSON: {err.msg} at column {err.colno})") from None
+    if not isinstance(r, dict):
+        raise ValueError(f"{where}: not a routing record (expected a JSON object, got {type(r).__name__})")
+    missing = [k for k in ("problem_id", "token_idx", "layer", "experts", "gating_probs") if k not in r]
+    if missing:
+        raise ValueError(f"{where}: not a routing record (missing {missing})")
+    keys = []
+    for k in ("layer", "problem_id", "token_idx"):
+        v = _whole(r[k])
+        if v is None or v < 0:
+            raise ValueError(f"{where}: {k} must be an integer >= 0, got {r[k]!r}")
+        keys.append(v)
+    experts, probs = r["experts"], r["gating_probs"]
+    if not isinstance(experts, list) or not experts:
+        raise ValueError(f"{where}: experts must be a non-empty list of expert ids, got {experts!r}")
+    ids = [_whole(e) for e in experts]
+    bad = [e for e, i in zip(experts, ids, strict=True) if i is None or not 0 <= i < num_experts]
+    if bad:
+        raise ValueError(f"{where}: expert ids must be integers in [0, {num_experts}), got {bad[0]!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: experts repeats an expert id: {experts!r}")
+    if not isinstance(probs, list) or len(probs) != len(ids):
+        raise ValueError(f"{where}: gating_probs must be a list of {len(ids)} numbers (one per expert), got {probs!r}")
+    for v in probs:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: gating_probs must be finite numbers >= 0, got {v!r}")
+    return keys[0], keys[1], keys[2], ids, [float(v) for v in probs]
+
+
 def load_mixtral(path: str | os.PathLike | None = None) -> RoutingTrace:
     """Mixtral-8x7B decode routing on 2 HumanEval problems: ``topk_ids[layer]`` int64 ``[T_layer, 2]``, E = 8.
 
@@ -162,17 +253,15 @@ def load_mixtral(path: str | os.PathLike | None = None) -> RoutingTrace:
         path: the ``humaneval_2_routing.jsonl`` file (default: ``<traces>/mixtral_8x7b/...``).
     """
     file = _resolve(path, "mixtral_8x7b/humaneval_2_routing.jsonl", "Mixtral recording", "mixtral_8x7b")
+    if file.is_dir():
+        raise ValueError(f"Mixtral recording: {file} is a folder; pass the humaneval_2_routing.jsonl file")
     rows: dict[int, list[tuple[int, int, list[int], list[float]]]] = {}
-    with open(file) as fh:
+    with open(file, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            try:
-                r = json.loads(line)
-                key = (int(r["problem_id"]), int(r["token_idx"]))
-                rows.setdefault(int(r["layer"]), []).append((*key, list(r["experts"]), list(r["gating_probs"])))
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{file}:{n}: not a routing record ({err})") from err
+            layer, *rec = _mixtral_record(line, f"{file}:{n}", 8)
+            rows.setdefault(layer, []).append(tuple(rec))
     if not rows:
         raise ValueError(f"{file}: no routing records")
     ids, weights = {}, {}
@@ -207,24 +296,46 @@ def load_mixtral(path: str | os.PathLike | None = None) -> RoutingTrace:
 
 # ----------------------------------------------------------------------------------------------- HarMoEny
 def _read_rank_csv(file: Path) -> np.ndarray:
-    with open(file, newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or "expert distribution" not in reader.fieldnames:
-            raise ValueError(f"{file}: no 'expert distribution' column (header {reader.fieldnames})")
-        rows = list(reader)
+    """``[I, E]`` int64 expert counts of one ``<rank>/moe_layer-<L>.csv``; errors name the file and line."""
+    reader = csv.DictReader(io.StringIO(read_text(file, "HarMoEny rank file"), newline=""))
+    if (
+        reader.fieldnames is None
+        or "expert distribution" not in reader.fieldnames
+        or "iteration" not in reader.fieldnames
+    ):
+        raise ValueError(f"{file}:1: no 'iteration' and 'expert distribution' columns (header {reader.fieldnames})")
     out = []
-    for i, row in enumerate(rows):
-        if int(row["iteration"]) != i:
-            raise ValueError(f"{file}: iterations not 0..{len(rows) - 1} in order")
-        dist = json.loads(row["expert distribution"])
+    for i, row in enumerate(reader):
+        where = f"{file}:{reader.line_num}"
+        if None in row.values() or None in row:  # DictReader's marks of missing / extra cells
+            raise ValueError(f"{where}: not {len(reader.fieldnames)} columns like the header; truncated?")
+        if _int_cell(row["iteration"]) != i:
+            raise ValueError(f"{where}: iteration {row['iteration']!r}, expected {i} (iterations 0, 1, ... in order)")
+        try:
+            dist = json.loads(row["expert distribution"])
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: expert distribution is not a JSON list ({err.msg})") from None
+        counts = [_whole(v) for v in dist] if isinstance(dist, list) else [None]
+        if not dist or any(v is None or v < 0 for v in counts):
+            raise ValueError(
+                f"{where}: expert distribution must be a list of integer counts >= 0, got {str(dist)[:60]}"
+            )
+        if out and len(counts) != len(out[0]):
+            raise ValueError(f"{where}: {len(counts)} experts, but iteration 0 has {len(out[0])}")
         sent = row.get("total number of tokens sent")
-        if sent is not None and int(sent) != sum(dist):
-            raise ValueError(f"{file}: iteration {i} sums to {sum(dist)} tokens but reports {sent} sent")
-        out.append(dist)
-    arr = np.array(out, dtype=np.int64)
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise ValueError(f"{file}: expected one equal-length expert distribution per iteration")
-    return arr  # [I, E]
+        if sent is not None and _int_cell(sent) != sum(counts):
+            raise ValueError(f"{where}: iteration {i} sums to {sum(counts)} tokens but reports {sent!r} sent")
+        out.append(counts)
+    if not out:
+        raise ValueError(f"{file}: no iterations after the header")
+    return np.array(out, dtype=np.int64)  # [I, E]
+
+
+def _int_cell(cell: str) -> int | None:
+    try:
+        return _whole(float(cell))
+    except (TypeError, ValueError):
+        return None
 
 
 def load_harmoeny(
@@ -252,7 +363,9 @@ def load_harmoeny(
         raise ValueError(f"{folder}: expected rank folders 0..Gs-1, found {ranks}")
     meta = {}
     if (folder / "data.json").exists():
-        meta = json.loads((folder / "data.json").read_text())
+        meta = read_json(folder / "data.json", "HarMoEny metadata")
+        if not isinstance(meta, dict):
+            raise ValueError(f"{folder / 'data.json'}: expected a JSON object, got {type(meta).__name__}")
     layer_files = [
         int(m.group(1))
         for f in (folder / "0").glob("moe_layer-*.csv")
@@ -272,7 +385,7 @@ def load_harmoeny(
             raise ValueError(f"{folder}: layer {layer} ranks disagree on iterations/experts")
         counts[layer] = np.stack(per_rank, axis=1)  # [I, Gs, E]
     num_experts = {a.shape[2] for a in counts.values()}
-    if len(num_experts) != 1 or ("num_experts" in meta and int(meta["num_experts"]) not in num_experts):
+    if len(num_experts) != 1 or ("num_experts" in meta and _whole(meta["num_experts"]) not in num_experts):
         raise ValueError(
             f"{folder}: inconsistent expert counts {sorted(num_experts)} (data.json {meta.get('num_experts')})"
         )
@@ -314,14 +427,18 @@ def load_switch128(path: str | os.PathLike | None = None) -> RoutingTrace:
         path: the ``.npy`` file (default ``<traces>/harmoeny/switch128_token_experts.npy``).
     """
     file = _resolve(path, "harmoeny/switch128_token_experts.npy", "switch-128 npy recording", "switch128_npy")
-    a = np.load(file, allow_pickle=False)
+    try:
+        a = np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{file}: not a readable .npy array ({err})") from None
     E, Gs = 128, _SWITCH128_RANKS
     if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer) or a.shape[0] % Gs or a.shape[0] == 0:
         raise ValueError(
             f"{file}: expected an integer [T, layers] array with T a multiple of {Gs}, got {a.dtype} {a.shape}"
         )
     if a.min() < 0 or a.max() >= E:
-        raise ValueError(f"{file}: expert ids outside [0, {E})")
+        bad = np.argwhere((a < 0) | (a >= E))[0]
+        raise ValueError(f"{file}: expert ids outside [0, {E}): row {bad[0]}, column {bad[1]} holds {a[tuple(bad)]}")
     blocks = a.reshape(Gs, a.shape[0] // Gs, a.shape[1])  # [Gs, T/Gs, L]
     counts = {
         layer: np.stack([np.bincount(blocks[s, :, layer], minlength=E) for s in range(Gs)])[None]

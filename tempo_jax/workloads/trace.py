@@ -108,6 +108,13 @@ class RoutingTrace:
                 for layer, a in w.items():
                     if layer not in ids or a.shape != ids[layer].shape:
                         raise ValueError(f"topk_weights[{layer}] must match topk_ids[{layer}] in shape")
+                    bad = ~(np.isfinite(a) & (a >= 0))
+                    if bad.any():
+                        t, k = np.argwhere(bad)[0]
+                        raise ValueError(
+                            f"topk_weights[{layer}] must be finite and >= 0, got {a[t, k].item()!r} at token {t}, "
+                            f"slot {k}"
+                        )
                 object.__setattr__(self, "topk_weights", w)
         else:
             if self.topk_weights is not None:
