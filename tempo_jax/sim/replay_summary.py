@@ -50,6 +50,7 @@ PAPER: dict = {
         "no partial moves": (0.6, 4.1, 16.3, "EP32 transition (s=1.2, B=64)"),
         "no aug. chains": (0.3, 1.8, 2.7, "mid-B flat"),
         "no ensemble": (0.4, 2.8, 4.5, "EP64 compute"),
+        "no repair": (NAN, NAN, NAN, "— (not in the paper)"),
     },
     # Table 4: makespan / static at token scales 0.25×, 1×, 4× (R = 64).
     "table4": {
@@ -234,6 +235,7 @@ def component_table(summary: Sequence[dict]) -> list[dict]:
         pm, pp, px, where = PAPER["table2"][s["variant"]]
         out.append(
             {"variant": s["variant"], "mean": 100 * s["mean"], "p95": 100 * s["p95"], "max": 100 * s["max"]}
-            | {"where": s["where"], "paper_mean": pm, "paper_p95": pp, "paper_max": px, "paper_where": where}
+            | {"where": s["where"], "winner": s["winner"]}
+            | {"paper_mean": pm, "paper_p95": pp, "paper_max": px, "paper_where": where}
         )
     return out
