@@ -231,7 +231,7 @@ separated them, the "no ensemble" row also charged the repair's share. With the 
 the largest losses are {t2d2_partial_max:.1%} / {t2d2_chains_max:.1%} / {t2d2_ensemble_max:.1%} /
 {t2d2_repair_max:.1%} (partial moves / chains / ensemble / repair).
 
-*Table 9* reproduces the paper's structure: deleting the traffic term costs {t8_flame_drop_traffic_128:.3f} vs
+*Table 9* reproduces the paper's structure: deleting the traffic term gives {t8_flame_drop_traffic_128:.3f} vs
 {t8_flame_full_128:.3f} on FLAME at B = 128 (Zipf {t8_zipf_drop_traffic_128:.3f} vs {t8_zipf_full_128:.3f}) and
 most in the traffic regime (B = 512: FLAME {t8_flame_drop_traffic_512:.3f} vs {t8_flame_full_512:.3f}, Zipf
 {t8_zipf_drop_traffic_512:.3f} vs {t8_zipf_full_512:.3f}; paper {paper_t9_drop_traffic_512:.3f} vs

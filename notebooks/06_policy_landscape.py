@@ -174,6 +174,7 @@ for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
         f"a2a_{key}_g": float(np.mean([t["G"] for t in a2a[lab]])),
         f"a2a_{key}_n_star": float(np.mean([t["n_star"] for t in a2a[lab]])),
     })  # fmt: skip
+REC.update(pairs_per_token_per_gpu=6 / 8)
 REC.update(paper_a2a_g=PAPER["a2a"]["G"], paper_a2a_n_star=PAPER["a2a"]["N_star"],
            a2a_paper_check=(cost.a + cost.b * PAPER["a2a"]["G"] - cost.c2) / cost.gamma)  # fmt: skip
 for B, (_term, ratio) in PAPER["table3"].items():
@@ -207,7 +208,8 @@ B = 128, the {t3_zipf_512_term} at B = 512 and the {t3_zipf_1024_term} at B = 10
 per GPU on average (paper: G ≈ {paper_a2a_g}; the proxy shape here has E = 64 experts, 8 per GPU, where the
 paper's deployment had DSv3's 32), so `N* = (a + b·G − c2)/γ` ≈ {a2a_zipf_n_star:.0f} pairs per GPU here; the
 paper's G gives {a2a_paper_check:.0f} (paper: {paper_a2a_n_star}, i.e. B*_a2a ≈ {paper_a2a_n_star} in its units,
-K = 8 pairs per token ≈ concurrency); at K = 6 a GPU receives ≈ 0.75·B pairs here. Table 3's block ratios,
+K = 8 pairs per token ≈ concurrency); at K = 6 a GPU receives ≈ {pairs_per_token_per_gpu:.2f}·B pairs
+here. Table 3's block ratios,
 TEMPO / static at B = 128 / 512 / 1024: {t3_zipf_128:.3f} / {t3_zipf_512:.3f} / {t3_zipf_1024:.3f} on Zipf,
 {t3_flame_128:.3f} / {t3_flame_512:.3f} / {t3_flame_1024:.3f} on FLAME (paper {paper_t3_128:.3f} /
 {paper_t3_512:.3f} / {paper_t3_1024:.3f}). The modelled gain does not vanish past N* — the paper's measured

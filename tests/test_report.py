@@ -75,7 +75,7 @@ def test_update_readme_block(tmp_path):
         assert readme.update_readme(path, values) is True
         text = path.read_text()
         assert "| paper a | 1.5 | `tempo-jax reproduce 01` |" in text and "\nold\n" not in text
-        assert text.startswith("intro\n") and text.endswith("tail\n") and "2 minutes" in text
+        assert text.startswith("intro\n") and text.endswith("tail\n") and "(2 notebooks)" in text
         assert readme.update_readme(path, values) is False  # idempotent
         path.write_text("no block\n")
         with pytest.raises(ValueError, match="generated block"):
