@@ -47,9 +47,11 @@ gpu-check:  # on a machine with a CUDA GPU; needs only jax with CUDA (no venv)
 gpu-smoke: $(STAMP)  # the same steps on CPU: tiny shapes, Pallas in interpret mode
 	OUT=results/gpu_smoke PY=$(PY) bash scripts/gpu_check.sh --smoke
 
-# Full-size figure notebooks (CI runs them at SMALL=1 inside `make test`).
+# Full-size figure notebooks (CI runs them at SMALL=1 inside `make test`): figures in notebooks/figures, numbers in
+# results/notebooks/*.json (committed), then the README's reproduced-results table rendered from them.
 notebooks: $(STAMP)
 	$(PY) -m tempo_jax reproduce all
+	$(PY) -m tempo_jax reproduce --readme
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

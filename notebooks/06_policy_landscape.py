@@ -24,7 +24,11 @@
 #
 # Second part: the redundancy R × drift K grid of §5.12/§5.14 at scale 1 (the paper: at R = 16, K ≥ 16 every
 # kernel collapses to 1.000 — the drifted hot set has no replicas and only placement can help).
-# `SMALL=1` keeps one window per stream and a 2 × 2 grid.
+#
+# Third part (§5.13, Table 3): where adaptive dispatch stops paying — TEMPO / static on the drift-16 scenario over
+# a batch ladder, which cost piece sets TEMPO's bottleneck GPU, and the all-to-all boundary
+# `N* = (a + b·G − c2)/γ` at the activation count G TEMPO actually uses. The numbers quoted below are recorded in
+# `results/notebooks/06_policy_landscape.json`. `SMALL=1` keeps one window per stream and a 2 × 2 grid.
 
 # %%
 import dataclasses
@@ -34,12 +38,14 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tempo_jax.report import figures_dir, table
+from solvers import PRESETS
+from tempo_jax.report import Recorder, figures_dir, table
 from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
-from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, landscape_table
+from tempo_jax.sim.replay_summary import LABELS, PAPER, a2a_table, drift_table, landscape_table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()
+REC = Recorder("06_policy_landscape")
 t_start = time.perf_counter()
 
 POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
@@ -82,6 +88,12 @@ for lab in SOURCES:
     for s in LANDSCAPE.scales:
         best[s] = min((t for t in land[lab] if t["scale"] == s), key=lambda t: t["median"])["policy"]
     print(f"best per column, {lab}: {best}  (paper: TEMPO in every column, tied with token-LP at 4×)")
+SCALE_KEYS = {0.25: "s025", 1.0: "s1", 4.0: "s4"}
+for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
+    REC.table(f"table4_{key}", land[lab])
+    REC.update(**{f"t4_{key}_{t['policy']}_{SCALE_KEYS[t['scale']]}": t["median"] for t in land[lab]})
+for p, vals in PAPER["table4"].items():
+    REC.update(**{f"paper_t4_{p}_{SCALE_KEYS[sc]}": v for sc, v in zip(PAPER["table4_scales"], vals, strict=True)})
 
 # %%
 fig, axes = plt.subplots(1, len(SOURCES) + 1, figsize=(15, 4.2), sharey=True)
@@ -124,17 +136,85 @@ for lab in SOURCES:
                          f"{sel['static']['vs_fresh_static']:.3f}"])  # fmt: skip
 print(table(rows, ["routing", "R", "K", *[LABELS[p] for p in POLICIES[1:]], "static / fresh static"],
             "median makespan / static (same placement); last column: what the drift costs static"))  # fmt: skip
+for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
+    REC.table(f"grid_{key}", grid[lab])
+    collapse = [
+        t["vs_static"] for t in grid[lab] if t["redundant"] == 16 and t["drift"] >= 16 and t["policy"] != "static"
+    ]
+    REC.update(**{f"grid_{key}_r16_k16_lo": min(collapse), f"grid_{key}_r16_k16_hi": max(collapse)})
 
 # %% [markdown]
-# **Reading.** The paper's Table 4 is the phase diagram with named competitors, and the Zipf(1.2) column
-# reproduces its shape: in the floor-bound column (0.25×) uniform is worst (1.18; paper 1.30), token-LP loses to
-# static (1.06; paper 1.006), METRO is the best proxy (0.83; paper 0.95) and TEMPO is best (0.77; paper 0.856);
-# in the mixed column TEMPO leads (0.92; paper 0.764); in the token-bound column (4×) TEMPO ties token-LP (its
-# ensemble selects it; paper 0.630 both). Magnitudes differ because the routing differs: FLAME-MoE's layers are
-# nearly balanced (the drift-16 swap barely moves EPLB's replica counts, static is already good, and uniform
-# equals static because both touch every replica), and our Zipf(1.2) is more skewed than the paper's proxy
-# traces. The R × K grid shows the paper's collapse at R = 16, K ≥ 8 on skewed routing (every kernel within
-# 1–2% of static: the drifted hot set has no spare replicas, only placement can help).
+# ## §5.13, Table 3: where adaptive dispatch stops paying
+#
+# Drift-16, R = 64, proxy three-term model (a = 16.4, b = 2.99, c2 = 25, γ = 0.10), B = tokens per step (each GPU
+# receives ≈ 0.75·B token–expert pairs at K = 6, EP8). Per B: median TEMPO / static, the piece of the cost model
+# that sets TEMPO's bottleneck GPU in most windows, TEMPO's mean activations per GPU G, and `N*` at that G.
+
+# %%
+A2A = PolicyConfig(tokens_per_step=(128, 512, 1024) if SMALL else (32, 64, 128, 256, 384, 512, 768, 1024),
+                   drifts=(16,), policies=("static", "tempo"), max_windows=1 if SMALL else None)  # fmt: skip
+cost = PRESETS[A2A.preset]
+a2a = {}
+for label, over in SOURCES.items():
+    a2a[label] = a2a_table(run_policies(dataclasses.replace(A2A, **over), workers=WORKERS, progress=not SMALL), cost)
+rows = [[lab, t["B"], f"{0.75 * t['B']:.0f}", t["term"], f"{t['term_share']:.0%}", f"{t['G']:.1f}",
+         f"{t['n_star']:.0f}", f"{t['median']:.3f}", t["paper_term"], f"{t['paper_ratio']:.3f}"]
+        for lab in SOURCES for t in a2a[lab]]  # fmt: skip
+print(table(rows, ["routing", "B", "pairs/GPU", "TEMPO's bottleneck term", "share", "G", "N*", "TEMPO / static",
+                   "paper regime", "paper ratio"], "Table 3 / §5.13"))  # fmt: skip
+for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
+    REC.table(f"table3_{key}", a2a[lab])
+    REC.update(**{f"t3_{key}_{t['B']}": t["median"] for t in a2a[lab]})
+    REC.update(**{f"t3_{key}_{t['B']}_term": t["term"] for t in a2a[lab]})
+    floor = [t for t in a2a[lab] if t["term"] == "floor"]
+    traffic = [t for t in a2a[lab] if t["term"] == "traffic"]
+    REC.update(**{
+        f"a2a_{key}_last_floor_b": max((t["B"] for t in floor), default=0),
+        f"a2a_{key}_first_traffic_b": min((t["B"] for t in traffic), default=0),
+        f"a2a_{key}_g": float(np.mean([t["G"] for t in a2a[lab]])),
+        f"a2a_{key}_n_star": float(np.mean([t["n_star"] for t in a2a[lab]])),
+    })  # fmt: skip
+REC.update(pairs_per_token_per_gpu=6 / 8)
+REC.update(paper_a2a_g=PAPER["a2a"]["G"], paper_a2a_n_star=PAPER["a2a"]["N_star"],
+           a2a_paper_check=(cost.a + cost.b * PAPER["a2a"]["G"] - cost.c2) / cost.gamma)  # fmt: skip
+for B, (_term, ratio) in PAPER["table3"].items():
+    REC.update(**{f"paper_t3_{B}": ratio})
+
+# %%
+v = REC.values
+REC.claim("tempo_best_or_tied_every_column_zipf",
+          all(v[f"t4_zipf_tempo_{k}"] <= min(v[f"t4_zipf_{p}_{k}"] for p in POLICIES) + 0.005
+              for k in SCALE_KEYS.values()))  # fmt: skip
+REC.claim("collapse_at_r16_k16_zipf", v["grid_zipf_r16_k16_hi"] < 1.03)
+REC.claim("modelled_gain_persists_past_n_star", all(v[f"t3_{k}_1024"] < 0.99 for k in ("flame", "zipf")))
+REC.reading("""
+**Reading.** The paper's Table 4 is the phase diagram with named competitors, and the Zipf(1.2) column
+reproduces its shape: in the floor-bound column (0.25×) uniform is worst ({t4_zipf_uniform_s025:.2f}; paper
+{paper_t4_uniform_s025:.2f}), token-LP loses to static ({t4_zipf_token_lp_s025:.2f}; paper
+{paper_t4_token_lp_s025:.3f}), METRO is the best proxy ({t4_zipf_metro_s025:.2f}; paper
+{paper_t4_metro_s025:.2f}) and TEMPO is best ({t4_zipf_tempo_s025:.2f}; paper {paper_t4_tempo_s025:.3f}); in the
+mixed column TEMPO leads ({t4_zipf_tempo_s1:.2f}; paper {paper_t4_tempo_s1:.3f}); in the token-bound column (4×)
+TEMPO ties token-LP ({t4_zipf_tempo_s4:.3f} vs {t4_zipf_token_lp_s4:.3f}: its ensemble selects it; paper
+{paper_t4_tempo_s4:.3f} both). Magnitudes differ because the routing differs: FLAME-MoE's layers are nearly
+balanced (the drift-16 swap barely moves EPLB's replica counts, static is already good: TEMPO
+{t4_flame_tempo_s1:.2f}, and uniform equals static because both touch every replica), and our Zipf(1.2) is more
+skewed than the paper's proxy traces. The R × K grid shows the paper's collapse at R = 16, K ≥ 16 on skewed routing
+(every kernel within {grid_zipf_r16_k16_lo:.3f}–{grid_zipf_r16_k16_hi:.3f} of static: the drifted hot set has no
+spare replicas, only placement can help).
+
+*§5.13.* Under the proxy model the piece that sets TEMPO's bottleneck GPU is the {t3_zipf_128_term} at
+B = 128, the {t3_zipf_512_term} at B = 512 and the {t3_zipf_1024_term} at B = 1024 on Zipf(1.2) (FLAME:
+{t3_flame_128_term} / {t3_flame_512_term} / {t3_flame_1024_term}). TEMPO activates G ≈ {a2a_zipf_g:.1f} replicas
+per GPU on average (paper: G ≈ {paper_a2a_g}; the proxy shape here has E = 64 experts, 8 per GPU, where the
+paper's deployment had DSv3's 32), so `N* = (a + b·G − c2)/γ` ≈ {a2a_zipf_n_star:.0f} pairs per GPU here; the
+paper's G gives {a2a_paper_check:.0f} (paper: {paper_a2a_n_star}, i.e. B*_a2a ≈ {paper_a2a_n_star} in its units,
+K = 8 pairs per token ≈ concurrency); at K = 6 a GPU receives ≈ {pairs_per_token_per_gpu:.2f}·B pairs
+here. Table 3's block ratios,
+TEMPO / static at B = 128 / 512 / 1024: {t3_zipf_128:.3f} / {t3_zipf_512:.3f} / {t3_zipf_1024:.3f} on Zipf,
+{t3_flame_128:.3f} / {t3_flame_512:.3f} / {t3_flame_1024:.3f} on FLAME (paper {paper_t3_128:.3f} /
+{paper_t3_512:.3f} / {paper_t3_1024:.3f}). The modelled gain does not vanish past N* — the paper's measured
+throughput gains do, which a model replay cannot show.
+""")
 
 # %%
 print(f"notebook time {time.perf_counter() - t_start:.1f} s (SMALL={SMALL})")

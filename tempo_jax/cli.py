@@ -6,8 +6,8 @@ Commands:
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
   cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
-  bench      run a benchmark script (solver, gemm, ep)
-  reproduce  execute the figure notebooks headless and report failures
+  bench      run a benchmark script (solver, gemm, ep, cascade)
+  reproduce  execute the figure notebooks headless and report failures; --readme renders the README's table
 
 Errors: one line on stderr, ``error: <what was wrong and how to fix it>``, and exit status 2 for a usage error
 (bad option or argument, a missing, unreadable or malformed input file, input the library rejects) or 1 for a
@@ -361,6 +361,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .report import figures_dir, results_dir
+
+    if args.readme:
+        from .readme import README, update_readme
+
+        if args.names or args.small:
+            raise SystemExit("error: --readme renders the committed JSON; give no notebook names and no --small")
+        changed = update_readme()
+        print(f"{'updated' if changed else 'unchanged'}: the reproduced-results table of {README}")
+        return 0
     from .reproduce import reproduce
 
     runs = reproduce(args.names, small=args.small)
@@ -368,7 +378,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if failed:
         print(f"{len(failed)} of {len(runs)} notebooks failed: {failed}", file=sys.stderr)
         return 1
-    print(f"all {len(runs)} notebooks ran; figures in notebooks/figures/")
+    print(f"all {len(runs)} notebooks ran; figures in {figures_dir()}, numbers in {results_dir(args.small)}")
     return 0
 
 
@@ -618,6 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("reproduce", help="execute the figure notebooks headless (nbclient)")
     p.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     p.add_argument("--small", action="store_true", help="CI-sized grids (SMALL=1)")
+    p.add_argument("--readme", action="store_true",
+                   help="only rewrite README.md's reproduced-results table from results/notebooks/*.json")  # fmt: skip
     p.set_defaults(fn=_cmd_reproduce)
     return parser
 

@@ -1,19 +1,176 @@
-"""Every figure notebook runs headless at CI size (SMALL=1) and writes its figures."""
+"""The figure notebooks and their recorded numbers.
+
+- Every notebook runs headless at CI size (SMALL=1), writes its figures, and — when it records its numbers
+  (`tempo_jax.report.Recorder`) — a JSON whose tables and claims have the structure of the committed full-size
+  JSON (``results/notebooks``) and satisfy the invariants a small run can check (orderings, signs, bounds).
+- Every reading cell renders from the committed full-size JSON (every placeholder is a recorded value), types no
+  result into its prose, and every claim the committed JSON records holds.
+"""
+
+import ast
+import json
+import math
 
 import pytest
 
+from tempo_jax.report import RESULTS_DIR, load_results, placeholders, render, typed_numbers
 from tempo_jax.reproduce import list_notebooks, run_notebook
 
 NOTEBOOKS = list_notebooks()
+COMMITTED = load_results(RESULTS_DIR)
+TAU = 0.01
 
 
+def _recorder_name(path) -> str | None:
+    """The notebook name passed to ``Recorder(...)`` in the notebook's source (None if it records nothing)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Recorder" and node.args:
+            return node.args[0].value
+    return None
+
+
+def _reading_templates(path) -> list[str]:
+    """The string templates passed to ``<recorder>.reading(...)`` in the notebook's source."""
+    return [
+        node.args[0].value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "reading" and node.args
+    ]
+
+
+RECORDING = [p for p in NOTEBOOKS if _recorder_name(p)]
+
+
+# ------------------------------------------------------------------------------------------------ invariants
+def _rows(data, table):
+    return data["tables"][table]
+
+
+def _check_01(d):
+    v = d["values"]
+    assert (v["toy_uniform"], v["toy_metro"], v["toy_tempo"]) == (105.0, 69.0, 60.0)
+    assert v["toy_tempo"] == v["toy_lower_bound"]
+    assert all(0 <= t["changed"] <= 1 and t["uniform_extra_tiles"] >= 0 for t in _rows(d, "tiles"))
+
+
+def _check_02(d):
+    for r in _rows(d, "recorded") + _rows(d, "zipf"):
+        assert math.isnan(r["mixed"]) or 0 <= r["mixed"] <= 1
+    assert d["values"]["zipf12_hot_pairs_b_min"] < d["values"]["zipf12_hot_pairs_first_b_min"]
+
+
+def _check_03(d):
+    v = d["values"]
+    assert v["min_gain"] >= -TAU / (1 - TAU) - 1e-12 and v["n_bad"] == 0 and v["worst_ratio"] <= 1 / (1 - TAU) + 1e-9
+    assert v["metro_worst"] >= 1.0
+    for x in ("dsv3", "qwen3", "dsv2"):
+        for r in ("125", "15"):
+            assert v[f"max_gain_vs_matching_{x}_{r}"] <= v[f"max_gain_{x}_{r}"] + 1e-12
+    for b in _rows(d, "boundary") + _rows(d, "fine"):
+        assert b["lo"] <= b["hi"] and b["p1"] <= b["p1_first_draw"] and b["b_ref"] > 0
+    for m in _rows(d, "mechanisms"):
+        assert m["matching_acts"] <= min(m["metro_acts"], m["tempo_acts"]) + 1e-9
+        assert m["gain_matching"] <= m["gain"] + 1e-12
+
+
+def _check_04(d):
+    for key in ("table1_flame", "table1_zipf"):
+        for t in _rows(d, key):
+            if t["policy"] in ("token_lp", "metro"):  # TEMPO ≤ min(token-LP, METRO)/(1 − τ) per window
+                assert t["median"] >= 1 - TAU - 1e-9, t
+    assert all(g["gap"] >= 1 - 1 / (1 - TAU) - 1e-9 for g in _rows(d, "oracle_gap"))
+
+
+def _check_05(d):
+    for c in _rows(d, "t2") + _rows(d, "t2d2"):
+        if c["variant"] in ("no ensemble", "no repair"):  # both only ever switch to a better candidate
+            assert min(c["mean"], c["p95"], c["max"]) >= -1e-9, c
+    v = d["values"]
+    for s in ("flame", "zipf"):
+        for t in _rows(d, f"t8_{s}"):
+            if t["variant"] == "+chains":
+                assert t["median"] <= v[f"t8_{s}_seed_{t['B']}"] + 1e-9
+
+
+def _check_06(d):
+    for s in ("flame", "zipf"):
+        rows = _rows(d, f"table4_{s}")
+        for scale in {t["scale"] for t in rows}:
+            m = {t["policy"]: t["median"] for t in rows if t["scale"] == scale}
+            assert m["tempo"] <= min(m["token_lp"], m["metro"]) / (1 - TAU) + 1e-9, (s, scale, m)
+        for t in _rows(d, f"table3_{s}"):
+            assert t["term"] in ("floor", "tokens", "traffic") and t["G"] > 0
+            assert t["n_star"] == pytest.approx((16.4 + 2.99 * t["G"] - 25.0) / 0.10)
+
+
+def _check_07(d):
+    for t in _rows(d, "table10"):
+        assert t["median"] > 0
+        if t["policy"] == "static+never":
+            assert t["median"] == pytest.approx(1.0)
+    for s in ("flame", "zipf"):
+        assert all(t["mean"] > 0 for t in _rows(d, f"info_{s}"))
+
+
+def _check_08(d):
+    for s in _rows(d, "summary"):
+        assert s["topology"] <= s["flat"] + 1e-12 and s["makespan_gap"] < 1e-6
+
+
+INVARIANTS = {
+    "01_cost_model": _check_01,
+    "02_mixed_regimes": _check_02,
+    "03_phase_diagram": _check_03,
+    "04_proxy_mispricing": _check_04,
+    "05_ablation": _check_05,
+    "06_policy_landscape": _check_06,
+    "07_staleness_and_placement": _check_07,
+    "08_topology": _check_08,
+}
+
+
+# ------------------------------------------------------------------------------------------------ tests
 def test_notebooks_exist():
     assert len(NOTEBOOKS) >= 2
 
 
+def test_every_recording_notebook_has_invariants_and_committed_json():
+    for path in RECORDING:
+        assert _recorder_name(path) == path.stem, f"{path.name} records under another name"
+        assert path.stem in INVARIANTS, f"add the invariants {path.stem} can check at SMALL=1 to INVARIANTS"
+        assert path.stem in COMMITTED, f"no committed {RESULTS_DIR / path.stem}.json: run `make notebooks`"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_small(path, tmp_path, monkeypatch):
-    monkeypatch.setenv("TEMPO_FIGURES", str(tmp_path))  # never overwrite the committed full-size figures
+    monkeypatch.setenv("TEMPO_FIGURES", str(tmp_path / "figures"))  # never overwrite the committed figures
+    monkeypatch.setenv("TEMPO_RESULTS", str(tmp_path / "results"))  # nor the committed full-size JSON
     run = run_notebook(path, small=True, timeout=600)
     assert run.ok, run.error
-    assert list(tmp_path.glob("*.png")), "the notebook wrote no figure"
+    assert list((tmp_path / "figures").glob("*.png")), "the notebook wrote no figure"
+    if path not in RECORDING:
+        return
+    small = json.loads((tmp_path / "results" / f"{path.stem}.json").read_text())
+    assert small["small"] is True and small["reading"].startswith("**Reading.**")
+    full = COMMITTED.get(path.stem)
+    if full is not None:  # the same tables with the same columns, the same claims
+        assert set(small["tables"]) == set(full["tables"])
+        for name, rows in full["tables"].items():
+            if rows and small["tables"][name]:
+                assert set(small["tables"][name][0]) == set(rows[0]), name
+        assert set(small["claims"]) == set(full["claims"])
+    INVARIANTS[path.stem](small)
+
+
+@pytest.mark.parametrize("path", RECORDING, ids=[p.stem for p in RECORDING])
+def test_reading_matches_committed_json(path):
+    full = COMMITTED.get(path.stem)
+    assert full is not None, f"no committed JSON for {path.stem}: run `make notebooks`"
+    assert full["small"] is False
+    (template,) = _reading_templates(path)
+    assert placeholders(template), "a reading cell must quote recorded numbers"
+    assert typed_numbers(template) == [], "numbers typed into the reading prose: record and quote them"
+    # Every placeholder is a committed value, and the committed reading is this template on those values.
+    assert render(template, full["values"]).strip() == full["reading"]
+    false = [k for k, ok in full["claims"].items() if not ok]
+    assert not false, f"claims the reading relies on do not hold in the committed JSON: {false}"

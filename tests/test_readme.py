@@ -1,7 +1,9 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written, and its results table is what the committed JSON renders."""
 
 import re
 from pathlib import Path
+
+from tempo_jax.readme import BEGIN, END, results_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -17,3 +19,10 @@ def test_readme_python_blocks_run():
     assert float(abs(scope["out"].out - scope["sync"].out).max()) == 0.0  # CascadeEP keeps the output
     assert scope["schedule"].groups == ((0, 2, 1, 7), (4, 3, 5, 6))
     assert {f.donor for f in scope["cascade"].fetches} == {6} and len(scope["cascade"].fetches) == 6
+
+
+def test_readme_results_table_is_rendered_from_committed_json():
+    text = README.read_text()
+    assert BEGIN in text and END in text, "README lost its generated results block"
+    committed = text[text.index(BEGIN) : text.index(END) + len(END)]
+    assert committed == results_block(), "README's results table is stale: run `python -m tempo_jax reproduce --readme`"

@@ -24,8 +24,10 @@ from tempo_jax.workloads import (
     load_switch128,
     load_trace,
     mixed_fraction,
+    pair_share,
     regime_stats,
     sample_topk,
+    topk_inclusion,
     traces_dir,
     zipf_popularity,
 )
@@ -501,3 +503,52 @@ def test_synthetic_skew_is_mixed():
     r = SyntheticRouting(128, 8, 1.2, seed=0)
     frac = mixed_fraction(r.batches(128, 8, 8), 160.0)
     assert frac == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- pair shares
+def _brute_force_inclusion(p, K):
+    """Inclusion probabilities of K draws without replacement ∝ p, by enumerating ordered draws."""
+    import itertools
+
+    p = np.asarray(p, float) / np.sum(p)
+    pi = np.zeros(p.size)
+    for seq in itertools.permutations(range(p.size), K):
+        prob, left = 1.0, 1.0
+        for e in seq:
+            prob *= p[e] / left
+            left -= p[e]
+        pi[list(seq)] += prob
+    return pi
+
+
+def test_topk_inclusion_matches_enumeration_and_sums_to_k():
+    for p, K in (([0.5, 0.2, 0.15, 0.1, 0.05], 2), ([3, 1, 1, 1, 0.5, 0.2], 3), ([1, 1, 1, 1], 4)):
+        np.testing.assert_allclose(topk_inclusion(p, K), _brute_force_inclusion(p, K), atol=1e-7)
+    share = pair_share(zipf_popularity(256, 1.5, 0), 8)
+    assert share.sum() == pytest.approx(1.0, abs=1e-7) and share.max() < 1 / 8
+
+
+def test_topk_inclusion_edge_cases():
+    # Fewer positive weights than K: those are always drawn, the rest share what is left uniformly.
+    np.testing.assert_allclose(topk_inclusion([1.0, 0.0, 0.0, 0.0], 2), [1.0, 1 / 3, 1 / 3, 1 / 3])
+    np.testing.assert_allclose(topk_inclusion([2.0, 1.0, 0.0], 1), [2 / 3, 1 / 3, 0.0], atol=1e-7)
+    with pytest.raises(ValueError, match="top_k"):
+        topk_inclusion([0.5, 0.5], 3)
+    with pytest.raises(ValueError, match="non-negative"):
+        topk_inclusion([0.5, -0.1], 1)
+
+
+def test_pair_share_is_what_the_sampler_realises():
+    # The issue's numbers: DSv2-Lite s = 1.2 first-draw 0.293 → 0.151 of the pairs; DSv3 s = 1.5 0.402 → 0.124.
+    r = SyntheticRouting(64, 6, 1.2, kappa=math.inf)
+    assert r.popularity.max() == pytest.approx(0.2925, abs=1e-4) and r.pair_share.max() == pytest.approx(
+        0.1515, abs=1e-3
+    )
+    assert SyntheticRouting(256, 8, 1.5).pair_share.max() == pytest.approx(0.1243, abs=1e-3)
+    ids = sample_topk(r.popularity, 200_000, 6, np.random.default_rng(0))
+    measured = np.bincount(ids.ravel(), minlength=64) / ids.size
+    np.testing.assert_allclose(measured, r.pair_share, atol=5e-4)
+    # With Dirichlet fluctuation (κ = 2000) the batches' long-run share stays within a few 1e-3.
+    r2 = SyntheticRouting(64, 6, 1.2, kappa=2000.0)
+    counts = sum(r2.batch(512, 8, step) for step in range(16)).sum(axis=0)
+    np.testing.assert_allclose(counts / counts.sum(), r2.pair_share, atol=6e-3)

@@ -1,7 +1,9 @@
 """Analytic flip boundary B* of the phase diagram (TEMPO §3.2) and the simulated flip band it should land in.
 
 Glossary (shapes): E logical experts, K top-k, G GPUs (EP ranks), B tokens per GPU, T = B·K·G token–expert
-pairs of one batch, p ``[E]`` long-run popularity (sums to 1), r ``[E]`` replica counts.
+pairs of one batch, p ``[E]`` long-run share of token–expert pairs per expert (sums to 1; for top-K routing
+drawn without replacement this is `tempo_jax.workloads.pair_share`, not the first-draw popularity), r ``[E]``
+replica counts.
 
 Boundary (paper §3.2 (ii)): with ``E_eff(B) = Σ_e (1 − (1 − p_e)^T)·r_e`` the expected number of activated
 replicas (each of the T pairs picks e with probability p_e; an activated expert activates all r_e replicas):
@@ -10,6 +12,16 @@ replicas (each of the T pairs picks e with probability p_e; an activated expert 
 - hot: activation balancing keeps the hottest expert (p_1) whole, its GPU goes linear first:
   ``B*_hot = n*·E_eff/(p_1·K·G²)``;
 - ``B* = min(B*_avg, B*_hot)``, a fixed point in B because E_eff depends on B.
+
+Refined boundary (ours, :func:`flip_boundary_refined`; an option beside the paper's). Both mechanisms are one
+equation: METRO's busiest GPU carries ``ρ_M`` times the mean tokens ``B·K`` and token-LP's busiest GPU holds
+``A_LP`` activations, and the winner flips where METRO's token piece reaches token-LP's floor,
+``c + β·ρ_M·B·K = a + b·A_LP`` (the paper's formula is ``A_LP = E_eff/G`` with ``ρ_M = max(1, p_1·G)``).
+Neither holds on EPLB placements: a basic (vertex) token-LP solution splits at most G − 1 experts, so it
+activates about ``(E_live + G − 1)/G`` replicas per GPU, not E_eff/G; and METRO, which never looks at tokens,
+leaves its busiest GPU 1.1–1.6× the mean even at low skew. :func:`lp_activations` and :func:`metro_imbalance`
+estimate both without simulating a batch (the placement, the pair shares and METRO's own rule on the expected
+batch, plus the batch fluctuation through the expected maximum of G Gaussians).
 
 Flip band (simulation): along one column (fixed preset, EP, replication, skew), with the winning fixed policy
 ``W(B)`` per batch size (``M`` METRO, ``L`` token-LP, ``E`` EPLB-even):
@@ -30,15 +42,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
+
+from solvers import CostModel, DispatchProblem, Placement
+from solvers.policies import metro
 
 __all__ = [
     "Boundary",
+    "RefinedBoundary",
     "b_star_avg",
     "b_star_hot",
     "effective_experts",
+    "expected_max",
     "flip_band",
     "flip_boundary",
+    "flip_boundary_refined",
     "in_band",
+    "lp_activations",
+    "metro_imbalance",
 ]
 
 
@@ -192,3 +213,168 @@ def flip_band(
 def in_band(b_star: float, band: tuple[float, float]) -> bool:
     """``lo ≤ B* ≤ hi`` (inclusive)."""
     return band[0] <= b_star <= band[1]
+
+
+# ------------------------------------------------------------------------------------------------ refined boundary
+def expected_max(means, sds, caps=None, *, points: int = 2001) -> float:
+    """``E[max_g min(cap_g, μ_g + σ_g·Z_g)]`` for independent standard normals Z_g (numerical integral).
+
+    Args:
+      means, sds: ``[G]`` means μ and standard deviations σ ≥ 0 (σ = 0 is a point mass).
+      caps: ``[G]`` upper caps (None = uncapped).
+      points: grid points of ``E[Y] = lo + ∫_lo^hi (1 − F(x)) dx`` with F the CDF of the maximum.
+    """
+    mu = np.asarray(means, dtype=np.float64)
+    sd = np.maximum(np.asarray(sds, dtype=np.float64), 1e-12)
+    cap = np.full(mu.shape, np.inf) if caps is None else np.asarray(caps, dtype=np.float64)
+    if mu.ndim != 1 or mu.size == 0 or sd.shape != mu.shape or cap.shape != mu.shape:
+        raise ValueError("means, sds (and caps) must be non-empty [G] arrays of one length")
+    lo = float(np.min(np.minimum(mu - 8 * sd, cap)))
+    hi = float(np.max(np.minimum(mu + 8 * sd, cap)))
+    if hi <= lo:
+        return hi
+    x = np.linspace(lo, hi, points)
+    cdf = np.where(x[:, None] > cap, 1.0, ndtr((x[:, None] - mu) / sd)).prod(axis=1)  # left limits at a cap
+    return lo + float(np.trapezoid(1.0 - cdf, x))
+
+
+def _fluctuation(tokens_per_gpu: float, top_k: int, num_gpus: int, kappa: float) -> float:
+    """Relative standard deviation of one GPU's token count (an average 1/G share of the pairs): Dirichlet(κ)
+    popularity noise ``(G − 1)/(κ + 1)`` plus the sampling noise of ``B·K`` pairs ``(G − 1)/(G·B·K)``."""
+    G = num_gpus
+    dirichlet = (G - 1) / (kappa + 1) if math.isfinite(kappa) else 0.0
+    return math.sqrt(dirichlet + (G - 1) / (G * tokens_per_gpu * top_k))
+
+
+def lp_activations(share, placement: Placement, top_k: int, tokens_per_gpu: float) -> float:
+    """Expected activations on token-LP's busiest GPU, ``A_LP`` (tokens per GPU B).
+
+    A basic token-LP solution has at most E_live + G − 1 non-zero shares, so beyond one replica per live expert
+    at most G − 1 replicas are activated. Per GPU g: its live single-replica experts (always active) plus a
+    Binomial(``m_g``, u) count of its ``m_g`` live replicated experts, with u = (replicated live experts + G − 1)
+    / (their live replica slots); the busiest GPU is the expected maximum of those (Gaussian), capped at the
+    experts g holds.
+
+    Args:
+      share: ``[E]`` pair shares p (sums to 1).
+      placement: the column's placement (``replica_mask [E, G]``).
+      top_k: K.
+      tokens_per_gpu: B.
+    """
+    # Step 1: which experts are live in a batch of B·G tokens (each token picks e with probability K·p_e).
+    p = np.asarray(share, dtype=np.float64)
+    mask = placement.replica_mask  # [E, G]
+    G = placement.num_gpus
+    live = -np.expm1(tokens_per_gpu * G * np.log1p(-np.minimum(top_k * p, 1.0)))  # [E]
+    r = mask.sum(axis=1)
+    single, multi = (r == 1)[:, None] & mask, (r >= 2)[:, None] & mask
+    # Step 2: per GPU, forced single-replica activations and the replicated experts' share u of their slots.
+    forced = (single * live[:, None]).sum(axis=0)  # [G]
+    forced_var = (single * (live * (1 - live))[:, None]).sum(axis=0)
+    slots = (multi * live[:, None]).sum(axis=0)  # [G]
+    replicated, replica_slots = float(live[r >= 2].sum()), float((live * r)[r >= 2].sum())
+    u = min(1.0, (replicated + G - 1) / replica_slots) if replica_slots > 0 else 0.0
+    # Step 3: the busiest GPU.
+    return expected_max(forced + u * slots, np.sqrt(forced_var + slots * u * (1 - u)), mask.sum(axis=0))
+
+
+def _metro_structure(share, placement: Placement) -> np.ndarray:
+    """``[G]`` METRO's per-GPU tokens on the expected batch relative to the mean (whole experts, fewest
+    activations first; integer counts in proportion to the pair shares, since only their order matters)."""
+    p = np.asarray(share, dtype=np.float64)
+    if p.ndim != 1 or p.shape[0] != placement.num_experts or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError(f"share must be [E] = [{placement.num_experts}] non-negative with a positive sum")
+    counts = np.round(p / p.sum() * 1e9)
+    tokens = metro(DispatchProblem(counts, placement, CostModel(b=1.0, beta=1.0))).sum(axis=0)
+    return tokens / tokens.mean()
+
+
+def metro_imbalance(share, placement: Placement, top_k: int, tokens_per_gpu: float, kappa: float) -> float:
+    """Expected ratio of METRO's busiest GPU tokens to the mean, ``ρ_M`` (tokens per GPU B).
+
+    METRO's own rule on the expected batch gives each GPU's structural load μ_g (relative to the mean); the
+    batch adds a relative fluctuation σ (:func:`_fluctuation`), and ``ρ_M = E[max_g (μ_g + σ·Z_g)]``.
+    """
+    mu = _metro_structure(share, placement)
+    sigma = _fluctuation(tokens_per_gpu, top_k, placement.num_gpus, kappa)
+    return expected_max(mu, np.full(mu.shape, sigma))
+
+
+@dataclass(frozen=True)
+class RefinedBoundary:
+    """Result of :func:`flip_boundary_refined`.
+
+    Attributes:
+      b_star: tokens per GPU where ``c + β·ρ_M·B·K = a + b·A_LP`` (inf when METRO's token piece never reaches
+        token-LP's floor below ``b_max``; the smallest B tried when it already has).
+      lp_activations: ``A_LP`` at ``b_star``.
+      metro_imbalance: ``ρ_M`` at ``b_star``.
+    """
+
+    b_star: float
+    lp_activations: float
+    metro_imbalance: float
+
+
+def flip_boundary_refined(
+    share,
+    placement: Placement,
+    cost: CostModel,
+    top_k: int,
+    *,
+    kappa: float = 2000.0,
+    b_min: float = 1.0,
+    b_max: float = 1e5,
+) -> RefinedBoundary:
+    """Refined flip boundary: the B where METRO's busiest GPU's token piece reaches token-LP's floor.
+
+    Solves ``h(B) = a + b·A_LP(B) − c − β·ρ_M(B)·B·K = 0`` (:func:`lp_activations`, :func:`metro_imbalance`) by
+    a geometric scan for the first sign change, then bisection in log B.
+
+    Args:
+      share: ``[E]`` pair shares p of the column's routing.
+      placement: the column's placement.
+      cost: the cost model (its traffic piece, if any, is taken into account on METRO's side).
+      top_k: K.
+      kappa: Dirichlet concentration of the batch fluctuation.
+      b_min, b_max: the B range searched (tokens per GPU).
+    """
+    if not 0 < b_min < b_max:
+        raise ValueError(f"need 0 < b_min < b_max, got {b_min}, {b_max}")
+    mu = _metro_structure(share, placement)  # [G], independent of B
+
+    def parts(B: float) -> tuple[float, float, float]:
+        A = lp_activations(share, placement, top_k, B)
+        sigma = _fluctuation(B, top_k, placement.num_gpus, kappa)
+        rho = expected_max(mu, np.full(mu.shape, sigma))
+        lp = cost.a + cost.b * A
+        tokens = rho * B * top_k
+        metro_t = cost.c + cost.beta * tokens
+        if cost.c2 is not None:  # the traffic piece: METRO's busiest GPU receives ρ_M·B·K, token-LP's B·K
+            metro_t = max(metro_t, cost.c2 + cost.gamma * tokens)
+            lp = max(lp, cost.c2 + cost.gamma * B * top_k)
+        return lp - metro_t, A, rho
+
+    # Step 1: the first sign change on a geometric grid (h > 0: METRO still wins).
+    grid = np.geomspace(b_min, b_max, 61)
+    prev = b_min
+    h, A, rho = parts(b_min)
+    if h <= 0:
+        return RefinedBoundary(b_min, A, rho)
+    for B in grid[1:]:
+        h, A, rho = parts(float(B))
+        if h <= 0:
+            lo, hi = prev, float(B)
+            break
+        prev = float(B)
+    else:
+        return RefinedBoundary(math.inf, A, rho)
+    # Step 2: bisection in log B.
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if parts(mid)[0] > 0:
+            lo = mid
+        else:
+            hi = mid
+    _, A, rho = parts(hi)
+    return RefinedBoundary(hi, A, rho)

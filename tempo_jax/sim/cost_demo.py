@@ -9,6 +9,8 @@ Glossary (shapes): E experts, G GPUs, n tokens per expert, N tokens per GPU, nG 
 - :func:`inflection_rows`: n* of the calibrated presets vs Table 6.
 - :func:`calibration_demo`: noisy samples of a preset on the paper's grid (G ∈ 1..40 × tokens per expert on
   a log ladder 1..4096) refitted with `solvers.fit_max_affine`.
+- :func:`measured_profile`: a measured expert-FFN profile (``G,N,T,t`` CSV, as `scripts/bench_gemm.py
+  --profile-csv` writes it) and its max-affine fit, for Fig. 2's measured overlay (:data:`PROFILE_CSVS`).
 
 numpy + solvers only (no jax).
 """
@@ -16,6 +18,7 @@ numpy + solvers only (no jax).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -23,12 +26,14 @@ from solvers import PRESETS, CostModel, DispatchProblem, FitReport, Placement, f
 
 __all__ = [
     "PAPER_N_STAR",
+    "PROFILE_CSVS",
     "TOY_COST",
     "TOY_TOKENS",
     "Calibration",
     "calibration_demo",
     "expert_profile",
     "inflection_rows",
+    "measured_profile",
     "worked_example",
 ]
 
@@ -146,3 +151,32 @@ def calibration_demo(preset: str = "dsv3_a_gemm_refit", *, noise: float = 0.05, 
     # Step 3: alternating-assignment fit.
     fitted, report = fit_max_affine(G, N, t)
     return Calibration(true, fitted, report, G, N, t)
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+#: Measured expert-FFN profiles Fig. 2 overlays when present: label → CSV (``G,N,T,t``, t in µs).
+PROFILE_CSVS: dict[str, Path] = {
+    "GPU (scripts/gpu_check.sh)": _ROOT / "results" / "gpu" / "profile.csv",
+    "this CPU (scripts/bench_gemm.py)": _ROOT / "results" / "profiles" / "cpu_expert_ffn.csv",
+}
+
+
+def measured_profile(path: str | Path) -> dict | None:
+    """A measured expert-FFN profile and its max-affine fit, or None when ``path`` does not exist.
+
+    Args:
+      path: CSV with header ``G,N,T,t`` (activated experts, tokens, tiles, µs per call).
+
+    Returns:
+      ``{"G", "N", "t" [n], "per_expert_tokens" [n] = N/G, "fitted": CostModel, "report": FitReport}``.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    data = np.genfromtxt(path, delimiter=",", names=True)
+    names = data.dtype.names or ()
+    if any(c not in names for c in ("G", "N", "t")) or data.size < 4:
+        raise ValueError(f"{path}: need columns G,N,t and at least 4 rows (has {list(names)}, {data.size} rows)")
+    G, N, t = (np.atleast_1d(data[c]).astype(np.float64) for c in ("G", "N", "t"))
+    fitted, report = fit_max_affine(G, N, t)
+    return {"G": G, "N": N, "t": t, "per_expert_tokens": N / G, "fitted": fitted, "report": report}

@@ -11,10 +11,12 @@ the cell keeps each policy's model makespan per batch. The winning fixed policy 
 the batch-averaged makespan over METRO, token-LP and EPLB-even (ties go to that order); TEMPO's gain is
 ``1 − mean(tempo)/mean(best fixed)``.
 
-Long-run load: the mean of ``placement_draws`` Dirichlet(κ·p) batch popularities (``placement_draws = 0``
-uses p itself). At s = 0, p is exactly uniform and EPLB's deterministic tie-breaking then stacks both replicas
-of each replicated expert on one GPU, which makes the extra slots useless; a finite long-run average breaks
-those ties the way recorded traffic does.
+Long-run load: the share of token–expert pairs each expert receives (`tempo_jax.workloads.pair_share`: top-K
+sampling without replacement caps a hot expert near 1/K of the pairs, so the first-draw popularity would
+over-replicate it) of the mean of ``placement_draws`` Dirichlet(κ·p) batch popularities (``placement_draws =
+0`` uses p itself). At s = 0, p is exactly uniform and EPLB's deterministic tie-breaking then stacks both
+replicas of each replicated expert on one GPU, which makes the extra slots useless; a finite long-run average
+breaks those ties the way recorded traffic does.
 
 Results are cached by `.runner.cached` (``results/cache``) so notebooks re-plot without solving.
 numpy + solvers only (no jax).
@@ -32,7 +34,8 @@ from typing import NamedTuple
 import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, slots_for, solve
-from tempo_jax.workloads import SyntheticRouting
+from solvers.limits import semi_matching
+from tempo_jax.workloads import SyntheticRouting, pair_share
 
 from .runner import CACHE_DIR, cached, run_jobs
 
@@ -41,10 +44,12 @@ __all__ = [
     "LETTERS",
     "MODEL_SHAPES",
     "PHASE_POLICIES",
+    "REFERENCES",
     "Cell",
     "PhaseConfig",
     "PhaseResult",
     "column_setup",
+    "matching_dispatch",
     "run_phase",
 ]
 
@@ -56,6 +61,11 @@ MODEL_SHAPES: dict[str, tuple[int, int]] = {
 }
 #: Policies solved in every cell, in the order of ``PhaseResult.makespan``'s last axis.
 PHASE_POLICIES: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "tempo")
+#: Reference dispatches scored after the policies (last axis of ``PhaseResult.makespan``): ``matching`` keeps
+#: experts whole on an optimal semi-matching (`solvers.limits.semi_matching`) — the activation-balancing
+#: optimum METRO aims for (Lemma 2), which METRO's greedy does not always reach on EPLB placements.
+REFERENCES: tuple[str, ...] = ("matching",)
+COLUMNS: tuple[str, ...] = (*PHASE_POLICIES, *REFERENCES)
 #: Fixed policies competing for the cell letter (tie order = this order).
 FIXED_POLICIES: tuple[str, ...] = ("metro", "token_lp", "uniform")
 LETTERS: dict[str, str] = {"metro": "M", "token_lp": "L", "uniform": "E"}
@@ -153,12 +163,15 @@ def column_setup(
     """
     E, K = MODEL_SHAPES[preset]
     routing = SyntheticRouting(E, K, skew, kappa=kappa, seed=seed)
-    # Step 1: long-run average load (mean batch popularity over independent draws).
-    load = routing.popularity
+    # Step 1: long-run average popularity (mean batch popularity over independent draws).
+    popularity = routing.popularity
     if placement_draws and math.isfinite(kappa):
         rng = np.random.default_rng([seed, 7919, int(round(skew * 1e6))])
-        load = rng.dirichlet(kappa * routing.popularity, size=placement_draws).mean(axis=0)
-    # Step 2: EPLB placement of the slot budget.
+        popularity = rng.dirichlet(kappa * routing.popularity, size=placement_draws).mean(axis=0)
+    # Step 2: the load a recording shows: each expert's share of token–expert pairs under top-K sampling
+    # without replacement (a hot expert's share is capped near 1/K, whatever its first-draw popularity).
+    load = pair_share(popularity, K)
+    # Step 3: EPLB placement of the slot budget.
     placement = Placement.from_eplb(load, slots_for(E, ep, replication), ep)
     return routing, placement
 
@@ -176,11 +189,21 @@ def cell_setup(config: PhaseConfig, cell: Cell) -> tuple[SyntheticRouting, Place
     )
 
 
+def matching_dispatch(problem: DispatchProblem) -> np.ndarray:
+    """``x [E, D]``: every live expert whole on its rank of an optimal semi-matching (fewest busiest-rank
+    activations, Lemma 2; tokens ignored) — the activation-balancing optimum, a reference, not a policy."""
+    assign = semi_matching(problem.placement.replica_mask, problem.n > 0)
+    x = np.zeros(problem.placement.replica_mask.shape)
+    live = np.flatnonzero(assign >= 0)
+    x[live, assign[live]] = problem.n[live]
+    return x
+
+
 def _solve_cell(config: PhaseConfig, cell: Cell) -> tuple[np.ndarray, np.ndarray]:
-    """Makespans ``[nb, len(PHASE_POLICIES)]`` (µs) and mean solve times (s) per policy of one cell."""
+    """Makespans ``[nb, len(COLUMNS)]`` (µs) and mean solve times (s) per policy ``[len(PHASE_POLICIES)]``."""
     routing, placement = cell_setup(config, cell)
     cost = config.cost(cell.preset)
-    ms = np.empty((config.batches, len(PHASE_POLICIES)))
+    ms = np.empty((config.batches, len(COLUMNS)))
     st = np.zeros(len(PHASE_POLICIES))
     for step in range(config.batches):
         # Step 1: one batch [D, E] (step-seeded: identical across cells, processes and runs).
@@ -192,6 +215,8 @@ def _solve_cell(config: PhaseConfig, cell: Cell) -> tuple[np.ndarray, np.ndarray
             d = solve(problem, policy, **opts)
             ms[step, j] = d.makespan
             st[j] += d.info["solve_time_s"] / config.batches
+        # Step 3: the references.
+        ms[step, COLUMNS.index("matching")] = cost.makespan(matching_dispatch(problem))
     return ms, st
 
 
@@ -202,8 +227,8 @@ class PhaseResult:
     Attributes:
       config: the sweep's configuration.
       cells: C cells in ``config.cells()`` order.
-      makespan: ``[C, nb, len(PHASE_POLICIES)]`` model makespan (µs) per cell, batch and policy (in
-        :data:`PHASE_POLICIES` order).
+      makespan: ``[C, nb, len(COLUMNS)]`` model makespan (µs) per cell, batch and policy (in
+        :data:`PHASE_POLICIES` order, then the :data:`REFERENCES`).
       solve_time: ``[C, len(PHASE_POLICIES)]`` mean solve time per batch (s).
       from_cache: loaded from the cache instead of solved.
     """
@@ -216,8 +241,10 @@ class PhaseResult:
 
     # ------------------------------------------------------------------ per-cell views, all [C]
     def mean(self, policy: str) -> np.ndarray:
-        """``[C]`` batch-averaged makespan of ``policy``."""
-        return self.makespan[:, :, PHASE_POLICIES.index(policy)].mean(axis=1)
+        """``[C]`` batch-averaged makespan of ``policy`` (a :data:`PHASE_POLICIES` or :data:`REFERENCES` name)."""
+        if policy not in COLUMNS:
+            raise ValueError(f"unknown policy {policy!r}; valid: {COLUMNS}")
+        return self.makespan[:, :, COLUMNS.index(policy)].mean(axis=1)
 
     def best_fixed(self) -> np.ndarray:
         """``[C]`` lowest batch-averaged makespan among :data:`FIXED_POLICIES`."""
@@ -232,10 +259,15 @@ class PhaseResult:
         """``[C]`` TEMPO's gain over the best fixed policy, ``1 − mean(tempo)/best_fixed`` (positive = better)."""
         return 1.0 - self.mean("tempo") / self.best_fixed()
 
+    def gain_vs_matching(self) -> np.ndarray:
+        """``[C]`` TEMPO's gain over the best of the fixed policies and the activation-balancing optimum
+        (``matching``): what is left once activations are balanced exactly."""
+        return 1.0 - self.mean("tempo") / np.minimum(self.best_fixed(), self.mean("matching"))
+
     def worst_ratio(self, against: tuple[str, ...] = ("static", *FIXED_POLICIES)) -> np.ndarray:
         """``[C]`` max over batches of ``tempo / min(against)`` per batch (> 1/(1−τ) = lost by more than τ)."""
-        cols = [PHASE_POLICIES.index(p) for p in against]
-        per_batch = self.makespan[:, :, PHASE_POLICIES.index("tempo")] / self.makespan[:, :, cols].min(axis=2)
+        cols = [COLUMNS.index(p) for p in against]
+        per_batch = self.makespan[:, :, COLUMNS.index("tempo")] / self.makespan[:, :, cols].min(axis=2)
         return per_batch.max(axis=1)
 
     # ------------------------------------------------------------------ selection and grids
@@ -256,13 +288,13 @@ class PhaseResult:
         return list(dict.fromkeys(c[:4] for c in self.cells))
 
     def rows(self) -> list[dict]:
-        """Tidy rows: cell fields, mean makespan per policy, winner, gain, worst per-batch ratio."""
-        means = {p: self.mean(p) for p in PHASE_POLICIES}
+        """Tidy rows: cell fields, mean makespan per policy and reference, winner, gain, worst per-batch ratio."""
+        means = {p: self.mean(p) for p in COLUMNS}
         win, gain, worst = self.winner(), self.gain(), self.worst_ratio()
         return [
             {
                 **c._asdict(),
-                **{p: float(means[p][i]) for p in PHASE_POLICIES},
+                **{p: float(means[p][i]) for p in COLUMNS},
                 "winner": str(win[i]),
                 "gain": float(gain[i]),
                 "worst_ratio": float(worst[i]),
@@ -281,7 +313,7 @@ def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool) -> Phas
     order = cells_by_work(cells)
     out = run_jobs(_solve_cell, [(config, cells[i]) for i in order], workers=workers, desc="phase cells",
                    progress=progress)  # fmt: skip
-    makespan = np.empty((len(cells), config.batches, len(PHASE_POLICIES)))
+    makespan = np.empty((len(cells), config.batches, len(COLUMNS)))
     solve_time = np.empty((len(cells), len(PHASE_POLICIES)))
     for i, (ms, st) in zip(order, out, strict=True):
         makespan[i], solve_time[i] = ms, st

@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from solvers import PRESETS, CostModel, DispatchProblem, solve
+import numpy as np
+
+from solvers import PRESETS, CostModel, DispatchProblem, gpu_loads, solve
 
 from .replay import PROXY_PRESET, Stream, SyntheticStreams, apply_split, make_streams, replay_placement
 from .runner import CACHE_DIR, cached, run_jobs
@@ -41,6 +43,7 @@ __all__ = [
     "RefreshConfig",
     "ReplayConfig",
     "VariantConfig",
+    "bottleneck_term",
     "run_information",
     "run_policies",
     "run_refresh",
@@ -176,6 +179,19 @@ def _solve(config: ReplayConfig, counts, placement, policy: str, cost: CostModel
     return solve(DispatchProblem(counts, placement, cost), policy, **opts)
 
 
+def bottleneck_term(cost: CostModel, x) -> tuple[str, float]:
+    """``(term, mean activations per GPU)`` of a dispatch ``x [E, D]``: which piece of the cost model sets the
+    bottleneck GPU's time (``floor`` a + b·G (+ tiles), ``tokens`` c + β·N or ``traffic`` c2 + γ·N; ties go in
+    that order) and the mean of G_g over GPUs."""
+    acts, tiles, tokens = gpu_loads(x, cost.tile)
+    g = int(np.argmax(cost.gpu_times(acts, tokens, tiles)))
+    floor = cost.a + cost.b * acts[g] + (cost.b2 * (tiles[g] - acts[g]) if cost.b2 is not None else 0.0)
+    pieces = {"floor": floor, "tokens": cost.c + cost.beta * tokens[g]}
+    if cost.c2 is not None:
+        pieces["traffic"] = cost.c2 + cost.gamma * tokens[g]
+    return max(pieces, key=lambda k: (pieces[k], -list(pieces).index(k))), float(acts.mean())
+
+
 def _policies_rows(ctx: _Ctx) -> Iterator[dict]:
     cfg: PolicyConfig = ctx.config
     for t, counts in enumerate(ctx.stream.windows):
@@ -185,6 +201,7 @@ def _policies_rows(ctx: _Ctx) -> Iterator[dict]:
             row[policy] = d.makespan
             if policy == "tempo":
                 row["tempo_ms"] = 1e3 * d.info["solve_time_s"]
+                row["tempo_term"], row["tempo_acts"] = bottleneck_term(cfg.cost, d.x)
         row["static_fresh"] = _solve(cfg, counts, ctx.fresh, "static").makespan
         yield row
 
@@ -325,7 +342,9 @@ def run_policies(
     same in every ``run_*`` function of the simulators.
 
     Returns:
-      Rows ``{stream, B, scale, redundant, drift, window, <policy>: µs, ..., tempo_ms, static_fresh}``.
+      Rows ``{stream, B, scale, redundant, drift, window, <policy>: µs, ..., static_fresh}``, and with tempo among
+      the policies ``tempo_ms``, ``tempo_term`` (the piece setting its bottleneck GPU, :func:`bottleneck_term`)
+      and ``tempo_acts`` (its mean activations per GPU).
     """
     return _run("policies", config, workers, cache_dir, progress)
 

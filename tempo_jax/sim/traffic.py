@@ -37,7 +37,7 @@ from solvers import (
     static_map,
     topology_split,
 )
-from tempo_jax.workloads import SyntheticRouting
+from tempo_jax.workloads import SyntheticRouting, pair_share
 
 from .phase import MODEL_SHAPES
 from .runner import stats
@@ -126,9 +126,10 @@ def topology_replay(config: TopologyConfig = TopologyConfig()) -> list[dict]:  #
     E, K = MODEL_SHAPES[config.preset]
     cost = PRESETS[config.preset]
     routing = SyntheticRouting(E, K, config.skew, kappa=config.kappa, seed=config.seed)
-    # Step 1: the long-run load EPLB sees (mean of Dirichlet draws, as in the phase sweep).
+    # Step 1: the long-run load EPLB sees, as in the phase sweep: the pair shares of the mean of Dirichlet draws.
     rng = np.random.default_rng([config.seed, 7919])
-    load = rng.dirichlet(config.kappa * routing.popularity, size=max(config.placement_draws, 1)).mean(axis=0)
+    mean = rng.dirichlet(config.kappa * routing.popularity, size=max(config.placement_draws, 1)).mean(axis=0)
+    load = pair_share(mean, K)
     rows = []
     for layout in LAYOUTS:
         pl = topology_placement(config, layout, load)

@@ -9,7 +9,7 @@ over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank`
 - Loaders: :func:`load_flame_moe`, :func:`load_mixtral`, :func:`load_harmoeny`, :func:`load_switch128`,
   :func:`load_trace` over the :data:`TRACES` registry, and :func:`load_sample` (bundled copy, works offline).
 - Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(tokens_per_rank, D, step) -> [D, E]``),
-  :func:`sample_topk`.
+  :func:`sample_topk`, and the pair shares it realises (:func:`topk_inclusion`, :func:`pair_share`).
 - Trace files: :func:`save_traces`, :func:`load_saved_trace` (``.npz``; also used for recorded traces).
 - Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.
 - Request traces (prefill serving, CascadeEP): :class:`RequestTrace` (arrivals [n] s, input/output lengths [n]
@@ -43,7 +43,7 @@ from .requests import (
     load_request_trace,
     synthetic_requests,
 )
-from .synthetic import SyntheticRouting, sample_topk, zipf_popularity
+from .synthetic import SyntheticRouting, pair_share, sample_topk, topk_inclusion, zipf_popularity
 from .trace import RoutingTrace
 
 __all__ = [
@@ -65,7 +65,9 @@ __all__ = [
     "load_trace",
     "mixed_fraction",
     "regime_stats",
+    "pair_share",
     "sample_topk",
+    "topk_inclusion",
     "traces_dir",
     "zipf_popularity",
     "BLOCK_SIZE",

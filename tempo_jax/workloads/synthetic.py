@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from numbers import Integral
 
 import numpy as np
 
 from solvers.checks import check_int, check_real
 
-__all__ = ["SyntheticRouting", "sample_topk", "zipf_popularity"]
+__all__ = ["SyntheticRouting", "pair_share", "sample_topk", "topk_inclusion", "zipf_popularity"]
 
 
 def zipf_popularity(num_experts: int, s: float, seed: int = 0) -> np.ndarray:
@@ -132,6 +133,83 @@ def sample_topk(p: np.ndarray, num_tokens: int, top_k: int, rng: np.random.Gener
     return out
 
 
+def topk_inclusion(p, top_k: int, *, points: int = 1200) -> np.ndarray:
+    """float64 ``[E]``: probability π_e that expert e is among a token's K draws of :func:`sample_topk` ∝ ``p``.
+
+    The Plackett–Luce law without replacement is the order of an exponential race: expert i arrives at
+    ``X_i ~ Exp(p_i)``, and e is picked iff fewer than K others arrive first, so
+
+        π_e = ∫_0^∞ p_e·e^(−p_e·t) · P(#{i ≠ e : X_i < t} ≤ K − 1) dt,
+
+    where the count is Poisson-binomial with ``q_i(t) = 1 − e^(−p_i·t)``. The integral is a trapezoid rule on
+    ``points`` log-spaced t (the integrand is smooth in log t); the leave-one-out count law comes from prefix
+    and suffix dynamic programmes truncated at K, so no division ever happens. ``Σ_e π_e = K`` (to ~1e-9;
+    tested), and ``π_e / K`` is expert e's share of the token–expert pairs (:func:`pair_share`), which for a
+    hot expert is capped near 1/K although its first-draw probability ``p_e`` may be far larger.
+
+    Args:
+      p: ``[E]`` non-negative weights with a positive sum (normalised here).
+      top_k: K ≤ E.
+      points: quadrature points in log t.
+
+    Returns:
+      ``[E]`` inclusion probabilities in [0, 1]. Zero-weight experts get 0, unless fewer than K experts have
+      positive weight: then those are always picked and the zero-weight ones share the rest uniformly
+      (what :func:`sample_topk` does).
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or p.min() < 0 or p.sum() <= 0:
+        raise ValueError("p must be a 1-D array of finite non-negative weights with a positive sum")
+    K = check_int("top_k", top_k)
+    points = check_int("points", points, minimum=16)
+    E = p.size
+    if K > E:
+        raise ValueError(f"top_k={K} exceeds num_experts={E}")
+    p = p / p.sum()
+    pos = p > 0
+    out = np.zeros(E)
+    if pos.sum() <= K:  # every positive expert is always drawn; zero-weight ones fill the rest uniformly
+        out[pos] = 1.0
+        if (~pos).any():
+            out[~pos] = (K - pos.sum()) / (~pos).sum()
+        return out
+    # Step 1: the log-spaced race times t [nt] and trapezoid weights of ∫ f(t) dt = ∫ f(t)·t d(log t).
+    pp = p[pos]
+    lo, hi = math.log(1e-9 / pp.max()), math.log(60.0 / pp.min())
+    s = np.linspace(lo, hi, points)
+    t = np.exp(s)
+    w = np.full(points, (hi - lo) / (points - 1)) * t
+    w[[0, -1]] *= 0.5
+    q = -np.expm1(-np.outer(t, pp))  # [nt, E+] P(X_i < t)
+    # Step 2: prefix[i] = law of the count among experts < i, suffix[i] = among experts ≥ i, truncated at K.
+    n = pp.size
+    prefix = np.zeros((n + 1, points, K))
+    suffix = np.zeros((n + 1, points, K))
+    prefix[0, :, 0] = suffix[n, :, 0] = 1.0
+    for i in range(n):
+        a = prefix[i]
+        prefix[i + 1] = a * (1 - q[:, i : i + 1])
+        prefix[i + 1, :, 1:] += a[:, :-1] * q[:, i : i + 1]
+        j = n - 1 - i
+        b = suffix[j + 1]
+        suffix[j] = b * (1 - q[:, j : j + 1])
+        suffix[j, :, 1:] += b[:, :-1] * q[:, j : j + 1]
+    # Step 3: P(others ≤ K − 1) = Σ_k prefix[e][k] · P(suffix[e+1] ≤ K − 1 − k), then the race integral.
+    tail = np.cumsum(suffix[1:], axis=2)[:, :, ::-1]  # [E+, nt, K]: entry k = P(suffix count ≤ K − 1 − k)
+    fewer = np.einsum("ejk,ejk->ej", prefix[:-1], tail)  # [E+, nt]
+    out[pos] = np.clip(((pp[:, None] * np.exp(-np.outer(pp, t))) * fewer) @ w, 0.0, 1.0)
+    return out
+
+
+def pair_share(p, top_k: int) -> np.ndarray:
+    """float64 ``[E]``: expected share of token–expert pairs per expert under top-K sampling ∝ ``p``: π_e / K.
+
+    This, not the first-draw popularity ``p``, is what batches realise: ``E[n_e] = pair_share_e · T`` with
+    T = tokens·K pairs (:func:`topk_inclusion`). Sums to 1.
+    """
+    return topk_inclusion(p, top_k) / check_int("top_k", top_k)
+
+
 @dataclass(frozen=True)
 class SyntheticRouting:
     """Zipf(s) routing over E experts with Dirichlet(κ·p) batch fluctuation (see the module docstring).
@@ -163,6 +241,14 @@ class SyntheticRouting:
         p = zipf_popularity(E, self.s, self.seed)  # validates s and seed
         p.setflags(write=False)
         object.__setattr__(self, "popularity", p)
+
+    @cached_property
+    def pair_share(self) -> np.ndarray:
+        """float64 ``[E]`` expected share of token–expert pairs per expert (:func:`pair_share` of the
+        popularity): capped near 1/K for hot experts, since each token picks K distinct experts."""
+        share = pair_share(self.popularity, self.top_k)
+        share.setflags(write=False)
+        return share
 
     def rng(self, step: object) -> np.random.Generator:
         """The generator used for ``step`` (an integer ``>= 0``), or ``step`` itself if it is a Generator."""
