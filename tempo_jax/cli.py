@@ -367,9 +367,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         from .readme import README, update_readme
 
         if args.names or args.small:
-            raise SystemExit("error: --readme renders the committed JSON; give no notebook names and no --small")
+            raise UsageError("--readme renders the committed JSON; give no notebook names and no --small")
         changed = update_readme()
-        print(f"{'updated' if changed else 'unchanged'}: the reproduced-results table of {README}")
+        print(f"{'updated' if changed else 'unchanged'}: the reproduced-results tables of {README}")
         return 0
     from .reproduce import reproduce
 

@@ -117,6 +117,16 @@ def _check_08(d):
         assert s["topology"] <= s["flat"] + 1e-12 and s["makespan_gap"] < 1e-6
 
 
+def _check_09(d):
+    v = d["values"]
+    assert v["thr_sync"] == 1.0 and v["ttft_mean_cut_sync"] == 0.0
+    assert 0 <= v["fig9_ge5"] <= v["fig9_ge1"] <= 1 and v["fig9_max"] < 1
+    assert 0 <= v["r_tail"] < 1 and 0 < v["attention_accuracy"] <= 1 and 0 < v["ffn_efficiency"] <= 1
+    assert 0 < v["fig1_movable_share"] < 1 and v["fig1_cascade_cut"] <= v["fig1_movable_share"]
+    assert all(r["p95_speedup"] > 0 for r in _rows(d, "sweep"))
+    assert [r["mode"] for r in _rows(d, "ablation")] == ["sync", "async", "async_sf", "cascade"]
+
+
 INVARIANTS = {
     "01_cost_model": _check_01,
     "02_mixed_regimes": _check_02,
@@ -126,6 +136,7 @@ INVARIANTS = {
     "06_policy_landscape": _check_06,
     "07_staleness_and_placement": _check_07,
     "08_topology": _check_08,
+    "09_cascade_ep": _check_09,
 }
 
 

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from tempo_jax.readme import BEGIN, END, results_block
+from tempo_jax.readme import BLOCKS, results_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -21,8 +21,11 @@ def test_readme_python_blocks_run():
     assert {f.donor for f in scope["cascade"].fetches} == {6} and len(scope["cascade"].fetches) == 6
 
 
-def test_readme_results_table_is_rendered_from_committed_json():
+def test_readme_results_tables_are_rendered_from_committed_json():
     text = README.read_text()
-    assert BEGIN in text and END in text, "README lost its generated results block"
-    committed = text[text.index(BEGIN) : text.index(END) + len(END)]
-    assert committed == results_block(), "README's results table is stale: run `python -m tempo_jax reproduce --readme`"
+    for k, (begin, end, _) in enumerate(BLOCKS):
+        assert begin in text and end in text, f"README lost its generated results block {begin!r}"
+        committed = text[text.index(begin) : text.index(end) + len(end)]
+        assert committed == results_block(block=k), (
+            "README's results table is stale: run `python -m tempo_jax reproduce --readme`"
+        )
