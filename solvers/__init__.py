@@ -9,9 +9,11 @@ activated experts, N_g tokens, T_g tiles.
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
 `eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
 (`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
-`fit` (calibration) and `topology` (per-node split). CascadeEP planning: `attention` (App. B attention-time
-model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch groups and the rank-uniform
-`LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
+`fit` (calibration) and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by
+every producer of dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP
+planning: `attention` (App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold),
+`streamffn` (launch groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission
+test).
 """
 
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
@@ -39,10 +41,12 @@ from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
+from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
 __all__ = [
+    "PLAN_NAMES",
     "POLICIES",
     "PRESETS",
     "CostModel",
@@ -51,16 +55,19 @@ __all__ = [
     "FitReport",
     "Placement",
     "drift_corrupt",
+    "expected_dispatch",
     "fit_max_affine",
     "flat_split",
     "gpu_loads",
     "inter_node_tokens",
     "node_counts_from_sources",
+    "plan_weights",
     "rebalance_experts",
     "semi_matching",
     "semi_matching_value",
     "slots_for",
     "solve",
+    "solve_weights",
     "split_tables",
     "static_map",
     "topology_split",

@@ -11,7 +11,7 @@ from .milp import milp
 from .problem import Dispatch, DispatchProblem
 from .tempo_fast import tempo_fast
 
-__all__ = ["POLICIES", "solve"]
+__all__ = ["POLICIES", "check_policy", "solve"]
 
 # name → function(problem, **options) returning x [E, D] or (x, info).
 POLICIES: dict[str, Callable] = {
@@ -31,6 +31,24 @@ def _options_of(policy: str) -> list[str]:
     return [p.name for p in params if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty and p.name != "problem")]
 
 
+def check_policy(policy: str, options: dict | None = None) -> dict:
+    """``options`` as a dict if ``policy`` is one of `POLICIES` and every option is one it takes.
+
+    Raises:
+      ValueError: unknown policy or option (the message lists the valid ones).
+    """
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"options must be a dict of policy options, got {type(options).__name__}")
+    options = dict(options or {})
+    valid = _options_of(policy)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; valid options: {valid}")
+    return options
+
+
 def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatch:
     """Dispatch one batch with a named policy.
 
@@ -47,12 +65,7 @@ def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatc
     """
     if not isinstance(problem, DispatchProblem):
         raise ValueError(f"solve: expected a solvers.DispatchProblem, got {type(problem).__name__}")
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
-    valid = _options_of(policy)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; valid options: {valid}")
+    check_policy(policy, options)
     t0 = time.perf_counter()
     out = POLICIES[policy](problem, **options)
     elapsed = time.perf_counter() - t0
