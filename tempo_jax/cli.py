@@ -6,6 +6,7 @@ Commands:
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
   cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
+  serve      the MoE layer serving a routing stream with live tables from the solver worker (the runtime)
   bench      run a benchmark script (solver, gemm, ep)
   reproduce  execute the figure notebooks headless and report failures
 """
@@ -245,6 +246,64 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- serve
+def _cmd_serve(args: argparse.Namespace) -> int:
+    _fake_cpu_devices()
+    import logging
+
+    from .serve import ServeConfig, serve
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = ServeConfig(
+        steps=args.steps,
+        tokens_per_rank=args.tokens_per_rank,
+        routing=args.routing,
+        trace=args.trace,
+        experts=args.experts,
+        top_k=args.top_k,
+        skew=args.skew,
+        drift=args.drift,
+        policy=args.policy,
+        cost=args.cost,
+        mode=args.mode,
+        period_s=args.period_ms / 1e3,
+        every_steps=args.every_steps,
+        budget_s=args.budget_ms / 1e3,
+        staleness_s=args.staleness_s,
+        kill_worker_at=args.kill_worker_at,
+        block=args.block,
+        seed=args.seed,
+    )
+    serve(cfg, out_dir=args.out, quiet=args.quiet, figure=not args.no_figure)
+    return 0
+
+
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a routing stream through the MoE layer with live tables from the worker")
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--tokens-per-rank", type=int, default=128)
+    p.add_argument("--routing", default="synthetic", choices=["synthetic", "recorded"])
+    p.add_argument("--trace", default="flame_moe_290m", help="recorded routing: a trace name (bundled if offline)")
+    p.add_argument("--experts", type=int, default=16, help="synthetic routing: E")
+    p.add_argument("--top-k", type=int, default=4, help="synthetic routing: K")
+    p.add_argument("--skew", type=float, default=1.0, help="synthetic routing: Zipf s")
+    p.add_argument("--drift", type=float, default=0.1, help="synthetic routing: log-popularity walk σ per step")
+    p.add_argument("--policy", default="tempo")
+    p.add_argument("--cost", default="dsv3_fp8_offline", help="cost preset")
+    p.add_argument("--mode", default="process", choices=["inline", "thread", "process"], help="where the solver runs")
+    p.add_argument("--period-ms", type=float, default=200.0, help="refresher snapshot period")
+    p.add_argument("--every-steps", type=int, help="refresh every N steps instead of by time")
+    p.add_argument("--budget-ms", type=float, default=200.0, help="results arriving later are not published")
+    p.add_argument("--staleness-s", type=float, default=5.0, help="older tables → the uniform fallback")
+    p.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL the solver worker after this step")
+    p.add_argument("--block", type=int, default=10, help="steps per worker on/off block of the step-time comparison")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="folder for serve.json and serve.png")
+    p.add_argument("--no-figure", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no per-step status lines")
+    p.set_defaults(fn=_cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tempo-jax", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -305,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch", default="uniform", help="uniform or tempo (with --replication > 1)")
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(fn=_cmd_cascade)
+
+    _add_serve_parser(sub)
 
     p = sub.add_parser("bench", help="run a benchmark script (solver, gemm or ep); extra arguments pass through")
     p.add_argument("which", choices=["solver", "gemm", "ep"])

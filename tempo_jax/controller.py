@@ -109,6 +109,8 @@ class DispatchController:
       max_window_pairs: counter differences at or above this mean a restart (see `CounterWindows`).
       history_size: solves and latencies kept for `history` and the metrics.
       worker_start_timeout_s: process mode: how long a worker (re)start may take.
+      spare_worker: process mode: keep a second worker started and idle, so a restart is a swap (a fresh
+        interpreter importing scipy and ortools takes a second or more); a new spare starts in the background.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class DispatchController:
         max_window_pairs: int = 1 << 31,
         history_size: int = 1000,
         worker_start_timeout_s: float = 120.0,
+        spare_worker: bool = True,
     ):
         where = "DispatchController"
         # Step 1: validate everything now (a typo must not surface as uniform tables forever).
@@ -197,9 +200,13 @@ class DispatchController:
         self._supervisor: threading.Thread | None = None
         self._probe_event = threading.Event()
         self._probe_reply: dict | None = None
+        self._spare: SolverWorker | None = None
+        self._spare_worker = bool(spare_worker)
+        self._start_timeout_s = worker_start_timeout_s
         if self.mode == "process":
             self._worker = SolverWorker(self.config, start_timeout_s=worker_start_timeout_s).start()
             self._worker_ready = True
+            self._start_spare()
             self._supervisor = threading.Thread(target=self._supervise, name="tempo-supervisor", daemon=True)
             self._supervisor.start()
 
@@ -341,8 +348,11 @@ class DispatchController:
             self._closed = True
         if self._supervisor is not None:
             self._supervisor.join(timeout=10.0)
-        if self._worker is not None:
-            self._worker.close()
+        with self._lock:
+            workers = [w for w in (self._worker, self._spare) if w is not None]
+            self._spare = None
+        for w in workers:
+            w.close()
 
     def __enter__(self) -> DispatchController:
         return self
@@ -390,8 +400,9 @@ class DispatchController:
                 "last_error": self.last_error,
             }
             if self._worker is not None:
-                out["worker"] = {"pid": self._worker.pid, "alive": self._worker.alive, "starts": self._worker.starts,
-                                 "start_s": list(self._worker.start_s), "ready": self._worker_ready}  # fmt: skip
+                out["worker"] = {"pid": self._worker.pid, "alive": self._worker.alive, "ready": self._worker_ready,
+                                 "start_s": list(self._worker.start_s),
+                                 "spare_ready": self._spare is not None}  # fmt: skip
             return out
 
     def status_line(self) -> str:
@@ -570,8 +581,40 @@ class DispatchController:
                 self._restart()
             self._check_runtime()
 
+    def _start_spare(self) -> None:
+        """Start a spare worker on a helper thread (process mode with ``spare_worker``)."""
+        if not self._spare_worker:
+            return
+
+        def run():
+            try:
+                spare = SolverWorker(self.config, start_timeout_s=self._start_timeout_s).start()
+            except Exception as err:
+                with self._lock:
+                    self._event("spare_failed", f"{type(err).__name__}: {err}")
+                return
+            with self._lock:
+                if not self._closed and self._spare is None:
+                    self._spare, spare = spare, None
+            if spare is not None:  # closed meanwhile
+                spare.close()
+
+        threading.Thread(target=run, name="tempo-spare", daemon=True).start()
+
     def _restart(self) -> None:
-        """Start a fresh worker (outside the lock: it takes a second or two); retried until it works or closes."""
+        """Replace the lost worker: swap in the spare when one is ready, else start a fresh one here (outside the
+        lock: it takes a second or more), retrying with back-off until it works or the controller closes."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.alive:
+            with self._lock:
+                old, self._worker = self._worker, spare
+                self._worker_ready = True
+                self._n["restarts"] += 1
+            old.kill()
+            log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
+            self._start_spare()
+            return
         delay = 0.1
         while True:
             with self._lock:
@@ -589,4 +632,5 @@ class DispatchController:
                 self._worker_ready = True
                 self._n["restarts"] += 1
             log.warning("dispatch runtime: solver worker restarted (pid %s)", self._worker.pid)
+            self._start_spare()
             return
