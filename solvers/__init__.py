@@ -19,7 +19,7 @@ test).
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
-from .fit import FitReport, fit_max_affine
+from .fit import FitReport, bootstrap_max_affine, fit_max_affine
 from .limits import semi_matching, semi_matching_value
 from .oewf import (
     PRICINGS,
@@ -54,6 +54,7 @@ __all__ = [
     "DispatchProblem",
     "FitReport",
     "Placement",
+    "bootstrap_max_affine",
     "drift_corrupt",
     "expected_dispatch",
     "fit_max_affine",
