@@ -126,6 +126,10 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.measure:
+        return _cmd_calibrate_measure(args)
+    if args.csv is None:
+        raise SystemExit("error: give a CSV of G,N,t[,T] samples, or --measure to profile this backend")
     from solvers import fit_max_affine
 
     data = np.genfromtxt(args.csv, delimiter=",", names=True)
@@ -142,6 +146,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     )
     if args.out:
         model.save(args.out)
+    return 0
+
+
+def _cmd_calibrate_measure(args: argparse.Namespace) -> int:
+    """`calibrate --measure`: profile the layer's expert FFN here, fit with CIs, roofline, ranking agreement."""
+    from .calibrate import MeasureConfig, measure
+
+    cfg = MeasureConfig.quick() if args.quick else MeasureConfig(bootstrap=args.bootstrap)
+    report = measure(cfg, profile_csv=args.profile_csv, out_json=args.report)
+    if args.out:
+        from solvers import CostModel
+
+        CostModel.from_dict(report["model"]).save(args.out)
+        print(f"wrote {args.out} (serve with it: tempo-jax serve --cost-json {args.out})")
     return 0
 
 
@@ -265,6 +283,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         drift=args.drift,
         policy=args.policy,
         cost=args.cost,
+        cost_json=args.cost_json,
         mode=args.mode,
         period_s=args.period_ms / 1e3,
         every_steps=args.every_steps,
@@ -290,6 +309,7 @@ def _add_serve_parser(sub) -> None:
     p.add_argument("--drift", type=float, default=0.1, help="synthetic routing: log-popularity walk σ per step")
     p.add_argument("--policy", default="tempo")
     p.add_argument("--cost", default="dsv3_fp8_offline", help="cost preset")
+    p.add_argument("--cost-json", help="a CostModel JSON (e.g. from calibrate --measure --out) instead of --cost")
     p.add_argument("--mode", default="process", choices=["inline", "thread", "process"], help="where the solver runs")
     p.add_argument("--period-ms", type=float, default=200.0, help="refresher snapshot period")
     p.add_argument("--every-steps", type=int, help="refresh every N steps instead of by time")
@@ -332,10 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the dispatch to .json or .npz")
     p.set_defaults(fn=_cmd_solve)
 
-    p = sub.add_parser("calibrate", help="fit the max-affine cost model to a CSV of G,N,t[,T] samples")
-    p.add_argument("csv")
+    p = sub.add_parser("calibrate", help="fit the max-affine cost model to a CSV of G,N,t[,T] samples, or --measure")
+    p.add_argument("csv", nargs="?", help="samples to fit (not with --measure)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--out", help="write the fitted CostModel JSON here")
+    m = p.add_argument_group("measure (profile the layer's expert FFN on this backend; tempo_jax.calibrate)")
+    m.add_argument("--measure", action="store_true", help="sweep, fit with bootstrap CIs, roofline, ranking agreement")
+    m.add_argument("--quick", action="store_true", help="CI-sized sweep (seconds)")
+    m.add_argument("--bootstrap", type=int, default=1000, help="cluster-bootstrap replicates")
+    m.add_argument("--profile-csv", help="write the measured profile (G,n,N,T,t_us,...) here")
+    m.add_argument("--report", default="results/calibration.json", help="the full report (JSON)")
     p.set_defaults(fn=_cmd_calibrate)
     p = sub.add_parser("phase", help="phase-diagram sweep of one panel (cached under results/cache)")
     p.add_argument("--preset", default="dsv3_fp8_offline")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers import PRESETS, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.checks import check_choice, check_int, check_real
 
 from .workloads import load_sample, load_trace, sample_topk, zipf_popularity
@@ -53,7 +53,9 @@ class ServeConfig:
         popularity per step, Dirichlet concentration).
       hidden, ffn: the layer's H and F. replication: physical slots / experts (EPLB from the first steps' load).
       dispatch: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
-      policy, cost: the solver's policy and cost preset. mode: the controller mode (``"process"``: worker).
+      policy, cost: the solver's policy and cost preset; cost_json: a CostModel JSON file instead (e.g. the
+        one `tempo-jax calibrate --measure --out` fitted on this backend).
+      mode: the controller mode (``"process"``: the solver worker process).
       period_s / every_steps: refresher period, or refresh every N steps instead.
       budget_s, staleness_s, fallback: controller fault budgets (see `DispatchController`).
       kill_worker_at: SIGKILL the worker after this step (None: never).
@@ -78,6 +80,7 @@ class ServeConfig:
     dispatch: str = "quota"
     policy: str = "tempo"
     cost: str = "dsv3_fp8_offline"
+    cost_json: str | None = None
     mode: str = "process"
     period_s: float = 0.2
     every_steps: int | None = None
@@ -170,7 +173,7 @@ def serve(cfg: ServeConfig = ServeConfig(), *, out_dir: str | Path | None = "res
     D = mesh.shape["ep"]
     E, K, ids_fn, load = routing_stream(cfg, D)
     placement = Placement.from_eplb(load, slots_for(E, D, cfg.replication), D, spread_idle=True)
-    cost = PRESETS[cfg.cost]
+    cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
     mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_device=placement.slots_per_gpu,
                      mode=cfg.dispatch)  # fmt: skip
     params = init_params(jax.random.key(cfg.seed), mcfg)
@@ -347,7 +350,7 @@ def _figure(rep: dict, path: Path) -> None:
     ax.legend(fontsize=8, ncol=3)
     shape = rep["shape"]
     ax.set_title(f"tempo-jax serve: {rep['config']['routing']} routing, E={shape['E']}, top-{shape['K']}, "
-                 f"EP{shape['D']}, {rep['config']['cost']}")  # fmt: skip
+                 f"EP{shape['D']}, {rep['config']['cost_json'] or rep['config']['cost']}")  # fmt: skip
     ms = np.array([r["step_ms"] for r in steps])
     on = np.array([r["on"] for r in steps])
     bx.scatter(s[on], ms[on], s=10, label="worker on")
