@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo test test-all bench bench-solver bench-gemm bench-ep bench-cascade gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m tempo_jax demo
+
+# The MoE layer serving a drifting routing stream with live tables from the solver worker process
+# (status line per step, worker on/off step times, results/serve.json and results/serve.png).
+serve: $(STAMP)
+	$(PY) -m tempo_jax serve --kill-worker-at 30
 
 # Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too.
 test: $(STAMP)

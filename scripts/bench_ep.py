@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         # Step 2: the layer, per policy and capacity.
         for policy in args.policies.split(","):
             d = solve(DispatchProblem(counts, placement, cost), policy)
-            tables = T.uniform(placement) if policy == "uniform" else T.from_dispatch(d)
+            tables = T.from_plan(d)  # the one plan → table seam (solvers.plan_weights)
             for cap_name, cap in (("worst", None), ("auto", _bucket(need, worst))):
                 compile_s, step_s = timed(lambda p, x, t, c=cap: layer(p, x, t, c), params, x, tables.table,
                                           repeats=args.repeats)  # fmt: skip

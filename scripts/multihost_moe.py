@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from solvers import Placement
     from tempo_jax import tables as T
     from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward
+    from tempo_jax.refresher import host_counter
 
     # Step 1: the same problem on every process.
     D = jax.device_count()
@@ -64,8 +65,10 @@ def main(argv=None) -> int:
     out, counts = res.out, res.counts
     out = multihost_utils.process_allgather(out, tiled=True)
     counts = multihost_utils.process_allgather(counts, tiled=True)
+    counter = host_counter(res.counter)  # what the refresher reads: a collective when spread over processes
     if jax.process_index() == 0:
-        np.savez(args.out, out=np.asarray(out), counts=np.asarray(counts), processes=jax.process_count(), devices=D)
+        np.savez(args.out, out=np.asarray(out), counts=np.asarray(counts), counter=counter,
+                 addressable=res.counter.is_fully_addressable, processes=jax.process_count(), devices=D)  # fmt: skip
         print(f"process 0 of {jax.process_count()}: {D} devices, wrote {args.out}")
     return 0
 

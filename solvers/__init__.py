@@ -9,15 +9,17 @@ activated experts, N_g tokens, T_g tiles.
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
 `eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
 (`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
-`fit` (calibration) and `topology` (per-node split). CascadeEP planning: `attention` (App. B attention-time
-model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch groups and the rank-uniform
-`LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
+`fit` (calibration) and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by
+every producer of dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP
+planning: `attention` (App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold),
+`streamffn` (launch groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission
+test).
 """
 
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
-from .fit import FitReport, fit_max_affine
+from .fit import FitReport, bootstrap_max_affine, fit_max_affine
 from .limits import semi_matching, semi_matching_value
 from .oewf import (
     PRICINGS,
@@ -39,10 +41,12 @@ from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
+from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
 __all__ = [
+    "PLAN_NAMES",
     "POLICIES",
     "PRESETS",
     "CostModel",
@@ -50,17 +54,21 @@ __all__ = [
     "DispatchProblem",
     "FitReport",
     "Placement",
+    "bootstrap_max_affine",
     "drift_corrupt",
+    "expected_dispatch",
     "fit_max_affine",
     "flat_split",
     "gpu_loads",
     "inter_node_tokens",
     "node_counts_from_sources",
+    "plan_weights",
     "rebalance_experts",
     "semi_matching",
     "semi_matching_value",
     "slots_for",
     "solve",
+    "solve_weights",
     "split_tables",
     "static_map",
     "topology_split",

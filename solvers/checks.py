@@ -23,6 +23,7 @@ __all__ = [
     "ArgTypeError",
     "check_array",
     "check_choice",
+    "check_counter",
     "check_counts",
     "check_fields",
     "check_instance",
@@ -240,3 +241,25 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> object:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{what} {path}:{err.lineno}:{err.colno}: invalid JSON ({err.msg})") from None
+
+
+def check_counter(name: str, values: object, *, where: str = "", shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """A cumulative pair counter as uint32 (it wraps modulo 2^32): a uint32 array, or integers in [0, 2^32).
+
+    Floats, bools, negative entries and entries ≥ 2^32 are refused (an int64 counter past 2^32 would be silently
+    truncated, a float one has lost its low bits), naming the first offending entry.
+    """
+    pre = _prefix(where)
+    arr = np.asarray(values)
+    if arr.dtype == bool or arr.dtype.kind not in "iu":
+        raise ValueError(
+            f"{pre}{name} must be an unsigned 32-bit counter (uint32, wrapping modulo 2^32), got dtype {arr.dtype}; "
+            "pass the layer's cumulative counter as it is"
+        )
+    if shape is not None and arr.shape != tuple(shape):
+        raise ValueError(f"{pre}{name} must have shape {tuple(shape)}, got {arr.shape}")
+    if arr.dtype != np.uint32:
+        bad = (arr < 0) | (arr.astype(np.float64) >= 2.0**32)
+        if bad.any():
+            raise ValueError(f"{pre}{name} must hold counts in [0, 2^32) (a uint32 counter), got {_at(name, arr, bad)}")
+    return arr.astype(np.uint32)

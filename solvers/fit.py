@@ -14,15 +14,16 @@ those parameters and their unconstrained values in ``outside_domain``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import nnls
 
-from .checks import check_array, check_int
+from .checks import check_array, check_int, check_real
 from .cost import CostModel
 
-__all__ = ["FitReport", "fit_max_affine"]
+__all__ = ["FitReport", "bootstrap_max_affine", "fit_max_affine"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +181,62 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
         outside_domain=outside,
     )
     return model, report
+
+
+def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int = 1000, level: float = 0.95,
+                         seed: int = 0, iters: int = 50) -> dict:  # fmt: skip
+    """Cluster bootstrap of `fit_max_affine` (TEMPO App. B, §5.2): confidence intervals, not only point fits.
+
+    Whole clusters of samples (e.g. one cell of the measurement grid, or one run) are drawn with replacement
+    ``replicates`` times and the model is refitted on each draw; the intervals are the percentiles of the
+    refits. a and b can be nearly collinear when the samples span a narrow range of G: ``corr_ab`` says so.
+
+    Args:
+      G, N, t, tiles, iters: as `fit_max_affine`.
+      clusters: ``[n]`` cluster id of each sample (default: every sample its own cluster).
+      replicates: bootstrap draws. level: two-sided coverage of the intervals. seed: the draws' seed.
+
+    Returns:
+      ``{"fit": point-fit parameters, "ci": {name: (lo, hi)}, "corr_ab": float, "replicates": int,
+      "failed": int}`` over the names a, b, c, beta, n_star (and b2 with tiles); a draw whose fit fails (too
+      few samples on one piece) is counted in ``failed`` and left out.
+    """
+    replicates = check_int("replicates", replicates, where="bootstrap_max_affine")
+    level = check_real("level", level, minimum=0.0, maximum=1.0, strict=True, where="bootstrap_max_affine")
+    G = _as_samples("G", G, None)
+    n = G.shape[0]
+    N, t = _as_samples("N", N, n), _as_samples("t", t, n)
+    T = None if tiles is None else _as_samples("tiles", tiles, n)
+    cl = np.arange(n) if clusters is None else np.asarray(clusters)
+    if cl.shape != (n,):
+        raise ValueError(f"bootstrap_max_affine: clusters must be [n] = [{n}], got shape {cl.shape}")
+    ids, members = np.unique(cl, return_inverse=True)
+    groups = [np.flatnonzero(members == k) for k in range(ids.size)]
+    names = ["a", "b", "c", "beta", "n_star"] + ([] if T is None else ["b2"])
+
+    def params(model: CostModel) -> list[float]:
+        out = [model.a, model.b, model.c, model.beta, model.inflection]
+        return out + ([] if T is None else [model.b2])
+
+    point, _ = fit_max_affine(G, N, t, tiles=T, iters=iters)
+    rng = np.random.default_rng(seed)
+    draws, failed = [], 0
+    for _ in range(replicates):
+        idx = np.concatenate([groups[k] for k in rng.integers(0, len(groups), len(groups))])
+        try:
+            model, _ = fit_max_affine(G[idx], N[idx], t[idx], tiles=None if T is None else T[idx], iters=iters)
+        except ValueError:
+            failed += 1
+            continue
+        draws.append(params(model))
+    arr = np.asarray(draws, dtype=np.float64).reshape(-1, len(names))
+    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+    ci = {k: tuple(float(v) for v in np.nanpercentile(arr[:, i], q)) if arr.size else (math.nan, math.nan)
+          for i, k in enumerate(names)}  # fmt: skip
+    corr = (
+        float(np.corrcoef(arr[:, 0], arr[:, 1])[0, 1])
+        if arr.shape[0] > 2 and arr[:, :2].std(axis=0).all()
+        else math.nan
+    )
+    return {"fit": dict(zip(names, params(point), strict=True)), "ci": ci, "corr_ab": corr,
+            "replicates": replicates, "failed": failed, "level": level}  # fmt: skip

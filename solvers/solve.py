@@ -15,7 +15,7 @@ from .milp import milp
 from .problem import Dispatch, DispatchProblem
 from .tempo_fast import tempo_fast
 
-__all__ = ["POLICIES", "solve"]
+__all__ = ["POLICIES", "check_policy", "solve"]
 
 # name → function(problem, **options) returning x [E, D] or (x, info).
 POLICIES: dict[str, Callable] = {
@@ -55,6 +55,28 @@ def _check_option_types(policy: str, options: dict) -> None:
             )
 
 
+def check_policy(policy: str, options: dict | None = None) -> dict:
+    """``options`` as a dict if ``policy`` is one of `POLICIES` and every option is one it takes, of the type
+    its annotation names.
+
+    Raises:
+      ValueError: unknown policy or option (the message lists the valid ones).
+      ArgTypeError: a policy that is not a string, options that are not a dict, an option of the wrong type.
+    """
+    if not isinstance(policy, str) or policy not in POLICIES:
+        err = ValueError if isinstance(policy, str) else ArgTypeError
+        raise err(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
+    if options is not None and not isinstance(options, dict):
+        raise ArgTypeError(f"options must be a dict of policy options, got {type(options).__name__}")
+    options = dict(options or {})
+    valid = _options_of(policy)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; valid options: {valid}")
+    _check_option_types(policy, options)
+    return options
+
+
 def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatch:
     """Dispatch one batch with a named policy.
 
@@ -71,14 +93,7 @@ def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatc
       ArgTypeError (a TypeError): a problem that is not a `DispatchProblem`, an option of the wrong type.
     """
     check_instance("problem", problem, DispatchProblem, where="solve", hint="build one with DispatchProblem(...)")
-    if not isinstance(policy, str) or policy not in POLICIES:
-        err = ValueError if isinstance(policy, str) else ArgTypeError
-        raise err(f"unknown policy {policy!r}; valid policies: {sorted(POLICIES)}")
-    valid = _options_of(policy)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; valid options: {valid}")
-    _check_option_types(policy, options)
+    check_policy(policy, options)
     t0 = time.perf_counter()
     out = POLICIES[policy](problem, **options)
     elapsed = time.perf_counter() - t0

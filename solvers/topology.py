@@ -158,21 +158,11 @@ def split_tables(y, placement: Placement) -> np.ndarray:
     if off.size:
         raise ValueError(f"y sends tokens to GPUs without a replica for experts {off[:10].tolist()}")
 
-    # Step 2: fall back row by row: own split, else the flat row, else one token per replica (uniform).
-    flat = y.sum(axis=0)  # [E, D]
-    flat = np.where(flat.sum(axis=1, keepdims=True) > 0, flat, placement.replicas_on_gpu.astype(np.float64))
-    w = np.where(y.sum(axis=2, keepdims=True) > 0, y, flat[None, :, :])  # [Nn, E, D]
+    # Step 2: the one plan → table conversion (`solvers.tables.plan_weights`): own split, else the flat row,
+    # else uniform; a GPU's share divided among its replicas of e; rows normalised.
+    from .tables import plan_weights
 
-    # Step 3: gather each replica column's GPU share, divided among the replicas that GPU holds.
-    slots = placement.log2phy  # [E, R]
-    valid = slots >= 0
-    gpu = placement.slot_gpu[np.where(valid, slots, 0)]  # [E, R]
-    per_replica = w / np.maximum(placement.replicas_on_gpu, 1)[None, :, :]
-    probs = np.take_along_axis(per_replica, np.broadcast_to(gpu, w.shape[:2] + gpu.shape[1:]), axis=2)
-    probs = np.where(valid[None, :, :], probs, 0.0)
-
-    # Step 4: normalise each row.
-    return probs / probs.sum(axis=2, keepdims=True)
+    return plan_weights(y, placement)
 
 
 def node_counts_from_sources(counts, placement: Placement, source_gpus=None) -> np.ndarray:

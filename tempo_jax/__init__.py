@@ -6,7 +6,9 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   init_params, materialize, make_ep_mesh  logical parameters, physical replicas, a 1-D ``ep`` mesh
   Tables, PlacementArrays                 what `moe_forward` reads: dispatch tables and the device placement
   placement_arrays, tables                `solvers.Placement` → device arrays; the table builders (module)
-  DispatchController                      hosts the solver beside the layer
+  DispatchController                      the dispatch runtime: windows → solver (inline, thread or worker
+                                          process) → tables, every fault counted
+  Refresher, CounterWindows               counter snapshots → wrap-safe windows → the controller
   workloads, sim                          routing/request workloads and the simulators (modules)
 
 Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
@@ -30,6 +32,8 @@ _LAZY = {
     "PlacementArrays": "tempo_jax.tables",
     "placement_arrays": "tempo_jax.tables",
     "DispatchController": "tempo_jax.controller",
+    "Refresher": "tempo_jax.refresher",
+    "CounterWindows": "tempo_jax.refresher",
 }
 _MODULES = ("tables", "workloads", "sim")
 

@@ -6,6 +6,7 @@ Commands:
   calibrate  fit the max-affine cost model to logged (G, N, t[, tiles]) samples from a CSV file
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
   cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
+  serve      the MoE layer serving a routing stream with live tables from the solver worker (the runtime)
   bench      run a benchmark script (solver, gemm, ep, cascade)
   reproduce  execute the figure notebooks headless and report failures; --readme renders the README's table
 
@@ -333,6 +334,12 @@ def _read_samples(path: str) -> dict[str, np.ndarray]:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.measure:
+        if args.csv is not None:
+            raise UsageError(f"--measure profiles this backend; it takes no CSV (got {args.csv})")
+        return _cmd_calibrate_measure(args)
+    if args.csv is None:
+        raise UsageError("give a CSV of G,N,t[,T] samples, or --measure to profile this backend")
     from solvers import fit_max_affine
 
     out = _prepare_out(args.out)
@@ -357,6 +364,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         )
     if out:
         model.save(out)
+    return 0
+
+
+def _cmd_calibrate_measure(args: argparse.Namespace) -> int:
+    """`calibrate --measure`: profile the layer's expert FFN here, fit with CIs, roofline, ranking agreement."""
+    from .calibrate import MeasureConfig, measure
+
+    cfg = MeasureConfig.quick() if args.quick else MeasureConfig(bootstrap=args.bootstrap)
+    report = measure(cfg, profile_csv=args.profile_csv, out_json=args.report)
+    if args.out:
+        from solvers import CostModel
+
+        CostModel.from_dict(report["model"]).save(args.out)
+        print(f"wrote {args.out} (serve with it: tempo-jax serve --cost-json {args.out})")
     return 0
 
 
@@ -471,6 +492,68 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- serve
+def _cmd_serve(args: argparse.Namespace) -> int:
+    _fake_cpu_devices()
+    import logging
+
+    from .serve import ServeConfig, serve
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = ServeConfig(
+        steps=args.steps,
+        tokens_per_rank=args.tokens_per_rank,
+        routing=args.routing,
+        trace=args.trace,
+        experts=args.experts,
+        top_k=args.top_k,
+        skew=args.skew,
+        drift=args.drift,
+        policy=args.policy,
+        cost=args.cost,
+        cost_json=args.cost_json,
+        mode=args.mode,
+        period_s=args.period_ms / 1e3,
+        every_steps=args.every_steps,
+        budget_s=args.budget_ms / 1e3,
+        staleness_s=args.staleness_s,
+        kill_worker_at=args.kill_worker_at,
+        block=args.block,
+        seed=args.seed,
+    )
+    serve(cfg, out_dir=args.out, quiet=args.quiet, figure=not args.no_figure)
+    return 0
+
+
+def _add_serve_parser(add) -> None:
+    p = add("serve", help="serve a routing stream through the MoE layer with live tables from the worker")
+    p.add_argument("--steps", type=_int_at_least(1), default=80)
+    p.add_argument("--tokens-per-rank", type=_int_at_least(1), default=128)
+    p.add_argument("--routing", default="synthetic", choices=["synthetic", "recorded"])
+    p.add_argument("--trace", default="flame_moe_290m", help="recorded routing: a trace name (bundled if offline)")
+    p.add_argument("--experts", type=_int_at_least(1), default=16, help="synthetic routing: E")
+    p.add_argument("--top-k", type=_int_at_least(1), default=4, help="synthetic routing: K")
+    p.add_argument("--skew", type=float, default=1.0, help="synthetic routing: Zipf s")
+    p.add_argument("--drift", type=float, default=0.1, help="synthetic routing: log-popularity walk σ per step")
+    p.add_argument("--policy", default="tempo")
+    p.add_argument("--cost", default="dsv3_fp8_offline", help="cost preset")
+    p.add_argument("--cost-json", help="a CostModel JSON (e.g. from calibrate --measure --out) instead of --cost")
+    p.add_argument("--mode", default="process", choices=["inline", "thread", "process"], help="where the solver runs")
+    p.add_argument("--period-ms", type=float, default=200.0, help="refresher snapshot period")
+    p.add_argument("--every-steps", type=int, help="refresh every N steps instead of by time")
+    p.add_argument("--budget-ms", type=float, default=200.0, help="results arriving later are not published")
+    p.add_argument("--staleness-s", type=float, default=5.0, help="older tables → the uniform fallback")
+    p.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL the solver worker after this step")
+    p.add_argument(
+        "--block", type=_int_at_least(1), default=10, help="steps per worker on/off block of the step-time comparison"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="folder for serve.json and serve.png")
+    p.add_argument("--no-figure", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no per-step status lines")
+    p.set_defaults(fn=_cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from solvers import POLICIES, PRESETS
 
@@ -550,16 +633,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(fn=_cmd_solve)
 
-    p = add("calibrate", help="fit the max-affine cost model to a CSV of G,N,t[,T] samples")
+    p = add("calibrate", help="fit the max-affine cost model to a CSV of G,N,t[,T] samples, or --measure")
     p.add_argument(
         "csv",
         metavar="CSV",
+        nargs="?",
         help="samples, one per row, with a header naming the columns G (activated "
         "experts), N (tokens), t (time, µs, > 0) and optionally T (M-tiles: adds the tile term b2); at "
-        "least 4 rows (5 with T)",
+        "least 4 rows (5 with T); not with --measure",
     )
     p.add_argument("--iters", type=positive, default=50, help="alternating-assignment iterations (default 50)")
     p.add_argument("--out", metavar="FILE", help="write the fitted CostModel JSON here (missing folders are created)")
+    m = p.add_argument_group("measure (profile the layer's expert FFN on this backend; tempo_jax.calibrate)")
+    m.add_argument("--measure", action="store_true", help="sweep, fit with bootstrap CIs, roofline, ranking agreement")
+    m.add_argument("--quick", action="store_true", help="CI-sized sweep (seconds)")
+    m.add_argument("--bootstrap", type=positive, default=1000, help="cluster-bootstrap replicates (default 1000)")
+    m.add_argument("--profile-csv", metavar="FILE", help="write the measured profile (G,n,N,T,t_us,...) here")
+    m.add_argument("--report", metavar="FILE", default="results/calibration.json", help="the full report (JSON)")
     p.set_defaults(fn=_cmd_calibrate)
 
     p = add("phase", help="phase-diagram sweep of one panel (cached under results/cache)")
@@ -619,6 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch", default="uniform", help="uniform or tempo (with --replication > 1)")
     p.add_argument("--workers", type=positive, default=2, help="worker processes (default 2)")
     p.set_defaults(fn=_cmd_cascade)
+
+    _add_serve_parser(add)
 
     p = add("bench", help="run a benchmark script (solver, gemm, ep or cascade); extra arguments pass through")
     p.add_argument("which", choices=["solver", "gemm", "ep", "cascade"], help="benchmark: solver, gemm, ep or cascade")

@@ -154,11 +154,7 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
     rows, times, first = [], {}, None
     for policy in POLICY_ORDER[:-1]:
         d = solve(DispatchProblem(counts, placement, cost), policy)
-        if policy in ("static", "uniform"):
-            tables = T.static(placement) if policy == "static" else T.uniform(placement)
-        else:
-            tables = T.from_dispatch(d)
-        res = run(tables.table)
+        res = run(T.from_plan(d).table)  # by policy: static → per-source map, uniform → even, else flat x
         out = np.asarray(res.out)
         first = out if first is None else first
         acts, toks = np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)

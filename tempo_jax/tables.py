@@ -5,7 +5,9 @@ be normalised: the kernel renormalises at use and treats an all-zero row as unif
 ``log2phy [E, R]`` int32 physical slots (−1 = no replica). ``Gs`` source groups: device d of D uses row group
 ``d * Gs // D`` (Gs = 1: one table for all; Gs = number of nodes: one per source node; Gs = D: per rank).
 
-Built on the host from `solvers` objects (numpy); consumed in-graph by `tempo_jax.moe_forward`.
+Built on the host from `solvers` objects (numpy); consumed in-graph by `tempo_jax.moe_forward`. This module is the
+thin device-side wrapper of `solvers.plan_weights`, the one plan → weights conversion (uniform, static, flat
+dispatch, per-node or per-rank split): every builder here calls it and makes one host → device copy.
 
 Weights are finite and ≥ 0. The host rejects anything else with a ValueError where tables are built (every
 builder here, and a `Tables` made by hand from concrete arrays) and where they are installed (`MoE`,
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solvers import Dispatch, Placement, static_map
+from solvers import Dispatch, Placement, plan_weights
 from solvers.checks import check_array
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "placement_arrays",
     "uniform",
     "static",
+    "from_plan",
+    "from_weights",
     "from_dispatch",
     "from_split",
     "perturbed",
@@ -119,6 +123,7 @@ def placement_arrays(placement: Placement) -> PlacementArrays:
 
 
 def _tables(weights: np.ndarray, placement: Placement, where: str) -> Tables:
+    """Checked float32 weights → `Tables` with one host → device copy of each array."""
     w = np.asarray(weights, dtype=np.float32)
     if w.ndim == 2:
         w = w[None]
@@ -126,34 +131,43 @@ def _tables(weights: np.ndarray, placement: Placement, where: str) -> Tables:
     return Tables._trusted(jnp.asarray(w), jnp.asarray(placement.log2phy, jnp.int32))
 
 
+def from_plan(plan, placement: Placement | None = None, *, source_gpus=None) -> Tables:
+    """Tables realising any plan (`solvers.plan_weights`): ``"uniform"``, ``"static"``, a flat dispatch
+    ``x [E, D]``, a split ``y [Gs, E, D]`` or a `solvers.Dispatch` (by its policy: static → the per-source static
+    map, uniform → uniform, else its flat x). ``[Gs, E, R]``.
+
+    Raises:
+      ValueError: see `solvers.plan_weights` (bad shapes, negative / NaN shares, shares off the replicas).
+    """
+    if isinstance(plan, Dispatch):
+        placement = placement or plan.problem.placement
+        check_weights("dispatch.x", plan.x, where="tables.from_plan")
+    return _tables(plan_weights(plan, placement, source_gpus=source_gpus), placement, "tables.from_plan")
+
+
+def from_weights(weights, placement: Placement) -> Tables:
+    """Tables from weights ``[Gs, E, R]`` (e.g. published by the solver worker), checked and copied once."""
+    w = np.asarray(weights)
+    if w.ndim != 3 or w.shape[1:] != placement.log2phy.shape or w.shape[0] < 1:
+        raise ValueError(f"tables.from_weights: weights must be [Gs, E, R] = [Gs, {placement.num_experts}, "
+                         f"{placement.log2phy.shape[1]}], got {w.shape}")  # fmt: skip
+    return _tables(w, placement, "tables.from_weights")
+
+
 def uniform(placement: Placement) -> Tables:
     """EPLB-even: equal weight on every replica of each expert. ``[1, E, R]``."""
-    return _tables((placement.log2phy >= 0).astype(np.float32), placement, "tables.uniform")
+    return _tables(plan_weights("uniform", placement), placement, "tables.uniform")
 
 
 def static(placement: Placement, source_gpus=None) -> Tables:
     """The static map (`solvers.static_map`): each source rank sends each expert to one replica. ``[Gs, E, R]``."""
-    slots = static_map(placement, source_gpus)  # [Gs, E]
-    w = (placement.log2phy[None, :, :] == slots[:, :, None]).astype(np.float32)
-    return _tables(w, placement, "tables.static")
-
-
-def _rows_from_gpu_shares(x: np.ndarray, placement: Placement) -> np.ndarray:
-    """[..., E, D] token shares → [..., E, R] weights over replica columns (a rank's share split evenly over the
-    replicas it holds)."""
-    l2p = placement.log2phy
-    valid = l2p >= 0
-    rank = np.where(valid, placement.slot_gpu[np.maximum(l2p, 0)], 0)  # [E, R]
-    per = placement.replicas_on_gpu[np.arange(l2p.shape[0])[:, None], rank]  # [E, R]
-    share = np.take_along_axis(x, np.broadcast_to(rank, x.shape[:-1] + rank.shape[-1:]), axis=-1)
-    w = np.where(valid, share / np.maximum(per, 1), 0.0)
-    total = w.sum(axis=-1, keepdims=True)
-    return np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0)  # zero rows → kernel's uniform fallback
+    return _tables(plan_weights("static", placement, source_gpus=source_gpus), placement, "tables.static")
 
 
 def from_dispatch(dispatch: Dispatch, placement: Placement | None = None) -> Tables:
-    """One table for every source from a flat solver dispatch ``x [E, D]``: weight of replica column r of
-    expert e = x[e, rank(r)] / n_e (split evenly when a rank holds two replicas of e). ``[1, E, R]``.
+    """One table for every source from a flat solver dispatch ``x [E, D]``, whatever its policy: weight of replica
+    column r of expert e = x[e, rank(r)] / n_e (split evenly when a rank holds two replicas of e). ``[1, E, R]``.
+    `from_plan` converts by policy instead (the static policy's per-source map).
 
     The same numbers are probabilities in the layer's sample mode and quota fractions in its quota mode.
 
@@ -162,7 +176,7 @@ def from_dispatch(dispatch: Dispatch, placement: Placement | None = None) -> Tab
     """
     placement = placement or dispatch.problem.placement
     x = check_weights("dispatch.x", dispatch.x, where="tables.from_dispatch")
-    return _tables(_rows_from_gpu_shares(x, placement), placement, "tables.from_dispatch")
+    return _tables(plan_weights(x, placement), placement, "tables.from_dispatch")
 
 
 def from_split(y: np.ndarray, placement: Placement) -> Tables:
@@ -175,7 +189,7 @@ def from_split(y: np.ndarray, placement: Placement) -> Tables:
     if y.ndim != 3 or y.shape[1:] != (placement.num_experts, placement.num_gpus):
         raise ValueError(f"split must be [Gs, E={placement.num_experts}, D={placement.num_gpus}], got {y.shape}")
     check_weights("y", y, where="tables.from_split")
-    return _tables(_rows_from_gpu_shares(y, placement), placement, "tables.from_split")
+    return _tables(plan_weights(y, placement), placement, "tables.from_split")
 
 
 def perturbed(tables: Tables, seed: int = 0, zero_fraction: float = 0.2) -> Tables:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from solvers import PRESETS, CostModel, fit_max_affine
+from solvers import PRESETS, CostModel, bootstrap_max_affine, fit_max_affine
 
 
 def _grid(model: CostModel, noise: float, seed: int):
@@ -63,3 +63,22 @@ def test_bad_input(G, N, t, match):
 def test_tiles_need_five_samples():
     with pytest.raises(ValueError, match="at least 5"):
         fit_max_affine([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], tiles=[1, 2, 3, 4])
+
+
+def test_cluster_bootstrap_intervals():
+    """CIs cover the truth on a wide grid; on a narrow G range a and b are collinear (TEMPO §5.2: corr ≈ −1) and
+    b's interval is much wider."""
+    true = CostModel(a=100.0, b=15.0, c=20.0, beta=0.1)
+    G, N, _, t = _grid(true, noise=0.03, seed=2)
+    cells = np.arange(G.size) // 5  # clusters of five neighbouring grid cells
+    wide = bootstrap_max_affine(G, N, t, clusters=cells, replicates=60, seed=0)
+    for k in ("a", "b", "c", "beta"):
+        lo, hi = wide["ci"][k]
+        assert lo <= getattr(true, k) <= hi, (k, lo, hi)
+    assert wide["fit"]["b"] == pytest.approx(15.0, rel=0.03) and wide["failed"] == 0
+    narrow = (G >= 9) & (G <= 20)
+    tight = bootstrap_max_affine(G[narrow], N[narrow], t[narrow], replicates=60, seed=0)
+    width = lambda r: r["ci"]["b"][1] - r["ci"]["b"][0]  # noqa: E731
+    assert width(tight) > 2 * width(wide) and tight["corr_ab"] < -0.9
+    with pytest.raises(ValueError, match=r"clusters must be \[n\]"):
+        bootstrap_max_affine(G, N, t, clusters=cells[:-1], replicates=2)

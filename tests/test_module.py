@@ -95,11 +95,14 @@ def test_controller_windows_counter_and_per_node():
     assert ctl.history == [] and first.table.shape[0] == 1  # window not complete: still the initial table
     tables = ctl.observe(counts)
     assert tables.table.shape == (2, 16, placement.log2phy.shape[1])  # one table per source node
-    # cumulative counters wrap modulo 2**32: differencing recovers the window
+    # cumulative counters wrap modulo 2**32: differencing recovers the window; the first snapshot is a baseline
     c0 = np.full((8, 16), 2**32 - 5, dtype=np.uint32)
     ctl.observe_counter(c0)
-    ctl.observe_counter((c0.astype(np.uint64) + counts.astype(np.uint64)).astype(np.uint32))
-    assert len(ctl.history) == 2
+    c1 = (c0.astype(np.uint64) + counts.astype(np.uint64)).astype(np.uint32)
+    ctl.observe_counter(c1)
+    ctl.observe_counter((c1.astype(np.uint64) + counts.astype(np.uint64)).astype(np.uint32))
+    assert len(ctl.history) == 2 and ctl.history[-1]["pairs"] == 2 * counts.sum()
+    assert ctl.metrics()["counter"]["baselines"] == 1
     with pytest.raises(ValueError, match="counts must be"):
         ctl.observe(np.ones((3, 16)))
 

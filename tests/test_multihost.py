@@ -34,3 +34,7 @@ def test_two_processes_match_one(tmp_path):
     assert np.isfinite(a["out"]).all()
     np.testing.assert_allclose(a["out"], b["out"], atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(a["counts"], b["counts"])
+    # the refresher's counter read gathers a counter spread over both processes (process_allgather)
+    assert not bool(a["addressable"]) and bool(b["addressable"])
+    np.testing.assert_array_equal(a["counter"], b["counter"])
+    np.testing.assert_array_equal(a["counter"], a["counts"])  # one call from zero: counter = counts

@@ -37,7 +37,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from solvers import Placement, drift_corrupt
+from solvers import Placement, drift_corrupt, expected_dispatch, plan_weights
 from tempo_jax.workloads import load_sample, load_trace, sample_topk, zipf_popularity
 
 __all__ = [
@@ -304,17 +304,10 @@ def apply_split(x_stale, n_true, placement: Placement) -> np.ndarray:
       uniform policy does when the stale dispatch holds no token of e. Rows sum to ``n_true``; zero off
       the replica mask.
     """
-    # Step 1: validate.
-    x = np.asarray(getattr(x_stale, "x", x_stale), dtype=np.float64)
+    # The one plan → table conversion and back (`solvers.plan_weights`, `solvers.expected_dispatch`): what the
+    # stale plan's tables would do with the true counts.
     n = np.asarray(n_true, dtype=np.float64)
     n = n.sum(axis=0) if n.ndim == 2 else n
-    mask = placement.replica_mask
-    if x.shape != mask.shape or n.shape != (mask.shape[0],):
-        raise ValueError(f"x_stale must be [E, G] = {list(mask.shape)} and n_true [E]; got {x.shape}, {n.shape}")
-    if np.any(x < 0) or np.any((x > 0) & ~mask):
-        raise ValueError("x_stale must be non-negative and zero on GPUs without a replica")
-    # Step 2: fractions, uniform over replicas (EPLB-even) where the stale dispatch saw nothing.
-    tot = x.sum(axis=1, keepdims=True)
-    even = placement.replicas_on_gpu / np.maximum(placement.logcnt, 1)[:, None]
-    frac = np.where(tot > 0, x / np.where(tot > 0, tot, 1.0), even)
-    return n[:, None] * frac
+    if n.shape != (placement.num_experts,):
+        raise ValueError(f"apply_split: n_true must be [E] = [{placement.num_experts}] (or [S, E]), got {n.shape}")
+    return expected_dispatch(plan_weights(getattr(x_stale, "x", x_stale), placement), n, placement)

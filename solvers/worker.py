@@ -1,0 +1,287 @@
+"""The solver worker (TEMPO §4.4): count windows in, table weights out, in a separate numpy-only process.
+
+`solve_window` is the one solve path of the runtime: the controller runs it in-process (inline or on a thread)
+or hands it to a `SolverWorker`, a child process that imports numpy, scipy, ortools and `solvers` only.
+
+Why not ``multiprocessing.Process`` with the spawn start method: spawn re-imports the parent's ``__main__``
+script in the child, so a serving script that imports jax at the top would drag jax (and its device runtime)
+into the worker. `SolverWorker` therefore spawns a fresh interpreter on ``python -m solvers.worker`` and talks
+to it over two inherited pipes wrapped as `multiprocessing.connection.Connection` objects (pickled messages).
+
+Protocol (tuples):
+  parent → child: ``("config", WorkerConfig)``, ``("solve", seq, counts [D, E])``, ``("fault", kind, seconds)``,
+                  ``("probe",)``, ``("stop",)``
+  child → parent: ``("ready", probe)``, ``("result", seq, weights [Gs, E, R] float32 | None, info)``,
+                  ``("probe", probe)``
+
+``info`` holds ``solve_ms`` (the worker's own clock, counts in → weights out), ``policy_ms`` (the policy alone),
+``makespan`` (µs, modelled, of the plan), ``pairs``, and ``error`` (``"Type: message"``) when the solve raised.
+
+Faults for tests and demos (`FAULTS`), applied to the next solve only: ``"hang"`` (sleep ``seconds`` first),
+``"raise"`` (raise instead of solving), ``"nan"`` (return NaN weights), ``"exit"`` (the process exits mid-solve).
+Killing the process from outside is `SolverWorker.kill`.
+
+Glossary: E logical experts, D ranks, R replica columns, Gs source groups of a table. numpy only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+import numpy as np
+
+from .checks import check_choice, check_real
+from .cost import CostModel
+from .placement import Placement
+from .problem import DispatchProblem
+from .tables import solve_weights
+
+__all__ = ["FAULTS", "SolverWorker", "WorkerConfig", "WorkerLost", "probe", "solve_window"]
+
+FAULTS = ("hang", "raise", "nan", "exit")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every solve needs: the placement, cost model, policy (+ options) and whether tables are per node."""
+
+    placement: Placement
+    cost: CostModel
+    policy: str = "tempo"
+    options: dict = field(default_factory=dict)
+    per_node: bool = False
+
+
+def probe() -> dict:
+    """What this process has imported (the test that the worker never imports jax reads it)."""
+    return {
+        "pid": os.getpid(),
+        "jax": "jax" in sys.modules,
+        "jaxlib": "jaxlib" in sys.modules,
+        "flax": "flax" in sys.modules,
+        "tempo_jax": "tempo_jax" in sys.modules,
+        "modules": len(sys.modules),
+    }
+
+
+def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, float] | None = None):
+    """Solve one window ``counts [D, E]`` (pairs per source rank and expert): ``(weights [Gs, E, R] float32, info)``.
+
+    ``fault``: an injected fault ``(kind, seconds)`` (see the module). Exceptions of the solve propagate.
+    """
+    t0 = time.perf_counter()
+    if fault is not None:
+        kind, seconds = fault
+        if kind == "hang":
+            time.sleep(seconds)
+        elif kind == "raise":
+            raise RuntimeError("injected fault: the solver raised")
+        elif kind == "exit":
+            os._exit(3)
+    problem = DispatchProblem(np.round(counts), config.placement, config.cost)
+    weights, d = solve_weights(problem, config.policy, per_node=config.per_node, options=config.options)
+    weights = weights.astype(np.float32)
+    if fault is not None and fault[0] == "nan":
+        weights[...] = np.nan
+    info = {
+        "solve_ms": (time.perf_counter() - t0) * 1e3,
+        "policy_ms": d.info["solve_time_s"] * 1e3,
+        "makespan": d.makespan,
+        "pairs": float(problem.n.sum()),
+    }
+    return weights, info
+
+
+# ---------------------------------------------------------------------------------------------- child side
+def serve(conn_in: Connection, conn_out: Connection) -> None:
+    """The worker loop: wait for a config, then answer solve / fault / probe messages until ``stop`` or EOF."""
+    config: WorkerConfig | None = None
+    fault = None
+    while True:
+        try:
+            msg = conn_in.recv()
+        except (EOFError, OSError):
+            return
+        op = msg[0]
+        if op == "stop":
+            return
+        if op == "config":
+            config = msg[1]
+            conn_out.send(("ready", probe()))
+        elif op == "probe":
+            conn_out.send(("probe", probe()))
+        elif op == "fault":
+            fault = (msg[1], msg[2])
+        elif op == "solve":
+            seq, counts = msg[1], msg[2]
+            t0 = time.perf_counter()
+            try:
+                if config is None:
+                    raise RuntimeError("solve before config")
+                f, fault = fault, None
+                weights, info = solve_window(config, counts, f)
+            except Exception as err:  # every failure is answered, never fatal to the worker
+                weights = None
+                info = {"error": f"{type(err).__name__}: {err}", "solve_ms": (time.perf_counter() - t0) * 1e3}
+            conn_out.send(("result", seq, weights, info))
+
+
+def _main(argv: list[str]) -> int:
+    fd_in, fd_out = int(argv[0]), int(argv[1])
+    serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- parent side
+class WorkerLost(RuntimeError):
+    """The worker process exited or its pipe broke."""
+
+
+class SolverWorker:
+    """Handle on one worker process (parent side). Not thread-safe by itself: the controller serialises use.
+
+    Args:
+      config: the `WorkerConfig` sent at start (and at every restart).
+      start_timeout_s: how long `start` waits for the worker's ``ready``.
+    """
+
+    def __init__(self, config: WorkerConfig, *, start_timeout_s: float = 120.0):
+        if not isinstance(config, WorkerConfig):
+            raise ValueError(f"SolverWorker: config must be a solvers.worker.WorkerConfig, got {type(config).__name__}")
+        self.config = config
+        self.start_timeout_s = check_real("start_timeout_s", start_timeout_s, minimum=0, strict=True,
+                                          where="SolverWorker")  # fmt: skip
+        self.proc = None
+        self.starts = 0
+        self.start_s: list[float] = []  # wall time of every start, spawn → ready
+        self.ready_probe: dict | None = None
+        self._to: Connection | None = None
+        self._from: Connection | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> SolverWorker:
+        """Spawn a fresh interpreter on ``-m solvers.worker``, send the config and wait for ``ready``."""
+        import subprocess
+
+        self.close()
+        r_cmd, w_cmd = os.pipe()  # parent → child
+        r_res, w_res = os.pipe()  # child → parent
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])  # the folder holding the solvers package
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "solvers.worker", str(r_cmd), str(w_res)],
+                pass_fds=(r_cmd, w_res),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        finally:
+            os.close(r_cmd)
+            os.close(w_res)
+        self._to = Connection(w_cmd, readable=False)
+        self._from = Connection(r_res, writable=False)
+        self.starts += 1
+        self._to.send(("config", self.config))
+        msg = self.recv(self.start_timeout_s)
+        if msg is None or msg[0] != "ready":
+            self.kill()
+            raise WorkerLost(f"the solver worker did not start within {self.start_timeout_s:g} s (got {msg!r})")
+        self.ready_probe = msg[1]
+        self.start_s.append(time.perf_counter() - t0)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash, as far as the worker can tell) and drop the pipes."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._drop_pipes()
+
+    def close(self) -> None:
+        """Ask the worker to stop; kill it if it does not within a second."""
+        if self.proc is None:
+            return
+        try:
+            if self._to is not None and self.proc.poll() is None:
+                self._to.send(("stop",))
+            self.proc.wait(timeout=1.0)
+        except Exception:  # a broken pipe or a worker stuck in a solve: kill it
+            pass
+        self.kill()
+        self.proc = None
+
+    def _drop_pipes(self) -> None:
+        for c in (self._to, self._from):
+            if c is not None:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        self._to = self._from = None
+
+    # ------------------------------------------------------------------ messages
+    def send(self, msg: tuple) -> None:
+        if self._to is None or not self.alive:
+            raise WorkerLost("the solver worker is not running")
+        try:
+            self._to.send(msg)
+        except (OSError, EOFError) as err:
+            raise WorkerLost(f"the solver worker's pipe broke: {err}") from None
+
+    def submit(self, seq: int, counts: np.ndarray) -> None:
+        self.send(("solve", int(seq), np.asarray(counts, dtype=np.float64)))
+
+    def inject(self, kind: str, seconds: float = 0.0) -> None:
+        """Make the worker's next solve fail as ``kind`` (`FAULTS`)."""
+        check_choice("fault", kind, FAULTS, where="SolverWorker.inject")
+        self.send(("fault", kind, float(seconds)))
+
+    def recv(self, timeout: float | None) -> tuple | None:
+        """The next message, or None after ``timeout`` seconds. Raises `WorkerLost` when the worker is gone."""
+        conn = self._from
+        if conn is None:
+            raise WorkerLost("the solver worker is not running")
+        try:
+            if not wait([conn], timeout):
+                if not self.alive:
+                    raise WorkerLost(f"the solver worker exited (code {self.proc.returncode})")
+                return None
+            return conn.recv()
+        except (EOFError, OSError):
+            code = None
+            if self.proc is not None:
+                try:
+                    code = self.proc.wait(timeout=1.0)
+                except Exception:  # still running with a broken pipe: the caller kills it
+                    code = self.proc.poll()
+            raise WorkerLost(f"the solver worker exited (code {code})") from None
+
+    def probe(self, timeout: float = 10.0) -> dict:
+        """Ask an idle worker what it has imported (see `probe`)."""
+        self.send(("probe",))
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self.recv(left)
+            if msg is not None and msg[0] == "probe":
+                return msg[1]
+        raise WorkerLost("the solver worker did not answer the probe")
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

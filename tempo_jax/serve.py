@@ -1,0 +1,363 @@
+"""`tempo-jax serve` / `make serve`: the MoE layer serving a routing stream with live tables from the runtime.
+
+The bare expert-parallel layer (`moe_forward`, quota mode by default) runs ``steps`` steps on the ``ep`` mesh
+(8 fake CPU devices here) with routing replayed from a synthetic drifting stream (Zipf popularity whose log
+follows an AR(1) walk, Dirichlet batch noise, top-K without replacement) or from a recorded trace. A
+`Refresher` snapshots the layer's cumulative uint32 counter every ``period_s`` (or every ``every_steps``
+steps) and feeds a `DispatchController` whose solver runs in a worker process; the layer reads
+``controller.latest`` at every step. Per step it prints a status line: step time, the modelled makespan
+(µs, the cost model on the per-GPU load the layer realised) under the live tables vs what EPLB-even tables
+would give on the same counts, the tables' age and the last solve time.
+
+The step time is measured with the worker on and off in the same run: the steps alternate in blocks of
+``block`` steps between "on" (the refresher and the worker run) and "off" (no snapshots, no solves; the
+tables stay as they are), so load drift of the machine hits both alike. ``kill_worker_at`` SIGKILLs the worker
+after that step: the controller keeps the last good tables and restarts it.
+
+After the loop (off the clock) every step is also scored under the static and EPLB-even tables and under an
+oracle (tempo solved on that step's own counts, which no online system has). The result: a dict (also
+``<out>/serve.json``) and a figure (``<out>/serve.png``): modelled makespan over time per policy with the
+publication (refresh) marks, and the step times on vs off.
+
+Glossary: T tokens per step (all ranks), H hidden, F expert FFN width, E experts, K top-k, D ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
+from solvers.checks import check_choice, check_int, check_real
+
+from .workloads import load_sample, load_trace, sample_topk, zipf_popularity
+
+__all__ = ["ServeConfig", "routing_stream", "serve"]
+
+ROUTINGS = ("synthetic", "recorded")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """One serving run (command: ``tempo-jax serve``; hardware: any jax backend, 8 fake CPU devices by default).
+
+    Attributes:
+      steps: serving steps after the warm-up. tokens_per_rank: tokens each of the D ranks serves per step.
+      routing: ``"synthetic"`` (drifting Zipf) or ``"recorded"`` (``trace``, layer by layer, cycled).
+      experts, top_k, skew, drift, kappa: the synthetic stream (E, K, Zipf s, AR(1) step σ of the log
+        popularity per step, Dirichlet concentration).
+      hidden, ffn: the layer's H and F. replication: physical slots / experts (EPLB from the first steps' load).
+      dispatch: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
+      policy, cost: the solver's policy and cost preset; cost_json: a CostModel JSON file instead (e.g. the
+        one `tempo-jax calibrate --measure --out` fitted on this backend).
+      mode: the controller mode (``"process"``: the solver worker process).
+      period_s / every_steps: refresher period, or refresh every N steps instead.
+      budget_s, staleness_s, fallback: controller fault budgets (see `DispatchController`).
+      kill_worker_at: SIGKILL the worker after this step (None: never).
+      block: steps per on/off block of the step-time comparison (0: the worker stays on throughout).
+      check_every: compare the layer's output with the dense reference every this many steps (off the clock;
+        0: never). The report holds the largest difference (the central invariant).
+      seed: routing and parameter seed.
+    """
+
+    steps: int = 80
+    tokens_per_rank: int = 128
+    routing: str = "synthetic"
+    trace: str = "flame_moe_290m"
+    experts: int = 16
+    top_k: int = 4
+    skew: float = 1.0
+    drift: float = 0.1
+    kappa: float = 500.0
+    hidden: int = 128
+    ffn: int = 128
+    replication: float = 1.5
+    dispatch: str = "quota"
+    policy: str = "tempo"
+    cost: str = "dsv3_fp8_offline"
+    cost_json: str | None = None
+    mode: str = "process"
+    period_s: float = 0.2
+    every_steps: int | None = None
+    budget_s: float = 0.2
+    staleness_s: float | None = 5.0
+    fallback: str = "uniform"
+    kill_worker_at: int | None = None
+    block: int = 10
+    check_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        w = "ServeConfig"
+        for name in ("steps", "tokens_per_rank", "experts", "top_k", "hidden", "ffn"):
+            check_int(name, getattr(self, name), where=w)
+        check_int("block", self.block, minimum=0, where=w)
+        check_int("check_every", self.check_every, minimum=0, where=w)
+        check_int("seed", self.seed, minimum=0, where=w)
+        check_choice("routing", self.routing, ROUTINGS, where=w)
+        check_choice("dispatch", self.dispatch, ("sample", "quota"), where=w)
+        check_choice("cost", self.cost, tuple(PRESETS), where=w)
+        check_real("replication", self.replication, minimum=1.0, where=w)
+        check_real("skew", self.skew, minimum=0.0, where=w)
+        check_real("drift", self.drift, minimum=0.0, where=w)
+        check_real("kappa", self.kappa, minimum=0.0, strict=True, allow_inf=True, where=w)
+        check_real("period_s", self.period_s, minimum=0.0, strict=True, where=w)
+        if self.every_steps is not None:
+            check_int("every_steps", self.every_steps, where=w)
+        if self.kill_worker_at is not None:
+            check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
+            if self.mode != "process":
+                raise ValueError(f"{w}: kill_worker_at needs mode='process' (got mode={self.mode!r})")
+
+
+# ------------------------------------------------------------------------------------------------ routing
+def routing_stream(cfg: ServeConfig, num_ranks: int):
+    """``(E, K, ids_fn, load)``: ``ids_fn(step) -> [T, K]`` int32 expert ids of step ``step`` (T = B·D tokens,
+    rank d serving rows ``[d·B, (d+1)·B)``) and the long-run load ``[E]`` a placement is built from."""
+    T = cfg.tokens_per_rank * num_ranks
+    if cfg.routing == "recorded":
+        try:
+            trace = load_trace(cfg.trace)
+        except FileNotFoundError:  # offline: the bundled copy holds the same ids
+            trace = load_sample(cfg.trace)
+        batches = [(layer, b) for layer in trace.layers
+                   for b in range(trace.num_batches(layer, cfg.tokens_per_rank, num_ranks))]  # fmt: skip
+        if not batches:
+            raise ValueError(f"trace {cfg.trace!r} has no batch of {T} tokens; lower tokens_per_rank")
+
+        def ids_fn(step: int) -> np.ndarray:
+            layer, b = batches[step % len(batches)]
+            return trace.batch_topk_ids(layer, cfg.tokens_per_rank, num_ranks, b).reshape(T, -1).astype(np.int32)
+
+        return trace.num_experts, trace.top_k, ids_fn, trace.expert_load(trace.layers[0]).astype(np.float64)
+    E, K = cfg.experts, cfg.top_k
+    p0 = zipf_popularity(E, cfg.skew, cfg.seed)
+    walk = np.random.default_rng([cfg.seed, 1])
+    path = [np.zeros(E)]
+
+    def ids_fn(step: int) -> np.ndarray:
+        while len(path) <= step:  # the log-popularity walk, one step per serving step
+            path.append(0.98 * path[-1] + cfg.drift * walk.standard_normal(E))
+        p = p0 * np.exp(path[step])
+        p /= p.sum()
+        rng = np.random.default_rng([cfg.seed, 2, step])
+        q = np.maximum(rng.dirichlet(cfg.kappa * p), 1e-300) if math.isfinite(cfg.kappa) else p
+        return sample_topk(q, T, K, rng).astype(np.int32)
+
+    return E, K, ids_fn, p0 * T * K
+
+
+# ------------------------------------------------------------------------------------------------ serving
+def serve(cfg: ServeConfig = ServeConfig(), *, out_dir: str | Path | None = "results", quiet: bool = False,
+          figure: bool = True) -> dict:  # fmt: skip
+    """Run the serving loop (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from . import tables as T
+    from .controller import DispatchController
+    from .moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+    from .refresher import Refresher, host_counter
+
+    say = lambda *a: print(*a, flush=True)  # noqa: E731
+    status = (lambda *a: None) if quiet else say
+    # Step 1: routing, placement, layer.
+    mesh = make_ep_mesh()
+    D = mesh.shape["ep"]
+    E, K, ids_fn, load = routing_stream(cfg, D)
+    placement = Placement.from_eplb(load, slots_for(E, D, cfg.replication), D, spread_idle=True)
+    cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
+    mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_device=placement.slots_per_gpu,
+                     mode=cfg.dispatch)  # fmt: skip
+    params = init_params(jax.random.key(cfg.seed), mcfg)
+    pa = T.placement_arrays(placement)
+    Tn = cfg.tokens_per_rank * D
+    gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
+
+    @jax.jit
+    def step_fn(x, ids, table, counter, key):
+        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
+                           config=mcfg, key=key, counter=counter, routing=(ids, gate))  # fmt: skip
+
+    # The counter lives where the layer returns it (sharded over ep): one program for every step.
+    state = {"counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep")))}
+    say(
+        f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {D} {jax.default_backend()} devices, "
+        f"{placement.num_slots} slots; policy {cfg.policy} in mode {cfg.mode}; "
+        + (f"refresh every {cfg.every_steps} steps" if cfg.every_steps else f"refresh every {cfg.period_s:g} s")
+    )
+    # Step 2: warm-up (compile) for every table shape the loop can meet.
+    x_of = lambda s: jax.random.normal(jax.random.key(cfg.seed * 100_003 + s), (Tn, cfg.hidden))  # noqa: E731
+    t0 = time.perf_counter()
+    shapes = {1: T.uniform(placement)}
+    if "static" in (cfg.policy, cfg.fallback):
+        shapes[D] = T.static(placement)  # per-source tables [D, E, R]: another program
+    for tab in shapes.values():
+        jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
+    compile_s = time.perf_counter() - t0
+    # Step 2: the runtime. The refresher reads the counter the serving loop last stored (a device array).
+    ctl = DispatchController(placement, cost, policy=cfg.policy, mode=cfg.mode, budget_s=cfg.budget_s,
+                             staleness_s=cfg.staleness_s, fallback=cfg.fallback)  # fmt: skip
+    refresher = Refresher(ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s,
+                          every_steps=cfg.every_steps)  # fmt: skip
+    # Step 4: the loop.
+    uniform_w = plan_weights("uniform", placement)
+    reference = jax.jit(lambda x, ids: moe_reference(params, x, mcfg, routing=(ids, gate)))
+    rows, on, max_diff = [], None, 0.0
+    refresher.refresh()  # the counter's baseline
+    try:
+        for s in range(cfg.steps):
+            want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
+            if want_on != on:
+                on = want_on
+                if on:
+                    refresher.start()
+                else:
+                    refresher.stop()
+            ids = jnp.asarray(ids_fn(s))
+            x = x_of(s)
+            tables, version = ctl.latest, ctl.version
+            t_step = time.perf_counter()
+            res = step_fn(x, ids, tables.table, state["counter"], jax.random.key(s))
+            jax.block_until_ready(res.out)
+            step_ms = (time.perf_counter() - t_step) * 1e3
+            state["counter"] = res.counter
+            if on:
+                refresher.step()
+            counts = np.asarray(res.counts)
+            live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
+            uniform = cost.makespan(expected_dispatch(uniform_w, counts, placement))
+            m = ctl.metrics()
+            rows.append(dict(step=s, on=on, step_ms=step_ms, version=version, live_us=live, uniform_us=uniform,
+                             age_s=m["age_s"], solve_ms=m["solve_ms"]["last"], restarts=m["restarts"],
+                             fallback=m["in_fallback"], counts=counts))  # fmt: skip
+            solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+            if cfg.check_every and s % cfg.check_every == 0:
+                ref = reference(x, ids)
+                max_diff = max(max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
+            status(f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
+                f"uniform {uniform:7.1f} µs | v{version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
+                f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}")  # fmt: skip
+            if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
+                pid = ctl.kill_worker()
+                status(f"step {s:4d} killed the solver worker (pid {pid})")
+        ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
+    finally:
+        refresher.stop()
+        metrics = ctl.metrics()
+        status_text = ctl.status_line()
+        ctl.close()
+    # Step 5: off the clock: every step under static / uniform / oracle tables.
+    report = _report(cfg, rows, placement, cost, metrics, status_text, refresher, compile_s, D, E, K)
+    report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
+    say(_summary_text(report))
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
+        if figure:
+            _figure(report, out / "serve.png")
+            report["figure"] = str(out / "serve.png")
+        say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
+    return report
+
+
+def _report(cfg, rows, placement, cost, metrics, status, refresher, compile_s, D, E, K) -> dict:
+    static_w = plan_weights("static", placement)
+    per_step = []
+    for r in rows:
+        counts = r.pop("counts")
+        problem = DispatchProblem(counts, placement, cost)
+        per_step.append({**r, "static_us": cost.makespan(expected_dispatch(static_w, counts, placement)),
+                         "oracle_us": solve(problem, cfg.policy).makespan})  # fmt: skip
+    step_ms = np.array([r["step_ms"] for r in per_step])
+    is_on = np.array([r["on"] for r in per_step])
+
+    def stats(v):
+        return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
+
+    times = {"on": stats(step_ms[is_on]), "off": stats(step_ms[~is_on])}
+    if times["on"] and times["off"]:
+        times["on_over_off"] = times["on"]["median"] / times["off"]["median"]
+    mean = {k: float(np.mean([r[k] for r in per_step])) for k in ("live_us", "uniform_us", "static_us", "oracle_us")}
+    publishes = [r["step"] for i, r in enumerate(per_step) if i and r["version"] != per_step[i - 1]["version"]]
+    return {
+        "config": dataclasses.asdict(cfg),
+        "shape": {"D": D, "E": E, "K": K, "slots": placement.num_slots},
+        "compile_s": compile_s,
+        "step_ms": times,
+        "makespan_mean_us": mean,
+        "live_over_uniform": mean["live_us"] / mean["uniform_us"],
+        "live_over_oracle": mean["live_us"] / mean["oracle_us"],
+        "publish_steps": publishes,
+        "metrics": metrics,
+        "status": status,
+        "refresher": refresher.metrics(),
+        "steps": per_step,
+    }
+
+
+def _summary_text(rep: dict) -> str:
+    t, m, mk = rep["step_ms"], rep["metrics"], rep["makespan_mean_us"]
+    lines = ["", "serve: final report", "  " + rep["status"]]
+    if rep.get("max_abs_diff_vs_reference") is not None:
+        lines.append(f"  layer output vs the dense reference: max |Δ| = {rep['max_abs_diff_vs_reference']:.2e}")
+    if t["on"] and t["off"]:
+        lines.append(f"  step time, median (p90): worker on {t['on']['median']:.1f} ({t['on']['p90']:.1f}) ms over "
+                     f"{t['on']['n']} steps, off {t['off']['median']:.1f} ({t['off']['p90']:.1f}) ms over "
+                     f"{t['off']['n']} steps: on/off = {t['on_over_off']:.3f}")  # fmt: skip
+    elif t["on"]:
+        lines.append(f"  step time, median (p90): {t['on']['median']:.1f} ({t['on']['p90']:.1f}) ms")
+    lines.append(f"  modelled makespan, mean over steps (µs): live {mk['live_us']:.1f}, EPLB-even "
+                 f"{mk['uniform_us']:.1f}, static {mk['static_us']:.1f}, oracle {mk['oracle_us']:.1f} (live/uniform "
+                 f"{rep['live_over_uniform']:.3f}, live/oracle {rep['live_over_oracle']:.3f})")  # fmt: skip
+    s = m["solve_ms"]
+    if s["n"]:
+        lines.append(f"  solve (worker clock): p50 {s['p50']:.2f} ms, p95 {s['p95']:.2f} ms, max {s['max']:.2f} ms "
+                     f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms")  # fmt: skip
+    more = " …" if len(rep["publish_steps"]) > 20 else ""
+    lines.append(f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "
+                 f"{m['fallbacks']}, compile {rep['compile_s']:.1f} s")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _figure(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = rep["steps"]
+    s = np.array([r["step"] for r in steps])
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    for key, label, style in (("live_us", f"live ({rep['config']['policy']}, worker)", "-"),
+                              ("uniform_us", "EPLB-even", "--"), ("static_us", "static", ":"),
+                              ("oracle_us", "oracle (solved on the step itself)", "-.")):  # fmt: skip
+        ax.plot(s, [r[key] for r in steps], style, label=label)
+    for i, p in enumerate(rep["publish_steps"]):
+        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
+    kill = rep["config"]["kill_worker_at"]
+    if kill is not None:
+        ax.axvline(kill, color="C3", lw=1.5, label="worker killed")
+    ax.set_ylabel("modelled makespan (µs)")
+    ax.legend(fontsize=8, ncol=3)
+    shape = rep["shape"]
+    ax.set_title(f"tempo-jax serve: {rep['config']['routing']} routing, E={shape['E']}, top-{shape['K']}, "
+                 f"EP{shape['D']}, {rep['config']['cost_json'] or rep['config']['cost']}")  # fmt: skip
+    ms = np.array([r["step_ms"] for r in steps])
+    on = np.array([r["on"] for r in steps])
+    bx.scatter(s[on], ms[on], s=10, label="worker on")
+    bx.scatter(s[~on], ms[~on], s=10, marker="x", label="worker off")
+    bx.set_ylabel("step time (ms)")
+    bx.set_xlabel("step")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
