@@ -527,15 +527,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_serve_parser(add) -> None:
     p = add("serve", help="serve a routing stream through the MoE layer with live tables from the worker")
-    p.add_argument("--steps", type=_int_at_least(1), default=80)
-    p.add_argument("--tokens-per-rank", type=_int_at_least(1), default=128)
-    p.add_argument("--routing", default="synthetic", choices=["synthetic", "recorded"])
+    p.add_argument("--steps", type=_int_at_least(1), default=80, help="layer steps to serve (default 80)")
+    p.add_argument(
+        "--tokens-per-rank", type=_int_at_least(1), default=128, help="tokens per rank per step (default 128)"
+    )
+    p.add_argument(
+        "--routing",
+        default="synthetic",
+        choices=["synthetic", "recorded"],
+        help="synthetic drifting Zipf stream or a recorded trace (default synthetic)",
+    )
     p.add_argument("--trace", default="flame_moe_290m", help="recorded routing: a trace name (bundled if offline)")
     p.add_argument("--experts", type=_int_at_least(1), default=16, help="synthetic routing: E")
     p.add_argument("--top-k", type=_int_at_least(1), default=4, help="synthetic routing: K")
     p.add_argument("--skew", type=float, default=1.0, help="synthetic routing: Zipf s")
     p.add_argument("--drift", type=float, default=0.1, help="synthetic routing: log-popularity walk σ per step")
-    p.add_argument("--policy", default="tempo")
+    p.add_argument(
+        "--policy", default="tempo", help="dispatch policy the worker solves (default tempo; see solve --help)"
+    )
     p.add_argument("--cost", default="dsv3_fp8_offline", help="cost preset")
     p.add_argument("--cost-json", help="a CostModel JSON (e.g. from calibrate --measure --out) instead of --cost")
     p.add_argument("--mode", default="process", choices=["inline", "thread", "process"], help="where the solver runs")
@@ -547,9 +556,9 @@ def _add_serve_parser(add) -> None:
     p.add_argument(
         "--block", type=_int_at_least(1), default=10, help="steps per worker on/off block of the step-time comparison"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="routing and parameter seed (default 0)")
     p.add_argument("--out", default="results", help="folder for serve.json and serve.png")
-    p.add_argument("--no-figure", action="store_true")
+    p.add_argument("--no-figure", action="store_true", help="do not write serve.png")
     p.add_argument("--quiet", action="store_true", help="no per-step status lines")
     p.set_defaults(fn=_cmd_serve)
 

@@ -70,5 +70,7 @@ def test_calibrate_measure_cli_quick(tmp_path, capsys):
     assert r["pairs"] + r["ties"] == len(r["batches"]) * 15 and 0 <= r["agree"] <= r["pairs"]
     assert CostModel.load(model).b == pytest.approx(rep["model"]["b"])
     assert len(load_profile(csv).G) == 3 * 4
-    with pytest.raises(SystemExit, match="or --measure"):
-        cli.main(["calibrate"])
+    capsys.readouterr()
+    assert cli.main(["calibrate"]) == 2  # a usage error: one line on stderr, exit 2
+    assert "or --measure" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--measure", "x.csv"]) == 2
