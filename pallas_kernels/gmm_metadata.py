@@ -157,17 +157,21 @@ def local_group_rows(
     return starts, ends
 
 
-def chunk_ladder(chunk: int, min_chunk: int, m: int) -> tuple[int, ...]:
-    """Chunk sizes of the CPU-fast "ladder" schedule, largest first: chunk, chunk // 2, chunk // 4, … down to
-    the last one >= min_chunk (just (chunk,) when min_chunk >= chunk), each clipped to M (static ints).
+def chunk_ladder(chunk: int, min_chunk: int, m: int, small_chunk: int | None = None) -> tuple[int, ...]:
+    """Chunk sizes of the CPU-fast "ladder" schedule, largest first (static ints, each clipped to M, no repeats):
+    `chunk`, then `small_chunk` (default chunk // 2; never above chunk // 2) and its halvings down to the last one
+    >= min_chunk. Just (chunk,) when min_chunk > chunk // 2.
 
-    A group of n rows takes floor(n / chunk) chunks of `chunk` rows, then at most one chunk of each smaller size
-    while it still fits, then one masked chunk of the smallest size for the rest: it computes fewer than
-    ladder[-1] rows past its end (the fixed schedule: fewer than `chunk`).
+    A group of n rows takes chunks of the first size while that many rows remain, then of each next size while
+    that many remain, then one masked chunk of the smallest size for the rest: it computes fewer than ladder[-1]
+    rows past its end (the fixed schedule: fewer than `chunk`). E.g. (1024, 128, 64, 32): 2457 rows are
+    2 x 1024 + 3 x 128 + 1 x 16 masked into 32.
     """
     sizes = [chunk]
-    while sizes[-1] // 2 >= min_chunk:
-        sizes.append(sizes[-1] // 2)
+    c = chunk // 2 if small_chunk is None else min(small_chunk, chunk // 2)
+    while c >= min_chunk:
+        sizes.append(c)
+        c //= 2
     return tuple(dict.fromkeys(min(c, m) for c in sizes))
 
 

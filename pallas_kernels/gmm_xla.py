@@ -7,20 +7,25 @@ empty or inactive groups). Two schedules (`GmmTiling.schedule`):
 
 - "ladder" (default): a `fori_loop` over the local groups; for group j (rows [s, e)):
     1. slice (and cast) its weights once;
-    2. for each size c of the ladder `chunk, chunk/2, …, min_chunk` (`chunk_ladder`): while at least c rows
-       remain, one chunk of c rows, written straight into the output (the window lies inside the group: no
-       read-modify-write); the largest size repeats, every smaller one runs at most once;
+    2. for each size c of the ladder `chunk, small_chunk, small_chunk/2, …, min_chunk` (`chunk_ladder`): while
+       at least c rows remain, one chunk of c rows, written straight into the output (the window lies inside
+       the group: no read-modify-write);
     3. the last < min_chunk rows: one masked chunk of min_chunk rows (read-modify-write of that window, shifted
        back to end at M if it would run past it).
   So a group computes fewer than min_chunk rows past its end (not up to `chunk`), which is what matters for the
-  small groups of an MoE layer (H = 256, F = 128, E = 64: ~20–300 rows per group).
+  small groups of an MoE layer (H = 256, F = 128, E = 64: ~20–300 rows per group). Why two scales: on XLA:CPU a
+  dot inside a loop runs on one core unless it is large (measured at H = 256, F = 128 on 2 cores, cache-resident
+  rows: ~130 GFLOP/s for 128–512-row dots, ~180 at 1024 rows, vs ~270 for a dense matmul on both cores), so big
+  groups go in `chunk`-row dots and the rest in `small_chunk`-row ones (the fastest small size there; 256 rows
+  measured slower than 2 x 128).
 - "fixed" (the previous path, kept to compare): one `while_loop` over all chunks of `chunk` rows aligned to each
   group's start (`make_chunk_schedule`), each a read-modify-write of its window masked to the group's rows.
 
-`tgmm_chunked` (the weight gradient) walks the same schedules (`gmm` passes it `GmmTiling.tgmm_chunk` as the
-largest ladder chunk: its dots contract over the chunk's rows, which favours longer chunks): with "ladder" each
-group's [H, F] float32 sum is a loop carry (full chunks unmasked, the tail chunk masked in both operands) written
-once per group; "fixed" adds every chunk's product into the [E_loc, H, F] accumulator.
+`tgmm_chunked` (the weight gradient) walks the same schedules. `gmm` passes it `GmmTiling.tgmm_chunk` as the
+largest chunk (its dots contract over the chunk's rows, which favours longer chunks) and the fixed schedule when
+the average local group is large (M / E_loc >= `GmmTiling.tgmm_fixed_rows`). With "ladder" each group's [H, F]
+float32 sum is a loop carry (full chunks unmasked, the tail chunk masked in both operands) written once per
+group; "fixed" adds every chunk's product into the [E_loc, H, F] accumulator.
 
 Fallback ("ragged_dot"): `jax.lax.ragged_dot` with its default lowering. Its own `group_offset` is not
 usable in jax 0.10 (the parameter must be hashable), so the local groups are rotated to row 0 with
@@ -83,6 +88,7 @@ def _chunk_rows(sched, t, chunk: int, m: int):
         "num_local_groups",
         "chunk",
         "min_chunk",
+        "small_chunk",
         "schedule",
         "transpose_rhs",
         "out_dtype",
@@ -101,6 +107,7 @@ def gmm_chunked(
     transpose_rhs: bool,
     out_dtype,
     min_chunk: int = 32,
+    small_chunk: int | None = None,
     schedule: str = "ladder",
     precision=None,
     compute_dtype=None,
@@ -109,8 +116,8 @@ def gmm_chunked(
 
     `lhs [M, H]`, `rhs [E_loc, H, F]` (or `[E_loc, F, H]` with `transpose_rhs`), `group_sizes [E]`
     int32, `group_offset` int32 scalar. Operands are cast to `compute_dtype` (default: `dot_dtype`, float32
-    for mixed operands) per chunk; float32 accumulation; `out_dtype` output. `schedule`, `chunk`, `min_chunk`:
-    see the module docstring.
+    for mixed operands) per chunk; float32 accumulation; `out_dtype` output. `schedule`, `chunk`, `small_chunk`,
+    `min_chunk`: see the module docstring and `chunk_ladder`.
     """
     cd = dot_dtype(lhs, rhs, compute_dtype)
     m, _ = lhs.shape
@@ -124,7 +131,7 @@ def gmm_chunked(
     if schedule == "fixed":
         return _gmm_fixed(lhs, rhs, group_sizes, group_offset, num_local_groups, min(chunk, m), cd, dot, out0)
     starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)
-    sizes = chunk_ladder(chunk, min_chunk, m)
+    sizes = chunk_ladder(chunk, min_chunk, m, small_chunk)
 
     def group(j, out):
         w = rhs[j].astype(cd)  # Step 1: this group's weights, once.
@@ -176,7 +183,16 @@ def _gmm_fixed(lhs, rhs, group_sizes, group_offset, num_local_groups: int, chunk
 
 @functools.partial(
     jax.jit,
-    static_argnames=("num_local_groups", "chunk", "min_chunk", "schedule", "out_dtype", "precision", "compute_dtype"),
+    static_argnames=(
+        "num_local_groups",
+        "chunk",
+        "min_chunk",
+        "small_chunk",
+        "schedule",
+        "out_dtype",
+        "precision",
+        "compute_dtype",
+    ),
 )
 def tgmm_chunked(
     lhs: jax.Array,
@@ -188,6 +204,7 @@ def tgmm_chunked(
     chunk: int,
     out_dtype,
     min_chunk: int = 32,
+    small_chunk: int | None = None,
     schedule: str = "ladder",
     precision=None,
     compute_dtype=None,
@@ -212,9 +229,10 @@ def tgmm_chunked(
 
     acc0 = jnp.zeros((num_local_groups, k, n), jnp.float32)
     if schedule == "fixed":
-        return _tgmm_fixed(lhs, grad, group_sizes, group_offset, num_local_groups, min(chunk, m), dot, acc0)
+        acc = _tgmm_fixed(lhs, grad, group_sizes, group_offset, num_local_groups, min(chunk, m), dot, acc0)
+        return acc.astype(out_dtype)
     starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)
-    sizes = chunk_ladder(chunk, min_chunk, m)
+    sizes = chunk_ladder(chunk, min_chunk, m, small_chunk)
 
     def group(j, acc):
         end = ends[j]

@@ -189,7 +189,7 @@ def _bench_gemm_shape(name, m, k, n, g, kinds, iters, ragged: bool) -> dict:
         fwd |= {f"{kind} {v}": (f, (x, w, gs)) for v, f in impls.items()}
         bwd |= {f"{kind} {v}": (_fwd_bwd(f), (x, w, ct, gs)) for v, f in impls.items()}
     t_fwd = time_interleaved(fwd, rounds=iters)
-    t_bwd = time_interleaved(bwd, rounds=max(2, iters // 2))
+    t_bwd = time_interleaved(bwd, rounds=iters)
     rows = [_row(nm, r, flops, None, t_fwd["dense"], 1e9) for nm, r in t_fwd.items()]
     rows += [_row(f"{nm} fwd+bwd", r, 3 * flops, None, t_bwd["dense"], 1e9) for nm, r in t_bwd.items()]
     _print(f"CPU {name}: [{m}, {k}] x [{g}, {k}, {n}] float32 (GFLOP/s; vs dense = time ratio)", rows, "GFLOP/s")
@@ -560,6 +560,7 @@ def main() -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "plan": "smoke" if args.smoke else "full",
+        "loadavg_start": os.getloadavg(),  # 1, 5, 15 min: a shared CPU's load moves every ratio
     }
     print(f"backend {backend}: {meta['device']} (jax {meta['jax']}, plan {meta['plan']})", flush=True)
     gpu_paths = backend == "gpu" or args.smoke
@@ -580,8 +581,10 @@ def main() -> int:
     else:
         results = {"meta": meta, "cpu": bench_cpu(CpuPlan(iters=args.iters or CpuPlan.iters))}
         ok = True
+    results["meta"]["loadavg_end"] = os.getloadavg()
     _write_json(args.out, results)
-    print(f"\nwrote {args.out}")
+    print(f"\nload average {meta['loadavg_start']} at the start, {results['meta']['loadavg_end']} at the end")
+    print(f"wrote {args.out}")
     return 0 if ok else 1
 
 

@@ -463,9 +463,11 @@ def test_mixed_dtype_kernels_lower_to_triton():
 from pallas_kernels.gmm_metadata import chunk_ladder  # noqa: E402
 
 SCHEDULE_TILINGS = {
-    "ladder": GmmTiling(chunk=32, min_chunk=8, tgmm_chunk=16),  # ladders 32, 16, 8 and 16, 8 (tgmm)
+    "ladder": GmmTiling(chunk=32, small_chunk=16, min_chunk=8, tgmm_chunk=16),  # 32, 16, 8 and 16, 8 (tgmm)
+    "ladder-jump": GmmTiling(chunk=64, small_chunk=8, min_chunk=4, tgmm_chunk=32),  # 64, 8, 4 and 32, 8, 4
     "ladder-clipped": GmmTiling(chunk=256, min_chunk=4),  # sizes clipped to M: 100, 64, 32, 16, 8, 4
     "fixed": GmmTiling(chunk=16, schedule="fixed"),
+    "ladder, fixed tgmm": GmmTiling(chunk=32, small_chunk=16, min_chunk=8, tgmm_chunk=16, tgmm_fixed_rows=1),
 }
 
 
@@ -483,9 +485,11 @@ def _sched_fns(name):
 def test_chunk_ladder():
     assert chunk_ladder(256, 32, 1000) == (256, 128, 64, 32)
     assert chunk_ladder(256, 48, 1000) == (256, 128, 64)  # stops at the last size >= min_chunk
-    assert chunk_ladder(16, 32, 1000) == (16,)  # min_chunk >= chunk: one size
+    assert chunk_ladder(16, 32, 1000) == (16,)  # min_chunk > chunk // 2: one size
     assert chunk_ladder(256, 32, 100) == (100, 64, 32)  # clipped to M, no repeats
     assert chunk_ladder(8, 1, 3) == (3, 2, 1)
+    assert chunk_ladder(1024, 32, 5000, small_chunk=128) == (1024, 128, 64, 32)  # the default: a jump, then halving
+    assert chunk_ladder(256, 32, 5000, small_chunk=1024) == (256, 128, 64, 32)  # small_chunk <= chunk // 2
 
 
 @pytest.mark.parametrize("name", list(SCHEDULE_TILINGS))
@@ -529,24 +533,51 @@ def test_schedules_tgmm_and_last_window_at_m(name):
     assert_close(gmm(x, w, gs, tiling=t, implementation="chunked"), gmm_reference(x, w, gs), jnp.float32)
 
 
+def test_tgmm_schedule_picked_by_average_group_size():
+    """tgmm takes fixed tgmm_chunk-row chunks once M / E_loc >= tgmm_fixed_rows, the ladder below; gmm always the
+    ladder; an explicit fixed schedule stays fixed (with `chunk` rows) everywhere."""
+    from pallas_kernels.gmm import _Cfg, _chunks
+
+    def cfg(t, e_loc):
+        return _Cfg("chunked", t, False, jnp.dtype(jnp.float32), e_loc)
+
+    t = GmmTiling()
+    assert _chunks(cfg(t, 10), tgmm_rows=6144)["schedule"] == "fixed"  # 614 rows per group
+    assert _chunks(cfg(t, 10), tgmm_rows=6144)["chunk"] == t.tgmm_chunk == 256
+    assert _chunks(cfg(t, 64), tgmm_rows=24576)["schedule"] == "ladder"  # 384 rows per group
+    assert _chunks(cfg(t, 64)) == dict(chunk=1024, small_chunk=128, min_chunk=32, schedule="ladder")
+    old = GmmTiling(chunk=256, schedule="fixed")
+    assert _chunks(cfg(old, 64), tgmm_rows=64) == _chunks(cfg(old, 64)) == dict(chunk=256, schedule="fixed")
+
+
+@pytest.mark.parametrize("name", list(SCHEDULE_TILINGS))
 @pytest.mark.parametrize("out_dtype", [None, jnp.float32])
-def test_ladder_bf16_operands(out_dtype):
-    """bfloat16 operands on the ladder (weights cast once per group): values and output dtype as the reference."""
+def test_schedules_bf16_operands_and_gradient_dtypes(name, out_dtype):
+    """bfloat16 operands on every schedule (ladder weights cast once per group): values as the reference, the
+    output in its dtype and each gradient in its operand's dtype (tgmm's fixed and ladder paths alike)."""
     x, w = _inputs(jnp.bfloat16, seed=5)
     gs = jnp.asarray([17, 0, 40, 33, 6], jnp.int32)
-    t = SCHEDULE_TILINGS["ladder"]
-    got = gmm(x, w, gs, preferred_element_type=out_dtype, tiling=t, implementation="chunked")
-    want = gmm_reference(x, w, gs, preferred_element_type=out_dtype)
+    ct = jax.random.normal(jax.random.key(6), (M, N), jnp.float32).astype(out_dtype or jnp.bfloat16)
+    fn = functools.partial(
+        gmm, preferred_element_type=out_dtype, tiling=SCHEDULE_TILINGS[name], implementation="chunked"
+    )
+    got, pullback = jax.vjp(lambda x, w: fn(x, w, gs), x, w)
+    want, ref_pullback = jax.vjp(lambda x, w: gmm_reference(x, w, gs, preferred_element_type=out_dtype), x, w)
     assert got.dtype == want.dtype == jnp.dtype(out_dtype or jnp.bfloat16)
     assert_close(got, want, jnp.bfloat16)
+    for g, r, operand in zip(pullback(ct), ref_pullback(ct), (x, w), strict=True):
+        assert g.dtype == operand.dtype == jnp.bfloat16
+        assert_close(g, r, jnp.bfloat16)
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"min_chunk": 0}, "min_chunk"),
+        ({"small_chunk": 0}, "small_chunk"),
         ({"chunk": 0}, "chunk"),
         ({"tgmm_chunk": -1}, "tgmm_chunk"),
+        ({"tgmm_fixed_rows": 0}, "tgmm_fixed_rows"),
         ({"schedule": "tiles"}, "schedule"),
     ],
 )
