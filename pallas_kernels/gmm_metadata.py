@@ -1,5 +1,5 @@
-"""Group metadata for the grouped GEMM: which groups touch which M-tiles, the CPU chunk schedule, and the one
-operand-dtype rule of every path (`dot_dtype`).
+"""Group metadata for the grouped GEMM: which groups touch which M-tiles, the row range of every local group and
+the CPU chunk schedules, and the one operand-dtype rule of every path (`dot_dtype`).
 
 Rows of `lhs [M, H]` are sorted by group: group g owns rows [offsets[g], offsets[g + 1]). The kernels cut M
 into `tm`-row tiles. A tile shared by two (or more) groups is *revisited*: the kernel computes it once per
@@ -22,6 +22,8 @@ __all__ = [
     "GroupMetadata",
     "make_group_metadata",
     "group_offsets",
+    "local_group_rows",
+    "chunk_ladder",
     "ChunkSchedule",
     "make_chunk_schedule",
     "dot_dtype",
@@ -137,8 +139,45 @@ def make_group_metadata(
     return GroupMetadata(offsets, tile_group_lo, tile_group_hi, group_tile_lo, group_tile_hi, num_visits)
 
 
+def local_group_rows(
+    group_sizes: jax.Array, *, m: int, group_offset: jax.Array | int = 0, num_local_groups: int
+) -> tuple[jax.Array, jax.Array]:
+    """Row range [starts[j], ends[j]) of local group j = global group group_offset + j, both `[E_loc]` int32.
+
+    Local groups past E (a traced offset near the end) are empty (ends == starts); sizes are sanitised as in
+    `group_offsets`.
+    """
+    num_groups = group_sizes.shape[0]
+    offsets = group_offsets(group_sizes, m)
+    off = jnp.asarray(group_offset, jnp.int32).reshape(())
+    j = off + jnp.arange(num_local_groups, dtype=jnp.int32)
+    jc = jnp.minimum(j, num_groups - 1)
+    starts = offsets[jc]
+    ends = jnp.where(j < num_groups, offsets[jc + 1], starts)
+    return starts, ends
+
+
+def chunk_ladder(chunk: int, min_chunk: int, m: int, small_chunk: int | None = None) -> tuple[int, ...]:
+    """Chunk sizes of the CPU-fast "ladder" schedule, largest first (static ints, each clipped to M, no repeats):
+    `chunk`, then `small_chunk` (default chunk // 2; never above chunk // 2) and its halvings down to the last one
+    >= min_chunk. Just (chunk,) when min_chunk > chunk // 2.
+
+    A group of n rows takes chunks of the first size while that many rows remain, then of each next size while
+    that many remain, then one masked chunk of the smallest size for the rest: it computes fewer than ladder[-1]
+    rows past its end (the fixed schedule: fewer than `chunk`). E.g. (1024, 128, 64, 32): 2457 rows are
+    2 x 1024 + 3 x 128 + 1 x 16 masked into 32.
+    """
+    sizes = [chunk]
+    c = chunk // 2 if small_chunk is None else min(small_chunk, chunk // 2)
+    while c >= min_chunk:
+        sizes.append(c)
+        c //= 2
+    return tuple(dict.fromkeys(min(c, m) for c in sizes))
+
+
 class ChunkSchedule(NamedTuple):
-    """Row chunks for the CPU-fast path: each chunk is <= `chunk` rows of one local group.
+    """Row chunks of the fixed CPU schedule (`GmmTiling.schedule="fixed"`): each chunk is <= `chunk` rows of one
+    local group.
 
     chunk_cum:  [E_loc] int32 inclusive cumulative chunk counts per local group.
     starts:     [E_loc] int32 first row of each local group.
@@ -161,14 +200,7 @@ def make_chunk_schedule(
     [starts[j] + q * chunk, min(starts[j] + (q + 1) * chunk, ends[j])) with q its index inside the group.
     Shapes as in `ChunkSchedule`; `group_sizes [E]` int32, `group_offset` scalar.
     """
-    num_groups = group_sizes.shape[0]
-    offsets = group_offsets(group_sizes, m)
-    off = jnp.asarray(group_offset, jnp.int32).reshape(())
-    j = off + jnp.arange(num_local_groups, dtype=jnp.int32)
-    in_range = j < num_groups
-    jc = jnp.minimum(j, num_groups - 1)
-    starts = offsets[jc]
-    ends = jnp.where(in_range, offsets[jc + 1], starts)
+    starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)
     chunks = -(-(ends - starts) // chunk)
     chunk_cum = jnp.cumsum(chunks).astype(jnp.int32)
     return ChunkSchedule(chunk_cum, starts, ends, chunk_cum[-1])

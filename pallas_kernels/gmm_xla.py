@@ -1,11 +1,31 @@
-"""XLA-only grouped-GEMM paths: the CPU-fast chunked loop and the `jax.lax.ragged_dot` fallback.
+"""XLA-only grouped-GEMM paths: the CPU-fast chunked loops and the `jax.lax.ragged_dot` fallback.
 
-CPU-fast path ("chunked"): `ragged_dot` on XLA:CPU runs an order of magnitude below a dense matmul. Here
-every local group is cut into row chunks of `chunk` rows aligned to the group's first row
-(`make_chunk_schedule`), and a `while_loop` runs one dense [chunk, H] @ [H, F] matmul per chunk against that
-group's weights, writing only the chunk's rows (read-modify-write of a `chunk`-row window). The loop runs
-exactly as many iterations as there are chunks (no work for empty or inactive groups); the waste is the
-tail of each group's last chunk. A window that would run past M is shifted back to end at M and masked.
+CPU-fast path ("chunked"): `ragged_dot` on XLA:CPU runs an order of magnitude below a dense matmul, so every
+local group is cut into row chunks and each chunk is one dense [c, H] @ [H, F] matmul against that group's
+weights, inside `while_loop`s (static shapes; the loops run exactly as many chunks as the data needs, no work for
+empty or inactive groups). Two schedules (`GmmTiling.schedule`):
+
+- "ladder" (default): a `fori_loop` over the local groups; for group j (rows [s, e)):
+    1. slice (and cast) its weights once;
+    2. for each size c of the ladder `chunk, small_chunk, small_chunk/2, …, min_chunk` (`chunk_ladder`): while
+       at least c rows remain, one chunk of c rows, written straight into the output (the window lies inside
+       the group: no read-modify-write);
+    3. the last < min_chunk rows: one masked chunk of min_chunk rows (read-modify-write of that window, shifted
+       back to end at M if it would run past it).
+  So a group computes fewer than min_chunk rows past its end (not up to `chunk`), which is what matters for the
+  small groups of an MoE layer (H = 256, F = 128, E = 64: ~20–300 rows per group). Why two scales: on XLA:CPU a
+  dot inside a loop runs on one core unless it is large (measured at H = 256, F = 128 on 2 cores, cache-resident
+  rows: ~130 GFLOP/s for 128–512-row dots, ~180 at 1024 rows, vs ~270 for a dense matmul on both cores), so big
+  groups go in `chunk`-row dots and the rest in `small_chunk`-row ones (the fastest small size there; 256 rows
+  measured slower than 2 x 128).
+- "fixed" (the previous path, kept to compare): one `while_loop` over all chunks of `chunk` rows aligned to each
+  group's start (`make_chunk_schedule`), each a read-modify-write of its window masked to the group's rows.
+
+`tgmm_chunked` (the weight gradient) walks the same schedules. `gmm` passes it `GmmTiling.tgmm_chunk` as the
+largest chunk (its dots contract over the chunk's rows, which favours longer chunks) and the fixed schedule when
+the average local group is large (M / E_loc >= `GmmTiling.tgmm_fixed_rows`). With "ladder" each group's [H, F]
+float32 sum is a loop carry (full chunks unmasked, the tail chunk masked in both operands) written once per
+group; "fixed" adds every chunk's product into the [E_loc, H, F] accumulator.
 
 Fallback ("ragged_dot"): `jax.lax.ragged_dot` with its default lowering. Its own `group_offset` is not
 usable in jax 0.10 (the parameter must be hashable), so the local groups are rotated to row 0 with
@@ -15,7 +35,8 @@ Dtypes: both operands are cast to `compute_dtype` (default: `gmm_metadata.dot_dt
 when they differ) right before each dot, every dot accumulates in float32 (`preferred_element_type=float32`), and
 the float32 result is cast once to `out_dtype`. Accumulation order: "chunked" leaves the H (contraction) sum to
 XLA's dense dot, one call per row chunk (rows are independent, so chunking changes no sum); `tgmm_chunked` adds
-per-chunk float32 partial products in chunk order. "ragged_dot" leaves both to XLA's `ragged_dot` lowering.
+per-chunk float32 partial products in row order within each group. "ragged_dot" leaves both to XLA's `ragged_dot`
+lowering.
 """
 
 from __future__ import annotations
@@ -26,13 +47,33 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.gmm_metadata import dot_dtype, group_offsets, make_chunk_schedule
+from pallas_kernels.gmm_metadata import (
+    chunk_ladder,
+    dot_dtype,
+    group_offsets,
+    local_group_rows,
+    make_chunk_schedule,
+)
 
-__all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged"]
+__all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "SCHEDULES"]
+
+#: Row-chunk schedules of the CPU-fast path (see the module docstring).
+SCHEDULES = ("ladder", "fixed")
+
+
+def _walk_group(start, end, sizes: tuple[int, ...], full, tail, state):
+    """Run rows [start, end) of one group through the ladder `sizes`: `full(c)` steps while >= c rows remain
+    (for each c in order), then at most one `tail(c)` step of the smallest c for the rest. Each step maps
+    (r0, state) -> (r0 + c, state); returns the final state."""
+    r0 = start
+    for c in sizes:
+        r0, state = lax.while_loop(lambda s, c=c: s[0] + c <= end, full(c), (r0, state))
+    c = sizes[-1]
+    return lax.while_loop(lambda s: s[0] < end, tail(c), (r0, state))[1]
 
 
 def _chunk_rows(sched, t, chunk: int, m: int):
-    """Local group j, clamped window start w, and the valid row range [r0, r1) of chunk t."""
+    """Fixed schedule: local group j, clamped window start w, and the valid row range [r0, r1) of chunk t."""
     j = jnp.searchsorted(sched.chunk_cum, t, side="right").astype(jnp.int32)
     first_chunk = sched.chunk_cum[j] - -(-(sched.ends[j] - sched.starts[j]) // chunk)
     r0 = sched.starts[j] + (t - first_chunk) * chunk
@@ -42,7 +83,18 @@ def _chunk_rows(sched, t, chunk: int, m: int):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("num_local_groups", "chunk", "transpose_rhs", "out_dtype", "precision", "compute_dtype")
+    jax.jit,
+    static_argnames=(
+        "num_local_groups",
+        "chunk",
+        "min_chunk",
+        "small_chunk",
+        "schedule",
+        "transpose_rhs",
+        "out_dtype",
+        "precision",
+        "compute_dtype",
+    ),
 )
 def gmm_chunked(
     lhs: jax.Array,
@@ -54,6 +106,9 @@ def gmm_chunked(
     chunk: int,
     transpose_rhs: bool,
     out_dtype,
+    min_chunk: int = 32,
+    small_chunk: int | None = None,
+    schedule: str = "ladder",
     precision=None,
     compute_dtype=None,
 ) -> jax.Array:
@@ -61,33 +116,84 @@ def gmm_chunked(
 
     `lhs [M, H]`, `rhs [E_loc, H, F]` (or `[E_loc, F, H]` with `transpose_rhs`), `group_sizes [E]`
     int32, `group_offset` int32 scalar. Operands are cast to `compute_dtype` (default: `dot_dtype`, float32
-    for mixed operands) per chunk; float32 accumulation; `out_dtype` output.
+    for mixed operands) per chunk; float32 accumulation; `out_dtype` output. `schedule`, `chunk`, `small_chunk`,
+    `min_chunk`: see the module docstring and `chunk_ladder`.
     """
     cd = dot_dtype(lhs, rhs, compute_dtype)
     m, _ = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    chunk = min(chunk, m)
+    dims = (((1,), (1,)), ((), ())) if transpose_rhs else (((1,), (0,)), ((), ()))
+
+    def dot(x, w):
+        return lax.dot_general(x.astype(cd), w, dims, precision=precision, preferred_element_type=jnp.float32)
+
+    out0 = jnp.zeros((m, n), out_dtype)
+    if schedule == "fixed":
+        return _gmm_fixed(lhs, rhs, group_sizes, group_offset, num_local_groups, min(chunk, m), cd, dot, out0)
+    starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)
+    sizes = chunk_ladder(chunk, min_chunk, m, small_chunk)
+
+    def group(j, out):
+        w = rhs[j].astype(cd)  # Step 1: this group's weights, once.
+        end = ends[j]
+
+        def full(c):  # Step 2: a chunk inside the group (r0 + c <= end <= M): a plain write.
+            def step(s):
+                r0, out = s
+                y = dot(lax.dynamic_slice_in_dim(lhs, r0, c, axis=0), w)
+                return r0 + c, lax.dynamic_update_slice_in_dim(out, y.astype(out.dtype), r0, axis=0)
+
+            return step
+
+        def tail(c):  # Step 3: the last rows, masked; the window is shifted back if it would pass M.
+            def step(s):
+                r0, out = s
+                w0 = jnp.minimum(r0, m - c)
+                y = dot(lax.dynamic_slice_in_dim(lhs, w0, c, axis=0), w)
+                rows = w0 + jnp.arange(c, dtype=jnp.int32)[:, None]
+                old = lax.dynamic_slice_in_dim(out, w0, c, axis=0)
+                new = jnp.where((rows >= r0) & (rows < end), y.astype(out.dtype), old)
+                return r0 + c, lax.dynamic_update_slice_in_dim(out, new, w0, axis=0)
+
+            return step
+
+        return _walk_group(starts[j], end, sizes, full, tail, out)
+
+    return lax.fori_loop(0, num_local_groups, group, out0)
+
+
+def _gmm_fixed(lhs, rhs, group_sizes, group_offset, num_local_groups: int, chunk: int, cd, dot, out0):
+    """The fixed schedule: one while_loop over every `chunk`-row chunk, each a masked read-modify-write."""
+    m = lhs.shape[0]
     sched = make_chunk_schedule(
         group_sizes, m=m, chunk=chunk, group_offset=group_offset, num_local_groups=num_local_groups
     )
-    dims = (((1,), (1,)), ((), ())) if transpose_rhs else (((1,), (0,)), ((), ()))
 
     def body(carry):
         t, out = carry
         j, w, r0, r1 = _chunk_rows(sched, t, chunk, m)
-        x = lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0).astype(cd)  # [chunk, H]
-        y = lax.dot_general(x, rhs[j].astype(cd), dims, precision=precision, preferred_element_type=jnp.float32)
+        y = dot(lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0), rhs[j].astype(cd))
         rows = w + jnp.arange(chunk, dtype=jnp.int32)[:, None]
         old = lax.dynamic_slice_in_dim(out, w, chunk, axis=0)
         new = jnp.where((rows >= r0) & (rows < r1), y.astype(out.dtype), old)
         return t + 1, lax.dynamic_update_slice_in_dim(out, new, w, axis=0)
 
-    out0 = jnp.zeros((m, n), out_dtype)
-    _, out = lax.while_loop(lambda c: c[0] < sched.num_chunks, body, (jnp.int32(0), out0))
-    return out
+    return lax.while_loop(lambda c: c[0] < sched.num_chunks, body, (jnp.int32(0), out0))[1]
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "chunk", "out_dtype", "precision", "compute_dtype"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "num_local_groups",
+        "chunk",
+        "min_chunk",
+        "small_chunk",
+        "schedule",
+        "out_dtype",
+        "precision",
+        "compute_dtype",
+    ),
+)
 def tgmm_chunked(
     lhs: jax.Array,
     grad: jax.Array,
@@ -97,18 +203,69 @@ def tgmm_chunked(
     num_local_groups: int,
     chunk: int,
     out_dtype,
+    min_chunk: int = 32,
+    small_chunk: int | None = None,
+    schedule: str = "ladder",
     precision=None,
     compute_dtype=None,
 ) -> jax.Array:
     """CPU-fast transposed grouped GEMM: out [E_loc, H, F], out[j] = lhs_j^T @ grad_j (zeros if empty).
 
-    `lhs [M, H]`, `grad [M, F]`, `group_sizes [E]` int32, `group_offset` int32 scalar; dtypes as in
-    `gmm_chunked`.
+    `lhs [M, H]`, `grad [M, F]`, `group_sizes [E]` int32, `group_offset` int32 scalar; dtypes and schedules as
+    in `gmm_chunked`.
     """
     cd = dot_dtype(lhs, grad, compute_dtype)
     m, k = lhs.shape
     n = grad.shape[1]
-    chunk = min(chunk, m)
+
+    def dot(x, y):
+        return lax.dot_general(
+            x.astype(cd),
+            y.astype(cd),
+            (((0,), (0,)), ((), ())),
+            precision=precision,
+            preferred_element_type=jnp.float32,
+        )
+
+    acc0 = jnp.zeros((num_local_groups, k, n), jnp.float32)
+    if schedule == "fixed":
+        acc = _tgmm_fixed(lhs, grad, group_sizes, group_offset, num_local_groups, min(chunk, m), dot, acc0)
+        return acc.astype(out_dtype)
+    starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)
+    sizes = chunk_ladder(chunk, min_chunk, m, small_chunk)
+
+    def group(j, acc):
+        end = ends[j]
+
+        def full(c):  # a chunk inside the group: no masking needed
+            def step(s):
+                r0, a = s
+                x = lax.dynamic_slice_in_dim(lhs, r0, c, axis=0)
+                return r0 + c, a + dot(x, lax.dynamic_slice_in_dim(grad, r0, c, axis=0))
+
+            return step
+
+        def tail(c):  # the last rows: rows outside [r0, end) are zeroed in both operands (no NaN leaks in)
+            def step(s):
+                r0, a = s
+                w0 = jnp.minimum(r0, m - c)
+                rows = w0 + jnp.arange(c, dtype=jnp.int32)[:, None]
+                keep = (rows >= r0) & (rows < end)
+                x = jnp.where(keep, lax.dynamic_slice_in_dim(lhs, w0, c, axis=0), 0)
+                y = jnp.where(keep, lax.dynamic_slice_in_dim(grad, w0, c, axis=0), 0)
+                return r0 + c, a + dot(x, y)
+
+            return step
+
+        a = _walk_group(starts[j], end, sizes, full, tail, jnp.zeros((k, n), jnp.float32))
+        return lax.dynamic_update_index_in_dim(acc, a, j, axis=0)
+
+    return lax.fori_loop(0, num_local_groups, group, acc0).astype(out_dtype)
+
+
+def _tgmm_fixed(lhs, grad, group_sizes, group_offset, num_local_groups: int, chunk: int, dot, acc0):
+    """The fixed schedule of `tgmm_chunked`: every chunk's masked product added into acc[j]."""
+    m = lhs.shape[0]
     sched = make_chunk_schedule(
         group_sizes, m=m, chunk=chunk, group_offset=group_offset, num_local_groups=num_local_groups
     )
@@ -118,14 +275,11 @@ def tgmm_chunked(
         j, w, r0, r1 = _chunk_rows(sched, t, chunk, m)
         rows = w + jnp.arange(chunk, dtype=jnp.int32)[:, None]
         keep = (rows >= r0) & (rows < r1)
-        x = jnp.where(keep, lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0), 0).astype(cd)
-        y = jnp.where(keep, lax.dynamic_slice_in_dim(grad, w, chunk, axis=0), 0).astype(cd)
-        part = lax.dot_general(x, y, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
-        return t + 1, acc.at[j].add(part)
+        x = jnp.where(keep, lax.dynamic_slice_in_dim(lhs, w, chunk, axis=0), 0)
+        y = jnp.where(keep, lax.dynamic_slice_in_dim(grad, w, chunk, axis=0), 0)
+        return t + 1, acc.at[j].add(dot(x, y))
 
-    acc0 = jnp.zeros((num_local_groups, k, n), jnp.float32)
-    _, acc = lax.while_loop(lambda c: c[0] < sched.num_chunks, body, (jnp.int32(0), acc0))
-    return acc.astype(out_dtype)
+    return lax.while_loop(lambda c: c[0] < sched.num_chunks, body, (jnp.int32(0), acc0))[1]
 
 
 def _local_view(group_sizes: jax.Array, group_offset: jax.Array, num_local_groups: int, m: int):

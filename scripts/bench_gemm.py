@@ -1,8 +1,12 @@
 """Grouped-GEMM benchmark: `pallas_kernels.gmm` vs `jax.lax.ragged_dot` vs a dense matmul of the same FLOPs.
 
-CPU (always): 4096 x 1024 x 1024 float32, 8 groups, balanced and skewed group sizes; the CPU-fast path
-("chunked", what `gmm` picks on CPU) forward and forward+backward. Target: >= 50% of dense throughput on
-skewed groups.
+CPU (always, float32, forward and forward+backward): the CPU-fast path ("chunked", what `gmm` picks on CPU) now
+(ladder schedule, `GmmTiling()`) and before (fixed 256-row chunks, `GmmTiling(chunk=256, schedule="fixed")`)
+vs a dense matmul of the same FLOPs (x [M, H] @ w [H, F]), all timed round-robin in one run: 4096 x 1024 x 1024
+with 8 balanced / halving-skewed groups (also vs `ragged_dot`), and the small expert shapes of an MoE layer —
+H = 256, F = 128, M = 1024 or 4096 tokens x top-6, over E = 64 experts or the 10 local slots of an EP rank,
+balanced and Zipf(1.2) group sizes — plus the one-device expert FFN (three gmms, SwiGLU) at E = 64. Targets:
+>= 0.5 of dense on the small shapes, >= 0.8 (balanced) / 0.5 (skewed) on the big one.
 GPU (when the default backend is a GPU): the non-interpret kernels vs the reference first (`--check`), then
 bfloat16 TFLOP/s and GB/s of the Pallas kernel vs `ragged_dot` (default lowering) vs dense on DeepSeek-V3
 (hidden 7168, expert ffn 2048) and Qwen3-235B (hidden 4096, expert ffn 1536) expert shapes, plus the
@@ -135,47 +139,167 @@ def time_interleaved(cases: dict, rounds: int, warmup: int = 1) -> dict:
     return out
 
 
-def bench_cpu(iters: int) -> dict:
-    """CPU-fast path vs dense vs ragged_dot on 4096 x 1024 x 1024 float32, 8 groups (forward, fwd+bwd)."""
-    m, k, n, g = 4096, 1024, 1024, 8
-    kx, kw = jax.random.split(jax.random.key(0))
+@dataclasses.dataclass(frozen=True)
+class CpuPlan:
+    """Shapes of the CPU benchmark. `big`: one large grouped GEMM (M, H, F, groups). The small expert shapes of
+    an MoE layer: H = `hidden`, F = `ffn`, M = tokens x `top_k` rows for each of `tokens`, over each of `groups`
+    (E = 64 experts on one device, or the 10 local slots of a rank in the EP layer). `ffn_groups`: the expert
+    FFN (three gmms, SwiGLU) is also timed with that many experts. `CpuPlan.smoke()` is a tiny plan for tests."""
+
+    iters: int = 15
+    big: tuple[int, int, int, int] = (4096, 1024, 1024, 8)
+    hidden: int = 256
+    ffn: int = 128
+    tokens: tuple[int, ...] = (1024, 4096)
+    top_k: int = 6
+    groups: tuple[int, ...] = (64, 10)
+    ffn_groups: int = 64
+    ragged_dot_small: bool = False  # ragged_dot takes ~0.5 s per small forward on CPU: off by default
+
+    @classmethod
+    def smoke(cls) -> CpuPlan:
+        return cls(iters=1, big=(96, 32, 48, 4), hidden=32, ffn=16, tokens=(16,), groups=(5,), ffn_groups=5)
+
+
+#: The CPU-fast path now (the default ladder) and before (fixed 256-row chunks, the previous default).
+CPU_VARIANTS = {"gmm": GmmTiling(), "gmm fixed (before)": GmmTiling(chunk=256, schedule="fixed")}
+
+
+def _fwd_bwd(f):
+    """f(x, w, *rest) -> its pullback applied to a dense cotangent (d x, d w)."""
+    return lambda x, w, ct, *rest: jax.vjp(lambda x, w: f(x, w, *rest), x, w)[1](ct)
+
+
+def _bench_gemm_shape(name, m, k, n, g, kinds, iters, ragged: bool) -> dict:
+    """Dense vs every CPU variant (and ragged_dot) on one [M, H] x [g, H, F] float32 shape, forward and
+    forward+backward, each direction timed round-robin over all its cases."""
+    kx, kw, kd, kc = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(kx, (m, k), jnp.float32)
     w = jax.random.normal(kw, (g, k, n), jnp.float32) / np.sqrt(k)
+    w0 = jax.random.normal(kd, (k, n), jnp.float32) / np.sqrt(k)  # the dense baseline's own [H, F] weight
+    ct = jax.random.normal(kc, (m, n), jnp.float32)  # a dense cotangent: no ones-shortcuts
     flops = 2.0 * m * k * n
-    kinds = {kind: jnp.asarray(group_sizes(kind, m, g)) for kind in ("balanced", "skewed")}
-
-    ct = jax.random.normal(jax.random.key(1), (m, n), jnp.float32)  # a dense cotangent: no ones-shortcuts
-
-    def fwd_bwd(f):
-        return lambda x, w, ct, *gs: jax.vjp(lambda x, w: f(x, w, *gs), x, w)[1](ct)
-
-    impls = {"ragged_dot": lambda x, w, gs: jax.lax.ragged_dot(x, w, gs), "gmm chunked (auto)": gmm}
-    dense_fn = lambda x, w: x @ w[0]  # noqa: E731
-    fwd = {"dense x @ w[0]": (dense_fn, (x, w))}
-    fwd |= {f"{kind:8s} {name}": (f, (x, w, gs)) for kind, gs in kinds.items() for name, f in impls.items()}
-    bwd = {"dense fwd+bwd": (fwd_bwd(dense_fn), (x, w, ct))}
+    impls = {v: functools.partial(gmm, tiling=t) for v, t in CPU_VARIANTS.items()}
+    if ragged:
+        impls["ragged_dot"] = lambda x, w, gs: jax.lax.ragged_dot(x, w, gs)
+    dense = lambda x, w: x @ w  # noqa: E731
+    fwd = {"dense": (dense, (x, w0))}
+    bwd = {"dense": (_fwd_bwd(dense), (x, w0, ct))}
     for kind, gs in kinds.items():
-        bwd |= {f"{kind:8s} {name} fwd+bwd": (fwd_bwd(f), (x, w, ct, gs)) for name, f in impls.items()}
+        fwd |= {f"{kind} {v}": (f, (x, w, gs)) for v, f in impls.items()}
+        bwd |= {f"{kind} {v}": (_fwd_bwd(f), (x, w, ct, gs)) for v, f in impls.items()}
     t_fwd = time_interleaved(fwd, rounds=iters)
-    t_bwd = time_interleaved(bwd, rounds=max(2, iters // 2))
-    rows = [_row(nm, r, flops, None, t_fwd["dense x @ w[0]"], 1e9) for nm, r in t_fwd.items()]
-    rows += [_row(nm, r, 3 * flops, None, t_bwd["dense fwd+bwd"], 1e9) for nm, r in t_bwd.items()]
-    out = {"shape": [m, k, n, g], "dtype": "float32", "rows": rows, "cases": {}}
+    t_bwd = time_interleaved(bwd, rounds=iters)
+    rows = [_row(nm, r, flops, None, t_fwd["dense"], 1e9) for nm, r in t_fwd.items()]
+    rows += [_row(f"{nm} fwd+bwd", r, 3 * flops, None, t_bwd["dense"], 1e9) for nm, r in t_bwd.items()]
+    _print(f"CPU {name}: [{m}, {k}] x [{g}, {k}, {n}] float32 (GFLOP/s; vs dense = time ratio)", rows, "GFLOP/s")
+    by = {r["name"]: r for r in rows}
+    cases = {}
     for kind, gs in kinds.items():
-        by = {r["name"][len(f"{kind:8s} ") :]: r for r in rows if r["name"].startswith(kind)}
-        out["cases"][kind] = {
-            "group_sizes": gs.tolist(),
-            "chunked_vs_dense": by["gmm chunked (auto)"]["vs_dense"],
-            "chunked_vs_ragged_dot": by["ragged_dot"]["best_s"] / by["gmm chunked (auto)"]["best_s"],
-            "chunked_fwd_bwd_vs_dense": by["gmm chunked (auto) fwd+bwd"]["vs_dense"],
-        }
-    _print(f"CPU grouped GEMM {m}x{k}x{n} float32, {g} groups (GFLOP/s; vs dense = time ratio)", rows, "GFLOP/s")
-    for kind, c in out["cases"].items():
-        print(
-            f"  {kind}: chunked = {c['chunked_vs_dense']:.0%} of dense throughput (target >= 50% when skewed), "
-            f"{c['chunked_vs_ragged_dot']:.1f}x ragged_dot; fwd+bwd {c['chunked_fwd_bwd_vs_dense']:.0%} of dense"
+        c = {"group_sizes": np.asarray(gs).tolist()}
+        for v in impls:
+            c[v] = {
+                "fwd_vs_dense": by[f"{kind} {v}"]["vs_dense"],
+                "fwd_bwd_vs_dense": by[f"{kind} {v} fwd+bwd"]["vs_dense"],
+            }
+        new, old = by[f"{kind} gmm"], by[f"{kind} gmm fixed (before)"]
+        c["speedup_vs_before"] = {"fwd": old["best_s"] / new["best_s"]}
+        c["speedup_vs_before"]["fwd_bwd"] = (
+            by[f"{kind} gmm fixed (before) fwd+bwd"]["best_s"] / by[f"{kind} gmm fwd+bwd"]["best_s"]
         )
+        if ragged:
+            c["gmm_vs_ragged_dot"] = by[f"{kind} ragged_dot"]["best_s"] / new["best_s"]
+        cases[kind] = c
+    return {"m": m, "h": k, "f": n, "groups": g, "rows": rows, "cases": cases}
+
+
+def _bench_expert_ffn(name, m, h, f, g, kinds, iters) -> dict:
+    """The one-device sorted MoE expert FFN (gate, up, down gmms; SwiGLU) vs three dense matmuls of its FLOPs."""
+    keys = jax.random.split(jax.random.key(2), 4)
+    x = jax.random.normal(keys[0], (m, h), jnp.float32)
+    wg, wu = (jax.random.normal(kk, (g, h, f), jnp.float32) / np.sqrt(h) for kk in keys[1:3])
+    wd = jax.random.normal(keys[3], (g, f, h), jnp.float32) / np.sqrt(f)
+
+    def ffn(tiling):
+        def run(x, wg, wu, wd, gs):
+            hid = jax.nn.silu(gmm(x, wg, gs, tiling=tiling)) * gmm(x, wu, gs, tiling=tiling)
+            return gmm(hid, wd, gs, tiling=tiling)
+
+        return run
+
+    def dense(x, wg, wu, wd):
+        return (jax.nn.silu(x @ wg[0]) * (x @ wu[0])) @ wd[0]
+
+    cases = {"dense": (dense, (x, wg, wu, wd))}
+    for kind, gs in kinds.items():
+        cases |= {f"{kind} {v}": (ffn(t), (x, wg, wu, wd, gs)) for v, t in CPU_VARIANTS.items()}
+    t = time_interleaved(cases, rounds=iters)
+    rows = [_row(nm, r, 3 * 2.0 * m * h * f, None, t["dense"], 1e9) for nm, r in t.items()]
+    _print(f"CPU {name}: expert FFN (3 gmms, SwiGLU), M = {m}, H = {h}, F = {f}, {g} experts", rows, "GFLOP/s")
+    return {"m": m, "h": h, "f": f, "groups": g, "rows": rows}
+
+
+def zipf_sizes(m: int, g: int, s: float = 1.2, seed: int = 0) -> np.ndarray:
+    """[g] int32 sizes summing to m, shares ∝ rank^-s over a seeded random order of the groups (Zipf, s = 1.2
+    as in the project's synthetic routing); the rounding remainder goes to the largest group."""
+    w = np.random.default_rng(seed).permutation(np.arange(1, g + 1) ** -float(s))
+    sizes = np.floor(m * w / w.sum()).astype(np.int64)
+    sizes[np.argmax(w)] += m - sizes.sum()
+    return sizes.astype(np.int32)
+
+
+def bench_cpu(plan: CpuPlan) -> dict:
+    """The CPU-fast path now (ladder schedule) and before (fixed chunks) vs dense (and ragged_dot), float32,
+    forward and forward+backward: the big shape (balanced / halving-skewed groups) and the small expert shapes
+    (balanced / Zipf groups), then the expert FFN. Every ratio compares cases timed in the same rounds."""
+    out: dict = {"plan": dataclasses.asdict(plan), "variants": {v: str(t) for v, t in CPU_VARIANTS.items()}}
+    m, k, n, g = plan.big
+    kinds = {kind: jnp.asarray(group_sizes(kind, m, g)) for kind in ("balanced", "skewed")}
+    out["big"] = _bench_gemm_shape("big", m, k, n, g, kinds, plan.iters, ragged=True)
+    out["small"] = {}
+    for tokens in plan.tokens:
+        rows = tokens * plan.top_k
+        for groups in plan.groups:
+            name = f"{tokens} tokens x top-{plan.top_k}, {groups} groups"
+            kinds = {"balanced": jnp.asarray(group_sizes("balanced", rows, groups))}
+            kinds["zipf"] = jnp.asarray(zipf_sizes(rows, groups))
+            out["small"][f"t{tokens}_g{groups}"] = _bench_gemm_shape(
+                name, rows, plan.hidden, plan.ffn, groups, kinds, plan.iters, ragged=plan.ragged_dot_small
+            )
+    out["ffn"] = {}
+    for tokens in plan.tokens:
+        rows, groups = tokens * plan.top_k, plan.ffn_groups
+        kinds = {"balanced": jnp.asarray(group_sizes("balanced", rows, groups))}
+        kinds["zipf"] = jnp.asarray(zipf_sizes(rows, groups))
+        out["ffn"][f"t{tokens}_g{groups}"] = _bench_expert_ffn(
+            f"{tokens} tokens x top-{plan.top_k}", rows, plan.hidden, plan.ffn, groups, kinds, plan.iters
+        )
+    _print_cpu_summary(out)
     return out
+
+
+def _print_cpu_summary(out: dict) -> None:
+    """One line per case: gmm and the fixed-chunk path as fractions of dense, forward and forward+backward."""
+    print("\nsummary (fraction of the dense same-FLOP rate; gmm = ladder schedule, before = fixed chunks)")
+    print(f"  {'case':44s} {'fwd':>6s} {'before':>7s} {'fwd+bwd':>8s} {'before':>7s} {'speedup fwd / fwd+bwd':>22s}")
+    shapes = {"big": out["big"]} | out["small"]
+    for key, sh in shapes.items():
+        for kind, c in sh["cases"].items():
+            new, old, sp = c["gmm"], c["gmm fixed (before)"], c["speedup_vs_before"]
+            name = f"{key} M={sh['m']} H={sh['h']} F={sh['f']} E={sh['groups']} {kind}"
+            print(
+                f"  {name:44s} {new['fwd_vs_dense']:6.2f} {old['fwd_vs_dense']:7.2f} {new['fwd_bwd_vs_dense']:8.2f} "
+                f"{old['fwd_bwd_vs_dense']:7.2f} {sp['fwd']:10.2f}x / {sp['fwd_bwd']:.2f}x"
+            )
+    for key, ffn in out["ffn"].items():
+        by = {r["name"]: r for r in ffn["rows"]}
+        for kind in ("balanced", "zipf"):
+            new, old = by[f"{kind} gmm"], by[f"{kind} gmm fixed (before)"]
+            print(
+                f"  {'ffn ' + key + ' ' + kind:44s} {new['vs_dense']:6.2f} {old['vs_dense']:7.2f} "
+                f"{'':8s} {'':7s} {old['best_s'] / new['best_s']:10.2f}x   ({new['best_s'] * 1e3:.1f} vs "
+                f"{old['best_s'] * 1e3:.1f} ms; dense {by['dense']['best_s'] * 1e3:.1f} ms)"
+            )
 
 
 def _bytes(m_used: int, k: int, n: int, nonempty: int, itemsize: int, m: int) -> float:
@@ -436,6 +560,7 @@ def main() -> int:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "plan": "smoke" if args.smoke else "full",
+        "loadavg_start": os.getloadavg(),  # 1, 5, 15 min: a shared CPU's load moves every ratio
     }
     print(f"backend {backend}: {meta['device']} (jax {meta['jax']}, plan {meta['plan']})", flush=True)
     gpu_paths = backend == "gpu" or args.smoke
@@ -454,10 +579,12 @@ def main() -> int:
             print(f"wrote {args.profile_csv} ({impl}); fit it with: tempo-jax calibrate {args.profile_csv}")
         ok = not results["gpu"]["errors"]
     else:
-        results = {"meta": meta, "cpu": bench_cpu(args.iters or 15)}
+        results = {"meta": meta, "cpu": bench_cpu(CpuPlan(iters=args.iters or CpuPlan.iters))}
         ok = True
+    results["meta"]["loadavg_end"] = os.getloadavg()
     _write_json(args.out, results)
-    print(f"\nwrote {args.out}")
+    print(f"\nload average {meta['loadavg_start']} at the start, {results['meta']['loadavg_end']} at the end")
+    print(f"wrote {args.out}")
     return 0 if ok else 1
 
 

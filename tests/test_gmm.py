@@ -454,3 +454,149 @@ def test_mixed_dtype_kernels_lower_to_triton():
 
     text = jax.jit(fwd_bwd).trace(x, w, gs).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("@__gpu$xla.gpu.triton(") == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU-fast path schedules (issue #12): the ladder (chunk, chunk/2, … min_chunk rows; the default) and the fixed
+# chunks it replaced (kept selectable to compare), each against the reference on the hypothesis group sizes.
+
+from pallas_kernels.gmm_metadata import chunk_ladder  # noqa: E402
+
+SCHEDULE_TILINGS = {
+    "ladder": GmmTiling(chunk=32, small_chunk=16, min_chunk=8, tgmm_chunk=16),  # 32, 16, 8 and 16, 8 (tgmm)
+    "ladder-jump": GmmTiling(chunk=64, small_chunk=8, min_chunk=4, tgmm_chunk=32),  # 64, 8, 4 and 32, 8, 4
+    "ladder-clipped": GmmTiling(chunk=256, min_chunk=4),  # sizes clipped to M: 100, 64, 32, 16, 8, 4
+    "fixed": GmmTiling(chunk=16, schedule="fixed"),
+    "ladder, fixed tgmm": GmmTiling(chunk=32, small_chunk=16, min_chunk=8, tgmm_chunk=16, tgmm_fixed_rows=1),
+}
+
+
+@functools.cache
+def _sched_fns(name):
+    """Jitted (forward, d lhs / d rhs of the sin-loss) of gmm with this schedule, traced group_offset."""
+    t = SCHEDULE_TILINGS[name]
+
+    def f(x, w, gs, off):
+        return gmm(x, w, gs, group_offset=off, tiling=t, implementation="chunked")
+
+    return jax.jit(f), jax.jit(jax.grad(functools.partial(_loss, f), argnums=(0, 1)))
+
+
+def test_chunk_ladder():
+    assert chunk_ladder(256, 32, 1000) == (256, 128, 64, 32)
+    assert chunk_ladder(256, 48, 1000) == (256, 128, 64)  # stops at the last size >= min_chunk
+    assert chunk_ladder(16, 32, 1000) == (16,)  # min_chunk > chunk // 2: one size
+    assert chunk_ladder(256, 32, 100) == (100, 64, 32)  # clipped to M, no repeats
+    assert chunk_ladder(8, 1, 3) == (3, 2, 1)
+    assert chunk_ladder(1024, 32, 5000, small_chunk=128) == (1024, 128, 64, 32)  # the default: a jump, then halving
+    assert chunk_ladder(256, 32, 5000, small_chunk=1024) == (256, 128, 64, 32)  # small_chunk <= chunk // 2
+
+
+@pytest.mark.parametrize("name", list(SCHEDULE_TILINGS))
+@settings(max_examples=10)
+@given(sizes=group_sizes_st(), off=st.integers(0, G - 2))
+def test_schedules_match_reference(name, sizes, off):
+    """Values and both gradients of every schedule, with group_offset; rows outside the local groups and the
+    weight gradients of empty groups exactly zero; NaN in a non-local row (shares a chunk window) stays out."""
+    fwd, grad = _sched_fns(name)
+    x, w = _inputs(jnp.float32, seed=2)
+    w = w[off : off + 2]
+    gs = jnp.asarray(sizes)
+    start, end = int(sizes[:off].sum()), int(sizes[: off + 2].sum())
+    outside = np.r_[0:start, end:M]
+    x = x.at[outside].set(jnp.nan) if outside.size else x
+    got = fwd(x, w, gs, off)
+    xr = jnp.where(jnp.isnan(x), 0.0, x)
+    assert_close(got, gmm_reference(xr, w, gs, group_offset=off), jnp.float32)
+    assert (np.asarray(got)[outside] == 0).all()
+    dx, dw = grad(x, w, gs, off)
+    rx, rw = _ref_grad(xr, w, gs, off)
+    assert_close(dx, rx, jnp.float32)
+    assert_close(dw, rw, jnp.float32)
+    assert (np.asarray(dx)[outside] == 0).all()
+    for j in range(2):
+        if sizes[off + j] == 0:
+            assert (np.asarray(dw[j]) == 0).all()
+
+
+@pytest.mark.parametrize("name", list(SCHEDULE_TILINGS))
+def test_schedules_tgmm_and_last_window_at_m(name):
+    """tgmm per schedule, and a last group ending at row M (its tail window is shifted back to end at M)."""
+    t = SCHEDULE_TILINGS[name]
+    x, _ = _inputs(jnp.float32)
+    y = jax.random.normal(jax.random.key(3), (M, N), jnp.float32)
+    gs = jnp.asarray([7, 0, 60, 1, 32], jnp.int32)  # sum = M: the last group's tail touches row M
+    got = tgmm(x, y, gs, group_offset=1, num_local_groups=4, tiling=t, implementation="chunked")
+    assert_close(got, tgmm_reference(x, y, gs, num_local_groups=4, group_offset=1), jnp.float32)
+    assert (np.asarray(got[0]) == 0).all()
+    w = jax.random.normal(jax.random.key(4), (G, K, N), jnp.float32)
+    assert_close(gmm(x, w, gs, tiling=t, implementation="chunked"), gmm_reference(x, w, gs), jnp.float32)
+
+
+def test_tgmm_schedule_picked_by_average_group_size():
+    """tgmm takes fixed tgmm_chunk-row chunks once M / E_loc >= tgmm_fixed_rows, the ladder below; gmm always the
+    ladder; an explicit fixed schedule stays fixed (with `chunk` rows) everywhere."""
+    from pallas_kernels.gmm import _Cfg, _chunks
+
+    def cfg(t, e_loc):
+        return _Cfg("chunked", t, False, jnp.dtype(jnp.float32), e_loc)
+
+    t = GmmTiling()
+    assert _chunks(cfg(t, 10), tgmm_rows=6144)["schedule"] == "fixed"  # 614 rows per group
+    assert _chunks(cfg(t, 10), tgmm_rows=6144)["chunk"] == t.tgmm_chunk == 256
+    assert _chunks(cfg(t, 64), tgmm_rows=24576)["schedule"] == "ladder"  # 384 rows per group
+    assert _chunks(cfg(t, 64)) == dict(chunk=1024, small_chunk=128, min_chunk=32, schedule="ladder")
+    old = GmmTiling(chunk=256, schedule="fixed")
+    assert _chunks(cfg(old, 64), tgmm_rows=64) == _chunks(cfg(old, 64)) == dict(chunk=256, schedule="fixed")
+
+
+@pytest.mark.parametrize("name", list(SCHEDULE_TILINGS))
+@pytest.mark.parametrize("out_dtype", [None, jnp.float32])
+def test_schedules_bf16_operands_and_gradient_dtypes(name, out_dtype):
+    """bfloat16 operands on every schedule (ladder weights cast once per group): values as the reference, the
+    output in its dtype and each gradient in its operand's dtype (tgmm's fixed and ladder paths alike)."""
+    x, w = _inputs(jnp.bfloat16, seed=5)
+    gs = jnp.asarray([17, 0, 40, 33, 6], jnp.int32)
+    ct = jax.random.normal(jax.random.key(6), (M, N), jnp.float32).astype(out_dtype or jnp.bfloat16)
+    fn = functools.partial(
+        gmm, preferred_element_type=out_dtype, tiling=SCHEDULE_TILINGS[name], implementation="chunked"
+    )
+    got, pullback = jax.vjp(lambda x, w: fn(x, w, gs), x, w)
+    want, ref_pullback = jax.vjp(lambda x, w: gmm_reference(x, w, gs, preferred_element_type=out_dtype), x, w)
+    assert got.dtype == want.dtype == jnp.dtype(out_dtype or jnp.bfloat16)
+    assert_close(got, want, jnp.bfloat16)
+    for g, r, operand in zip(pullback(ct), ref_pullback(ct), (x, w), strict=True):
+        assert g.dtype == operand.dtype == jnp.bfloat16
+        assert_close(g, r, jnp.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"min_chunk": 0}, "min_chunk"),
+        ({"small_chunk": 0}, "small_chunk"),
+        ({"chunk": 0}, "chunk"),
+        ({"tgmm_chunk": -1}, "tgmm_chunk"),
+        ({"tgmm_fixed_rows": 0}, "tgmm_fixed_rows"),
+        ({"schedule": "tiles"}, "schedule"),
+    ],
+)
+def test_tiling_rejects_bad_cpu_knobs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GmmTiling(**kwargs)
+
+
+def test_cpu_benchmark_smoke():
+    """scripts/bench_gemm.py's CPU run on tiny shapes: every case timed, before/after ratios in the JSON."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import bench_gemm
+
+    out = bench_gemm.bench_cpu(bench_gemm.CpuPlan.smoke())
+    assert set(out["small"]) == {"t16_g5"} and set(out["ffn"]) == {"t16_g5"}
+    for sh in [out["big"], *out["small"].values()]:
+        assert set(sh["cases"]) in ({"balanced", "skewed"}, {"balanced", "zipf"})
+        for c in sh["cases"].values():
+            assert c["gmm"]["fwd_vs_dense"] > 0 and c["gmm fixed (before)"]["fwd_bwd_vs_dense"] > 0
+            assert c["speedup_vs_before"]["fwd"] > 0 and c["speedup_vs_before"]["fwd_bwd"] > 0
+    assert all(c["gmm_vs_ragged_dot"] > 0 for c in out["big"]["cases"].values())
+    assert bench_gemm.zipf_sizes(96, 5).sum() == 96
