@@ -3,8 +3,9 @@
 Runs `tempo_jax.moe_forward` on every available device (8 fake CPU devices here; real GPUs when present) and,
 in the same run and process, the same tokens, router and expert weights through:
 
-- **sorted gmm**: one device, pairs sorted by expert, the project's grouped GEMM (SwiGLU as three `gmm`s) — the
-  compute the layer must do, without the exchange (the baseline the layer is measured against);
+- **sorted gmm**: one device, every pair through the layer's own expert FFN (`stages.expert_ffn`: sorted by
+  expert, the project's grouped GEMM) — the compute the layer must do, without the exchange and without
+  splitting it over devices (the baseline the layer is measured against);
 - **ragged_dot**: the same with `jax.lax.ragged_dot` (MaxText's dropless path);
 - **dense bound**: three dense matmuls of the same FLOPs (every pair through one expert-sized FFN);
 - **capacity einsum** (CPU only): a GShard-style dense capacity-einsum MoE (capacity factor 1.25).
@@ -35,8 +36,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pallas_kernels import gmm  # noqa: E402
 from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
+from tempo_jax import stages  # noqa: E402
 from tempo_jax import tables as T  # noqa: E402
 from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, route  # noqa: E402
 from tempo_jax.report import table  # noqa: E402
@@ -59,19 +60,14 @@ def dense_capacity_moe(params, x, config: MoEConfig, capacity_factor: float = 1.
 
 
 def sorted_moe(params, x, config: MoEConfig, implementation: str):
-    """One-device dropless MoE: pairs sorted by expert, SwiGLU as three grouped GEMMs, unsort, combine."""
+    """One-device dropless MoE: route, then the layer's own expert FFN (`stages.expert_ffn`: pairs sorted by
+    expert, gate+up and down grouped GEMMs, unsort) over every pair with the logical experts as groups, combine."""
     T_, K = x.shape[0], config.top_k
     ids, w = route(x, params["router"], K, config.renormalize)
-    flat = ids.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    xs = x[order // K]
-    sizes = jnp.bincount(flat, length=config.experts).astype(jnp.int32)
-    h = jax.nn.silu(gmm(xs, params["w_gate"], sizes, implementation=implementation)) * gmm(
-        xs, params["w_up"], sizes, implementation=implementation
-    )
-    y = gmm(h, params["w_down"], sizes, implementation=implementation)
-    y = jnp.zeros_like(y).at[order].set(y).reshape(T_, K, -1)
-    return jnp.einsum("tk,tkh->th", w.astype(y.dtype), y)
+    rows = x[jnp.arange(T_ * K) // K]
+    y, _ = stages.expert_ffn(rows, ids.reshape(-1), params["w_gate"], params["w_up"], params["w_down"],
+                             gmm_impl=implementation, interpret=False)  # fmt: skip
+    return jnp.einsum("tk,tkh->th", w.astype(y.dtype), y.reshape(T_, K, -1))
 
 
 def dense_bound(params, x, config: MoEConfig):

@@ -167,18 +167,24 @@ def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_
 def expert_ffn(rows: jax.Array, slots: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
                gmm_impl: str, interpret: bool) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """SwiGLU expert FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this
-    rank's weights ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]``: sort by slot, three grouped GEMMs, unsort.
+    rank's weights ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]``: sort by slot, two grouped GEMMs (gate and up
+    fused), unsort.
 
     Returns ``(y [M, H], group_sizes [S])``.
     """
-    S = w_gate.shape[0]
+    S, _, F = w_gate.shape
     order = jnp.argsort(slots, stable=True)
-    xs = rows[order]
+    # The barriers keep XLA from fusing the row gathers into the GEMM loops (measured 10–25% faster on CPU).
+    xs = jax.lax.optimization_barrier(rows[order])
     group_sizes = jnp.bincount(slots, length=S + 1)[:S].astype(jnp.int32)
     mm = dict(implementation=gmm_impl, interpret=interpret)
-    h = jax.nn.silu(gmm(xs, w_gate, group_sizes, **mm)) * gmm(xs, w_up, group_sizes, **mm)
-    y = gmm(h, w_down, group_sizes, **mm)
-    return jnp.zeros_like(y).at[order].set(y), group_sizes
+    # Gate and up projections as one grouped GEMM of width 2F: larger dots, one pass over the rows.
+    gu = gmm(xs, jnp.concatenate([w_gate, w_up], axis=2), group_sizes, **mm)
+    h = jax.nn.silu(gu[:, :F]) * gu[:, F:]
+    y = jax.lax.optimization_barrier(gmm(h, w_down, group_sizes, **mm))
+    # Unsort by gathering through the inverse permutation (a gather of rows is cheaper than a scatter of rows).
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    return y[inverse], group_sizes
 
 
 def return_rows(y: jax.Array, received_counts: jax.Array, packed: Packed, *, axis: str, impl: str) -> jax.Array:
