@@ -217,7 +217,8 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "Beyond the paper: sparse attention; a launch guard; TEMPO's split with 1.25× replicas",
         "CascadeEP cuts mean TTFT {09/sparse_cascade_cut:.0%} under sparse attention; the guard shrinks Async+SF's"
-        " mean-TTFT cut from {09/ttft_mean_cut_async_sf:.0%} to {09/guard_sf_cut:.0%}; TEMPO's split {09/rep_even_ttft:.2f} s → {09/rep_tempo_ttft:.2f} s"
+        " mean-TTFT cut from {09/ttft_mean_cut_async_sf:.0%} to {09/guard_sf_cut:.0%}; TEMPO's split"
+        " {09/rep_even_ttft:.2f} s → {09/rep_tempo_ttft:.2f} s"
         " (≈ {09/pairs_per_expert:,.0f} pairs per expert, n* ≈ {09/n_star:.0f})",
         "09",
     ),
