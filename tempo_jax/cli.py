@@ -144,6 +144,16 @@ def _in_file(option: str, path: str, err: Exception) -> UsageError:
     return UsageError(f"{option} {path}: {err}")
 
 
+def _build_from_json(path: str, option: str, build):
+    """``build(dict)`` of the JSON object in ``path``; its ValueError / TypeError become a usage error naming the
+    option and the file."""
+    data = _load_json_object(path, option)
+    try:
+        return build(data)
+    except (ValueError, TypeError) as err:
+        raise _in_file(option, path, err) from None
+
+
 def _prepare_out(path: str | None, option: str = "--out") -> Path | None:
     """Check an output file before the work: not a folder, its folder creatable (created now) and writable."""
     if not path:
@@ -194,12 +204,7 @@ def _problem_from_args(args: argparse.Namespace):
     gpus = 8 if args.gpus is None else args.gpus
     # Step 2: the cost model.
     if args.cost_json:
-        try:
-            cost = CostModel.from_dict(_load_json_object(args.cost_json, "--cost-json"))
-        except UsageError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise _in_file("--cost-json", args.cost_json, err) from None
+        cost = _build_from_json(args.cost_json, "--cost-json", CostModel.from_dict)
     else:
         cost = PRESETS[args.cost or "dsv3_fp8_offline"]
     # Step 3: the batch.
@@ -229,12 +234,7 @@ def _problem_from_args(args: argparse.Namespace):
         load = counts if counts.ndim == 1 else counts.sum(axis=0)
     # Step 4: the placement.
     if args.placement:
-        try:
-            placement = Placement.from_dict(_load_json_object(args.placement, "--placement"))
-        except UsageError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise _in_file("--placement", args.placement, err) from None
+        placement = _build_from_json(args.placement, "--placement", Placement.from_dict)
     elif args.replicas:
         placement = Placement.from_eplb(load, args.replicas, gpus, spread_idle=True)
     else:

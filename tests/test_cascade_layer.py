@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numeric import f32_close
 
 from solvers import LaunchSchedule, OEWFState, Placement, ThroughputCurve, oewf_at_dispatch, oewf_plan
 from tempo_jax import tables as T
@@ -15,12 +16,6 @@ from tempo_jax.cascade_exec import WeightFetch, fetch_bytes, fetches_from_plan, 
 from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
 
 D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
-
-
-def f32_close(a, b, atol=2e-5, rtol=2e-5):
-    a, b = np.asarray(a), np.asarray(b)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numeric import f32_close
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
 from tempo_jax import tables as T
@@ -14,13 +15,6 @@ from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe
 D = 8
 E = 12  # not divisible by the 8 ranks
 TOKENS = D * 16
-
-
-def f32_close(a, b, atol=2e-5, rtol=2e-5):
-    """The float32 tolerance of this file; finiteness first."""
-    a, b = np.asarray(a), np.asarray(b)
-    assert np.isfinite(a).all() and np.isfinite(b).all()
-    np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
 
 
 @pytest.fixture(scope="module")
