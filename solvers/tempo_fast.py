@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import _token_cap, certified_lower_bound, forced_lower_bound
+from .level_search import level_search
 from .limits import token_flow
 from .policies import metro, round_robin, token_lp
 from .problem import DispatchProblem
@@ -58,6 +59,10 @@ class TempoOptions:
       repair: try `target_repair` towards the bound when the ensemble ran and no candidate reached it.
       repair_flows: budget of repair edits scored (one small max-flow each) over all starts together.
       split_seed: split an expert in the seed when it cannot fit whole under the bound (False: the paper's seed).
+      level_search: run the exact search at the bound's activation level (`solvers.level_search`, CP-SAT on the
+        flexible experts) when the ensemble has not reached the bound.
+      level_work: its CP-SAT deterministic time limit per level (about 4 wall seconds per unit on 2 cores;
+        deterministic, so results do not depend on the machine's load).
       stop_gap: stop searching once ``makespan ≤ bound·(1 + stop_gap)``, or ``bound + max(β, γ)`` (one token on
         one rank: integer token splits cannot always meet the bound of real-valued shares exactly).
       time_budget_ms: wall-clock budget in milliseconds (None: no budget). Checked between and inside stages.
@@ -74,6 +79,8 @@ class TempoOptions:
     repair: bool = True
     repair_flows: int = 600
     split_seed: bool = True
+    level_search: bool = True
+    level_work: float = 0.05
     stop_gap: float = 1e-4
     time_budget_ms: float | None = None
 
@@ -86,6 +93,8 @@ class TempoOptions:
             raise ValueError(f"chain_depth must be an integer ≥ 1 or None (full depth), got {self.chain_depth!r}")
         if int(self.repair_flows) != self.repair_flows or self.repair_flows < 0:
             raise ValueError(f"repair_flows must be an integer ≥ 0, got {self.repair_flows!r}")
+        if not (isinstance(self.level_work, int | float) and self.level_work > 0):
+            raise ValueError(f"level_work must be > 0 (CP-SAT deterministic seconds), got {self.level_work!r}")
         if not (isinstance(self.stop_gap, int | float) and 0 <= self.stop_gap < 1):
             raise ValueError(f"stop_gap must be in [0, 1) (relative to the bound), got {self.stop_gap!r}")
         b = self.time_budget_ms
@@ -107,6 +116,23 @@ class _Clock:
         return self.hit
 
 
+class _Bound:
+    """The certified lower bound as it rises, and the makespan that is good enough to stop at."""
+
+    def __init__(self, lb: float, cost, stop_gap: float):
+        self.lb, self.stop_gap = float(lb), stop_gap
+        self.one_token = max(cost.beta, cost.gamma or 0.0)
+
+    @property
+    def stop(self) -> float:
+        # Within stop_gap of the bound, or within one token on one rank of it (the bound is for real-valued
+        # shares; integer splits cannot always meet a fractional token optimum).
+        return max(self.lb * (1 + self.stop_gap), self.lb + self.one_token) + _EPS
+
+    def raise_to(self, value: float) -> None:
+        self.lb = max(self.lb, float(value))
+
+
 def tempo_fast(
     problem: DispatchProblem,
     *,
@@ -121,6 +147,8 @@ def tempo_fast(
     repair: bool = True,
     repair_flows: int = 600,
     split_seed: bool = True,
+    level_search: bool = True,
+    level_work: float = 0.05,
     stop_gap: float = 1e-4,
     time_budget_ms: float | None = None,
 ) -> tuple[np.ndarray, dict]:
@@ -129,7 +157,7 @@ def tempo_fast(
     Args:
       problem: tokens ``[E]`` or ``[Gs, E]`` (per-expert totals are used), placement, cost model.
       tile_aware, chains, chain_depth, local_search, partial_moves, ensemble, tau, max_iters, repair,
-        repair_flows, split_seed, stop_gap, time_budget_ms: see `TempoOptions`.
+        repair_flows, split_seed, level_search, level_work, stop_gap, time_budget_ms: see `TempoOptions`.
 
     Returns:
       ``(x [E, D], info)``. ``info`` holds:
@@ -161,6 +189,8 @@ def tempo_fast(
         repair=repair,
         repair_flows=repair_flows,
         split_seed=split_seed,
+        level_search=level_search,
+        level_work=level_work,
         stop_gap=stop_gap,
         time_budget_ms=time_budget_ms,
     )
@@ -181,25 +211,22 @@ def _tempo(problem: DispatchProblem, opts: TempoOptions) -> tuple[np.ndarray, di
         lb, parts = certified_lower_bound(problem)
     flow = parts.pop("flow", None)
     info["bound_parts"] = parts
-    # Good enough to stop: within stop_gap of the bound, or within one token on one rank of it (the bound is
-    # for real-valued shares; integer splits cannot always meet a fractional token optimum).
-    one_token = max(cost.beta, cost.gamma or 0.0)
-    stop = max(lb * (1 + opts.stop_gap), lb + one_token) + _EPS
+    bound = _Bound(lb, cost, opts.stop_gap)
 
     def improve(st: State, tag: str) -> None:
         # Step 2: augmenting chains.  Step 3: bottleneck local search with partial migrations. The partial
         # moves of stage 3 can open chains that were blocked, so the pair repeats while it still helps.
         for sweep in range(4 if opts.chains and opts.local_search else 1):
             before = st.makespan()
-            if before <= stop or clock.out():
+            if before <= bound.stop or clock.out():
                 break
             if opts.chains:
-                info[f"{tag}chain_rounds"] = chains(st, opts.max_iters, depth, stop, clock.deadline)
+                info[f"{tag}chain_rounds"] = chains(st, opts.max_iters, depth, bound.stop, clock.deadline)
                 if sweep == 0:
                     info[f"{tag}chains_makespan"] = st.makespan()
             if opts.local_search:
                 info[f"{tag}local_iters"] = local_search(
-                    st, opts.max_iters, tile_aware, opts.partial_moves, stop, clock.deadline
+                    st, opts.max_iters, tile_aware, opts.partial_moves, bound.stop, clock.deadline
                 )
             if st.makespan() >= before - _EPS:
                 break
@@ -226,35 +253,40 @@ def _tempo(problem: DispatchProblem, opts: TempoOptions) -> tuple[np.ndarray, di
     # METRO points are also polished by stages 2–3. Polishing only lowers a candidate's makespan, and the search
     # stops at the bound (nothing scores below it), so the rule picks what it would pick after every candidate.
     if opts.ensemble and m_h > 0:
-        info["ensemble_skipped"] = (1 - opts.tau) * m_h <= lb + _EPS
+        info["ensemble_skipped"] = (1 - opts.tau) * m_h <= bound.lb + _EPS
         if not info["ensemble_skipped"] and not clock.out():
-            best = _ensemble(problem, opts, info, clock, improve, x, flow, lb, stop)
+            best = _ensemble(problem, opts, info, clock, improve, x, flow, bound)
             if not best[0] < (1 - opts.tau) * m_h:
                 best = (m_h, "heuristic", x)
     x_out, info["stage"] = best[2], best[1]
     m = cost.makespan(x_out)
+    lb = bound.lb
     info["lower_bound"] = info["bound"] = float(min(lb, m))
     info["gap"] = float(max(m - lb, 0.0) / m) if m > 0 else 0.0
-    info["optimal"] = bool(m <= stop)
+    info["optimal"] = bool(m <= bound.stop)
     info["time_budget_ms"] = opts.time_budget_ms
     info["budget_exhausted"] = clock.hit
     info["elapsed_ms"] = 1e3 * (time.perf_counter() - clock.t0)
     return np.array(x_out), info
 
 
-def _ensemble(problem, opts, info, clock, improve, x_h, flow, lb, stop):
+def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
     """Steps 4–5: score the candidates cheapest first; stop at the bound or the deadline. Returns the best
-    candidate ``(makespan, name, x)`` other than the heuristic (inf when none was scored)."""
+    candidate ``(makespan, name, x)`` other than the heuristic (inf when none was scored); ``bound`` may rise."""
     cost = problem.cost
+    m_h = cost.makespan(x_h)
     best = (math.inf, "heuristic", x_h)
     points: dict[str, np.ndarray | None] = {"heuristic": x_h}  # every start built so far, by name
+
+    def done() -> bool:
+        return min(best[0], m_h) <= bound.stop or clock.out()
 
     def offer(name: str, xc: np.ndarray) -> bool:
         nonlocal best
         info[f"{name}_makespan"] = mc = cost.makespan(xc)
         if mc < best[0]:
             best = (mc, name, xc)
-        return best[0] <= stop or clock.out()
+        return done()
 
     def point(name: str) -> np.ndarray | None:
         if name not in points:
@@ -272,11 +304,37 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, lb, stop):
     # the activation slack is zero).
     points["level"] = None
     if cost.b > 0:
-        k = math.floor((lb - cost.a) / cost.b + 1e-9)
-        points["level"] = level_partition(problem, k, _token_cap(cost, lb))
+        k = math.floor((bound.lb - cost.a) / cost.b + 1e-9)
+        points["level"] = level_partition(problem, k, _token_cap(cost, bound.lb))
         if points["level"] is not None and offer("level", points["level"]):
             return best
-    # Step 4c: polish the METRO and token-LP starts with stages 2–3 (the token-flow point only when the heuristic
+    # Step 4c (beyond the paper): the exact search at the bound's level (`level_search`, CP-SAT on the flexible
+    # experts): a dispatch at the level, or a proof that the bound rises to the next level (often the
+    # heuristic's own makespan, which is then certified optimal).
+    if opts.level_search and cost.b > 0:
+        k = math.floor((bound.lb - cost.a) / cost.b + 1e-9)
+        searches = []
+        while not done():
+            # First the bound itself (a dispatch there is optimal), then the most permissive cap below the next
+            # level or the incumbent (infeasible: the bound rises to it).
+            t_top = min(cost.a + cost.b * (k + 1), best[0], m_h)
+            for t_cap in dict.fromkeys((bound.lb, t_top)):
+                wall = clock.deadline - time.perf_counter()
+                # no hint: a level-partition start slowed CP-SAT down on the batches tried
+                res = level_search(problem, k, _token_cap(cost, t_cap), work_limit=opts.level_work, wall_limit=wall)
+                searches.append(f"k={k}@{t_cap:.6g}:{res.status}")
+                if res.x is not None and offer("level_search", res.x):
+                    break
+                if res.status != "infeasible":
+                    break
+                bound.raise_to(t_cap)
+            if res.status != "infeasible" or done():
+                break
+            k += 1
+        info["level_search"] = searches
+        if done():
+            return best
+    # Step 4d: polish the METRO and token-LP starts with stages 2–3 (the token-flow point only when the heuristic
     # did not already start from it).
     if opts.chains or opts.local_search:
         for name in ("metro", "token_lp"):
@@ -291,12 +349,13 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, lb, stop):
     # from is hard to predict; on 9 DeepSeek-V3 EP8 batches that needed it each start succeeded on 5–6 of them,
     # the HiGHS token-LP vertex with the fewest edits (97 on average; built here only, a few ms). It goes first
     # with the whole edit budget, then the other starts with what is left.
+    lb = bound.lb
     level = (lb - cost.a) / cost.b if cost.b > 0 else 0.5
     stats = {"flows": 0}
     if opts.repair and abs(level - round(level)) <= 1e-6:
         for name in ("token_lp_vertex", "heuristic", "level", "token_lp", "metro"):
             left = opts.repair_flows - stats["flows"]
-            if best[0] <= stop or left <= 0 or clock.out():
+            if done() or left <= 0:
                 break
             start = point(name)
             if start is None:

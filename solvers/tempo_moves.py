@@ -491,10 +491,14 @@ def _bmatch(mask: np.ndarray, demand: np.ndarray, supply: np.ndarray) -> np.ndar
     return out
 
 
-def _swap_whole(nf, mf, where, toks, count, spare, cap, max_swaps):
-    """Moves (to a rank with a spare activation) and swaps of whole flexible experts off the rank with the most
-    tokens while it holds more than ``cap``, each the one that lowers the larger of the two ranks' tokens the
-    most; vectorised over all pairs. Updates ``where``, ``toks``, ``count`` in place."""
+def _swap_items(size, owner, allowed, where, toks, count, spare, cap, max_swaps) -> None:
+    """Moves (to a rank with a spare activation) and swaps of items off the rank with the most tokens while it
+    holds more than ``cap``, each the one that lowers the larger of the two ranks' tokens the most; vectorised
+    over all pairs. An item is a whole flexible expert or one of an expert's equal pieces (``owner``); pieces of
+    one expert never share a rank, and an item only goes where ``allowed``. Updates ``where``, ``toks`` and
+    ``count`` in place."""
+    occ = np.zeros((int(owner.max()) + 1, toks.size), dtype=np.int64)
+    np.add.at(occ, (owner, where), 1)
     for _ in range(max_swaps):
         g = int(np.argmax(toks))
         if toks[g] <= cap:
@@ -502,12 +506,14 @@ def _swap_whole(nf, mf, where, toks, count, spare, cap, max_swaps):
         mine = np.flatnonzero(where == g)
         if mine.size == 0:
             return
-        ii, hs = np.nonzero(mf[mine] & (count < spare)[None, :])
-        mv_new = np.maximum(toks[g] - nf[mine[ii]], toks[hs] + nf[mine[ii]])
+        ii, hs = np.nonzero(allowed[mine] & (count < spare)[None, :] & (occ[owner[mine]] == 0))
+        mv_new = np.maximum(toks[g] - size[mine[ii]], toks[hs] + size[mine[ii]])
         others = np.flatnonzero(where != g)
-        a, b = np.nonzero(mf[mine][:, where[others]] & mf[others][:, g][None, :])
+        ok = allowed[mine][:, where[others]] & allowed[others][:, g][None, :]
+        ok &= (occ[owner[mine]][:, where[others]] == 0) & (occ[owner[others], g] == 0)[None, :]
+        a, b = np.nonzero(ok)
         e1, e2 = mine[a], others[b]
-        delta = nf[e1] - nf[e2]
+        delta = size[e1] - size[e2]
         sw_new = np.maximum(toks[g] - delta, toks[where[e2]] + delta)
         v_mv = mv_new.min(initial=np.inf)
         v_sw = sw_new.min(initial=np.inf)
@@ -516,10 +522,12 @@ def _swap_whole(nf, mf, where, toks, count, spare, cap, max_swaps):
         if v_mv <= v_sw:
             j = int(np.argmin(mv_new))
             e, h = mine[ii[j]], hs[j]
-            toks[g] -= nf[e]
-            toks[h] += nf[e]
+            toks[g] -= size[e]
+            toks[h] += size[e]
             count[g] -= 1
             count[h] += 1
+            occ[owner[e], g] -= 1
+            occ[owner[e], h] += 1
             where[e] = h
         else:
             j = int(np.argmin(sw_new))
@@ -527,7 +535,47 @@ def _swap_whole(nf, mf, where, toks, count, spare, cap, max_swaps):
             h = where[q]
             toks[g] -= delta[j]
             toks[h] += delta[j]
+            occ[owner[p], g] -= 1
+            occ[owner[p], h] += 1
+            occ[owner[q], h] -= 1
+            occ[owner[q], g] += 1
             where[p], where[q] = h, g
+
+
+def _largest_first(size, owner, allowed, load, spare, cap, checked: int = 64) -> np.ndarray | None:
+    """Items by size descending, each to the allowed rank with the most room left (a spare activation, no piece
+    of the same expert) among those that leave the remaining items a matching (one max-flow per try, while at
+    most ``checked`` items; beyond that, unchecked). None when an item finds no rank."""
+    where = np.full(size.size, -1)
+    room = cap - np.asarray(load, dtype=np.float64)
+    left = np.asarray(spare, dtype=np.int64).copy()
+    owners = int(owner.max()) + 1
+    used = np.zeros((owners, room.size), dtype=bool)
+    order = np.lexsort((np.arange(size.size), -size)).tolist()
+    check = size.size <= checked
+    for pos, i in enumerate(order):
+        ok = allowed[i] & (left > 0) & ~used[owner[i]]
+        for g in np.flatnonzero(ok)[np.argsort(-room[ok], kind="stable")].tolist():
+            if check and pos + 1 < len(order):
+                rest = np.array(order[pos + 1 :])
+                demand = np.bincount(owner[rest], minlength=owners)
+                used[owner[i], g] = True
+                left[g] -= 1
+                can = np.zeros((owners, room.size), dtype=bool)
+                can[owner[rest]] = allowed[rest]
+                feasible = _bmatch(can & ~used & (left > 0)[None, :], demand, left) is not None
+                used[owner[i], g] = False
+                left[g] += 1
+                if not feasible:
+                    continue
+            where[i] = g
+            room[g] -= size[i]
+            left[g] -= 1
+            used[owner[i], g] = True
+            break
+        else:
+            return None
+    return where
 
 
 def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int = 200) -> np.ndarray | None:
@@ -538,9 +586,11 @@ def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int
     each shed another one. Step 1: experts with one replica rank are fixed; rank g keeps ``A_g = k − F_g``
     activations and ``R_g = ⌊cap⌋ − Φ_g`` tokens. Step 2: each flexible expert gets the fewest pieces its
     roomiest replica ranks can hold (as in `solvers.bounds`), and the pieces are matched to distinct replica
-    ranks within the spare activations (b-matching by max-flow). Step 3: when every expert is whole, moves and
-    swaps of flexible experts push the most loaded rank under the cap. Step 4: the tokens are routed over the
-    chosen pattern by max-flow (`solvers.target_repair`); what does not fit stays on the expert's first rank.
+    ranks within the spare activations (b-matching by max-flow). Step 3: moves and swaps of items (a whole
+    expert, or one of a split expert's equal pieces; pieces of one expert on distinct ranks) push the most
+    loaded rank under the cap. Step 4: the tokens are routed over the chosen pattern by max-flow
+    (`solvers.target_repair`), which re-balances the split experts; what does not fit stays on the expert's
+    first rank.
 
     Returns:
       ``[E, D]`` float64 dispatch (integer tokens, at most k activations per rank; its tokens may exceed the cap
@@ -574,14 +624,24 @@ def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int
     pattern = _bmatch(mf, pieces.astype(np.int64), spare)
     if pattern is None:
         return None
-    # Step 3: whole experts only: swap towards the cap.
-    if (pieces == 1).all():
-        where = np.argmax(pattern, axis=1)
-        toks = phi + np.bincount(where, weights=nf, minlength=D)
+    # Step 3: items (a whole expert, or one of a split expert's equal pieces) from two starts: largest first to
+    # the roomiest allowed rank (when it places them all), and the matching; each improved by moves and swaps.
+    owner, matched = np.nonzero(pattern)  # one item per matched (expert, rank) pair
+    size = nf[owner] / pieces[owner]
+    allowed = mask[flex][owner]
+    best = None
+    for where in (_largest_first(size, owner, allowed, phi, spare, cap), matched.copy()):
+        if where is None:
+            continue
+        toks = phi + np.bincount(where, weights=size, minlength=D)
         count = np.bincount(where, minlength=D)
-        _swap_whole(nf, mask[flex], where, toks, count, spare, cap, max_swaps)
-        pattern = np.zeros_like(pattern)
-        pattern[np.arange(flex.size), where] = True
+        _swap_items(size, owner, allowed, where, toks, count, spare, cap, max_swaps)
+        if best is None or toks.max() < best[0]:
+            best = (toks.max(), where)
+        if toks.max() <= cap:
+            break
+    pattern = np.zeros_like(pattern)
+    pattern[owner, best[1]] = True
     # Step 4: route the tokens over the pattern.
     full = np.zeros((E, D), dtype=bool)
     full[forced, sole[forced]] = True
