@@ -542,10 +542,10 @@ def _swap_items(size, owner, allowed, where, toks, count, spare, cap, max_swaps)
             where[p], where[q] = h, g
 
 
-def _largest_first(size, owner, allowed, load, spare, cap, checked: int = 64) -> np.ndarray | None:
+def _largest_first(size, owner, allowed, load, spare, cap, checked: int = 0) -> np.ndarray | None:
     """Items by size descending, each to the allowed rank with the most room left (a spare activation, no piece
-    of the same expert) among those that leave the remaining items a matching (one max-flow per try, while at
-    most ``checked`` items; beyond that, unchecked). None when an item finds no rank."""
+    of the same expert); with at most ``checked`` items, only among ranks that leave the remaining items a
+    matching (one max-flow per try). None when an item finds no rank."""
     where = np.full(size.size, -1)
     room = cap - np.asarray(load, dtype=np.float64)
     left = np.asarray(spare, dtype=np.int64).copy()
@@ -624,15 +624,21 @@ def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int
     pattern = _bmatch(mf, pieces.astype(np.int64), spare)
     if pattern is None:
         return None
-    # Step 3: items (a whole expert, or one of a split expert's equal pieces) from two starts: largest first to
-    # the roomiest allowed rank (when it places them all), and the matching; each improved by moves and swaps.
+    # Step 3: items (a whole expert, or one of a split expert's equal pieces) from two starts, the matching and
+    # (when that does not reach the cap) largest first to the roomiest allowed rank; moves and swaps improve each.
     owner, matched = np.nonzero(pattern)  # one item per matched (expert, rank) pair
     size = nf[owner] / pieces[owner]
     allowed = mask[flex][owner]
     best = None
-    for where in (_largest_first(size, owner, allowed, phi, spare, cap), matched.copy()):
-        if where is None:
-            continue
+    for start in ("matched", "largest_first"):
+        if start == "matched":
+            where = matched.copy()
+        else:  # the plain greedy may run out of ranks: then again, keeping a matching for the rest
+            where = _largest_first(size, owner, allowed, phi, spare, cap)
+            if where is None:
+                where = _largest_first(size, owner, allowed, phi, spare, cap, checked=64)
+            if where is None:
+                continue
         toks = phi + np.bincount(where, weights=size, minlength=D)
         count = np.bincount(where, minlength=D)
         _swap_items(size, owner, allowed, where, toks, count, spare, cap, max_swaps)
