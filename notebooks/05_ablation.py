@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Ablations of tempo_fast (TEMPO §4.2; Tables 2, 8, 9)
+# # Ablations of tempo_fast (TEMPO §4.2; Tables 2, 8, 9) and Theorem 2 (§3.1, App. A.4)
 #
 # - **Table 2, components**: over the phase grid (EP8: three presets × two replication ratios × six skews ×
 #   eight B, B = tokens per GPU as in the phase diagram) and the scale grid (DSv3, 1.25×, EP16–64), each batch
@@ -24,6 +24,9 @@
 #   term ablation solves under the model with the term deleted (traffic: c2 = γ = 0; floor: a = b = 0, i.e.
 #   tokens only) and scores under the full model (`tempo_jax.sim.protocols.run_variants`). B = tokens per step
 #   (see notebook 04); routing: FLAME-MoE-290M layers (recorded) and synthetic Zipf(1.2) streams.
+#
+# - **Theorem 2**: A3's additive gap ε = Δ/LB on recorded decode batches and its tightness over a 1296-instance
+#   probe suite (`tempo_jax.sim.theorem2`; also `python -m tempo_jax.sim.theorem2`).
 #
 # Our tempo_fast runs full-depth augmenting chains by default (the paper truncates at 2 steps). `SMALL=1`
 # shrinks every grid; full-size results are cached in `results/cache/`.
@@ -40,6 +43,7 @@ from tempo_jax.report import figures_dir, table
 from tempo_jax.sim import PhaseConfig, SyntheticStreams, VariantConfig, component_ablation, run_variants
 from tempo_jax.sim.ablation import summarize
 from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
+from tempo_jax.sim.theorem2 import EpsilonConfig, ProbeConfig, run_theorem2, theorem2_table
 from tempo_jax.sim.variants import COMPONENTS, STAGES, TERMS
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -193,6 +197,37 @@ plt.show()
 # property) and local search has less to repair. The absolute ratios differ from the paper's because the routing
 # differs (FLAME-MoE is nearly balanced, Zipf(1.2) strongly skewed; the paper's traces are not public) — not
 # tuned.
+
+# %% [markdown]
+# ## Theorem 2: A3's additive gap and its tightness
+#
+# A3 (descending-token round-robin of whole experts, full replication) satisfies M(A3) ≤ OPT + Δ with
+# Δ = max(b, β·n_max). The paper reports ε = Δ/LB (so M(A3) ≤ (1 + ε)·OPT) of median 4.1% / max 7.7% on recorded
+# decode batches and 31% at 4× token scale, and a worst M(A3)/(OPT + Δ) of 0.998 over 1296 probe instances. Our
+# reading (the grid is not in the paper): recorded = our FLAME-MoE / HarMoEny recordings at B = 16–64 tokens per
+# rank (and 4× that), plus DeepSeek-V3-shaped synthetic batches (E = 256 at EP8, issue 15's generator); the probe
+# grid is g ∈ {2, 4, 8, 16} × E ∈ {16, 64, 256, 512} × 9 token families × B ∈ {32, 128, 512} × 3 seeds
+# (`tempo_jax.sim.theorem2` docstring). OPT is tempo's certified optimum, else the MILP's, else a bracket.
+
+# %%
+t0 = time.perf_counter()
+if SMALL:
+    T2 = (EpsilonConfig(traces=(("flame_moe_290m", 8),), synthetic=((256, 8, 8, 1.2),), max_batches=2),
+          ProbeConfig(gpus=(2, 8), experts=(16, 64), tokens_per_gpu=(128,), seeds=1))  # fmt: skip
+else:
+    T2 = (EpsilonConfig(), ProbeConfig())
+t2 = run_theorem2(*T2, workers=WORKERS, progress=not SMALL)
+print(f"{len(t2.probes)} probes, {len(t2.epsilon)} ε batches in {time.perf_counter() - t0:.1f} s")
+print(table(theorem2_table(t2), ["quantity", "paper", "here"], "Theorem 2: paper vs here"))
+
+# %% [markdown]
+# **Reading.** On DeepSeek-V3-shaped batches (32 experts per GPU, like the paper's traces) ε matches the paper
+# where it is reported as a median (4.1%) and exceeds it at the tail (our max includes s = 0.6 batches at B = 16,
+# where Δ is the floor b and LB is small). Our own recordings have 8–16 experts per GPU and mostly small experts:
+# there Δ is the floor b, not β·n_max, and ε ≥ b / (b·⌈E/g⌉) is 6–17% before any token term — the paper's
+# "Δ = β·n_max on all our traces" does not hold for them. The additive term is tight in both senses the paper
+# means: M(A3)/(OPT + Δ) reaches 0.996 (large instances where A3 is optimal and Δ is small), and a single giant
+# expert needs (1 − 1/g) of Δ (0.9375 at g = 16), the necessity argument of App. A.4; M(A3)/OPT reaches g.
 
 # %%
 print(f"notebook time {time.perf_counter() - t_start:.1f} s (SMALL={SMALL})")
