@@ -7,18 +7,21 @@ Glossary (every package): T tokens, H hidden, F expert FFN width, E logical expe
 activated experts, N_g tokens, T_g tiles.
 
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
-`eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
-(`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
+`eplb` → `placement` (layouts, slot budgets), `limits` (token LP by HiGHS and by max-flow, semi-matching) →
+`bounds` (cheap, certified and LP bounds) → `problem` (`DispatchProblem`, `Dispatch`) → `policies`,
+`target_repair`, `level_search` (exact search at one activation level, CP-SAT) → `tempo_moves` (stages 1–3 on a
+dense state) → `tempo_fast` (`TempoOptions`, anytime budget), `milp` → `solve`; beside them
 `fit` (calibration) and `topology` (per-node split). CascadeEP planning: `attention` (App. B attention-time
 model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch groups and the rank-uniform
 `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
 """
 
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
+from .bounds import certified_lower_bound
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, fit_max_affine
-from .limits import semi_matching, semi_matching_value
+from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
 from .oewf import (
     PRICINGS,
     REJECT_REASONS,
@@ -36,6 +39,7 @@ from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
+from .tempo_fast import TempoOptions
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
@@ -47,6 +51,9 @@ __all__ = [
     "DispatchProblem",
     "FitReport",
     "Placement",
+    "TempoOptions",
+    "TokenFlow",
+    "certified_lower_bound",
     "drift_corrupt",
     "fit_max_affine",
     "flat_split",
@@ -60,6 +67,7 @@ __all__ = [
     "solve",
     "split_tables",
     "static_map",
+    "token_flow",
     "topology_split",
     # CascadeEP planning (attention model, streamFFN, OEWF)
     "AttentionFitReport",
