@@ -205,15 +205,17 @@ def certified_lower_bound(problem, upper: float = math.inf, *, lower: float | No
     Step 3: `level_lower_bound` between that and ``upper``.
 
     Returns:
-      ``(bound, parts)``; ``parts`` maps ``forced``, ``token_flow``, ``level`` to the bound after each step and,
-      when step 2 ran, ``flow`` to its `TokenFlow` (integer token-LP shares, reusable as a dispatch).
+      ``(bound, parts)``; ``parts`` maps ``forced``, ``token_flow``, ``level`` to the bound after each step,
+      ``tokens`` to the token-LP optimum (no rank holds fewer tokens on its fullest rank: N/D under full
+      replication) and, when step 2 ran, ``flow`` to its `TokenFlow` (integer token-LP shares, reusable as a
+      dispatch).
     """
     cost = problem.cost
     lb = forced_lower_bound(problem) if lower is None else float(lower)
-    parts: dict = {"forced": lb}
+    parts: dict = {"forced": lb, "tokens": float(problem.n.sum()) / problem.num_gpus}
     if upper > lb and not problem.placement.is_full and min(cost.beta, cost.gamma or 0.0) >= 0:
         tf = token_flow(problem.n, problem.mask)
-        parts["flow"] = tf
+        parts["flow"], parts["tokens"] = tf, tf.bound
         lb = max(lb, _time_of_cap(cost, tf.bound))
     parts["token_flow"] = lb
     lb = level_lower_bound(problem, lb, upper)

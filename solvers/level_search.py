@@ -59,6 +59,7 @@ def level_search(
     *,
     hint: np.ndarray | None = None,
     minimise: bool = False,
+    round_up: bool = True,
     work_limit: float = 0.2,
     wall_limit: float = math.inf,
     max_pairs: int = 800,
@@ -72,6 +73,9 @@ def level_search(
       cap: token cap per rank (real; e.g. the token cap of the next level's time).
       hint: an ``[E, D]`` dispatch to warm-start from (its flexible shares; any level).
       minimise: minimise the fullest rank's tokens (else stop at the first dispatch within the cap).
+      round_up: rooms rounded up (``⌈C − Φ_g⌉``: INFEASIBLE is then a proof for real-valued shares, and a dispatch
+        found may exceed the cap by less than a token); False rounds the cap down (a dispatch found meets it,
+        INFEASIBLE only rules out integer shares, and ``tokens_bound`` is −inf).
       work_limit: CP-SAT deterministic time limit (its work units, about 4 wall seconds each on the reference box).
       wall_limit: wall-clock guard in seconds (a time budget); hitting it first makes the run time-dependent.
       max_pairs: skip (status ``skipped``) when there are more (expert, rank) pairs than this.
@@ -90,16 +94,17 @@ def level_search(
     flex = np.flatnonzero(live & (sole < 0))
     spare = k - np.bincount(sole[forced], minlength=D)
     phi = np.round(np.bincount(sole[forced], weights=n[forced], minlength=D)).astype(np.int64)
-    top = math.ceil(cap - 1e-9)
+    top = math.ceil(cap - 1e-9) if round_up else math.floor(cap + 1e-9)
     # Step 1: forced loads alone decide some cases.
+    proof = cap if round_up else -math.inf
     if (spare < 0).any() or phi.max(initial=0) > top:
-        return LevelResult("infeasible", None, math.nan, cap)
+        return LevelResult("infeasible", None, math.nan, proof)
     ee, gg = np.nonzero(mask[flex] & (spare > 0)[None, :] & (phi < top)[None, :])
     if ee.size > max_pairs:
         return LevelResult("skipped", None, math.nan, -math.inf)
     nf = np.round(n[flex]).astype(np.int64)
     if np.bincount(ee, minlength=flex.size).min(initial=1) == 0:
-        return LevelResult("infeasible", None, math.nan, cap)  # a flexible expert has no usable rank
+        return LevelResult("infeasible", None, math.nan, proof)  # a flexible expert has no usable rank
     # Step 2: the model.
     m = cp_model.CpModel()
     room = top - phi
@@ -133,7 +138,7 @@ def level_search(
         solver.parameters.max_time_in_seconds = max(float(wall_limit), 1e-3)
     status = solver.solve(m)
     if status == cp_model.INFEASIBLE:
-        return LevelResult("infeasible", None, math.nan, cap)
+        return LevelResult("infeasible", None, math.nan, proof)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return LevelResult("unknown", None, math.nan, -math.inf)
     out = np.zeros((E, D))
@@ -141,5 +146,5 @@ def level_search(
     out[flex[ee], gg] = [solver.value(v) for v in x]
     tokens = float(out.sum(axis=0).max())
     if status == cp_model.OPTIMAL and minimise:
-        return LevelResult("optimal", out, tokens, tokens - 1.0)
+        return LevelResult("optimal", out, tokens, tokens - 1.0 if round_up else -math.inf)
     return LevelResult("feasible", out, tokens, -math.inf)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bounds import _token_cap, certified_lower_bound, forced_lower_bound
+from .bounds import _time_of_cap, _token_cap, certified_lower_bound, forced_lower_bound
 from .level_search import level_search
 from .limits import token_flow
 from .policies import metro, round_robin, token_lp
@@ -63,8 +63,8 @@ class TempoOptions:
         flexible experts) when the ensemble has not reached the bound.
       level_work: its CP-SAT deterministic time limit per level (about 4 wall seconds per unit on 2 cores;
         deterministic, so results do not depend on the machine's load).
-      stop_gap: stop searching once ``makespan ≤ bound·(1 + stop_gap)``, or ``bound + max(β, γ)`` (one token on
-        one rank: integer token splits cannot always meet the bound of real-valued shares exactly).
+      stop_gap: stop searching once ``makespan ≤ bound·(1 + stop_gap)``, or the time of ⌈token-LP optimum⌉ tokens
+        when that is higher (integer token splits cannot meet a fractional token optimum).
       time_budget_ms: wall-clock budget in milliseconds (None: no budget). Checked between and inside stages.
     """
 
@@ -117,17 +117,19 @@ class _Clock:
 
 
 class _Bound:
-    """The certified lower bound as it rises, and the makespan that is good enough to stop at."""
+    """The certified lower bound as it rises, and the makespan that is good enough to stop at.
 
-    def __init__(self, lb: float, cost, stop_gap: float):
+    ``integer``: a bound for dispatches with integer token shares (every stage makes those): the fullest rank
+    holds at least ⌈token-LP optimum⌉ tokens, so its time is at least that many tokens' time. The bound reported
+    stays the one for real-valued shares."""
+
+    def __init__(self, lb: float, cost, stop_gap: float, tokens: float | None = None):
         self.lb, self.stop_gap = float(lb), stop_gap
-        self.one_token = max(cost.beta, cost.gamma or 0.0)
+        self.integer = _time_of_cap(cost, math.ceil(tokens - 1e-9)) if tokens is not None else -math.inf
 
     @property
     def stop(self) -> float:
-        # Within stop_gap of the bound, or within one token on one rank of it (the bound is for real-valued
-        # shares; integer splits cannot always meet a fractional token optimum).
-        return max(self.lb * (1 + self.stop_gap), self.lb + self.one_token) + _EPS
+        return max(self.lb * (1 + self.stop_gap), self.integer) + _EPS
 
     def raise_to(self, value: float) -> None:
         self.lb = max(self.lb, float(value))
@@ -168,8 +170,8 @@ def tempo_fast(
       - ``lower_bound`` (also under ``bound``, which `Dispatch.lower_bound` reads): a certified lower bound on
         the optimal makespan (µs), from `solvers.bounds.certified_lower_bound`; ``bound_parts`` says what each
         part of it gave.
-      - ``gap``: ``(makespan − lower_bound) / makespan`` ≥ 0; ``optimal``: the makespan is within ``stop_gap`` or
-        one token on one rank of the bound (then nothing was left to search).
+      - ``gap``: ``(makespan − lower_bound) / makespan`` ≥ 0; ``optimal``: the makespan is within ``stop_gap`` of
+        the bound, or meets its integer-token version (then nothing was left to search).
       - ``ensemble_skipped``: True when the bound showed no candidate could be τ better than the heuristic.
       - ``time_budget_ms`` (the budget, or None), ``budget_exhausted`` (the clock ran out before the search
         finished: the dispatch is the best found so far) and ``elapsed_ms`` (time inside tempo_fast).
@@ -211,7 +213,7 @@ def _tempo(problem: DispatchProblem, opts: TempoOptions) -> tuple[np.ndarray, di
         lb, parts = certified_lower_bound(problem)
     flow = parts.pop("flow", None)
     info["bound_parts"] = parts
-    bound = _Bound(lb, cost, opts.stop_gap)
+    bound = _Bound(lb, cost, opts.stop_gap, parts.get("tokens"))
 
     def improve(st: State, tag: str) -> None:
         # Step 2: augmenting chains.  Step 3: bottleneck local search with partial migrations. The partial
@@ -293,8 +295,12 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
             points[name] = metro(problem) if name == "metro" else token_lp(problem)  # token_lp_vertex: HiGHS
         return points[name]
 
-    # Step 4a: the token-LP point (the integer max-flow optimum; the bound computed it under restriction).
-    points["token_lp"] = (flow if flow is not None else token_flow(problem.n, problem.mask)).x
+    # Step 4a: the token-LP point: the integer max-flow optimum (the bound computed it under restriction); with a
+    # tile term the HiGHS vertex instead, whose even fractional splits can save a tile where the flow's do not.
+    if cost.has_tiles:
+        points["token_lp"] = point("token_lp_vertex")
+    else:
+        points["token_lp"] = (flow if flow is not None else token_flow(problem.n, problem.mask)).x
     if offer("token_lp", points["token_lp"]):
         return best
     if problem.placement.is_full and offer("round_robin", round_robin(problem)):
@@ -303,7 +309,8 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
     # re-partitioned at equal counts, hot ones split over matched ranks (the moves local search cannot make when
     # the activation slack is zero).
     points["level"] = None
-    if cost.b > 0:
+    levels = cost.b > 0 and not cost.has_tiles  # both level stages count activations, not tiles
+    if levels:
         k = math.floor((bound.lb - cost.a) / cost.b + 1e-9)
         points["level"] = level_partition(problem, k, _token_cap(cost, bound.lb))
         if points["level"] is not None and offer("level", points["level"]):
@@ -311,23 +318,25 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
     # Step 4c (beyond the paper): the exact search at the bound's level (`level_search`, CP-SAT on the flexible
     # experts): a dispatch at the level, or a proof that the bound rises to the next level (often the
     # heuristic's own makespan, which is then certified optimal).
-    if opts.level_search and cost.b > 0:
+    if opts.level_search and levels:
         k = math.floor((bound.lb - cost.a) / cost.b + 1e-9)
         searches = []
         while not done():
-            # First the bound itself (a dispatch there is optimal), then the most permissive cap below the next
-            # level or the incumbent (infeasible: the bound rises to it).
+            # First the bound itself with integer tokens (a dispatch there is optimal), then the most permissive
+            # cap below the next level or the incumbent, rooms rounded up (infeasible: the bound rises to it).
             t_top = min(cost.a + cost.b * (k + 1), best[0], m_h)
-            for t_cap in dict.fromkeys((bound.lb, t_top)):
+            for t_cap, proof in ((bound.lb, False), (t_top, True)):
                 wall = clock.deadline - time.perf_counter()
                 # no hint: a level-partition start slowed CP-SAT down on the batches tried
-                res = level_search(problem, k, _token_cap(cost, t_cap), work_limit=opts.level_work, wall_limit=wall)
+                res = level_search(problem, k, _token_cap(cost, t_cap), round_up=proof, work_limit=opts.level_work,
+                                   wall_limit=wall)  # fmt: skip
                 searches.append(f"k={k}@{t_cap:.6g}:{res.status}")
                 if res.x is not None and offer("level_search", res.x):
                     break
                 if res.status != "infeasible":
                     break
-                bound.raise_to(t_cap)
+                if proof:
+                    bound.raise_to(t_cap)
             if res.status != "infeasible" or done():
                 break
             k += 1
