@@ -91,8 +91,8 @@ plt.show()
 # **Reading.** With the hierarchical layout every replica of an expert shares one node, so the tokens of the
 # other node must cross whatever the split (flat = topology-aware = static = 0.50). With the global layout the
 # hot experts' replicas span both nodes and the same-node-first split keeps a node's tokens at home up to the
-# capacity x gives that node: about 15% of the crossing traffic disappears at B ≥ 256 (0.50 → 0.43 / 0.42)
-# at zero makespan cost. At
+# capacity x gives that node: about 10% of the crossing traffic disappears at B ≥ 256 (0.50 → 0.44 / 0.46;
+# how much depends on which optimal x the solver returns: 0.43 / 0.42 before issue 15) at zero makespan cost. At
 # B = 64 most experts are small enough to sit whole on one replica and there is nothing to re-pair. The static
 # map crosses least (a third: it prefers own-node replicas) but pays 20–30% more modelled makespan — the
 # paper's point that locality must be part of the dispatch, not a replacement for balancing. The paper reports
