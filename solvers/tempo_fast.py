@@ -5,16 +5,20 @@
    reaches the bound (within ``stop_gap``): the dispatch is then provably optimal.
 1. Cost-aware greedy seeding: experts by tokens descending, each placed whole on the replica GPU whose
    modelled time after taking it is lowest; an expert that cannot fit whole under the bound is split over its
-   roomiest replicas instead (``split_seed``; off = the paper's whole-expert seed).
-2. Activation rebalancing by augmenting chains of whole-expert moves off the bottleneck GPU: the semi-matching
-   augmenting paths that are exact when β → 0 (Lemma 2). The paper truncates them at 1 and 2 steps
-   (``chain_depth=2``); by default the search runs to full depth.
+   roomiest replicas instead, and the token-flow point of step 0 is the seed when it is lower (``split_seed``;
+   off = the paper's whole-expert seed).
+2. Activation rebalancing by augmenting chains of whole-expert moves off the bottleneck GPU (floor-bound
+   GPUs only): the semi-matching augmenting paths that are exact when β → 0 (Lemma 2). The paper truncates
+   them at 1 and 2 steps (``chain_depth=2``); by default the search runs to full depth.
 3. Bottleneck local search with partial migrations: whole-expert moves and partial splits off the
    bottleneck GPU, split sizes in closed form (`solvers.tempo_moves`); best move wins; ≤ ``max_iters``.
 4. Ensemble (Proposition 1): score token-LP and A3 (full replication only) and switch only when one is
-   more than τ better. Skipped when the bound shows no candidate can be τ better. The token-LP point is the
-   integer max-flow optimum of step 0 (no second LP solve); it and the METRO point are also polished by
-   stages 2–3. Candidates are tried cheapest first and the search stops at the bound.
+   more than τ better; skipped when the bound shows no candidate can be τ better. Candidates cheapest first,
+   stopping at the bound: (a) the token-LP point — the integer max-flow optimum of step 0 (the HiGHS vertex
+   with a tile term) — and A3; (b) beyond the paper, the level partition (`tempo_moves.level_partition`: whole
+   experts matched and swapped at the bound's activation level); (c) beyond the paper, the exact search at that
+   level (`solvers.level_search`, CP-SAT on the flexible experts): a dispatch at the bound, or a proof that
+   raises the bound to the next level; (d) the METRO and token-LP points polished by stages 2–3.
 5. Target repair (beyond the paper): when no candidate reached the bound and the bound sits on an activation
    level a + b·k, `target_repair` edits the active pattern of the HiGHS token-LP vertex, the heuristic's
    dispatch, the level partition, the token-flow point and the METRO point towards it (within
