@@ -168,9 +168,10 @@ def tempo_fast(
     Returns:
       ``(x [E, D], info)``. ``info`` holds:
 
-      - ``stage``: which candidate won (``heuristic``, ``token_lp``, ``round_robin``, ``<start>+polish``,
-        ``<start>+repair``); ``seed_makespan``, ``heuristic_makespan`` and ``<candidate>_makespan`` (µs) for
-        every candidate scored, stage counters (``chain_rounds``, ``local_iters``, ``repair_flows``).
+      - ``stage``: which candidate won (``heuristic``, ``token_lp``, ``round_robin``, ``level``, ``level_search``,
+        ``<start>+polish``, ``<start>+repair``); ``seed`` (``greedy`` or ``token_flow``), ``seed_makespan``,
+        ``heuristic_makespan`` and ``<candidate>_makespan`` (µs) for every candidate scored, stage counters
+        (``chain_rounds``, ``local_iters``, ``repair_flows``) and ``level_search`` (each CP-SAT call's outcome).
       - ``lower_bound`` (also under ``bound``, which `Dispatch.lower_bound` reads): a certified lower bound on
         the optimal makespan (µs), from `solvers.bounds.certified_lower_bound`; ``bound_parts`` says what each
         part of it gave.
