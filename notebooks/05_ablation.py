@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Ablations of tempo_fast (TEMPO §4.2; Tables 2, 8, 9)
+# # Ablations of tempo_fast (TEMPO §4.2; Tables 2, 8, 9) and Theorem 2 (§3.1, App. A.4)
 #
 # - **Table 2, components**: over the phase grid (EP8: three presets × two replication ratios × six skews ×
 #   eight B, B = tokens per GPU as in the phase diagram) and the scale grid (DSv3, 1.25×, EP16–64), each batch
@@ -28,6 +28,9 @@
 #   term ablation solves under the model with the term deleted (traffic: c2 = γ = 0; floor: a = b = 0, i.e.
 #   tokens only) and scores under the full model (`tempo_jax.sim.protocols.run_variants`). B = tokens per step
 #   (see notebook 04); routing: FLAME-MoE-290M layers (recorded) and synthetic Zipf(1.2) streams.
+#
+# - **Theorem 2**: A3's additive gap ε = Δ/LB on recorded decode batches and its tightness over a 1296-instance
+#   probe suite (`tempo_jax.sim.theorem2`; also `python -m tempo_jax.sim.theorem2`).
 #
 # Our tempo_fast runs full-depth augmenting chains by default (the paper truncates at 2 steps). `SMALL=1`
 # shrinks every grid; full-size results are cached in `results/cache/`, and the numbers quoted below are recorded
@@ -45,6 +48,8 @@ from tempo_jax.report import Recorder, figures_dir, table
 from tempo_jax.sim import PhaseConfig, SyntheticStreams, VariantConfig, component_ablation, run_variants
 from tempo_jax.sim.ablation import summarize
 from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
+from tempo_jax.sim.theorem2 import PAPER as THM2_PAPER
+from tempo_jax.sim.theorem2 import EpsilonConfig, ProbeConfig, run_theorem2, theorem2_table, theorem2_values
 from tempo_jax.sim.variants import COMPONENTS, STAGES, TERMS
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -208,6 +213,32 @@ fig.tight_layout()
 fig.savefig(FIGURES / "tables8_9_stage_term_ablation.png", dpi=120)
 plt.show()
 
+# %% [markdown]
+# ## Theorem 2: A3's additive gap and its tightness
+#
+# A3 (descending-token round-robin of whole experts, full replication) satisfies M(A3) ≤ OPT + Δ with
+# Δ = max(b, β·n_max). The paper reports ε = Δ/LB (so M(A3) ≤ (1 + ε)·OPT) of median 4.1% / max 7.7% on recorded
+# decode batches and 31% at 4× token scale, and a worst M(A3)/(OPT + Δ) of 0.998 over 1296 probe instances. Our
+# reading (the grid is not in the paper): recorded = our FLAME-MoE / HarMoEny recordings at B = 16–64 tokens per
+# rank (and 4× that), plus DeepSeek-V3-shaped synthetic batches (E = 256 at EP8, issue 15's generator); the probe
+# grid is g ∈ {2, 4, 8, 16} × E ∈ {16, 64, 256, 512} × 9 token families × B ∈ {32, 128, 512} × 3 seeds
+# (`tempo_jax.sim.theorem2` docstring). OPT is tempo's certified optimum, else the MILP's, else a bracket.
+
+# %%
+t0 = time.perf_counter()
+if SMALL:
+    T2 = (EpsilonConfig(traces=(("flame_moe_290m", 8),), synthetic=((256, 8, 8, 1.2),), max_batches=2),
+          ProbeConfig(gpus=(2, 8), experts=(16, 64), tokens_per_gpu=(128,), seeds=1))  # fmt: skip
+else:
+    T2 = (EpsilonConfig(), ProbeConfig())
+t2 = run_theorem2(*T2, workers=WORKERS, progress=not SMALL)
+print(f"{len(t2.probes)} probes, {len(t2.epsilon)} ε batches in {time.perf_counter() - t0:.1f} s")
+t2_rows = theorem2_table(t2)
+print(table(t2_rows, ["quantity", "paper", "here"], "Theorem 2: paper vs here"))
+REC.table("theorem2", [dict(zip(("quantity", "paper", "here"), r, strict=True)) for r in t2_rows])
+REC.update(**{f"thm2_{k}": x for k, x in theorem2_values(t2).items()})
+REC.update(**{f"paper_thm2_{k}": x for k, x in THM2_PAPER.items()})
+
 # %%
 v = REC.values
 REC.claim("table2_each_component_helps_somewhere", all(v[f"t2_{k}_max"] > 0 for k in ("partial", "chains", "ensemble")))
@@ -217,19 +248,24 @@ REC.claim("seed_only_differs_at_128", abs(v["t8_flame_seed_128"] - v["paper_t8_s
 REC.claim("drop_floor_exact_above_floor_regime",
           all(abs(v[f"t8_{s}_drop_floor_{B}"] - v[f"t8_{s}_full_{B}"]) < 0.01 for s in ("flame", "zipf")
               for B in (1024, 2048)))  # fmt: skip
+REC.claim("thm2_proof_inequality_everywhere", v["thm2_theorem_holds"] == v["thm2_instances"])
+REC.claim("thm2_floor_dominates_our_recordings", v["thm2_token_share"] < 0.5)
+REC.claim("thm2_additive_term_tight", v["thm2_tight_high"] > 0.99 and v["thm2_delta_used"] >= 0.9)
+REC.claim("thm2_a3_over_opt_is_g", abs(v["thm2_a3_over_opt"] - v["thm2_a3_over_opt_g"]) < 0.05)
 REC.reading("""
-**Reading.** *Table 2*: each component binds in its own region, as in the paper, but the magnitudes differ.
-Without partial moves the chains, whole-expert moves and swaps recover most of the loss (max
-{t2_partial_max:.1%} at {t2_partial_where}; paper {paper_t2_partial_max:.1%}, {paper_t2_partial_where}). Without
-augmenting chains, local search cannot always reach the balanced activation counts augmenting paths find (max
-{t2_chains_max:.1%} at {t2_chains_where}; paper {paper_t2_chains_max:.1%}, {paper_t2_chains_where}). The ensemble
-alone — measured against full TEMPO without the repair it hosts — is worth up to {t2_ensemble_max:.1%} (mean
-{t2_ensemble_mean:.1%}) at {t2_ensemble_where} (paper {paper_t2_ensemble_max:.1%}, {paper_t2_ensemble_where}); the
-winner letter says which regime that cell is in (M: the memory regime, where METRO wins; L / E: compute). Our
-target repair adds up to {t2_repair_max:.1%} (mean {t2_repair_mean:.1%}; {t2_repair_where}); before this table
-separated them, the "no ensemble" row also charged the repair's share. With the paper's depth-2 chains
-the largest losses are {t2d2_partial_max:.1%} / {t2d2_chains_max:.1%} / {t2d2_ensemble_max:.1%} /
-{t2d2_repair_max:.1%} (partial moves / chains / ensemble / repair).
+**Reading.** *Table 2*: each component binds in its own region, as in the paper, but by less, because our
+heuristic's seed is stronger: it splits an expert that cannot fit whole under the certified bound and starts from
+the token-flow point when that is lower (`split_seed`). Without partial moves the chains, whole-expert moves and
+swaps recover all but {t2_partial_max:.1%} (at {t2_partial_where}; paper {paper_t2_partial_max:.1%},
+{paper_t2_partial_where}). Without augmenting chains the loss is at most {t2_chains_max:.1%} (at
+{t2_chains_where}; paper {paper_t2_chains_max:.1%}, {paper_t2_chains_where}). The ensemble — which also hosts the
+level partition and the CP-SAT level search, and is measured against full TEMPO without the repair — is worth up
+to {t2_ensemble_max:.1%} (mean {t2_ensemble_mean:.1%}) at {t2_ensemble_where} (paper {paper_t2_ensemble_max:.1%},
+{paper_t2_ensemble_where}); the winner letter says which regime that cell is in (M: the memory regime, where METRO
+wins; L / E: compute). Our target repair adds up to {t2_repair_max:.1%} (mean {t2_repair_mean:.1%};
+{t2_repair_where}). With the paper's depth-2 chains the largest losses are {t2d2_partial_max:.1%} /
+{t2d2_chains_max:.1%} / {t2d2_ensemble_max:.1%} / {t2d2_repair_max:.1%} (partial moves / chains / ensemble /
+repair; the ensemble's at {t2d2_ensemble_where}, where only the level stages find the optimum).
 
 *Table 9* reproduces the paper's structure: deleting the traffic term gives {t8_flame_drop_traffic_128:.3f} vs
 {t8_flame_full_128:.3f} on FLAME at B = 128 (Zipf {t8_zipf_drop_traffic_128:.3f} vs {t8_zipf_full_128:.3f}) and
@@ -239,18 +275,28 @@ most in the traffic regime (B = 512: FLAME {t8_flame_drop_traffic_512:.3f} vs {t
 {t8_flame_drop_floor_128:.3f}, Zipf {t8_zipf_drop_floor_128:.3f}; paper {paper_t9_drop_floor_128:.3f}) and is
 exact above it.
 
-*Table 8* differs in two places. The seed alone is already well below static at B = 128 (FLAME
-{t8_flame_seed_128:.3f}, Zipf {t8_zipf_seed_128:.3f}; paper {paper_t8_seed_128:.3f}). That gap is static's,
-not the seed's: at B = 128 our static map touches almost every replica (≈ 1.5 pairs per source and expert;
-notebook 04), while the seed keeps each expert whole on one replica, so in the floor regime it already pays far
-fewer activation floors than static; the paper's static map touches fewer and its seed recovers nothing. And the
-paper's augmenting chains
-*hurt* in the traffic regime ({paper_t8_seed_512:.3f} → {paper_t8_chains_512:.3f} at B = 512) because they
-equalise activation counts blindly; ours accept a chain only when it lowers the bottleneck GPU's modelled time
-(`solvers.tempo_fast`), so `+chains` is never worse than the seed (a tested property; here FLAME
-{t8_flame_seed_512:.3f} → {t8_flame_chains_512:.3f}) and local search has less to repair. The absolute ratios
-differ from the paper's because the routing differs (FLAME-MoE is nearly balanced, Zipf(1.2) strongly skewed; the
-paper's traces are not public) — not tuned.
+*Table 8* differs in two places. Our "seed only" is the split-aware seed or the token-flow point, not the paper's
+whole-expert seed (`split_seed=False` is the paper's), and it is already well below static at B = 128 (FLAME
+{t8_flame_seed_128:.3f}, Zipf {t8_zipf_seed_128:.3f}; paper {paper_t8_seed_128:.3f}); part of that gap is
+static's: at B = 128 our static map touches almost every replica (≈ 1.5 pairs per source and expert; notebook 04)
+and pays an activation floor for each. And the paper's augmenting chains *hurt* in the traffic regime
+({paper_t8_seed_512:.3f} → {paper_t8_chains_512:.3f} at B = 512) because they equalise activation counts blindly;
+ours accept a chain only when it lowers the bottleneck GPU's modelled time (`solvers.tempo_moves`), so `+chains`
+is never worse than the seed (a tested property; here FLAME {t8_flame_seed_512:.3f} → {t8_flame_chains_512:.3f})
+and local search has less to repair. The absolute ratios differ from the paper's because the routing differs
+(FLAME-MoE is nearly balanced, Zipf(1.2) strongly skewed; the paper's traces are not public) — not tuned.
+
+*Theorem 2*: on DeepSeek-V3-shaped batches (32 experts per GPU, like the paper's traces) ε has median
+{thm2_syn_eps_median:.1%} and max {thm2_syn_eps_max:.1%} ({thm2_syn_eps_max_4x:.1%} at {thm2_scale}× tokens;
+paper {paper_thm2_eps_median:.1%} / {paper_thm2_eps_max:.1%} / {paper_thm2_eps_max_4x:.0%}). Our own recordings
+have 8–16 experts per GPU and mostly small experts: there Δ is the floor b on all but {thm2_token_share:.0%} of
+the batches, so ε is at least one over the experts per GPU before any token term (median {thm2_eps_median:.1%},
+max {thm2_eps_max:.1%}) — the paper's "Δ = β·n_max on all our traces" does not hold for them. The additive term is
+tight in both senses the paper means: M(A3)/(OPT + Δ) reaches {thm2_tight_low:.4f}–{thm2_tight_high:.4f} (paper
+{paper_thm2_tightness:.3f}; {thm2_tight_where}), and a single giant expert needs {thm2_delta_used:.3f} of Δ
+({thm2_delta_used_where}: 1 − 1/g, the necessity argument of App. A.4); M(A3)/OPT reaches {thm2_a3_over_opt:.1f}
+(= g at {thm2_a3_over_opt_where}; paper {paper_thm2_a3_over_opt_max:.1f}). The proof's inequality
+M(A3) ≤ LB + Δ holds on {thm2_theorem_holds} of {thm2_instances} instances (OPT proven on {thm2_proven}).
 """)
 
 # %%

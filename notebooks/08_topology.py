@@ -108,7 +108,8 @@ node must cross whatever the split (flat = topology-aware = {hier_256_flat:.2f} 
 split keeps a node's tokens at home up to the capacity x gives that node: the crossing share falls from
 {glob_256_flat:.2f} / {glob_1024_flat:.2f} to {glob_256_topo:.2f} / {glob_1024_topo:.2f} at B = 256 / 1024
 ({glob_256_saving:.0%} / {glob_1024_saving:.0%} of the crossing traffic) at zero makespan cost (largest
-difference {makespan_gap:.1e} µs). At B = 64 most experts are small enough to sit whole on one replica and there
+difference {makespan_gap:.1e} µs; how much it saves depends on which optimal x the solver returns). At B = 64
+most experts are small enough to sit whole on one replica and there
 is little to re-pair ({glob_64_flat:.2f} → {glob_64_topo:.2f}). The static map crosses least (it prefers own-node
 replicas: {glob_256_static:.2f} at B = 256) but pays {static_vs_tempo_lo:.2f}–{static_vs_tempo_hi:.2f}× TEMPO's
 modelled makespan — the paper's point that locality must be part of the dispatch, not a replacement for

@@ -7,20 +7,22 @@ Glossary (every package): T tokens, H hidden, F expert FFN width, E logical expe
 activated experts, N_g tokens, T_g tiles.
 
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
-`eplb` → `placement` (layouts, slot budgets), `limits` (token LP, semi-matching) → `bounds` → `problem`
-(`DispatchProblem`, `Dispatch`) → `policies`, `target_repair` → `tempo_fast`, `milp` → `solve`; beside them
-`fit` (calibration) and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by
-every producer of dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP
-planning: `attention` (App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold),
-`streamffn` (launch groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission
-test).
+`eplb` → `placement` (layouts, slot budgets), `limits` (token LP by HiGHS and by max-flow, semi-matching) →
+`bounds` (cheap, certified and LP bounds) → `problem` (`DispatchProblem`, `Dispatch`) → `policies`,
+`target_repair`, `level_search` (exact search at one activation level, CP-SAT) → `tempo_moves` (stages 1–3 on a
+dense state) → `tempo_fast` (`TempoOptions`, anytime budget), `milp` → `solve`; beside them `fit` (calibration)
+and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by every producer of
+dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP planning: `attention`
+(App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch
+groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
 """
 
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
+from .bounds import certified_lower_bound
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, bootstrap_max_affine, fit_max_affine
-from .limits import semi_matching, semi_matching_value
+from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
 from .oewf import (
     PRICINGS,
     REJECT_REASONS,
@@ -42,6 +44,7 @@ from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
 from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights
+from .tempo_fast import TempoOptions
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
 from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
 
@@ -55,6 +58,9 @@ __all__ = [
     "FitReport",
     "Placement",
     "bootstrap_max_affine",
+    "TempoOptions",
+    "TokenFlow",
+    "certified_lower_bound",
     "drift_corrupt",
     "expected_dispatch",
     "fit_max_affine",
@@ -71,6 +77,7 @@ __all__ = [
     "solve_weights",
     "split_tables",
     "static_map",
+    "token_flow",
     "topology_split",
     # CascadeEP planning (attention model, streamFFN, OEWF)
     "AttentionFitReport",

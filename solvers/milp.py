@@ -42,6 +42,9 @@ _SLACK = 1e-9  # relative slack on UB-derived caps (float evaluation of the incu
 # Largest coefficient × variable bound a model may hold (see `_check_size`): CP-SAT sums in int64 (2^63; 2^60
 # leaves headroom), the floating-point backends refuse or mistrust values above 1e15 (HiGHS: "|values| > 1e15").
 MAX_MODEL_MAGNITUDE = {"cp_sat": float(2**60)} | dict.fromkeys(BACKENDS[1:], 1e15)
+# CP-SAT deterministic seconds per wall second of one worker on the reference machine (measured on the 2-core
+# development box: 0.25–0.3 on DeepSeek-V3-shaped models). The deterministic limit of a `time_limit` run.
+_DET_PER_SECOND = 0.25
 
 
 class _CpSat:
@@ -63,15 +66,23 @@ class _CpSat:
     def sum(self, terms):
         return self.cp.LinearExpr.sum(list(terms))
 
-    def solve(self, objective, hints, time_limit, threads):
+    def solve(self, objective, hints, time_limit, threads, deterministic=False):
         self.m.minimize(objective)
         for v, val in hints:
             self.m.add_hint(v, int(round(val)))
         s = self.cp.CpSolver()
-        s.parameters.max_time_in_seconds = float(time_limit)
         s.parameters.num_workers = int(threads)
         s.parameters.random_seed = 0
+        if deterministic:
+            # Reproducible: one worker (or the interleaved portfolio for several) and a limit on CP-SAT's
+            # deterministic clock; the wall limit stays as a guard (hitting it first is reported).
+            s.parameters.interleave_search = int(threads) > 1
+            s.parameters.max_deterministic_time = _DET_PER_SECOND * float(time_limit)
+            s.parameters.max_time_in_seconds = 2.0 * float(time_limit)
+        else:
+            s.parameters.max_time_in_seconds = float(time_limit)
         st = s.solve(self.m)
+        self.wall_limited = deterministic and s.wall_time >= 2.0 * float(time_limit) * 0.999
         has = st in (self.cp.OPTIMAL, self.cp.FEASIBLE)
         limited = st in (self.cp.FEASIBLE, self.cp.UNKNOWN)
         return s.status_name(st), st == self.cp.OPTIMAL, limited, (s.value if has else None), s.best_objective_bound
@@ -98,7 +109,7 @@ class _Wraplp:
     def sum(self, terms):
         return self.s.Sum(list(terms))
 
-    def solve(self, objective, hints, time_limit, threads):
+    def solve(self, objective, hints, time_limit, threads, deterministic=False):
         lp, s = self.lp.Solver, self.s
         s.Minimize(objective)
         if hints and self.kind != "HIGHS":  # SetHint segfaults pywraplp's HiGHS (OR-Tools 9.15)
@@ -138,7 +149,7 @@ class _MathOpt:
     def sum(self, terms):
         return self.mo.fast_sum(list(terms))
 
-    def solve(self, objective, hints, time_limit, threads):
+    def solve(self, objective, hints, time_limit, threads, deterministic=False):
         mo = self.mo
         self.m.minimize(objective)
         threads = None if self.kind == mo.SolverType.HIGHS else int(threads)  # HiGHS takes threads only globally
@@ -226,9 +237,10 @@ def milp(
     *,
     backend: str = "cp_sat",
     time_limit: float = 10.0,
-    threads: int = 2,
+    threads: int = 1,
     hint=None,
     integer_tokens: bool | None = None,
+    deterministic: bool = True,
 ) -> tuple[np.ndarray, dict]:
     """Solve Problem (3) exactly (or to the time limit) with a MILP / CP-SAT model.
 
@@ -236,8 +248,14 @@ def milp(
       problem: tokens ``[E]`` or ``[Gs, E]``, placement (mask ``[E, D]``) and cost model (non-negative slopes).
       backend: one of `BACKENDS`: ``cp_sat`` (default), ``scip``, ``highs``, ``cbc`` (pywraplp), ``math_opt_highs``,
         ``math_opt_scip``.
-      time_limit: solver wall-clock limit in seconds (> 0).
-      threads: solver threads / CP-SAT workers.
+      time_limit: solver time limit in seconds (> 0). Wall clock, except for cp_sat with ``deterministic``.
+      threads: solver threads / CP-SAT workers (default 1).
+      deterministic: cp_sat only (the default backend): the same call gives the same x on every run. CP-SAT runs
+        with a fixed seed, one worker (several: its interleaved, deterministic portfolio, measured 2–13× slower
+        wall time than the free-running one on 2 cores, so one is the default) and stops on its deterministic
+        clock after ``0.25·time_limit`` units (≈ time_limit seconds of one worker on the 2-core reference box),
+        with a wall-clock guard at ``2·time_limit`` (``info["wall_limited"]``: the guard stopped it, and the
+        run is not reproducible). False: the previous behaviour (wall-clock limit, free-running workers).
       hint: optional ``[E, D]`` feasible dispatch (e.g. from tempo) used as warm start; it is returned when the
         solver finds nothing better (so is the best cheap heuristic when no hint is given).
       integer_tokens: integer token shares (default: True for cp_sat, which cannot do otherwise; False else).
@@ -249,7 +267,8 @@ def milp(
       bound valid for every real-valued dispatch: with integer tokens, the solver bound minus max(β, γ), since
       rounding a dispatch to integers adds < 1 token per GPU; never below `problem_lower_bound`),
       ``model_bound`` (the solver's bound for its own model), ``gap`` ((objective − bound)/objective),
-      ``backend``, ``wall_s``, ``solver_status``, ``incumbent`` (solver / hint / heuristic name), ``candidates``
+      ``backend``, ``wall_s``, ``solver_status``, ``deterministic``, ``wall_limited`` (see ``deterministic``),
+      ``incumbent`` (solver / hint / heuristic name), ``candidates``
       (makespan of each), ``scale`` (S), ``exact_scaling``, ``integer_tokens``. No live expert: zeros, "optimal",
       bound = objective = ``cost.makespan(0)`` (idle GPUs still cost max(a, c)).
 
@@ -366,8 +385,10 @@ def milp(
     hints.append((M, min(max(wm, m_lo), m_hi)))
     hints.append((K, float(wz.sum(axis=0).max())))
     # Step 7: solve.
-    name, proven, limited, value, raw_bound = lib.solve(M, hints, time_limit, threads)
+    name, proven, limited, value, raw_bound = lib.solve(M, hints, time_limit, threads, bool(deterministic))
     info.update(solver_status=name, scale=S, exact_scaling=exact, num_vars=len(hints))
+    info["deterministic"] = bool(deterministic) and backend == "cp_sat"
+    info["wall_limited"] = bool(getattr(lib, "wall_limited", False))
     if value is None and name in ("INFEASIBLE", "MODEL_INVALID", "UNBOUNDED", "INFEASIBLE_OR_UNBOUNDED"):
         raise RuntimeError(f"milp[{backend}]: solver status {name} on a feasible problem (modelling bug)")
     # Step 8: read the solution back (round integers; drop LP dust on z < ½ and re-normalise rows).

@@ -62,12 +62,26 @@ def metro(problem: DispatchProblem) -> np.ndarray:
     """
     n, mask = problem.n, problem.mask
     x = np.zeros(mask.shape)
-    acts = np.zeros(mask.shape[1], dtype=np.int64)
-    for e in experts_by_load(n):
-        ranks = np.flatnonzero(mask[e])
-        d = ranks[np.argmin(acts[ranks])]
+    order = experts_by_load(n)
+    sole = problem.placement.sole_gpu[order]
+    # Step 1: experts with one replica rank have no choice: place them at once, and count, for every position
+    # in the order, how many of them each rank already holds (prefix counts [len(order), D]).
+    fixed = sole >= 0
+    x[order[fixed], sole[fixed]] = n[order[fixed]]
+    before = np.zeros((order.size + 1, mask.shape[1]), dtype=np.int64)
+    np.add.at(before, (np.flatnonzero(fixed) + 1, sole[fixed]), 1)
+    before = np.cumsum(before, axis=0)
+    # Step 2: the others in order, each to its replica rank with the fewest activated experts so far (the
+    # fixed ones before it plus the flexible ones already placed); ties to the lowest rank.
+    own = np.zeros(mask.shape[1], dtype=np.int64)
+    replicas = problem.placement.replica_gpu_lists
+    for i in np.flatnonzero(~fixed).tolist():
+        e = int(order[i])
+        ranks = replicas[e]
+        acts = before[i, ranks] + own[ranks]
+        d = ranks[int(np.argmin(acts))]
         x[e, d] = n[e]
-        acts[d] += 1
+        own[d] += 1
     return x
 
 

@@ -25,6 +25,7 @@ a hot expert off a GPU and re-splits it over GPUs that each shed another expert.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -280,6 +281,7 @@ def target_repair(
     max_rounds: int = 64,
     max_flows: int = 400,
     stats: dict | None = None,
+    deadline: float = math.inf,
 ) -> np.ndarray | None:
     """A dispatch with makespan ≤ `target` built by editing the active pattern of `x`, or None.
 
@@ -290,6 +292,7 @@ def target_repair(
       max_rounds: cap on pattern edits in each of steps 2 and 3.
       max_flows: cap on candidate edits scored (one maximum flow each, ~0.1–0.3 ms).
       stats: if given, ``stats["flows"]`` is increased by the number of candidates scored.
+      deadline: ``time.perf_counter()`` time after which no more candidates are scored (a time budget).
 
     Returns:
       ``[E, D]`` float dispatch (integer tokens) with ``cost.makespan ≤ target``, or None when the greedy
@@ -315,7 +318,7 @@ def target_repair(
         """(tokens routed, flow, edits) of the best-scoring candidate edit, within the flow budget."""
         best, scorer = None, _Scorer(n, pattern, cap)
         for edits in candidates:
-            if budget[0] <= 0:
+            if budget[0] <= 0 or time.perf_counter() > deadline:
                 break
             budget[0] -= 1
             if stats is not None:

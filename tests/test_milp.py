@@ -204,7 +204,7 @@ def test_tiny_time_limit_never_fakes_optimality(backend):
     assert info["objective"] <= p.cost.makespan(hint) * (1 + 1e-12)
 
 
-def _no_solution(self, objective, hints, time_limit, threads):
+def _no_solution(self, objective, hints, time_limit, threads, deterministic=False):
     return "UNKNOWN", False, True, None, -math.inf
 
 
@@ -235,6 +235,22 @@ def test_unproven_or_mismatched_bound_is_not_optimal(monkeypatch):
     x, info = milp(p, backend="scip", time_limit=2.0, threads=1)
     check(p, x, info)
     assert info["status"] != "optimal"
+
+
+def test_cp_sat_is_reproducible_by_default():
+    """Two runs of the same call give the same x, both when proven optimal (the free-running two-worker search
+    returned different optimal x on this instance) and when CP-SAT's deterministic clock stops it early."""
+    clocked = np.random.default_rng(2)
+    pz = 1.0 / np.arange(1, 65)
+    hard = DispatchProblem(
+        clocked.multinomial(128 * 16 * 8, pz / pz.sum()), Placement.full(64, 16), CostModel(b=14.78, beta=0.0945)
+    )
+    for p, time_limit, status in ((harder_problem(2), 20.0, "optimal"), (hard, 0.5, "timeout")):
+        (x1, i1), (x2, i2) = milp(p, time_limit=time_limit), milp(p, time_limit=time_limit)
+        np.testing.assert_array_equal(x1, x2)
+        assert i1["deterministic"] and not i1["wall_limited"]
+        assert i1["status"] == i2["status"] == status and i1["objective"] == i2["objective"]
+        check(p, x1, i1)
 
 
 def test_infeasible_model_raises(monkeypatch):

@@ -10,6 +10,8 @@ both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced
 - Replay protocols (Tables 1, 4, 8–10; §5.5): `PolicyConfig` / `run_policies`, `InformationConfig` /
   `run_information`, `RefreshConfig` / `run_refresh`, `VariantConfig` / `run_variants`; `SyntheticStreams`.
 - Topology traffic (§4.3): `TopologyConfig`, `topology_replay`.
+- Theorem 2 (§3.1, App. A.4): `EpsilonConfig`, `ProbeConfig`, `run_theorem2` → `Theorem2Result`,
+  `theorem2_table` (A3's additive gap ε and its tightness; ``python -m tempo_jax.sim.theorem2``).
 - Cost-model demos (Fig. 1b, Fig. 2, calibration): `worked_example`, `expert_profile`, `calibration_demo`.
 - CascadeEP request level: `serve` (placement over DP attention replicas with prefix caches, chunked-prefill
   batches, lockstep steps, TTFT) → `ServeResult`; `StepBatch` is what a step-time model receives.
@@ -41,6 +43,7 @@ from .protocols import (
 from .regimes import RegimeCurve, synthetic_regime_curve, trace_regime_curve
 from .replay import SyntheticStreams
 from .requests import PLACEMENT_POLICIES, ServeResult, StepBatch, serve
+from .theorem2 import EpsilonConfig, ProbeConfig, Theorem2Result, run_theorem2, theorem2_table
 from .traffic import TopologyConfig, topology_replay
 from .variants import TEMPO_VARIANTS
 
@@ -54,17 +57,20 @@ __all__ = [
     "Boundary",
     "CascadeConfig",
     "CascadeRun",
+    "EpsilonConfig",
     "InformationConfig",
     "LayerInputs",
     "PhaseConfig",
     "PhaseResult",
     "PolicyConfig",
+    "ProbeConfig",
     "RefreshConfig",
     "RegimeCurve",
     "ReplayConfig",
     "ServeResult",
     "StepBatch",
     "SyntheticStreams",
+    "Theorem2Result",
     "TopologyConfig",
     "VariantConfig",
     "calibration_demo",
@@ -78,9 +84,11 @@ __all__ = [
     "run_phase",
     "run_policies",
     "run_refresh",
+    "run_theorem2",
     "run_variants",
     "serve",
     "synthetic_regime_curve",
+    "theorem2_table",
     "topology_replay",
     "trace_regime_curve",
     "worked_example",
