@@ -90,6 +90,8 @@ def _check_05(d):
         for t in _rows(d, f"t8_{s}"):
             if t["variant"] == "+chains":
                 assert t["median"] <= v[f"t8_{s}_seed_{t['B']}"] + 1e-9
+    assert v["thm2_theorem_holds"] == v["thm2_instances"] > 0  # M(A3) ≤ LB + Δ: the proof's inequality
+    assert 0 < v["thm2_tight_low"] <= v["thm2_tight_high"] and 0 <= v["thm2_delta_used"] <= 1 + 1e-9
 
 
 def _check_06(d):
