@@ -259,9 +259,11 @@ multiplicative noise the
 alternating-assignment fit recovers the preset with a mean relative error of {fit_error_noise02:.1%} /
 {fit_error_noise05:.1%} and n* within {n_star_error_noise05:.1%} (the paper's real fits: {paper_fit_lo:.0%}–
 {paper_fit_hi:.0%}; real measurements carry structure noise does not). *Fig. 2* overlays measured profiles when
-a `G,N,T,t` CSV is committed (here: {measured_profiles_text}); no GPU profile is recorded yet (no session has had
-a GPU), and a CPU profile is a different machine and expert shape: it shows the two-regime shape, not the
-presets' constants.
+a profile CSV is committed (here: {measured_profiles_text}); no GPU profile is recorded yet (no session has had
+a GPU). The CPU profile (the layer's expert FFN, H = F = 256, float32, on this 2-core machine) fits
+b = {cpu_fit_b:.0f} µs, β = {cpu_fit_beta:.2f} µs/token, n* ≈ {cpu_fit_n_star:.0f} with a mean relative error of
+{cpu_fit_error:.1%} (shared-machine timings): a different machine and expert shape, so it shows the two-regime
+shape, not the presets' constants.
 
 *Tile-aware dispatch.* Read as tokens per GPU (B = {tile_lo_tokens}–{tile_hi_tokens}), the token piece binds on
 every GPU and the tile term never does: the tile-aware and tile-blind solutions differ in every batch but their

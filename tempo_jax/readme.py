@@ -39,7 +39,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "Calibration fit error 4–8% (real fits)",
         "synthetic 2% / 5% noise: fit error {01/fit_error_noise02:.1%} / {01/fit_error_noise05:.1%}, n* within"
-        " {01/n_star_error_noise05:.1%}; Fig. 2 overlays measured profiles: {01/measured_profiles_text}",
+        " {01/n_star_error_noise05:.1%}; Fig. 2 overlays measured profiles: {01/measured_profiles_text}"
+        " (its fit: n* ≈ {01/cpu_fit_n_star:.0f}, error {01/cpu_fit_error:.1%})",
         "01",
     ),
     (

@@ -276,6 +276,11 @@ def test_measured_profile(tmp_path):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="G,N,t"):
         measured_profile(tmp_path / "bad.csv")
+    # The profile `tempo-jax calibrate --measure` writes: commented metadata, then G,n,N,T,t_us,... columns.
+    calib = tmp_path / "calib.csv"
+    rows = [f"{g:g},{n / g:g},{n:g},1,{t},{t},{t}" for g, n, t in zip(G, N, cost.gpu_times(G, N), strict=True)]
+    calib.write_text("\n".join(["# backend: cpu", "# hidden: 256", "G,n,N,T,t_us,t_median_us,t_max_us", *rows]))
+    assert measured_profile(calib)["fitted"].inflection == pytest.approx(cost.inflection, rel=1e-6)
 
 
 def test_worked_example_matches_fig1():

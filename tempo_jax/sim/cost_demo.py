@@ -157,7 +157,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 #: Measured expert-FFN profiles Fig. 2 overlays when present: label → CSV (``G,N,T,t``, t in µs).
 PROFILE_CSVS: dict[str, Path] = {
     "GPU (scripts/gpu_check.sh)": _ROOT / "results" / "gpu" / "profile.csv",
-    "this CPU (scripts/bench_gemm.py)": _ROOT / "results" / "profiles" / "cpu_expert_ffn.csv",
+    "this CPU (tempo-jax calibrate --measure)": _ROOT / "tempo_jax" / "data" / "cpu_profile.csv",
 }
 
 
@@ -165,7 +165,8 @@ def measured_profile(path: str | Path) -> dict | None:
     """A measured expert-FFN profile and its max-affine fit, or None when ``path`` does not exist.
 
     Args:
-      path: CSV with header ``G,N,T,t`` (activated experts, tokens, tiles, µs per call).
+      path: CSV with header ``G,N,T,t`` (activated experts, tokens, tiles, µs per call; `scripts/bench_gemm.py`)
+        or the ``# key: value`` commented ``G,n,N,T,t_us,...`` profile `tempo-jax calibrate --measure` writes.
 
     Returns:
       ``{"G", "N", "t" [n], "per_expert_tokens" [n] = N/G, "fitted": CostModel, "report": FitReport}``.
@@ -173,10 +174,12 @@ def measured_profile(path: str | Path) -> dict | None:
     path = Path(path)
     if not path.exists():
         return None
-    data = np.genfromtxt(path, delimiter=",", names=True)
+    rows = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    data = np.genfromtxt(rows, delimiter=",", names=True)
     names = data.dtype.names or ()
-    if any(c not in names for c in ("G", "N", "t")) or data.size < 4:
-        raise ValueError(f"{path}: need columns G,N,t and at least 4 rows (has {list(names)}, {data.size} rows)")
-    G, N, t = (np.atleast_1d(data[c]).astype(np.float64) for c in ("G", "N", "t"))
+    t_col = "t" if "t" in names else "t_us"
+    if any(c not in names for c in ("G", "N", t_col)) or data.size < 4:
+        raise ValueError(f"{path}: need columns G,N,t (or t_us) and at least 4 rows (has {list(names)}, {data.size} rows)")
+    G, N, t = (np.atleast_1d(data[c]).astype(np.float64) for c in ("G", "N", t_col))
     fitted, report = fit_max_affine(G, N, t)
     return {"G": G, "N": N, "t": t, "per_expert_tokens": N / G, "fitted": fitted, "report": report}
