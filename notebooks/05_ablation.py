@@ -262,8 +262,8 @@ swaps recover all but {t2_partial_max:.1%} (at {t2_partial_where}; paper {paper_
 level partition and the CP-SAT level search, and is measured against full TEMPO without the repair — is worth up
 to {t2_ensemble_max:.1%} (mean {t2_ensemble_mean:.1%}) at {t2_ensemble_where} (paper {paper_t2_ensemble_max:.1%},
 {paper_t2_ensemble_where}); the winner letter says which regime that cell is in (M: the memory regime, where METRO
-wins; L / E: compute). Our target repair adds up to {t2_repair_max:.1%} (mean {t2_repair_mean:.1%};
-{t2_repair_where}). With the paper's depth-2 chains the largest losses are {t2d2_partial_max:.1%} /
+wins; L / E: compute). Our target repair, now the last resort after the level stages, adds at most
+{t2_repair_max:.1%} (mean {t2_repair_mean:.1%}). With the paper's depth-2 chains the largest losses are {t2d2_partial_max:.1%} /
 {t2d2_chains_max:.1%} / {t2d2_ensemble_max:.1%} / {t2d2_repair_max:.1%} (partial moves / chains / ensemble /
 repair; the ensemble's at {t2d2_ensemble_where}, where only the level stages find the optimum).
 

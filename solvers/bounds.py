@@ -124,9 +124,10 @@ class _LevelTest:
         if not self._routable(pieces, np.ones(self.mask.shape, np.int64), np.maximum(acts, 0), usable):
             return False
         # Tokens: all flexible tokens into the usable ranks' rooms (Hall on those ranks), in 1/1000 tokens with
-        # the rooms rounded up (a permissive test stays a valid bound).
+        # the rooms rounded up (a permissive test stays a valid bound). A room beyond all flexible tokens is as
+        # good as that total (and keeps an unbounded cap, β = 0, finite).
         supply = np.round(self.n * 1000).astype(np.int64)
-        rooms = np.ceil(np.maximum(room, 0.0) * 1000).astype(np.int64)
+        rooms = np.ceil(np.minimum(np.maximum(room, 0.0) * 1000, supply.sum())).astype(np.int64)
         return self._routable(supply, supply[:, None] * np.ones((1, room.size), np.int64), rooms, usable)
 
     def _routable(self, supply: np.ndarray, edge: np.ndarray, sink_cap: np.ndarray, usable: np.ndarray) -> bool:
