@@ -33,7 +33,10 @@ import numpy as np
 
 from .checks import check_array
 
-__all__ = ["balanced_packing", "replicate_experts", "rebalance_experts"]
+__all__ = ["MAX_SLOTS", "balanced_packing", "replicate_experts", "rebalance_experts"]
+
+#: Most physical slots (layers × num_replicas) one call may lay out.
+MAX_SLOTS = 2**24
 
 
 def _as_float(weight: np.ndarray) -> np.ndarray:
@@ -197,6 +200,11 @@ def rebalance_experts(
         raise ValueError(f"num_replicas ({num_replicas}) must be >= the number of experts ({num_log})")
     if num_replicas % num_gpus:
         raise ValueError(f"num_replicas ({num_replicas}) must be divisible by num_gpus ({num_gpus})")
+    if layers * num_replicas > MAX_SLOTS:  # every slot is walked in Python: refuse before hours of work
+        raise ValueError(
+            f"layers × num_replicas = {layers:,} × {num_replicas:,} exceeds the supported {MAX_SLOTS:,} slots; "
+            "call rebalance_experts per layer group or with fewer replicas"
+        )
 
     # Step 1: choose the policy as upstream does; the global one is the hierarchical one with a single group and
     # node, so only the hierarchical policy needs num_nodes | num_gpus and num_groups | E.

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from solvers import PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, solve
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, rebalance_experts, solve
 from solvers.checks import ArgTypeError
 from tempo_jax.cli import build_parser, main
 from tempo_jax.workloads import (
@@ -88,6 +88,7 @@ API_CASES = [
     ("placement_full_string", lambda: Placement.full("3", 2), TypeError, "num_experts must be an integer"),
     ("placement_eplb_string", lambda: Placement.from_eplb([1, 2, 3], "4", 2), TypeError, "num_replicas"),
     ("placement_eplb_huge", lambda: Placement.from_eplb([1, 2], 10**12, 2), ValueError, "exceeds the supported"),
+    ("eplb_huge", lambda: rebalance_experts(np.ones((4, 8)), 2**23, 1, 1, 8), ValueError, "exceeds the supported"),
     ("placement_eplb_nan", lambda: Placement.from_eplb([1, np.nan], 4, 2), ValueError, "load contains NaN"),
     ("placement_dict_no_gpus", lambda: Placement.from_dict({"phy2log": [0, 1]}), ValueError, "lacks ['num_gpus']"),
     (
