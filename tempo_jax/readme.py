@@ -46,11 +46,12 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "§2.2 tile-aware search at prefill scale: changes 97–99% of solutions, median cut 4.5–6.0%; uniform"
         " +3–10% padded tiles, vanishing by 16,384 tokens/GPU",
-        "changes {01/tile_zipf_4096_changed:.0%} of solutions; read as token–expert pairs per GPU (B = 512–2048"
-        " tokens): cut {01/tile_zipf_512_cut:.1%} → {01/tile_zipf_2048_cut:.1%} (Zipf), {01/tile_flame_512_cut:.1%}"
-        " → {01/tile_flame_2048_cut:.1%} (FLAME), uniform +{01/tile_zipf_512_extra:.1%} → +"
-        "{01/tile_zipf_2048_extra:.1%} tiles; read as tokens (B = 4096–16384): cut {01/tile_zipf_4096_cut:+.2%}"
-        " (the token piece binds)",
+        "read as token–expert pairs per GPU (B = 512–2048 tokens): changes {01/tile_zipf_512_changed:.0%} →"
+        " {01/tile_zipf_2048_changed:.0%} (Zipf), {01/tile_flame_512_changed:.0%} → {01/tile_flame_2048_changed:.0%}"
+        " (FLAME) of solutions, cut {01/tile_zipf_512_cut:.1%} → {01/tile_zipf_2048_cut:.1%} (Zipf),"
+        " {01/tile_flame_512_cut:.1%} → {01/tile_flame_2048_cut:.1%} (FLAME), uniform +{01/tile_zipf_512_extra:.1%}"
+        " → +{01/tile_zipf_2048_extra:.1%} tiles; read as tokens (B = 4096–16384): changes"
+        " {01/tile_zipf_4096_changed:.0%}, cut {01/tile_zipf_4096_cut:+.2%} (the token piece binds)",
         "01",
     ),
     (
@@ -148,9 +149,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "Theorem 2 tightness: worst M(A3)/(OPT + Δ) = 0.998 over 1296 instances; M(A3)/OPT up to 9.1",
-        "{05/thm2_tight_low:.4f}–{05/thm2_tight_high:.4f} over our {05/thm2_instances}-instance grid (OPT proven on"
-        " {05/thm2_proven}); a single giant expert needs {05/thm2_delta_used:.3f} of Δ (1 − 1/g); M(A3)/OPT up to"
-        " {05/thm2_a3_over_opt:.1f} (= g); M(A3) ≤ LB + Δ on {05/thm2_theorem_holds}/{05/thm2_instances}",
+        "{05/thm2_tight_high:.4f} over our {05/thm2_instances}-instance grid (OPT proven on {05/thm2_proven}, the"
+        " bracket's upper end elsewhere); a single giant expert needs {05/thm2_delta_used:.3f} of Δ (1 − 1/g);"
+        " M(A3)/OPT up to {05/thm2_a3_over_opt:.1f} (= g); M(A3) ≤ LB + Δ on"
+        " {05/thm2_theorem_holds}/{05/thm2_instances}",
         "05",
     ),
     (

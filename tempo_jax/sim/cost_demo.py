@@ -179,7 +179,9 @@ def measured_profile(path: str | Path) -> dict | None:
     names = data.dtype.names or ()
     t_col = "t" if "t" in names else "t_us"
     if any(c not in names for c in ("G", "N", t_col)) or data.size < 4:
-        raise ValueError(f"{path}: need columns G,N,t (or t_us) and at least 4 rows (has {list(names)}, {data.size} rows)")
+        raise ValueError(
+            f"{path}: need columns G,N,t (or t_us) and at least 4 rows (has {list(names)}, {data.size} rows)"
+        )
     G, N, t = (np.atleast_1d(data[c]).astype(np.float64) for c in ("G", "N", t_col))
     fitted, report = fit_max_affine(G, N, t)
     return {"G": G, "N": N, "t": t, "per_expert_tokens": N / G, "fitted": fitted, "report": report}
