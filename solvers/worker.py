@@ -11,7 +11,7 @@ to it over two inherited pipes wrapped as `multiprocessing.connection.Connection
 Protocol (tuples):
   parent → child: ``("config", WorkerConfig)``, ``("solve", seq, counts [D, E])``, ``("fault", kind, seconds)``,
                   ``("probe",)``, ``("stop",)``
-  child → parent: ``("ready", probe)``, ``("result", seq, weights [Gs, E, R] float32 | None, info)``,
+  child → parent: ``("ready", probe | warm-up)`` (after `warm_up`), ``("result", seq, weights [Gs, E, R] float32 | None, info)``,
                   ``("probe", probe)``
 
 ``info`` holds ``solve_ms`` (the worker's own clock, counts in → weights out), ``policy_ms`` (the policy alone),
@@ -41,7 +41,7 @@ from .placement import Placement
 from .problem import DispatchProblem
 from .tables import solve_weights
 
-__all__ = ["FAULTS", "SolverWorker", "WorkerConfig", "WorkerLost", "probe", "solve_window"]
+__all__ = ["FAULTS", "SolverWorker", "WorkerConfig", "WorkerLost", "probe", "solve_window", "warm_up"]
 
 FAULTS = ("hang", "raise", "nan", "exit")
 
@@ -67,6 +67,24 @@ def probe() -> dict:
         "tempo_jax": "tempo_jax" in sys.modules,
         "modules": len(sys.modules),
     }
+
+
+def warm_up(config: WorkerConfig) -> dict:
+    """Pay the worker's one-time costs before it reports ready: the OR-Tools modules the solvers import on first
+    use, and one solve of a skewed synthetic window ``[D, E]`` (pairs ∝ (rank of e)^-1.2, every source alike) under
+    ``config``. Returns ``{"warmup_ms", "warmup_error"}`` (the error as ``"Type: message"``, else None)."""
+    t0 = time.perf_counter()
+    try:
+        from ortools.graph.python import max_flow  # noqa: F401  (first use costs ~0.1–1 s on a loaded machine)
+        from ortools.sat.python import cp_model  # noqa: F401
+
+        D, E = config.placement.num_gpus, config.placement.num_experts
+        per_source = np.maximum(np.round(32.0 * np.arange(1, E + 1) ** -1.2), 1.0)
+        solve_window(config, np.tile(per_source, (D, 1)))
+        error = None
+    except Exception as err:  # reported to the parent, which refuses to start on it (`SolverWorker.start`)
+        error = f"{type(err).__name__}: {err}"
+    return {"warmup_ms": 1e3 * (time.perf_counter() - t0), "warmup_error": error}
 
 
 def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, float] | None = None):
@@ -112,7 +130,7 @@ def serve(conn_in: Connection, conn_out: Connection) -> None:
             return
         if op == "config":
             config = msg[1]
-            conn_out.send(("ready", probe()))
+            conn_out.send(("ready", probe() | warm_up(config)))
         elif op == "probe":
             conn_out.send(("probe", probe()))
         elif op == "fault":
@@ -195,6 +213,9 @@ class SolverWorker:
             self.kill()
             raise WorkerLost(f"the solver worker did not start within {self.start_timeout_s:g} s (got {msg!r})")
         self.ready_probe = msg[1]
+        if self.ready_probe.get("warmup_error"):
+            self.kill()
+            raise WorkerLost(f"the solver worker cannot solve with this config: {self.ready_probe['warmup_error']}")
         self.start_s.append(time.perf_counter() - t0)
         return self
 

@@ -92,6 +92,21 @@ def test_worker_never_imports_jax(tmp_path):
     assert probe["tempo_jax"] is False and probe["pid"] != os.getpid()
 
 
+def test_worker_warms_up_and_refuses_a_config_it_cannot_solve():
+    """The worker pays its first-use costs (OR-Tools imports, one synthetic solve) before it reports ready, so
+    the first real window is not the slow one; a config whose solve raises fails `start` with the solver's error."""
+    from solvers.worker import SolverWorker, WorkerConfig, WorkerLost
+
+    pl = Placement.from_eplb(np.arange(16) + 1.0, 32, 8)
+    worker = SolverWorker(WorkerConfig(pl, COST)).start()
+    try:
+        assert worker.ready_probe["warmup_error"] is None and worker.ready_probe["warmup_ms"] > 0
+    finally:
+        worker.close()
+    with pytest.raises(WorkerLost, match=r"cannot solve with this config: ValueError: tau must be in \[0, 1\)"):
+        SolverWorker(WorkerConfig(pl, COST, options={"tau": 5})).start()
+
+
 def test_faults_in_a_serving_loop(setup):
     """Eleven steps of the layer fed by its own counter (starting 5 below the uint32 wrap), with a fault at
     most steps. Every output equals the dense reference; every pair is accounted for; the last good tables stay
