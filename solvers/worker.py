@@ -11,8 +11,8 @@ to it over two inherited pipes wrapped as `multiprocessing.connection.Connection
 Protocol (tuples):
   parent → child: ``("config", WorkerConfig)``, ``("solve", seq, counts [D, E])``, ``("fault", kind, seconds)``,
                   ``("probe",)``, ``("stop",)``
-  child → parent: ``("ready", probe | warm-up)`` (after `warm_up`), ``("result", seq, weights [Gs, E, R] float32 | None, info)``,
-                  ``("probe", probe)``
+  child → parent: ``("ready", probe | warm-up)`` (after `warm_up`),
+                  ``("result", seq, weights [Gs, E, R] float32 | None, info)``, ``("probe", probe)``
 
 ``info`` holds ``solve_ms`` (the worker's own clock, counts in → weights out), ``policy_ms`` (the policy alone),
 ``makespan`` (µs, modelled, of the plan), ``pairs``, and ``error`` (``"Type: message"``) when the solve raised.
