@@ -89,9 +89,17 @@ def traces_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
-def _resolve(path: str | os.PathLike | None, rel: str, what: str, name: str) -> Path:
+def resolve_trace_path(
+    path: str | os.PathLike | None, rel: str, what: str, *, holding: str, fallback: str, in_folder: bool = False
+) -> Path:
+    """The file or folder of a recording: ``path`` when given (with ``in_folder``, a folder given as ``path`` means
+    the file ``rel``'s name inside it), else ``traces_dir() / rel``; a clear FileNotFoundError otherwise that says
+    where it looked, how to point at the recording (``holding``: what the traces root holds) and what works without
+    it (``fallback``)."""
     if path is not None:
         p = Path(path).expanduser()
+        if in_folder and p.is_dir():
+            p = p / Path(rel).name
         if not p.exists():
             raise FileNotFoundError(f"{what}: {p} does not exist (expected {rel} of the shared traces)")
         return p
@@ -101,10 +109,14 @@ def _resolve(path: str | os.PathLike | None, rel: str, what: str, name: str) -> 
         how = f"${TRACES_ENV}={os.environ[TRACES_ENV]}" if os.environ.get(TRACES_ENV) else "the default"
         raise FileNotFoundError(
             f"{what}: expected {p} (traces root {root}, from {how}). Pass path=<that {rel}>, or set "
-            f"{TRACES_ENV} to the folder holding flame_moe_290m/, mixtral_8x7b/ and harmoeny/. "
-            f"load_sample({name!r}) works without the recordings."
+            f"{TRACES_ENV} to the folder holding {holding}. {fallback}"
         )
     return p
+
+
+def _resolve(path: str | os.PathLike | None, rel: str, what: str, name: str) -> Path:
+    return resolve_trace_path(path, rel, what, holding="flame_moe_290m/, mixtral_8x7b/ and harmoeny/",
+                              fallback=f"load_sample({name!r}) works without the recordings.")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- FLAME-MoE

@@ -39,7 +39,7 @@ import numpy as np
 
 from solvers.checks import check_int, check_real
 
-from .loaders import TRACES_ENV, traces_dir
+from .loaders import resolve_trace_path
 
 __all__ = [
     "BLOCK_SIZE",
@@ -261,24 +261,8 @@ def _parse_line(raw: bytes, where: str) -> tuple[float, int, int, list[int]]:
 
 
 def _resolve_mooncake(path: str | os.PathLike | None) -> Path:
-    if path is not None:
-        p = Path(path).expanduser()
-        if p.is_dir():
-            p = p / Path(MOONCAKE_RELPATH).name
-        if not p.exists():
-            raise FileNotFoundError(
-                f"Mooncake trace: {p} does not exist (expected {MOONCAKE_RELPATH} of the shared traces)"
-            )
-        return p
-    root = traces_dir()
-    p = root / MOONCAKE_RELPATH
-    if not p.exists():
-        how = f"${TRACES_ENV}={os.environ[TRACES_ENV]}" if os.environ.get(TRACES_ENV) else "the default"
-        raise FileNotFoundError(
-            f"Mooncake trace: expected {p} (traces root {root}, from {how}). Pass path=<the .jsonl file>, or set "
-            f"{TRACES_ENV} to the folder holding mooncake/. load_mooncake_sample() works without it."
-        )
-    return p
+    return resolve_trace_path(path, MOONCAKE_RELPATH, "Mooncake trace", holding="mooncake/",
+                              fallback="load_mooncake_sample() works without it.", in_folder=True)  # fmt: skip
 
 
 def load_mooncake(
