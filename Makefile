@@ -53,10 +53,10 @@ gpu-smoke: $(STAMP)  # the same steps on CPU: tiny shapes, Pallas in interpret m
 	OUT=results/gpu_smoke PY=$(PY) bash scripts/gpu_check.sh --smoke
 
 # Full-size figure notebooks (CI runs them at SMALL=1 inside `make test`): figures in notebooks/figures, numbers in
-# results/notebooks/*.json (committed), then the README's reproduced-results table rendered from them.
+# results/notebooks/*.json (committed), then docs/reproduced.md's tables rendered from them.
 notebooks: $(STAMP)
 	$(PY) -m tempo_jax reproduce all
-	$(PY) -m tempo_jax reproduce --readme
+	$(PY) -m tempo_jax reproduce --docs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from solvers import PRESETS
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim.cost_demo import (
     PROFILE_CSVS,
     calibration_demo,
@@ -47,6 +47,7 @@ from tempo_jax.sim.cost_demo import (
     worked_example,
 )
 from tempo_jax.sim.tiles import TileStudyConfig, run_tile_study, tile_summary
+from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()

@@ -32,9 +32,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from solvers import PRESETS
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import MODEL_SHAPES, synthetic_regime_curve, trace_regime_curve
 from tempo_jax.sim.summary import regime_rows
+from tempo_jax.text import table
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
 SMALL = os.environ.get("SMALL", "0") == "1"

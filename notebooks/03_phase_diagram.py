@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PhaseConfig, run_phase
 from tempo_jax.sim.diagnose import cell_diagnostics
 from tempo_jax.sim.flipscan import fine_ladder, run_flip_scan
@@ -55,6 +55,7 @@ from tempo_jax.sim.summary import (
     scale_values,
     scan_rows,
 )
+from tempo_jax.text import table
 from tempo_jax.workloads import SyntheticRouting
 
 SMALL = os.environ.get("SMALL", "0") == "1"

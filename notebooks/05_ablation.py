@@ -44,13 +44,14 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PhaseConfig, SyntheticStreams, VariantConfig, component_ablation, run_variants
 from tempo_jax.sim.ablation import summarize
 from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
 from tempo_jax.sim.theorem2 import PAPER as THM2_PAPER
 from tempo_jax.sim.theorem2 import EpsilonConfig, ProbeConfig, run_theorem2, theorem2_table, theorem2_values
 from tempo_jax.sim.variants import COMPONENTS, STAGES, TERMS
+from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()

@@ -39,9 +39,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from solvers import PRESETS
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
 from tempo_jax.sim.replay_summary import LABELS, PAPER, a2a_table, drift_table, landscape_table
+from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()

@@ -40,7 +40,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import (
     InformationConfig,
     PolicyConfig,
@@ -51,6 +51,7 @@ from tempo_jax.sim import (
     run_refresh,
 )
 from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
+from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()

@@ -17,8 +17,9 @@
 # DeepSeek-V4-Flash prefill with DP8 attention + EP8 experts (one replica and one EP rank per GPU), serving the
 # Mooncake conversation trace (real arrivals, input lengths and 512-token prefix blocks; the paper's
 # Tool&Agent / AgentX traces are not public). Requests are placed on replicas (round-robin, least-loaded,
-# power-of-two, prefix-only) with per-replica prefix caches and chunked prefill (`tempo_jax.sim.serve`); every
-# forward step is timed layer by layer (`tempo_jax.sim.cascade`) under four modes:
+# power-of-two, prefix-only) with per-replica prefix caches and chunked prefill
+# (`tempo_jax.sim.simulate_prefill`); every forward step is timed layer by layer (`tempo_jax.sim.cascade`) under
+# four modes:
 #
 # - **Sync**: every rank starts its expert FFN once all replicas have dispatched;
 # - **Async**: a rank launches one FFN kernel per source replica as its tokens arrive;
@@ -38,9 +39,10 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tempo_jax.report import Recorder, figures_dir, table
+from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PLACEMENT_POLICIES, CascadeConfig, prefill_costs, run_cascade
 from tempo_jax.sim.cascade_summary import LABELS, PAPER, ablation_rows, capacity_rps, layer_example, oewf_rows
+from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 FIGURES = figures_dir()
@@ -94,7 +96,7 @@ print(table([[LABELS[r["mode"]], f"{r['throughput_ktok_s']:.0f}", f"{r['throughp
               f"{r['paper_ratio']:.3f}", f"{r['ttft_mean_s']:.2f}", f"{r['ttft_p95_s']:.2f}",
               f"{100 * r['ttft_mean_reduction']:.1f}%", f"{100 * r['ttft_p95_reduction']:.1f}%"] for r in abl],
             ["mode", "ktok/s", "vs Sync", "paper vs Sync", "TTFT avg s", "p95 s", "avg −", "p95 −"]))  # fmt: skip
-sf, ce = loaded["async_sf"].serve, loaded["cascade"].serve
+sf, ce = loaded["async_sf"].prefill, loaded["cascade"].prefill
 oewf_only = (1 - ce.ttft_mean_s / sf.ttft_mean_s, 1 - ce.ttft_p95_s / sf.ttft_p95_s)
 full = next(r for r in abl if r["mode"] == "cascade")
 REC.table("ablation", abl)
@@ -194,15 +196,15 @@ for policy in PLACEMENT_POLICIES:
 print(f"sweep {time.perf_counter() - t0:.0f} s")
 rows = []
 for policy in PLACEMENT_POLICIES:
-    sp = [sweep[policy, L]["sync"].serve.ttft_p95_s / sweep[policy, L]["cascade"].serve.ttft_p95_s for L in LOADS]
-    s0 = sweep[policy, LOADS[-1]]["sync"].serve
+    sp = [sweep[policy, L]["sync"].prefill.ttft_p95_s / sweep[policy, L]["cascade"].prefill.ttft_p95_s for L in LOADS]
+    s0 = sweep[policy, LOADS[-1]]["sync"].prefill
     rows.append([policy, *(f"{v:.2f}×" for v in sp), f"{100 * s0.cache_hit_rate:.0f}%", f"{s0.alb_mean:.2f}"])
-speedups = {p: [sweep[p, L]["sync"].serve.ttft_p95_s / sweep[p, L]["cascade"].serve.ttft_p95_s for L in LOADS]
+speedups = {p: [sweep[p, L]["sync"].prefill.ttft_p95_s / sweep[p, L]["cascade"].prefill.ttft_p95_s for L in LOADS]
             for p in PLACEMENT_POLICIES}  # fmt: skip
 REC.table("sweep", [{"placement": p, "load": L, "p95_speedup": speedups[p][i]}
                     for p in PLACEMENT_POLICIES for i, L in enumerate(LOADS)])  # fmt: skip
 for p in PLACEMENT_POLICIES:
-    top = sweep[p, LOADS[-1]]["sync"].serve
+    top = sweep[p, LOADS[-1]]["sync"].prefill
     REC.update(**{f"sweep_{p}_lo": speedups[p][0], f"sweep_{p}_hi": speedups[p][-1],
                   f"cache_hit_{p}": top.cache_hit_rate, f"alb_{p}": top.alb_mean})  # fmt: skip
 hits = [REC.values[f"cache_hit_{p}"] for p in PLACEMENT_POLICIES if p != "prefix_only"]
@@ -214,9 +216,9 @@ print(table(rows, ["placement", *(f"load {L}" for L in LOADS), "cache hit", "ALB
             "p95 TTFT speedup (Sync / CascadeEP); load = rate / Sync capacity (round-robin)"))  # fmt: skip
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 for k, policy in enumerate(PLACEMENT_POLICIES):
-    sp = [sweep[policy, L]["sync"].serve.ttft_p95_s / sweep[policy, L]["cascade"].serve.ttft_p95_s for L in LOADS]
+    sp = [sweep[policy, L]["sync"].prefill.ttft_p95_s / sweep[policy, L]["cascade"].prefill.ttft_p95_s for L in LOADS]
     axes[0].plot([L * cap_rps for L in LOADS], sp, "o-", color=f"C{k}", label=policy)
-    s0 = sweep[policy, LOADS[-1]]["sync"].serve
+    s0 = sweep[policy, LOADS[-1]]["sync"].prefill
     axes[1].plot(100 * s0.cache_hit_rate, 100 * s0.alb_mean, "o", color=f"C{k}", ms=9, label=policy)
 axes[0].set_xlabel("request rate (req/s)")
 axes[0].set_ylabel("p95 TTFT speedup (Sync / CascadeEP)")
@@ -241,10 +243,10 @@ print(table([
     ["attention estimator accuracy", "90.3%", f"{100 * cas.attention_accuracy:.1f}% (noise set to the paper's)"],
     ["token-count estimator accuracy (previous layer)", "85.9%", f"{100 * cas.token_accuracy:.1f}%"],
     ["streamFFN matched-work FFN efficiency", "97.3%", f"{100 * sfr.ffn_efficiency:.1f}%"],
-    ["ALB (mean over layers, Sync)", "Fig. 2: 20–70%", f"{100 * sync.serve.alb_mean:.0f}%"],
+    ["ALB (mean over layers, Sync)", "Fig. 2: 20–70%", f"{100 * sync.prefill.alb_mean:.0f}%"],
 ], ["quantity", "paper", "here"]))  # fmt: skip
 REC.update(r_tail=sync.tail_ratio, attention_accuracy=cas.attention_accuracy, token_accuracy=cas.token_accuracy,
-           ffn_efficiency=sfr.ffn_efficiency, alb_sync=sync.serve.alb_mean, paper_r_tail=PAPER["tail_ratio"][0],
+           ffn_efficiency=sfr.ffn_efficiency, alb_sync=sync.prefill.alb_mean, paper_r_tail=PAPER["tail_ratio"][0],
            paper_attention_accuracy=PAPER["attention_accuracy"], paper_token_accuracy=PAPER["token_accuracy"],
            paper_ffn_efficiency=PAPER["ffn_efficiency"])  # fmt: skip
 
@@ -272,11 +274,11 @@ rows, sens = [], {}
 for name, (cfg, kw) in variants.items():
     modes = kw.get("modes", MODES)
     res = sens[name] = run_cascade(dataclasses.replace(cfg, rate_rps=LOAD * cap_rps), modes, **run)
-    base = res["sync"].serve
+    base = res["sync"].prefill
     cells = []
     for mode in MODES:
         if mode in res:
-            s = res[mode].serve
+            s = res[mode].prefill
             cells.append(f"{s.ttft_mean_s:.2f} ({100 * (1 - s.ttft_mean_s / base.ttft_mean_s):+.0f}%)")
         else:
             cells.append("—")
@@ -287,22 +289,22 @@ print(table(rows, ["variant", *(f"{LABELS[m]} TTFT avg s" for m in MODES), "Sync
 
 def _cut(name, mode):
     r = sens[name]
-    return 1 - r[mode].serve.ttft_mean_s / r["sync"].serve.ttft_mean_s
+    return 1 - r[mode].prefill.ttft_mean_s / r["sync"].prefill.ttft_mean_s
 
 
 # OEWF alone with exact estimates: is the estimator what limits OEWF?
 exact = run_cascade(dataclasses.replace(BASE, estimates="exact", rate_rps=LOAD * cap_rps), ("async_sf", "cascade"),
                     **run)  # fmt: skip
 REC.update(
-    sparse_sync_ttft=sens["sparse attention"]["sync"].serve.ttft_mean_s,
+    sparse_sync_ttft=sens["sparse attention"]["sync"].prefill.ttft_mean_s,
     sparse_cascade_cut=_cut("sparse attention", "cascade"),
     guard_sf_cut=_cut("launch guard on", "async_sf"),
     guard_gap=_cut("dense attention (default)", "async_sf") - _cut("launch guard on", "async_sf"),
-    tempo_pricing_ttft=sens["OEWF priced by TEMPO"]["cascade"].serve.ttft_mean_s,
-    cascade_ttft=loaded["cascade"].serve.ttft_mean_s,
-    rep_even_ttft=sens["1.25× replicas, EPLB-even"]["cascade"].serve.ttft_mean_s,
-    rep_tempo_ttft=sens["1.25× replicas, TEMPO split"]["cascade"].serve.ttft_mean_s,
-    oewf_alone_exact_mean=1 - exact["cascade"].serve.ttft_mean_s / exact["async_sf"].serve.ttft_mean_s,
+    tempo_pricing_ttft=sens["OEWF priced by TEMPO"]["cascade"].prefill.ttft_mean_s,
+    cascade_ttft=loaded["cascade"].prefill.ttft_mean_s,
+    rep_even_ttft=sens["1.25× replicas, EPLB-even"]["cascade"].prefill.ttft_mean_s,
+    rep_tempo_ttft=sens["1.25× replicas, TEMPO split"]["cascade"].prefill.ttft_mean_s,
+    oewf_alone_exact_mean=1 - exact["cascade"].prefill.ttft_mean_s / exact["async_sf"].prefill.ttft_mean_s,
 )
 REC.claim("guard_costs_async_sf", REC.values["guard_gap"] > 0)
 REC.claim("estimator_not_the_limit", abs(REC.values["oewf_alone_exact_mean"] - REC.values["oewf_alone_mean"]) < 0.01)

@@ -3,8 +3,8 @@
 - `gmm` / `tgmm`: grouped GEMM mirroring `jax.lax.ragged_dot` (+ `group_offset`; mixed float operand dtypes,
   group sizes of any integer dtype), with a custom VJP;
   Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
-- `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes); `dispatch_reference`;
-  `window_counts` recovers per-window counts from wrapping uint32 cumulative counters.
+- `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes) with a wrapping uint32 cumulative
+  counter; `dispatch_reference`.
 - `backends`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
   rule that turns "auto" into a concrete implementation on each platform (`GMM`, `DISPATCH`).
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
@@ -23,7 +23,6 @@ from pallas_kernels.dispatch import (
     dispatch,
     dispatch_reference,
     occurrence_ranks,
-    window_counts,
 )
 from pallas_kernels.gmm import GmmTiling, gmm, gmm_reference, tgmm, tgmm_reference
 from pallas_kernels.gmm_metadata import GroupMetadata, make_group_metadata
@@ -49,5 +48,4 @@ __all__ = [
     "platform",
     "tgmm",
     "tgmm_reference",
-    "window_counts",
 ]

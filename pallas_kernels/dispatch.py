@@ -16,9 +16,8 @@ Modes (the position u of each pair):
   n_e * C_r) contains i + 0.5 (C = cumulative normalised row), so the realised count of every replica is
   within one token of its planned share n_e * w_r / W for this source. (Beyond the paper.)
 
-Counters: the cumulative per-expert counter is `COUNTER_DTYPE` = uint32 and wraps modulo 2**32. Recover the
-counts of a window with `window_counts(now, before)` = (now - before) mod 2**32: exact as long as fewer than
-2**32 pairs hit one expert between two snapshots.
+Counters: the cumulative per-expert counter is `COUNTER_DTYPE` = uint32 and wraps modulo 2**32; the runtime
+recovers the counts of a window from two snapshots ((now - before) mod 2**32, `tempo_jax.runtime.counters`).
 
 Kernel layout: the [T, K] pairs are flattened and cut into blocks of `block` pairs; one grid program per
 block writes its slots, replica columns and a per-block partial count row [E]. Partials are summed (tiny)
@@ -47,7 +46,6 @@ __all__ = [
     "dispatch",
     "dispatch_reference",
     "occurrence_ranks",
-    "window_counts",
 ]
 
 COUNTER_DTYPE = jnp.uint32
@@ -68,23 +66,6 @@ class DispatchResult(NamedTuple):
     counter: jax.Array
     counts: jax.Array
     replica_counts: jax.Array
-
-
-def window_counts(now, before):
-    """Wrap-safe window differencing of uint32 cumulative counters: (now - before) mod 2**32.
-
-    `now`, `before`: [...] uint32 counter snapshots (numpy or jax). Returns uint32 of the same shape, in the
-    same array library; exact when fewer than 2**32 pairs hit a counter between the snapshots.
-    """
-    if isinstance(now, jax.Array) or isinstance(before, jax.Array):
-        now, before = jnp.asarray(now), jnp.asarray(before)
-        if now.dtype != COUNTER_DTYPE or before.dtype != COUNTER_DTYPE:
-            raise ValueError(f"window_counts: counters must be uint32, got {now.dtype} and {before.dtype}")
-        return now - before  # uint32 arithmetic is modulo 2**32
-    now, before = np.asarray(now), np.asarray(before)
-    if now.dtype != np.uint32 or before.dtype != np.uint32:
-        raise ValueError(f"window_counts: counters must be uint32, got {now.dtype} and {before.dtype}")
-    return ((now.astype(np.int64) - before.astype(np.int64)) % (1 << 32)).astype(np.uint32)
 
 
 def occurrence_ranks(topk_ids: jax.Array, valid: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
@@ -286,7 +267,7 @@ def dispatch(
       table: [E, R] float probabilities ("sample") or quotas ("quota") over e's replica columns; rows need
         not be normalised; a row with no positive weight on a valid replica is treated as uniform.
       log2phy: [E, R] int physical slot of replica column r of expert e, -1 = no replica.
-      counter: [E] uint32 cumulative per-expert counter (wraps; see `window_counts`).
+      counter: [E] uint32 cumulative per-expert counter (wraps modulo 2**32).
       mode: "sample" (needs `uniforms` [T, K] in [0, 1)) or "quota" (deterministic; `ranks` [T, K], the
         occurrence rank of each pair among its expert's valid pairs, default `occurrence_ranks`).
       block: pairs per kernel program (a power of two).

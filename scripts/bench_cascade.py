@@ -41,11 +41,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from solvers import LaunchSchedule, Placement, oewf_at_dispatch, slots_for  # noqa: E402
-from tempo_jax import tables as T  # noqa: E402
-from tempo_jax.cascade_exec import fetch_bytes, fetches_from_plan, pair_tokens  # noqa: E402
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
-from tempo_jax.report import table  # noqa: E402
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
+from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
+from tempo_jax.layer.cascade_plan import fetch_bytes, fetches_from_plan, pair_tokens  # noqa: E402
 from tempo_jax.sim import prefill_costs  # noqa: E402
+from tempo_jax.text import table  # noqa: E402
 from tempo_jax.workloads.requests import load_mooncake_sample  # noqa: E402
 
 MODES = ("sync", "async", "async_sf", "cascade")
@@ -81,11 +81,11 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
     D, E, B = jax.device_count(), experts, tokens_per_device
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.zipf(1.6, E).astype(float), slots_for(E, D, 1.25), D)
-    base = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_device=placement.slots_per_gpu,
-                     mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+    base = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_rank=placement.slots_per_rank,
+                     dispatch_mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
     params = init_params(jax.random.key(0), base)
     mesh = make_ep_mesh(D)
-    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     x = jax.random.normal(jax.random.key(1), (B * D, hidden)) + jnp.asarray(rng.normal(size=(1, hidden)))
     iters = replica_iterations(D, requests, max_iters)
     attend = attention_stand_in(mesh, iters, hidden)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -37,10 +36,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
-from tempo_jax import stages  # noqa: E402
-from tempo_jax import tables as T  # noqa: E402
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, route  # noqa: E402
-from tempo_jax.report import table  # noqa: E402
+from tempo_jax.layer import (  # noqa: E402
+    MoEConfig,
+    capacity_bucket,
+    init_params,
+    make_ep_mesh,
+    moe_forward,
+    stages,  # noqa: E402
+)
+from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
+from tempo_jax.layer.stages import route  # noqa: E402
+from tempo_jax.text import table  # noqa: E402
 
 
 def dense_capacity_moe(params, x, config: MoEConfig, capacity_factor: float = 1.25):
@@ -91,10 +97,6 @@ def timed(fn, *args, repeats: int) -> tuple[float, float]:
     return compile_s, float(np.median(steps))
 
 
-def _bucket(rows: int, worst: int) -> int:
-    return min(worst, max(16, 1 << max(0, math.ceil(math.log2(max(rows, 1))))))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-device", default="128,512", help="batch sizes, tokens per device")
@@ -116,10 +118,10 @@ def main(argv=None) -> int:
     placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float),
                                     slots_for(E, D, args.replication), D)  # fmt: skip
     cfg = MoEConfig(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k,
-                    slots_per_device=placement.slots_per_gpu, mode="quota")  # fmt: skip
+                    slots_per_rank=placement.slots_per_rank, dispatch_mode="quota")  # fmt: skip
     params = init_params(jax.random.key(0), cfg)
     mesh = make_ep_mesh(D)
-    pa = T.placement_arrays(placement)
+    pa = dispatch_tables.placement_arrays(placement)
     cost = PRESETS["dsv3_fp8_offline"]
     one = jax.devices()[0]
     print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
@@ -131,10 +133,10 @@ def main(argv=None) -> int:
         x = jax.random.normal(jax.random.key(B), (B * D, args.hidden)) + jnp.asarray(rng.normal(size=(1, args.hidden)))
 
         def layer(params, x, table, capacity=None):
-            return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
+            return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
                                config=cfg, capacity=capacity)  # fmt: skip
 
-        first = jax.jit(layer)(params, x, T.uniform(placement).table)
+        first = jax.jit(layer)(params, x, dispatch_tables.uniform(placement).table)
         counts, need = np.asarray(first.counts), int(first.stats.max_block.max())
         worst = B * args.top_k
         # Step 1: the baselines, on one device, same tokens and weights.
@@ -151,8 +153,8 @@ def main(argv=None) -> int:
         # Step 2: the layer, per policy and capacity.
         for policy in args.policies.split(","):
             d = solve(DispatchProblem(counts, placement, cost), policy)
-            tables = T.from_plan(d)  # the one plan → table seam (solvers.plan_weights)
-            for cap_name, cap in (("worst", None), ("auto", _bucket(need, worst))):
+            tables = dispatch_tables.from_plan(d)  # the one plan → table seam (solvers.plan_weights)
+            for cap_name, cap in (("worst", None), ("auto", capacity_bucket(need, cap=worst))):
                 compile_s, step_s = timed(lambda p, x, t, c=cap: layer(p, x, t, c), params, x, tables.table,
                                           repeats=args.repeats)  # fmt: skip
                 ms = step_s * 1e3

@@ -46,7 +46,7 @@ import numpy as np
 from tqdm import tqdm
 
 from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
-from tempo_jax.report import table
+from tempo_jax.text import table
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
 POLICIES = ["static", "uniform", "token_lp", "metro", "llep", "tempo"]

@@ -27,8 +27,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from solvers import Placement  # noqa: E402
-from tempo_jax import tables as T  # noqa: E402
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference  # noqa: E402
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference  # noqa: E402
+from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 
 TOL = 2e-2  # max |y − dense| with TF32 dots on GPU; float32 on CPU lands near 1e-6
 
@@ -40,14 +40,17 @@ def check_layer(*, smoke: bool) -> dict:
     placement = Placement.from_eplb(np.arange(E) + 1.0, max(4 * D, E), D)
     x = jax.random.normal(jax.random.key(2), (D * tokens, hidden))
     mesh = make_ep_mesh(D)
-    pa, tables = T.placement_arrays(placement), T.perturbed(T.uniform(placement), seed=1)
+    pa, tables = (
+        dispatch_tables.placement_arrays(placement),
+        dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=1),
+    )
     exchanges = ("padded",) if smoke else ("padded", "ragged")
     impls = ("chunked", "pallas") if smoke else ("ragged_dot", "pallas")
     out = {}
     for exchange in exchanges:
         for gmm_impl in impls:
             name = f"{exchange}/{gmm_impl}"
-            cfg = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=2, slots_per_device=placement.slots_per_gpu,
+            cfg = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank,
                             exchange=exchange, gmm_impl=gmm_impl, interpret=smoke)  # fmt: skip
             try:
                 params = init_params(jax.random.key(1), cfg)

@@ -17,7 +17,7 @@ pids=()
 for ((i = 0; i < NP; i++)); do
   JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=${DPP}" \
     "$PY" scripts/multihost_moe.py --out "$OUT" --coordinator "127.0.0.1:${PORT}" \
-    --num-processes "$NP" --process-id "$i" --mode "$MODE" &
+    --num-processes "$NP" --process-id "$i" --dispatch-mode "$MODE" &
   pids+=($!)
 done
 rc=0

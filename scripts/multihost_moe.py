@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--coordinator")
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
-    ap.add_argument("--mode", default="sample", choices=["sample", "quota"])
+    ap.add_argument("--dispatch-mode", default="sample", choices=["sample", "quota"])
     args = ap.parse_args(argv)
 
     import jax
@@ -34,19 +34,19 @@ def main(argv=None) -> int:
     from jax.sharding import PartitionSpec as P
 
     from solvers import Placement
-    from tempo_jax import tables as T
-    from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward
-    from tempo_jax.refresher import host_counter
+    from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward
+    from tempo_jax.layer import tables as dispatch_tables
+    from tempo_jax.runtime.counters import host_counter
 
     # Step 1: the same problem on every process.
     D = jax.device_count()
     E = 12
     placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=2, mode=args.mode)
+    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=2, dispatch_mode=args.dispatch_mode)
     mesh = make_ep_mesh(D)
     params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config))
     x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, 32)))
-    tables = T.perturbed(T.uniform(placement), seed=5)
+    tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=5)
 
     # Step 2: global arrays (each process supplies its addressable shards).
     def put(a, spec):
@@ -54,9 +54,9 @@ def main(argv=None) -> int:
         return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
 
     params = {k: put(v, P()) for k, v in params.items()}
-    pa = T.placement_arrays(placement)
-    pa = T.PlacementArrays(put(pa.phy2log, P()), put(pa.log2phy, P()))
-    tables = T.Tables(put(tables.table, P()), put(tables.log2phy, P()))
+    pa = dispatch_tables.placement_arrays(placement)
+    pa = dispatch_tables.PlacementArrays(put(pa.phy2log, P()), put(pa.log2phy, P()))
+    tables = dispatch_tables.Tables(put(tables.table, P()), put(tables.log2phy, P()))
     xg = put(x, P("ep"))
 
     # Step 3: run and gather.

@@ -21,7 +21,7 @@ from .attention import AttentionFitReport, AttentionModel, attention_features, f
 from .bounds import certified_lower_bound
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
-from .fit import FitReport, bootstrap_max_affine, fit_max_affine
+from .fit import FitReport, bootstrap_max_affine, fit_max_affine, read_samples
 from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
 from .oewf import (
     PRICINGS,
@@ -43,10 +43,10 @@ from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
-from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights
+from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights, split_tables
 from .tempo_fast import TempoOptions
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
-from .topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
+from .topology import flat_split, inter_node_tokens, node_counts_from_sources, topology_split
 
 __all__ = [
     "PLAN_NAMES",
@@ -64,6 +64,7 @@ __all__ = [
     "drift_corrupt",
     "expected_dispatch",
     "fit_max_affine",
+    "read_samples",
     "flat_split",
     "gpu_loads",
     "inter_node_tokens",

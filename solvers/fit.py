@@ -14,16 +14,18 @@ those parameters and their unconstrained values in ``outside_domain``.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import nnls
 
-from .checks import check_array, check_int, check_real
+from .checks import check_array, check_int, check_real, read_text
 from .cost import CostModel
 
-__all__ = ["FitReport", "bootstrap_max_affine", "fit_max_affine"]
+__all__ = ["CSV_COLUMNS", "FitReport", "bootstrap_max_affine", "fit_max_affine", "read_samples"]
 
 
 @dataclass(frozen=True)
@@ -240,3 +242,45 @@ def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int 
     )
     return {"fit": dict(zip(names, params(point), strict=True)), "ci": ci, "corr_ab": corr,
             "replicates": replicates, "failed": failed, "level": level}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ samples
+CSV_COLUMNS = {"G": "activated experts", "N": "tokens", "t": "time (µs)", "T": "M-tiles (optional)"}
+
+
+def read_samples(path) -> dict[str, np.ndarray]:
+    """Columns ``G``, ``N``, ``t`` (and ``T`` if present) ``[n]`` float64 of a calibration CSV: a header row naming
+    the columns, one sample per row (what `fit_max_affine` takes). Errors name the file and line.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: a folder, non-text bytes, a missing column, a short row, a value that is not a finite number
+        (t > 0, the others ≥ 0), or fewer rows than the fit has parameters.
+    """
+    text = read_text(path, "calibrate CSV")
+    rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text)), 1) if any(c.strip() for c in row)]
+    if not rows:
+        raise ValueError(f"{path} is empty; expected a header row G,N,t[,T] and one sample per row")
+    header = [c.strip() for c in rows[0][1]]
+    missing = [c for c in ("G", "N", "t") if c not in header]
+    if missing:
+        raise ValueError(f"{path}:{rows[0][0]}: header lacks columns {missing} (has {header}); expected G,N,t[,T]")
+    wanted = {c: header.index(c) for c in CSV_COLUMNS if c in header}
+    values = {c: [] for c in wanted}
+    for n, row in rows[1:]:
+        if len(row) != len(header):
+            raise ValueError(f"{path}:{n}: {len(row)} values, the header has {len(header)} columns; truncated?")
+        for c, i in wanted.items():
+            try:
+                v = float(row[i])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: column {c} = {row[i].strip()[:40]!r} is not a number") from None
+            if not np.isfinite(v) or v < 0 or (c == "t" and v == 0):
+                bound = "> 0" if c == "t" else ">= 0"
+                raise ValueError(f"{path}:{n}: column {c} ({CSV_COLUMNS[c]}) must be finite and {bound}, got {v}")
+            values[c].append(v)
+    need = 5 if "T" in wanted else 4  # one row per parameter: a, b[, b2], c, beta
+    if len(rows) - 1 < need:
+        cols = "G,N,t,T" if "T" in wanted else "G,N,t"
+        raise ValueError(f"{path} has {len(rows) - 1} sample row(s); the fit needs at least {need} rows of {cols}")
+    return {c: np.array(v) for c, v in values.items()}

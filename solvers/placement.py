@@ -8,6 +8,7 @@ Gs source groups. numpy only.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,10 +49,10 @@ class Placement:
 
     Attributes:
       phy2log: ``[P]`` int64, logical expert of each physical slot.
-      num_gpus: D; slot p lives on rank ``p // slots_per_gpu``.
+      num_gpus: D; slot p lives on rank ``p // slots_per_rank``.
       num_experts: E.
       gpus_per_node: ranks per node (None = one node).
-      slots_per_gpu: S = P / D.
+      slots_per_rank: S = P / D.
       log2phy: ``[E, R]`` int64 physical slots of each expert, ascending, −1 padded (R = max replicas).
       logcnt: ``[E]`` int64 replica count of each expert.
       slot_gpu: ``[P]`` int64 rank of each slot.
@@ -68,7 +69,7 @@ class Placement:
     num_gpus: int
     num_experts: int
     gpus_per_node: int | None = None
-    slots_per_gpu: int = field(init=False)
+    slots_per_rank: int = field(init=False)
     log2phy: np.ndarray = field(init=False)
     logcnt: np.ndarray = field(init=False)
     slot_gpu: np.ndarray = field(init=False)
@@ -96,7 +97,7 @@ class Placement:
         rank = np.arange(P) - starts[p2l[order]]
         log2phy[p2l[order], rank] = order
         for name, val in (
-            ("slots_per_gpu", S),
+            ("slots_per_rank", S),
             ("log2phy", log2phy),
             ("logcnt", logcnt),
             ("slot_gpu", slot_gpu),
@@ -107,6 +108,14 @@ class Placement:
                 val.setflags(write=False)
             object.__setattr__(self, name, val)
         p2l.setflags(write=False)
+
+    @cached_property
+    def key(self) -> str:
+        """Identity of this layout (16 hex digits of a hash of ``phy2log``, D, E and the node size): equal for equal
+        layouts. Tables built from a placement carry it, so the layer compares layouts without reading arrays."""
+        h = hashlib.sha256(self.phy2log.tobytes())
+        h.update(f"{self.num_gpus},{self.num_experts},{self.gpus_per_node}".encode())
+        return h.hexdigest()[:16]
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -4,7 +4,7 @@ A dispatch table holds weights ``[Gs, E, R]`` over each expert's replica columns
 padded); source rank d of D reads row group ``d · Gs // D`` (Gs = 1: one table for every source; Gs = the
 number of nodes: one per source node; Gs = D: one per source rank). The in-graph kernel renormalises each row
 at use, so only proportions matter. Every producer of tables goes through `plan_weights`: the controller and
-its solver worker, `tempo_jax.tables` (the device-side wrapper), the demo, the benchmarks and the simulators.
+its solver worker, `tempo_jax.layer.tables` (the device-side wrapper), the demo, the benchmarks and the simulators.
 
 Plans and what they become:
 
@@ -36,9 +36,11 @@ from .cost import ACTIVE_EPS
 from .placement import Placement, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import solve
+from .topology import _array as topology_array
+from .topology import _node_onehot as node_onehot
 from .topology import node_counts_from_sources, topology_split
 
-__all__ = ["PLAN_NAMES", "expected_dispatch", "plan_weights", "solve_weights"]
+__all__ = ["PLAN_NAMES", "expected_dispatch", "plan_weights", "solve_weights", "split_tables"]
 
 #: Plans given by name (they need no counts).
 PLAN_NAMES = ("uniform", "static")
@@ -180,3 +182,30 @@ def solve_weights(problem: DispatchProblem, policy: str, *, per_node: bool = Fal
         node_counts = node_counts_from_sources(problem.tokens, problem.placement)
         return plan_weights(topology_split(d, node_counts, problem.placement), problem.placement), d
     return plan_weights(d), d
+
+
+def split_tables(y, placement: Placement) -> np.ndarray:
+    """Per-source-node dispatch tables over each expert's replica columns.
+
+    Args:
+      y: ``[Nn, E, D]`` split (from `topology_split` or `flat_split`).
+      placement: gives the replica columns ``log2phy [E, R]`` (−1 padded) and their GPUs.
+
+    Returns:
+      ``probs [Nn, E, R]`` float64; each row sums to 1 over the expert's replicas and is 0 on −1 columns.
+      A GPU holding two replicas of e splits its share evenly between them. A row with no tokens from node m
+      falls back to the flat row ``Σ_m y[m, e]`` (x's proportions), or to uniform over replicas if that is 0.
+    """
+    # Step 1: validate.
+    y = topology_array("y", y, 3)
+    E, D = placement.num_experts, placement.num_gpus
+    if y.shape[1:] != (E, D):
+        raise ValueError(f"y must be [Nn, E, D] with E = {E}, D = {D}, got shape {y.shape}")
+    node_onehot(placement, y.shape[0])
+    off = np.flatnonzero(((y > 0) & ~placement.replica_mask[None]).any(axis=(0, 2)))
+    if off.size:
+        raise ValueError(f"y sends tokens to GPUs without a replica for experts {off[:10].tolist()}")
+
+    # Step 2: the one plan → table conversion (`solvers.tables.plan_weights`): own split, else the flat row,
+    # else uniform; a GPU's share divided among its replicas of e; rows normalised.
+    return plan_weights(y, placement)

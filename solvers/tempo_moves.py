@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from .problem import DispatchProblem
+from .target_repair import _route
 
 __all__ = ["State", "chains", "local_search", "seed"]
 
@@ -597,8 +598,6 @@ def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int
       when the pattern cannot hold them: then it is a start for `target_repair`), or None when no pattern
       exists (level k is out of reach this way).
     """
-    from .target_repair import _route
-
     n, sole, mask = problem.n, problem.placement.sole_gpu, problem.mask
     E, D = mask.shape
     cap = math.floor(cap + 1e-9) if math.isfinite(cap) else 2**62

@@ -4,8 +4,8 @@ Stage 1 solves the flat dispatch ``x [E, D]`` (tokens of expert e processed on G
 source node's tokens fill which replica: for each expert, a same-node-first transportation rule pairs each
 node's tokens with that expert's capacity ``x[e, g]`` on the node's own GPUs before anything crosses the
 inter-node network. The result ``y [Nn, E, D]`` realises x exactly, so per-GPU loads (and the modelled
-makespan) are those of the flat solution; only the pairing of sources to replicas changes. `split_tables`
-turns y into one dispatch table per source node over each expert's replica columns.
+makespan) are those of the flat solution; only the pairing of sources to replicas changes.
+`solvers.tables.split_tables` turns y into one dispatch table per source node over each expert's replica columns.
 
 Why it is optimal. Per expert this is a transportation problem with cost 0 on same-node (source node, GPU)
 pairs and 1 otherwise, so inter-node tokens = n_e − same-node flow. Any split sends at most
@@ -23,7 +23,7 @@ import numpy as np
 from .checks import check_array
 from .placement import Placement
 
-__all__ = ["topology_split", "flat_split", "split_tables", "inter_node_tokens", "node_counts_from_sources"]
+__all__ = ["topology_split", "flat_split", "inter_node_tokens", "node_counts_from_sources"]
 
 _RTOL = 1e-6
 
@@ -134,35 +134,6 @@ def inter_node_tokens(y, placement: Placement) -> float:
         raise ValueError(f"y must be [Nn, E, D] with D = {placement.num_gpus}, got shape {y.shape}")
     onehot = _node_onehot(placement, y.shape[0])
     return float(y.sum() - np.einsum("meg,mg->", y, onehot.astype(np.float64)))
-
-
-def split_tables(y, placement: Placement) -> np.ndarray:
-    """Per-source-node dispatch tables over each expert's replica columns.
-
-    Args:
-      y: ``[Nn, E, D]`` split (from `topology_split` or `flat_split`).
-      placement: gives the replica columns ``log2phy [E, R]`` (−1 padded) and their GPUs.
-
-    Returns:
-      ``probs [Nn, E, R]`` float64; each row sums to 1 over the expert's replicas and is 0 on −1 columns.
-      A GPU holding two replicas of e splits its share evenly between them. A row with no tokens from node m
-      falls back to the flat row ``Σ_m y[m, e]`` (x's proportions), or to uniform over replicas if that is 0.
-    """
-    # Step 1: validate.
-    y = _array("y", y, 3)
-    E, D = placement.num_experts, placement.num_gpus
-    if y.shape[1:] != (E, D):
-        raise ValueError(f"y must be [Nn, E, D] with E = {E}, D = {D}, got shape {y.shape}")
-    _node_onehot(placement, y.shape[0])
-    off = np.flatnonzero(((y > 0) & ~placement.replica_mask[None]).any(axis=(0, 2)))
-    if off.size:
-        raise ValueError(f"y sends tokens to GPUs without a replica for experts {off[:10].tolist()}")
-
-    # Step 2: the one plan → table conversion (`solvers.tables.plan_weights`): own split, else the flat row,
-    # else uniform; a GPU's share divided among its replicas of e; rows normalised.
-    from .tables import plan_weights
-
-    return plan_weights(y, placement)
 
 
 def node_counts_from_sources(counts, placement: Placement, source_gpus=None) -> np.ndarray:

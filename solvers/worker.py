@@ -41,7 +41,7 @@ from .placement import Placement
 from .problem import DispatchProblem
 from .tables import solve_weights
 
-__all__ = ["FAULTS", "SolverWorker", "WorkerConfig", "WorkerLost", "probe", "solve_window", "warm_up"]
+__all__ = ["FAULTS", "SolverWorker", "WorkerConfig", "WorkerLost", "probe", "run_worker", "solve_window", "warm_up"]
 
 FAULTS = ("hang", "raise", "nan", "exit")
 
@@ -116,7 +116,7 @@ def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, flo
 
 
 # ---------------------------------------------------------------------------------------------- child side
-def serve(conn_in: Connection, conn_out: Connection) -> None:
+def run_worker(conn_in: Connection, conn_out: Connection) -> None:
     """The worker loop: wait for a config, then answer solve / fault / probe messages until ``stop`` or EOF."""
     config: WorkerConfig | None = None
     fault = None
@@ -151,7 +151,7 @@ def serve(conn_in: Connection, conn_out: Connection) -> None:
 
 def _main(argv: list[str]) -> int:
     fd_in, fd_out = int(argv[0]), int(argv[1])
-    serve(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
+    run_worker(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
     return 0
 
 

@@ -1,15 +1,25 @@
 """tempo-jax: makespan-aware MoE expert dispatch (TEMPO) and asynchronous expert execution (CascadeEP) in JAX.
 
+The rooms (imports point down only: cli → repro → runtime, sim → layer → workloads → text):
+
+  layer/      the functional model: `MoEConfig`, `moe_forward`, `MoE`, stages, exchange, tables, CascadeEP execution
+  runtime/    the dispatch runtime: `DispatchController`, counters, `Refresher`, the serve loop, calibration
+  sim/        numpy simulators (phase diagram, replays, CascadeEP prefill)
+  workloads/  routing recordings, request traces, synthetic streams
+  repro/      notebook `Recorder`, the rendered result tables, `reproduce`
+  cli/        the `tempo-jax` command line and the demo
+  text.py     text tables
+
 Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_jax.sim` stay numpy-only):
   MoE, MoEConfig                          the expert-parallel layer as a flax nnx module and its configuration
   moe_forward, moe_reference              the functional core (shard_map) and its dense single-device reference
   init_params, materialize, make_ep_mesh  logical parameters, physical replicas, a 1-D ``ep`` mesh
   Tables, PlacementArrays                 what `moe_forward` reads: dispatch tables and the device placement
-  placement_arrays, tables                `solvers.Placement` → device arrays; the table builders (module)
+  placement_arrays                        `solvers.Placement` → device arrays (the table builders:
+                                          `tempo_jax.layer.tables`)
   DispatchController                      the dispatch runtime: windows → solver (inline, thread or worker
                                           process) → tables, every fault counted
   Refresher, CounterWindows               counter snapshots → wrap-safe windows → the controller
-  workloads, sim                          routing/request workloads and the simulators (modules)
 
 Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
 S physical slots per rank, P = D·S, R replica columns, Gs source groups of a table; per rank the paper's G_g
@@ -21,21 +31,21 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "MoE": "tempo_jax.module",
-    "MoEConfig": "tempo_jax.moe",
-    "moe_forward": "tempo_jax.moe",
-    "moe_reference": "tempo_jax.moe",
-    "make_ep_mesh": "tempo_jax.moe",
-    "init_params": "tempo_jax.moe",
-    "materialize": "tempo_jax.moe",
-    "Tables": "tempo_jax.tables",
-    "PlacementArrays": "tempo_jax.tables",
-    "placement_arrays": "tempo_jax.tables",
-    "DispatchController": "tempo_jax.controller",
-    "Refresher": "tempo_jax.refresher",
-    "CounterWindows": "tempo_jax.refresher",
+    "MoE": "tempo_jax.layer.module",
+    "MoEConfig": "tempo_jax.layer.config",
+    "moe_forward": "tempo_jax.layer.moe",
+    "moe_reference": "tempo_jax.layer.moe",
+    "make_ep_mesh": "tempo_jax.layer.config",
+    "init_params": "tempo_jax.layer.config",
+    "materialize": "tempo_jax.layer.config",
+    "Tables": "tempo_jax.layer.tables",
+    "PlacementArrays": "tempo_jax.layer.tables",
+    "placement_arrays": "tempo_jax.layer.tables",
+    "DispatchController": "tempo_jax.runtime.controller",
+    "Refresher": "tempo_jax.runtime.refresher",
+    "CounterWindows": "tempo_jax.runtime.counters",
 }
-_MODULES = ("tables", "workloads", "sim")
+_MODULES = ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")
 
 __all__ = sorted([*_LAZY, *_MODULES])
 

@@ -410,7 +410,7 @@ CLI_CASES = [
     ("phase_skews", ["phase", "--skews", "0,a"], 2, "argument --skews: must be comma-separated numbers"),
     ("phase_preset", ["phase", "--preset", "nope"], 2, "argument --preset: invalid choice"),
     ("phase_negative_batch", ["phase", "--tokens-per-gpu", "16,-4"], 2, "values must be finite and >= 1"),
-    ("cascade_rate", ["cascade", "--rate", "-1"], 2, "argument --rate: must be a finite number > 0"),
+    ("cascade_rate", ["cascade", "--rate", "-1"], 2, "CascadeConfig: rate_rps must be > 0.0, got -1.0"),
     ("demo_out_is_a_file", ["demo", "--out", "{file}"], 2, "demo writes a folder"),
     ("unknown_command", ["frob"], 2, "invalid choice: 'frob'"),
 ]
@@ -442,12 +442,12 @@ def test_cli_debug_prints_the_traceback(files, capsys):
 
 
 def test_cli_runtime_failure_is_one_line_exit_1(files, capsys, monkeypatch):
-    import solvers
+    from tempo_jax.cli import solve as solve_command
 
     def broken(*args, **kwargs):
         raise RuntimeError("solver crashed\nwith details")
 
-    monkeypatch.setattr(solvers, "solve", broken)
+    monkeypatch.setattr(solve_command, "solve", broken)
     assert main(["solve", "--counts", str(files["counts"])]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "error: RuntimeError: solver crashed with details (internal failure; rerun with --debug " \

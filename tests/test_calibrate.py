@@ -1,4 +1,4 @@
-"""`tempo-jax calibrate --measure` (tempo_jax.calibrate): the committed CPU profile, the ranking-agreement count
+"""`tempo-jax calibrate --measure` (tempo_jax.runtime.calibrate): the committed CPU profile, the ranking-agreement count
 against a known truth, and the command at CI size."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from solvers import CostModel
 from tempo_jax import cli
-from tempo_jax.calibrate import PROFILE_PATH, MeasureConfig, Profile, load_profile, ranking_agreement
+from tempo_jax.runtime.calibrate import PROFILE_PATH, MeasureConfig, Profile, load_profile, ranking_agreement
 
 
 class ModelTimedFFN:

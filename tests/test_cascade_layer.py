@@ -1,4 +1,4 @@
-"""CascadeEP inside the shard_map layer (tempo_jax.cascade_exec) on 8 fake CPU devices: the central invariant
+"""CascadeEP inside the shard_map layer (tempo_jax.layer.cascade_exec) on 8 fake CPU devices: the central invariant
 for launch schedules and OEWF, the dependence structure of the launch groups, no drops."""
 
 import dataclasses
@@ -11,9 +11,9 @@ import pytest
 from numeric import f32_close
 
 from solvers import LaunchSchedule, OEWFState, Placement, ThroughputCurve, oewf_at_dispatch, oewf_plan
-from tempo_jax import tables as T
-from tempo_jax.cascade_exec import WeightFetch, fetch_bytes, fetches_from_plan, pair_tokens
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.cascade_plan import WeightFetch, fetch_bytes, fetches_from_plan, pair_tokens
 
 D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
 
@@ -22,7 +22,7 @@ D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
 def setup():
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=placement.slots_per_gpu)
+    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
     params = init_params(jax.random.key(0), config)
     # A shared offset skews the router towards a few experts (skewed routing).
     x = jax.random.normal(jax.random.key(1), (TOKENS, 32)) + 1.5 * jax.random.normal(jax.random.key(2), (1, 32))
@@ -40,8 +40,8 @@ def random_schedule(seed: int) -> LaunchSchedule:
 
 def _run(setup, config, tables=None, params=None):
     placement, _, p, x, mesh = setup
-    pa = T.placement_arrays(placement)
-    tables = tables or T.perturbed(T.uniform(placement), seed=3)
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = tables or dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=3)
     return moe_forward(params or p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
                        key=jax.random.key(5))  # fmt: skip
 
@@ -51,7 +51,7 @@ def _run(setup, config, tables=None, params=None):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
     placement, config, params, x, _ = setup
-    sync_cfg = dataclasses.replace(config, mode=mode)
+    sync_cfg = dataclasses.replace(config, dispatch_mode=mode)
     cas_cfg = dataclasses.replace(sync_cfg, schedule=random_schedule(seed))
     sync, cas = _run(setup, sync_cfg), _run(setup, cas_cfg)
     f32_close(cas.out, sync.out)
@@ -63,7 +63,7 @@ def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
 
 def test_gradients_match_the_synchronous_layer(setup):
     placement, config, params, x, mesh = setup
-    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
 
     def loss(p, x, cfg):
         return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg).out ** 2)
@@ -107,7 +107,7 @@ def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
     placement, config, params, x, mesh = setup
     sched = LaunchSchedule(num_ranks=D, order=(3, 1, 0, 7, 2, 5, 4, 6), groups=((3, 1), (0, 7, 2), (5,), (4, 6)))
     cfg = dataclasses.replace(config, schedule=sched)
-    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     jaxpr = jax.make_jaxpr(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
                                                     config=cfg))(params, x)  # fmt: skip
     body = _shard_map_body(jaxpr.jaxpr)
@@ -123,10 +123,10 @@ def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
 # ----------------------------------------------------------------------------------------------- OEWF
 def test_oewf_fetches_keep_the_output_and_send_gradients_once(setup):
     placement, config, params, x, mesh = setup
-    S = placement.slots_per_gpu
+    S = placement.slots_per_rank
     held = lambda d: tuple(sorted(set(placement.phy2log[d * S : (d + 1) * S].tolist())))  # noqa: E731
     fetches = (WeightFetch(0, 5, held(5)), WeightFetch(2, 5, held(5)[:1]), WeightFetch(1, 6, held(6)))
-    sync_cfg = dataclasses.replace(config, mode="quota")
+    sync_cfg = dataclasses.replace(config, dispatch_mode="quota")
     for schedule in ("sync", random_schedule(4)):
         cfg = dataclasses.replace(sync_cfg, schedule=schedule, fetches=fetches)
         sync, oe = _run(setup, sync_cfg), _run(setup, cfg)
@@ -134,7 +134,7 @@ def test_oewf_fetches_keep_the_output_and_send_gradients_once(setup):
         tok, base = np.asarray(oe.stats.gpu_tokens), np.asarray(sync.stats.gpu_tokens)
         assert tok.sum() == base.sum() and int(oe.stats.drops.sum()) == 0  # every pair computed once
         assert tok[5] < base[5] and tok[0] > base[0]  # the donor computes less, the helper more
-    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
 
     def loss(p, c):
         return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c).out ** 2)
@@ -149,7 +149,7 @@ def test_oewf_fetches_keep_the_output_and_send_gradients_once(setup):
 def test_planned_pipeline_from_the_layers_own_routing(setup):
     """pair_tokens → LaunchSchedule + oewf_at_dispatch → fetches_from_plan → the layer: Sync's output."""
     placement, config, *_ = setup
-    cfg = dataclasses.replace(config, mode="quota")
+    cfg = dataclasses.replace(config, dispatch_mode="quota")
     first = _run(setup, cfg)
     pairs = pair_tokens(first.stats.replica_counts, placement)
     assert pairs.shape == (D, D, E) and pairs.sum() == TOKENS * config.top_k
@@ -179,10 +179,10 @@ def test_planned_pipeline_from_the_layers_own_routing(setup):
 def test_bad_schedules_and_fetches_are_rejected(setup):
     placement, config, params, x, mesh = setup
     with pytest.raises(ValueError, match="schedule"):
-        MoEConfig(hidden=4, ffn=4, experts=4, top_k=1, slots_per_device=1, schedule="async")
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=1, slots_per_rank=1, schedule="async")
     with pytest.raises(ValueError, match="for 4 ranks"):
         _run(setup, dataclasses.replace(config, schedule=LaunchSchedule.sync(4)))
-    S = placement.slots_per_gpu
+    S = placement.slots_per_rank
     absent = next(e for e in range(E) if e not in placement.phy2log[5 * S : 6 * S])
     with pytest.raises(ValueError, match="holds no replica"):
         _run(setup, dataclasses.replace(config, fetches=(WeightFetch(0, 5, (absent,)),)))

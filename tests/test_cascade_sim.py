@@ -128,7 +128,7 @@ def runs():
 
 
 def test_runs_serve_every_request_once_and_report_the_paper_metrics(runs):
-    served = {m: r.serve for m, r in runs.items()}
+    served = {m: r.prefill for m, r in runs.items()}
     for m, s in served.items():
         assert s.num_completed == SMALL.max_requests
         assert np.array_equal(np.bincount(s.chunk_request, weights=s.chunk_q) + s.hit_tokens, s.input_len), m
@@ -151,8 +151,8 @@ def test_layer_example_replays_a_step_under_every_mode(runs):
     ex = layer_example(runs["sync"], layer=1)
     ends = [ex[m].end_us for m in LAYER_MODES]
     assert all(a >= b - 1e-6 for a, b in zip(ends, ends[1:], strict=False))
-    batches = step_batches(runs["sync"].serve, 0)
-    assert sum(b.new_tokens for b in batches) == runs["sync"].serve.step_new_tokens[0].sum()
+    batches = step_batches(runs["sync"].prefill, 0)
+    assert sum(b.new_tokens for b in batches) == runs["sync"].prefill.step_new_tokens[0].sum()
 
 
 def test_runs_are_deterministic_and_cached(tmp_path):

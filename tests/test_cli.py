@@ -56,7 +56,7 @@ def test_python_dash_m_entry_point():
 
 
 def test_demo_runs_and_records_every_policy(tmp_path, capsys):
-    from tempo_jax.demo import POLICY_ORDER, run_demo
+    from tempo_jax.cli.demo import POLICY_ORDER, run_demo
 
     record = run_demo(out_dir=tmp_path, milp_time_limit=5.0)
     text = capsys.readouterr().out

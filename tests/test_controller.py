@@ -12,8 +12,8 @@ import pytest
 
 from solvers import PRESETS, Placement
 from tempo_jax import DispatchController
-from tempo_jax import tables as T
-from tempo_jax.refresher import CounterWindows, Refresher
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.runtime import CounterWindows, Refresher
 
 D, E = 8, 16
 COST = PRESETS["dsv3_fp8_offline"]
@@ -49,8 +49,7 @@ def check_accounting(m: dict) -> None:
         ({"window": 1.5}, r"window must be an integer >= 1, got 1.5"),
         ({"window": 0}, r"window must be >= 1, got 0"),
         ({"window": True}, r"window must be an integer"),
-        ({"mode": "threads"}, r"unknown mode 'threads'; valid: 'inline', 'thread', 'process'"),
-        ({"background": True, "mode": "process"}, "background=True means mode='thread'"),
+        ({"solver_mode": "threads"}, r"unknown solver_mode 'threads'; valid: 'inline', 'thread', 'process'"),
         ({"budget_s": 0}, r"budget_s must be > 0"),
         ({"hang_s": 0.1}, r"hang_s must be >= 1.0"),
         ({"staleness_s": -1.0}, r"staleness_s must be > 0"),
@@ -70,11 +69,13 @@ def test_constructor_rejects_missing_cost_and_placement(placement):
         DispatchController(placement.to_dict(), COST)
     with pytest.raises(TypeError):
         DispatchController(placement, COST, polcy="tempo")  # a misspelt keyword is not swallowed
+    with pytest.raises(TypeError):
+        DispatchController(placement, COST, background=True)  # the legacy flag is gone: solver_mode="thread"
 
 
 # ------------------------------------------------------------------------------------- solver failures
 def test_background_failure_is_visible(placement, counts, caplog):
-    ctl = DispatchController(placement, COST, mode="thread")
+    ctl = DispatchController(placement, COST, solver_mode="thread")
     ctl.inject_fault("raise")
     with caplog.at_level(logging.WARNING, logger="tempo_jax.runtime"):
         ctl.observe(counts)
@@ -115,13 +116,13 @@ def test_bad_results_and_over_budget_are_not_published(placement, counts):
     m = ctl.metrics()
     assert m["version"] == 0 and m["windows"]["dropped"]["bad_result"] == 1
     assert m["windows"]["dropped"]["over_budget"] == 1
-    assert ctl.latest.table.shape == T.uniform(placement).table.shape  # still the initial tables
-    np.testing.assert_array_equal(ctl.latest.table, T.uniform(placement).table)
+    assert ctl.latest.table.shape == dispatch_tables.uniform(placement).table.shape  # still the initial tables
+    np.testing.assert_array_equal(ctl.latest.table, dispatch_tables.uniform(placement).table)
     check_accounting(m)
 
 
 def test_slow_solve_skips_windows_and_counts_them(placement, counts):
-    ctl = DispatchController(placement, COST, mode="thread", budget_s=5.0)
+    ctl = DispatchController(placement, COST, solver_mode="thread", budget_s=5.0)
     ctl.inject_fault("hang", 0.4)
     for _ in range(20):
         ctl.observe(counts)
@@ -134,7 +135,7 @@ def test_slow_solve_skips_windows_and_counts_them(placement, counts):
 
 
 def test_hung_thread_is_abandoned(placement, counts):
-    ctl = DispatchController(placement, COST, mode="thread", budget_s=0.05, hang_s=0.2)
+    ctl = DispatchController(placement, COST, solver_mode="thread", budget_s=0.05, hang_s=0.2)
     ctl.inject_fault("hang", 0.6)
     ctl.observe(counts)
     time.sleep(0.3)
@@ -183,7 +184,7 @@ def test_stale_tables_fall_back(placement, counts):
     ctl.tick()
     m = ctl.metrics()
     assert m["in_fallback"] and m["fallbacks"] == 1 and ctl.version == 2
-    np.testing.assert_array_equal(ctl.latest.table, T.static(placement).table)
+    np.testing.assert_array_equal(ctl.latest.table, dispatch_tables.static(placement).table)
     assert "fallback ON" in ctl.status_line()
     ctl.observe(counts)
     assert not ctl.metrics()["in_fallback"] and ctl.latest is not fresh and ctl.version == 3
@@ -238,10 +239,19 @@ def test_counter_windows_unit():
     assert notes["restarted_rows"] == [0]
 
 
+def test_counter_windows_wrap_safe():
+    """(now − before) mod 2^32 per entry, the one differencing rule of the runtime."""
+    cw = CounterWindows()
+    cw.diff(np.asarray([[2**32 - 3, 5, 0]], np.uint32))
+    w, notes = cw.diff(np.asarray([[7, 5, 2**31 - 1]], np.uint32))  # the first entry wrapped after 10 pairs
+    np.testing.assert_array_equal(w, [[10, 0, 2**31 - 1]])
+    assert notes["wrapped"] == 1
+
+
 # ------------------------------------------------------------------------------------- threads
 def test_observe_is_thread_safe(placement):
     """Two threads × many calls: every pair counted exactly once (the old controller over-counted)."""
-    ctl = DispatchController(placement, COST, mode="thread", window=500)
+    ctl = DispatchController(placement, COST, solver_mode="thread", window=500)
     rng = np.random.default_rng(1)
     batches = [rng.integers(0, 20, (D, E)) for _ in range(2)]
     n = 3000
@@ -265,7 +275,7 @@ def test_observe_is_thread_safe(placement):
 
 
 def test_refresher_feeds_the_controller(placement, counts):
-    ctl = DispatchController(placement, COST, mode="thread")
+    ctl = DispatchController(placement, COST, solver_mode="thread")
     state = {"counter": np.zeros((D, E), np.uint32)}
     ref = Refresher(ctl, lambda: state["counter"], every_steps=2)
     for _ in range(6):

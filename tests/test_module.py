@@ -9,15 +9,15 @@ from flax import nnx
 
 import tempo_jax
 from solvers import PRESETS, Placement
-from tempo_jax import tables as T
-from tempo_jax.module import place_on_mesh
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.module import place_on_mesh
 from tempo_jax.workloads import load_saved_trace, save_traces
 
 
 @pytest.fixture(scope="module")
 def layer():
     placement = Placement.from_eplb(np.arange(12) + 1.0, 16, 8)
-    cfg = tempo_jax.MoEConfig(hidden=32, ffn=16, experts=12, top_k=2, slots_per_device=2)
+    cfg = tempo_jax.MoEConfig(hidden=32, ffn=16, experts=12, top_k=2, slots_per_rank=2)
     return placement, cfg, tempo_jax.make_ep_mesh(8)
 
 
@@ -30,7 +30,7 @@ def test_module_matches_reference_and_trains(layer):
     np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=2e-5, rtol=2e-5)
     assert moe.counts.get_value().sum() == 4 * 32 * 2 and moe.topk_ids.get_value().shape == (128, 2)
 
-    ctl = tempo_jax.DispatchController(placement, PRESETS["dsv3_fp8_offline"], background=True)
+    ctl = tempo_jax.DispatchController(placement, PRESETS["dsv3_fp8_offline"], solver_mode="thread")
     opt = nnx.Optimizer(moe, optax.adamw(1e-2), wrt=nnx.Param)
     place_on_mesh(opt, mesh)  # optimizer state on the mesh too: one compile for every step
 
@@ -57,7 +57,7 @@ def test_module_matches_reference_and_trains(layer):
         rtol=2e-5,
     )
     with pytest.raises(ValueError, match="different placement"):
-        moe.set_tables(T.uniform(Placement.from_eplb(np.ones(12), 16, 8)))
+        moe.set_tables(dispatch_tables.uniform(Placement.from_eplb(np.ones(12), 16, 8)))
 
 
 def test_installed_tables_are_checked_on_the_host(layer):
@@ -65,13 +65,13 @@ def test_installed_tables_are_checked_on_the_host(layer):
     function's name (the kernel would read a negative entry as 0); tables built in a traced program and installed
     later are caught here too."""
     placement, cfg, mesh = layer
-    good = T.uniform(placement)
+    good = dispatch_tables.uniform(placement)
     bad = np.array(good.table)
     bad[0, 4, 0] = -1.0
-    bad_tables = T.Tables._trusted(jnp.asarray(bad), good.log2phy)  # e.g. from a jit output or a tree map
+    bad_tables = dispatch_tables.Tables._trusted(jnp.asarray(bad), good.log2phy)  # e.g. from a jit output or a tree map
     with pytest.raises(ValueError, match=r"^MoE: table must be ≥ 0.*table\[0, 4, 0\] = -1.0"):
         tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0), tables=bad_tables)
-    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0), tables=T.static(placement))
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0), tables=dispatch_tables.static(placement))
     before = np.asarray(moe.table.get_value())
     for table, match in [
         (bad, "must be ≥ 0"),
@@ -80,7 +80,7 @@ def test_installed_tables_are_checked_on_the_host(layer):
         (bad[0], r"table must be \[Gs, E, R\]"),
     ]:
         with pytest.raises(ValueError, match=r"^MoE.set_tables: .*" + match):
-            moe.set_tables(T.Tables._trusted(jnp.asarray(table), good.log2phy))
+            moe.set_tables(dispatch_tables.Tables._trusted(jnp.asarray(table), good.log2phy))
     np.testing.assert_array_equal(moe.table.get_value(), before)  # nothing was installed
     moe.set_tables(good)
     np.testing.assert_array_equal(moe.table.get_value(), good.table)
@@ -108,7 +108,7 @@ def test_controller_windows_counter_and_per_node():
 
 
 def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
-    from tempo_jax.model import LMConfig, corpus, train
+    from tempo_jax.layer.model import LMConfig, corpus, train
 
     assert corpus().size > 400_000
     result = train(LMConfig(), steps=30, record=True)

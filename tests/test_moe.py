@@ -9,8 +9,8 @@ import pytest
 from numeric import f32_close
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
-from tempo_jax import tables as T
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import tables as dispatch_tables
 
 D = 8
 E = 12  # not divisible by the 8 ranks
@@ -21,18 +21,18 @@ TOKENS = D * 16
 def setup():
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=placement.slots_per_gpu)
+    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
     params = init_params(jax.random.key(1), config)
     x = jax.random.normal(jax.random.key(2), (TOKENS, 32))
     return placement, config, params, x, make_ep_mesh(D)
 
 
 def _forward(placement, config, mesh):
-    pa = T.placement_arrays(placement)
+    pa = dispatch_tables.placement_arrays(placement)
 
     @jax.jit
     def f(params, x, table, key):
-        tables = T.Tables(table, pa.log2phy)
+        tables = dispatch_tables.Tables(table, pa.log2phy)
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config, key=key)
 
     return f
@@ -41,18 +41,20 @@ def _forward(placement, config, mesh):
 @pytest.mark.parametrize("mode", ["sample", "quota"])
 def test_output_independent_of_tables(setup, mode):
     placement, config, params, x, mesh = setup
-    config = dataclasses.replace(config, mode=mode)
+    config = dataclasses.replace(config, dispatch_mode=mode)
     f = _forward(placement, config, mesh)
     ref = moe_reference(params, x, config)
     # First pass (uniform) gives the per-source counts the solver needs.
-    _, counts, *_ = f(params, x, T.uniform(placement).table, jax.random.key(0))
+    _, counts, *_ = f(params, x, dispatch_tables.uniform(placement).table, jax.random.key(0))
     tempo = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
     candidates = {
-        "uniform": T.uniform(placement),
-        "static": T.static(placement),
-        "tempo": T.from_dispatch(tempo),
-        "perturbed": T.perturbed(T.uniform(placement), seed=3),
-        "torn": T.Tables(jnp.zeros_like(T.uniform(placement).table), T.uniform(placement).log2phy),
+        "uniform": dispatch_tables.uniform(placement),
+        "static": dispatch_tables.static(placement),
+        "tempo": dispatch_tables.from_dispatch(tempo),
+        "perturbed": dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=3),
+        "torn": dispatch_tables.Tables(
+            jnp.zeros_like(dispatch_tables.uniform(placement).table), dispatch_tables.uniform(placement).log2phy
+        ),
     }
     seen_loads = set()
     for name, tables in candidates.items():
@@ -73,7 +75,7 @@ def test_skewed_and_single_expert_batches(setup):
     x_pos = x.at[:, 0].set(5.0 + jnp.abs(x[:, 0]))  # every token carries feature 0
     ids = np.asarray(jax.lax.top_k(x_pos @ hot["router"], 1)[1])
     assert (ids == 5).all()
-    out, counts, _, aux = f(hot, x_pos, T.static(placement).table, jax.random.key(1))
+    out, counts, _, aux = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
     f32_close(out, moe_reference(hot, x_pos, config))
     assert int(np.asarray(counts)[:, 5].sum()) == TOKENS
     assert int(aux.drops.sum()) == 0
@@ -81,8 +83,8 @@ def test_skewed_and_single_expert_batches(setup):
 
 def test_gradients_match_dense_reference(setup):
     placement, config, params, x, mesh = setup
-    pa = T.placement_arrays(placement)
-    tables = T.perturbed(T.uniform(placement), seed=1)
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=1)
 
     def loss(p, x):
         out, *_ = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
@@ -97,11 +99,11 @@ def test_gradients_match_dense_reference(setup):
 
 def test_quota_mode_realises_the_plan(setup):
     placement, config, params, x, mesh = setup
-    config = dataclasses.replace(config, mode="quota")
+    config = dataclasses.replace(config, dispatch_mode="quota")
     f = _forward(placement, config, mesh)
-    _, counts, *_ = f(params, x, T.uniform(placement).table, jax.random.key(0))
+    _, counts, *_ = f(params, x, dispatch_tables.uniform(placement).table, jax.random.key(0))
     d = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
-    *_, aux = f(params, x, T.from_dispatch(d).table, jax.random.key(0))
+    *_, aux = f(params, x, dispatch_tables.from_dispatch(d).table, jax.random.key(0))
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     l2p = placement.log2phy
     realised = np.zeros((E, D))
@@ -116,39 +118,41 @@ def test_ragged_exchange_lowers(setup):
     """The GPU/TPU path traces and lowers here (XLA:CPU cannot run ragged_all_to_all; scripts/gpu_check.sh does)."""
     placement, config, params, x, mesh = setup
     config = dataclasses.replace(config, exchange="ragged")
-    pa = T.placement_arrays(placement)
+    pa = dispatch_tables.placement_arrays(placement)
     f = jax.jit(
-        lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=T.uniform(placement), config=config)
+        lambda p, x: moe_forward(
+            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=config
+        )
     )
     assert "ragged_all_to_all" in f.lower(params, x).as_text()
 
 
 def test_bad_inputs(setup):
     placement, config, params, x, mesh = setup
-    pa = T.placement_arrays(placement)
-    tables = T.uniform(placement)
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = dispatch_tables.uniform(placement)
     kw = dict(mesh=mesh, placement_arrays=pa, tables=tables, config=config)
     with pytest.raises(ValueError, match="split evenly"):
         moe_forward(params, x[:-1], **kw)
     with pytest.raises(ValueError, match="D·S"):
-        moe_forward(params, x, **{**kw, "config": dataclasses.replace(config, slots_per_device=3)})
+        moe_forward(params, x, **{**kw, "config": dataclasses.replace(config, slots_per_rank=3)})
     with pytest.raises(ValueError, match="do not match config"):
         moe_forward(params, x[:, :16], **kw)
     with pytest.raises(ValueError, match="exchange: unknown implementation"):
-        MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_device=1, exchange="nccl")
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_rank=1, exchange="nccl")
     with pytest.raises(ValueError, match="top_k"):
-        MoEConfig(hidden=4, ffn=4, experts=4, top_k=5, slots_per_device=1)
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=5, slots_per_rank=1)
     with pytest.raises(ValueError, match="mode"):
-        MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_device=1, mode="greedy")
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_rank=1, dispatch_mode="greedy")
 
 
 def test_extra_mesh_axis_bfloat16_and_explicit_mesh():
     """Extra mesh axes are left alone (replicated), bfloat16 experts work, Explicit meshes are resharded."""
     placement = Placement.from_eplb(np.arange(E) + 1.0, 16, 4)
     x = jax.random.normal(jax.random.key(2), (64, 32))
-    pa, tables = T.placement_arrays(placement), T.uniform(placement)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     mesh2d = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    cfg = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_device=4, dtype=jnp.bfloat16)
+    cfg = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=4, dtype=jnp.bfloat16)
     params = init_params(jax.random.key(1), cfg)
     out, counts, *_ = moe_forward(params, x, mesh=mesh2d, placement_arrays=pa, tables=tables, config=cfg)
     assert counts.shape == (4, E)

@@ -1,7 +1,7 @@
 """The figure notebooks and their recorded numbers.
 
 - Every notebook runs headless at CI size (SMALL=1), writes its figures, and — when it records its numbers
-  (`tempo_jax.report.Recorder`) — a JSON whose tables and claims have the structure of the committed full-size
+  (`tempo_jax.repro.Recorder`) — a JSON whose tables and claims have the structure of the committed full-size
   JSON (``results/notebooks``) and satisfy the invariants a small run can check (orderings, signs, bounds).
 - Every reading cell renders from the committed full-size JSON (every placeholder is a recorded value), types no
   result into its prose, and every claim the committed JSON records holds.
@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from tempo_jax.report import RESULTS_DIR, load_results, placeholders, render, typed_numbers
-from tempo_jax.reproduce import list_notebooks, run_notebook
+from tempo_jax.repro.report import RESULTS_DIR, load_results, placeholders, render, typed_numbers
+from tempo_jax.repro.reproduce import list_notebooks, run_notebook
 
 NOTEBOOKS = list_notebooks()
 COMMITTED = load_results(RESULTS_DIR)

@@ -11,7 +11,7 @@ from solvers import Placement, drift_corrupt, static_map
 def test_derived_views():
     # 4 experts, 6 slots on 2 GPUs: GPU0 = [0, 1, 0], GPU1 = [2, 3, 1]
     p = Placement.from_phy2log([0, 1, 0, 2, 3, 1], num_gpus=2)
-    assert p.num_experts == 4 and p.slots_per_gpu == 3 and p.num_slots == 6
+    assert p.num_experts == 4 and p.slots_per_rank == 3 and p.num_slots == 6
     np.testing.assert_array_equal(p.logcnt, [2, 2, 1, 1])
     np.testing.assert_array_equal(p.log2phy, [[0, 2], [1, 5], [3, -1], [4, -1]])
     np.testing.assert_array_equal(p.slot_gpu, [0, 0, 0, 1, 1, 1])
@@ -89,7 +89,7 @@ def test_placement_properties(layout):
         assert (row[p.logcnt[e] :] == -1).all() and (np.diff(valid) > 0).all()
         assert (p.phy2log[valid] == e).all()
     assert (p.replicas_on_gpu.sum(axis=1) == p.logcnt).all()
-    assert (p.replicas_on_gpu.sum(axis=0) == p.slots_per_gpu).all()
+    assert (p.replicas_on_gpu.sum(axis=0) == p.slots_per_rank).all()
 
 
 @given(layouts())

@@ -20,8 +20,8 @@ from solvers import (
     topology_split,
 )
 from tempo_jax import DispatchController
-from tempo_jax import tables as T
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import tables as dispatch_tables
 
 D, E = 8, 12
 COST = PRESETS["dsv3_fp8_offline"]
@@ -76,7 +76,7 @@ def test_per_node_split_matches_topology_split(two_node):
     d = solve(DispatchProblem(counts, pl, COST), "tempo")
     y = topology_split(d, node_counts_from_sources(counts, pl), pl)
     w = plan_weights(y, pl)
-    np.testing.assert_allclose(w, T.from_split(y, pl).table, rtol=1e-6)
+    np.testing.assert_allclose(w, dispatch_tables.from_split(y, pl).table, rtol=1e-6)
     np.testing.assert_allclose(expected_dispatch(w, counts, pl), d.x, atol=1e-9)
 
 
@@ -129,15 +129,15 @@ def test_expected_dispatch_errors(two_node):
 @pytest.fixture(scope="module")
 def layer(two_node):
     pl, _ = two_node
-    config = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_device=pl.slots_per_gpu, mode="quota")
+    config = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_rank=pl.slots_per_rank, dispatch_mode="quota")
     params = init_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (D * 24, 16)) + 0.7 * jax.random.normal(jax.random.key(2), (1, 16))
     mesh = make_ep_mesh(D)
-    pa = T.placement_arrays(pl)
+    pa = dispatch_tables.placement_arrays(pl)
 
     @jax.jit
     def run(table):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
+        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
                            config=config)  # fmt: skip
 
     return run, np.asarray(moe_reference(params, x, config)), config
@@ -157,7 +157,7 @@ def test_published_tables_realise_the_plan_in_quota_mode(two_node, layer, per_no
     exactly); the layer's output is the dense reference's whatever the tables."""
     pl, _ = two_node
     run, ref, _ = layer
-    first = run(T.uniform(pl).table)
+    first = run(dispatch_tables.uniform(pl).table)
     counts = np.asarray(first.counts)
     outs = []
     for policy in POLICIES:
@@ -181,9 +181,9 @@ def test_published_tables_realise_the_plan_in_quota_mode(two_node, layer, per_no
 def test_from_plan_wrapper(two_node):
     pl, counts = two_node
     d = solve(DispatchProblem(counts, pl, COST), "static")
-    np.testing.assert_array_equal(T.from_plan(d).table, T.static(pl).table)
-    np.testing.assert_array_equal(T.from_plan("uniform", pl).table, T.uniform(pl).table)
+    np.testing.assert_array_equal(dispatch_tables.from_plan(d).table, dispatch_tables.static(pl).table)
+    np.testing.assert_array_equal(dispatch_tables.from_plan("uniform", pl).table, dispatch_tables.uniform(pl).table)
     with pytest.raises(ValueError, match=r"tables.from_weights: weights must be \[Gs, E, R\]"):
-        T.from_weights(np.ones((E, 3)), pl)
+        dispatch_tables.from_weights(np.ones((E, 3)), pl)
     with pytest.raises(ValueError, match=r"tables.from_plan: dispatch.x .*dispatch.x\[0, \d\] = -1.0"):
-        T.from_plan(Dispatch(np.where(d.x > 0, -1.0, 0.0), d.problem, "tempo"))
+        dispatch_tables.from_plan(Dispatch(np.where(d.x > 0, -1.0, 0.0), d.problem, "tempo"))

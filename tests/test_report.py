@@ -1,4 +1,4 @@
-"""Recorded notebook numbers (tempo_jax.report.Recorder), rendering, the typed-number lint and the README block."""
+"""Recorded notebook numbers (tempo_jax.repro.Recorder), rendering, the typed-number lint and the results-page block."""
 
 import json
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from tempo_jax import readme
-from tempo_jax.report import Recorder, load_results, placeholders, render, results_dir, typed_numbers
+from tempo_jax.repro import docs
+from tempo_jax.repro.report import Recorder, load_results, placeholders, render, results_dir, typed_numbers
 
 
 def test_recorder_writes_json(tmp_path):
@@ -61,24 +61,24 @@ def test_results_dir_small_never_the_committed_folder(monkeypatch, tmp_path):
     assert results_dir(small=False) == tmp_path / "r" and (tmp_path / "r").is_dir()
 
 
-def test_update_readme_block(tmp_path):
+def test_update_page_block(tmp_path):
     values = {
         "01_cost_model": {"values": {"a": 1.5}, "seconds": 60.0},
         "02_mixed_regimes": {"values": {"b": "x"}, "seconds": 60.0},
     }
     rows = (("paper a", "{01/a:.1f}", "01"), ("paper b", "{02/b}", "02"))
-    original = readme.ROWS
+    original = docs.ROWS
     try:
-        readme.ROWS = rows
-        path = tmp_path / "README.md"
-        path.write_text(f"intro\n{readme.BEGIN}\nold\n{readme.END}\ntail\n")
-        assert readme.update_readme(path, values) is True
+        docs.ROWS = rows
+        path = tmp_path / "reproduced.md"
+        path.write_text(f"intro\n{docs.BEGIN}\nold\n{docs.END}\ntail\n")
+        assert docs.update_page(path, values) is True
         text = path.read_text()
         assert "| paper a | 1.5 | `tempo-jax reproduce 01` |" in text and "\nold\n" not in text
         assert text.startswith("intro\n") and text.endswith("tail\n") and "(2 notebooks)" in text
-        assert readme.update_readme(path, values) is False  # idempotent
+        assert docs.update_page(path, values) is False  # idempotent
         path.write_text("no block\n")
         with pytest.raises(ValueError, match="generated block"):
-            readme.update_readme(path, values)
+            docs.update_page(path, values)
     finally:
-        readme.ROWS = original
+        docs.ROWS = original

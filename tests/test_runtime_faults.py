@@ -20,9 +20,9 @@ from flax import nnx
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
 from tempo_jax import DispatchController
-from tempo_jax import tables as T
-from tempo_jax.module import MoE
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.module import MoE
 
 D, E, H = 8, 12, 16
 TOKENS = D * 16
@@ -34,14 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def setup():
     rng = np.random.default_rng(0)
     pl = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)
-    config = MoEConfig(hidden=H, ffn=8, experts=E, top_k=2, slots_per_device=pl.slots_per_gpu)
+    config = MoEConfig(hidden=H, ffn=8, experts=E, top_k=2, slots_per_rank=pl.slots_per_rank)
     params = init_params(jax.random.key(1), config)
     mesh = make_ep_mesh(D)
-    pa = T.placement_arrays(pl)
+    pa = dispatch_tables.placement_arrays(pl)
 
     @jax.jit
     def step(x, table, counter, key):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
+        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
                            config=config, counter=counter, key=key)  # fmt: skip
 
     reference = jax.jit(lambda x: moe_reference(params, x, config))
@@ -76,7 +76,7 @@ def test_worker_never_imports_jax(tmp_path):
 
         if __name__ == "__main__":
             pl = Placement.from_eplb(np.arange(16) + 1.0, 32, 8)
-            with DispatchController(pl, PRESETS["dsv3_fp8_offline"], mode="process") as ctl:
+            with DispatchController(pl, PRESETS["dsv3_fp8_offline"], solver_mode="process") as ctl:
                 ctl.observe(np.ones((8, 16)))
                 ctl.wait()
                 probe = ctl.worker_probe()
@@ -112,7 +112,7 @@ def test_faults_in_a_serving_loop(setup):
     most steps. Every output equals the dense reference; every pair is accounted for; the last good tables stay
     published through every fault; each fault shows in the metrics."""
     pl, config, params, mesh, step, reference = setup
-    ctl = DispatchController(pl, COST, mode="process", budget_s=0.4, hang_s=1.5)
+    ctl = DispatchController(pl, COST, solver_mode="process", budget_s=0.4, hang_s=1.5)
     counter = jnp.full((D, E), 2**32 - 5, jnp.uint32)
     cum = np.zeros((D, E), np.int64)  # pairs per entry before the counter restart
     ctl.observe_counter(np.asarray(counter))  # baseline
@@ -177,14 +177,16 @@ def test_torn_tables_change_nothing(setup, mode):
     """Every tear of an old → new table copy: the kernel renormalises each row at use, so the output is the
     reference's, nothing is dropped and no pair goes to a column without a replica."""
     pl, config, params, mesh, _, reference = setup
-    config = dataclasses.replace(config, mode=mode)
-    pa = T.placement_arrays(pl)
+    config = dataclasses.replace(config, dispatch_mode=mode)
+    pa = dispatch_tables.placement_arrays(pl)
     x = jax.random.normal(jax.random.key(7), (TOKENS, H))
     run = jax.jit(lambda table: moe_forward(params, x, mesh=mesh, placement_arrays=pa,
-                                            tables=T.Tables(table, pa.log2phy), config=config))  # fmt: skip
-    counts = np.asarray(run(T.uniform(pl).table).counts)
-    old = np.asarray(T.static(pl).table)  # [D, E, R] one-hot per source rank
-    new = np.broadcast_to(T.from_plan(solve(DispatchProblem(counts, pl, COST), "tempo")).table, old.shape).copy()
+                                            tables=dispatch_tables.keyed(table, pa), config=config))  # fmt: skip
+    counts = np.asarray(run(dispatch_tables.uniform(pl).table).counts)
+    old = np.asarray(dispatch_tables.static(pl).table)  # [D, E, R] one-hot per source rank
+    new = np.broadcast_to(
+        dispatch_tables.from_plan(solve(DispatchProblem(counts, pl, COST), "tempo")).table, old.shape
+    ).copy()
     ref = reference(x)
     invalid = pl.log2phy < 0
     loads = set()
@@ -203,14 +205,14 @@ def test_publishing_while_the_layer_runs(setup):
     pl, config, *_ = setup
     moe = MoE(config, pl, mesh=make_ep_mesh(D), rngs=nnx.Rngs(params=3, dispatch=4))
     reference = jax.jit(lambda x: moe_reference(moe.params(), x, config))
-    counts_tab = T.perturbed(T.uniform(pl), seed=5)
-    old, new = np.asarray(T.uniform(pl).table), np.asarray(counts_tab.table)
+    counts_tab = dispatch_tables.perturbed(dispatch_tables.uniform(pl), seed=5)
+    old, new = np.asarray(dispatch_tables.uniform(pl).table), np.asarray(counts_tab.table)
     stop, published = threading.Event(), [0]
 
     def publisher():
         k = 0
         while not stop.is_set():
-            moe.set_tables(T.Tables(_torn(old, new, k % (E + 1)), pl.log2phy))
+            moe.set_tables(dispatch_tables.Tables(_torn(old, new, k % (E + 1)), pl.log2phy))
             published[0] += 1
             k += 1
             time.sleep(0.001)

@@ -1,4 +1,4 @@
-"""The MoE layer's stages (tempo_jax.stages), its capacity policy and its host checks, on 8 fake CPU devices."""
+"""The MoE layer's stages (tempo_jax.layer.stages), its capacity policy and its host checks, on 8 fake CPU devices."""
 
 import dataclasses
 import warnings
@@ -11,9 +11,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from solvers import Placement
-from tempo_jax import MoE, stages
-from tempo_jax import tables as T
-from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax import MoE
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, stages
+from tempo_jax.layer import tables as dispatch_tables
 
 D, E, S = 8, 12, 2
 
@@ -37,7 +37,7 @@ def test_pack_exchange_return_move_every_row_with_its_slot(mesh, dtype):
         me = jax.lax.axis_index("ep")
         sl = slot[0]
         packed = stages.pack(x, sl // S, sl % S, top_k=K, num_ranks=D, capacity=T_loc * K, dtype=dtype)
-        recv = stages.exchange(packed, axis="ep", impl="padded", hidden=H, slots_per_rank=S)
+        recv = stages.exchange_rows(packed, axis="ep", impl="padded", hidden=H, slots_per_rank=S)
         # Tag each received row with its local slot and the receiving rank, then send it back.
         tagged = (
             recv.rows + (recv.slots[..., None] + 10 * me).astype(dtype) * jnp.asarray(recv.slots < S, dtype)[..., None]
@@ -79,7 +79,7 @@ def _hot_layer(mesh, capacity):
     """A layer whose router sends every token to experts 0 and 1, both held only by rank 0."""
     phy2log = np.array([0, 1] + [2 + (i % (E - 2)) for i in range(D * S - 2)])
     placement = Placement.from_phy2log(phy2log, D, num_experts=E)
-    cfg = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_device=S, capacity=capacity, mode="quota")
+    cfg = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_rank=S, capacity=capacity, dispatch_mode="quota")
     moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0))
     router = np.full((16, E), -5.0)
     router[:, :2] = 5.0
@@ -114,14 +114,14 @@ def test_fixed_capacity_counts_drops_and_warns_once(mesh):
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "big"])
 def test_capacity_is_validated_at_the_config(bad):
     with pytest.raises(ValueError, match="capacity"):
-        MoEConfig(hidden=4, ffn=4, experts=4, top_k=1, slots_per_device=1, capacity=bad)
+        MoEConfig(hidden=4, ffn=4, experts=4, top_k=1, slots_per_rank=1, capacity=bad)
 
 
 # ----------------------------------------------------------------------------------------------- host checks
 @pytest.fixture(scope="module")
 def layer(mesh):
     placement = Placement.from_eplb(np.arange(E) + 1.0, D * S, D)
-    cfg = MoEConfig(hidden=8, ffn=4, experts=E, top_k=2, slots_per_device=S)
+    cfg = MoEConfig(hidden=8, ffn=4, experts=E, top_k=2, slots_per_rank=S)
     params = init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (D * 2, 8))
     return placement, cfg, params, x
@@ -139,13 +139,16 @@ def _other_placement():
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda k: {**k, "tables": T.uniform(_other_placement())}, "another placement|differs"),
+        (lambda k: {**k, "tables": dispatch_tables.uniform(_other_placement())}, "another placement|differs"),
         (lambda k: {**k, "placement_arrays": _edit(k, "log2phy", (0, 0), D * S + 3)}, "another placement|outside"),
         (lambda k: {**k, "placement_arrays": _edit(k, "phy2log", 1, E + 2)}, r"outside \[0, 12\)"),
         (lambda k: {**k, "routing": (jnp.full((D * 2, 2), E, jnp.int32), jnp.ones((D * 2, 2)))}, r"\[0, 12\)"),
         (lambda k: {**k, "x": k["x"][:0]}, "T = 0"),
         (
-            lambda k: {**k, "tables": T.Tables(jnp.zeros((0, E, k["tables"].log2phy.shape[1])), k["tables"].log2phy)},
+            lambda k: {
+                **k,
+                "tables": dispatch_tables.Tables(jnp.zeros((0, E, k["tables"].log2phy.shape[1])), k["tables"].log2phy),
+            },
             "Gs ≥ 1|Gs >= 1",
         ),  # fmt: skip
         (lambda k: {**k, "config": dataclasses.replace(k["config"], axis="tp")}, "axis 'tp' is not in the mesh"),
@@ -154,16 +157,22 @@ def _other_placement():
 )
 def test_moe_forward_checks_before_tracing(mesh, layer, change, match):
     placement, cfg, params, x = layer
-    kw = dict(x=x, mesh=mesh, placement_arrays=T.placement_arrays(placement), tables=T.uniform(placement), config=cfg)
+    kw = dict(
+        x=x,
+        mesh=mesh,
+        placement_arrays=dispatch_tables.placement_arrays(placement),
+        tables=dispatch_tables.uniform(placement),
+        config=cfg,
+    )
     with pytest.raises(ValueError, match=match):
         moe_forward(params, **change(kw))
 
 
 def test_expert_without_a_replica_in_log2phy_is_caught(mesh, layer):
     placement, cfg, params, x = layer
-    pa = T.placement_arrays(placement)
+    pa = dispatch_tables.placement_arrays(placement)
     l2p = pa.log2phy.at[3].set(-1)
-    tables = T.Tables(jnp.ones(l2p.shape)[None], l2p)
+    tables = dispatch_tables.Tables(jnp.ones(l2p.shape)[None], l2p)
     with pytest.raises(ValueError, match="no replica"):
         moe_forward(params, x, mesh=mesh, placement_arrays=pa._replace(log2phy=l2p), tables=tables, config=cfg)
 
@@ -171,6 +180,6 @@ def test_expert_without_a_replica_in_log2phy_is_caught(mesh, layer):
 def test_set_tables_rejects_a_wrong_shape_at_once(mesh, layer):
     placement, cfg, _, _ = layer
     moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0))
-    good = T.uniform(placement)
+    good = dispatch_tables.uniform(placement)
     with pytest.raises(ValueError, match="table must be"):
-        moe.set_tables(T.Tables(good.table[:, :-1], good.log2phy))
+        moe.set_tables(dispatch_tables.Tables(good.table[:, :-1], good.log2phy))

@@ -120,8 +120,8 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     per source and GPU, and matches the output under uniform tables."""
     import jax
 
-    from tempo_jax import tables as T
-    from tempo_jax.moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+    from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+    from tempo_jax.layer import tables as dispatch_tables
 
     routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=0)
     problem = _dsv3_ep8(1.2, 1)
@@ -130,19 +130,21 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     ids = jax.numpy.asarray(routing.topk_ids(512 * 8, 1), jax.numpy.int32)
     weights = jax.numpy.full(ids.shape, 1.0 / 8)
     placement = problem.placement
-    config = MoEConfig(hidden=16, ffn=8, experts=256, top_k=8, slots_per_device=placement.slots_per_gpu, mode="quota")
+    config = MoEConfig(
+        hidden=16, ffn=8, experts=256, top_k=8, slots_per_rank=placement.slots_per_rank, dispatch_mode="quota"
+    )
     params = init_params(jax.random.key(0), config)
     x = jax.random.normal(jax.random.key(1), (512 * 8, 16))
-    mesh, pa = make_ep_mesh(8), T.placement_arrays(placement)
+    mesh, pa = make_ep_mesh(8), dispatch_tables.placement_arrays(placement)
 
     def run(tables):
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
                            routing=(ids, weights))  # fmt: skip
 
-    out, counts, _, aux = run(T.from_dispatch(plan))
+    out, counts, _, aux = run(dispatch_tables.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
     np.testing.assert_allclose(out, moe_reference(params, x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5)
-    np.testing.assert_array_equal(out, run(T.uniform(placement))[0])
+    np.testing.assert_array_equal(out, run(dispatch_tables.uniform(placement))[0])
     assert int(aux.drops.sum()) == 0
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     realised = np.zeros_like(plan.x)

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from solvers import PRESETS, Dispatch, DispatchProblem, Placement, solve
-from solvers.topology import flat_split, inter_node_tokens, node_counts_from_sources, split_tables, topology_split
+from solvers.tables import split_tables
+from solvers.topology import flat_split, inter_node_tokens, node_counts_from_sources, topology_split
 
 
 def lp_min_inter_node(x, node_counts, placement):

@@ -13,8 +13,8 @@ both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced
 - Theorem 2 (§3.1, App. A.4): `EpsilonConfig`, `ProbeConfig`, `run_theorem2` → `Theorem2Result`,
   `theorem2_table` (A3's additive gap ε and its tightness; ``python -m tempo_jax.sim.theorem2``).
 - Cost-model demos (Fig. 1b, Fig. 2, calibration): `worked_example`, `expert_profile`, `calibration_demo`.
-- CascadeEP request level: `serve` (placement over DP attention replicas with prefix caches, chunked-prefill
-  batches, lockstep steps, TTFT) → `ServeResult`; `StepBatch` is what a step-time model receives.
+- CascadeEP request level: `simulate_prefill` (placement over DP attention replicas with prefix caches, chunked-prefill
+  batches, lockstep steps, TTFT) → `PrefillResult`; `StepBatch` is what a step-time model receives.
 - CascadeEP prefill (Figs. 1, 6–9): `CascadeConfig`, `run_cascade` → ``{mode: CascadeRun}`` over `LAYER_MODES`
   (Sync, Async, Async+SF, CascadeEP); `prefill_costs` derives a deployment's costs; `layer_timeline` one layer.
 
@@ -42,7 +42,7 @@ from .protocols import (
 )
 from .regimes import RegimeCurve, synthetic_regime_curve, trace_regime_curve
 from .replay import SyntheticStreams
-from .requests import PLACEMENT_POLICIES, ServeResult, StepBatch, serve
+from .requests import PLACEMENT_POLICIES, PrefillResult, StepBatch, simulate_prefill
 from .theorem2 import EpsilonConfig, ProbeConfig, Theorem2Result, run_theorem2, theorem2_table
 from .traffic import TopologyConfig, topology_replay
 from .variants import TEMPO_VARIANTS
@@ -67,7 +67,7 @@ __all__ = [
     "RefreshConfig",
     "RegimeCurve",
     "ReplayConfig",
-    "ServeResult",
+    "PrefillResult",
     "StepBatch",
     "SyntheticStreams",
     "Theorem2Result",
@@ -86,7 +86,7 @@ __all__ = [
     "run_refresh",
     "run_theorem2",
     "run_variants",
-    "serve",
+    "simulate_prefill",
     "synthetic_regime_curve",
     "theorem2_table",
     "topology_replay",

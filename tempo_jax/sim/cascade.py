@@ -1,7 +1,7 @@
 """The CascadeEP prefill simulator: requests → DEP forward steps → layer timelines (CascadeEP §3–4, App. A–D).
 
 `run_cascade(config)` serves a request trace (`tempo_jax.workloads.RequestTrace`: the Mooncake trace, its
-bundled sample, or a synthetic one) on D data-parallel attention replicas with `tempo_jax.sim.serve` (request
+bundled sample, or a synthetic one) on D data-parallel attention replicas with `tempo_jax.sim.simulate_prefill` (request
 placement, prefix caches, chunked-prefill batches) and times every forward step with a `StepModel`: for each of
 the model's L MoE layers it draws the routing of the step's new tokens, builds the layer's `LayerInputs` and
 runs `layer_timeline` in the configured mode. The step lasts the sum of its layers. One run per mode
@@ -40,7 +40,7 @@ from tempo_jax.workloads.requests import load_request_trace, synthetic_requests
 
 from .cascade_layer import LAYER_MODES, LayerInputs, layer_timeline
 from .prefill import HARDWARE, MODELS, PrefillCosts, prefill_costs
-from .requests import PLACEMENT_POLICIES, ServeResult, StepBatch, serve
+from .requests import PLACEMENT_POLICIES, PrefillResult, StepBatch, simulate_prefill
 from .runner import CACHE_DIR, cached, run_jobs
 
 __all__ = [
@@ -86,7 +86,8 @@ class CascadeConfig:
       guard: ``False`` (default) launches with each mode's own rule, as the paper does; ``True`` picks the best
         predicted policy up to the mode's own (see `layer_timeline`).
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
-      synthetic_requests: requests of the synthetic trace; synthetic_rate_rps: its Poisson rate.
+      synthetic_requests: requests of the synthetic trace.
+      synthetic_rate_rps: the synthetic trace's Poisson arrival rate (requests per second).
       seed: seeds routing draws, estimation noise and placement tie-breaks.
     """
 
@@ -192,7 +193,7 @@ class StepRecord:
     """What `StepModel` keeps of one forward step (the serve loop stores it per step).
 
     Attributes:
-      attention_s: ``[D]`` attention-stage time of each replica (s) — `ServeResult` computes ALB from it.
+      attention_s: ``[D]`` attention-stage time of each replica (s) — `PrefillResult` computes ALB from it.
       layer_us: ``[L]`` each layer's time (µs) in this run's mode.
       base_us: ``[L]`` the same layers without OEWF (cascade mode; else equal to ``layer_us``).
       gap_us: Σ over layers and replicas of the readiness gap max_j r_j − r_d (App. A), µs.
@@ -216,7 +217,7 @@ class StepRecord:
 
 
 class StepModel:
-    """The `serve` step-time callback of one mode: ``step(batches) -> (duration_s, StepRecord)``.
+    """The `simulate_prefill` step-time callback of one mode: ``step(batches) -> (duration_s, StepRecord)``.
 
     Deterministic: step k's routing and estimation noise come from ``default_rng([seed, k])``.
     """
@@ -357,23 +358,23 @@ def cascade_trace(config: CascadeConfig) -> RequestTrace:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class CascadeRun:
-    """One mode's serving run: the `ServeResult` (records are `StepRecord`s) and its layer statistics.
+    """One mode's serving run: the `PrefillResult` (records are `StepRecord`s) and its layer statistics.
 
     Attributes:
       config, mode: what ran.
-      serve: the serve loop's result (TTFT, throughput, cache hits, ALB, per-step records).
+      prefill: the prefill simulation's result (TTFT, throughput, cache hits, ALB, per-step records).
       layer_us: ``[S, L]`` layer times; base_us: ``[S, L]`` without OEWF (cascade mode).
     """
 
     config: CascadeConfig
     mode: str
-    serve: ServeResult
+    prefill: PrefillResult
     layer_us: np.ndarray = field(repr=False)
     base_us: np.ndarray = field(repr=False)
 
     @property
     def records(self) -> tuple[StepRecord, ...]:
-        return self.serve.step_records
+        return self.prefill.step_records
 
     @property
     def busy_s(self) -> float:
@@ -411,7 +412,7 @@ class CascadeRun:
         return sum(r.ffn_merged_us for r in self.records) / kernel if kernel else math.nan
 
     def summary(self) -> dict:
-        s = self.serve
+        s = self.prefill
         return {
             "mode": self.mode,
             "requests": s.num_requests,
@@ -431,7 +432,7 @@ class CascadeRun:
 
 def _serve_mode(config: CascadeConfig, mode: str, *, progress: bool = False) -> CascadeRun:
     model = StepModel(config, mode)
-    result = serve(
+    result = simulate_prefill(
         cascade_trace(config),
         step_time=model,
         num_replicas=config.num_ranks,
@@ -443,7 +444,7 @@ def _serve_mode(config: CascadeConfig, mode: str, *, progress: bool = False) -> 
     )
     layer = np.stack([r.layer_us for r in result.step_records])
     base = np.stack([r.base_us for r in result.step_records])
-    return CascadeRun(config=config, mode=mode, serve=result, layer_us=layer, base_us=base)
+    return CascadeRun(config=config, mode=mode, prefill=result, layer_us=layer, base_us=base)
 
 
 def _cached_mode(config: CascadeConfig, mode: str, cache_dir) -> CascadeRun:
@@ -470,7 +471,7 @@ def run_cascade(
     return dict(zip(modes, runs, strict=True))
 
 
-def step_batches(result: ServeResult, step: int) -> tuple[StepBatch, ...]:
+def step_batches(result: PrefillResult, step: int) -> tuple[StepBatch, ...]:
     """Rebuild the per-replica batches of one served step from the result's chunk log (for timeline plots)."""
     sel = result.chunk_step == step
     out = []

@@ -40,19 +40,19 @@ def capacity_rps(config: CascadeConfig, *, mode: str = "sync", **run_kw) -> tupl
     request arrives within a few ms: the run measures the serving capacity)."""
     overloaded = dataclasses.replace(config, rate_rps=1e4)
     run = run_cascade(overloaded, (mode,), **run_kw)[mode]
-    tps = run.serve.prompt_throughput_tps
-    return tps, tps / float(run.serve.input_len.mean())
+    tps = run.prefill.prompt_throughput_tps
+    return tps, tps / float(run.prefill.input_len.mean())
 
 
 def ablation_rows(throughput: dict[str, CascadeRun], latency: dict[str, CascadeRun]) -> list[dict]:
     """Fig. 8: per mode, throughput (overloaded runs) and TTFT (loaded runs), with ratios to Sync."""
-    base_t = throughput["sync"].serve.prompt_throughput_tps
-    base_l = latency["sync"].serve
+    base_t = throughput["sync"].prefill.prompt_throughput_tps
+    base_l = latency["sync"].prefill
     rows = []
     for m in LAYER_MODES:
         if m not in throughput or m not in latency:
             continue
-        t, s = throughput[m].serve.prompt_throughput_tps, latency[m].serve
+        t, s = throughput[m].prefill.prompt_throughput_tps, latency[m].prefill
         rows.append(
             {
                 "mode": m,
@@ -86,10 +86,10 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
     ``step`` defaults to the step with the lowest attention load balance (the largest imbalance) among those
     where every replica has work.
     """
-    res = run.serve
+    res = run.prefill
     if step is None:
         busy = (res.step_new_tokens > 0).all(axis=1)
-        alb = run.serve.alb_per_step
+        alb = run.prefill.alb_per_step
         cand = np.flatnonzero(busy & np.isfinite(alb))
         if cand.size == 0:
             raise ValueError("layer_example: no step in this run has work on every replica")

@@ -3,7 +3,7 @@
 numpy only (no jax). Glossary: n requests, D attention replicas (= GPUs = EP ranks), m chunks in one replica's
 batch, S steps, C chunks in a run. Times in seconds (simulated), lengths in tokens.
 
-What happens (``serve``):
+What happens (``simulate_prefill``):
 
 1. **Placement.** A request is placed on one replica when it arrives, by a router that sees every replica's
    outstanding new tokens (its load) and prefix cache (:data:`PLACEMENT_POLICIES`). The router's view only
@@ -31,7 +31,7 @@ What happens (``serve``):
 The step-time contract (:data:`StepTimeFn`): ``step_time(batches: tuple[StepBatch, ...]) -> (duration_s, record)``
 where ``batches[d]`` is replica d's batch (``len(batches) == D``; empty batches included), ``duration_s`` a
 finite float > 0 and ``record`` anything the caller wants kept per step (returned in
-:attr:`ServeResult.step_records`). A bare float is accepted as ``(duration_s, None)``. If every record carries
+:attr:`PrefillResult.step_records`). A bare float is accepted as ``(duration_s, None)``. If every record carries
 per-replica attention-stage times (``record.attention_s`` or ``record["attention_s"]``, float ``[D]`` or
 ``[L, D]`` per layer), ALB is computed from them (App. A, Eq. 8); otherwise from per-replica new tokens, a proxy.
 """
@@ -52,11 +52,11 @@ __all__ = [
     "PLACEMENT_POLICIES",
     "PrefixCache",
     "Router",
-    "ServeResult",
+    "PrefillResult",
     "StepBatch",
     "StepTimeFn",
     "ToyStepTime",
-    "serve",
+    "simulate_prefill",
 ]
 
 PLACEMENT_POLICIES = ("round_robin", "least_loaded", "power_of_two", "prefix_only")
@@ -272,8 +272,8 @@ def _alb(times: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class ServeResult:
-    """Outcome of :func:`serve` (all times in simulated seconds on the trace's clock).
+class PrefillResult:
+    """Outcome of :func:`simulate_prefill` (all times in simulated seconds on the trace's clock).
 
     Per request (``[n]``): ``replica``, ``arrival_s``, ``input_len``, ``hit_tokens`` (prefix-cache hit P_0),
     ``completion_s`` (end of the step computing its last chunk), ``ttft_s`` = completion − arrival,
@@ -312,7 +312,7 @@ class ServeResult:
 
     @property
     def num_completed(self) -> int:
-        """Requests whose prefill completed (:func:`serve` guarantees this equals the trace length)."""
+        """Requests whose prefill completed (:func:`simulate_prefill` guarantees this equals the trace length)."""
         return int(np.count_nonzero(np.isfinite(self.completion_s)))
 
     @property
@@ -418,7 +418,7 @@ def _call_step_time(step_time: StepTimeFn, batches: tuple[StepBatch, ...], step:
     return dur, rec
 
 
-def serve(
+def simulate_prefill(
     trace: RequestTrace,
     *,
     step_time: StepTimeFn,
@@ -430,7 +430,7 @@ def serve(
     chunked_prefill: bool = True,
     seed: int = 0,
     progress: bool = False,
-) -> ServeResult:
+) -> PrefillResult:
     """Serve ``trace``'s prefills on ``num_replicas`` DP attention replicas; see the module docstring.
 
     Args:
@@ -452,7 +452,7 @@ def serve(
     if not isinstance(trace, RequestTrace):
         raise ValueError(f"trace must be a RequestTrace, got {type(trace).__name__}")
     if len(trace) == 0:
-        raise ValueError("serve: the trace has no requests")
+        raise ValueError("simulate_prefill: the trace has no requests")
     if not callable(step_time):
         raise ValueError("step_time must be callable")
     D = _positive_int("num_replicas", num_replicas)
@@ -492,7 +492,7 @@ def serve(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n, desc=f"serve[{policy}]", unit="req")
+        bar = tqdm(total=n, desc=f"prefill[{policy}]", unit="req")
     nxt, completed, t = 0, 0, float(arrival[0])
     while completed < n:
         # Step 2: place arrivals up to now; if nothing is queued, jump to the next arrival.
@@ -563,8 +563,8 @@ def serve(
     chunks = np.array(log, dtype=np.int64).reshape(-1, 5)
     computed = np.bincount(chunks[:, 1], weights=chunks[:, 3], minlength=n).astype(np.int64)
     if completed != n or np.any(hit < 0) or np.any(hit + computed != ilen) or np.any(loads != 0) or any(queues):
-        raise RuntimeError("serve: request accounting failed (a request was lost or double-counted)")
-    return ServeResult(
+        raise RuntimeError("simulate_prefill: request accounting failed (a request was lost or double-counted)")
+    return PrefillResult(
         policy=router.policy,
         num_replicas=D,
         max_batch_tokens=budget,

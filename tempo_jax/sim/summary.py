@@ -9,7 +9,7 @@ Glossary: a column is (preset, ep, replication, skew); a panel is (preset, ep, r
 - :func:`regime_rows`: mixed fraction of recorded and Zipf batches (§2.4, Fig. 5).
 
 :func:`phase_values` / :func:`scale_values` reduce a sweep to the flat values notebook 03 records
-(`tempo_jax.report.Recorder`); :func:`phase_rows` / :func:`scale_rows` / :func:`regime_rows` turn them into
+(`tempo_jax.repro.Recorder`); :func:`phase_rows` / :func:`scale_rows` / :func:`regime_rows` turn them into
 ``{quantity, paper, here}`` rows. numpy + solvers only.
 """
 

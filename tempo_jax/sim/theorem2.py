@@ -42,6 +42,7 @@ import numpy as np
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, solve
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
+from ..text import table
 from .runner import CACHE_DIR, cached, run_jobs, stats
 
 __all__ = [
@@ -332,8 +333,6 @@ def theorem2_table(result: Theorem2Result) -> list[list]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m tempo_jax.sim.theorem2 [--small] [--workers N]``: print the paper-vs-here table."""
     import argparse
-
-    from tempo_jax.report import table
 
     ap = argparse.ArgumentParser(description="TEMPO Theorem 2: A3's additive gap ε and its tightness")
     ap.add_argument("--small", action="store_true", help="a tiny grid (seconds)")

@@ -10,6 +10,8 @@ over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank`
   :func:`load_trace` over the :data:`TRACES` registry, and :func:`load_sample` (bundled copy, works offline).
 - Synthetic: :func:`zipf_popularity`, :class:`SyntheticRouting` (``batch(tokens_per_rank, D, step) -> [D, E]``),
   :func:`sample_topk`, and the pair shares it realises (:func:`topk_inclusion`, :func:`pair_share`).
+- Serving streams: :func:`drifting_stream` (drifting Zipf), :func:`recorded_stream` (a recording replayed),
+  both a :class:`RoutingStream` (``ids(step) -> [T, K]``, long-run ``load [E]``).
 - Trace files: :func:`save_traces`, :func:`load_saved_trace` (``.npz``; also used for recorded traces).
 - Regimes: :func:`regime_stats` -> :class:`RegimeStats`, :func:`mixed_fraction`.
 - Request traces (prefill serving, CascadeEP): :class:`RequestTrace` (arrivals [n] s, input/output lengths [n]
@@ -17,7 +19,7 @@ over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank`
   :func:`synthetic_requests`, the :data:`REQUEST_TRACES` registry and :func:`load_request_trace`.
 """
 
-from .io import load_saved_trace, save_traces, saved_trace_names
+from .io import load_array, load_saved_trace, save_traces, saved_trace_names
 from .loaders import (
     TRACES,
     TRACES_ENV,
@@ -43,6 +45,7 @@ from .requests import (
     load_request_trace,
     synthetic_requests,
 )
+from .stream import RoutingStream, drifting_stream, recorded_stream
 from .synthetic import SyntheticRouting, pair_share, sample_topk, topk_inclusion, zipf_popularity
 from .trace import RoutingTrace
 
@@ -50,10 +53,13 @@ __all__ = [
     "TRACES",
     "TRACES_ENV",
     "RegimeStats",
+    "RoutingStream",
     "RoutingTrace",
     "SyntheticRouting",
     "TraceSpec",
     "build_sample",
+    "load_array",
+    "drifting_stream",
     "load_flame_moe",
     "load_harmoeny",
     "load_mixtral",
@@ -63,6 +69,7 @@ __all__ = [
     "saved_trace_names",
     "load_switch128",
     "load_trace",
+    "recorded_stream",
     "mixed_fraction",
     "regime_stats",
     "pair_share",

@@ -1,4 +1,5 @@
-"""Save and load `RoutingTrace`s as ``.npz`` (the format of the bundled sample and of locally recorded traces).
+"""Files of workloads: `RoutingTrace`s saved and loaded as ``.npz`` (the format of the bundled sample and of locally
+recorded traces), and `load_array`, a batch of counts (or any array) from a ``.npz`` / ``.npy`` / JSON file.
 
 Layout: for each trace ``name``: ``{name}__meta`` (JSON: model, num_experts, top_k, notes) and per layer either
 ``{name}__ids__{layer}`` ``[T, K]`` or ``{name}__counts__{layer}`` ``[I, Gs, E]``, stored in the smallest
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from solvers.checks import read_json
+
 from .trace import RoutingTrace
 
-__all__ = ["save_traces", "load_saved_trace", "saved_trace_names"]
+__all__ = ["load_array", "load_saved_trace", "save_traces", "saved_trace_names"]
 
 
 def _compact(a: np.ndarray) -> np.ndarray:
@@ -103,3 +106,34 @@ def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> Routin
         )
     except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(f"{p}: trace {name!r} is damaged ({type(err).__name__}: {err})") from None
+
+
+def load_array(path, key: str, option: str = "--counts") -> np.ndarray:
+    """An array from a file: ``key`` of a ``.npz``, a ``.npy`` array, or a JSON list / ``{key: list}`` (e.g. token
+    counts ``[E]`` or ``[D, E]``). Every error is a ValueError naming ``option`` and the file."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{option} {path} does not exist")
+    if p.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a .json, .npy or .npz file")
+    if p.suffix in (".npz", ".npy"):
+        try:
+            loaded = np.load(p, allow_pickle=False)
+        except Exception as err:  # numpy/zipfile raise many types for a damaged file
+            raise ValueError(f"{option} {path}: not a readable {p.suffix} file ({type(err).__name__}: {err})") from None
+        if isinstance(loaded, np.ndarray):
+            return loaded
+        with loaded as z:
+            if key not in z.files:
+                raise ValueError(f"{option} {path} has no array {key!r} (arrays: {z.files})")
+            return z[key]
+    data = read_json(p, option)
+    if isinstance(data, dict):
+        if key not in data:
+            raise ValueError(f"{option} {path}: JSON object without a {key!r} key (keys: {sorted(data)}); give "
+                             f"{{\"{key}\": [...]}} or a bare list")  # fmt: skip
+        data = data[key]
+    try:
+        return np.asarray(data)
+    except ValueError as err:  # ragged lists
+        raise ValueError(f"{option} {path}: {key} is not a rectangular array ({err})") from None

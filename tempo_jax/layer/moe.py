@@ -1,7 +1,7 @@
 """The expert-parallel MoE layer: functional core (`moe_forward`) and its dense reference.
 
 Inside `jax.shard_map` over the ``ep`` mesh axis (tokens data-parallel, physical expert slots
-expert-parallel), per rank, the stages of `tempo_jax.stages`:
+expert-parallel), per rank, the stages of `tempo_jax.layer.stages`:
 
   route → dispatch (table → physical slot, counts) → pack by destination (rows + slot ids) → exchange →
   expert FFN (sort by local slot, grouped-GEMM SwiGLU) → return → weighted combine.
@@ -19,9 +19,8 @@ on the ``ep`` axis, S physical slots per rank, P = D·S physical slots, R replic
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,117 +28,17 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE, DISPATCH_MODES, GMM, DispatchMode, GmmImpl
+from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
 from . import cascade_exec, stages
-from .cascade_exec import WeightFetch
-from .exchange import EXCHANGE, ExchangeImpl, return_blocks
+from .cascade_plan import check_fetches
+from .config import MoEConfig, materialize
+from .exchange import EXCHANGE, return_blocks
 from .stages import route
-from .tables import PlacementArrays, Tables
+from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
-__all__ = [
-    "MoEConfig",
-    "MoEOutput",
-    "MoEStats",
-    "RankInputs",
-    "init_params",
-    "make_ep_mesh",
-    "materialize",
-    "moe_forward",
-    "moe_reference",
-    "route",
-]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MoEConfig:
-    """Static configuration of the MoE layer.
-
-    Attributes:
-      hidden: H.  ffn: F (per expert).  experts: E.  top_k: K.
-      slots_per_device: S physical expert slots per rank (P = D·S must match the placement).
-      dtype: activation/weight dtype for the expert FFN (router runs in float32).
-      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded" or "ragged" (`ExchangeImpl`).
-      gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot").
-      interpret: run Pallas kernels in interpret mode (CPU tests).
-      mode: dispatch mode, "sample" (paper) or "quota" (deterministic).
-      renormalize: renormalise the top-k gate weights to sum to 1.
-      capacity: rows per (source, destination) block: None = the dropless worst case T/D·K; a positive int =
-        that many (pairs beyond it are dropped, counted in ``MoEOutput.stats.drops``); ``"auto"`` = the `MoE`
-        module's bucketed capacity with a dropless re-run (see `tempo_jax.module`); `moe_forward` itself needs
-        an int or None (``capacity=`` overrides per call).
-      axis: name of the expert-parallel mesh axis.
-      schedule: ``"sync"`` (one all-to-all) or a `solvers.LaunchSchedule` (CascadeEP: per-source exchange
-        rounds, one grouped GEMM per launch group; `tempo_jax.cascade_exec`). The output is the same.
-      fetches: OEWF `WeightFetch`es (helper computes its own tokens of the donor's experts with fetched weights).
-    """
-
-    hidden: int
-    ffn: int
-    experts: int
-    top_k: int
-    slots_per_device: int
-    dtype: Any = jnp.float32
-    exchange: ExchangeImpl = "auto"
-    gmm_impl: GmmImpl = "auto"
-    interpret: bool = False
-    mode: DispatchMode = "sample"
-    renormalize: bool = True
-    capacity: int | str | None = None
-    axis: str = "ep"
-    schedule: str | LaunchSchedule = "sync"
-    fetches: tuple[WeightFetch, ...] = ()
-
-    def __post_init__(self):
-        for name in ("hidden", "ffn", "experts", "top_k", "slots_per_device"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MoEConfig.{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.slots_per_device >= 2**16:
-            raise ValueError(f"MoEConfig.slots_per_device must be < 65536 (slot ids travel in 16 bits), got "
-                             f"{self.slots_per_device}")  # fmt: skip
-        if self.top_k > self.experts:
-            raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}")
-        if self.mode not in DISPATCH_MODES:
-            raise ValueError(f"MoEConfig.mode must be one of {list(DISPATCH_MODES)}, got {self.mode!r}")
-        EXCHANGE.validate(self.exchange)
-        GMM.validate(self.gmm_impl)
-        if not (self.schedule == "sync" or isinstance(self.schedule, LaunchSchedule)):
-            raise ValueError(f"MoEConfig.schedule must be 'sync' or a solvers.LaunchSchedule, got {self.schedule!r}")
-        object.__setattr__(self, "fetches", tuple(self.fetches))
-        if not all(isinstance(f, WeightFetch) for f in self.fetches):
-            raise ValueError("MoEConfig.fetches must be tempo_jax.cascade_exec.WeightFetch values")
-        c = self.capacity
-        if not (c is None or c == "auto" or (isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 1)):
-            raise ValueError(
-                f"MoEConfig.capacity must be None (dropless worst case), a positive int (rows per block) or "
-                f"'auto' (bucketed, dropless), got {c!r}"
-            )
-
-
-def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.sharding.Mesh:
-    """A 1-D mesh over the first ``num_devices`` devices (default all) with an Auto ``ep`` axis."""
-    n = num_devices or len(jax.devices())
-    return jax.make_mesh((n,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
-
-
-def init_params(key: jax.Array, config: MoEConfig) -> dict:
-    """Logical parameters: router [H, E] float32, w_gate/w_up [E, H, F], w_down [E, F, H] (config.dtype)."""
-    k = jax.random.split(key, 4)
-    H, F, E = config.hidden, config.ffn, config.experts
-    scale_in, scale_out = H**-0.5, F**-0.5
-    return {
-        "router": jax.random.normal(k[0], (H, E), jnp.float32) * scale_in,
-        "w_gate": (jax.random.normal(k[1], (E, H, F)) * scale_in).astype(config.dtype),
-        "w_up": (jax.random.normal(k[2], (E, H, F)) * scale_in).astype(config.dtype),
-        "w_down": (jax.random.normal(k[3], (E, F, H)) * scale_out).astype(config.dtype),
-    }
-
-
-def materialize(params: dict, phy2log: jax.Array) -> dict:
-    """Physical expert weights ``[P, ...]`` gathered from logical ``[E, ...]`` (gradients of replicas flow back
-    to the logical parameters through the gather)."""
-    return {name: jnp.take(params[name], phy2log, axis=0) for name in ("w_gate", "w_up", "w_down")}
+__all__ = ["MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference"]
 
 
 def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
@@ -219,19 +118,20 @@ class MoEOutput(NamedTuple):
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
                capacity: int) -> MoEOutput:  # fmt: skip
-    """Per-rank body (inside shard_map): `tempo_jax.stages` composed synchronously, or by the CascadeEP launch
-    schedule and OEWF fetches of `tempo_jax.cascade_exec`."""
-    axis, K, S = config.axis, config.top_k, config.slots_per_device
+    """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
+    schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
+    axis, K, S = config.axis, config.top_k, config.slots_per_rank
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
     T = inp.x.shape[0]
     # Step 1: route.
     rt = stages.Routing(inp.ids, inp.gate) if given_routing else route(inp.x, inp.router, K, config.renormalize)
     # Step 2: dispatch: logical expert → physical slot, with counts.
-    uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if config.mode == "sample" else None
-    dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0], mode=config.mode,
-                               uniforms=uniforms, interpret=config.interpret)  # fmt: skip
-    dest, local = dp.slot // S, dp.slot % S
+    sample = config.dispatch_mode == "sample"
+    uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if sample else None
+    dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0],
+                               mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret)  # fmt: skip
+    dest, local = stages.split_slots(dp.slot, S)
     weights = (inp.w_gate, inp.w_up, inp.w_down)
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
@@ -243,7 +143,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     mm = dict(gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.schedule == "sync":
         # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
-        recv = stages.exchange(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
+        recv = stages.exchange_rows(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
         rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
         y, group_sizes = stages.expert_ffn(rows, slots, *weights, **mm)
         back = return_blocks(y.reshape(recv.rows.shape), recv.counts, packed.counts, axis=axis, impl=impl)
@@ -266,35 +166,53 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_body(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-                  capacity: int):  # fmt: skip
-    """The jitted shard_map program, built once per (mesh, config, exchange, table groups, capacity): eager
-    callers (e.g. `MoE.__call__` outside `jit`) compile once instead of running the collective program op by op."""
-    axis = config.axis
+def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool, capacity: int):
+    """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
+    physical weights' gather, the per-rank inputs and the shard_map body in one program, so an eager call (e.g.
+    `MoE.__call__` outside `jit`) is one dispatch; inside a caller's `jit` it inlines."""
+    axis, K, E = config.axis, config.top_k, config.experts
+    D = mesh.shape[axis]
     body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
                              capacity=capacity)  # fmt: skip
     out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)))
-    return jax.jit(
-        jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs, check_vma=False)
-    )
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs,
+                            check_vma=False)  # fmt: skip
+    explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
+    def run(params, x, table, log2phy, phy2log, counter, key, routing):
+        T = x.shape[0]
+        if counter is None:
+            counter = jnp.zeros((D, E), COUNTER_DTYPE)
+        if key is None:
+            key = jax.random.key(0)
+        if routing is None:
+            ids, gate = jnp.zeros((T, K), jnp.int32), jnp.zeros((T, K), jnp.float32)
+        else:
+            ids, gate = routing[0].astype(jnp.int32), routing[1].astype(jnp.float32)
+        phys = materialize(params, phy2log)
+        inputs = RankInputs(x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], table, log2phy,
+                            phy2log, counter, key, ids, gate)  # fmt: skip
+        if explicit:
+            specs = RankInputs.specs(axis)
+            inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
+        return sharded(inputs)
 
-def _concrete(*arrays) -> bool:
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+    return jax.jit(run)
 
 
 def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity) -> int:
     """Every consistency check `moe_forward` can make before tracing; returns the per-rank capacity C.
 
-    Value checks (ids in range, tables matching the placement) run when the arrays are concrete (an eager call);
-    inside a caller's `jit` only shapes can be checked.
+    Shapes are always checked (static, cheap). Trusted inputs — `placement_arrays(...)` and the table builders,
+    both keyed by their placement — are compared by key and never read; hand-made ones are checked by value when
+    concrete (an eager call). Inside a caller's `jit` only shapes and keys can be checked.
     """
     axis = config.axis
     if axis not in mesh.shape:
         raise ValueError(f"axis {axis!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.axis")
     D = mesh.shape[axis]
     T, H = x.shape
-    E, S, K = config.experts, config.slots_per_device, config.top_k
+    E, S, K = config.experts, config.slots_per_rank, config.top_k
     # Step 1: shapes.
     if T == 0:
         raise ValueError("x has no tokens (T = 0); call the layer with at least D tokens")
@@ -304,38 +222,19 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
         )
     if T % D:
         raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
-    phy2log = placement_arrays.phy2log
-    if phy2log.shape[0] != D * S:
-        raise ValueError(f"placement has {phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}")
-    if tables.table.ndim != 3 or tables.table.shape[0] == 0:
-        raise ValueError(f"tables.table must be [Gs ≥ 1, E, R], got shape {tables.table.shape}")
-    if tables.log2phy.shape[0] != E or tables.table.shape[1:] != tables.log2phy.shape:
-        raise ValueError(f"tables {tables.table.shape} / log2phy {tables.log2phy.shape} do not match E={E}")
-    if placement_arrays.log2phy.shape != tables.log2phy.shape:
-        raise ValueError(
-            f"tables were built for another placement: log2phy {tables.log2phy.shape} vs the placement's "
-            f"{placement_arrays.log2phy.shape}; build them from this placement (tempo_jax.tables)"
-        )
-    # Step 2: values, when concrete.
-    if _concrete(phy2log, tables.log2phy, placement_arrays.log2phy):
-        p2l, l2p = np.asarray(phy2log), np.asarray(tables.log2phy)
-        if p2l.min() < 0 or p2l.max() >= E:
-            bad = np.flatnonzero((p2l < 0) | (p2l >= E))
-            raise ValueError(f"phy2log slots {bad[:10].tolist()} hold expert ids outside [0, {E})")
-        if not np.array_equal(l2p, np.asarray(placement_arrays.log2phy)):
-            raise ValueError("tables.log2phy differs from the placement's log2phy: tables built for another placement")
-        if l2p.min() < -1 or l2p.max() >= D * S:
-            raise ValueError(f"log2phy holds slots outside [-1, P = {D * S}): min {l2p.min()}, max {l2p.max()}")
-        orphan = np.flatnonzero((l2p < 0).all(axis=1))
-        if orphan.size:
-            raise ValueError(f"experts {orphan[:10].tolist()} have no replica in log2phy; every expert needs one")
-        if not np.array_equal(p2l[l2p[l2p >= 0]], np.nonzero(l2p >= 0)[0]):
-            raise ValueError("log2phy and phy2log disagree: a replica column points at a slot of another expert")
+    if placement_arrays.phy2log.shape[0] != D * S:
+        raise ValueError(f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = "
+                         f"{D}·{S} = {D * S}")  # fmt: skip
+    if placement_arrays.log2phy.shape[0] != E:
+        raise ValueError(f"placement log2phy {placement_arrays.log2phy.shape} does not match E={E}")
+    # Step 2: the placement and the tables (by key when trusted, by value when hand-made and concrete).
+    check_placement_arrays(placement_arrays, E, D * S, where="moe_forward")
+    check_tables(tables, placement_arrays, where="moe_forward")
     if isinstance(config.schedule, LaunchSchedule) and config.schedule.num_ranks != D:
         raise ValueError(f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but axis {axis!r} has {D}")
-    if config.fetches and _concrete(phy2log):
-        cascade_exec.check_fetches(config.fetches, np.asarray(phy2log), D, S)
-    if routing is not None and _concrete(routing[0]):
+    if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
+        check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
+    if routing is not None and not isinstance(routing[0], jax.core.Tracer):
         ids = np.asarray(routing[0])
         if ids.size and (ids.min() < 0 or ids.max() >= E):
             raise ValueError(f"routing ids must lie in [0, {E}), got min {ids.min()}, max {ids.max()}")
@@ -389,23 +288,10 @@ def moe_forward(
         experts without a replica, T = 0, an axis missing from the mesh or a bad capacity.
     """
     C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity)
-    axis = config.axis
-    D, T, E = mesh.shape[axis], x.shape[0], config.experts
-    impl = EXCHANGE.resolve(config.exchange)
-    key = jax.random.key(0) if key is None else key
-    if counter is None:
-        counter = jax.device_put(jnp.zeros((D, E), COUNTER_DTYPE), NamedSharding(mesh, P(axis)))
-    phys = materialize(params, placement_arrays.phy2log)
-    body = _sharded_body(mesh, config, impl, tables.num_groups, routing is not None, C)
-    if routing is None:
-        ids, gate = jnp.zeros((T, config.top_k), jnp.int32), jnp.zeros((T, config.top_k), jnp.float32)
-    else:
-        ids, gate = jnp.asarray(routing[0], jnp.int32), jnp.asarray(routing[1], jnp.float32)
-        if ids.shape != (T, config.top_k) or gate.shape != ids.shape:
+    T = x.shape[0]
+    if routing is not None:
+        routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
+        if routing[0].shape != (T, config.top_k) or routing[1].shape != routing[0].shape:
             raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={config.top_k}]")
-    inputs = RankInputs(x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], tables.table,
-                        tables.log2phy, placement_arrays.phy2log, counter, key, ids, gate)  # fmt: skip
-    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        specs = RankInputs.specs(axis)
-        inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
-    return body(inputs)
+    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), tables.num_groups, routing is not None, C)
+    return run(params, x, tables.table, tables.log2phy, placement_arrays.phy2log, counter, key, routing)

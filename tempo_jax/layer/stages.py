@@ -2,7 +2,7 @@
 
     route → dispatch → pack by destination → exchange → expert FFN → return → combine
 
-`tempo_jax.moe` composes them into the synchronous layer; `tempo_jax.cascade_exec` composes the same stages
+`tempo_jax.layer.moe` composes them into the synchronous layer; `tempo_jax.layer.cascade_exec` composes the same stages
 into CascadeEP's asynchronous schedule (exchange rounds per launch group, one expert FFN per group, OEWF).
 Every stage takes and returns small NamedTuples of per-rank arrays, so a schedule can say "exchange these
 source blocks, then run the expert FFN on those rows" without copying code.
@@ -33,12 +33,13 @@ __all__ = [
     "Routing",
     "combine",
     "dispatch_pairs",
-    "exchange",
+    "exchange_rows",
     "expert_ffn",
     "pack",
     "received",
     "return_rows",
     "route",
+    "split_slots",
     "unpack_rows",
 ]
 
@@ -111,6 +112,11 @@ def dispatch_pairs(
     return Dispatched(res.slots.reshape(-1), res.counts, res.counter, res.replica_counts)
 
 
+def split_slots(slot: jax.Array, slots_per_rank: int) -> tuple[jax.Array, jax.Array]:
+    """Physical slot p → ``(rank p // S, local slot p % S)`` (the EPLB layout: rank d holds slots d·S … d·S + S − 1)."""
+    return slot // slots_per_rank, slot % slots_per_rank
+
+
 def _slot_lanes(slots: jax.Array, dtype) -> jax.Array:
     """``slots [M]`` int32 (0 ≤ slot < 2^16) as exact small numbers of the row ``dtype``: ``[M, 1]`` for 32-bit rows,
     ``[M, 2]`` (slot // 256, slot % 256) for 16-bit rows, whose 8-bit mantissa holds integers up to 256 exactly.
@@ -148,8 +154,8 @@ def pack(x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ran
     return Packed(buf, jnp.minimum(wanted, C), wanted, order, dest_sorted, pos)
 
 
-def exchange(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
-    """Send block j of ``packed.buffer`` to rank j (`tempo_jax.exchange.send_blocks`: ``"padded"`` or
+def exchange_rows(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
+    """Send block j of ``packed.buffer`` to rank j (`tempo_jax.layer.exchange.send_blocks`: ``"padded"`` or
     ``"ragged"``, same result) and split the received payload into rows and local slot ids."""
     recv, recv_counts = send_blocks(packed.buffer, packed.counts, axis=axis, impl=impl)
     return received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_per_rank)

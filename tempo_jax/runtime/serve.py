@@ -1,8 +1,8 @@
 """`tempo-jax serve` / `make serve`: the MoE layer serving a routing stream with live tables from the runtime.
 
 The bare expert-parallel layer (`moe_forward`, quota mode by default) runs ``steps`` steps on the ``ep`` mesh
-(8 fake CPU devices here) with routing replayed from a synthetic drifting stream (Zipf popularity whose log
-follows an AR(1) walk, Dirichlet batch noise, top-K without replacement) or from a recorded trace. A
+(8 fake CPU devices here) with routing replayed from a synthetic drifting stream or a recorded trace
+(`tempo_jax.workloads.drifting_stream` / `recorded_stream`). A
 `Refresher` snapshots the layer's cumulative uint32 counter every ``period_s`` (or every ``every_steps``
 steps) and feeds a `DispatchController` whose solver runs in a worker process; the layer reads
 ``controller.latest`` at every step. Per step it prints a status line: step time, the modelled makespan
@@ -26,18 +26,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.checks import check_choice, check_int, check_real
+from solvers.solve import check_policy
 
-from .workloads import load_sample, load_trace, sample_topk, zipf_popularity
+from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from ..layer import tables as dispatch_tables
+from ..workloads import RoutingStream, drifting_stream, recorded_stream
+from .controller import SOLVER_MODES, DispatchController
+from .counters import host_counter
+from .publisher import FALLBACKS
+from .refresher import Refresher
 
-__all__ = ["ServeConfig", "routing_stream", "serve"]
+__all__ = ["ServeConfig", "serve"]
 
 ROUTINGS = ("synthetic", "recorded")
 
@@ -47,17 +57,29 @@ class ServeConfig:
     """One serving run (command: ``tempo-jax serve``; hardware: any jax backend, 8 fake CPU devices by default).
 
     Attributes:
-      steps: serving steps after the warm-up. tokens_per_rank: tokens each of the D ranks serves per step.
+      steps: serving steps after the warm-up.
+      tokens_per_rank: tokens each of the D ranks serves per step.
       routing: ``"synthetic"`` (drifting Zipf) or ``"recorded"`` (``trace``, layer by layer, cycled).
-      experts, top_k, skew, drift, kappa: the synthetic stream (E, K, Zipf s, AR(1) step σ of the log
-        popularity per step, Dirichlet concentration).
-      hidden, ffn: the layer's H and F. replication: physical slots / experts (EPLB from the first steps' load).
-      dispatch: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
-      policy, cost: the solver's policy and cost preset; cost_json: a CostModel JSON file instead (e.g. the
-        one `tempo-jax calibrate --measure --out` fitted on this backend).
-      mode: the controller mode (``"process"``: the solver worker process).
-      period_s / every_steps: refresher period, or refresh every N steps instead.
-      budget_s, staleness_s, fallback: controller fault budgets (see `DispatchController`).
+      trace: the recorded routing trace (a `tempo_jax.workloads.TRACES` name; the bundled copy when offline).
+      experts: synthetic stream: E.
+      top_k: synthetic stream: K.
+      skew: synthetic stream: Zipf s.
+      drift: synthetic stream: AR(1) step σ of the log popularity per step.
+      kappa: synthetic stream: Dirichlet concentration of each step's batch (inf: no batch noise).
+      hidden: the layer's H.
+      ffn: the layer's F.
+      replication: physical slots / experts (EPLB from the stream's long-run load).
+      dispatch_mode: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
+      policy: the policy the solver worker solves.
+      cost: the cost preset the policy optimises.
+      cost_json: a CostModel JSON file instead of ``cost`` (e.g. the one `tempo-jax calibrate --measure --out`
+        fitted on this backend).
+      solver_mode: where the controller solves (``"process"``: the solver worker process).
+      period_s: refresher snapshot period, seconds.
+      every_steps: refresh every this many steps instead of by time.
+      budget_s: results arriving later than this after submission are not published.
+      staleness_s: tables older than this are replaced by the fallback's.
+      fallback: the fallback tables (``"uniform"`` or ``"static"``).
       kill_worker_at: SIGKILL the worker after this step (None: never).
       block: steps per on/off block of the step-time comparison (0: the worker stays on throughout).
       check_every: compare the layer's output with the dense reference every this many steps (off the clock;
@@ -77,11 +99,11 @@ class ServeConfig:
     hidden: int = 128
     ffn: int = 128
     replication: float = 1.5
-    dispatch: str = "quota"
+    dispatch_mode: str = "quota"
     policy: str = "tempo"
     cost: str = "dsv3_fp8_offline"
     cost_json: str | None = None
-    mode: str = "process"
+    solver_mode: str = "process"
     period_s: float = 0.2
     every_steps: int | None = None
     budget_s: float = 0.2
@@ -100,110 +122,76 @@ class ServeConfig:
         check_int("check_every", self.check_every, minimum=0, where=w)
         check_int("seed", self.seed, minimum=0, where=w)
         check_choice("routing", self.routing, ROUTINGS, where=w)
-        check_choice("dispatch", self.dispatch, ("sample", "quota"), where=w)
+        check_choice("dispatch_mode", self.dispatch_mode, ("sample", "quota"), where=w)
         check_choice("cost", self.cost, tuple(PRESETS), where=w)
         check_real("replication", self.replication, minimum=1.0, where=w)
         check_real("skew", self.skew, minimum=0.0, where=w)
         check_real("drift", self.drift, minimum=0.0, where=w)
         check_real("kappa", self.kappa, minimum=0.0, strict=True, allow_inf=True, where=w)
         check_real("period_s", self.period_s, minimum=0.0, strict=True, where=w)
+        check_real("budget_s", self.budget_s, minimum=0.0, strict=True, where=w)
+        if self.staleness_s is not None:
+            check_real("staleness_s", self.staleness_s, minimum=0.0, strict=True, where=w)
+        check_choice("solver_mode", self.solver_mode, SOLVER_MODES, where=w)
+        check_choice("fallback", self.fallback, FALLBACKS, where=w)
+        check_policy(self.policy, {})
         if self.every_steps is not None:
             check_int("every_steps", self.every_steps, where=w)
         if self.kill_worker_at is not None:
             check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
-            if self.mode != "process":
-                raise ValueError(f"{w}: kill_worker_at needs mode='process' (got mode={self.mode!r})")
+            if self.solver_mode != "process":
+                raise ValueError(f"{w}: kill_worker_at needs solver_mode='process' (got {self.solver_mode!r})")
 
 
-# ------------------------------------------------------------------------------------------------ routing
-def routing_stream(cfg: ServeConfig, num_ranks: int):
-    """``(E, K, ids_fn, load)``: ``ids_fn(step) -> [T, K]`` int32 expert ids of step ``step`` (T = B·D tokens,
-    rank d serving rows ``[d·B, (d+1)·B)``) and the long-run load ``[E]`` a placement is built from."""
-    T = cfg.tokens_per_rank * num_ranks
+def _stream(cfg: ServeConfig, num_ranks: int) -> RoutingStream:
     if cfg.routing == "recorded":
-        try:
-            trace = load_trace(cfg.trace)
-        except FileNotFoundError:  # offline: the bundled copy holds the same ids
-            trace = load_sample(cfg.trace)
-        batches = [(layer, b) for layer in trace.layers
-                   for b in range(trace.num_batches(layer, cfg.tokens_per_rank, num_ranks))]  # fmt: skip
-        if not batches:
-            raise ValueError(f"trace {cfg.trace!r} has no batch of {T} tokens; lower tokens_per_rank")
-
-        def ids_fn(step: int) -> np.ndarray:
-            layer, b = batches[step % len(batches)]
-            return trace.batch_topk_ids(layer, cfg.tokens_per_rank, num_ranks, b).reshape(T, -1).astype(np.int32)
-
-        return trace.num_experts, trace.top_k, ids_fn, trace.expert_load(trace.layers[0]).astype(np.float64)
-    E, K = cfg.experts, cfg.top_k
-    p0 = zipf_popularity(E, cfg.skew, cfg.seed)
-    walk = np.random.default_rng([cfg.seed, 1])
-    path = [np.zeros(E)]
-
-    def ids_fn(step: int) -> np.ndarray:
-        while len(path) <= step:  # the log-popularity walk, one step per serving step
-            path.append(0.98 * path[-1] + cfg.drift * walk.standard_normal(E))
-        p = p0 * np.exp(path[step])
-        p /= p.sum()
-        rng = np.random.default_rng([cfg.seed, 2, step])
-        q = np.maximum(rng.dirichlet(cfg.kappa * p), 1e-300) if math.isfinite(cfg.kappa) else p
-        return sample_topk(q, T, K, rng).astype(np.int32)
-
-    return E, K, ids_fn, p0 * T * K
+        return recorded_stream(cfg.trace, tokens_per_rank=cfg.tokens_per_rank, num_ranks=num_ranks)
+    return drifting_stream(experts=cfg.experts, top_k=cfg.top_k, skew=cfg.skew, drift=cfg.drift, kappa=cfg.kappa,
+                           tokens_per_step=cfg.tokens_per_rank * num_ranks, seed=cfg.seed)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ serving
 def serve(cfg: ServeConfig = ServeConfig(), *, out_dir: str | Path | None = "results", quiet: bool = False,
           figure: bool = True) -> dict:  # fmt: skip
     """Run the serving loop (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from . import tables as T
-    from .controller import DispatchController
-    from .moe import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
-    from .refresher import Refresher, host_counter
-
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
     # Step 1: routing, placement, layer.
     mesh = make_ep_mesh()
     D = mesh.shape["ep"]
-    E, K, ids_fn, load = routing_stream(cfg, D)
+    E, K, ids_fn, load = _stream(cfg, D)
     placement = Placement.from_eplb(load, slots_for(E, D, cfg.replication), D, spread_idle=True)
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
-    mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_device=placement.slots_per_gpu,
-                     mode=cfg.dispatch)  # fmt: skip
+    mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_rank=placement.slots_per_rank,
+                     dispatch_mode=cfg.dispatch_mode)  # fmt: skip
     params = init_params(jax.random.key(cfg.seed), mcfg)
-    pa = T.placement_arrays(placement)
+    pa = dispatch_tables.placement_arrays(placement)
     Tn = cfg.tokens_per_rank * D
     gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
 
     @jax.jit
     def step_fn(x, ids, table, counter, key):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=T.Tables(table, pa.log2phy),
+        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
                            config=mcfg, key=key, counter=counter, routing=(ids, gate))  # fmt: skip
 
     # The counter lives where the layer returns it (sharded over ep): one program for every step.
     state = {"counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep")))}
     say(
         f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {D} {jax.default_backend()} devices, "
-        f"{placement.num_slots} slots; policy {cfg.policy} in mode {cfg.mode}; "
+        f"{placement.num_slots} slots; policy {cfg.policy} in solver_mode {cfg.solver_mode}; "
         + (f"refresh every {cfg.every_steps} steps" if cfg.every_steps else f"refresh every {cfg.period_s:g} s")
     )
     # Step 2: warm-up (compile) for every table shape the loop can meet.
     x_of = lambda s: jax.random.normal(jax.random.key(cfg.seed * 100_003 + s), (Tn, cfg.hidden))  # noqa: E731
     t0 = time.perf_counter()
-    shapes = {1: T.uniform(placement)}
+    shapes = {1: dispatch_tables.uniform(placement)}
     if "static" in (cfg.policy, cfg.fallback):
-        shapes[D] = T.static(placement)  # per-source tables [D, E, R]: another program
+        shapes[D] = dispatch_tables.static(placement)  # per-source tables [D, E, R]: another program
     for tab in shapes.values():
         jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
     compile_s = time.perf_counter() - t0
-    # Step 2: the runtime. The refresher reads the counter the serving loop last stored (a device array).
-    ctl = DispatchController(placement, cost, policy=cfg.policy, mode=cfg.mode, budget_s=cfg.budget_s,
+    # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
+    ctl = DispatchController(placement, cost, policy=cfg.policy, solver_mode=cfg.solver_mode, budget_s=cfg.budget_s,
                              staleness_s=cfg.staleness_s, fallback=cfg.fallback)  # fmt: skip
     refresher = Refresher(ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s,
                           every_steps=cfg.every_steps)  # fmt: skip

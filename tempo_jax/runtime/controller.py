@@ -6,7 +6,9 @@ configured policy and cost model (`solvers.worker.solve_window`: the policy, the
 conversion `solvers.plan_weights`) and the weights are published as `Tables` with one host → device copy.
 ``latest`` is always a complete, checked `Tables`; the layer picks it up at its next step.
 
-Three modes, one API:
+The controller is three parts behind one API: a `WindowAccumulator` (counts, counter differencing, the open
+window), a `Publisher` (result checks, versioned tables, the staleness fallback) and a `SolverBackend` chosen by
+``solver_mode`` (`tempo_jax.runtime.backends`):
 
 - ``"inline"``: the solve runs in the calling thread (`observe` waits for it). A solver error propagates and the
   window's counts stay pending (they join the next window).
@@ -35,7 +37,7 @@ Faults (each one is counted in `metrics()`, logged on the ``tempo_jax.runtime`` 
 Accounting: every accepted pair is published, dropped (by reason) or pending —
 ``pairs.in == pairs.published + Σ pairs.dropped + pairs.pending`` — so nothing is lost silently.
 
-    with DispatchController(placement, PRESETS["dsv3_fp8_offline"], policy="tempo", mode="process") as ctl:
+    with DispatchController(placement, PRESETS["dsv3_fp8_offline"], policy="tempo", solver_mode="process") as ctl:
         for step in range(n):
             y = moe(x)                                          # the layer uses moe.table
             moe.set_tables(ctl.observe(moe.counts.get_value()))  # never blocks on the solver (thread/process)
@@ -48,37 +50,25 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from solvers import CostModel, Placement
 from solvers.checks import check_array, check_choice, check_counter, check_int, check_real
 from solvers.solve import check_policy
-from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve_window
+from solvers.worker import WorkerConfig, solve_window
 
-from . import tables as T
-from .refresher import CounterWindows
+from ..layer.tables import Tables
+from .accumulator import Window, WindowAccumulator
+from .backends import BACKENDS, Job, ProcessBackend, check_fault, make_backend
+from .publisher import FALLBACKS, Publisher
 
-__all__ = ["DROP_REASONS", "FALLBACKS", "MODES", "DispatchController"]
+__all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
 
 log = logging.getLogger("tempo_jax.runtime")
 
-MODES = ("inline", "thread", "process")
-FALLBACKS = ("uniform", "static")
+SOLVER_MODES = tuple(BACKENDS)
 DROP_REASONS = ("busy", "over_budget", "error", "bad_result", "worker_lost", "worker_down")
-
-
-@dataclass
-class _Job:
-    seq: int
-    gen: int
-    counts: np.ndarray
-    pairs: float
-    steps: int
-    closed_at: float
-    submitted_at: float
-    fault: tuple[str, float] | None = None
 
 
 def _dist(values) -> dict:
@@ -98,8 +88,7 @@ class DispatchController:
       policy: a `solvers.POLICIES` name.
       window: steps (observe calls) per solve.
       options: policy options (e.g. ``{"tau": 0.0}``); checked against the policy's signature.
-      mode: ``"inline"``, ``"thread"`` or ``"process"`` (default: ``"thread"`` if ``background`` else ``"inline"``).
-      background: the old spelling of ``mode="thread"``.
+      solver_mode: ``"inline"``, ``"thread"`` or ``"process"`` (`SOLVER_MODES`; see the module).
       per_node: one table per source node via the topology-aware split.
       budget_s: a solve whose result arrives later than this after submission is not published.
       hang_s: no result after this long = a hung solver (default ``max(10 · budget_s, 5 s)``).
@@ -121,8 +110,7 @@ class DispatchController:
         policy: str = "tempo",
         window: int = 1,
         options: dict | None = None,
-        mode: str | None = None,
-        background: bool = False,
+        solver_mode: str = "inline",
         per_node: bool = False,
         budget_s: float = 1.0,
         hang_s: float | None = None,
@@ -140,22 +128,19 @@ class DispatchController:
         if not isinstance(cost, CostModel):
             raise ValueError(f"{where}: cost must be a solvers.CostModel (e.g. PRESETS[...]), got {cost!r}")
         options = check_policy(policy, options)
-        self.window = check_int("window", window, where=where)
-        if not isinstance(background, bool) or not isinstance(per_node, bool):
-            raise ValueError(f"{where}: background and per_node must be booleans, got {background!r}, {per_node!r}")
-        if mode is None:
-            mode = "thread" if background else "inline"
-        elif background and mode != "thread":
-            raise ValueError(f"{where}: background=True means mode='thread', but mode={mode!r} was given")
-        self.mode = check_choice("mode", mode, MODES, where=where)
+        window = check_int("window", window, where=where)
+        if not isinstance(per_node, bool):
+            raise ValueError(f"{where}: per_node must be a boolean, got {per_node!r}")
+        self.solver_mode = check_choice("solver_mode", solver_mode, SOLVER_MODES, where=where)
         self.budget_s = check_real("budget_s", budget_s, minimum=0, strict=True, where=where)
         hang = max(10 * self.budget_s, 5.0) if hang_s is None else hang_s
         self.hang_s = check_real("hang_s", hang, minimum=self.budget_s, where=where)
-        self.staleness_s = None if staleness_s is None else check_real("staleness_s", staleness_s, minimum=0,
-                                                                       strict=True, where=where)  # fmt: skip
+        if staleness_s is not None:
+            staleness_s = check_real("staleness_s", staleness_s, minimum=0, strict=True, where=where)
         self.fallback = check_choice("fallback", fallback, FALLBACKS, where=where)
         history_size = check_int("history_size", history_size, where=where)
         self.placement, self.cost, self.policy, self.options, self.per_node = placement, cost, policy, options, per_node
+        self.window = window
         self.config = WorkerConfig(placement, cost, policy, options, per_node)
         # Step 2: a trial solve catches bad option values here rather than in the first window.
         if policy != "milp":
@@ -164,75 +149,57 @@ class DispatchController:
             except Exception as err:
                 raise ValueError(f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
                                  f"{type(err).__name__}: {err}") from None  # fmt: skip
-        # Step 3: state.
-        D, E = placement.num_gpus, placement.num_experts
+        # Step 3: the three parts and the fault counters.
         self._lock = threading.RLock()
-        self._counter = CounterWindows(max_window_pairs)
-        self._acc = np.zeros((D, E))
-        self._acc_steps = 0
-        self._steps = 0
+        self._log = log
+        self._windows = WindowAccumulator((placement.num_gpus, placement.num_experts), window, max_window_pairs)
+        self._publisher = Publisher(placement, fallback=fallback, staleness_s=staleness_s, history_size=history_size)
         self._seq = 0
         self._gen = 0
-        self._inflight: _Job | None = None
-        self._fault: tuple[str, float] | None = None
-        self._fallback_tables = T.uniform(placement) if fallback == "uniform" else T.static(placement)
-        self._latest = T.uniform(placement)
-        self._version = 0
-        self._data_time = time.monotonic()
-        self._in_fallback = False
+        self._inflight: Job | None = None
         self._closed = False
         self._new_errors: list[str] = []
-        self.history: list[dict] = []  # published solves, oldest first (the last `history_size`)
-        self._history_size = history_size
         self.events: deque = deque(maxlen=200)  # (monotonic time, kind, message) of every fault
         self._solve_ms: deque = deque(maxlen=history_size)
         self._roundtrip_ms: deque = deque(maxlen=history_size)
-        self._n = {k: 0 for k in ("windows", "published", "empty", "rejected", "late_results", "fallbacks",
-                                  "restarts", "died", "hung", "baselines", "wrapped", "counter_restarts")}  # fmt: skip
+        self._n = {k: 0 for k in ("windows", "empty", "rejected", "late_results", "restarts", "died", "hung")}
         self._dropped = {r: 0 for r in DROP_REASONS}
         self._dropped_pairs = {r: 0.0 for r in DROP_REASONS}
-        self._pairs_in = 0.0
-        self._pairs_published = 0.0
         self.last_error: str | None = None
         self.last_rejection: str | None = None
-        self._worker: SolverWorker | None = None
-        self._worker_ready = False
-        self._supervisor: threading.Thread | None = None
-        self._probe_event = threading.Event()
-        self._probe_reply: dict | None = None
-        self._spare: SolverWorker | None = None
-        self._spare_worker = bool(spare_worker)
-        self._start_timeout_s = worker_start_timeout_s
-        if self.mode == "process":
-            self._worker = SolverWorker(self.config, start_timeout_s=worker_start_timeout_s).start()
-            self._worker_ready = True
-            self._start_spare()
-            self._supervisor = threading.Thread(target=self._supervise, name="tempo-supervisor", daemon=True)
-            self._supervisor.start()
+        self._backend = make_backend(self.solver_mode, self.config, self, hang_s=self.hang_s,
+                                     start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
 
     # ------------------------------------------------------------------ public API
     @property
-    def latest(self) -> T.Tables:
+    def latest(self) -> Tables:
         """The most recently published tables (complete and checked)."""
         with self._lock:
-            return self._latest
+            return self._publisher.latest
 
     @property
     def version(self) -> int:
         """Number of publications so far (solves and fallbacks); changes exactly when `latest` does."""
         with self._lock:
-            return self._version
+            return self._publisher.version
 
-    def observe(self, counts) -> T.Tables:
+    @property
+    def history(self) -> list[dict]:
+        """Published solves, oldest first (the last ``history_size``)."""
+        return self._publisher.history
+
+    def observe(self, counts) -> Tables:
         """Add one step's per-source counts ``[D, E]``; returns the latest published tables.
 
         Raises:
           ValueError: counts of the wrong shape (a configuration error). Counts with NaN, inf or negative entries
             are rejected and counted instead (logged with the reason), and nothing is accumulated.
+          RuntimeError: the controller is closed.
           Exception: inline mode only, what the solver raised (the window's counts stay pending).
         """
+        self._check_open("observe")
         self._check_runtime()
-        D, E = self._acc.shape
+        D, E = self._windows.shape
         arr = np.asarray(counts)
         if arr.shape != (D, E):
             raise ValueError(f"DispatchController.observe: counts must be [D={D}, E={E}], got shape {arr.shape}")
@@ -245,32 +212,29 @@ class DispatchController:
                 self._event("rejected", str(err))
             return self.latest
         with self._lock:
-            self._acc += c
-            self._acc_steps += 1
-            self._steps += 1
-            self._pairs_in += float(c.sum())
-            job = self._close_window() if self._acc_steps >= self.window else None
+            window = self._windows.add(c)
+            job = self._close_window(window) if window is not None else None
         if job is not None:
-            self._dispatch(job)
+            err = self._backend.submit(job)
+            if err is not None:
+                raise err
         return self.latest
 
-    def observe_counter(self, counter) -> T.Tables:
+    def observe_counter(self, counter) -> Tables:
         """Like `observe`, from the layer's cumulative uint32 counter ``[D, E]`` (wrap-safe differencing; the
         first snapshot is a baseline; a source row whose counter went down restarted; see `CounterWindows`).
 
         Raises:
           ValueError: a counter that is not uint32-valued (floats, negatives, values ≥ 2^32) or of the wrong shape.
+          RuntimeError: the controller is closed.
         """
-        now = check_counter("counter", counter, where="DispatchController.observe_counter", shape=self._acc.shape)
+        self._check_open("observe_counter")
+        now = check_counter("counter", counter, where="DispatchController.observe_counter", shape=self._windows.shape)
         with self._lock:
-            window, notes = self._counter.diff(now)
-            if notes["baseline"]:
-                self._n["baselines"] += 1
-            self._n["wrapped"] += notes["wrapped"]
-            if notes["restarted_rows"]:
-                self._n["counter_restarts"] += 1
-                self._event("counter_restart", f"counter rows {notes['restarted_rows']} went down: restarted; their "
-                            "window is the count since the restart")  # fmt: skip
+            window, restarted = self._windows.difference(now)
+            if restarted:
+                self._event("counter_restart", f"counter rows {restarted} went down: restarted; their window is the "
+                            "count since the restart")  # fmt: skip
         if window is None:
             return self.latest
         return self.observe(window)
@@ -279,18 +243,18 @@ class DispatchController:
         """Housekeeping without new counts (the refresher calls it every period): hung solves, staleness."""
         self._check_runtime()
 
-    def wait(self, timeout: float | None = None, *, raise_errors: bool = True) -> T.Tables:
-        """Block until no solve is in flight; returns the latest tables.
+    def wait(self, timeout: float | None = None, *, raise_errors: bool = True) -> Tables:
+        """Block until no solve is in flight; returns the latest tables (at once once the controller is closed).
 
         Raises:
           RuntimeError: ``raise_errors`` and the solver raised since the last `wait` (the message says what).
           TimeoutError: still in flight after ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        while not self._closed:
             self._check_runtime()
             with self._lock:
-                busy = self._inflight is not None or (self.mode == "process" and not self._worker_ready)
+                busy = self._inflight is not None or not self._backend.ready
             if not busy:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -305,40 +269,23 @@ class DispatchController:
     def inject_fault(self, kind: str, seconds: float = 0.0) -> None:
         """Make the next solve fail as ``kind``: ``"hang"`` (sleep ``seconds`` first), ``"raise"``, ``"nan"`` (NaN
         weights) or, process mode only, ``"exit"`` (the worker process exits mid-solve). For tests and demos."""
-        check_choice("fault", kind, FAULTS, where="DispatchController.inject_fault")
-        if kind == "exit" and self.mode != "process":
-            raise ValueError("DispatchController.inject_fault: 'exit' needs mode='process' (it would end this process)")
-        with self._lock:
-            if self.mode == "process":
-                try:
-                    self._worker.inject(kind, seconds)
-                except WorkerLost as err:
-                    self._event("worker_lost", f"could not inject a fault: {err}")
-            else:
-                self._fault = (kind, float(seconds))
+        self._backend.inject(check_fault(kind), seconds)
+
+    def _process_backend(self, what: str) -> ProcessBackend:
+        if not isinstance(self._backend, ProcessBackend):
+            raise ValueError(f"DispatchController.{what}: solver_mode {self.solver_mode!r} has no worker process")
+        return self._backend
 
     def kill_worker(self) -> int:
         """SIGKILL the worker process (process mode): the supervisor notices, keeps the last good tables and
         restarts it. Returns the killed pid."""
-        if self.mode != "process":
-            raise ValueError(f"DispatchController.kill_worker: mode {self.mode!r} has no worker process")
-        with self._lock:
-            pid = self._worker.pid
-            if self._worker.proc is not None and self._worker.proc.poll() is None:
-                self._worker.proc.kill()
-        return pid
+        return self._process_backend("kill_worker").kill_worker()
 
     def worker_probe(self) -> dict:
         """Process mode: what the worker process has imported (``{"jax": False, ...}``), asked when idle."""
-        if self.mode != "process":
-            raise ValueError(f"DispatchController.worker_probe: mode {self.mode!r} has no worker process")
+        backend = self._process_backend("worker_probe")
         self.wait(raise_errors=False)
-        self._probe_event.clear()
-        with self._lock:
-            self._worker.send(("probe",))  # the supervisor, the only reader of the worker's pipe, files the reply
-        if not self._probe_event.wait(30.0):
-            raise TimeoutError("DispatchController.worker_probe: the worker did not answer within 30 s")
-        return dict(self._probe_reply)
+        return backend.probe()
 
     def close(self) -> None:
         """Stop the supervisor and the worker process (idempotent)."""
@@ -346,13 +293,7 @@ class DispatchController:
             if self._closed:
                 return
             self._closed = True
-        if self._supervisor is not None:
-            self._supervisor.join(timeout=10.0)
-        with self._lock:
-            workers = [w for w in (self._worker, self._spare) if w is not None]
-            self._spare = None
-        for w in workers:
-            w.close()
+        self._backend.close()
 
     def __enter__(self) -> DispatchController:
         return self
@@ -365,44 +306,42 @@ class DispatchController:
         """Every counter of the runtime as a plain dict (JSON-serialisable)."""
         self._check_runtime()
         with self._lock:
-            n = self._n
-            pending = float(self._acc.sum()) + (self._inflight.pairs if self._inflight else 0.0)
+            n, pub, acc = self._n, self._publisher, self._windows
+            pending = acc.pending_pairs + (self._inflight.pairs if self._inflight else 0.0)
             out = {
-                "mode": self.mode,
+                "solver_mode": self.solver_mode,
                 "policy": self.policy,
-                "version": self._version,
-                "steps": self._steps,
+                "version": pub.version,
+                "steps": acc.steps,
                 "windows": {
                     "closed": n["windows"],
-                    "published": n["published"],
+                    "published": pub.published,
                     "empty": n["empty"],
                     "in_flight": int(self._inflight is not None),
                     "dropped": dict(self._dropped),
                 },
                 "pairs": {
-                    "in": self._pairs_in,
-                    "published": self._pairs_published,
+                    "in": acc.pairs_in,
+                    "published": pub.pairs_published,
                     "pending": pending,
                     "dropped": dict(self._dropped_pairs),
                 },
                 "rejected": n["rejected"],
                 "last_rejection": self.last_rejection,
-                "counter": {"baselines": n["baselines"], "wrapped": n["wrapped"], "restarts": n["counter_restarts"]},
+                "counter": dict(acc.notes),
                 "solve_ms": _dist(self._solve_ms),
                 "roundtrip_ms": _dist(self._roundtrip_ms),
-                "age_s": time.monotonic() - self._data_time,
-                "in_fallback": self._in_fallback,
-                "fallbacks": n["fallbacks"],
+                "age_s": pub.age_s(),
+                "in_fallback": pub.in_fallback,
+                "fallbacks": pub.fallbacks,
                 "restarts": n["restarts"],
                 "worker_lost": {"died": n["died"], "hung": n["hung"]},
                 "late_results": n["late_results"],
                 "errors": self._dropped["error"],
                 "last_error": self.last_error,
             }
-            if self._worker is not None:
-                out["worker"] = {"pid": self._worker.pid, "alive": self._worker.alive, "ready": self._worker_ready,
-                                 "start_s": list(self._worker.start_s),
-                                 "spare_ready": self._spare is not None}  # fmt: skip
+            if isinstance(self._backend, ProcessBackend):
+                out["worker"] = self._backend.metrics()
             return out
 
     def status_line(self) -> str:
@@ -412,11 +351,16 @@ class DispatchController:
         lat = f"solve {s['last']:.1f} ms (p95 {s['p95']:.1f})" if s["n"] else "solve -"
         drops = " ".join(f"{k} {v}" for k, v in w["dropped"].items() if v)
         fallback = "ON" if m["in_fallback"] else "off"
-        return (f"{self.policy}/{self.mode} v{m['version']} | {lat} | age {m['age_s']:.2f} s | windows "
+        return (f"{self.policy}/{self.solver_mode} v{m['version']} | {lat} | age {m['age_s']:.2f} s | windows "
                 f"{w['closed']}: ok {w['published']} empty {w['empty']}{' ' + drops if drops else ''} | rejected "
                 f"{m['rejected']} | restarts {m['restarts']} | fallback {fallback}")  # fmt: skip
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ internals (backends call _finish,
+    # _lose_inflight, _event and _check_runtime)
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"DispatchController.{what}: the controller is closed; make a new one")
+
     def _event(self, kind: str, message: str) -> None:
         self.events.append((time.monotonic(), kind, message))
         log.warning("dispatch runtime: %s: %s", kind, message)
@@ -425,60 +369,28 @@ class DispatchController:
         self._dropped[reason] += 1
         self._dropped_pairs[reason] += pairs
 
-    def _close_window(self) -> _Job | None:
-        """Under the lock: turn the accumulator into a job, or count why not."""
-        batch, pairs, steps = self._acc, float(self._acc.sum()), self._acc_steps
-        self._acc, self._acc_steps = np.zeros_like(batch), 0
+    def _close_window(self, window: Window) -> Job | None:
+        """Under the lock: turn a closed window into a job, or count why not."""
         self._n["windows"] += 1
-        if pairs == 0:
+        if window.pairs == 0:
             self._n["empty"] += 1
             return None
         if self._inflight is not None:
-            self._drop("busy", pairs)
+            self._drop("busy", window.pairs)
             return None
-        if self.mode == "process" and not self._worker_ready:
-            self._drop("worker_down", pairs)
+        if not self._backend.ready:
+            self._drop("worker_down", window.pairs)
             return None
         self._seq += 1
-        now = time.monotonic()
-        job = _Job(self._seq, self._gen, batch, pairs, steps, now, now, self._fault)
-        self._fault = None
+        job = Job(self._seq, self._gen, window, time.monotonic())
         self._inflight = job
         return job
 
-    def _dispatch(self, job: _Job) -> None:
-        if self.mode == "inline":
-            err = self._run_local(job)
-            if err is not None:
-                raise err
-        elif self.mode == "thread":
-            threading.Thread(target=self._run_local, args=(job,), name="tempo-solve", daemon=True).start()
-        else:
-            with self._lock:
-                if self._inflight is not job or not self._worker_ready:
-                    return  # lost meanwhile (the supervisor counted it)
-                try:
-                    self._worker.submit(job.seq, job.counts)
-                except WorkerLost:
-                    pass  # the supervisor sees the dead worker and drops the job
-
-    def _run_local(self, job: _Job) -> BaseException | None:
-        try:
-            weights, info = solve_window(self.config, job.counts, job.fault)
-        except Exception as err:
-            self._finish(job, None, {"error": f"{type(err).__name__}: {err}"})
-            return err
-        self._finish(job, weights, info)
-        return None
-
-    def _finish(self, job: _Job, weights, info: dict) -> None:
+    def _finish(self, job: Job, weights, info: dict) -> None:
         """A result arrived (any thread): publish it, or count why not."""
-        tables, bad = None, None
+        tables, bad = (None, None)
         if weights is not None and "error" not in info:
-            try:
-                tables = T.from_weights(weights, self.placement)  # checks, then one host → device copy
-            except ValueError as err:
-                bad = str(err)
+            tables, bad = self._publisher.prepare(weights)  # checks, then one host → device copy
         with self._lock:
             if self._inflight is not job:  # abandoned (hung) or superseded: ignore
                 self._n["late_results"] += 1
@@ -492,9 +404,8 @@ class DispatchController:
                 self.last_error = info["error"]
                 self._new_errors.append(info["error"])
                 self._event("error", f"window {job.seq}: the solver raised {info['error']}")
-                if self.mode == "inline":  # foreground: the caller sees the error; the counts stay pending
-                    self._acc += job.counts
-                    self._acc_steps += job.steps
+                if self.solver_mode == "inline":  # foreground: the caller sees the error; the counts stay pending
+                    self._windows.requeue(job.window)
                     self._dropped["error"] += 1
                 else:
                     self._drop("error", job.pairs)
@@ -506,17 +417,10 @@ class DispatchController:
                 self._event("over_budget", f"window {job.seq}: result after {rt * 1e3:.1f} ms > budget "
                             f"{self.budget_s * 1e3:.0f} ms; not published")  # fmt: skip
             else:
-                self._latest = tables
-                self._version += 1
-                self._data_time = job.closed_at
-                if self._in_fallback:
+                record = {"seq": job.seq, "step": self._windows.steps, "pairs": job.pairs, "roundtrip_ms": rt * 1e3,
+                          **info}  # fmt: skip
+                if self._publisher.publish(tables, closed_at=job.window.closed_at, pairs=job.pairs, record=record):
                     log.info("dispatch runtime: fresh tables published; fallback off")
-                self._in_fallback = False
-                self._n["published"] += 1
-                self._pairs_published += job.pairs
-                self.history.append({"version": self._version, "seq": job.seq, "step": self._steps,
-                                     "pairs": job.pairs, "roundtrip_ms": rt * 1e3, **info})  # fmt: skip
-                del self.history[: -self._history_size]
 
     def _lose_inflight(self, kind: str, message: str) -> None:
         """Under the lock: the solver holding the in-flight job is gone (``died``) or given up on (``hung``)."""
@@ -529,108 +433,9 @@ class DispatchController:
 
     def _check_runtime(self) -> None:
         now = time.monotonic()
+        self._backend.check(now)
         with self._lock:
-            job = self._inflight
-            if self.mode == "thread" and job is not None and now - job.submitted_at > self.hang_s:
-                self._lose_inflight("hung", f"no result after {self.hang_s:g} s: the solver thread is abandoned")
-                self._n["restarts"] += 1
-            if self.staleness_s is not None and not self._in_fallback and now - self._data_time > self.staleness_s:
-                self._latest = self._fallback_tables
-                self._version += 1
-                self._in_fallback = True
-                self._n["fallbacks"] += 1
-                self._event("stale", f"tables are {now - self._data_time:.2f} s old > {self.staleness_s:g} s: "
+            age = self._publisher.check_staleness(now)
+            if age is not None:
+                self._event("stale", f"tables are {age:.2f} s old > {self._publisher.staleness_s:g} s: "
                             f"publishing the {self.fallback!r} fallback")  # fmt: skip
-
-    # ------------------------------------------------------------------ process mode
-    def _supervise(self) -> None:
-        """Process mode: collect results, notice a dead or hung worker, restart it. Runs until `close`."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-                worker, job = self._worker, self._inflight
-            try:
-                msg = worker.recv(0.02)
-            except WorkerLost as err:
-                with self._lock:
-                    self._worker_ready = False
-                    self._lose_inflight("died", str(err))
-                self._restart()
-                continue
-            if msg is not None and msg[0] == "result":
-                with self._lock:
-                    current = self._inflight
-                if current is not None and current.seq == msg[1]:
-                    self._finish(current, msg[2], msg[3])
-                else:
-                    with self._lock:
-                        self._n["late_results"] += 1
-                continue
-            if msg is not None and msg[0] == "probe":
-                self._probe_reply = msg[1]
-                self._probe_event.set()
-                continue
-            if job is not None and time.monotonic() - job.submitted_at > self.hang_s:
-                with self._lock:
-                    if self._inflight is not job:
-                        continue
-                    self._worker_ready = False
-                    self._lose_inflight("hung", f"no result after {self.hang_s:g} s: killing the worker")
-                worker.kill()
-                self._restart()
-            self._check_runtime()
-
-    def _start_spare(self) -> None:
-        """Start a spare worker on a helper thread (process mode with ``spare_worker``)."""
-        if not self._spare_worker:
-            return
-
-        def run():
-            try:
-                spare = SolverWorker(self.config, start_timeout_s=self._start_timeout_s).start()
-            except Exception as err:
-                with self._lock:
-                    self._event("spare_failed", f"{type(err).__name__}: {err}")
-                return
-            with self._lock:
-                if not self._closed and self._spare is None:
-                    self._spare, spare = spare, None
-            if spare is not None:  # closed meanwhile
-                spare.close()
-
-        threading.Thread(target=run, name="tempo-spare", daemon=True).start()
-
-    def _restart(self) -> None:
-        """Replace the lost worker: swap in the spare when one is ready, else start a fresh one here (outside the
-        lock: it takes a second or more), retrying with back-off until it works or the controller closes."""
-        with self._lock:
-            spare, self._spare = self._spare, None
-        if spare is not None and spare.alive:
-            with self._lock:
-                old, self._worker = self._worker, spare
-                self._worker_ready = True
-                self._n["restarts"] += 1
-            old.kill()
-            log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
-            self._start_spare()
-            return
-        delay = 0.1
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-            try:
-                self._worker.kill()
-                self._worker.start()
-            except Exception as err:  # e.g. the machine is out of processes: back off and retry
-                self._event("restart_failed", f"{type(err).__name__}: {err}")
-                time.sleep(delay)
-                delay = min(2 * delay, 5.0)
-                continue
-            with self._lock:
-                self._worker_ready = True
-                self._n["restarts"] += 1
-            log.warning("dispatch runtime: solver worker restarted (pid %s)", self._worker.pid)
-            self._start_spare()
-            return

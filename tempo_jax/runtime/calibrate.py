@@ -2,7 +2,7 @@
 the hardware does (TEMPO §4.1, §5.2, App. B).
 
 1. **Profile.** Sweep (G activated experts per rank, n tokens per expert) through the layer's own per-rank
-   expert FFN (`tempo_jax.stages.expert_ffn`: sort by slot, grouped-GEMM SwiGLU, unsort) on the current
+   expert FFN (`tempo_jax.layer.stages.expert_ffn`: sort by slot, grouped-GEMM SwiGLU, unsort) on the current
    backend. Every cell is compiled and warmed up, then timed once per round for ``repeats`` rounds (calls end
    in ``block_until_ready``); a cell's time is its fastest call, since this machine may be shared and
    interference only ever adds time. Calls rotate the G experts over ``slots`` distinct weight copies (App. B
@@ -23,7 +23,7 @@ the hardware does (TEMPO §4.1, §5.2, App. B).
 The CPU profile this produced is committed as ``tempo_jax/data/cpu_profile.csv`` (`load_profile` reads it; the
 notebook 01 Fig. 2 can plot its G = 1 rows as measured points beside the model):
 
-    from tempo_jax.calibrate import load_profile
+    from tempo_jax.runtime.calibrate import load_profile
     prof = load_profile()                 # Profile: G, n, N, t_us arrays + meta (backend, H, F, chunk, ...)
     one = prof.G == 1
     ax.scatter(prof.n[one], prof.t_us[one]); model, _ = prof.fit()
@@ -54,9 +54,11 @@ from solvers import (
 )
 from solvers.checks import check_int, check_real
 
+from ..layer.config import capacity_bucket
+
 __all__ = ["PROFILE_PATH", "MeasureConfig", "Profile", "load_profile", "measure", "ranking_agreement"]
 
-PROFILE_PATH = Path(__file__).with_name("data") / "cpu_profile.csv"
+PROFILE_PATH = Path(__file__).resolve().parents[1] / "data" / "cpu_profile.csv"
 RANK_POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
 
 
@@ -170,11 +172,6 @@ def _timer(fn, *args, repeats: int) -> list[float]:
     return out
 
 
-def _bucket(rows: int, chunk: int) -> int:
-    """Rows the layer's padded buffer would hold: a power of two, at least one chunk."""
-    return max(chunk, 1 << max(0, math.ceil(math.log2(max(rows, 1)))))
-
-
 class _ExpertFFN:
     """The layer's per-rank expert FFN on ``slots`` weight copies, jitted per padded row count."""
 
@@ -184,7 +181,7 @@ class _ExpertFFN:
 
         from pallas_kernels import GmmTiling
 
-        from .stages import expert_ffn
+        from ..layer.stages import expert_ffn
 
         self.jax, self.jnp, self.cfg = jax, jnp, cfg
         self.chunk = GmmTiling().chunk
@@ -202,7 +199,7 @@ class _ExpertFFN:
         jax, jnp = self.jax, self.jnp
         sizes = np.asarray(sizes, dtype=np.int64)
         sizes = sizes[sizes > 0]
-        M = _bucket(int(sizes.sum()), self.chunk)
+        M = capacity_bucket(int(sizes.sum()), floor=self.chunk)  # rows of the layer's padded buffer
         if M not in self._x:
             self._x[M] = jax.random.normal(jax.random.key(M), (M, self.cfg.hidden))
         x, S = self._x[M], self.cfg.slots
@@ -268,8 +265,8 @@ def measure_profile(cfg: MeasureConfig, ffn: _ExpertFFN | None = None, progress=
             "machine": platform.processor() or platform.machine(), "hidden": cfg.hidden, "ffn": cfg.ffn,
             "dtype": "float32", "chunk": ffn.chunk, "slots": cfg.slots, "repeats": cfg.repeats,
             "date": time.strftime("%Y-%m-%d"), "command": "tempo-jax calibrate --measure",
-            "t_us": "fastest of `repeats` calls (µs) of tempo_jax.stages.expert_ffn (gmm auto) over G groups of n "
-                    "rows; cells timed round-robin (the machine is shared)"}  # fmt: skip
+            "t_us": "fastest of `repeats` calls (µs) of tempo_jax.layer.stages.expert_ffn (gmm auto) over G groups "
+                    "of n rows; cells timed round-robin (the machine is shared)"}  # fmt: skip
     return Profile(*(a[:, i].astype(np.int64) for i in range(4)), a[:, 4], a[:, 5], a[:, 6], meta)
 
 
@@ -282,14 +279,14 @@ def ranking_agreement(model: CostModel, cfg: MeasureConfig, ffn: _ExpertFFN | No
     (every rank of every dispatch timed once per round, ``rank_repeats`` rounds; a rank's time is its fastest
     call); the measured makespan is the slowest rank's.
     """
-    from .workloads import SyntheticRouting
+    from ..workloads import SyntheticRouting
 
     ffn = ffn or _ExpertFFN(cfg)
     E, D, K = cfg.rank_experts, cfg.rank_ranks, cfg.rank_top_k
     routing = SyntheticRouting(num_experts=E, top_k=K, s=cfg.rank_skew, seed=cfg.seed)
     placement = Placement.from_eplb(routing.popularity, slots_for(E, D, 1.5), D)
-    if placement.slots_per_gpu > cfg.slots:
-        raise ValueError(f"ranking: {placement.slots_per_gpu} slots per rank exceed the {cfg.slots} weight copies")
+    if placement.slots_per_rank > cfg.slots:
+        raise ValueError(f"ranking: {placement.slots_per_rank} slots per rank exceed the {cfg.slots} weight copies")
     # Step 1: every batch's dispatch per policy, under the model.
     batches, jobs, where = [], [], []
     for B in cfg.rank_tokens:

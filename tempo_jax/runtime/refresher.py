@@ -1,13 +1,12 @@
-"""Counter windows and the refresher (TEMPO §4.4): the serving-process side that feeds the solver.
+"""The refresher (TEMPO §4.4): the serving-process side that feeds the solver.
 
 The MoE layer keeps a cumulative per-(source rank, expert) pair counter ``[D, E]`` uint32 that wraps modulo
-2^32 (`pallas_kernels.dispatch`). `CounterWindows` turns snapshots of it into count windows by wrap-safe
-differencing and detects counters that restarted; `Refresher` snapshots the counter every ``period_s``
-seconds on a background thread (the paper's 200 ms) or every ``every_steps`` steps on the serving thread, and
-hands each window to a `DispatchController`, which solves it (in a worker process in the paper's deployment)
-and publishes tables the layer picks up at its next step.
+2^32 (`pallas_kernels.dispatch`). `Refresher` snapshots it every ``period_s`` seconds on a background thread
+(the paper's 200 ms) or every ``every_steps`` steps on the serving thread and hands each snapshot to a
+`DispatchController`, which differences it into a window (`tempo_jax.runtime.counters.CounterWindows`), solves it
+(in a worker process in the paper's deployment) and publishes tables the layer picks up at its next step.
 
-    ctl = DispatchController(placement, cost, mode="process")
+    ctl = DispatchController(placement, cost, solver_mode="process")
     refresher = Refresher(ctl, lambda: host_counter(state.counter), period_s=0.2).start()
     for step in ...:
         out = layer(..., tables=ctl.latest, counter=state.counter); state.counter = out.counter
@@ -27,65 +26,9 @@ import numpy as np
 
 from solvers.checks import check_int, check_real
 
-__all__ = ["COUNTER_RANGE", "CounterWindows", "Refresher", "host_counter"]
+__all__ = ["Refresher"]
 
 log = logging.getLogger("tempo_jax.runtime")
-
-#: Counters are uint32: differences are taken modulo this.
-COUNTER_RANGE = 1 << 32
-
-
-class CounterWindows:
-    """Wrap-safe differencing of cumulative ``[D, E]`` uint32 counter snapshots into windows.
-
-    The first snapshot is a baseline (no window: the counter may have run for a long time before the refresher
-    started). A later snapshot gives ``(now − before) mod 2^32`` per entry: exact across a wrap as long as fewer
-    than ``max_window_pairs`` pairs hit one entry between snapshots. An entry whose difference is at least
-    ``max_window_pairs`` (by default 2^31: the counter went *down*) means its source row restarted from zero
-    (a restarted rank or a re-created layer); that row's window is its current value, the pairs counted since
-    the restart. A restart that lands above the old value cannot be told from traffic: keep snapshots frequent.
-
-    Snapshots must be fed in the order they were taken (one refresher).
-    """
-
-    def __init__(self, max_window_pairs: int = 1 << 31):
-        self.max_window_pairs = check_int("max_window_pairs", max_window_pairs, where="CounterWindows")
-        if self.max_window_pairs >= COUNTER_RANGE:
-            raise ValueError(f"CounterWindows: max_window_pairs must be < 2^32, got {max_window_pairs}")
-        self.before: np.ndarray | None = None
-
-    def diff(self, now: np.ndarray) -> tuple[np.ndarray | None, dict]:
-        """``(window [D, E] int64 | None, notes)``; notes: ``baseline`` (bool), ``wrapped`` (entries that wrapped),
-        ``restarted_rows`` (list of source rows that restarted)."""
-        now = np.asarray(now, dtype=np.uint32)
-        if self.before is None or self.before.shape != now.shape:
-            self.before = now.copy()
-            return None, {"baseline": True, "wrapped": 0, "restarted_rows": []}
-        before, self.before = self.before, now.copy()
-        delta = (now.astype(np.int64) - before.astype(np.int64)) % COUNTER_RANGE
-        restarted = (delta >= self.max_window_pairs).any(axis=1)
-        delta[restarted] = now[restarted]
-        wrapped = int(((now < before) & ~restarted[:, None]).sum())
-        return delta, {"baseline": False, "wrapped": wrapped, "restarted_rows": np.flatnonzero(restarted).tolist()}
-
-    def reset(self) -> None:
-        """Forget the baseline: the next snapshot is a new baseline."""
-        self.before = None
-
-
-def host_counter(counter) -> np.ndarray:
-    """A counter ``[D, E]`` on the host. A jax array spread over several processes is gathered with
-    ``multihost_utils.process_allgather`` (a collective: every process must call it at the same step, so use a
-    step-driven refresher there); otherwise one device → host copy."""
-    try:
-        import jax
-    except ImportError:  # pragma: no cover - numpy-only callers
-        return np.asarray(counter)
-    if isinstance(counter, jax.Array) and not counter.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(counter, tiled=True))
-    return np.asarray(counter)
 
 
 class Refresher:

@@ -24,7 +24,6 @@ Capacity (rows per source → destination block of the exchange; `MoEConfig.capa
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import jax
@@ -36,24 +35,11 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
-from .moe import MoEConfig, init_params, moe_forward
-from .tables import PlacementArrays, Tables, check_weights, placement_arrays, uniform
+from .config import MoEConfig, capacity_bucket, init_params
+from .moe import moe_forward
+from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
 __all__ = ["MoE", "DispatchState", "RankState", "place_on_mesh"]
-
-
-def _checked_table(tables: Tables, log2phy: jax.Array, where: str) -> jax.Array:
-    """``tables.table`` as float32 [Gs, E, R] after the host checks of an installed table (see `MoE.set_tables`)."""
-    if tables.log2phy.shape != log2phy.shape or not bool(jnp.all(jnp.asarray(tables.log2phy) == log2phy)):
-        raise ValueError(f"{where}: tables were built for a different placement (log2phy differs)")
-    shape = tuple(jnp.shape(tables.table))
-    if len(shape) != 3 or shape[0] < 1 or shape[1:] != tuple(log2phy.shape):
-        raise ValueError(
-            f"{where}: table must be [Gs, E, R] = [Gs >= 1, {log2phy.shape[0]}, {log2phy.shape[1]}], got {shape}; "
-            f"build tables with tempo_jax.tables (uniform, static, from_dispatch, from_split)"
-        )
-    check_weights("table", tables.table, where=where)
-    return jnp.asarray(tables.table, jnp.float32)
 
 
 class DispatchState(nnx.Variable):
@@ -79,8 +65,8 @@ class MoE(nnx.Module):
     """Expert-parallel MoE layer (SwiGLU experts, softmax top-k router).
 
     Args:
-      config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_device, …).
-      placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_device`` slots.
+      config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_rank, …).
+      placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_rank`` slots.
       mesh: mesh with the expert-parallel axis.
       rngs: ``nnx.Rngs`` with a ``params`` stream (weights) and optionally ``dispatch`` (sampling).
       tables: initial dispatch tables (default: EPLB-even over the placement's replicas); checked like
@@ -99,10 +85,10 @@ class MoE(nnx.Module):
         record: bool = False,
     ):
         D = mesh.shape[config.axis]
-        if placement.num_slots != D * config.slots_per_device:
+        if placement.num_slots != D * config.slots_per_rank:
             raise ValueError(
                 f"placement has {placement.num_slots} slots; the mesh needs {D} ranks × "
-                f"{config.slots_per_device} slots per rank"
+                f"{config.slots_per_rank} slots per rank"
             )
         if placement.num_experts != config.experts:
             raise ValueError(f"placement has {placement.num_experts} experts, config.experts={config.experts}")
@@ -116,10 +102,10 @@ class MoE(nnx.Module):
         self.record = record
         self.rngs = rngs
         pa = placement_arrays(placement)
-        table = uniform(placement).table if tables is None else _checked_table(tables, pa.log2phy, "MoE")
+        self.placement_key = pa.placement_key  # static: compared with the key of installed tables
         self.phy2log = DispatchState(pa.phy2log)
         self.log2phy = DispatchState(pa.log2phy)
-        self.table = DispatchState(table)
+        self.table = DispatchState(self._installable(uniform(placement) if tables is None else tables, "MoE"))
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
         self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
@@ -135,14 +121,25 @@ class MoE(nnx.Module):
         return {"router": self.router.get_value(), "w_gate": self.w_gate.get_value(), "w_up": self.w_up.get_value(),
                 "w_down": self.w_down.get_value()}  # fmt: skip
 
+    def _placement_arrays(self) -> PlacementArrays:
+        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), self.placement_key)
+
+    def _installable(self, tables: Tables, where: str) -> jax.Array:
+        """``tables.table`` as float32 ``[Gs, E, R]`` once `check_tables` accepts it (the one check of a table)."""
+        check_tables(tables, self._placement_arrays(), where=where)
+        return jnp.asarray(tables.table, jnp.float32)
+
     def set_tables(self, tables: Tables) -> None:
         """Install fresh dispatch tables: ``table [Gs, E, R]`` over the placement's replica columns.
 
+        Tables from the builders of `tempo_jax.layer.tables` (and `DispatchController.latest`) are trusted: checked
+        by placement key, never read. Hand-made tables are checked once here, by value.
+
         Raises:
-          ValueError: tables of another placement (log2phy differs), a table of the wrong shape, or weights
-            that are negative, NaN or infinite (checked on the host, whatever built the tables).
+          ValueError: tables of another placement, a table of the wrong shape, or (hand-made tables) weights that
+            are negative, NaN or infinite.
         """
-        self.table.set_value(_checked_table(tables, self.log2phy.get_value(), "MoE.set_tables"))
+        self.table.set_value(self._installable(tables, "MoE.set_tables"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""
@@ -155,8 +152,8 @@ class MoE(nnx.Module):
                 self.params(),
                 tokens,
                 mesh=self.mesh,
-                placement_arrays=PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value()),
-                tables=Tables(self.table.get_value(), self.log2phy.get_value()),
+                placement_arrays=self._placement_arrays(),
+                tables=Tables._trusted(self.table.get_value(), self.log2phy.get_value(), self.placement_key),
                 config=self.config,
                 key=key,
                 counter=self.counter.get_value(),
@@ -179,23 +176,20 @@ class MoE(nnx.Module):
         return res.out.reshape(*lead, H)
 
     # ------------------------------------------------------------------ capacity
-    def _bucket(self, rows: int, worst: int) -> int:
-        return min(worst, max(16, 1 << max(0, math.ceil(math.log2(max(rows, 1))))))
-
     def _run_auto(self, run, num_tokens: int):
         """Bucketed dropless capacity: try the current bucket, re-run once with the bucket that fits on overflow."""
         D = self.mesh.shape[self.config.axis]
         worst = (num_tokens // D) * self.config.top_k
         if self.capacity is None:
-            self.capacity = self._bucket(2 * -(-worst // D), worst)  # twice the mean block
+            self.capacity = capacity_bucket(2 * -(-worst // D), cap=worst)  # twice the mean block
         cap = min(self.capacity, worst)
         res = run(cap)
         need = int(res.stats.max_block.max())
         if need > cap:
             self.capacity_reruns += 1
-            cap = self._bucket(need, worst)
+            cap = capacity_bucket(need, cap=worst)
             res = run(cap)
-        self.capacity = self._bucket(need, worst)
+        self.capacity = capacity_bucket(need, cap=worst)
         return res
 
     def _count_drops(self, res) -> None:

@@ -18,11 +18,11 @@ import numpy as np
 
 from solvers import LaunchSchedule, oewf_at_dispatch
 
-from .report import table
-from .sim.cascade import CascadeConfig, StepModel
-from .sim.cascade_layer import LayerInputs, layer_timeline
-from .sim.requests import StepBatch
-from .workloads.requests import load_mooncake_sample
+from ..sim.cascade import CascadeConfig, StepModel
+from ..sim.cascade_layer import LayerInputs, layer_timeline
+from ..sim.requests import StepBatch
+from ..text import table
+from ..workloads.requests import load_mooncake_sample
 
 D = 8
 BUDGET = 16_384
@@ -70,9 +70,9 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
 
     from solvers import Placement, slots_for
 
-    from . import tables as T
-    from .cascade_exec import fetch_bytes, fetches_from_plan, pair_tokens
-    from .moe import MoEConfig, init_params, make_ep_mesh, moe_forward
+    from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward
+    from ..layer import tables as dispatch_tables
+    from ..layer.cascade_plan import fetch_bytes, fetches_from_plan, pair_tokens
 
     # Step 1: the planner's view of one layer of the step.
     batches, inputs, res, costs = planned_layer()
@@ -87,8 +87,11 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     # Step 2: the JAX layer under that schedule and OEWF plan (its own routing, the planner's arrival times).
     E, K = 64, 6
     placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float), slots_for(E, D, 1.25), D)
-    cfg = MoEConfig(hidden=64, ffn=32, experts=E, top_k=K, slots_per_device=placement.slots_per_gpu, mode="quota")
-    mesh, pa, tables = make_ep_mesh(D), T.placement_arrays(placement), T.uniform(placement)
+    cfg = MoEConfig(
+        hidden=64, ffn=32, experts=E, top_k=K, slots_per_rank=placement.slots_per_rank, dispatch_mode="quota"
+    )
+    mesh = make_ep_mesh(D)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     params = init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (D * 64, cfg.hidden))
     run = jax.jit(lambda p, x, c: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c),

@@ -1,6 +1,5 @@
-"""Plain-text tables, figure and result folders, and the notebooks' recorded numbers.
+"""Figure and result folders, and the notebooks' recorded numbers.
 
-- :func:`table`: aligned text tables for the command line, scripts and notebooks.
 - :func:`figures_dir`, :func:`results_dir`: where notebooks write figures and their JSON.
 - :class:`Recorder`: what a notebook computed, as JSON (``results/notebooks/<notebook>.json`` at full size —
   committed — and a temporary folder at ``SMALL=1``): named ``values`` (numbers or short strings its reading
@@ -8,10 +7,10 @@
   reading text relies on). :meth:`Recorder.reading` renders the closing **Reading.** cell from the values, so
   prose never types a number the code computes.
 - :func:`render`: ``{key}`` / ``{key:format}`` placeholders filled from recorded values (``{NN/key}`` reads
-  notebook ``NN``'s values: the README generator, `tempo_jax.readme`).
-- :func:`load_results`, :func:`placeholders`, :func:`typed_numbers`: what tests and the README generator use.
+  notebook ``NN``'s values: the results-page generator, `tempo_jax.repro.docs`).
+- :func:`load_results`, :func:`placeholders`, :func:`typed_numbers`: what tests and the results-page generator use.
 
-numpy-free except for converting numpy scalars; no jax.
+numpy-free except for converting numpy scalars; no jax (text tables: `tempo_jax.text.table`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..sim.runner import fingerprint
+
 __all__ = [
     "RESULTS_DIR",
     "Recorder",
@@ -34,33 +35,12 @@ __all__ = [
     "placeholders",
     "render",
     "results_dir",
-    "table",
     "typed_numbers",
 ]
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 #: Where full-size notebook runs write their JSON (committed).
 RESULTS_DIR = _ROOT / "results" / "notebooks"
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        if v != v:  # NaN
-            return "—"
-        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
-
-
-def table(rows: Sequence[Sequence], headers: Sequence[str], title: str | None = None) -> str:
-    """Render ``rows`` (each a sequence of cells) under ``headers`` as an aligned text table."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = "  ".join("-" * w for w in widths)
-    out = [] if title is None else [title]
-    out.append("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
-    out.append(line)
-    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(out)
 
 
 def figures_dir() -> Path:
@@ -169,8 +149,6 @@ class Recorder:
 
     def save(self) -> Path:
         """Write the JSON file (also called by every record)."""
-        from tempo_jax.sim.runner import fingerprint
-
         payload = {
             "notebook": self.notebook,
             "small": self.small,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 __all__ = ["NOTEBOOKS_DIR", "NotebookRun", "list_notebooks", "run_notebook", "reproduce"]
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,16 @@ from flax import nnx
 
 from solvers import Placement
 
+from ..workloads import RoutingTrace
+from .config import MoEConfig, make_ep_mesh
 from .module import MoE, place_on_mesh
-from .moe import MoEConfig, make_ep_mesh
-from .workloads import RoutingTrace
 
 __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMConfig:
-    """Model and training shape. ``slots_per_device · D`` physical slots hold the ``experts`` (EPLB, even load)."""
+    """Model and training shape. ``slots_per_rank · D`` physical slots hold the ``experts`` (EPLB, even load)."""
 
     dim: int = 64
     layers: int = 2
@@ -42,9 +42,9 @@ class LMConfig:
     experts: int = 8
     top_k: int = 2
     ffn: int = 64
-    slots_per_device: int = 2
+    slots_per_rank: int = 2
     lr: float = 3e-3
-    mode: str = "sample"
+    dispatch_mode: str = "sample"
 
 
 def corpus() -> np.ndarray:
@@ -73,9 +73,9 @@ class TinyMoELM(nnx.Module):
 
     def __init__(self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False):
         D = mesh.shape["ep"]
-        placement = Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_device * D, D)
+        placement = Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)
         moe_cfg = MoEConfig(hidden=cfg.dim, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
-                            slots_per_device=cfg.slots_per_device, mode=cfg.mode)  # fmt: skip
+                            slots_per_rank=cfg.slots_per_rank, dispatch_mode=cfg.dispatch_mode)  # fmt: skip
         self.cfg = cfg
         self.placement = placement
         self.embed = nnx.Embed(256, cfg.dim, rngs=rngs)
@@ -142,11 +142,11 @@ def train(
     if record:
         trace = RoutingTrace(
             name="tiny_moe_lm",
-            model=f"tempo_jax.model.TinyMoELM({cfg.layers}×{cfg.experts} experts, top-{cfg.top_k})",
+            model=f"tempo_jax.layer.model.TinyMoELM({cfg.layers}×{cfg.experts} experts, top-{cfg.top_k})",
             num_experts=cfg.experts,
             top_k=cfg.top_k,
             topk_ids={i: np.concatenate(v) for i, v in ids.items()},
-            source="recorded by tempo_jax.model.train",
+            source="recorded by tempo_jax.layer.model.train",
             notes=f"{steps} training steps of {cfg.batch}×{cfg.seq_len} tokens; routing during training",
         )
     return TrainResult(np.array(losses), seconds, trace, model)

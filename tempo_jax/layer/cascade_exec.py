@@ -1,7 +1,8 @@
 """CascadeEP inside the `shard_map` layer: per-source exchange rounds, one expert FFN per launch group, OEWF.
 
-`tempo_jax.moe` calls these per-rank functions when `MoEConfig.schedule` is a `solvers.LaunchSchedule` or
-`MoEConfig.fetches` is non-empty; they compose the stages of `tempo_jax.stages`.
+`tempo_jax.layer.moe` calls these per-rank functions when `MoEConfig.schedule` is a `solvers.LaunchSchedule` or
+`MoEConfig.fetches` is non-empty; they compose the stages of `tempo_jax.layer.stages`. The host-side half (plans →
+`WeightFetch`es, pair counts for the planners) is `tempo_jax.layer.cascade_plan`.
 
 **Asynchronous launching** (`scheduled_exchange_ffn`). The synchronous all-to-all is decomposed into the
 schedule's rounds (`LaunchSchedule.rounds`): for launch group g and shift k, every source s of g sends its
@@ -25,62 +26,14 @@ block, W = H + slot lanes; m sources in a launch group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from solvers import LaunchSchedule, LayerOEWF, OEWFPlan
+from solvers import LaunchSchedule
 
 from . import stages
 
-__all__ = ["WeightFetch", "fetch_bytes", "fetches_from_plan", "pair_tokens", "apply_fetches", "scheduled_exchange_ffn"]
-
-
-@dataclass(frozen=True)
-class WeightFetch:
-    """One OEWF reassignment as the layer executes it: ``helper`` fetches the full weights of logical
-    ``experts`` from ``donor`` and computes its own tokens for them (from `solvers.oewf_plan`'s accepted moves)."""
-
-    helper: int
-    donor: int
-    experts: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "experts", tuple(int(e) for e in self.experts))
-        if self.helper == self.donor or min(self.helper, self.donor) < 0:
-            raise ValueError(f"WeightFetch: helper {self.helper} and donor {self.donor} must be distinct ranks ≥ 0")
-        if not self.experts or len(set(self.experts)) != len(self.experts):
-            raise ValueError(f"WeightFetch: experts must be distinct and non-empty, got {self.experts}")
-
-
-def pair_tokens(replica_counts, placement) -> np.ndarray:
-    """``[D, D, E]`` pairs per (source rank, destination rank, logical expert) from a layer run's
-    ``MoEOutput.stats.replica_counts`` ``[D, E, R]`` (pairs per source and replica column) and its `Placement`:
-    what `solvers.LaunchSchedule.from_arrivals` (summed over E) and `solvers.oewf_at_dispatch` plan with."""
-    rc = np.asarray(replica_counts, np.float64)
-    D, E, R = rc.shape
-    if E != placement.num_experts or D != placement.num_gpus:
-        raise ValueError(f"pair_tokens: replica_counts has shape {rc.shape}, the placement has "
-                         f"D = {placement.num_gpus}, E = {placement.num_experts}")  # fmt: skip
-    out = np.zeros((D, D, E))
-    for e in range(E):
-        for r in range(int(placement.logcnt[e])):
-            out[:, placement.slot_gpu[placement.log2phy[e, r]], e] += rc[:, e, r]
-    return out
-
-
-def fetches_from_plan(plan: OEWFPlan | LayerOEWF) -> tuple[WeightFetch, ...]:
-    """The accepted reassignments of a `solvers.OEWFPlan` (`oewf_plan`) or a `solvers.LayerOEWF`
-    (`oewf_at_dispatch`), in decision order."""
-    moves = [getattr(a, "reassignment", a) for a in plan.accepted]
-    return tuple(WeightFetch(r.helper, r.donor, tuple(r.experts)) for r in moves)
-
-
-def fetch_bytes(fetches, hidden: int, ffn: int, dtype) -> int:
-    """Bytes the weight copies move: Σ experts × 3·H·F × itemsize."""
-    return sum(len(f.experts) for f in fetches) * 3 * hidden * ffn * jnp.dtype(dtype).itemsize
+__all__ = ["apply_fetches", "scheduled_exchange_ffn"]
 
 
 def apply_fetches(fetches, ids, dest, local, phy2log, weights, *, axis: str, slots_per_rank: int):
@@ -129,7 +82,7 @@ def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weig
 
     Returns:
       ``(back [D, C, H], group_sizes [slots_total])``: block j = results of the rows this rank sent to rank j
-      (as `tempo_jax.exchange.return_blocks` gives them), and the rows each slot computed.
+      (as `tempo_jax.layer.exchange.return_blocks` gives them), and the rows each slot computed.
     """
     D = schedule.num_ranks
     buf, counts = packed.buffer, packed.counts
@@ -172,14 +125,3 @@ def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weig
                     ret = jax.lax.ppermute(per_round[r.shift], axis, perm=[(d, s) for s, d in r.pairs])
             back = back.at[(me + r.shift) % D].add(ret.astype(back.dtype))
     return back, sizes
-
-
-def check_fetches(fetches, phy2log: np.ndarray, num_ranks: int, slots_per_rank: int) -> None:
-    """Host check: every fetch names ranks of the mesh and experts its donor holds."""
-    for f in fetches:
-        if max(f.helper, f.donor) >= num_ranks:
-            raise ValueError(f"{f}: ranks must lie in 0..{num_ranks - 1}")
-        held = set(phy2log[f.donor * slots_per_rank : (f.donor + 1) * slots_per_rank].tolist())
-        missing = [e for e in f.experts if e not in held]
-        if missing:
-            raise ValueError(f"{f}: donor {f.donor} holds no replica of experts {missing}; fetch what it holds")

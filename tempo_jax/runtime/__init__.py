@@ -1,0 +1,15 @@
+"""The dispatch runtime (TEMPO §4.4): counters → windows → solver (inline, thread or worker process) → tables.
+
+- `counters`: `CounterWindows` (wrap-safe differencing of the layer's uint32 counters), `host_counter`.
+- `accumulator`, `publisher`, `backends`: the three parts of `controller.DispatchController`.
+- `refresher`: `Refresher`, counter snapshots by period or by step.
+- `serve`: `tempo-jax serve`, the serving loop with live tables.
+- `calibrate`: `tempo-jax calibrate --measure`, the cost model fitted on this backend.
+"""
+
+from .controller import DROP_REASONS, SOLVER_MODES, DispatchController
+from .counters import COUNTER_RANGE, CounterWindows, host_counter
+from .refresher import Refresher
+
+__all__ = ["COUNTER_RANGE", "DROP_REASONS", "SOLVER_MODES", "CounterWindows", "DispatchController", "Refresher",
+           "host_counter"]  # fmt: skip

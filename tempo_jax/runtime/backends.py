@@ -1,0 +1,316 @@
+"""Where the dispatch runtime's solves run: one `SolverBackend` protocol, three implementations.
+
+- `InlineBackend` (``solver_mode="inline"``): in the calling thread; `submit` returns once the result is in.
+- `ThreadBackend` (``"thread"``): on a helper thread of this process (it shares the GIL with JAX's host work); a
+  solve older than ``hang_s`` is abandoned and its late result ignored.
+- `ProcessBackend` (``"process"``, the paper's deployment): a `solvers.worker.SolverWorker` process that imports
+  numpy, scipy, OR-Tools and `solvers` only, plus an idle spare; a supervisor thread collects results, notices
+  a dead or hung worker, swaps in the spare (or starts a fresh worker) and starts a new spare.
+
+Every backend solves with `solvers.worker.solve_window` and reports to its host, the `DispatchController`,
+through three calls made without holding the host's lock: ``host._finish(job, weights, info)`` for a result,
+``host._lose_inflight(kind, message)`` (under the lock) when the solver holding the in-flight job is gone, and
+``host._event(kind, message)`` for a fault.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from solvers.checks import check_choice
+from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve_window
+
+from .accumulator import Window
+
+__all__ = ["BACKENDS", "InlineBackend", "Job", "ProcessBackend", "SolverBackend", "ThreadBackend", "make_backend"]
+
+
+@dataclass
+class Job:
+    """A window handed to a backend: sequence number, restart generation, submit time, an injected fault."""
+
+    seq: int
+    gen: int
+    window: Window
+    submitted_at: float
+    fault: tuple[str, float] | None = None
+
+    @property
+    def pairs(self) -> float:
+        return self.window.pairs
+
+
+class SolverBackend(Protocol):
+    """What the controller needs from wherever solves run."""
+
+    name: str
+
+    @property
+    def ready(self) -> bool:
+        """Whether a solve can be submitted now (a process backend restarting its worker is not ready)."""
+
+    def submit(self, job: Job) -> BaseException | None:
+        """Start solving ``job``; the result reaches ``host._finish``. Inline: returns what the solver raised."""
+
+    def check(self, now: float) -> None:
+        """Housekeeping: notice a hung solve."""
+
+    def inject(self, kind: str, seconds: float) -> None:
+        """Make the next solve fail as ``kind`` (`solvers.worker.FAULTS`)."""
+
+    def close(self) -> None:
+        """Stop whatever runs solves (idempotent)."""
+
+
+class InlineBackend:
+    """Solves in the calling thread."""
+
+    name = "inline"
+
+    def __init__(self, config: WorkerConfig, host, *, hang_s: float):
+        self.config, self.host, self.hang_s = config, host, hang_s
+        self._fault: tuple[str, float] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def _take_fault(self):
+        fault, self._fault = self._fault, None
+        return fault
+
+    def _run(self, job: Job, fault) -> BaseException | None:
+        try:
+            weights, info = solve_window(self.config, job.window.counts, fault)
+        except Exception as err:
+            self.host._finish(job, None, {"error": f"{type(err).__name__}: {err}"})
+            return err
+        self.host._finish(job, weights, info)
+        return None
+
+    def submit(self, job: Job) -> BaseException | None:
+        return self._run(job, self._take_fault())
+
+    def check(self, now: float) -> None:
+        pass
+
+    def inject(self, kind: str, seconds: float) -> None:
+        if kind == "exit":
+            raise ValueError(f"DispatchController.inject_fault: 'exit' needs solver_mode='process' (it would end "
+                             f"this process), not {self.name!r}")  # fmt: skip
+        self._fault = (kind, float(seconds))
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadBackend(InlineBackend):
+    """Solves on a helper thread; a solve older than ``hang_s`` is abandoned (its late result is ignored)."""
+
+    name = "thread"
+
+    def submit(self, job: Job) -> None:
+        fault = self._take_fault()
+        threading.Thread(target=self._run, args=(job, fault), name="tempo-solve", daemon=True).start()
+        return None
+
+    def check(self, now: float) -> None:
+        host = self.host
+        with host._lock:
+            job = host._inflight
+            if job is not None and now - job.submitted_at > self.hang_s:
+                host._lose_inflight("hung", f"no result after {self.hang_s:g} s: the solver thread is abandoned")
+                host._n["restarts"] += 1
+
+
+class ProcessBackend:
+    """Solves in a worker process with an idle spare; a supervisor thread collects results and restarts."""
+
+    name = "process"
+
+    def __init__(self, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool):
+        self.config, self.host, self.hang_s = config, host, hang_s
+        self._start_timeout_s = start_timeout_s
+        self._want_spare = bool(spare)
+        self._spare: SolverWorker | None = None
+        self._probe_event = threading.Event()
+        self._probe_reply: dict | None = None
+        self.worker = SolverWorker(config, start_timeout_s=start_timeout_s).start()
+        self._ready = True
+        self._start_spare()
+        self._supervisor = threading.Thread(target=self._supervise, name="tempo-supervisor", daemon=True)
+        self._supervisor.start()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def spare_ready(self) -> bool:
+        return self._spare is not None
+
+    def submit(self, job: Job) -> None:
+        host = self.host
+        with host._lock:
+            if host._inflight is not job or not self._ready:
+                return None  # lost meanwhile (the supervisor counted it)
+            try:
+                self.worker.submit(job.seq, job.window.counts)
+            except WorkerLost:
+                pass  # the supervisor sees the dead worker and drops the job
+        return None
+
+    def check(self, now: float) -> None:
+        pass  # the supervisor watches for hangs
+
+    def inject(self, kind: str, seconds: float) -> None:
+        with self.host._lock:
+            try:
+                self.worker.inject(kind, seconds)
+            except WorkerLost as err:
+                self.host._event("worker_lost", f"could not inject a fault: {err}")
+
+    def kill_worker(self) -> int:
+        """SIGKILL the worker process: the supervisor notices and restarts it. Returns the killed pid."""
+        with self.host._lock:
+            pid = self.worker.pid
+            if self.worker.proc is not None and self.worker.proc.poll() is None:
+                self.worker.proc.kill()
+        return pid
+
+    def probe(self, timeout: float = 30.0) -> dict:
+        """What the worker process has imported, asked when idle (the supervisor files the reply)."""
+        self._probe_event.clear()
+        with self.host._lock:
+            self.worker.send(("probe",))
+        if not self._probe_event.wait(timeout):
+            raise TimeoutError(f"DispatchController.worker_probe: the worker did not answer within {timeout:g} s")
+        return dict(self._probe_reply)
+
+    def metrics(self) -> dict:
+        return {"pid": self.worker.pid, "alive": self.worker.alive, "ready": self._ready,
+                "start_s": list(self.worker.start_s), "spare_ready": self.spare_ready}  # fmt: skip
+
+    def close(self) -> None:
+        self._supervisor.join(timeout=10.0)  # the host is closed: the supervisor returns within a poll
+        with self.host._lock:
+            workers = [w for w in (self.worker, self._spare) if w is not None]
+            self._spare = None
+        for w in workers:
+            w.close()
+
+    # ------------------------------------------------------------------ supervision
+    def _supervise(self) -> None:
+        """Collect results, notice a dead or hung worker, restart it. Runs until the host closes."""
+        host = self.host
+        while True:
+            with host._lock:
+                if host._closed:
+                    return
+                worker, job = self.worker, host._inflight
+            try:
+                msg = worker.recv(0.02)
+            except WorkerLost as err:
+                with host._lock:
+                    self._ready = False
+                    host._lose_inflight("died", str(err))
+                self._restart()
+                continue
+            if msg is not None and msg[0] == "result":
+                with host._lock:
+                    current = host._inflight
+                if current is not None and current.seq == msg[1]:
+                    host._finish(current, msg[2], msg[3])
+                else:
+                    with host._lock:
+                        host._n["late_results"] += 1
+                continue
+            if msg is not None and msg[0] == "probe":
+                self._probe_reply = msg[1]
+                self._probe_event.set()
+                continue
+            if job is not None and time.monotonic() - job.submitted_at > self.hang_s:
+                with host._lock:
+                    if host._inflight is not job:
+                        continue
+                    self._ready = False
+                    host._lose_inflight("hung", f"no result after {self.hang_s:g} s: killing the worker")
+                worker.kill()
+                self._restart()
+            host._check_runtime()
+
+    def _start_spare(self) -> None:
+        """Start a spare worker on a helper thread (when ``spare``)."""
+        if not self._want_spare:
+            return
+        host = self.host
+
+        def run():
+            try:
+                spare = SolverWorker(self.config, start_timeout_s=self._start_timeout_s).start()
+            except Exception as err:
+                with host._lock:
+                    host._event("spare_failed", f"{type(err).__name__}: {err}")
+                return
+            with host._lock:
+                if not host._closed and self._spare is None:
+                    self._spare, spare = spare, None
+            if spare is not None:  # closed meanwhile
+                spare.close()
+
+        threading.Thread(target=run, name="tempo-spare", daemon=True).start()
+
+    def _restart(self) -> None:
+        """Replace the lost worker: swap in the spare when one is ready, else start a fresh one here (outside the
+        lock: it takes a second or more), retrying with back-off until it works or the host closes."""
+        host = self.host
+        with host._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.alive:
+            with host._lock:
+                old, self.worker = self.worker, spare
+                self._ready = True
+                host._n["restarts"] += 1
+            old.kill()
+            host._log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
+            self._start_spare()
+            return
+        delay = 0.1
+        while True:
+            with host._lock:
+                if host._closed:
+                    return
+            try:
+                self.worker.kill()
+                self.worker.start()
+            except Exception as err:  # e.g. the machine is out of processes: back off and retry
+                host._event("restart_failed", f"{type(err).__name__}: {err}")
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            with host._lock:
+                self._ready = True
+                host._n["restarts"] += 1
+            host._log.warning("dispatch runtime: solver worker restarted (pid %s)", self.worker.pid)
+            self._start_spare()
+            return
+
+
+#: ``solver_mode`` → backend class.
+BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
+
+
+def make_backend(solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float,
+                 spare: bool) -> SolverBackend:  # fmt: skip
+    """The backend of ``solver_mode`` (`BACKENDS`)."""
+    check_choice("solver_mode", solver_mode, tuple(BACKENDS), where="DispatchController")
+    if solver_mode == "process":
+        return ProcessBackend(config, host, hang_s=hang_s, start_timeout_s=start_timeout_s, spare=spare)
+    return BACKENDS[solver_mode](config, host, hang_s=hang_s)
+
+
+def check_fault(kind: str) -> str:
+    return check_choice("fault", kind, FAULTS, where="DispatchController.inject_fault")

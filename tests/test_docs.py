@@ -1,0 +1,68 @@
+"""The README and docs/ pages: their Python examples run as written, the results tables are what the committed
+JSON renders, and the README's layout table names the rooms of the tree."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tempo_jax.repro.docs import BLOCKS, PAGE, results_block
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= 200, "README.md is the five-minute read; move detail to docs/"
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run(path):
+    scope: dict = {}
+    for block in _python_blocks(path):
+        exec(compile(block, str(path.name), "exec"), scope)  # noqa: S102
+    if path.name == "README.md":
+        assert scope["d"].makespan == 60.0 and scope["y"].shape == (4, 64, 512)
+    if path.name == "solvers.md":
+        assert scope["d"].makespan == 60.0
+    if path.name == "layer.md":
+        assert scope["y"].shape == (4, 64, 512)
+        assert float(abs(scope["out"].out - scope["sync"].out).max()) == 0.0  # CascadeEP keeps the output
+        assert scope["schedule"].groups == ((0, 2, 1, 7), (4, 3, 5, 6))
+        assert {f.donor for f in scope["cascade"].fetches} == {6} and len(scope["cascade"].fetches) == 6
+
+
+def test_results_tables_are_rendered_from_committed_json():
+    text = PAGE.read_text()
+    for k, (begin, end, _) in enumerate(BLOCKS):
+        assert begin in text and end in text, f"{PAGE.name} lost its generated results block {begin!r}"
+        committed = text[text.index(begin) : text.index(end) + len(end)]
+        assert committed == results_block(block=k), (
+            f"{PAGE.name}'s results table is stale: run `python -m tempo_jax reproduce --docs`"
+        )
+
+
+def test_readme_layout_table_matches_the_tree():
+    text = README.read_text()
+    table = text[text.index("## Layout") : text.index("## Glossary")]
+    named = set(re.findall(r"^\| `([^`]+)` \|", table, re.M))
+    rooms = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name in {
+        "solvers", "pallas_kernels", "scripts", "notebooks", "docs", "tests"}}  # fmt: skip
+    rooms |= {f"tempo_jax/{p.name}/" for p in (ROOT / "tempo_jax").iterdir() if (p / "__init__.py").exists()}
+    rooms |= {f"tempo_jax/{p.name}" for p in (ROOT / "tempo_jax").glob("*.py") if not p.name.startswith("__")}
+    assert named == rooms, f"README layout table vs the tree: missing {rooms - named}, stale {named - rooms}"
+    for path in (p for p in named if p.startswith("tempo_jax/") and p.endswith("/")):  # modules a room row names
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{path}` |")).split("|")[2]
+        for module in re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", row)):
+            assert (ROOT / path / f"{module}.py").exists(), f"README layout: {path} has no module {module!r}"
+
+
+def test_links_resolve():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
