@@ -44,6 +44,7 @@ from solvers import LaunchSchedule, Placement, oewf_at_dispatch, slots_for  # no
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.cascade_plan import fetch_bytes, fetches_from_plan, pair_tokens  # noqa: E402
+from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
 from tempo_jax.sim import prefill_costs  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 from tempo_jax.workloads.requests import load_mooncake_sample  # noqa: E402
@@ -75,14 +76,18 @@ def attention_stand_in(mesh, iters: np.ndarray, width: int):
 
 
 def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ffn: int, requests: int,
-            max_iters: int, repeats: int, gmm_impl: str = "auto", interpret: bool = False) -> dict:  # fmt: skip
-    """Run every mode on the same inputs; returns ``{"meta": ..., "results": [...], "equal_outputs": bool}``."""
+            max_iters: int, repeats: int, gmm_impl: str = "auto", interpret: bool = False,
+            preset: str | None = None) -> dict:  # fmt: skip
+    """Run every mode on the same inputs; returns ``{"meta": ..., "results": [...], "equal_outputs": bool}``.
+    ``preset``: a `tempo_jax.layer.presets` name whose block (router, experts, shared experts) the layer runs, at
+    the given experts / top_k / hidden / ffn."""
     # Step 1: the layer, the placement and the imbalance.
     D, E, B = jax.device_count(), experts, tokens_per_device
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.zipf(1.6, E).astype(float), slots_for(E, D, 1.25), D)
-    base = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_rank=placement.slots_per_rank,
-                     dispatch_mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+    kw = dict(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_rank=placement.slots_per_rank,
+              dispatch_mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+    base = moe_preset(preset, **kw) if preset else MoEConfig(**kw)
     params = init_params(jax.random.key(0), base)
     mesh = make_ep_mesh(D)
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
@@ -142,6 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=128)
+    ap.add_argument("--preset", choices=MOE_PRESETS, default=None,
+                    help="run this model's MoE block (router, experts, shared experts) at the sizes above")  # fmt: skip
     ap.add_argument("--requests", type=int, default=64, help="Mooncake requests setting the per-replica imbalance")
     ap.add_argument("--max-iters", type=int, default=40, help="stand-in matmuls of the busiest replica")
     ap.add_argument("--repeats", type=int, default=5)

@@ -45,6 +45,7 @@ from tempo_jax.layer import (  # noqa: E402
     stages,  # noqa: E402
 )
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
+from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
 from tempo_jax.layer.stages import route  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 
@@ -53,7 +54,7 @@ def dense_capacity_moe(params, x, config: MoEConfig, capacity_factor: float = 1.
     """GShard-style dense MoE: one-hot dispatch [T, E, C] and combine tensors, batched expert einsums."""
     T_, E, K = x.shape[0], config.experts, config.top_k
     C = int(np.ceil(T_ * K / E * capacity_factor))
-    ids, w = route(x, params["router"], K, config.renormalize)
+    ids, w = route(x, params, config.router, K)[:2]
     onehot = jax.nn.one_hot(ids, E, dtype=jnp.int32)  # [T, K, E]
     pos = (jnp.cumsum(onehot.reshape(T_ * K, E), axis=0).reshape(T_, K, E) - 1) * onehot  # position in expert
     keep = (pos < C) & (onehot > 0)
@@ -69,10 +70,11 @@ def sorted_moe(params, x, config: MoEConfig, implementation: str):
     """One-device dropless MoE: route, then the layer's own expert FFN (`stages.expert_ffn`: pairs sorted by
     expert, gate+up and down grouped GEMMs, unsort) over every pair with the logical experts as groups, combine."""
     T_, K = x.shape[0], config.top_k
-    ids, w = route(x, params["router"], K, config.renormalize)
+    ids, w = route(x, params, config.router, K)[:2]
     rows = x[jnp.arange(T_ * K) // K]
-    y, _ = stages.expert_ffn(rows, ids.reshape(-1), params["w_gate"], params["w_up"], params["w_down"],
-                             gmm_impl=implementation, interpret=False)  # fmt: skip
+    y, _ = stages.expert_ffn(
+        rows, ids.reshape(-1), params, expert=config.expert, gmm_impl=implementation, interpret=False
+    )
     return jnp.einsum("tk,tkh->th", w.astype(y.dtype), y.reshape(T_, K, -1))
 
 
@@ -104,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=128)
+    ap.add_argument("--preset", choices=MOE_PRESETS, default=None,
+                    help="run this model's MoE block (router, experts, shared experts) at the sizes above")  # fmt: skip
     ap.add_argument("--replication", type=float, default=1.25)
     ap.add_argument("--policies", default="uniform,tempo", help="dispatch tables the layer runs with")
     ap.add_argument("--repeats", type=int, default=10)
@@ -117,8 +121,9 @@ def main(argv=None) -> int:
     E = args.experts
     placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float),
                                     slots_for(E, D, args.replication), D)  # fmt: skip
-    cfg = MoEConfig(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k,
-                    slots_per_rank=placement.slots_per_rank, dispatch_mode="quota")  # fmt: skip
+    kw = dict(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k, slots_per_rank=placement.slots_per_rank,
+              dispatch_mode="quota")  # fmt: skip
+    cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
     params = init_params(jax.random.key(0), cfg)
     mesh = make_ep_mesh(D)
     pa = dispatch_tables.placement_arrays(placement)

@@ -45,11 +45,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pallas_kernels import GmmTiling, dispatch, dispatch_reference, gmm, gmm_reference  # noqa: E402
+from tempo_jax.workloads.models import MODEL_SPECS  # noqa: E402  (numpy-only: the MoE presets' dimensions)
 
-GPU_SHAPES = {  # name: (hidden H, expert ffn F)
-    "deepseek_v3": (7168, 2048),
-    "qwen3_235b": (4096, 1536),
-}
+#: MoE presets whose expert shapes (hidden H, expert FFN width F) the GPU benchmark runs (`--presets`).
+GPU_PRESETS = ("deepseek_v3", "qwen3_235b_a22b")
+
+
+def preset_shapes(names) -> tuple[tuple[str, int, int], ...]:
+    """``(name, H, F)`` of MoE presets (`tempo_jax.layer.presets`) by name."""
+    unknown = [n for n in names if n not in MODEL_SPECS]
+    if unknown:
+        raise SystemExit(f"bench_gemm: unknown presets {unknown}; one of {list(MODEL_SPECS)}")
+    return tuple((n, MODEL_SPECS[n].hidden, MODEL_SPECS[n].ffn) for n in names)
+
+
 GPU_TILINGS = [
     GmmTiling(tm=128, tk=64, tn=128, num_warps=8, num_stages=3),
     GmmTiling(tm=128, tk=64, tn=64, num_warps=4, num_stages=4),
@@ -317,7 +326,7 @@ class GpuPlan:
     check_mkn: tuple[int, int, int] = (1000, 256, 384)
     check_sizes: tuple[int, ...] = (0, 300, 1, 0, 450, 129)  # empty, tiny and tile-straddling groups
     dispatch_tker: tuple[int, int, int, int] = (4096, 8, 64, 4)  # pairs T, top-k K, experts E, replicas R
-    shapes: tuple[tuple[str, int, int], ...] = tuple((name, h, f) for name, (h, f) in GPU_SHAPES.items())
+    shapes: tuple[tuple[str, int, int], ...] = preset_shapes(GPU_PRESETS)
     tilings: tuple[GmmTiling, ...] = tuple(GPU_TILINGS)
     rows: int = 8192
     local_experts: int = 16
@@ -546,10 +555,13 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=None, help="GPU: rows (token-expert pairs) per GPU")
     p.add_argument("--local-experts", type=int, default=None, help="GPU: experts per GPU (groups)")
     p.add_argument("--profile-csv", default=None, help="GPU: also write the expert-FFN profile as G,N,T,t (µs)")
+    p.add_argument("--presets", default=None, help="GPU: comma-separated MoE presets whose expert shapes to run "
+                   f"(default {','.join(GPU_PRESETS)})")  # fmt: skip
     args = p.parse_args()
     backend = jax.default_backend()
     plan = GpuPlan.smoke() if args.smoke else GpuPlan()
-    overrides = {"iters": args.iters, "rows": args.rows, "local_experts": args.local_experts}
+    overrides = {"iters": args.iters, "rows": args.rows, "local_experts": args.local_experts,
+                 "shapes": preset_shapes(args.presets.split(",")) if args.presets else None}  # fmt: skip
     plan = dataclasses.replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     meta = {
         "backend": backend,

@@ -1,7 +1,8 @@
 """GPU check of the MoE layer: the ragged_all_to_all exchange and the Pallas kernels against the padded/XLA
-path and the dense reference, on every visible device; then CascadeEP's launch schedules and OEWF fetches against
-the synchronous layer (equal outputs, step time per mode, `scripts/bench_cascade.py`; gpu_check.sh runs this step
-with XLA's latency-hiding scheduler). Part of scripts/gpu_check.sh.
+path and the dense reference, on every visible device; the model-family presets (`--presets`, default a
+DeepSeek-V3 and a gpt-oss block at reduced E) against the dense reference; then CascadeEP's launch schedules and
+OEWF fetches against the synchronous layer (equal outputs, step time per mode, `scripts/bench_cascade.py`;
+gpu_check.sh runs this step with XLA's latency-hiding scheduler). Part of scripts/gpu_check.sh.
 
     python scripts/gpu_moe_check.py --out results/gpu/moe_check.json       # on a GPU machine
     python scripts/gpu_moe_check.py --smoke --out /tmp/moe_check.json       # CPU: padded exchange, interpret
@@ -29,6 +30,9 @@ import numpy as np  # noqa: E402
 from solvers import Placement  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
+from tempo_jax.layer.presets import moe_preset  # noqa: E402
+
+PRESETS = ("deepseek_v3", "gpt_oss_20b")
 
 TOL = 2e-2  # max |y − dense| with TF32 dots on GPU; float32 on CPU lands near 1e-6
 
@@ -68,6 +72,39 @@ def check_layer(*, smoke: bool) -> dict:
     return dict(devices=D, backend=jax.default_backend(), jax=jax.__version__, tol=TOL, results=out)
 
 
+def check_presets(names, *, smoke: bool) -> dict:
+    """Each preset's block (router, expert variant, shared experts) at reduced E on every device vs the dense
+    reference (`moe_reference`), bf16 experts on GPU."""
+    D = jax.device_count()
+    mesh = make_ep_mesh(D)
+    out = {}
+    for name in names:
+        try:
+            small = dict(experts=16, hidden=32, ffn=16) if smoke else dict(experts=32)
+            slots = -(-2 * small["experts"] // D)  # ~2 replicas per expert
+            cfg = moe_preset(name, slots_per_rank=slots, dtype=jnp.float32 if smoke else jnp.bfloat16,
+                             interpret=smoke, gmm_impl="chunked" if smoke else "auto", **small)  # fmt: skip
+            placement = Placement.from_eplb(np.arange(cfg.experts) + 1.0, slots * D, D)
+            pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+            params = init_params(jax.random.key(3), cfg)
+            x = jax.random.normal(jax.random.key(4), (D * (16 if smoke else 256), cfg.hidden))
+            run = jax.jit(lambda p, x, c=cfg, pa=pa, t=tables: moe_forward(p, x, mesh=mesh, placement_arrays=pa,
+                                                                             tables=t, config=c))  # fmt: skip
+            res = run(params, x)
+            ref = moe_reference(params, x, cfg)
+            err = float(jnp.abs(res.out.astype(jnp.float32) - ref.astype(jnp.float32)).max())
+            scale = float(jnp.abs(ref.astype(jnp.float32)).max())
+            tol = 1e-4 if smoke else 5e-2  # bf16 experts on GPU: relative to the output's scale
+            out[name] = dict(hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts, max_abs_err=err, scale=scale,
+                             ok=bool(np.isfinite(err) and err <= tol * max(scale, 1.0)))  # fmt: skip
+        except Exception as e:  # recorded, and the other presets still run
+            out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
+        r = out[name]
+        shown = r["error"] if "error" in r else f"max |y − dense| = {r['max_abs_err']:.2e} (scale {r['scale']:.2f})"
+        print(f"  {'ok  ' if r['ok'] else 'FAIL'} preset {name:18s} {shown}", flush=True)
+    return out
+
+
 def check_cascade(*, smoke: bool) -> dict:
     """Sync / Async / Async+SF / CascadeEP on the same batch (`bench_cascade.measure`); needs ≥ 2 devices."""
     D = jax.device_count()
@@ -91,14 +128,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/gpu/moe_check.json", help="JSON output path")
     p.add_argument("--smoke", action="store_true", help="tiny shapes; padded exchange; Pallas in interpret mode")
+    p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated MoE presets to check at reduced E")
     args = p.parse_args()
     res = check_layer(smoke=args.smoke)
+    res["presets"] = check_presets(args.presets.split(","), smoke=args.smoke)
     res["cascade"] = check_cascade(smoke=args.smoke)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")
-    return 0 if all(r["ok"] for r in res["results"].values()) and res["cascade"]["ok"] else 1
+    ok = all(r["ok"] for r in (*res["results"].values(), *res["presets"].values())) and res["cascade"]["ok"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   DispatchController                      the dispatch runtime: windows → solver (inline, thread or worker
                                           process) → tables, every fault counted
   Refresher, CounterWindows               counter snapshots → wrap-safe windows → the controller
+  hf                                      Hugging Face MoE blocks and checkpoints into the layer
+                                          (`tempo_jax.layer.hf`: moe_from_hf, load_moe_layers)
+  moe_preset                              `MoEConfig` presets of the papers' models (`tempo_jax.layer.presets`)
 
 Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
 S physical slots per rank, P = D·S, R replica columns, Gs source groups of a table; per rank the paper's G_g
@@ -44,8 +47,10 @@ _LAZY = {
     "DispatchController": "tempo_jax.runtime.controller",
     "Refresher": "tempo_jax.runtime.refresher",
     "CounterWindows": "tempo_jax.runtime.counters",
+    "moe_preset": "tempo_jax.layer.presets",
 }
-_MODULES = ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")
+_MODULES = {name: f"tempo_jax.{name}" for name in ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")}
+_MODULES["hf"] = "tempo_jax.layer.hf"
 
 __all__ = sorted([*_LAZY, *_MODULES])
 
@@ -54,5 +59,5 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _MODULES:
-        return importlib.import_module(f"tempo_jax.{name}")
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'tempo_jax' has no attribute {name!r}")

@@ -44,8 +44,8 @@ def test_costs_reproduce_the_fig4_calibration_and_scale_with_the_model():
     assert float(F.ffn_time(8192)) < 2 * float(F.ffn_time(4096))
     pro = prefill_costs("deepseek_v4_pro")
     assert pro.expert_bytes > COSTS.expert_bytes and pro.peak_tokens_per_us < COSTS.peak_tokens_per_us
-    for m in MODELS.values():  # routed experts hold 90–100% of Table 1's total parameters
-        total = {"deepseek_v4_flash": 284e9, "deepseek_v4_pro": 1.6e12, "glm_5_3": 753e9}[m.name]
+    for name, total in {"deepseek_v4_flash": 284e9, "deepseek_v4_pro": 1.6e12, "glm_5_3": 753e9}.items():
+        m = MODELS[name]  # routed experts hold 90–100% of Table 1's total parameters
         assert 0.9 < m.layers * m.experts * m.expert_params / total <= 1.01
 
 

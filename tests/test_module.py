@@ -120,3 +120,24 @@ def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
     again = load_saved_trace(path)
     np.testing.assert_array_equal(again.topk_ids[1], trace.topk_ids[1])
     assert again.batch_counts(0, 64, 8).sum() == 64 * 8 * 2
+
+
+def test_aux_free_balancing_evens_out_a_skewed_router():
+    """DeepSeek-V3's auxiliary-loss-free balancing (the selection-only score bias moves by rate·sign(mean − load)
+    after every step) evens out a router skewed toward two experts; without it the skew stays."""
+    from tempo_jax.layer.model import LMConfig, TinyMoELM, train
+
+    mesh = tempo_jax.make_ep_mesh(8)
+    runs = {}
+    for rate in (0.0, 0.02):
+        cfg = LMConfig(layers=1, balance_rate=rate)
+        model = TinyMoELM(cfg, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+        router = model.blocks[0].moe.router
+        router.set_value(router.get_value().at[:, 0].add(0.3).at[:, 1].add(0.24))  # experts 0, 1 favoured
+        runs[rate] = train(cfg, steps=24, mesh=mesh, model=model)
+    off, on = (runs[r].imbalance for r in (0.0, 0.02))
+    assert off[-8:].mean() > 2.4  # max / mean load: the skew persists without balancing
+    assert on[-8:].mean() < 0.75 * off[-8:].mean() and on[-8:].mean() < on[:4].mean()
+    bias = np.asarray(runs[0.02].model.blocks[0].moe.score_bias.get_value())
+    assert np.abs(bias).max() > 0.02 and not hasattr(runs[0.0].model.blocks[0].moe, "score_bias")
+    assert np.isfinite(runs[0.02].losses).all()

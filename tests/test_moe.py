@@ -58,7 +58,7 @@ def test_output_independent_of_tables(setup, mode):
     }
     seen_loads = set()
     for name, tables in candidates.items():
-        out, c, _, aux = f(params, x, tables.table, jax.random.key(7))
+        out, c, _, aux, _ = f(params, x, tables.table, jax.random.key(7))
         f32_close(out, ref)
         np.testing.assert_array_equal(c, counts)  # counts depend on routing only
         assert int(aux.drops.sum()) == 0, name
@@ -75,7 +75,7 @@ def test_skewed_and_single_expert_batches(setup):
     x_pos = x.at[:, 0].set(5.0 + jnp.abs(x[:, 0]))  # every token carries feature 0
     ids = np.asarray(jax.lax.top_k(x_pos @ hot["router"], 1)[1])
     assert (ids == 5).all()
-    out, counts, _, aux = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
+    out, counts, _, aux, _ = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
     f32_close(out, moe_reference(hot, x_pos, config))
     assert int(np.asarray(counts)[:, 5].sum()) == TOKENS
     assert int(aux.drops.sum()) == 0
@@ -103,7 +103,7 @@ def test_quota_mode_realises_the_plan(setup):
     f = _forward(placement, config, mesh)
     _, counts, *_ = f(params, x, dispatch_tables.uniform(placement).table, jax.random.key(0))
     d = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
-    *_, aux = f(params, x, dispatch_tables.from_dispatch(d).table, jax.random.key(0))
+    _, _, _, aux, _ = f(params, x, dispatch_tables.from_dispatch(d).table, jax.random.key(0))
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     l2p = placement.log2phy
     realised = np.zeros((E, D))
@@ -136,7 +136,7 @@ def test_bad_inputs(setup):
         moe_forward(params, x[:-1], **kw)
     with pytest.raises(ValueError, match="D·S"):
         moe_forward(params, x, **{**kw, "config": dataclasses.replace(config, slots_per_rank=3)})
-    with pytest.raises(ValueError, match="do not match config"):
+    with pytest.raises(ValueError, match="does not match config"):
         moe_forward(params, x[:, :16], **kw)
     with pytest.raises(ValueError, match="exchange: unknown implementation"):
         MoEConfig(hidden=4, ffn=4, experts=4, top_k=2, slots_per_rank=1, exchange="nccl")

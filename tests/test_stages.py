@@ -14,6 +14,7 @@ from solvers import Placement
 from tempo_jax import MoE
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, stages
 from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.experts import ExpertConfig
 
 D, E, S = 8, 12, 2
 
@@ -68,7 +69,8 @@ def test_expert_ffn_skips_padding_rows():
     rows = jax.random.normal(k[0], (6, 4))
     w = [jax.random.normal(k[i], s) for i, s in ((1, (2, 4, 3)), (2, (2, 4, 3)), (3, (2, 3, 4)))]
     slots = jnp.array([1, 2, 0, 2, 1, 0], jnp.int32)  # 2 = padding
-    y, sizes = stages.expert_ffn(rows, slots, *w, gmm_impl="chunked", interpret=False)
+    weights = dict(zip(("w_gate", "w_up", "w_down"), w, strict=True))
+    y, sizes = stages.expert_ffn(rows, slots, weights, expert=ExpertConfig(), gmm_impl="chunked", interpret=False)
     assert sizes.tolist() == [2, 2] and not np.asarray(y)[[1, 3]].any()
     want = jax.nn.silu(rows[0] @ w[0][1]) * (rows[0] @ w[1][1]) @ w[2][1]
     np.testing.assert_allclose(y[0], want, rtol=1e-5, atol=1e-5)

@@ -141,7 +141,7 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
                            routing=(ids, weights))  # fmt: skip
 
-    out, counts, _, aux = run(dispatch_tables.from_dispatch(plan))
+    out, counts, _, aux, _ = run(dispatch_tables.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
     np.testing.assert_allclose(out, moe_reference(params, x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5)
     np.testing.assert_array_equal(out, run(dispatch_tables.uniform(placement))[0])

@@ -36,48 +36,49 @@ from . import stages
 __all__ = ["apply_fetches", "scheduled_exchange_ffn"]
 
 
-def apply_fetches(fetches, ids, dest, local, phy2log, weights, *, axis: str, slots_per_rank: int):
+def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: str, slots_per_rank: int):
     """OEWF on one rank: fetch weights into extra local slots and redirect the helper's pairs to them.
 
     Args:
       fetches: `WeightFetch`es (static).
       ids: ``[T·K]`` logical expert of each pair; dest, local: ``[T·K]`` destination rank and its slot.
       phy2log: ``[P]`` logical expert of every physical slot.
-      weights: this rank's ``(w_gate [S, H, F], w_up [S, H, F], w_down [S, F, H])``.
+      weights: this rank's per-slot expert arrays ``{name: [S, ...]}`` (w_gate, w_up, w_down and any biases).
 
     Returns:
-      ``(dest, local, weights)`` with the helper's redirected pairs and every rank's weights extended by
+      ``(dest, local, weights)`` with the helper's redirected pairs and every rank's arrays extended by
       ``Σ len(experts)`` slots (zeros where the rank is not the helper).
     """
     S = slots_per_rank
     me = jax.lax.axis_index(axis)
     mine = jax.lax.dynamic_slice_in_dim(phy2log, me * S, S)  # [S] logical experts of this rank's slots
-    extra, off = [[], [], []], 0
+    extra, off = {name: [] for name in weights}, 0
     for f in fetches:
         ex = jnp.asarray(f.experts, jnp.int32)
-        # Step 1: on the donor, the local slot of each fetched expert; copy its weights to the helper.
+        # Step 1: on the donor, the local slot of each fetched expert; copy its arrays to the helper.
         idx = jnp.argmax(mine[None, :] == ex[:, None], axis=1)
         with jax.named_scope(f"oewf_fetch_{f.helper}_{f.donor}"):
-            for lst, w in zip(extra, weights, strict=True):
-                lst.append(jax.lax.ppermute(w[idx], axis, perm=[(f.donor, f.helper)]))
+            for name, w in weights.items():
+                extra[name].append(jax.lax.ppermute(w[idx], axis, perm=[(f.donor, f.helper)]))
         # Step 2: on the helper, its pairs for those experts on the donor go to the fetched slots instead.
         for j, e in enumerate(f.experts):
             hit = (me == f.helper) & (dest == f.donor) & (ids == e)
             dest = jnp.where(hit, me, dest)
             local = jnp.where(hit, S + off + j, local)
         off += len(f.experts)
-    weights = tuple(jnp.concatenate([w, *lst], axis=0) for w, lst in zip(weights, extra, strict=True))
+    weights = {name: jnp.concatenate([w, *extra[name]], axis=0) for name, w in weights.items()}
     return dest, local, weights
 
 
-def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weights, *, axis: str, hidden: int,
-                           slots_total: int, gmm_impl: str, interpret: bool):  # fmt: skip
+def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weights: dict, *, axis: str, hidden: int,
+                           slots_total: int, expert, gmm_impl: str, interpret: bool):  # fmt: skip
     """Exchange and expert FFN round by round, one grouped GEMM per launch group (see the module doc).
 
     Args:
       packed: this rank's `stages.Packed` rows (``buffer [D, C, W]``, ``counts [D]``).
       schedule: the static `solvers.LaunchSchedule` (D ranks, groups in launch order).
-      weights: ``(w_gate, w_up, w_down)`` of the rank's slots (extended by OEWF's fetched slots).
+      weights: the rank's per-slot expert arrays (extended by OEWF's fetched slots).
+      expert: the `ExpertConfig` of the FFN.
       hidden: H; slots_total: slots including fetched ones (the padding slot id).
 
     Returns:
@@ -112,7 +113,7 @@ def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weig
         recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
         # Step 3: one grouped GEMM over g's rows.
         with jax.named_scope(f"cascade_group_{g}"):
-            y, gs = stages.expert_ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), *weights,
+            y, gs = stages.expert_ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), weights, expert=expert,
                                       gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
         sizes = sizes + gs
         # Step 4: reverse rounds: results for source (me − k) mod D go back to it.

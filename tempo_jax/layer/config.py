@@ -1,6 +1,18 @@
 """The MoE layer's configuration and parameters: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`,
 and `capacity_bucket` (the one rule that rounds a block size up to a compiled capacity).
 
+Parameters (a dict; `init_params` makes them, `tempo_jax.layer.hf.moe_from_hf` loads them):
+
+| key | shape | when |
+| --- | --- | --- |
+| ``router`` | [H, E] float32 | always |
+| ``router_bias`` | [E] float32 | ``router.bias`` (gpt-oss) |
+| ``score_bias`` | [E] float32 | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
+| ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | always |
+| ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | ``expert.bias`` (gpt-oss) |
+| ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | ``shared`` (Fs = count·ffn) |
+| ``shared_gate`` | [H] | ``shared.gated`` (Qwen2-MoE) |
+
 Glossary: H hidden, F expert FFN width, E logical experts, K top-k, D ranks on the ``ep`` axis, S physical slots
 per rank, P = D·S physical slots.
 """
@@ -20,8 +32,10 @@ from solvers import LaunchSchedule
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
+from .experts import EXPERT_BIASES, EXPERT_WEIGHTS, ExpertConfig, SharedConfig
+from .routing import RouterConfig
 
-__all__ = ["MoEConfig", "capacity_bucket", "init_params", "make_ep_mesh", "materialize"]
+__all__ = ["MoEConfig", "capacity_bucket", "check_params", "init_params", "make_ep_mesh", "materialize", "param_shapes"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,7 +50,10 @@ class MoEConfig:
       gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).
-      renormalize: renormalise the top-k gate weights to sum to 1.
+      router: the `RouterConfig` (scoring, biases, group-limited choice, renormalisation, scaling; default:
+        softmax top-k, renormalised, as Mixtral).
+      expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
+      shared: a `SharedConfig` for shared experts beside the routed ones (None: none).
       capacity: rows per (source, destination) block: None = the dropless worst case T/D·K; a positive int =
         that many (pairs beyond it are dropped, counted in ``MoEOutput.stats.drops``); ``"auto"`` = the `MoE`
         module's bucketed capacity with a dropless re-run (see `tempo_jax.layer.module`); `moe_forward` itself
@@ -57,7 +74,9 @@ class MoEConfig:
     gmm_impl: GmmImpl = "auto"
     interpret: bool = False
     dispatch_mode: DispatchMode = "sample"
-    renormalize: bool = True
+    router: RouterConfig = RouterConfig()
+    expert: ExpertConfig = ExpertConfig()
+    shared: SharedConfig | None = None
     capacity: int | str | None = None
     axis: str = "ep"
     schedule: str | LaunchSchedule = "sync"
@@ -77,6 +96,15 @@ class MoEConfig:
                              f"{self.dispatch_mode!r}")  # fmt: skip
         EXCHANGE.validate(self.exchange)
         GMM.validate(self.gmm_impl)
+        for name, kind in (("router", RouterConfig), ("expert", ExpertConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"MoEConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        self.router.validate(self.experts, self.top_k)
+        self.expert.validate()
+        if self.shared is not None:
+            if not isinstance(self.shared, SharedConfig):
+                raise ValueError(f"MoEConfig.shared must be a SharedConfig or None, got {self.shared!r}")
+            self.shared.validate()
         if not (self.schedule == "sync" or isinstance(self.schedule, LaunchSchedule)):
             raise ValueError(f"MoEConfig.schedule must be 'sync' or a solvers.LaunchSchedule, got {self.schedule!r}")
         object.__setattr__(self, "fetches", tuple(self.fetches))
@@ -103,20 +131,75 @@ def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.shardi
     return jax.make_mesh((n,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
 
 
-def init_params(key: jax.Array, config: MoEConfig) -> dict:
-    """Logical parameters: router [H, E] float32, w_gate/w_up [E, H, F], w_down [E, F, H] (config.dtype)."""
-    k = jax.random.split(key, 4)
+def param_shapes(config: MoEConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter ``config`` needs (see the module's table), by key."""
     H, F, E = config.hidden, config.ffn, config.experts
-    scale_in, scale_out = H**-0.5, F**-0.5
-    return {
-        "router": jax.random.normal(k[0], (H, E), jnp.float32) * scale_in,
-        "w_gate": (jax.random.normal(k[1], (E, H, F)) * scale_in).astype(config.dtype),
-        "w_up": (jax.random.normal(k[2], (E, H, F)) * scale_in).astype(config.dtype),
-        "w_down": (jax.random.normal(k[3], (E, F, H)) * scale_out).astype(config.dtype),
+    shapes = {"router": (H, E), "w_gate": (E, H, F), "w_up": (E, H, F), "w_down": (E, F, H)}
+    if config.router.bias:
+        shapes["router_bias"] = (E,)
+    if config.router.score_bias:
+        shapes["score_bias"] = (E,)
+    if config.expert.bias:
+        shapes.update(b_gate=(E, F), b_up=(E, F), b_down=(E, H))
+    if config.shared is not None:
+        Fs = config.shared.width
+        shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
+        if config.shared.gated:
+            shapes["shared_gate"] = (H,)
+    return shapes
+
+
+def check_params(params, config: MoEConfig, *, where: str) -> None:
+    """Static check of a parameter dict against ``config``: every key `param_shapes` names, each of its shape,
+    and no key the config would ignore (a ``router_bias`` without ``router.bias``, say). Reads no array."""
+    if not isinstance(params, dict):
+        raise ValueError(
+            f"{where}: params must be a dict of arrays (init_params, moe_from_hf), got {type(params).__name__}"
+        )
+    shapes = param_shapes(config)
+    missing = [k for k in shapes if k not in params]
+    if missing:
+        raise ValueError(f"{where}: params lack {', '.join(f'{k} {list(shapes[k])}' for k in missing)} that this "
+                         "config needs; build them with init_params(key, config) or "
+                         "tempo_jax.hf.moe_from_hf")  # fmt: skip
+    unused = sorted(set(params) - set(shapes))
+    if unused:
+        raise ValueError(f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
+                         "expert.bias / shared); refusing to ignore them")  # fmt: skip
+    for k, shape in shapes.items():
+        got = tuple(jnp.shape(params[k]))
+        if got != shape:
+            raise ValueError(f"{where}: params[{k!r}] has shape {list(got)}, the config needs {list(shape)}")
+
+
+def init_params(key: jax.Array, config: MoEConfig) -> dict:
+    """Random logical parameters of every key `param_shapes` names: weights N(0, 1/fan_in) (the router and its
+    biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The router and the
+    three expert weights draw from ``split(key, 4)`` (the same values for every variant); the rest from
+    ``fold_in(key, 1 + their index)``."""
+    shapes = param_shapes(config)
+    H, F = config.hidden, config.ffn
+    k = jax.random.split(key, 4)
+    out = {
+        "router": jax.random.normal(k[0], shapes["router"], jnp.float32) * H**-0.5,
+        "w_gate": (jax.random.normal(k[1], shapes["w_gate"]) * H**-0.5).astype(config.dtype),
+        "w_up": (jax.random.normal(k[2], shapes["w_up"]) * H**-0.5).astype(config.dtype),
+        "w_down": (jax.random.normal(k[3], shapes["w_down"]) * F**-0.5).astype(config.dtype),
     }
+    for i, (name, shape) in enumerate(shapes.items()):
+        if name in out:
+            continue
+        if name == "score_bias":
+            out[name] = jnp.zeros(shape, jnp.float32)
+            continue
+        scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
+        dtype = jnp.float32 if name.startswith("router") else config.dtype
+        out[name] = (jax.random.normal(jax.random.fold_in(key, 1 + i), shape, jnp.float32) * scale).astype(dtype)
+    return out
 
 
 def materialize(params: dict, phy2log: jax.Array) -> dict:
-    """Physical expert weights ``[P, ...]`` gathered from logical ``[E, ...]`` (gradients of replicas flow back
-    to the logical parameters through the gather)."""
-    return {name: jnp.take(params[name], phy2log, axis=0) for name in ("w_gate", "w_up", "w_down")}
+    """Physical expert arrays ``[P, ...]`` (weights, and biases where present) gathered from logical ``[E, ...]``
+    (gradients of replicas flow back to the logical parameters through the gather)."""
+    names = [n for n in (*EXPERT_WEIGHTS, *EXPERT_BIASES) if n in params]
+    return {name: jnp.take(params[name], phy2log, axis=0) for name in names}

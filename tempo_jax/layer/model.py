@@ -4,8 +4,13 @@ Byte-level, on a small real text corpus that ships with Python itself: the docum
 standard library (`pydoc_data.topics`, ~0.45 MB of English prose and code). No downloads.
 
     result = train(LMConfig(), steps=40)            # on the 8 fake CPU devices of the tests
-    result.losses                                   # [steps] training loss
+    result.losses                                   # [steps] training loss (cross-entropy + auxiliary terms)
     result.trace                                    # RoutingTrace of the recorded routing (record=True)
+    result.imbalance                                # [steps] max / mean expert load, averaged over layers
+
+Balancing (each optional, `LMConfig`): the Switch / GShard load-balancing loss (``aux_loss`` coefficient), the
+router z-loss (``z_loss``) and DeepSeek-V3's auxiliary-loss-free balancing (``balance_rate``: the router's
+selection-only score bias moves by balance_rate·sign(mean load − load) after every step, outside the gradient).
 
 Glossary: B batch, L sequence length, V vocabulary (256 bytes), H model width, T = B·L tokens.
 """
@@ -26,13 +31,16 @@ from solvers import Placement
 from ..workloads import RoutingTrace
 from .config import MoEConfig, make_ep_mesh
 from .module import MoE, place_on_mesh
+from .routing import RouterConfig
 
 __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMConfig:
-    """Model and training shape. ``slots_per_rank · D`` physical slots hold the ``experts`` (EPLB, even load)."""
+    """Model and training shape. ``slots_per_rank · D`` physical slots hold the ``experts`` (EPLB, even load).
+    ``aux_loss`` / ``z_loss``: coefficients of the layers' load-balancing and z losses in the training loss;
+    ``balance_rate``: aux-free balancing's step (0: off; on: the router gets a selection-only score bias)."""
 
     dim: int = 64
     layers: int = 2
@@ -45,6 +53,9 @@ class LMConfig:
     slots_per_rank: int = 2
     lr: float = 3e-3
     dispatch_mode: str = "sample"
+    aux_loss: float = 0.0
+    z_loss: float = 0.0
+    balance_rate: float = 0.0
 
 
 def corpus() -> np.ndarray:
@@ -74,8 +85,10 @@ class TinyMoELM(nnx.Module):
     def __init__(self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False):
         D = mesh.shape["ep"]
         placement = Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)
+        router = RouterConfig(score_bias=cfg.balance_rate > 0, balance_rate=cfg.balance_rate)
         moe_cfg = MoEConfig(hidden=cfg.dim, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
-                            slots_per_rank=cfg.slots_per_rank, dispatch_mode=cfg.dispatch_mode)  # fmt: skip
+                            slots_per_rank=cfg.slots_per_rank, dispatch_mode=cfg.dispatch_mode,
+                            router=router)  # fmt: skip
         self.cfg = cfg
         self.placement = placement
         self.embed = nnx.Embed(256, cfg.dim, rngs=rngs)
@@ -93,12 +106,14 @@ class TinyMoELM(nnx.Module):
 
 @dataclasses.dataclass
 class TrainResult:
-    """Losses ``[steps]``, wall time, and the recorded routing (None unless ``record=True``)."""
+    """Losses ``[steps]``, wall time, the recorded routing (None unless ``record=True``), the model, and
+    ``imbalance [steps]``: max / mean pairs per expert of each step, averaged over the MoE layers (1 = balanced)."""
 
     losses: np.ndarray
     seconds: float
     trace: RoutingTrace | None
     model: TinyMoELM
+    imbalance: np.ndarray
 
 
 def _batches(data: np.ndarray, cfg: LMConfig, seed: int):
@@ -110,30 +125,45 @@ def _batches(data: np.ndarray, cfg: LMConfig, seed: int):
 
 
 def train(
-    cfg: LMConfig = LMConfig(), *, steps: int = 40, seed: int = 0, mesh=None, record: bool = False
+    cfg: LMConfig = LMConfig(),
+    *,
+    steps: int = 40,
+    seed: int = 0,
+    mesh=None,
+    record: bool = False,
+    model: TinyMoELM | None = None,
 ) -> TrainResult:
-    """Train the tiny MoE LM for ``steps`` AdamW steps on the shipped corpus; optionally record routing."""
+    """Train the tiny MoE LM for ``steps`` AdamW steps on the shipped corpus (a new model, or ``model``, built with
+    ``cfg`` and ``mesh``); optionally record routing."""
     mesh = mesh or make_ep_mesh()
-    model = TinyMoELM(cfg, mesh=mesh, rngs=nnx.Rngs(params=seed, dispatch=seed + 1), record=record)
+    if model is None:
+        model = TinyMoELM(cfg, mesh=mesh, rngs=nnx.Rngs(params=seed, dispatch=seed + 1), record=record)
     opt = nnx.Optimizer(model, optax.adamw(cfg.lr, weight_decay=0.01), wrt=nnx.Param)
     place_on_mesh(opt, mesh)
 
     @nnx.jit
     def step(model, opt, x, y):
         def loss_fn(m):
-            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+            loss = optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+            for block in m.blocks:
+                loss = loss + cfg.aux_loss * block.moe.aux_loss.get_value() + cfg.z_loss * block.moe.z_loss.get_value()
+            return loss
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         opt.update(model, grads)
-        return loss
+        loads = jnp.stack([block.moe.expert_load.get_value() for block in model.blocks])  # [layers, E]
+        return loss, jnp.mean(loads.max(axis=1) / loads.mean(axis=1))
 
     data = corpus()
     batches = _batches(data, cfg, seed)
     losses, ids = [], {i: [] for i in range(cfg.layers)}
     t0 = time.perf_counter()
+    imbalance = []
     for _ in range(steps):
         x, y = next(batches)
-        losses.append(float(step(model, opt, x, y)))
+        loss, skew = step(model, opt, x, y)
+        losses.append(float(loss))
+        imbalance.append(float(skew))
         if record:
             for i, block in enumerate(model.blocks):
                 ids[i].append(np.asarray(block.moe.topk_ids.get_value()))
@@ -149,4 +179,4 @@ def train(
             source="recorded by tempo_jax.layer.model.train",
             notes=f"{steps} training steps of {cfg.batch}×{cfg.seq_len} tokens; routing during training",
         )
-    return TrainResult(np.array(losses), seconds, trace, model)
+    return TrainResult(np.array(losses), seconds, trace, model, np.array(imbalance))

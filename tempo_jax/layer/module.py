@@ -35,11 +35,12 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
-from .config import MoEConfig, capacity_bucket, init_params
+from .config import MoEConfig, capacity_bucket, check_params, init_params
 from .moe import moe_forward
+from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
-__all__ = ["MoE", "DispatchState", "RankState", "place_on_mesh"]
+__all__ = ["BalanceBias", "DispatchState", "MoE", "MoEAuxState", "RankState", "place_on_mesh"]
 
 
 class DispatchState(nnx.Variable):
@@ -61,17 +62,33 @@ def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep")
     )
 
 
+class BalanceBias(nnx.Variable):
+    """The selection-only score bias of the router (``score_bias [E]``): not trained by gradient; aux-free
+    balancing (``config.router.balance_rate``) moves it after every call."""
+
+
+class MoEAuxState(nnx.Variable):
+    """The last call's training signals (`tempo_jax.layer.moe.MoEAux`): read them inside the loss function."""
+
+
 class MoE(nnx.Module):
-    """Expert-parallel MoE layer (SwiGLU experts, softmax top-k router).
+    """Expert-parallel MoE layer: the router, routed experts and shared experts of ``config`` (every family of
+    `tempo_jax.layer.presets`).
 
     Args:
-      config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_rank, …).
+      config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_rank, router, expert, shared, …).
       placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_rank`` slots.
       mesh: mesh with the expert-parallel axis.
       rngs: ``nnx.Rngs`` with a ``params`` stream (weights) and optionally ``dispatch`` (sampling).
       tables: initial dispatch tables (default: EPLB-even over the placement's replicas); checked like
         `set_tables`.
       record: keep the last call's ``topk_ids [T, K]`` in ``self.topk_ids`` (routing traces).
+      params: logical parameters to start from (e.g. `tempo_jax.hf.moe_from_hf`'s) instead of random ones;
+        checked against ``config`` (`tempo_jax.layer.config.check_params`).
+
+    Trainable: every parameter but ``score_bias`` (`nnx.Param`); ``self.score_bias`` is a `BalanceBias`.
+    After a call ``self.aux_loss`` / ``self.z_loss`` hold its load-balancing and z losses and ``self.expert_load``
+    the pairs per expert.
     """
 
     def __init__(
@@ -83,6 +100,7 @@ class MoE(nnx.Module):
         rngs: nnx.Rngs,
         tables: Tables | None = None,
         record: bool = False,
+        params: dict | None = None,
     ):
         D = mesh.shape[config.axis]
         if placement.num_slots != D * config.slots_per_rank:
@@ -92,11 +110,13 @@ class MoE(nnx.Module):
             )
         if placement.num_experts != config.experts:
             raise ValueError(f"placement has {placement.num_experts} experts, config.experts={config.experts}")
-        p = init_params(rngs.params(), config)
-        self.router = nnx.Param(p["router"])
-        self.w_gate = nnx.Param(p["w_gate"])
-        self.w_up = nnx.Param(p["w_up"])
-        self.w_down = nnx.Param(p["w_down"])
+        if params is None:
+            params = init_params(rngs.params(), config)
+        check_params(params, config, where="MoE")
+        self.param_names = tuple(params)  # static: the keys of this config's parameters
+        for name, value in params.items():
+            kind = BalanceBias if name == "score_bias" else nnx.Param
+            setattr(self, name, kind(jnp.asarray(value)))
         self.config = config
         self.mesh = mesh
         self.record = record
@@ -115,11 +135,14 @@ class MoE(nnx.Module):
         self.capacity_reruns = 0
         self._warned_drops = False
         self.topk_ids = DispatchState(jnp.zeros((0, config.top_k), jnp.int32))
+        self.aux_loss = MoEAuxState(jnp.zeros((), jnp.float32))
+        self.z_loss = MoEAuxState(jnp.zeros((), jnp.float32))
+        self.expert_load = MoEAuxState(jnp.zeros((config.experts,), jnp.float32))
         place_on_mesh(self, mesh, config.axis)
 
     def params(self) -> dict:
-        return {"router": self.router.get_value(), "w_gate": self.w_gate.get_value(), "w_up": self.w_up.get_value(),
-                "w_down": self.w_down.get_value()}  # fmt: skip
+        """The logical parameters as a dict (what `moe_forward` takes)."""
+        return {name: getattr(self, name).get_value() for name in self.param_names}
 
     def _placement_arrays(self) -> PlacementArrays:
         return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), self.placement_key)
@@ -171,6 +194,12 @@ class MoE(nnx.Module):
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
         self.gpu_tokens.set_value(res.stats.gpu_tokens)
+        self.aux_loss.set_value(res.aux.load_balance_loss)
+        self.z_loss.set_value(res.aux.z_loss)
+        self.expert_load.set_value(res.aux.expert_load)
+        rate = self.config.router.balance_rate
+        if rate:  # aux-free balancing: under-loaded experts become likelier (outside the gradient)
+            self.score_bias.set_value(balance_update(self.score_bias.get_value(), res.aux.expert_load, rate))
         if self.record:
             self.topk_ids.set_value(res.stats.topk_ids)
         return res.out.reshape(*lead, H)

@@ -33,41 +33,58 @@ from solvers import LaunchSchedule
 
 from . import cascade_exec, stages
 from .cascade_plan import check_fetches
-from .config import MoEConfig, materialize
+from .config import MoEConfig, check_params, materialize
 from .exchange import EXCHANGE, return_blocks
+from .experts import glu, shared_ffn
+from .routing import Routing
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
-__all__ = ["MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference"]
+__all__ = ["MoEAux", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference"]
+
+ROUTER_KEYS = ("router", "router_bias", "score_bias")
+SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
 def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
-    """Dense single-device MoE: every token through its top-k experts, no dispatch. ``[T, H]`` → ``[T, H]``.
+    """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
+    ``[T, H]`` → ``[T, H]``.
 
     ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`)."""
-    ids, w = route(x, params["router"], config.top_k, config.renormalize) if routing is None else routing
+    if routing is None:
+        rt = route(x, params, config.router, config.top_k)
+        ids, w = rt.ids, rt.gate
+    else:
+        ids, w = routing
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(config.dtype)
     g = jnp.einsum("th,ehf->etf", xs, params["w_gate"], precision=hp)
     u = jnp.einsum("th,ehf->etf", xs, params["w_up"], precision=hp)
-    y = jnp.einsum("etf,efh->eth", jax.nn.silu(g) * u, params["w_down"], precision=hp)  # [E, T, H]
+    if config.expert.bias:
+        g, u = g + params["b_gate"][:, None], u + params["b_up"][:, None]
+    y = jnp.einsum("etf,efh->eth", glu(g, u, config.expert), params["w_down"], precision=hp)  # [E, T, H]
+    if config.expert.bias:
+        y = y + params["b_down"][:, None]
     picked = y[ids, jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
-    return jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked).astype(x.dtype)
+    out = jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked)
+    if config.shared is not None:
+        out = out + shared_ffn(x, params, config.shared, config.dtype).astype(out.dtype)
+    return out.astype(x.dtype)
 
 
 class RankInputs(NamedTuple):
     """What each rank's body receives; `specs` gives the shard_map spec of every field from this structure.
 
-    Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], w_gate /
-    w_up [P, H, F], w_down [P, F, H], counter [D, E], ids / gate [T, K] (replayed routing). Replicated: router
-    [H, E], table [Gs, E, R], log2phy [E, R], phy2log [P], key.
+    Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], experts (the
+    physical expert arrays ``[P, ...]``: w_gate, w_up, w_down, biases), counter [D, E], ids / gate [T, K]
+    (replayed routing). Replicated: router (``router [H, E]``, ``router_bias``, ``score_bias``), shared (the
+    shared experts' parameters, or None), table [Gs, E, R], log2phy [E, R], phy2log [P], key.
     """
 
     x: jax.Array
-    router: jax.Array
-    w_gate: jax.Array
-    w_up: jax.Array
-    w_down: jax.Array
+    router: dict
+    experts: dict
+    shared: dict | None
     table: jax.Array
     log2phy: jax.Array
     phy2log: jax.Array
@@ -76,7 +93,7 @@ class RankInputs(NamedTuple):
     ids: jax.Array
     gate: jax.Array
 
-    _REPLICATED = ("router", "table", "log2phy", "phy2log", "key")
+    _REPLICATED = ("router", "shared", "table", "log2phy", "phy2log", "key")
 
     @classmethod
     def specs(cls, axis: str) -> RankInputs:
@@ -106,14 +123,40 @@ class MoEStats(NamedTuple):
     topk_ids: jax.Array
 
 
+class MoEAux(NamedTuple):
+    """Training signals of one forward pass, over all tokens of the ``ep`` group (float32 scalars):
+    ``load_balance_loss`` = E·Σ_e f_e·P_e (Switch / GShard: f the pairs' fractions per expert, P the mean router
+    probability; 1 when balanced), ``z_loss`` = mean(logsumexp(router logits)²), and ``expert_load`` ``[E]`` the
+    pairs per expert (what aux-free balancing reads). With replayed routing both losses are 0."""
+
+    load_balance_loss: jax.Array
+    z_loss: jax.Array
+    expert_load: jax.Array
+
+
 class MoEOutput(NamedTuple):
     """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
-    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`)."""
+    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`)."""
 
     out: jax.Array
     counts: jax.Array
     counter: jax.Array
     stats: MoEStats
+    aux: MoEAux
+
+
+def _aux(rt: Routing | None, counts: jax.Array, *, axis: str, top_k: int, given_routing: bool) -> MoEAux:
+    """`MoEAux` from this rank's routing and pair counts ``[E]``, reduced over the ``ep`` axis."""
+    load = jax.lax.psum(counts.astype(jnp.float32), axis)
+    if given_routing:
+        zero = jnp.zeros((), jnp.float32)
+        return MoEAux(zero, zero, load)
+    T = jax.lax.psum(jnp.asarray(rt.logits.shape[0], jnp.float32), axis)
+    mean_prob = jax.lax.psum(jnp.sum(rt.probs, axis=0), axis) / T
+    fraction = load / (T * top_k)
+    lb = load.shape[0] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
+    z = jax.lax.psum(jnp.sum(jax.nn.logsumexp(rt.logits, axis=-1) ** 2), axis) / T
+    return MoEAux(lb, z, load)
 
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
@@ -124,35 +167,40 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
     T = inp.x.shape[0]
-    # Step 1: route.
-    rt = stages.Routing(inp.ids, inp.gate) if given_routing else route(inp.x, inp.router, K, config.renormalize)
+    # Step 1: route (the family's router, or the replayed routing).
+    if given_routing:
+        rt = Routing(inp.ids, inp.gate, None, None)
+    else:
+        rt = route(inp.x, inp.router, config.router, K)
     # Step 2: dispatch: logical expert → physical slot, with counts.
     sample = config.dispatch_mode == "sample"
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if sample else None
     dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0],
                                mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret)  # fmt: skip
     dest, local = stages.split_slots(dp.slot, S)
-    weights = (inp.w_gate, inp.w_up, inp.w_down)
+    weights = inp.experts
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
-    slots_total = weights[0].shape[0]
+    slots_total = weights["w_gate"].shape[0]
     # Step 3: pack by destination (rows and their slot ids travel together).
     packed = stages.pack(inp.x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
-    mm = dict(gmm_impl=config.gmm_impl, interpret=config.interpret)
+    mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.schedule == "sync":
         # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
         recv = stages.exchange_rows(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
         rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
-        y, group_sizes = stages.expert_ffn(rows, slots, *weights, **mm)
+        y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
         back = return_blocks(y.reshape(recv.rows.shape), recv.counts, packed.counts, axis=axis, impl=impl)
     else:
         # Steps 4–6 by the launch schedule: rounds per group, one grouped GEMM per group (CascadeEP).
         run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)
         back, group_sizes = run(packed, config.schedule, weights, slots_total=slots_total)
-    # Step 7: combine.
-    out = stages.combine(stages.unpack_rows(back, packed), rt.gate, inp.x.dtype)
+    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
+    out = stages.combine(stages.unpack_rows(back, packed), rt.gate, jnp.float32)
+    if config.shared is not None:
+        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
     stats = MoEStats(
         gpu_tokens=jnp.sum(group_sizes)[None],
         gpu_activations=jnp.sum(group_sizes > 0)[None],
@@ -162,7 +210,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         replica_counts=dp.replica_counts[None],
         topk_ids=rt.ids,
     )
-    return MoEOutput(out, dp.counts[None], dp.counter[None], stats)
+    aux = _aux(rt, dp.counts, axis=axis, top_k=K, given_routing=given_routing)
+    return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,7 +223,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
     D = mesh.shape[axis]
     body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
                              capacity=capacity)  # fmt: skip
-    out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)))
+    out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)),
+                          MoEAux(P(), P(), P()))  # fmt: skip
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs,
                             check_vma=False)  # fmt: skip
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
@@ -189,9 +239,10 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
             ids, gate = jnp.zeros((T, K), jnp.int32), jnp.zeros((T, K), jnp.float32)
         else:
             ids, gate = routing[0].astype(jnp.int32), routing[1].astype(jnp.float32)
-        phys = materialize(params, phy2log)
-        inputs = RankInputs(x, params["router"], phys["w_gate"], phys["w_up"], phys["w_down"], table, log2phy,
-                            phy2log, counter, key, ids, gate)  # fmt: skip
+        router = {k: params[k] for k in ROUTER_KEYS if k in params}
+        shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
+        inputs = RankInputs(x, router, materialize(params, phy2log), shared, table, log2phy, phy2log, counter, key,
+                            ids, gate)  # fmt: skip
         if explicit:
             specs = RankInputs.specs(axis)
             inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
@@ -216,12 +267,11 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
     # Step 1: shapes.
     if T == 0:
         raise ValueError("x has no tokens (T = 0); call the layer with at least D tokens")
-    if H != config.hidden or params["router"].shape != (H, E):
-        raise ValueError(
-            f"x [T, H={H}] / router {params['router'].shape} do not match config (H={config.hidden}, E={E})"
-        )
+    if H != config.hidden:
+        raise ValueError(f"x [T, H={H}] does not match config (H={config.hidden})")
     if T % D:
         raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
+    check_params(params, config, where="moe_forward")
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = "
                          f"{D}·{S} = {D * S}")  # fmt: skip

@@ -181,6 +181,7 @@ class _ExpertFFN:
 
         from pallas_kernels import GmmTiling
 
+        from ..layer.experts import ExpertConfig
         from ..layer.stages import expert_ffn
 
         self.jax, self.jnp, self.cfg = jax, jnp, cfg
@@ -189,8 +190,12 @@ class _ExpertFFN:
         S, H, F = cfg.slots, cfg.hidden, cfg.ffn
         self.w = (jax.random.normal(k[0], (S, H, F)) * H**-0.5, jax.random.normal(k[1], (S, H, F)) * H**-0.5,
                   jax.random.normal(k[2], (S, F, H)) * F**-0.5)  # fmt: skip
-        self.fn = jax.jit(lambda rows, slots, wg, wu, wd: expert_ffn(rows, slots, wg, wu, wd, gmm_impl="auto",
-                                                                     interpret=False)[0])  # fmt: skip
+
+        def ffn(rows, slots, wg, wu, wd):
+            weights = {"w_gate": wg, "w_up": wu, "w_down": wd}
+            return expert_ffn(rows, slots, weights, expert=ExpertConfig(), gmm_impl="auto", interpret=False)[0]
+
+        self.fn = jax.jit(ffn)
         self._x: dict[int, object] = {}
 
     def prepare(self, sizes, offset: int = 0):

@@ -7,10 +7,11 @@ stated shapes at stated efficiencies, so absolute times are ours; the notebook c
 
 Derivations (per MoE layer, one EP rank = one GPU, D ranks, S = E/D experts per rank):
 
-- **Shapes.** Table 1 gives experts, top-k, expert width F and total / active parameters. We pick hidden size
-  H and layer count L so that L·E·3·H·F matches the total (V4-Flash: 43 × 256 × 3 × 4096 × 2048 = 277B of
-  284B; V4-Pro: 61 × 384 × 3 × 7168 × 3072 = 1.55T of 1.6T; GLM-5.3: 78 × 256 × 3 × 6144 × 2048 = 754B of
-  753B). These H and L are our assumption, not the paper's.
+- **Shapes.** Every MoE preset of `tempo_jax.workloads.models` (one source for the layer's presets and the
+  simulator). Table 1 gives experts, top-k, expert width F and total / active parameters; H and the MoE layer
+  count L come from the models' configs where published (V4-Flash: 43 × 256 × 3 × 4096 × 2048 = 277B of 284B;
+  GLM-5.3, assumed to keep GLM-5's block: 75 MoE of 78 layers, 75 × 256 × 3 × 6144 × 2048 = 725B of 753B) and
+  from third-party transcriptions otherwise (V4-Pro: 61 × 384 × 3 × 7168 × 3072 = 1.55T of 1.6T).
 - **Expert FFN.** A token–expert pair costs 6·H·F FLOPs (three GEMMs). Peak throughput per rank
   ``P = gemm_efficiency × peak_flops / (6·H·F)`` tokens per µs. A grouped FFN kernel over N pairs takes
   ``F(N) = t_fix + N / P``: the fixed part is the non-overlapped cost of streaming the rank's S experts'
@@ -38,6 +39,7 @@ import numpy as np
 
 from solvers import AttentionModel, CostModel, ThroughputCurve, stream_threshold
 from solvers.checks import check_choice, check_int, check_real
+from tempo_jax.workloads.models import MODEL_SPECS
 
 __all__ = [
     "HARDWARE",
@@ -91,40 +93,25 @@ class ModelShape:
         return 3 * self.hidden * self.expert_dim
 
 
-_T1 = "CascadeEP Table 1 (experts, top-k, expert dim); H and L derived from the totals (see module doc)"
-#: Table 1's three models.
-MODELS: dict[str, ModelShape] = {
-    "deepseek_v4_flash": ModelShape(
-        name="deepseek_v4_flash",
-        layers=43,
-        experts=256,
-        top_k=6,
-        hidden=4096,
-        expert_dim=2048,
-        weight_bytes=0.53125,
-        source=f"{_T1}: 284B / 13B, MXFP4 experts",
-    ),  # fmt: skip
-    "deepseek_v4_pro": ModelShape(
-        name="deepseek_v4_pro",
-        layers=61,
-        experts=384,
-        top_k=6,
-        hidden=7168,
-        expert_dim=3072,
-        weight_bytes=0.53125,
-        source=f"{_T1}: 1.6T / 49B, MXFP4 experts",
-    ),  # fmt: skip
-    "glm_5_3": ModelShape(
-        name="glm_5_3",
-        layers=78,
-        experts=256,
-        top_k=8,
-        hidden=6144,
-        expert_dim=2048,
-        weight_bytes=1.0078125,
-        source=f"{_T1}: 753B / ~40B, FP8 experts",
-    ),  # fmt: skip
-}
+#: Bytes per routed-expert parameter as each model's experts are served: MXFP4 with one scale per 32 values
+#: (CascadeEP: V4-Flash, V4-Pro), FP8 with one scale per 128 (GLM-5.3, and the default for the other presets).
+_WEIGHT_BYTES = {"deepseek_v4_flash": (0.53125, "MXFP4 experts"), "deepseek_v4_pro": (0.53125, "MXFP4 experts")}
+_FP8 = (1.0078125, "FP8 experts")
+#: Models with sparse attention (a per-query key budget): V4's CSA / HCA and GLM's DSA.
+_SPARSE_ATTENTION = ("deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3")
+
+
+def _shape(spec) -> ModelShape:
+    wb, precision = _WEIGHT_BYTES.get(spec.name, _FP8)
+    return ModelShape(name=spec.name, layers=spec.moe_layers, experts=spec.experts, top_k=spec.top_k,
+                      hidden=spec.hidden, expert_dim=spec.ffn, weight_bytes=wb,
+                      key_budget=2048 if spec.name in _SPARSE_ATTENTION else None,
+                      source=f"MoE preset {spec.name} ({spec.total_params} / {spec.active_params}, {precision}): "
+                             f"{spec.source}")  # fmt: skip
+
+
+#: Every MoE preset (`tempo_jax.workloads.models`: CascadeEP's Table 1 models and the TEMPO ones), by name.
+MODELS: dict[str, ModelShape] = {name: _shape(spec) for name, spec in MODEL_SPECS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,156 @@
+"""Routers of the MoE families the layer expresses, and the training losses over their probabilities.
+
+A `RouterConfig` says how logits become choices and weights; `route` applies it to a rank's tokens:
+
+1. ``logits = x·W (+ b)`` in float32 (``b``: gpt-oss's router bias).
+2. Scores: ``softmax`` over all E experts (Mixtral, Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3, GLM), ``sqrt_softplus``
+   = sqrt(softplus(logits)) (DeepSeek-V4), or ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
+   over those k only).
+3. Choice scores = scores + the selection-only ``score_bias`` (DeepSeek-V3's ``e_score_correction_bias``: it
+   changes which experts are chosen, never their weights; no gradient flows into it).
+4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
+   two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
+5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
+   ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by ``scaling`` (routed_scaling_factor).
+
+Training (returned by the layer, `MoEAux`): the Switch / GShard load-balancing loss ``E·Σ_e f_e·P_e`` over the
+router probabilities P (the scores normalised over experts) and the layer's pair fractions f, the router
+z-loss ``mean(logsumexp(logits)²)``, and DeepSeek-V3's auxiliary-loss-free balancing (`balance_update`: the
+score bias moves by ``rate·sign(mean load − load)``, outside the gradient).
+
+Glossary: T tokens on this rank, H hidden, E experts, K top-k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, NamedTuple, get_args
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route"]
+
+Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk"]
+SCORINGS: tuple[str, ...] = get_args(Scoring)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    """How the router turns logits into choices and weights (see the module).
+
+    Attributes:
+      scoring: "softmax", "sigmoid", "sqrt_softplus" or "softmax_topk".
+      bias: a learned router bias [E] added to the logits (gpt-oss).
+      score_bias: a selection-only correction bias [E] (DeepSeek-V3, GLM, DeepSeek-V4).
+      n_group: expert groups of the group-limited choice (1: off). topk_group: groups kept.
+      renormalize: divide the chosen weights by their sum (+ renorm_eps).
+      renorm_eps: added to the sum before dividing (DeepSeek: 1e-20; Qwen, Mixtral: 0).
+      scaling: routed_scaling_factor, applied last.
+      balance_rate: aux-free balancing step γ of `balance_update` (0: the score bias stays put).
+    """
+
+    scoring: Scoring = "softmax"
+    bias: bool = False
+    score_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    renormalize: bool = True
+    renorm_eps: float = 0.0
+    scaling: float = 1.0
+    balance_rate: float = 0.0
+
+    def validate(self, experts: int, top_k: int) -> None:
+        """Raise ValueError when this router cannot route ``top_k`` of ``experts`` experts."""
+        w = "RouterConfig"
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"{w}: unknown scoring {self.scoring!r}; one of {list(SCORINGS)}")
+        for name in ("bias", "score_bias", "renormalize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{w}.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("n_group", "topk_group"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{w}.{name} must be an integer >= 1, got {v!r}")
+        if experts % self.n_group:
+            raise ValueError(f"{w}: n_group={self.n_group} does not divide experts={experts}")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"{w}: topk_group={self.topk_group} exceeds n_group={self.n_group}")
+        if self.n_group > 1 and experts // self.n_group < 2:
+            raise ValueError(f"{w}: a group's score sums its two best experts; {experts // self.n_group} per group")
+        if top_k > self.topk_group * (experts // self.n_group):
+            raise ValueError(f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
+                             f"{self.topk_group * (experts // self.n_group)} experts")  # fmt: skip
+        for name in ("renorm_eps", "scaling", "balance_rate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v < float("inf")):
+                raise ValueError(f"{w}.{name} must be a finite number >= 0, got {v!r}")
+        if self.scaling == 0:
+            raise ValueError(f"{w}.scaling must be > 0 (every routed output would be 0)")
+        if self.scoring == "softmax_topk" and self.renorm_eps:
+            raise ValueError(f"{w}: softmax_topk weights sum to 1 already; renorm_eps={self.renorm_eps} would be "
+                             "ignored")  # fmt: skip
+        if self.balance_rate and not self.score_bias:
+            raise ValueError(f"{w}: balance_rate > 0 moves the score bias; set score_bias=True")
+
+
+class Routing(NamedTuple):
+    """A rank's routing: ``ids [T, K]`` int32 experts, ``gate [T, K]`` float32 combine weights, ``probs [T, E]``
+    float32 router probabilities (scores normalised over experts: the load-balancing loss reads them), ``logits
+    [T, E]`` float32 (the z-loss reads them)."""
+
+    ids: jax.Array
+    gate: jax.Array
+    probs: jax.Array
+    logits: jax.Array
+
+
+def _scores(logits: jax.Array, scoring: str) -> jax.Array:
+    if scoring == "softmax":
+        return jax.nn.softmax(logits, axis=-1)
+    if scoring == "sigmoid":
+        return jax.nn.sigmoid(logits)
+    if scoring == "sqrt_softplus":
+        return jnp.sqrt(jax.nn.softplus(logits))
+    return logits  # softmax_topk: choose on the raw logits
+
+
+def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routing:
+    """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``
+    and ``score_bias [E]``) → `Routing`."""
+    logits = jnp.dot(x.astype(jnp.float32), params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    if config.bias:
+        logits = logits + params["router_bias"].astype(jnp.float32)
+    T, E = logits.shape
+    # Step 1: scores, and the choice scores (selection-only bias, no gradient into it).
+    scores = _scores(logits, config.scoring)
+    choice = scores
+    if config.score_bias:
+        choice = scores + jax.lax.stop_gradient(params["score_bias"].astype(jnp.float32))
+    choice = jax.lax.stop_gradient(choice)
+    # Step 2: group-limited choice: a group scores the sum of its two best; experts of other groups are out.
+    if config.n_group > 1:
+        grouped = choice.reshape(T, config.n_group, E // config.n_group)
+        group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, n_group]
+        kept = jax.lax.top_k(group_score, config.topk_group)[1]  # [T, topk_group]
+        keep = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], kept].set(True)
+        choice = jnp.where(jnp.repeat(keep, E // config.n_group, axis=1), choice, -jnp.inf)
+    # Step 3: the top-k and their weights from the unbiased scores.
+    _, ids = jax.lax.top_k(choice, top_k)
+    picked = jnp.take_along_axis(scores, ids, axis=1)
+    if config.scoring == "softmax_topk":
+        gate = jax.nn.softmax(picked, axis=-1)
+        probs = jax.nn.softmax(logits, axis=-1)
+    else:
+        gate = picked
+        if config.renormalize:
+            gate = gate / (jnp.sum(gate, axis=-1, keepdims=True) + config.renorm_eps)
+        probs = scores if config.scoring == "softmax" else scores / jnp.sum(scores, axis=-1, keepdims=True)
+    return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
+
+
+def balance_update(score_bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
+    """DeepSeek-V3's auxiliary-loss-free balancing: ``score_bias [E] + rate·sign(mean(load) − load)`` for the
+    per-expert ``load [E]`` of a step (outside the gradient: under-loaded experts become likelier to be chosen)."""
+    load = jax.lax.stop_gradient(load.astype(jnp.float32))
+    return jax.lax.stop_gradient(score_bias + rate * jnp.sign(jnp.mean(load) - load))

@@ -1,0 +1,143 @@
+"""The MoE blocks of the models the papers serve, as data: shapes and routing from each model's own config.
+
+One `ModelSpec` per model (plain numbers and strings, no jax), read by `tempo_jax.layer.presets` (→ `MoEConfig`)
+and by the simulators. Every spec names its source. Where a source is a third party or a library default rather
+than the model's published config.json, ``source`` says so.
+
+Routing vocabulary (see `tempo_jax.layer.routing.RouterConfig`): ``scoring`` is "softmax" (over all experts),
+"sigmoid", "sqrt_softplus" or "softmax_topk" (softmax over the top-k logits only); ``score_bias`` is a
+selection-only correction bias (DeepSeek-V3's ``e_score_correction_bias``); ``n_group`` / ``topk_group`` limit
+the choice to the best groups; ``renormalize`` / ``renorm_eps`` / ``scaling`` act on the chosen weights.
+
+Glossary: H hidden, F expert FFN width, E routed experts, K top-k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["MODEL_SPECS", "ModelSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One model's MoE block.
+
+    Attributes:
+      name: preset name.
+      family: the Hugging Face ``model_type`` whose modeling code defines the block.
+      hidden: H.
+      ffn: F, the routed experts' intermediate width.
+      experts: E routed experts per MoE layer.
+      top_k: K routed experts per token.
+      layers: decoder layers; moe_layers: how many of them are MoE.
+      router: `RouterConfig` fields (scoring, bias, score_bias, n_group, topk_group, renormalize, renorm_eps,
+        scaling).
+      expert: `ExpertConfig` fields (activation, bias, alpha, limit).
+      shared: shared experts: ``{"count": n, "ffn": width of one}`` (+ ``"gated": True``), or None.
+      total_params, active_params: the model's parameter counts as published (strings, for the record).
+      source: where every number comes from.
+    """
+
+    name: str
+    family: str
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+    layers: int
+    moe_layers: int
+    router: dict = field(default_factory=dict)
+    expert: dict = field(default_factory=dict)
+    shared: dict | None = None
+    total_params: str = ""
+    active_params: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "router", MappingProxyType(dict(self.router)))
+        object.__setattr__(self, "expert", MappingProxyType(dict(self.expert)))
+        if self.shared is not None:
+            object.__setattr__(self, "shared", MappingProxyType(dict(self.shared)))
+
+
+_DSV3_ROUTER = {"scoring": "sigmoid", "score_bias": True, "renormalize": True, "renorm_eps": 1e-20}
+_QWEN_ROUTER = {"scoring": "softmax", "renormalize": True, "renorm_eps": 0.0}
+
+_SPECS = [
+    ModelSpec(
+        name="deepseek_v3", family="deepseek_v3", hidden=7168, ffn=2048, experts=256, top_k=8, layers=61,
+        moe_layers=58, router={**_DSV3_ROUTER, "n_group": 8, "topk_group": 4, "scaling": 2.5},
+        shared={"count": 1, "ffn": 2048}, total_params="671B", active_params="37B",
+        source="DeepSeek-V3 config.json (deepseek-ai/DeepSeek-V3; inference/configs/config_671B.json agrees): "
+               "hidden 7168, moe_intermediate 2048, 256 routed + 1 shared, top-8, n_group 8, topk_group 4, "
+               "routed_scaling_factor 2.5, first_k_dense_replace 3 of 61 layers",
+    ),
+    ModelSpec(
+        name="deepseek_v4_flash", family="deepseek_v4", hidden=4096, ffn=2048, experts=256, top_k=6, layers=43,
+        moe_layers=43, router={"scoring": "sqrt_softplus", "score_bias": True, "renormalize": True,
+                               "renorm_eps": 1e-20, "scaling": 1.5},
+        expert={"activation": "swiglu_clamp", "limit": 10.0}, shared={"count": 1, "ffn": 2048},
+        total_params="284B", active_params="13B",
+        source="CascadeEP Table 1 (256 routed + 1 shared, top-6, F 2048, 284B / 13B); hidden 4096, 43 layers, "
+               "sqrt(softplus) scoring, routed_scaling_factor 1.5, swiglu_limit 10 from transformers' "
+               "DeepseekV4Config defaults (checkpoint deepseek-ai/DeepSeek-V4-Flash-Base); the first 3 layers "
+               "route by token-id hash, which this layer does not express (their routing must be given)",
+    ),
+    ModelSpec(
+        name="deepseek_v4_pro", family="deepseek_v4", hidden=7168, ffn=3072, experts=384, top_k=6, layers=61,
+        moe_layers=61, router={"scoring": "sqrt_softplus", "score_bias": True, "renormalize": True,
+                               "renorm_eps": 1e-20, "scaling": 1.5},
+        expert={"activation": "swiglu_clamp", "limit": 10.0}, shared={"count": 1, "ffn": 3072},
+        total_params="1.6T", active_params="49B",
+        source="CascadeEP Table 1 (384 routed + 1 shared, top-6, F 3072, 1.6T / 49B); hidden 7168 and 61 layers "
+               "from third-party transcriptions of its config (unverified); routing as V4-Flash (assumed: "
+               "sqrt(softplus), scaling 1.5, swiglu_limit 10)",
+    ),
+    ModelSpec(
+        name="glm_5_3", family="glm_moe_dsa", hidden=6144, ffn=2048, experts=256, top_k=8, layers=78,
+        moe_layers=75, router={**_DSV3_ROUTER, "scaling": 2.5}, shared={"count": 1, "ffn": 2048},
+        total_params="753B", active_params="~40B",
+        source="CascadeEP Table 1 (256 routed + 1 shared, top-8, F 2048, 753B / ~40B); hidden 6144, 78 layers "
+               "(3 dense), sigmoid routing with score bias, scaling 2.5, one group, from transformers' "
+               "GlmMoeDsaConfig defaults (GLM-5); GLM-5.3 assumed to keep GLM-5's block",
+    ),
+    ModelSpec(
+        name="qwen3_30b_a3b", family="qwen3_moe", hidden=2048, ffn=768, experts=128, top_k=8, layers=48,
+        moe_layers=48, router=_QWEN_ROUTER, total_params="30B", active_params="3B",
+        source="Qwen3-30B-A3B config.json: hidden 2048, moe_intermediate 768, 128 experts, top-8, "
+               "norm_topk_prob true, 48 layers",
+    ),
+    ModelSpec(
+        name="qwen3_235b_a22b", family="qwen3_moe", hidden=4096, ffn=1536, experts=128, top_k=8, layers=94,
+        moe_layers=94, router=_QWEN_ROUTER, total_params="235B", active_params="22B",
+        source="Qwen3-235B-A22B config.json: hidden 4096, moe_intermediate 1536, 128 experts, top-8, "
+               "norm_topk_prob true, 94 layers",
+    ),
+    ModelSpec(
+        name="mixtral_8x7b", family="mixtral", hidden=4096, ffn=14336, experts=8, top_k=2, layers=32,
+        moe_layers=32, router=_QWEN_ROUTER, total_params="47B", active_params="13B",
+        source="Mixtral-8x7B config.json: hidden 4096, intermediate 14336, 8 experts, top-2, 32 layers "
+               "(softmax, always renormalised)",
+    ),
+    ModelSpec(
+        name="gpt_oss_20b", family="gpt_oss", hidden=2880, ffn=2880, experts=32, top_k=4, layers=24,
+        moe_layers=24, router={"scoring": "softmax_topk", "bias": True},
+        expert={"activation": "gpt_oss", "bias": True, "alpha": 1.702, "limit": 7.0},
+        total_params="21B", active_params="3.6B",
+        source="gpt-oss-20b config.json: hidden 2880, intermediate 2880, 32 experts, top-4, swiglu_limit 7, "
+               "24 layers; router bias, softmax over the top-4 logits, expert biases, alpha 1.702",
+    ),
+    ModelSpec(
+        name="gpt_oss_120b", family="gpt_oss", hidden=2880, ffn=2880, experts=128, top_k=4, layers=36,
+        moe_layers=36, router={"scoring": "softmax_topk", "bias": True},
+        expert={"activation": "gpt_oss", "bias": True, "alpha": 1.702, "limit": 7.0},
+        total_params="117B", active_params="5.1B",
+        source="openai/gpt-oss reference ModelConfig defaults for gpt-oss-120b (hidden 2880, intermediate 2880, "
+               "128 experts, top-4, 36 layers, swiglu_limit 7)",
+    ),
+]  # fmt: skip
+
+#: Every model's spec, by preset name.
+MODEL_SPECS: MappingProxyType = MappingProxyType({s.name: s for s in _SPECS})

@@ -1,0 +1,280 @@
+"""The MoE families in the layer, against dense references written from Hugging Face's modeling code
+(`tests/hf_reference.py`): routers, shared experts, expert variants, `moe_from_hf` in both layouts,
+`load_moe_layers` on a tiny sharded checkpoint, `moe_forward` on 8 fake devices with replicated placements (every
+dispatch mode, perturbed tables, a CascadeEP schedule with weight fetches: the output never changes), the `MoE`
+module under `nnx.jit`, gradients, bfloat16, and the presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hf_reference import FAMILY_CONFIGS, fused_state, hf_block, hf_state
+from safetensors.numpy import save_file
+
+import tempo_jax
+from solvers import LaunchSchedule, Placement
+from tempo_jax.layer import MoEConfig, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.cascade_plan import WeightFetch
+from tempo_jax.layer.experts import ExpertConfig, SharedConfig
+from tempo_jax.layer.hf import load_moe_layers, moe_config_from_hf, moe_from_hf, moe_layer_ids
+from tempo_jax.layer.presets import MOE_PRESETS, moe_preset, preset_spec
+from tempo_jax.layer.routing import RouterConfig
+from tempo_jax.workloads.models import MODEL_SPECS
+
+D, S, T = 8, 2, 64  # ranks, slots per rank (8 experts + 8 replicas), tokens
+FAMILIES = list(FAMILY_CONFIGS)
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return make_ep_mesh(D)
+
+
+def _placement(E: int, seed: int = 0) -> Placement:
+    load = np.random.default_rng(seed).random(E) + 0.1
+    return Placement.from_eplb(load, D * S, D)  # every expert has a replica, popular ones two
+
+
+def _x(H: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(T, H)) * 1.5
+
+
+def _layer(mesh, cfg, params, placement, x, tables=None, key=0):
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = dispatch_tables.uniform(placement) if tables is None else tables
+    return moe_forward(params, jnp.asarray(x, jnp.float32), mesh=mesh, placement_arrays=pa, tables=tables,
+                       config=cfg, key=jax.random.key(key))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ import
+@pytest.mark.parametrize("family", FAMILIES)
+def test_both_layouts_import_to_the_same_params(family):
+    config = FAMILY_CONFIGS[family]
+    st = hf_state(family, config)
+    cfg_a, pa = moe_from_hf(config, st, slots_per_rank=S)
+    cfg_b, pb = moe_from_hf(config, fused_state(family, config, st), slots_per_rank=S)
+    assert cfg_a == cfg_b and pa.keys() == pb.keys()
+    for k in pa:
+        np.testing.assert_array_equal(np.asarray(pa[k]), np.asarray(pb[k]))
+    # the layer's own dense reference already equals the HF block on the imported parameters
+    x = _x(config["hidden_size"])
+    want = hf_block(family, config, st, x)
+    assert rel_err(moe_reference(pa, jnp.asarray(x, jnp.float32), cfg_a), want) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ the layer
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
+    """moe_forward on 8 devices (EPLB replicas, sample mode, uniform then perturbed tables) equals the HF block;
+    gradients (x and every parameter) equal jax.grad of the HF block's code."""
+    config = FAMILY_CONFIGS[family]
+    st = hf_state(family, config)
+    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
+    placement = _placement(cfg.experts)
+    x = _x(cfg.hidden)
+    want = hf_block(family, config, st, x)
+    pa = dispatch_tables.placement_arrays(placement)
+
+    @jax.jit
+    def run(params, x, table):
+        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
+                           config=cfg, key=jax.random.key(3)).out  # fmt: skip
+
+    xj = jnp.asarray(x, jnp.float32)
+    uniform = dispatch_tables.uniform(placement)
+    out = run(params, xj, uniform.table)
+    assert rel_err(out, want) < 1e-5
+    perturbed = run(params, xj, dispatch_tables.perturbed(uniform, seed=5).table)
+    assert rel_err(perturbed, out) < 1e-5  # the central invariant: tables change where pairs go, not the output
+    # gradients of <out, cot> against jax.grad of the HF block (float32), mapped by the same import
+    cot = jnp.asarray(np.random.default_rng(9).normal(size=out.shape), jnp.float32)
+    g_params, g_x = jax.grad(lambda p, x: jnp.sum(run(p, x, uniform.table) * cot), argnums=(0, 1))(params, xj)
+    st32 = {k: jnp.asarray(v, jnp.float32) for k, v in st.items()}
+    g_st, g_xref = jax.grad(lambda s, x: jnp.sum(hf_block(family, config, s, x, xp=jnp) * cot), argnums=(0, 1))(
+        st32, xj
+    )
+    assert rel_err(g_x, g_xref) < 1e-5
+    _, g_want = moe_from_hf(config, {k: np.asarray(v) for k, v in g_st.items()}, slots_per_rank=S)
+    for k in params:
+        if k == "score_bias":
+            assert not np.asarray(g_params[k]).any()  # selection only: no gradient
+            continue
+        assert rel_err(g_params[k], g_want[k]) < 1e-5, k
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "qwen2_moe"])
+def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
+    config = FAMILY_CONFIGS[family]
+    st = hf_state(family, config, seed=2)
+    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
+    placement = _placement(cfg.experts, seed=3)
+    x = _x(cfg.hidden, seed=4)
+    want = hf_block(family, config, st, x)
+    quota = _layer(mesh, dataclasses.replace(cfg, dispatch_mode="quota"), params, placement, x,
+                   tables=dispatch_tables.static(placement)).out  # fmt: skip
+    assert rel_err(quota, want) < 1e-5
+    # CascadeEP: two launch groups and a weight fetch (biases and the score bias travel with the weights)
+    donor = 5
+    held = [int(e) for e in placement.phy2log[donor * S : (donor + 1) * S]]
+    schedule = LaunchSchedule.stragglers(D, late=(donor, 7))
+    cascade = dataclasses.replace(cfg, schedule=schedule, fetches=(WeightFetch(helper=1, donor=donor,
+                                                                               experts=tuple(held[:1])),))  # fmt: skip
+    out = _layer(mesh, cascade, params, placement, x).out
+    assert len(schedule.groups) > 1 and rel_err(out, want) < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_module_under_nnx_jit_matches_hf(family, mesh):
+    config = FAMILY_CONFIGS[family]
+    st = hf_state(family, config, seed=6)
+    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
+    moe = tempo_jax.MoE(cfg, _placement(cfg.experts), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1), params=params)
+    x = _x(cfg.hidden, seed=7)
+    out = nnx.jit(lambda m, x: m(x))(moe, jnp.asarray(x.reshape(4, T // 4, -1), jnp.float32))
+    assert rel_err(np.asarray(out).reshape(T, -1), hf_block(family, config, st, x)) < 1e-5
+    assert float(moe.aux_loss.get_value()) > 0 and float(moe.z_loss.get_value()) > 0
+    assert float(moe.expert_load.get_value().sum()) == T * cfg.top_k
+
+
+def test_bfloat16_layer_within_tolerance(mesh):
+    family = "deepseek_v3"
+    config = FAMILY_CONFIGS[family]
+    st = hf_state(family, config, seed=8)
+    cfg, params = moe_from_hf(config, st, slots_per_rank=S, dtype=jnp.bfloat16)
+    assert params["w_gate"].dtype == jnp.bfloat16 and params["router"].dtype == jnp.float32
+    x = _x(cfg.hidden, seed=9)
+    out = _layer(mesh, cfg, params, _placement(cfg.experts), x).out
+    # bf16 experts (8-bit mantissa: 2^-8 relative per rounding, a few roundings deep): 3e-2 of the output's scale
+    assert rel_err(out, hf_block(family, config, st, x)) < 3e-2
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def test_import_refuses_what_the_layer_cannot_express():
+    config = FAMILY_CONFIGS["mixtral"]
+    st = hf_state("mixtral", config)
+    with pytest.raises(ValueError, match="model_type 'llama' is not a MoE family"):
+        moe_from_hf({**config, "model_type": "llama"}, st, slots_per_rank=S)
+    with pytest.raises(ValueError, match=r"lacks 'experts.3.w2.weight' \(expected shape \[16, 8\]\)"):
+        moe_from_hf(config, {k: v for k, v in st.items() if k != "experts.3.w2.weight"}, slots_per_rank=S)
+    with pytest.raises(ValueError, match=r"state\['gate.weight'\] has shape \[8, 15\], expected \[8, 16\]"):
+        moe_from_hf(config, {**st, "gate.weight": st["gate.weight"][:, :15]}, slots_per_rank=S)
+    with pytest.raises(ValueError, match="unexpected tensors .*'experts.0.w1.bias'"):
+        moe_from_hf(config, {**st, "experts.0.w1.bias": np.zeros(8)}, slots_per_rank=S)
+    with pytest.raises(ValueError, match="quantized tensors"):
+        moe_from_hf(config, {**st, "experts.0.w1.weight_scale_inv": np.ones((1, 1))}, slots_per_rank=S)
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        moe_from_hf({**config, "hidden_act": "gelu"}, st, slots_per_rank=S)
+    with pytest.raises(ValueError, match=r"config\[\'num_local_experts\'\] must be an integer"):
+        moe_config_from_hf({**config, "num_local_experts": 8.0}, slots_per_rank=S)
+    ds = FAMILY_CONFIGS["deepseek_v3"]
+    with pytest.raises(ValueError, match="cannot be expressed: RouterConfig: n_group=3 does not divide experts=8"):
+        moe_config_from_hf({**ds, "n_group": 3}, slots_per_rank=S)
+    # DeepSeek-V4's hash-routed first layers are not MoE layers the layer can express
+    assert moe_layer_ids(FAMILY_CONFIGS["deepseek_v4"]) == [1, 2]
+    assert moe_layer_ids({**FAMILY_CONFIGS["qwen3_moe"], "decoder_sparse_step": 2, "num_hidden_layers": 6,
+                          "mlp_only_layers": [3]}) == [1, 5]  # fmt: skip
+    assert moe_layer_ids(FAMILY_CONFIGS["deepseek_v3"]) == [1, 2]
+
+
+def test_params_are_checked_against_the_config(mesh):
+    config = FAMILY_CONFIGS["gpt_oss"]
+    cfg, params = moe_from_hf(config, hf_state("gpt_oss", config), slots_per_rank=S)
+    placement = _placement(cfg.experts)
+    with pytest.raises(ValueError, match=r"params lack b_down \[8, 16\]"):
+        _layer(mesh, cfg, {k: v for k, v in params.items() if k != "b_down"}, placement, _x(16))
+    with pytest.raises(ValueError, match=r"params \['router_bias'\] are not used by this config"):
+        plain = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, bias=False))
+        _layer(mesh, plain, params, placement, _x(16))
+    with pytest.raises(ValueError, match=r"params\['w_up'\] has shape"):
+        _layer(mesh, cfg, {**params, "w_up": params["w_up"][:, :, :4]}, placement, _x(16))
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def test_load_moe_layers_round_trips_a_sharded_checkpoint(tmp_path):
+    family = "qwen2_moe"
+    config = {**FAMILY_CONFIGS[family], "num_hidden_layers": 3, "mlp_only_layers": [1]}
+    states = {layer: hf_state(family, config, seed=layer) for layer in (0, 2)}
+    tensors = {f"model.layers.{layer}.mlp.{k}": v.astype(np.float32) for layer, st in states.items()
+               for k, v in st.items()}  # fmt: skip
+    tensors["model.embed_tokens.weight"] = np.ones((32, 16), np.float32)  # not an MoE tensor: never read
+    tensors["model.layers.1.mlp.gate_proj.weight"] = np.ones((8, 16), np.float32)  # the dense layer
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for fname, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(tmp_path / fname))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layers = load_moe_layers(tmp_path, slots_per_rank=S)
+    assert sorted(layers) == [0, 2]
+    for layer, (cfg, params) in layers.items():
+        want_cfg, want = moe_from_hf(config, states[layer], slots_per_rank=S)
+        assert cfg == want_cfg
+        for k in want:
+            np.testing.assert_allclose(np.asarray(params[k]), np.asarray(want[k]), rtol=1e-7, atol=0)
+    assert sorted(load_moe_layers(tmp_path, slots_per_rank=S, layers=[2])) == [2]
+    with pytest.raises(ValueError, match=r"layers \[1\] are not MoE layers"):
+        load_moe_layers(tmp_path, slots_per_rank=S, layers=[1])
+    with pytest.raises(ValueError, match="layers must be a list of integer layer ids"):
+        load_moe_layers(tmp_path, slots_per_rank=S, layers="02")
+    with pytest.raises(ValueError, match="is not a folder"):
+        load_moe_layers(tmp_path / "config.json", slots_per_rank=S)
+
+
+# ------------------------------------------------------------------------------------------------ presets
+def test_presets_have_real_dimensions_and_sources():
+    assert set(MOE_PRESETS) >= {"deepseek_v3", "deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3", "qwen3_30b_a3b",
+                                "qwen3_235b_a22b", "mixtral_8x7b", "gpt_oss_20b", "gpt_oss_120b"}  # fmt: skip
+    v3 = moe_preset("deepseek_v3", slots_per_rank=40)
+    assert (v3.hidden, v3.ffn, v3.experts, v3.top_k) == (7168, 2048, 256, 8)
+    assert (v3.router.n_group, v3.router.topk_group, v3.router.scaling, v3.shared.width) == (8, 4, 2.5, 2048)
+    oss = moe_preset("gpt_oss_120b", slots_per_rank=16)
+    assert oss.expert.activation == "gpt_oss" and oss.expert.limit == 7.0 and oss.router.scoring == "softmax_topk"
+    assert (moe_preset("glm_5_3", slots_per_rank=32).experts, preset_spec("deepseek_v4_pro").ffn) == (256, 3072)
+    for spec in MODEL_SPECS.values():
+        assert spec.source and spec.moe_layers <= spec.layers
+    small = moe_preset("deepseek_v3", slots_per_rank=2, experts=16, hidden=32, ffn=16)
+    assert small.router.n_group == 8 and small.shared.width == 16
+    with pytest.raises(ValueError, match="unknown MoE preset 'deepseek'"):
+        moe_preset("deepseek", slots_per_rank=2)
+    with pytest.raises(ValueError, match="multiple of its 8 groups"):
+        moe_preset("deepseek_v3", slots_per_rank=2, experts=12)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"router": RouterConfig(scoring="tanh")}, "unknown scoring 'tanh'"),
+        ({"router": RouterConfig(n_group=3)}, "n_group=3 does not divide experts=8"),
+        ({"router": RouterConfig(n_group=4, topk_group=5)}, "topk_group=5 exceeds n_group=4"),
+        ({"router": RouterConfig(n_group=4, topk_group=1), "top_k": 3},
+         "top_k=3 exceeds the 1 kept groups' 2 experts"),
+        ({"router": RouterConfig(balance_rate=0.1)}, "set score_bias=True"),
+        ({"router": RouterConfig(scaling=0.0)}, "scaling must be > 0"),
+        ({"router": RouterConfig(renorm_eps=float("nan"))}, "renorm_eps must be a finite"),
+        ({"router": RouterConfig(scoring="softmax_topk", renorm_eps=1e-9)}, "would be ignored"),
+        ({"router": "sigmoid"}, "MoEConfig.router must be a RouterConfig"),
+        ({"expert": ExpertConfig(activation="gelu")}, "unknown activation 'gelu'"),
+        ({"expert": ExpertConfig(limit=7.0)}, "'swiglu' has no clamp"),
+        ({"expert": ExpertConfig(activation="gpt_oss", alpha=-1.0)}, "alpha must be"),
+        ({"shared": SharedConfig(count=0, ffn=4)}, "SharedConfig.count must be"),
+        ({"shared": 2}, "MoEConfig.shared must be a SharedConfig or None"),
+    ],
+)  # fmt: skip
+def test_family_options_are_validated_at_the_config(kw, match):
+    base = dict(hidden=16, ffn=8, experts=8, top_k=2, slots_per_rank=2)
+    with pytest.raises(ValueError, match=match):
+        MoEConfig(**{**base, **kw})
