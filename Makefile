@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-refresh gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m tempo_jax demo
 
-# The MoE layer serving a drifting routing stream with live tables from the solver worker process
-# (status line per step, worker on/off step times, results/serve.json and results/serve.png).
+# The tiny MoE LM serving prefill + decode steps, every MoE layer with live tables from one solver worker
+# process (status line per step, refresh time, results/serve.json and results/serve.png).
 serve: $(STAMP)
 	$(PY) -m tempo_jax serve --kill-worker-at 30
 
@@ -32,7 +32,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm bench-ep bench-cascade
+bench: bench-solver bench-gemm bench-ep bench-cascade bench-refresh
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
@@ -45,6 +45,9 @@ bench-ep: $(STAMP)
 
 bench-cascade: $(STAMP)
 	$(PY) scripts/bench_cascade.py
+
+bench-refresh: $(STAMP)
+	$(PY) scripts/bench_refresh.py
 
 gpu-check:  # on a machine with a CUDA GPU; needs only jax with CUDA (no venv)
 	bash scripts/gpu_check.sh

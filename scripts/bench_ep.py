@@ -1,20 +1,23 @@
-"""Expert-parallel MoE layer benchmark (`make bench-ep`): step time against compute baselines and a bound.
+"""Expert-parallel MoE layer benchmark (`make bench-ep`): the layer as users run it, against its compute baseline.
 
-Runs `tempo_jax.moe_forward` on every available device (8 fake CPU devices here; real GPUs when present) and,
-in the same run and process, the same tokens, router and expert weights through:
+Every variant runs in one process and one run, on every available device (8 fake CPU devices here; real GPUs when
+present), with the same tokens, router and expert weights:
 
-- **sorted gmm**: one device, every pair through the layer's own expert FFN (`stages.expert_ffn`: sorted by
-  expert, the project's grouped GEMM) — the compute the layer must do, without the exchange and without
-  splitting it over devices (the baseline the layer is measured against);
-- **ragged_dot**: the same with `jax.lax.ragged_dot` (MaxText's dropless path);
+- **sorted gmm** (the baseline): one device, every pair through the layer's own expert FFN (`stages.expert_ffn`,
+  the project's grouped GEMM) — the compute the layer must do, without the exchange and without splitting it;
 - **dense bound**: three dense matmuls of the same FLOPs (every pair through one expert-sized FFN);
-- **capacity einsum** (CPU only): a GShard-style dense capacity-einsum MoE (capacity factor 1.25).
+- the `tempo_jax.MoE` module: eager; under ``nnx.jit`` (the module's state round-trips through the call); under
+  ``nnx.jit`` with the state donated (``donate_argnums=0``: what a serving or training step does); each with the
+  default ``capacity="auto"`` (dropless rounds, `tempo_jax.layer.rounds`), and under ``nnx.jit`` with the dropless
+  worst case (``capacity=None``) and a fixed capacity of twice the mean block (drops possible, counted);
+- the same default layer on a routing that sends every token to one rank (the rounds it takes).
 
-The layer runs with the dropless worst-case capacity (``cap=worst``) and with the bucket that fits this batch
-(``cap=auto``, what `MoE(capacity="auto")` uses). Times are medians after warm-up (`block_until_ready`),
-compile time separate. Prints every ratio and writes JSON.
+Times are medians of interleaved calls after warm-up (``block_until_ready``), compile time separate; ratios are
+against the sorted-gmm baseline. ``--memory`` adds, per capacity, the peak RSS of a fresh process that runs one
+jitted forward at T = 65,536 tokens (``/usr/bin/time -v``). Prints the tables and writes JSON.
 
     python scripts/bench_ep.py                       # tokens per device 128, 512
+    python scripts/bench_ep.py --memory              # + peak memory at T = 65,536
     python scripts/bench_ep.py --quick
 """
 
@@ -24,6 +27,9 @@ import argparse
 import json
 import os
 import platform
+import re
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,47 +40,23 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
-from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
-from tempo_jax.layer import (  # noqa: E402
-    MoEConfig,
-    capacity_bucket,
-    init_params,
-    make_ep_mesh,
-    moe_forward,
-    stages,  # noqa: E402
-)
-from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
+from solvers import Placement, slots_for  # noqa: E402
+from tempo_jax.layer import MoEConfig, auto_capacity, init_params, make_ep_mesh  # noqa: E402
+from tempo_jax.layer.module import MoE  # noqa: E402
 from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
-from tempo_jax.layer.stages import route  # noqa: E402
+from tempo_jax.layer.stages import expert_ffn, route  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 
 
-def dense_capacity_moe(params, x, config: MoEConfig, capacity_factor: float = 1.25):
-    """GShard-style dense MoE: one-hot dispatch [T, E, C] and combine tensors, batched expert einsums."""
-    T_, E, K = x.shape[0], config.experts, config.top_k
-    C = int(np.ceil(T_ * K / E * capacity_factor))
-    ids, w = route(x, params, config.router, K)[:2]
-    onehot = jax.nn.one_hot(ids, E, dtype=jnp.int32)  # [T, K, E]
-    pos = (jnp.cumsum(onehot.reshape(T_ * K, E), axis=0).reshape(T_, K, E) - 1) * onehot  # position in expert
-    keep = (pos < C) & (onehot > 0)
-    dispatch = (jax.nn.one_hot(pos, C) * keep[..., None]).sum(axis=1)  # [T, E, C]
-    combine = (jax.nn.one_hot(pos, C) * (keep * w[..., None])[..., None]).sum(axis=1)
-    xe = jnp.einsum("tec,th->ech", dispatch.astype(x.dtype), x)
-    h = jax.nn.silu(jnp.einsum("ech,ehf->ecf", xe, params["w_gate"])) * jnp.einsum("ech,ehf->ecf", xe, params["w_up"])
-    ye = jnp.einsum("ecf,efh->ech", h, params["w_down"])
-    return jnp.einsum("tec,ech->th", combine.astype(x.dtype), ye)
-
-
-def sorted_moe(params, x, config: MoEConfig, implementation: str):
-    """One-device dropless MoE: route, then the layer's own expert FFN (`stages.expert_ffn`: pairs sorted by
-    expert, gate+up and down grouped GEMMs, unsort) over every pair with the logical experts as groups, combine."""
+def sorted_moe(params, x, config: MoEConfig):
+    """One-device dropless MoE: route, then the layer's own expert FFN (pairs sorted by expert, gate+up and down
+    grouped GEMMs, unsort) over every pair with the logical experts as groups, combine."""
     T_, K = x.shape[0], config.top_k
     ids, w = route(x, params, config.router, K)[:2]
     rows = x[jnp.arange(T_ * K) // K]
-    y, _ = stages.expert_ffn(
-        rows, ids.reshape(-1), params, expert=config.expert, gmm_impl=implementation, interpret=False
-    )
+    y, _ = expert_ffn(rows, ids.reshape(-1), params, expert=config.expert, gmm_impl="auto", interpret=False)
     return jnp.einsum("tk,tkh->th", w.astype(y.dtype), y.reshape(T_, K, -1))
 
 
@@ -85,21 +67,131 @@ def dense_bound(params, x, config: MoEConfig):
     return h @ params["w_down"][0]
 
 
-def timed(fn, *args, repeats: int) -> tuple[float, float]:
-    """(compile seconds, median step seconds) of a jitted fn."""
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))
-    steps = []
+def _median_ms(fns: dict, repeats: int) -> dict:
+    """Interleaved calls (each round times every function once), median ms each."""
+    times = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        steps.append(time.perf_counter() - t0)
-    return compile_s, float(np.median(steps))
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _compile_s(f) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(f())
+    return time.perf_counter() - t0
+
+
+def _layer(cfg, placement, mesh, capacity, params):
+    import dataclasses
+
+    own = jax.tree.map(jnp.copy, params)  # its own buffers: a donated step deletes them
+    return MoE(dataclasses.replace(cfg, capacity=capacity), placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1),
+               params=own)  # fmt: skip
+
+
+def _hot(cfg: MoEConfig, D: int):
+    """A placement whose rank 0 alone holds experts 0 and 1, and router weights that send every token to them."""
+    S = cfg.slots_per_rank
+    phy2log = np.array([0, 1] + [2 + (i % (cfg.experts - 2)) for i in range(D * S - 2)])
+    return Placement.from_phy2log(phy2log, D, num_experts=cfg.experts)
+
+
+def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> list[dict]:
+    """Every variant at ``B`` tokens per device (see the module)."""
+    D, H = mesh.shape["ep"], cfg.hidden
+    rng = np.random.default_rng(B)
+    # A shared offset direction skews the router's choices like real routing does.
+    x = jax.random.normal(jax.random.key(B), (B * D, H)) + jnp.asarray(rng.normal(size=(1, H)))
+    one = jax.devices()[0]
+    p1, x1 = jax.device_put(params, one), jax.device_put(x, one)
+    base_fns = {"sorted gmm": jax.jit(lambda p, x: sorted_moe(p, x, cfg)), "dense bound": jax.jit(
+        lambda p, x: dense_bound(p, x, cfg))}  # fmt: skip
+    worst = B * cfg.top_k
+    fixed = auto_capacity(cfg, B, D)  # the same C as auto, one exchange, overflow dropped (and counted)
+    layers = {
+        "auto": _layer(cfg, placement, mesh, "auto", params),
+        "worst": _layer(cfg, placement, mesh, None, params),
+        "fixed": _layer(cfg, placement, mesh, fixed, params),
+    }
+    hot_params = dict(params, router=jnp.asarray(np.where(np.arange(cfg.experts) < 2, 5.0, -5.0)[None].repeat(H, 0),
+                                                 jnp.float32))  # fmt: skip
+    hot = _layer(cfg, _hot(cfg, D), mesh, "auto", hot_params)
+    xh = jnp.abs(x)
+    step = nnx.jit(lambda m, x: m(x))
+    donated = nnx.jit(lambda m, x: m(x), donate_argnums=0)
+    variants = {
+        "eager, auto": lambda: layers["auto"](x),
+        "nnx.jit, auto": lambda: step(layers["auto"], x),
+        "nnx.jit donated, auto": lambda: donated(layers["auto"], x),
+        "nnx.jit, worst case": lambda: step(layers["worst"], x),
+        "nnx.jit donated, worst case": lambda: donated(layers["worst"], x),
+        f"nnx.jit donated, fixed {fixed}": lambda: donated(layers["fixed"], x),
+        "nnx.jit donated, auto, all to one rank": lambda: donated(hot, xh),
+    }
+    fns = {k: (lambda f=f: f(p1, x1)) for k, f in base_fns.items()} | variants
+    compile_s = {k: _compile_s(f) for k, f in fns.items()}
+    for f in fns.values():  # one more warm call each
+        jax.block_until_ready(f())
+    ms = _median_ms(fns, repeats)
+    base = ms["sorted gmm"]
+    capacity = {"auto": f"auto (C = {fixed})", "worst case": f"{worst}"}
+    rows = []
+    for name in fns:
+        m = {"worst": layers["worst"], "fixed": layers["fixed"], "one rank": hot}
+        mod = next((m[k] for k in m if k in name), layers["auto"] if "auto" in name else None)
+        rec = dict(tokens_per_device=B, variant=name, step_ms=ms[name], compile_s=compile_s[name],
+                   vs_sorted_gmm=ms[name] / base,
+                   rounds=int(mod.rounds.get_value()[0]) if mod is not None else None,
+                   drops=int(mod.drops.get_value().sum()) if mod is not None else None,
+                   capacity=next((v for k, v in capacity.items() if k in name), None))  # fmt: skip
+        rows.append(rec)
+        print(f"  B={B} {name}: {ms[name]:.1f} ms ({ms[name] / base:.2f}×), compile {compile_s[name]:.1f} s",
+              flush=True)  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def memory_child(tokens: int, capacity: str, cfg_kw: dict) -> None:
+    """One jitted forward at ``tokens`` tokens (the parent measures this process's peak RSS)."""
+    D = jax.device_count()
+    cfg = MoEConfig(**cfg_kw, capacity=None if capacity == "worst" else "auto")
+    placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, cfg.experts).astype(float),
+                                    D * cfg.slots_per_rank, D)  # fmt: skip
+    moe = MoE(cfg, placement, mesh=make_ep_mesh(D), rngs=nnx.Rngs(params=0, dispatch=1))
+    x = jax.random.normal(jax.random.key(0), (tokens, cfg.hidden))
+    t0 = time.perf_counter()
+    y = jax.block_until_ready(nnx.jit(lambda m, x: m(x), donate_argnums=0)(moe, x))
+    print(json.dumps({"first_call_s": time.perf_counter() - t0, "rounds": int(moe.rounds.get_value()[0]),
+                      "drops": int(moe.drops.get_value().sum()), "finite": bool(jnp.isfinite(y).all())}))  # fmt: skip
+
+
+def memory(tokens: int, cfg_kw: dict) -> list[dict]:
+    """Peak RSS (``/usr/bin/time -v``) of a fresh process running `memory_child` per capacity."""
+    out = []
+    for capacity in ("auto", "worst"):
+        cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--memory-child", str(tokens), capacity,
+               json.dumps(cfg_kw)]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr)
+        rec = dict(tokens=tokens, capacity=capacity, peak_rss_gb=int(m.group(1)) / 1e6 if m else None,
+                   ok=r.returncode == 0)  # fmt: skip
+        if r.returncode == 0:
+            rec.update(json.loads(r.stdout.strip().splitlines()[-1]))
+        else:
+            rec["error"] = r.stderr[-500:]
+        out.append(rec)
+        print(f"  memory T={tokens} capacity={capacity}: peak RSS {rec['peak_rss_gb']} GB, {rec}", flush=True)
+    return out
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--memory-child":
+        memory_child(int(argv[1]), argv[2], json.loads(argv[3]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-device", default="128,512", help="batch sizes, tokens per device")
     ap.add_argument("--experts", type=int, default=64)
@@ -109,80 +201,50 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", choices=MOE_PRESETS, default=None,
                     help="run this model's MoE block (router, experts, shared experts) at the sizes above")  # fmt: skip
     ap.add_argument("--replication", type=float, default=1.25)
-    ap.add_argument("--policies", default="uniform,tempo", help="dispatch tables the layer runs with")
+    ap.add_argument("--capacity-factor", type=float, default=MoEConfig.capacity_factor,
+                    help="C of capacity='auto' in mean blocks")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--memory", action="store_true", help="also the peak RSS at T = 65,536 tokens (fresh processes)")
+    ap.add_argument("--memory-tokens", type=int, default=65_536)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="results/bench_ep.json")
     args = ap.parse_args(argv)
     if args.quick:
-        args.tokens_per_device, args.repeats, args.policies = "128", 3, "uniform"
+        args.tokens_per_device, args.repeats = "128", 3
 
     D = jax.device_count()
     E = args.experts
     placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float),
                                     slots_for(E, D, args.replication), D)  # fmt: skip
     kw = dict(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k, slots_per_rank=placement.slots_per_rank,
-              dispatch_mode="quota")  # fmt: skip
+              dispatch_mode="quota", capacity_factor=args.capacity_factor)  # fmt: skip
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
     params = init_params(jax.random.key(0), cfg)
     mesh = make_ep_mesh(D)
-    pa = dispatch_tables.placement_arrays(placement)
-    cost = PRESETS["dsv3_fp8_offline"]
-    one = jax.devices()[0]
+    load0 = os.getloadavg()
     print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
-          f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots", flush=True)  # fmt: skip
-    rows, results = [], []
+          f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}", flush=True)  # fmt: skip
+    results = []
     for B in [int(b) for b in args.tokens_per_device.split(",")]:
-        # A shared offset direction skews the router's choices like real routing does.
-        rng = np.random.default_rng(B)
-        x = jax.random.normal(jax.random.key(B), (B * D, args.hidden)) + jnp.asarray(rng.normal(size=(1, args.hidden)))
-
-        def layer(params, x, table, capacity=None):
-            return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
-                               config=cfg, capacity=capacity)  # fmt: skip
-
-        first = jax.jit(layer)(params, x, dispatch_tables.uniform(placement).table)
-        counts, need = np.asarray(first.counts), int(first.stats.max_block.max())
-        worst = B * args.top_k
-        # Step 1: the baselines, on one device, same tokens and weights.
-        p1, x1 = jax.device_put(params, one), jax.device_put(x, one)
-        base = {name: timed(fn, p1, x1, repeats=args.repeats)[1] for name, fn in (
-            ("sorted gmm", lambda p, x: sorted_moe(p, x, cfg, "auto")),
-            ("ragged_dot", lambda p, x: sorted_moe(p, x, cfg, "ragged_dot")),
-            ("dense bound", lambda p, x: dense_bound(p, x, cfg)),
-        )}  # fmt: skip
-        if jax.default_backend() == "cpu":
-            base["capacity einsum"] = timed(lambda p, x: dense_capacity_moe(p, x, cfg), p1, x1,
-                                            repeats=args.repeats)[1]  # fmt: skip
-        rec_base = {k: v * 1e3 for k, v in base.items()}
-        # Step 2: the layer, per policy and capacity.
-        for policy in args.policies.split(","):
-            d = solve(DispatchProblem(counts, placement, cost), policy)
-            tables = dispatch_tables.from_plan(d)  # the one plan → table seam (solvers.plan_weights)
-            for cap_name, cap in (("worst", None), ("auto", capacity_bucket(need, cap=worst))):
-                compile_s, step_s = timed(lambda p, x, t, c=cap: layer(p, x, t, c), params, x, tables.table,
-                                          repeats=args.repeats)  # fmt: skip
-                ms = step_s * 1e3
-                rec = dict(tokens_per_device=B, policy=policy, capacity=cap_name, capacity_rows=cap or worst,
-                           step_ms=ms, compile_s=compile_s, **{f"{k} ms": v for k, v in rec_base.items()},
-                           vs_sorted_gmm=ms / rec_base["sorted gmm"], vs_dense=ms / rec_base["dense bound"],
-                           model_makespan_us=d.makespan)  # fmt: skip
-                results.append(rec)
-                rows.append((B, policy, f"{cap_name} ({cap or worst})", f"{ms:.1f}", f"{rec_base['sorted gmm']:.1f}",
-                             f"{rec['vs_sorted_gmm']:.2f}", f"{rec_base['ragged_dot']:.1f}",
-                             f"{rec_base['dense bound']:.2f}", f"{rec['vs_dense']:.1f}",
-                             f"{rec_base.get('capacity einsum', float('nan')):.1f}", f"{compile_s:.1f}"))  # fmt: skip
-                print(f"  B={B} {policy} cap={cap_name}: {ms:.1f} ms", flush=True)
-    heads = ["B/dev", "tables", "capacity", "layer ms", "sorted gmm ms", "layer/gmm", "ragged_dot ms", "dense ms",
-             "layer/dense", "cap-einsum ms", "compile s"]  # fmt: skip
-    print(table(rows, heads, title="\nEP MoE layer (forward, median) vs one-device baselines, same tokens"))
+        results += bench(B, cfg, placement, params, mesh, args.repeats)
+    mem = memory(args.memory_tokens, kw) if args.memory and not args.preset else []
+    rows = [(r["tokens_per_device"], r["variant"], r["capacity"] or "", f"{r['step_ms']:.1f}",
+             f"{r['vs_sorted_gmm']:.2f}", "" if r["rounds"] is None else r["rounds"],
+             "" if r["drops"] is None else r["drops"], f"{r['compile_s']:.1f}") for r in results]  # fmt: skip
+    heads = ["B/dev", "variant", "capacity", "ms", "vs sorted gmm", "rounds", "drops", "compile s"]
+    print(table(rows, heads, title="\nEP MoE layer (forward, median) vs the one-device sorted-gmm baseline"))
+    if mem:
+        print(table([(m["tokens"], m["capacity"], m["peak_rss_gb"], m.get("rounds"), m.get("drops"),
+                      f"{m.get('first_call_s', float('nan')):.1f}") for m in mem],
+                    ["T", "capacity", "peak RSS GB", "rounds", "drops", "first call s"],
+                    title="\nPeak memory of one jitted forward (fresh process, /usr/bin/time -v)"))  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(command="python " + " ".join(sys.argv), devices=D, backend=jax.default_backend(),
+    meta = dict(command="python scripts/bench_ep.py " + " ".join(argv), devices=D, backend=jax.default_backend(),
                 processes=jax.process_count(), machine=platform.processor() or platform.machine(),
-                cpus=os.cpu_count(), args=vars(args))  # fmt: skip
-    out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    print(f"wrote {out}")
+                cpus=os.cpu_count(), args=vars(args), loadavg_start=load0, loadavg_end=os.getloadavg())  # fmt: skip
+    out.write_text(json.dumps({"meta": meta, "results": results, "memory": mem}, indent=1))
+    print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -30,8 +31,14 @@ POLICIES: dict[str, Callable] = {
 }
 
 
+@functools.cache
+def _signature(policy: str) -> inspect.Signature:
+    """The policy function's signature (cached: every solve of the runtime checks its options)."""
+    return inspect.signature(POLICIES[policy])
+
+
 def _options_of(policy: str) -> list[str]:
-    params = inspect.signature(POLICIES[policy]).parameters.values()
+    params = _signature(policy).parameters.values()
     return [p.name for p in params if p.kind == p.KEYWORD_ONLY or (p.default is not p.empty and p.name != "problem")]
 
 
@@ -41,7 +48,7 @@ _ACCEPTS = {"bool": (bool, np.bool_), "int": (Integral,), "float": (Real,), "str
 
 def _check_option_types(policy: str, options: dict) -> None:
     """ArgTypeError for an option whose value does not match its annotation (``tau: float`` gets ``"x"``)."""
-    params = inspect.signature(POLICIES[policy]).parameters
+    params = _signature(policy).parameters
     for name, value in options.items():
         words = [w.strip() for w in str(params[name].annotation).split("|")]
         if not words or any(w not in _ACCEPTS for w in words):

@@ -48,13 +48,30 @@ FAULTS = ("hang", "raise", "nan", "exit")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What every solve needs: the placement, cost model, policy (+ options) and whether tables are per node."""
+    """What every solve needs: the placement (or one per MoE layer: a tuple, solved together every window), cost
+    model, policy (+ options) and whether tables are per node."""
 
-    placement: Placement
+    placement: Placement | tuple[Placement, ...]
     cost: CostModel
     policy: str = "tempo"
     options: dict = field(default_factory=dict)
     per_node: bool = False
+    processes: int = 1  # layered windows in the worker process: layers split over this many solver processes
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """Every layer's placement (one for a single layer)."""
+        return self.placement if isinstance(self.placement, tuple) else (self.placement,)
+
+    @property
+    def layered(self) -> bool:
+        """One placement per layer: windows are ``[L, D, E]`` and results one weight array per layer."""
+        return isinstance(self.placement, tuple)
+
+    @property
+    def window_shape(self) -> tuple[int, ...]:
+        p = self.placements[0]
+        return ((len(self.placements),) if self.layered else ()) + (p.num_gpus, p.num_experts)
 
 
 def probe() -> dict:
@@ -78,9 +95,9 @@ def warm_up(config: WorkerConfig) -> dict:
         from ortools.graph.python import max_flow  # noqa: F401  (first use costs ~0.1–1 s on a loaded machine)
         from ortools.sat.python import cp_model  # noqa: F401
 
-        D, E = config.placement.num_gpus, config.placement.num_experts
+        E = config.window_shape[-1]
         per_source = np.maximum(np.round(32.0 * np.arange(1, E + 1) ** -1.2), 1.0)
-        solve_window(config, np.tile(per_source, (D, 1)))
+        solve_window(config, np.broadcast_to(per_source, config.window_shape))
         error = None
     except Exception as err:  # reported to the parent, which refuses to start on it (`SolverWorker.start`)
         error = f"{type(err).__name__}: {err}"
@@ -89,6 +106,8 @@ def warm_up(config: WorkerConfig) -> dict:
 
 def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, float] | None = None):
     """Solve one window ``counts [D, E]`` (pairs per source rank and expert): ``(weights [Gs, E, R] float32, info)``.
+    With one placement per layer, ``counts [L, D, E]`` → a list of L weight arrays, every layer solved in turn
+    (``info``: ``solve_ms`` for all, ``layer_ms`` and ``makespans`` per layer).
 
     ``fault``: an injected fault ``(kind, seconds)`` (see the module). Exceptions of the solve propagate.
     """
@@ -101,23 +120,85 @@ def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, flo
             raise RuntimeError("injected fault: the solver raised")
         elif kind == "exit":
             os._exit(3)
-    problem = DispatchProblem(np.round(counts), config.placement, config.cost)
-    weights, d = solve_weights(problem, config.policy, per_node=config.per_node, options=config.options)
-    weights = weights.astype(np.float32)
+    counts = np.asarray(counts)
+    windows = counts if config.layered else counts[None]
+    if config.layered and config.processes > 1 and _IN_WORKER:
+        results = _pool_solve(config, windows)
+    else:
+        results = _solve_layers(config, range(len(config.placements)), windows)
+    out = [r[0] for r in results]
     if fault is not None and fault[0] == "nan":
-        weights[...] = np.nan
-    info = {
-        "solve_ms": (time.perf_counter() - t0) * 1e3,
-        "policy_ms": d.info["solve_time_s"] * 1e3,
-        "makespan": d.makespan,
-        "pairs": float(problem.n.sum()),
-    }
-    return weights, info
+        for w in out:
+            w[...] = np.nan
+    info = {"solve_ms": (time.perf_counter() - t0) * 1e3, "policy_ms": sum(r[2] for r in results),
+            "makespan": max(r[1] for r in results), "pairs": sum(r[3] for r in results)}  # fmt: skip
+    if not config.layered:
+        return out[0], info
+    return out, {**info, "layers": len(out), "layer_ms": [r[4] for r in results], "makespans": [r[1] for r in results]}
+
+
+def _solve_layers(config: WorkerConfig, layers, windows) -> list[tuple]:
+    """``(weights float32, makespan, policy ms, pairs, layer ms)`` of each of ``layers`` (their ``windows``)."""
+    out = []
+    for layer, window in zip(layers, windows, strict=True):
+        t_layer = time.perf_counter()
+        problem = DispatchProblem(np.round(window), config.placements[layer], config.cost)
+        weights, d = solve_weights(problem, config.policy, per_node=config.per_node, options=config.options)
+        out.append((weights.astype(np.float32), d.makespan, d.info["solve_time_s"] * 1e3, float(problem.n.sum()),
+                    (time.perf_counter() - t_layer) * 1e3))  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------ layers over processes
+_IN_WORKER = False  # set in the worker process: only there may solver processes be spawned (numpy-only __main__)
+_POOL: tuple[WorkerConfig, object] | None = None  # (config, ProcessPoolExecutor) of the worker process
+_POOL_CONFIG: WorkerConfig | None = None
+
+
+def _pool_init(config: WorkerConfig) -> None:
+    global _POOL_CONFIG
+    _POOL_CONFIG = config
+
+
+def _pool_task(layers: list[int], windows: np.ndarray) -> list[tuple]:
+    return _solve_layers(_POOL_CONFIG, layers, windows)
+
+
+def _pool_solve(config: WorkerConfig, windows: np.ndarray) -> list[tuple]:
+    """Layers split into ``config.processes`` contiguous chunks, solved in that many solver processes (spawned
+    once per config from this numpy-only worker; a broken pool is dropped and rebuilt at the next window)."""
+    global _POOL
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if _POOL is None or _POOL[0] is not config:
+        if _POOL is not None:
+            _POOL[1].shutdown(cancel_futures=True)
+        ctx = multiprocessing.get_context("spawn")
+        _POOL = (config, ProcessPoolExecutor(config.processes, mp_context=ctx, initializer=_pool_init,
+                                             initargs=(config,)))  # fmt: skip
+    chunks = [c for c in np.array_split(np.arange(len(config.placements)), config.processes) if c.size]
+    try:
+        futures = [_POOL[1].submit(_pool_task, c.tolist(), windows[c]) for c in chunks]
+        return [r for f in futures for r in f.result()]
+    except Exception:
+        _POOL[1].shutdown(cancel_futures=True)
+        _POOL = None
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- child side
 def run_worker(conn_in: Connection, conn_out: Connection) -> None:
-    """The worker loop: wait for a config, then answer solve / fault / probe messages until ``stop`` or EOF."""
+    """The worker loop: wait for a config, then answer solve / fault / probe messages until ``stop`` or EOF. A
+    parent that went away (closed pipes: the controller closed, perhaps while this worker warmed up) ends the loop
+    quietly."""
+    try:
+        _serve_messages(conn_in, conn_out)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+
+
+def _serve_messages(conn_in: Connection, conn_out: Connection) -> None:
     config: WorkerConfig | None = None
     fault = None
     while True:
@@ -150,6 +231,8 @@ def run_worker(conn_in: Connection, conn_out: Connection) -> None:
 
 
 def _main(argv: list[str]) -> int:
+    global _IN_WORKER
+    _IN_WORKER = True
     fd_in, fd_out = int(argv[0]), int(argv[1])
     run_worker(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
     return 0

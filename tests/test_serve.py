@@ -1,5 +1,6 @@
-"""`tempo-jax serve` at CI size: the layer serving a drifting stream with live tables from the worker process,
-the worker killed mid-run, step times with the worker on and off, the report and the figure."""
+"""`tempo-jax serve` at CI size: the tiny LM (live tables per phase and layer) and the bare layer serving with
+live tables from the worker process, the worker killed mid-run, step times with the worker on and off, the report
+and the figure."""
 
 import json
 
@@ -11,9 +12,10 @@ from tempo_jax.runtime.serve import ServeConfig
 from tempo_jax.workloads import drifting_stream, recorded_stream
 
 
-def test_serve_cli_small(tmp_path, capsys):
-    rc = cli.main(["serve", "--steps", "12", "--tokens-per-rank", "16", "--experts", "16", "--top-k", "2",
-                   "--every-steps", "2", "--block", "3", "--kill-worker-at", "5", "--out", str(tmp_path)])  # fmt: skip
+def test_serve_layer_cli_small(tmp_path, capsys):
+    rc = cli.main(["serve", "--model", "layer", "--steps", "12", "--tokens-per-rank", "16", "--experts", "16",
+                   "--top-k", "2", "--every-steps", "2", "--block", "3", "--kill-worker-at", "5",
+                   "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
     assert "step    0 [on ]" in text and "step    3 [off]" in text and "killed the solver worker" in text
@@ -45,3 +47,48 @@ def test_routing_streams():
         ServeConfig(solver_mode="thread", kill_worker_at=3)
     with pytest.raises(ValueError, match="unknown routing 'zipf'"):
         ServeConfig(routing="zipf")
+
+
+def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
+    """The tiny LM served: prefill and decode steps, one worker refreshing every (phase, layer)'s tables per
+    window, the worker killed mid-run; every layer picks the new tables up."""
+    rc = cli.main(["serve", "--steps", "10", "--tokens-per-rank", "16", "--experts", "16", "--top-k", "2",
+                   "--hidden", "32", "--ffn", "32", "--every-steps", "2", "--block", "0", "--decode-steps", "2",
+                   "--train-steps", "0", "--kill-worker-at", "4", "--out", str(tmp_path), "--no-figure"])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "tiny MoE LM, 2 MoE layers" in text and "prefill" in text and "decode" in text
+    rep = json.loads((tmp_path / "serve.json").read_text())
+    kinds = [r["kind"] for r in rep["steps"]]
+    assert kinds[:4] == ["prefill", "decode", "decode", "prefill"] and len(rep["steps"]) == 10
+    assert all(len(r["live_us"]) == 2 for r in rep["steps"])  # one modelled makespan per layer
+    assert rep["shape"]["phases"] == ["prefill", "decode"] and set(rep["makespan_by_phase_us"]) == {"prefill", "decode"}
+    assert rep["tables_per_refresh"] == 4  # one window per (phase, layer) in every solve
+    m = rep["metrics"]
+    assert m["worker_lost"]["died"] == 1 and m["windows"]["published"] >= 2 and rep["publish_steps"]
+    assert rep["refresh_ms"]["n"] >= 2 and m["errors"] == 0
+    assert m["pairs"]["in"] == pytest.approx(m["pairs"]["published"] + sum(m["pairs"]["dropped"].values())
+                                             + m["pairs"]["pending"])  # fmt: skip
+
+
+def test_layered_controller_solves_every_layer_per_window():
+    from solvers import PRESETS, Placement
+    from tempo_jax.runtime import DispatchController
+
+    placements = [Placement.from_eplb(np.random.default_rng(i).random(16) + 0.1, 24, 8) for i in range(3)]
+    counts = np.random.default_rng(0).integers(0, 9, (3, 8, 16))
+    with DispatchController(placements, PRESETS["dsv3_fp8_offline"]) as ctl:
+        tables = ctl.observe(counts)
+        assert isinstance(tables, tuple) and len(tables) == 3 and ctl.version == 1
+        assert ctl.history[-1]["layers"] == 3 and len(ctl.history[-1]["layer_ms"]) == 3
+        for t, p in zip(tables, placements, strict=True):
+            assert t.placement_key == p.key and t.table.shape[1:] == p.log2phy.shape
+        ctl.observe_counter(np.zeros((3, 8, 16), np.uint32))
+        ctl.observe_counter(counts.astype(np.uint32))
+        assert ctl.version == 2 and ctl.metrics()["pairs"]["published"] == 2 * counts.sum()
+        with pytest.raises(ValueError, match=r"counts must be \[L=3, D=8, E=16\]"):
+            ctl.observe(counts[0])
+    with pytest.raises(ValueError, match="same D and E"):
+        DispatchController([placements[0], Placement.full(16, 4)], PRESETS["dsv3_fp8_offline"])
+    with pytest.raises(ValueError, match="solver_processes=2 .* needs solver_mode='process'"):
+        DispatchController(placements, PRESETS["dsv3_fp8_offline"], solver_processes=2)

@@ -91,14 +91,18 @@ def _hot_layer(mesh, capacity):
 
 
 def test_auto_capacity_stays_dropless_on_an_all_to_one_rank_batch(mesh):
+    """Every pair to rank 0: "auto" overflows its C = 32 rows per block (twice the mean block) and takes
+    ⌈128 / 32⌉ = 4 rounds — in-graph, so eagerly and under nnx.jit the output equals the worst-case path's
+    (capacity=None, one exchange of 128 rows per block)."""
     moe, x, cfg = _hot_layer(mesh, "auto")
+    worst, _, _ = _hot_layer(mesh, None)
     y = moe(x)
-    ref = moe_reference(moe.params(), x, cfg)
-    np.testing.assert_allclose(y, ref, atol=2e-5, rtol=2e-5)
-    assert int(moe.drops.get_value().sum()) == 0 and moe.capacity_reruns == 1
-    assert moe.capacity == 64 * 2  # the worst case: every pair of a source goes to rank 0
-    moe(x)
-    assert moe.capacity_reruns == 1  # the next call starts with the bucket that fits
+    np.testing.assert_allclose(y, moe_reference(moe.params(), x, cfg), atol=2e-5, rtol=2e-5)
+    assert int(moe.drops.get_value().sum()) == 0 and moe.rounds.get_value().tolist() == [4] * D
+    step = nnx.jit(lambda m, x: m(x))
+    np.testing.assert_array_equal(step(moe, x), step(worst, x))
+    assert moe.rounds.get_value().tolist() == [4] * D and int(moe.drops.get_value().sum()) == 0
+    # (gradients through the rounds: tests/test_dropless.py)
 
 
 def test_fixed_capacity_counts_drops_and_warns_once(mesh):
@@ -154,7 +158,7 @@ def _other_placement():
             "Gs ≥ 1|Gs >= 1",
         ),  # fmt: skip
         (lambda k: {**k, "config": dataclasses.replace(k["config"], axis="tp")}, "axis 'tp' is not in the mesh"),
-        (lambda k: {**k, "capacity": -3}, "capacity must be a positive int"),
+        (lambda k: {**k, "capacity": -3}, "capacity must be .auto., a positive int"),
     ],
 )
 def test_moe_forward_checks_before_tracing(mesh, layer, change, match):

@@ -1,6 +1,6 @@
 """The functional model: the expert-parallel MoE layer and everything it reads.
 
-- `config`: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`, `capacity_bucket`.
+- `config`: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`, `auto_capacity`, `capacity_bucket`.
 - `stages`: the per-rank stages (route → dispatch → pack → exchange → expert FFN → return → combine).
 - `exchange`: the padded and ragged all-to-all of block buffers.
 - `tables`: dispatch tables and device placement arrays (trusted builders, validate once).
@@ -13,7 +13,7 @@ Glossary: T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D 
 P = D·S, R replica columns, Gs source groups.
 """
 
-from .config import MoEConfig, capacity_bucket, init_params, make_ep_mesh, materialize
+from .config import MoEConfig, auto_capacity, capacity_bucket, init_params, make_ep_mesh, materialize
 from .moe import MoEOutput, MoEStats, moe_forward, moe_reference
 from .tables import PlacementArrays, Tables, placement_arrays
 
@@ -23,6 +23,7 @@ __all__ = [
     "MoEStats",
     "PlacementArrays",
     "Tables",
+    "auto_capacity",
     "capacity_bucket",
     "init_params",
     "make_ep_mesh",

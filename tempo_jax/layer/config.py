@@ -1,5 +1,5 @@
 """The MoE layer's configuration and parameters: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`,
-and `capacity_bucket` (the one rule that rounds a block size up to a compiled capacity).
+`auto_capacity` (C of the default dropless rounds) and `capacity_bucket` (a block size rounded up to a power of two).
 
 Parameters (a dict; `init_params` makes them, `tempo_jax.layer.hf.moe_from_hf` loads them):
 
@@ -35,7 +35,8 @@ from .exchange import EXCHANGE, ExchangeImpl
 from .experts import EXPERT_BIASES, EXPERT_WEIGHTS, ExpertConfig, SharedConfig
 from .routing import RouterConfig
 
-__all__ = ["MoEConfig", "capacity_bucket", "check_params", "init_params", "make_ep_mesh", "materialize", "param_shapes"]
+__all__ = ["MoEConfig", "auto_capacity", "capacity_bucket", "check_params", "init_params", "make_ep_mesh",
+           "materialize", "param_shapes"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,10 +55,12 @@ class MoEConfig:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
       shared: a `SharedConfig` for shared experts beside the routed ones (None: none).
-      capacity: rows per (source, destination) block: None = the dropless worst case T/D·K; a positive int =
-        that many (pairs beyond it are dropped, counted in ``MoEOutput.stats.drops``); ``"auto"`` = the `MoE`
-        module's bucketed capacity with a dropless re-run (see `tempo_jax.layer.module`); `moe_forward` itself
-        needs an int or None (``capacity=`` overrides per call).
+      capacity: rows per (source, destination) block of the exchange: ``"auto"`` (default) = dropless in rounds of
+        C = capacity_factor × the mean block rows (`auto_capacity`; `tempo_jax.layer.rounds`: as many rounds as the
+        largest block needs, memory bounded by C, one compile); None = the dropless worst case T/D·K in one
+        exchange; a positive int = that many, pairs beyond it dropped (counted in ``MoEOutput.stats.drops``).
+        ``moe_forward(capacity=...)`` overrides it per call. A CascadeEP schedule uses the worst case for "auto".
+      capacity_factor: C of ``"auto"`` in mean blocks (rounds of a batch whose blocks all fit: 1).
       axis: name of the expert-parallel mesh axis.
       schedule: ``"sync"`` (one all-to-all) or a `solvers.LaunchSchedule` (CascadeEP: per-source exchange
         rounds, one grouped GEMM per launch group; `tempo_jax.layer.cascade_exec`). The output is the same.
@@ -77,7 +80,8 @@ class MoEConfig:
     router: RouterConfig = RouterConfig()
     expert: ExpertConfig = ExpertConfig()
     shared: SharedConfig | None = None
-    capacity: int | str | None = None
+    capacity: int | str | None = "auto"
+    capacity_factor: float = 2.0
     axis: str = "ep"
     schedule: str | LaunchSchedule = "sync"
     fetches: tuple[WeightFetch, ...] = ()
@@ -113,16 +117,28 @@ class MoEConfig:
         c = self.capacity
         if not (c is None or c == "auto" or (isinstance(c, int | np.integer) and not isinstance(c, bool) and c >= 1)):
             raise ValueError(
-                f"MoEConfig.capacity must be None (dropless worst case), a positive int (rows per block) or "
-                f"'auto' (bucketed, dropless), got {c!r}"
+                f"MoEConfig.capacity must be 'auto' (dropless rounds), None (dropless worst case) or a positive int "
+                f"(rows per block; the rest dropped), got {c!r}"
             )
+        f = self.capacity_factor
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
+            raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
 
 
 def capacity_bucket(rows: int, *, floor: int = 16, cap: int | None = None) -> int:
     """The compiled capacity for a block of ``rows`` rows: the next power of two, at least ``floor``, at most
-    ``cap`` (the dropless worst case). One rule for the module's buckets, calibration and the benchmarks."""
+    ``cap`` (the dropless worst case); calibration's padded buffers use it."""
     bucket = max(floor, 1 << max(0, math.ceil(math.log2(max(rows, 1)))))
     return bucket if cap is None else min(cap, bucket)
+
+
+def auto_capacity(config: MoEConfig, tokens_per_rank: int, num_ranks: int) -> int:
+    """C of ``capacity="auto"``: ``capacity_factor`` × the mean block ``tokens_per_rank·K / D`` rows, rounded up
+    to a multiple of 8 and at most the worst case ``tokens_per_rank·K``. A static function of the shapes (one
+    compile per batch shape, as any jitted step), not a power-of-two bucket: memory follows C linearly."""
+    worst = tokens_per_rank * config.top_k
+    rows = math.ceil(config.capacity_factor * worst / num_ranks)
+    return min(worst, max(8, -(-rows // 8) * 8))
 
 
 def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.sharding.Mesh:

@@ -40,7 +40,8 @@ __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
 class LMConfig:
     """Model and training shape. ``slots_per_rank · D`` physical slots hold the ``experts`` (EPLB, even load).
     ``aux_loss`` / ``z_loss``: coefficients of the layers' load-balancing and z losses in the training loss;
-    ``balance_rate``: aux-free balancing's step (0: off; on: the router gets a selection-only score bias)."""
+    ``balance_rate``: aux-free balancing's step (0: off; on: the router gets a selection-only score bias);
+    ``capacity``: the MoE layers' `MoEConfig.capacity` (default "auto": dropless rounds)."""
 
     dim: int = 64
     layers: int = 2
@@ -56,6 +57,7 @@ class LMConfig:
     aux_loss: float = 0.0
     z_loss: float = 0.0
     balance_rate: float = 0.0
+    capacity: int | str | None = "auto"
 
 
 def corpus() -> np.ndarray:
@@ -74,33 +76,59 @@ class Block(nnx.Module):
         self.norm2 = nnx.RMSNorm(cfg.dim, rngs=rngs)
         self.moe = MoE(moe_cfg, placement, mesh=mesh, rngs=rngs, record=record)
 
-    def __call__(self, x, mask):
-        x = x + self.attn(self.norm1(x), mask=mask)
+    def __call__(self, x, mask, decode: bool = False):
+        x = x + self.attn(self.norm1(x), mask=mask, decode=decode)
         return x + self.moe(self.norm2(x))
 
 
 class TinyMoELM(nnx.Module):
-    """Embedding → ``layers`` × (attention + MoE) → RMSNorm → tied output head. ``[B, L]`` bytes → logits."""
+    """Embedding → ``layers`` × (attention + MoE) → RMSNorm → tied output head. ``[B, L]`` bytes → logits.
 
-    def __init__(self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False):
+    Args:
+      cfg: `LMConfig`.
+      mesh: the ``ep`` mesh.
+      rngs: ``nnx.Rngs`` (``params``, optionally ``dispatch``).
+      record: keep each MoE layer's routing (`TrainResult.trace`).
+      placements: one `solvers.Placement` per MoE layer (default: EPLB-even over ``slots_per_rank`` slots per
+        rank); its slots per rank set the layer's.
+
+    ``model(tokens)`` is a prefill step (causal attention over ``[B, L]``); after ``model.init_cache(B, L)``,
+    ``model(tokens [B, 1], decode=True)`` is one decode step through the attention's KV cache.
+    """
+
+    def __init__(self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False,
+                 placements: list[Placement] | None = None):  # fmt: skip
         D = mesh.shape["ep"]
-        placement = Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)
+        if placements is None:
+            placements = [Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)] * cfg.layers
+        if len(placements) != cfg.layers:
+            raise ValueError(f"TinyMoELM: {len(placements)} placements for {cfg.layers} layers")
         router = RouterConfig(score_bias=cfg.balance_rate > 0, balance_rate=cfg.balance_rate)
-        moe_cfg = MoEConfig(hidden=cfg.dim, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
-                            slots_per_rank=cfg.slots_per_rank, dispatch_mode=cfg.dispatch_mode,
-                            router=router)  # fmt: skip
+        moe_cfgs = [MoEConfig(hidden=cfg.dim, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
+                              slots_per_rank=p.slots_per_rank, dispatch_mode=cfg.dispatch_mode, router=router,
+                              capacity=cfg.capacity)
+                    for p in placements]  # fmt: skip
         self.cfg = cfg
-        self.placement = placement
+        self.placements = tuple(placements)
         self.embed = nnx.Embed(256, cfg.dim, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, moe_cfg, placement, mesh, rngs, record) for _ in range(cfg.layers)])
+        blocks = [Block(cfg, c, p, mesh, rngs, record) for c, p in zip(moe_cfgs, placements, strict=True)]
+        self.blocks = nnx.List(blocks)
         self.norm = nnx.RMSNorm(cfg.dim, rngs=rngs)
+        self.mesh = mesh
         place_on_mesh(self, mesh)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        x = self.embed(tokens)
-        mask = nnx.make_causal_mask(tokens)
+    def init_cache(self, batch: int, length: int) -> None:
+        """An empty KV cache of ``length`` positions for ``batch`` sequences in every attention layer (placed on
+        the mesh like the rest of the state, so a jitted decode step sees one sharding and compiles once)."""
         for block in self.blocks:
-            x = block(x, mask)
+            block.attn.init_cache((batch, length, self.cfg.dim))
+        place_on_mesh(self, self.mesh)
+
+    def __call__(self, tokens: jax.Array, *, decode: bool = False) -> jax.Array:
+        x = self.embed(tokens)
+        mask = None if decode else nnx.make_causal_mask(tokens)
+        for block in self.blocks:
+            x = block(x, mask, decode)
         return self.embed.attend(self.norm(x))
 
 

@@ -12,14 +12,13 @@ counter and the last call's routing statistics are non-trainable `DispatchState`
 
 Capacity (rows per source → destination block of the exchange; `MoEConfig.capacity`):
 
-- ``None``: the dropless worst case T/D·K rows per block (memory grows with D·T·K·H per rank).
-- an int: fixed; pairs beyond it are dropped, counted in ``moe.drops`` / ``moe.total_drops`` and warned about
-  once.
-- ``"auto"``: bucketed and dropless. Each eager call uses the bucket of the previous call's largest block
-  (powers of two from 16, up to the worst case; the first call starts at twice the mean block); when a block
-  overflows, the step runs again with the bucket that fits (one compile per bucket), so nothing is dropped.
-  ``moe.capacity`` is the bucket in use, ``moe.capacity_reruns`` counts the re-runs. Inside a traced function
-  (``nnx.jit``) the host cannot re-run, so the worst case is used.
+- ``"auto"`` (default): dropless and bounded — rounds of C rows per block (C = the bucket of twice the mean
+  block, fixed from the shapes at trace time), as many as the largest block needs (`tempo_jax.layer.rounds`).
+  It is the same under ``nnx.jit``, ``jax.grad``, ``nnx.scan`` over layers and across processes: nothing is
+  re-run and no host sync is needed; ``moe.rounds`` holds the last call's round count.
+- ``None``: the dropless worst case T/D·K rows per block in one exchange (memory grows with D·T·K·H per rank).
+- an int: fixed; pairs beyond it are dropped, counted in ``moe.drops`` (and, eagerly, ``moe.total_drops``) and
+  warned about once.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
-from .config import MoEConfig, capacity_bucket, check_params, init_params
+from .config import MoEConfig, check_params, init_params
 from .moe import moe_forward
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
@@ -129,10 +128,10 @@ class MoE(nnx.Module):
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
         self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
+        self.gpu_activations = RankState(jnp.zeros((D,), jnp.int32))
         self.drops = RankState(jnp.zeros((D,), jnp.int32))
-        self.total_drops = 0  # eager calls only (a traced call cannot read its drops on the host)
-        self.capacity: int | None = None  # the bucket of config.capacity="auto" in use
-        self.capacity_reruns = 0
+        self.rounds = RankState(jnp.ones((D,), jnp.int32))
+        self.total_drops = 0  # fixed capacity, eager calls only (a traced call cannot read its drops on the host)
         self._warned_drops = False
         self.topk_ids = DispatchState(jnp.zeros((0, config.top_k), jnp.int32))
         self.aux_loss = MoEAuxState(jnp.zeros((), jnp.float32))
@@ -150,7 +149,8 @@ class MoE(nnx.Module):
     def _installable(self, tables: Tables, where: str) -> jax.Array:
         """``tables.table`` as float32 ``[Gs, E, R]`` once `check_tables` accepts it (the one check of a table)."""
         check_tables(tables, self._placement_arrays(), where=where)
-        return jnp.asarray(tables.table, jnp.float32)
+        # replicated on the mesh, where the module keeps its state: a jitted step sees one sharding, one program
+        return jax.device_put(jnp.asarray(tables.table, jnp.float32), NamedSharding(self.mesh, P()))
 
     def set_tables(self, tables: Tables) -> None:
         """Install fresh dispatch tables: ``table [Gs, E, R]`` over the placement's replica columns.
@@ -183,17 +183,15 @@ class MoE(nnx.Module):
                 capacity=capacity,
             )
 
-        eager = not isinstance(tokens, jax.core.Tracer)
-        if self.config.capacity == "auto":
-            res = self._run_auto(run, tokens.shape[0]) if eager else run(None)
-        else:
-            res = run(None)
-            if eager:
-                self._count_drops(res)
+        res = run(None)
+        if isinstance(self.config.capacity, int) and not isinstance(tokens, jax.core.Tracer):
+            self._count_drops(res)  # a fixed capacity drops what does not fit: counted (and warned) eagerly
         self.drops.set_value(res.stats.drops)
+        self.rounds.set_value(res.stats.rounds)
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
         self.gpu_tokens.set_value(res.stats.gpu_tokens)
+        self.gpu_activations.set_value(res.stats.gpu_activations)
         self.aux_loss.set_value(res.aux.load_balance_loss)
         self.z_loss.set_value(res.aux.z_loss)
         self.expert_load.set_value(res.aux.expert_load)
@@ -205,22 +203,6 @@ class MoE(nnx.Module):
         return res.out.reshape(*lead, H)
 
     # ------------------------------------------------------------------ capacity
-    def _run_auto(self, run, num_tokens: int):
-        """Bucketed dropless capacity: try the current bucket, re-run once with the bucket that fits on overflow."""
-        D = self.mesh.shape[self.config.axis]
-        worst = (num_tokens // D) * self.config.top_k
-        if self.capacity is None:
-            self.capacity = capacity_bucket(2 * -(-worst // D), cap=worst)  # twice the mean block
-        cap = min(self.capacity, worst)
-        res = run(cap)
-        need = int(res.stats.max_block.max())
-        if need > cap:
-            self.capacity_reruns += 1
-            cap = capacity_bucket(need, cap=worst)
-            res = run(cap)
-        self.capacity = capacity_bucket(need, cap=worst)
-        return res
-
     def _count_drops(self, res) -> None:
         dropped = int(res.stats.drops.sum())
         self.total_drops += dropped
@@ -229,7 +211,7 @@ class MoE(nnx.Module):
             warnings.warn(
                 f"MoE: {dropped} token–expert pairs were dropped this call (capacity={self.config.capacity} rows "
                 f"per block; the largest block wanted {int(res.stats.max_block.max())}). Their outputs are zero. "
-                "Use capacity=None (dropless worst case) or 'auto' (bucketed, dropless); moe.drops / "
+                "Use capacity='auto' (the default: dropless rounds) or None (dropless worst case); moe.drops / "
                 "moe.total_drops count them.",
                 stacklevel=3,
             )

@@ -31,9 +31,9 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
-from . import cascade_exec, stages
+from . import cascade_exec, rounds, stages
 from .cascade_plan import check_fetches
-from .config import MoEConfig, check_params, materialize
+from .config import MoEConfig, auto_capacity, check_params, materialize
 from .exchange import EXCHANGE, return_blocks
 from .experts import glu, shared_ffn
 from .routing import Routing
@@ -112,6 +112,7 @@ class MoEStats(NamedTuple):
         dropless run needs).
       replica_counts: ``[D, E, R]`` pairs each source sent to each replica column.
       topk_ids: ``[T, K]`` the routing (for traces).
+      rounds: ``[D]`` exchange rounds of the call (``capacity="auto"``: ⌈largest block / C⌉; otherwise 1).
     """
 
     gpu_tokens: jax.Array
@@ -121,6 +122,7 @@ class MoEStats(NamedTuple):
     max_block: jax.Array
     replica_counts: jax.Array
     topk_ids: jax.Array
+    rounds: jax.Array
 
 
 class MoEAux(NamedTuple):
@@ -160,7 +162,7 @@ def _aux(rt: Routing | None, counts: jax.Array, *, axis: str, top_k: int, given_
 
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-               capacity: int) -> MoEOutput:  # fmt: skip
+               capacity: tuple[str, int]) -> MoEOutput:  # fmt: skip
     """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
     schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
     axis, K, S = config.axis, config.top_k, config.slots_per_rank
@@ -184,9 +186,44 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     slots_total = weights["w_gate"].shape[0]
-    # Step 3: pack by destination (rows and their slot ids travel together).
-    packed = stages.pack(inp.x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
     mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
+    how, C = capacity
+    if how == "rounds":
+        # Steps 3–6 in rounds of C rows per block until every pair is computed (dropless, bounded memory).
+        po = rounds.order_pairs(dest, local, D)
+        y_pairs, group_sizes, n_rounds = rounds.exchange_ffn_rounds(
+            inp.x, weights, po, capacity=C, top_k=K, dtype=config.dtype, axis=axis, impl=impl,
+            hidden=config.hidden, slots_total=slots_total, **mm)  # fmt: skip
+        wanted, sent = po.wanted, po.wanted
+    else:
+        y_pairs, group_sizes, wanted, sent = _exchange_ffn(inp.x, dest, local, weights, config=config, impl=impl,
+                                                           capacity=C, slots_total=slots_total, mm=mm)  # fmt: skip
+        n_rounds = jnp.int32(1)
+    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
+    out = stages.combine(y_pairs, rt.gate, jnp.float32)
+    if config.shared is not None:
+        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
+    stats = MoEStats(
+        gpu_tokens=jnp.sum(group_sizes)[None],
+        gpu_activations=jnp.sum(group_sizes > 0)[None],
+        slot_tokens=group_sizes[:S][None],
+        drops=jnp.sum(wanted - sent)[None],
+        max_block=jnp.max(wanted)[None],
+        replica_counts=dp.replica_counts[None],
+        topk_ids=rt.ids,
+        rounds=n_rounds[None],
+    )
+    aux = _aux(rt, dp.counts, axis=axis, top_k=K, given_routing=given_routing)
+    return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
+
+
+def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm):
+    """Steps 3–6 in one exchange of capacity C (the dropless worst case, or a fixed C that drops the rest), or
+    by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``."""
+    axis, K = config.axis, config.top_k
+    D = jax.lax.axis_size(axis)
+    # Step 3: pack by destination (rows and their slot ids travel together).
+    packed = stages.pack(x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
     if config.schedule == "sync":
         # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
         recv = stages.exchange_rows(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
@@ -197,25 +234,12 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         # Steps 4–6 by the launch schedule: rounds per group, one grouped GEMM per group (CascadeEP).
         run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)
         back, group_sizes = run(packed, config.schedule, weights, slots_total=slots_total)
-    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
-    out = stages.combine(stages.unpack_rows(back, packed), rt.gate, jnp.float32)
-    if config.shared is not None:
-        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
-    stats = MoEStats(
-        gpu_tokens=jnp.sum(group_sizes)[None],
-        gpu_activations=jnp.sum(group_sizes > 0)[None],
-        slot_tokens=group_sizes[:S][None],
-        drops=jnp.sum(packed.wanted - packed.counts)[None],
-        max_block=jnp.max(packed.wanted)[None],
-        replica_counts=dp.replica_counts[None],
-        topk_ids=rt.ids,
-    )
-    aux = _aux(rt, dp.counts, axis=axis, top_k=K, given_routing=given_routing)
-    return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
+    return stages.unpack_rows(back, packed), group_sizes, packed.wanted, packed.counts
 
 
 @functools.lru_cache(maxsize=64)
-def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool, capacity: int):
+def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
+             capacity: tuple[str, int]):  # fmt: skip
     """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
     physical weights' gather, the per-rank inputs and the shard_map body in one program, so an eager call (e.g.
     `MoE.__call__` outside `jit`) is one dispatch; inside a caller's `jit` it inlines."""
@@ -251,8 +275,9 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
     return jax.jit(run)
 
 
-def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity) -> int:
-    """Every consistency check `moe_forward` can make before tracing; returns the per-rank capacity C.
+def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity) -> tuple[str, int]:
+    """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
+    per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
 
     Shapes are always checked (static, cheap). Trusted inputs — `placement_arrays(...)` and the table builders,
     both keyed by their placement — are compared by key and never read; hand-made ones are checked by value when
@@ -293,12 +318,15 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
     if capacity is None:
         capacity = config.capacity
     if capacity is None:
-        return worst
+        return "worst", worst
     if capacity == "auto":
-        raise ValueError("capacity='auto' is the MoE module's policy; pass capacity=<rows> to moe_forward")
+        if config.schedule != "sync":  # a launch schedule is one plan of exchange rounds: the worst case there
+            return "worst", worst
+        C = auto_capacity(config, T // D, D)
+        return ("worst", worst) if C >= worst else ("rounds", C)
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
-        raise ValueError(f"capacity must be a positive int (rows per block) or None, got {capacity!r}")
-    return int(min(capacity, worst))
+        raise ValueError(f"capacity must be 'auto', a positive int (rows per block) or None, got {capacity!r}")
+    return ("worst", worst) if capacity >= worst else ("fixed", int(capacity))
 
 
 def moe_forward(
@@ -312,7 +340,7 @@ def moe_forward(
     key: jax.Array | None = None,
     counter: jax.Array | None = None,
     routing: tuple[jax.Array, jax.Array] | None = None,
-    capacity: int | None = None,
+    capacity: int | str | None = None,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
@@ -327,11 +355,11 @@ def moe_forward(
       counter: [D, E] uint32 cumulative per-rank expert counters (default zeros).
       routing: optional precomputed ``(topk_ids [T, K] int32, weights [T, K] float32)`` replacing the router
         (replaying recorded routing); the router parameter is then unused.
-      capacity: rows per (source, destination) block for this call (overrides ``config.capacity``; clamped to
-        the dropless worst case T/D·K).
+      capacity: this call's ``"auto"`` / int rows per (source, destination) block (overrides
+        ``config.capacity`` when given; an int is clamped to the dropless worst case T/D·K).
 
     Returns:
-      `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats)``.
+      `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
 
     Raises:
       ValueError: before tracing, on inconsistent shapes, tables of another placement, ids out of range,

@@ -36,12 +36,12 @@ class WindowAccumulator:
     """Counts of the open window, the counter differencing, and the pairs seen so far.
 
     Args:
-      shape: ``(D, E)``.
+      shape: ``(D, E)``, or ``(L, D, E)`` with a window per layer.
       window: steps per window.
       max_window_pairs: counter differences at or above this mean a restart (see `CounterWindows`).
     """
 
-    def __init__(self, shape: tuple[int, int], window: int, max_window_pairs: int):
+    def __init__(self, shape: tuple[int, ...], window: int, max_window_pairs: int):
         self.window = window
         self.counter = CounterWindows(max_window_pairs)
         self._acc = np.zeros(shape)
@@ -51,7 +51,7 @@ class WindowAccumulator:
         self.notes = {"baselines": 0, "wrapped": 0, "restarts": 0}
 
     @property
-    def shape(self) -> tuple[int, int]:
+    def shape(self) -> tuple[int, ...]:
         return self._acc.shape
 
     @property

@@ -83,7 +83,9 @@ class DispatchController:
     """Accumulate counts per window, solve off the critical path, publish tables; count every fault.
 
     Args:
-      placement: the placement the layer serves.
+      placement: the placement the layer serves, or a sequence of them, one per MoE layer of a model (same D and
+        E): windows are then ``[L, D, E]``, every layer's window is solved in the same solve, and ``latest`` is a
+        tuple of L `Tables`.
       cost: the cost model the policy optimises (a `solvers.CostModel`).
       policy: a `solvers.POLICIES` name.
       window: steps (observe calls) per solve.
@@ -100,6 +102,8 @@ class DispatchController:
       worker_start_timeout_s: process mode: how long a worker (re)start may take.
       spare_worker: process mode: keep a second worker started and idle, so a restart is a swap (a fresh
         interpreter importing scipy and ortools takes a second or more); a new spare starts in the background.
+      solver_processes: process mode with one placement per layer: the worker splits every window's layers over
+        this many solver processes (1: it solves them in turn).
     """
 
     def __init__(
@@ -120,10 +124,19 @@ class DispatchController:
         history_size: int = 1000,
         worker_start_timeout_s: float = 120.0,
         spare_worker: bool = True,
+        solver_processes: int = 1,
     ):
         where = "DispatchController"
         # Step 1: validate everything now (a typo must not surface as uniform tables forever).
-        if not isinstance(placement, Placement):
+        if isinstance(placement, list | tuple):
+            placement = tuple(placement)
+            if not placement or not all(isinstance(p, Placement) for p in placement):
+                raise ValueError(f"{where}: placement must be a solvers.Placement or a non-empty sequence of them "
+                                 "(one per layer)")  # fmt: skip
+            shapes = {(p.num_gpus, p.num_experts) for p in placement}
+            if len(shapes) > 1:
+                raise ValueError(f"{where}: every layer's placement needs the same D and E, got {sorted(shapes)}")
+        elif not isinstance(placement, Placement):
             raise ValueError(f"{where}: placement must be a solvers.Placement, got {type(placement).__name__}")
         if not isinstance(cost, CostModel):
             raise ValueError(f"{where}: cost must be a solvers.CostModel (e.g. PRESETS[...]), got {cost!r}")
@@ -141,18 +154,22 @@ class DispatchController:
         history_size = check_int("history_size", history_size, where=where)
         self.placement, self.cost, self.policy, self.options, self.per_node = placement, cost, policy, options, per_node
         self.window = window
-        self.config = WorkerConfig(placement, cost, policy, options, per_node)
+        solver_processes = check_int("solver_processes", solver_processes, where=where)
+        if solver_processes > 1 and (self.solver_mode != "process" or not isinstance(placement, tuple)):
+            raise ValueError(f"{where}: solver_processes={solver_processes} splits a window's layers over processes: "
+                             "it needs solver_mode='process' and one placement per layer")  # fmt: skip
+        self.config = WorkerConfig(placement, cost, policy, options, per_node, solver_processes)
         # Step 2: a trial solve catches bad option values here rather than in the first window.
         if policy != "milp":
             try:
-                solve_window(self.config, np.ones((placement.num_gpus, placement.num_experts)))
+                solve_window(self.config, np.ones(self.config.window_shape))
             except Exception as err:
                 raise ValueError(f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
                                  f"{type(err).__name__}: {err}") from None  # fmt: skip
         # Step 3: the three parts and the fault counters.
         self._lock = threading.RLock()
         self._log = log
-        self._windows = WindowAccumulator((placement.num_gpus, placement.num_experts), window, max_window_pairs)
+        self._windows = WindowAccumulator(self.config.window_shape, window, max_window_pairs)
         self._publisher = Publisher(placement, fallback=fallback, staleness_s=staleness_s, history_size=history_size)
         self._seq = 0
         self._gen = 0
@@ -172,8 +189,8 @@ class DispatchController:
 
     # ------------------------------------------------------------------ public API
     @property
-    def latest(self) -> Tables:
-        """The most recently published tables (complete and checked)."""
+    def latest(self) -> Tables | tuple[Tables, ...]:
+        """The most recently published tables (complete and checked; one per layer for a layered controller)."""
         with self._lock:
             return self._publisher.latest
 
@@ -189,7 +206,7 @@ class DispatchController:
         return self._publisher.history
 
     def observe(self, counts) -> Tables:
-        """Add one step's per-source counts ``[D, E]``; returns the latest published tables.
+        """Add one step's per-source counts ``[D, E]`` (``[L, D, E]`` per layer); returns the latest published tables.
 
         Raises:
           ValueError: counts of the wrong shape (a configuration error). Counts with NaN, inf or negative entries
@@ -199,10 +216,12 @@ class DispatchController:
         """
         self._check_open("observe")
         self._check_runtime()
-        D, E = self._windows.shape
+        shape = self._windows.shape
         arr = np.asarray(counts)
-        if arr.shape != (D, E):
-            raise ValueError(f"DispatchController.observe: counts must be [D={D}, E={E}], got shape {arr.shape}")
+        if arr.shape != shape:
+            names = ("L", "D", "E")[-len(shape) :]
+            want = ", ".join(f"{n}={v}" for n, v in zip(names, shape, strict=True))
+            raise ValueError(f"DispatchController.observe: counts must be [{want}], got shape {arr.shape}")
         try:
             c = check_array("counts", arr, where="DispatchController.observe", nonnegative=True)
         except ValueError as err:

@@ -40,18 +40,20 @@ class CounterWindows:
         self.before: np.ndarray | None = None
 
     def diff(self, now: np.ndarray) -> tuple[np.ndarray | None, dict]:
-        """``(window [D, E] int64 | None, notes)``; notes: ``baseline`` (bool), ``wrapped`` (entries that wrapped),
-        ``restarted_rows`` (list of source rows that restarted)."""
+        """``(window [D, E] int64 | None, notes)`` (or ``[L, D, E]`` for one counter per layer); notes: ``baseline``
+        (bool), ``wrapped`` (entries that wrapped), ``restarted_rows`` (source rows that restarted: row ids, or
+        [layer, row] pairs)."""
         now = np.asarray(now, dtype=np.uint32)
         if self.before is None or self.before.shape != now.shape:
             self.before = now.copy()
             return None, {"baseline": True, "wrapped": 0, "restarted_rows": []}
         before, self.before = self.before, now.copy()
         delta = (now.astype(np.int64) - before.astype(np.int64)) % COUNTER_RANGE
-        restarted = (delta >= self.max_window_pairs).any(axis=1)
+        restarted = (delta >= self.max_window_pairs).any(axis=-1)  # [..., D]: a source row (of a layer) restarted
         delta[restarted] = now[restarted]
-        wrapped = int(((now < before) & ~restarted[:, None]).sum())
-        return delta, {"baseline": False, "wrapped": wrapped, "restarted_rows": np.flatnonzero(restarted).tolist()}
+        wrapped = int(((now < before) & ~restarted[..., None]).sum())
+        rows = np.flatnonzero(restarted).tolist() if restarted.ndim == 1 else np.argwhere(restarted).tolist()
+        return delta, {"baseline": False, "wrapped": wrapped, "restarted_rows": rows}
 
     def reset(self) -> None:
         """Forget the baseline: the next snapshot is a new baseline."""

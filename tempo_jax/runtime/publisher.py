@@ -33,13 +33,14 @@ class Publisher:
       history_size: publications kept in ``history``.
     """
 
-    def __init__(self, placement: Placement, *, fallback: str, staleness_s: float | None, history_size: int):
+    def __init__(self, placement: Placement | tuple[Placement, ...], *, fallback: str, staleness_s: float | None,
+                 history_size: int):  # fmt: skip
         self.placement = placement
         self.fallback = fallback
         self.staleness_s = staleness_s
         builder = dispatch_tables.uniform if fallback == "uniform" else dispatch_tables.static
-        self.fallback_tables = builder(placement)
-        self.latest = dispatch_tables.uniform(placement)
+        self.fallback_tables = self._each(builder)
+        self.latest = self._each(dispatch_tables.uniform)
         self.version = 0
         self.data_time = time.monotonic()
         self.in_fallback = False
@@ -49,9 +50,21 @@ class Publisher:
         self.history: list[dict] = []  # published solves, oldest first (the last `history_size`)
         self._history_size = history_size
 
+    def _each(self, build):
+        """``build(placement)``, or a tuple of one per layer."""
+        if isinstance(self.placement, tuple):
+            return tuple(build(p) for p in self.placement)
+        return build(self.placement)
+
     def prepare(self, weights) -> tuple[dispatch_tables.Tables | None, str | None]:
-        """``(tables, None)`` for good weights ``[Gs, E, R]``, ``(None, why)`` for bad ones. Outside the lock."""
+        """``(tables, None)`` for good weights ``[Gs, E, R]`` (a list of one per layer with one placement per layer),
+        ``(None, why)`` for bad ones. Outside the lock."""
         try:
+            if isinstance(self.placement, tuple):
+                if not isinstance(weights, list | tuple) or len(weights) != len(self.placement):
+                    raise ValueError(f"expected {len(self.placement)} layers' weights, got {type(weights).__name__}")
+                layers = zip(weights, self.placement, strict=True)
+                return tuple(dispatch_tables.from_weights(w, p) for w, p in layers), None
             return dispatch_tables.from_weights(weights, self.placement), None
         except ValueError as err:
             return None, str(err)

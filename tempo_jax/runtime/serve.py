@@ -1,4 +1,7 @@
-"""`tempo-jax serve` / `make serve`: the MoE layer serving a routing stream with live tables from the runtime.
+"""`tempo-jax serve` / `make serve`: a model serving with live dispatch tables from the runtime.
+
+``model="lm"`` (the default) serves the tiny MoE language model, every MoE layer with its own placement, counter
+and live tables from one solver worker (`tempo_jax.runtime.serve_lm`). ``model="layer"`` serves the bare layer:
 
 The bare expert-parallel layer (`moe_forward`, quota mode by default) runs ``steps`` steps on the ``ep`` mesh
 (8 fake CPU devices here) with routing replayed from a synthetic drifting stream or a recorded trace
@@ -46,10 +49,12 @@ from .controller import SOLVER_MODES, DispatchController
 from .counters import host_counter
 from .publisher import FALLBACKS
 from .refresher import Refresher
+from .serve_lm import serve_lm
 
 __all__ = ["ServeConfig", "serve"]
 
 ROUTINGS = ("synthetic", "recorded")
+MODELS = ("lm", "layer")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,6 +62,8 @@ class ServeConfig:
     """One serving run (command: ``tempo-jax serve``; hardware: any jax backend, 8 fake CPU devices by default).
 
     Attributes:
+      model: "lm" (the tiny MoE language model, every MoE layer with live tables: `tempo_jax.runtime.serve_lm`) or
+        "layer" (the bare MoE layer on a routing stream: ``routing``, ``trace``, ``skew``, ``drift``, ``kappa``).
       steps: serving steps after the warm-up.
       tokens_per_rank: tokens each of the D ranks serves per step.
       routing: ``"synthetic"`` (drifting Zipf) or ``"recorded"`` (``trace``, layer by layer, cycled).
@@ -66,8 +73,13 @@ class ServeConfig:
       skew: synthetic stream: Zipf s.
       drift: synthetic stream: AR(1) step σ of the log popularity per step.
       kappa: synthetic stream: Dirichlet concentration of each step's batch (inf: no batch noise).
-      hidden: the layer's H.
+      hidden: the layer's H (the LM's width).
       ffn: the layer's F.
+      layers: "lm": MoE layers of the LM.
+      seq_len: "lm": tokens per sequence of a prefill step.
+      decode_steps: "lm": decode steps after each prefill step.
+      train_steps: "lm": training steps before serving (0: a freshly initialised model, whose routing is noise
+        around its mean load: nothing for stale tables to exploit; a trained model's routing persists).
       replication: physical slots / experts (EPLB from the stream's long-run load).
       dispatch_mode: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
       policy: the policy the solver worker solves.
@@ -87,6 +99,7 @@ class ServeConfig:
       seed: routing and parameter seed.
     """
 
+    model: str = "lm"
     steps: int = 80
     tokens_per_rank: int = 128
     routing: str = "synthetic"
@@ -98,6 +111,10 @@ class ServeConfig:
     kappa: float = 500.0
     hidden: int = 128
     ffn: int = 128
+    layers: int = 2
+    seq_len: int = 16
+    decode_steps: int = 3
+    train_steps: int = 40
     replication: float = 1.5
     dispatch_mode: str = "quota"
     policy: str = "tempo"
@@ -116,8 +133,11 @@ class ServeConfig:
 
     def __post_init__(self):
         w = "ServeConfig"
-        for name in ("steps", "tokens_per_rank", "experts", "top_k", "hidden", "ffn"):
+        check_choice("model", self.model, MODELS, where=w)
+        for name in ("steps", "tokens_per_rank", "experts", "top_k", "hidden", "ffn", "layers", "seq_len"):
             check_int(name, getattr(self, name), where=w)
+        check_int("decode_steps", self.decode_steps, minimum=0, where=w)
+        check_int("train_steps", self.train_steps, minimum=0, where=w)
         check_int("block", self.block, minimum=0, where=w)
         check_int("check_every", self.check_every, minimum=0, where=w)
         check_int("seed", self.seed, minimum=0, where=w)
@@ -153,7 +173,14 @@ def _stream(cfg: ServeConfig, num_ranks: int) -> RoutingStream:
 # ------------------------------------------------------------------------------------------------ serving
 def serve(cfg: ServeConfig = ServeConfig(), *, out_dir: str | Path | None = "results", quiet: bool = False,
           figure: bool = True) -> dict:  # fmt: skip
-    """Run the serving loop (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
+    """Run the serving loop: the tiny MoE LM (``cfg.model="lm"``, `tempo_jax.runtime.serve_lm.serve_lm`) or the bare
+    layer (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
+    if cfg.model == "lm":
+        return serve_lm(cfg, out_dir=out_dir, quiet=quiet, figure=figure)
+    return _serve_layer(cfg, out_dir=out_dir, quiet=quiet, figure=figure)
+
+
+def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dict:
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
     # Step 1: routing, placement, layer.

@@ -1,0 +1,215 @@
+"""Dropless exchange in rounds of a bounded capacity: the layer's default (`MoEConfig.capacity="auto"`).
+
+A rank's token–expert pairs, sorted by destination, fill blocks of ``C`` rows per destination (C: twice the mean
+block by default, `tempo_jax.layer.config.auto_capacity`, fixed at trace time from the shapes). Round r sends
+the rows at positions ``[r·C, (r+1)·C)`` of every block: exchange, expert FFN, return, scatter into the pairs'
+results. The ``ep`` group runs ``R = ⌈max block / C⌉`` rounds, the largest block anywhere (``pmax`` over the axis)
+deciding, so every pair is computed — dropless — while every buffer stays ``[D, C, ·]``, whatever the routing: a
+batch that sends every token to one rank takes more rounds, not more memory, and nothing recompiles.
+
+Under differentiation (`jax.grad`, `nnx.value_and_grad`) a `jax.custom_vjp` keeps the memory bound: the forward
+pass saves the first round's residuals (the one round of a balanced batch) and the backward pass recomputes any
+further round, as rematerialisation would, then runs its VJP (cotangents of the results travel the send direction,
+cotangents of the rows the return direction). The rounds run in a `jax.lax.while_loop`, so they work under
+`jax.jit`, `nnx.jit`, `nnx.scan` over layers and across processes (the round count is one collective).
+
+Glossary: T tokens on this rank, K top-k, H hidden, D ranks, C rows per block per round, R rounds, S slots (with
+OEWF's fetched slots), W = H + slot lanes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import stages
+from .exchange import return_blocks, send_blocks
+
+__all__ = ["PairOrder", "exchange_ffn_rounds", "order_pairs"]
+
+
+class PairOrder(NamedTuple):
+    """This rank's pairs sorted by destination: ``order [T·K]`` pair index of each sorted pair, ``start [D]``
+    first sorted index of block j, ``wanted [D]`` pairs for destination j, ``local [T·K]`` local slot of each
+    pair (pair order)."""
+
+    order: jax.Array
+    start: jax.Array
+    wanted: jax.Array
+    local: jax.Array
+
+
+def order_pairs(dest: jax.Array, local: jax.Array, num_ranks: int) -> PairOrder:
+    """`PairOrder` of pairs with destination ranks ``dest [T·K]`` and local slots ``local [T·K]``."""
+    order = jnp.argsort(dest, stable=True).astype(jnp.int32)
+    wanted = jnp.bincount(dest, length=num_ranks).astype(jnp.int32)
+    start = (jnp.cumsum(wanted) - wanted).astype(jnp.int32)
+    return PairOrder(order, start, wanted, local.astype(jnp.int32))
+
+
+def _round_pairs(po: PairOrder, r, C: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(pair [D, C], valid [D, C], counts [D])`` of round r: the pair at each row of each block (valid rows
+    first; invalid rows point at pair 0)."""
+    c = jnp.arange(C, dtype=jnp.int32)
+    offset = r * C + c[None, :]  # [1, C] position within the block
+    valid = offset < po.wanted[:, None]  # [D, C]
+    idx = jnp.where(valid, po.start[:, None] + offset, 0)
+    return po.order[idx], valid, jnp.clip(po.wanted - r * C, 0, C).astype(jnp.int32)
+
+
+def _send(x, po, r, *, C, top_k, dtype, axis, impl, hidden, slots_total):
+    """Round r's rows to their destinations: ``(received rows [D·C, H], slots [D·C], recv counts [D], counts [D],
+    pair [D, C], valid [D, C])``."""
+    pair, valid, counts = _round_pairs(po, r, C)
+    rows = jnp.where(valid[..., None], x.astype(dtype)[pair // top_k], 0)  # [D, C, H]
+    lanes = stages._slot_lanes(po.local[pair].reshape(-1), dtype).reshape(*pair.shape, -1)
+    buf = jnp.concatenate([rows, jnp.where(valid[..., None], lanes, 0)], axis=-1)
+    recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
+    got = stages.received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_total)
+    return got.rows.reshape(-1, hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid
+
+
+def num_rounds(wanted: jax.Array, C: int, axis: str) -> jax.Array:
+    """Rounds the ``ep`` group needs: ⌈largest block anywhere / C⌉, at least 1 (one collective max)."""
+    biggest = jax.lax.pmax(jnp.max(wanted), axis)
+    return jnp.maximum(1, (biggest + C - 1) // C).astype(jnp.int32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _rounds(x, weights, po, static):
+    """Without differentiation: every round in one loop (one traced copy of a round)."""
+    return _forward(x, weights, po, static, keep_first=False)[0]
+
+
+def _ffn(static):
+    mm = dict(expert=static["expert"], gmm_impl=static["gmm_impl"], interpret=static["interpret"])
+    return lambda rows, slots, weights: stages.expert_ffn(rows, slots, weights, **mm)
+
+
+def _rounds_fwd(x, weights, po, static):
+    """Under differentiation: round 0 with its FFN's VJP kept (the one round of a balanced batch), then the rest."""
+    out, vjp0 = _forward(x, weights, po, static, keep_first=True)
+    return out, (x, weights, po, vjp0, out[2])
+
+
+def _forward(x, weights, po, static, *, keep_first: bool):
+    s = static
+    send = functools.partial(_send, C=s["C"], top_k=s["top_k"], dtype=s["dtype"], axis=s["axis"], impl=s["impl"],
+                             hidden=s["hidden"], slots_total=s["slots_total"])  # fmt: skip
+    ffn = _ffn(s)
+    D, C, H = s["num_ranks"], s["C"], s["hidden"]
+    R = num_rounds(po.wanted, C, s["axis"])
+    n_pairs = po.order.shape[0]
+
+    def scatter(y_pairs, back, pair, valid):
+        target = jnp.where(valid, pair, n_pairs).reshape(-1)  # invalid rows: dropped by mode="drop"
+        return y_pairs.at[target].set(back.reshape(-1, H).astype(y_pairs.dtype), mode="drop")
+
+    def one_round(r, y_pairs, sizes, keep_vjp):
+        rows, slots, recv_counts, counts, pair, valid = send(x, po, r)
+        if keep_vjp:
+            y, vjp, gs = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
+        else:
+            (y, gs), vjp = ffn(rows, slots, weights), None
+        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s["axis"], impl=s["impl"])
+        return scatter(y_pairs, back, pair, valid), sizes + gs, vjp
+
+    # Step 1 (under differentiation): round 0 on its own, its FFN's VJP kept for the backward pass.
+    y_pairs = jnp.zeros((n_pairs, H), s["dtype"])
+    sizes = jnp.zeros((s["slots_total"],), jnp.int32)
+    vjp0, first = None, 0
+    if keep_first:
+        y_pairs, sizes, vjp0 = one_round(0, y_pairs, sizes, True)
+        first = 1
+
+    # Step 2: the (further) rounds while any block anywhere has rows left.
+    def body(carry):
+        r, y_pairs, sizes = carry
+        y_pairs, sizes, _ = one_round(r, y_pairs, sizes, False)
+        return r + 1, y_pairs, sizes
+
+    _, y_pairs, sizes = jax.lax.while_loop(lambda c: c[0] < R, body, (jnp.int32(first), y_pairs, sizes))
+    return (y_pairs, sizes, R), vjp0
+
+
+def _rounds_bwd(static, res, cotangents):
+    s = static
+    x, weights, po, vjp0, R = res
+    dy_pairs = cotangents[0]
+    send = functools.partial(_send, C=s["C"], top_k=s["top_k"], dtype=s["dtype"], axis=s["axis"], impl=s["impl"],
+                             hidden=s["hidden"], slots_total=s["slots_total"])  # fmt: skip
+    ffn = _ffn(s)
+    D, C, H, K = s["num_ranks"], s["C"], s["hidden"], s["top_k"]
+
+    def back_round(r, vjp, dx, dw):
+        """The VJP of round r: result cotangents go where the rows were computed, row cotangents come back."""
+        pair, valid, counts = _round_pairs(po, r, C)
+        dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(s["dtype"])  # [D, C, H] at the source
+        drecv, drecv_counts = send_blocks(dback, counts, axis=s["axis"], impl=s["impl"])  # transpose of return
+        drows, dweights = vjp(drecv.reshape(-1, H).astype(s["dtype"]))
+        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s["axis"], impl=s["impl"])
+        token = jnp.where(valid, pair // K, x.shape[0]).reshape(-1)
+        dx = dx.at[token].add(dbuf.reshape(-1, H).astype(dx.dtype), mode="drop")
+        dw = jax.tree.map(lambda a, b: a + b.astype(a.dtype), dw, dweights)
+        return dx, dw
+
+    dx = jnp.zeros(x.shape, jnp.float32)
+    dw = jax.tree.map(lambda w: jnp.zeros(w.shape, jnp.float32), weights)
+    # Step 1: round 0 from its saved VJP.
+    dx, dw = back_round(0, vjp0, dx, dw)
+
+    # Step 2: every further round recomputed (the forward kept no residuals of them), then its VJP.
+    def body(carry):
+        r, dx, dw = carry
+        rows, slots, *_ = send(x, po, r)
+        _, vjp, _ = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
+        dx, dw = back_round(r, vjp, dx, dw)
+        return r + 1, dx, dw
+
+    _, dx, dw = jax.lax.while_loop(lambda c: c[0] < R, body, (jnp.int32(1), dx, dw))
+    dw = jax.tree.map(lambda g, w: g.astype(w.dtype), dw, weights)
+    return dx.astype(x.dtype), dw, None
+
+
+_rounds.defvjp(_rounds_fwd, _rounds_bwd)
+
+
+def exchange_ffn_rounds(x: jax.Array, weights: dict, po: PairOrder, *, capacity: int, top_k: int, dtype, axis: str,
+                        impl: str, hidden: int, slots_total: int, expert, gmm_impl: str,
+                        interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """Every pair of this rank through the expert FFN of its destination, in rounds of ``capacity`` rows per block
+    (see the module).
+
+    Args:
+      x: ``[T, H]`` this rank's tokens. weights: its per-slot expert arrays (with OEWF's fetched slots).
+      po: the destination-sorted pairs (`order_pairs`).
+      capacity: C rows per block per round (static).
+
+    Returns:
+      ``(y_pairs [T·K, H], group_sizes [S], rounds)``: each pair's expert output (pair order), the rows each
+      local slot computed over all rounds, and R.
+    """
+    static = dict(C=int(capacity), top_k=top_k, dtype=dtype, axis=axis, impl=impl, hidden=hidden,
+                  slots_total=slots_total, expert=expert, gmm_impl=gmm_impl, interpret=interpret,
+                  num_ranks=po.wanted.shape[0])  # fmt: skip
+    return _rounds(x, weights, po, _Static(static))
+
+
+class _Static:
+    """Hashable wrapper of the rounds' static configuration (a custom_vjp nondiff argument)."""
+
+    def __init__(self, items: dict):
+        self.items = items
+        self._key = tuple(sorted((k, repr(v)) for k, v in items.items()))
+
+    def __getitem__(self, k):
+        return self.items[k]
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and self._key == other._key

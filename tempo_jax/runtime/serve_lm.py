@@ -1,0 +1,312 @@
+"""`tempo-jax serve` on the tiny MoE language model: every MoE layer with its own placement, counter and live
+tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every layer each window).
+
+1. The LM (`tempo_jax.layer.model.TinyMoELM`, optionally trained ``train_steps`` steps on the shipped corpus)
+   routes a few warm-up batches of real text; each MoE layer gets an EPLB placement from its own expert load
+   (``replication`` physical slots per expert).
+2. A serving copy with those placements and the same parameters runs jitted **prefill** steps (``[B, L]`` windows
+   of the corpus, causal attention) and **decode** steps (``[T, 1]`` tokens through the attention's KV cache): a
+   prefill, then ``decode_steps`` decode steps of T sequences begun at random bytes of the corpus and continued
+   by sampling the model (temperature 1, seeded; greedy decoding of an untrained model repeats one byte, which
+   no serving batch does), over and over. Both serve ``tokens_per_rank`` tokens on each of the D ranks.
+3. A layered `DispatchController` (one worker process solving every window per refresh) is fed by a `Refresher`
+   that snapshots cumulative counters ``[phases·L, D, E]``: one per (phase, layer), since prefill and decode
+   batches route differently (text windows vs one new byte per sequence) and a table tuned to one phase's load
+   hurts the other. Before each step its phase's freshest tables go into every layer (``MoE.set_tables``,
+   trusted: no copy back to the host).
+4. Off the clock, each step's per-layer modelled makespan under the live tables (the cost model on the per-rank
+   load the layer realised) is scored against EPLB-even tables on the same counts.
+
+`refresh_time` measures the worker's time per refresh for a synthetic model of any size (DeepSeek-V3: 58 MoE
+layers × 256 experts + 32 redundant, EP8, 128 tokens per rank): it must fit the 200 ms refresh.
+
+Glossary: L MoE layers, D ranks, E experts, K top-k, B sequences per step, T = B·L tokens (prefill), B (decode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from solvers import PRESETS, CostModel, Placement, expected_dispatch, plan_weights, slots_for
+from solvers.worker import WorkerConfig, solve_window
+
+from ..layer import make_ep_mesh
+from ..layer.model import LMConfig, TinyMoELM, corpus, train
+from ..workloads import SyntheticRouting
+from .controller import DispatchController
+from .refresher import Refresher
+
+__all__ = ["refresh_time", "serve_lm"]
+
+
+def _windows(cfg, batch: int, seq_len: int, *, chunked: bool = False):
+    """Reproducible ``[batch, seq_len]`` int32 windows of the corpus, one array per call: at random places, or
+    (``chunked``) the next chunk of each of ``batch`` long prompts read in order (chunked prefill: a batch's
+    prompts persist over steps, as in a serving engine; a prompt that runs off the corpus restarts elsewhere)."""
+    data = corpus()
+    rng = np.random.default_rng([cfg.seed, 7, int(chunked)])
+    cursor = rng.integers(0, data.size - seq_len - 1, batch)
+
+    def draw() -> np.ndarray:
+        nonlocal cursor
+        if not chunked:
+            cursor = rng.integers(0, data.size - seq_len - 1, batch)
+        out = np.stack([data[c : c + seq_len] for c in cursor]).astype(np.int32)
+        if chunked:
+            cursor = cursor + seq_len
+            done = cursor > data.size - seq_len - 1
+            cursor[done] = rng.integers(0, data.size - seq_len - 1, int(done.sum()))
+        return out
+
+    return draw
+
+
+def _layer_loads(model: TinyMoELM, step, draw, batches: int) -> np.ndarray:
+    """``[L, E]`` pairs per expert of every MoE layer over ``batches`` warm-up prefill batches."""
+    load = np.zeros((len(model.blocks), model.cfg.experts))
+    for _ in range(batches):
+        step(model, jnp.asarray(draw()))
+        load += np.stack([np.asarray(b.moe.expert_load.get_value()) for b in model.blocks])
+    return load
+
+
+def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False, figure: bool = True) -> dict:
+    """Serve the tiny MoE LM with live per-layer tables (see the module); returns the report (also
+    ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve.ServeConfig` with ``model="lm"``."""
+    say = lambda *a: print(*a, flush=True)  # noqa: E731
+    status = (lambda *a: None) if quiet else say
+    mesh = make_ep_mesh()
+    D = mesh.shape["ep"]
+    T = cfg.tokens_per_rank * D
+    if T % cfg.seq_len:
+        raise ValueError(f"serve: tokens_per_rank × D = {T} is not a multiple of seq_len={cfg.seq_len}")
+    lm = LMConfig(dim=cfg.hidden, layers=cfg.layers, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
+                  seq_len=cfg.seq_len, batch=8, dispatch_mode=cfg.dispatch_mode,
+                  slots_per_rank=-(-cfg.experts // D))  # fmt: skip
+    cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
+    prefill = nnx.jit(lambda m, tokens: m(tokens))
+    decode = nnx.jit(lambda m, tokens: m(tokens, decode=True))
+    draw = _windows(cfg, T // cfg.seq_len, cfg.seq_len, chunked=True)
+    # Step 1: the LM (trained if asked) and each layer's placement from its own load on warm-up batches.
+    t0 = time.perf_counter()
+    if cfg.train_steps:
+        base = train(lm, steps=cfg.train_steps, seed=cfg.seed, mesh=mesh).model
+    else:
+        base = TinyMoELM(lm, mesh=mesh, rngs=nnx.Rngs(params=cfg.seed, dispatch=cfg.seed + 1))
+    loads = _layer_loads(base, prefill, draw, batches=4)
+    slots = slots_for(cfg.experts, D, cfg.replication)
+    placements = [Placement.from_eplb(load + 1e-3, slots, D, spread_idle=True) for load in loads]
+    # Step 2: the serving copy: the same parameters, one placement per layer.
+    model = TinyMoELM(lm, mesh=mesh, rngs=nnx.Rngs(params=cfg.seed, dispatch=cfg.seed + 1), placements=placements)
+    nnx.update(model, nnx.state(base, nnx.Param))
+    L, B_dec = len(model.blocks), T
+    starts = _windows(cfg, B_dec, 1)  # the decode sequences' first bytes, drawn per cycle
+    sample = jax.jit(lambda key, logits: jax.random.categorical(key, logits[:, -1]).astype(jnp.int32)[:, None])
+    keys = iter(jax.random.split(jax.random.key(cfg.seed + 2), 2 * cfg.decode_steps + 2 * cfg.steps))
+    for _ in range(2):  # two warm-up cycles: every (step, input placement) pair the loop meets is compiled
+        model.init_cache(B_dec, cfg.decode_steps + 1)
+        jax.block_until_ready(prefill(model, jnp.asarray(draw())))
+        last = jnp.asarray(starts())
+        for _ in range(cfg.decode_steps):
+            last = sample(next(keys), decode(model, last))
+    jax.block_until_ready(last)
+    setup_s = time.perf_counter() - t0
+    say(f"serve: tiny MoE LM, {L} MoE layers × E={cfg.experts}, top-{cfg.top_k}, {T} tokens/step on {D} "
+        f"{jax.default_backend()} devices ({slots} slots per layer); prefill [{T // cfg.seq_len}, {cfg.seq_len}] "
+        f"+ {cfg.decode_steps} decode steps [{B_dec}, 1]; policy {cfg.policy} in solver_mode "
+        f"{cfg.solver_mode}")  # fmt: skip
+    # Step 3: the runtime: one controller (one worker) for every (phase, layer): prefill and decode batches route
+    # differently (text windows vs one new byte per sequence), so each phase gets its own windows and tables
+    # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
+    phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
+    ctl = DispatchController(placements * len(phases), cost, policy=cfg.policy, solver_mode=cfg.solver_mode,
+                             budget_s=cfg.budget_s, staleness_s=cfg.staleness_s, fallback=cfg.fallback)  # fmt: skip
+    cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
+    refresher = Refresher(ctl, lambda: cumulative["counters"], period_s=cfg.period_s, every_steps=cfg.every_steps)
+    uniform_w = [plan_weights("uniform", p) for p in placements]
+    installed, rows, on = ctl.version, [], None
+    refresher.refresh()  # the counters' baseline
+    try:
+        for s in range(cfg.steps):
+            want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
+            if want_on != on:
+                on = want_on
+                (refresher.start if on else refresher.stop)()
+            kind = "prefill" if s % (cfg.decode_steps + 1) == 0 else "decode"
+            phase = phases.index(kind)
+            installed = ctl.version  # this phase's freshest tables into every layer (trusted, keyed: no host copy)
+            for block, tables in zip(model.blocks, ctl.latest[phase * L : (phase + 1) * L], strict=True):
+                block.moe.set_tables(tables)
+            if kind == "prefill":
+                model.init_cache(B_dec, cfg.decode_steps + 1)
+                tokens, last = jnp.asarray(draw()), jnp.asarray(starts())
+            else:
+                tokens = last
+            t_step = time.perf_counter()
+            logits = (prefill if kind == "prefill" else decode)(model, tokens)
+            jax.block_until_ready(logits)
+            step_ms = (time.perf_counter() - t_step) * 1e3
+            if kind == "decode":  # each sequence's next byte, sampled
+                last = sample(next(keys), logits)
+            counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E]
+            new = cumulative["counters"].copy()
+            new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
+            cumulative["counters"] = new
+            if on:
+                refresher.step()
+            live, uniform = [], []
+            for block, placement, uw, c in zip(model.blocks, placements, uniform_w, counts, strict=True):
+                acts, toks = np.asarray(block.moe.gpu_activations.get_value()), np.asarray(
+                    block.moe.gpu_tokens.get_value())  # fmt: skip
+                live.append(float(cost.gpu_times(acts, toks).max()))
+                uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
+            m = ctl.metrics()
+            rows.append(dict(step=s, kind=kind, on=on, step_ms=step_ms, version=installed, live_us=live,
+                             uniform_us=uniform, age_s=m["age_s"], solve_ms=m["solve_ms"]["last"]))  # fmt: skip
+            solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+            status(f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
+                   f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
+                   f"age {m['age_s']:.2f} s | refresh {solve}")  # fmt: skip
+            if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
+                status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
+        ctl.wait(timeout=120.0, raise_errors=False)
+    finally:
+        refresher.stop()
+        metrics, status_text = ctl.metrics(), ctl.status_line()
+        history = list(ctl.history)
+        ctl.close()
+    report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, L, phases)
+    say(_summary(report))
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
+        if figure:
+            _figure(report, out / "serve.png")
+            report["figure"] = str(out / "serve.png")
+        say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
+    return report
+
+
+def _stats(v) -> dict | None:
+    v = np.asarray(v, dtype=np.float64)
+    return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
+
+
+def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phases) -> dict:
+    step_ms = {}
+    for kind in ("prefill", "decode"):
+        for on in (True, False):
+            v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on]
+            step_ms[f"{kind}_{'on' if on else 'off'}"] = _stats(v)
+    refresh = [h["solve_ms"] for h in history]
+    live = float(np.mean([np.mean(r["live_us"]) for r in rows]))
+    uniform = float(np.mean([np.mean(r["uniform_us"]) for r in rows]))
+    by_phase = {}
+    for kind in ("prefill", "decode"):
+        pick = [r for r in rows if r["kind"] == kind]
+        if pick:
+            lv, un = (float(np.mean([np.mean(r[k]) for r in pick])) for k in ("live_us", "uniform_us"))
+            by_phase[kind] = {"live": lv, "uniform": un, "live_over_uniform": lv / un, "steps": len(pick)}
+    return {
+        "config": dataclasses.asdict(cfg),
+        "shape": {"D": D, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
+        "setup_s": setup_s,
+        "step_ms": step_ms,
+        "refresh_ms": _stats(refresh),  # the worker's clock: every layer's window solved and converted
+        "tables_per_refresh": history[-1]["layers"] if history else 0,
+        "makespan_mean_us": {"live": live, "uniform": uniform},
+        "live_over_uniform": live / uniform,
+        "makespan_by_phase_us": by_phase,
+        "publish_steps": [r["step"] for i, r in enumerate(rows) if i and r["version"] != rows[i - 1]["version"]],
+        "metrics": metrics,
+        "status": status,
+        "refresher": refresher.metrics(),
+        "steps": rows,
+    }
+
+
+def _summary(rep: dict) -> str:
+    lines = ["", "serve: final report (tiny MoE LM)", "  " + rep["status"]]
+    for key, s in rep["step_ms"].items():
+        if s:
+            lines.append(f"  step time {key.replace('_', ', worker ')}: median {s['median']:.1f} ms (p90 "
+                         f"{s['p90']:.1f}) over {s['n']} steps")  # fmt: skip
+    r = rep["refresh_ms"]
+    if r:
+        shape = rep["shape"]
+        lines.append(f"  refresh ({len(shape['phases'])} phases × {shape['layers']} layers' tables, worker clock): "
+                     f"median {r['median']:.2f} ms, "
+                     f"p90 {r['p90']:.2f} ms over {r['n']} refreshes")  # fmt: skip
+    mk = rep["makespan_mean_us"]
+    lines.append(f"  modelled makespan, mean over steps and layers: live {mk['live']:.1f} µs vs EPLB-even "
+                 f"{mk['uniform']:.1f} µs ({rep['live_over_uniform']:.3f})")  # fmt: skip
+    for kind, v in rep["makespan_by_phase_us"].items():
+        lines.append(f"    {kind}: live {v['live']:.1f} µs vs {v['uniform']:.1f} µs ({v['live_over_uniform']:.3f}) "
+                     f"over {v['steps']} steps")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _figure(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = rep["steps"]
+    s = np.array([r["step"] for r in steps])
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    ax.plot(s, [np.mean(r["live_us"]) for r in steps], "-", label=f"live ({rep['config']['policy']}, worker)")
+    ax.plot(s, [np.mean(r["uniform_us"]) for r in steps], "--", label="EPLB-even")
+    for i, p in enumerate(rep["publish_steps"]):
+        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
+    ax.set_ylabel("modelled makespan (µs),\nmean over layers")
+    ax.legend(fontsize=8)
+    shape = rep["shape"]
+    ax.set_title(f"tempo-jax serve: tiny MoE LM, {shape['layers']} layers × E={shape['E']}, top-{shape['K']}, "
+                 f"EP{shape['D']}")  # fmt: skip
+    for kind, marker in (("prefill", "o"), ("decode", "x")):
+        pick = np.array([r["kind"] == kind for r in steps])
+        bx.scatter(s[pick], np.array([r["step_ms"] for r in steps])[pick], s=10, marker=marker, label=kind)
+    bx.set_ylabel("step time (ms)")
+    bx.set_xlabel("step")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ refresh time
+def refresh_time(*, layers: int = 58, experts: int = 256, redundant: int = 32, num_ranks: int = 8,
+                 tokens_per_rank: int = 128, top_k: int = 8, policy: str = "tempo", repeats: int = 10,
+                 cost: str = "dsv3_fp8_offline", solver_mode: str = "process", processes: int = 1,
+                 seed: int = 0) -> dict:  # fmt: skip
+    """The worker's time per refresh of a layered controller for a synthetic model: ``layers`` MoE layers of
+    ``experts`` experts (+ ``redundant`` replicas, EPLB from each layer's Zipf popularity), ``num_ranks`` ranks,
+    one window of ``tokens_per_rank`` tokens per rank per layer, the layers split over ``processes`` solver
+    processes. Returns the worker-clock solve times (ms) of ``repeats`` refreshes and the round trips."""
+    routings = [SyntheticRouting(num_experts=experts, top_k=top_k, s=1.0, kappa=2000.0, seed=seed + layer)
+                for layer in range(layers)]  # fmt: skip
+    placements = [Placement.from_eplb(r.popularity, experts + redundant, num_ranks, spread_idle=True) for r in routings]
+    windows = [np.stack([r.batch(tokens_per_rank, num_ranks, 1000 * rep + 1) for r in routings])
+               for rep in range(repeats)]  # fmt: skip
+    solve_window(WorkerConfig(tuple(placements), PRESETS[cost], policy), windows[0])  # this process warmed up too
+    with DispatchController(placements, PRESETS[cost], policy=policy, solver_mode=solver_mode, budget_s=5.0,
+                            solver_processes=processes) as ctl:  # fmt: skip
+        for w in windows:
+            ctl.observe(w)
+            ctl.wait()
+        history = list(ctl.history)
+    solve = [h["solve_ms"] for h in history]
+    return {"layers": layers, "experts": experts, "redundant": redundant, "num_ranks": num_ranks,
+            "tokens_per_rank": tokens_per_rank, "policy": policy, "solver_mode": solver_mode, "processes": processes,
+            "solve_ms": _stats(solve), "roundtrip_ms": _stats([h["roundtrip_ms"] for h in history]),
+            "per_layer_ms": float(np.median(solve)) / layers if solve else None}  # fmt: skip
