@@ -28,6 +28,7 @@ SMOKE=()
 LIMIT_CHECK=120 LIMIT_BENCH=240 LIMIT_MOE=120  # seconds: at most 8 minutes, inside one 10-minute device call
 if [[ "${1:-}" == "--smoke" ]]; then
   SMOKE=(--smoke)
+  LIMIT_CHECK=0 LIMIT_BENCH=0 LIMIT_MOE=0  # no wall-clock limits on CPU: how long a smoke run takes is the machine's
   export JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=8"
 else
   unset JAX_PLATFORMS XLA_FLAGS  # the real GPU, not the fake CPU devices of the tests
@@ -46,12 +47,13 @@ if [[ ${#SMOKE[@]} -eq 0 ]] && ! "$PY" -c 'import jax, sys; sys.exit(jax.default
 fi
 
 declare -A STATUS
-step() {  # step NAME LIMIT_S SCRIPT ARGS...: run one step with a time limit, log it, keep its exit status
-  local name=$1 limit=$2
+step() {  # step NAME LIMIT_S SCRIPT ARGS...: run one step with a time limit (0: none), log it, keep its exit status
+  local name=$1 limit=$2 t0=$SECONDS
   shift 2
-  echo "=== $name (limit ${limit}s)"
+  if [[ $limit -gt 0 ]]; then echo "=== $name (limit ${limit}s)"; else echo "=== $name"; fi
   timeout "$limit" "$PY" "$@" 2>&1 | tee "$DEST/$name.log"
   STATUS[$name]=${PIPESTATUS[0]}
+  echo "=== $name: $((SECONDS - t0)) s"
 }
 step check "$LIMIT_CHECK" scripts/bench_gemm.py --check "${SMOKE[@]}" --out "$DEST/check.json"
 step bench_gemm "$LIMIT_BENCH" scripts/bench_gemm.py "${SMOKE[@]}" --out "$DEST/bench_gemm.json" \

@@ -21,7 +21,7 @@ from .attention import AttentionFitReport, AttentionModel, attention_features, f
 from .bounds import certified_lower_bound
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
-from .fit import FitReport, bootstrap_max_affine, fit_max_affine, read_samples
+from .fit import FitReport, UndeterminedFitWarning, bootstrap_max_affine, fit_max_affine, read_samples
 from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
 from .oewf import (
     PRICINGS,
@@ -56,6 +56,7 @@ __all__ = [
     "Dispatch",
     "DispatchProblem",
     "FitReport",
+    "UndeterminedFitWarning",
     "Placement",
     "bootstrap_max_affine",
     "TempoOptions",

@@ -21,11 +21,14 @@ import numpy as np
 
 __all__ = [
     "ArgTypeError",
+    "EXACT_INT_LIMIT",
+    "MAX_INPUT_BYTES",
     "check_array",
     "check_choice",
     "check_counter",
     "check_counts",
     "check_fields",
+    "check_input_file",
     "check_instance",
     "check_int",
     "check_real",
@@ -34,8 +37,11 @@ __all__ = [
     "read_text",
 ]
 
+#: Largest input file (bytes) any loader reads: inputs are read whole (the shared recordings are ≤ 10 MB each).
+MAX_INPUT_BYTES = 256 * 2**20
+
 # Integers beyond this are not exact in float64; integer arrays are refused above it.
-_EXACT_INT = float(2**53)
+EXACT_INT_LIMIT = float(2**53)
 
 
 class ArgTypeError(TypeError, ValueError):
@@ -195,7 +201,7 @@ def check_array(
     if nonnegative and (arr < 0).any():
         raise ValueError(f"{pre}{name} must be ≥ 0 (non-negative), got {_at(name, arr, arr < 0)}")
     if integer:
-        bad = np.abs(arr) >= _EXACT_INT
+        bad = np.abs(arr) >= EXACT_INT_LIMIT
         if bad.any():
             raise ValueError(
                 f"{pre}{name} is too large for exact integer arithmetic, got {_at(name, arr, bad)}; "
@@ -215,14 +221,35 @@ def check_counts(name: str, counts: object, *, ndims: tuple[int, ...]) -> np.nda
     return arr
 
 
-def read_text(path: str | os.PathLike, what: str = "file") -> str:
-    """The text of ``path`` (UTF-8). Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a
-    folder, an unreadable file or bytes that are not UTF-8 text; every message names ``what`` and the path."""
-    p = Path(path)
+def check_input_file(path: str | os.PathLike, what: str = "file", *, max_bytes: int = MAX_INPUT_BYTES) -> Path:
+    """``path`` as a `Path` if it names a regular file of at most ``max_bytes`` bytes: every input file is read
+    whole, so devices (``/dev/zero``), pipes and oversized files are refused before any read.
+
+    Raises:
+      ArgTypeError: ``path`` is not a str or path-like.
+      FileNotFoundError: nothing at ``path``.
+      ValueError: a folder, a device or other non-regular file, or a file over ``max_bytes``.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise ArgTypeError(f"{what} must be a path (str or os.PathLike), got {_kind(path)}")
+    p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"{what} {p} does not exist")
     if p.is_dir():
         raise ValueError(f"{what} {p} is a folder; give a file")
+    if not p.is_file():
+        raise ValueError(f"{what} {p} is not a regular file (a device, pipe or socket); give a file")
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{what} {p} is {size / 2**20:,.0f} MiB, over the {max_bytes / 2**20:,.0f} MiB read limit")
+    return p
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of ``path`` (UTF-8). Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a
+    folder, a device, a file over `MAX_INPUT_BYTES`, an unreadable file or bytes that are not UTF-8 text; every
+    message names ``what`` and the path (see `check_input_file`)."""
+    p = check_input_file(path, what)
     try:
         data = p.read_bytes()
     except OSError as err:

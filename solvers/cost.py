@@ -60,8 +60,8 @@ class CostModel:
       source: where the numbers come from (not part of equality).
 
     Raises:
-      ValueError: a parameter that is negative, NaN or infinite (each is a time or a slope, µs), ``tile`` < 1, or
-        only one of ``c2`` / ``gamma``.
+      ValueError: a parameter that is negative, NaN or infinite (each is a time or a slope, µs), ``tile`` < 1,
+        only one of ``c2`` / ``gamma``, or no slope at all (b = β = 0 without a tile or traffic term).
       ArgTypeError (a TypeError): a parameter that is not a number (``b="1"``, ``b=None``), a non-integer tile.
     """
 
@@ -86,6 +86,12 @@ class CostModel:
         if (self.c2 is None) != (self.gamma is None):
             raise ValueError("CostModel: give both c2 and gamma (the traffic piece) or neither")
         object.__setattr__(self, "tile", check_int("CostModel.tile", self.tile))
+        if self.b == 0 and self.beta == 0 and not self.b2 and not self.gamma:
+            raise ValueError(
+                "CostModel prices no load: b = β = 0 (and no tile or traffic slope) gives every dispatch the same "
+                "makespan, so nothing can be compared or divided by it; give b > 0 (per activated replica) or β > 0 "
+                "(per token)"
+            )
         check_instance("CostModel.source", self.source, str)
 
     # ------------------------------------------------------------------ structure

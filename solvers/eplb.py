@@ -27,16 +27,38 @@ different groups to a node.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from .checks import check_array
+from .checks import check_array, check_int
 
-__all__ = ["MAX_SLOTS", "balanced_packing", "replicate_experts", "rebalance_experts"]
+__all__ = ["MAX_REPLICAS", "MAX_SLOTS", "MAX_WORK", "balanced_packing", "check_size", "replicate_experts",
+           "rebalance_experts"]  # fmt: skip
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 #: Most physical slots (layers × num_replicas) one call may lay out.
 MAX_SLOTS = 2**24
+#: Most slots per layer: EPLB places them one at a time (a Python step each, ~40 µs).
+MAX_REPLICAS = 2**16
+#: Most elementary operations, layers × ((P − E)·E + P·D): replication scans every expert per redundant slot and
+#: packing every GPU per slot. At the limits one call takes a few seconds on a 2-core box.
+MAX_WORK = 2**29
+
+
+def check_size(layers: int, experts: int, num_replicas: int, num_gpus: int, *, where: str) -> None:
+    """ValueError, before any work, for a layout beyond `MAX_SLOTS`, `MAX_REPLICAS` or `MAX_WORK`."""
+    fix = "call it per layer group or with fewer replicas"
+    if layers * num_replicas > MAX_SLOTS:  # every slot is walked in Python: refuse before hours of work
+        raise ValueError(f"{where}: layers × num_replicas = {layers:,} × {num_replicas:,} exceeds the supported "
+                         f"{MAX_SLOTS:,} slots; {fix}")  # fmt: skip
+    if num_replicas > MAX_REPLICAS:
+        raise ValueError(f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_REPLICAS:,} slots per "
+                         "layer (EPLB places slots one at a time)")  # fmt: skip
+    work = layers * ((num_replicas - experts) * experts + num_replicas * num_gpus)
+    if work > MAX_WORK:
+        raise ValueError(f"{where}: {layers:,} layer(s) × ((P − E)·E + P·D) with E={experts:,}, "
+                         f"P={num_replicas:,}, D={num_gpus:,} is {work:.2e} steps, over the {MAX_WORK:.2e} that run "
+                         f"in seconds; {fix}")  # fmt: skip
 
 
 def _as_float(weight: np.ndarray) -> np.ndarray:
@@ -191,20 +213,22 @@ def rebalance_experts(
     layers, num_log = w.shape
     if num_log == 0 or layers == 0:
         raise ValueError(f"weight must have at least one layer and one expert, got shape {w.shape}")
+    args = {"num_replicas": num_replicas, "num_groups": num_groups, "num_nodes": num_nodes, "num_gpus": num_gpus}
     num_replicas, num_groups, num_nodes, num_gpus = (
-        operator.index(v) for v in (num_replicas, num_groups, num_nodes, num_gpus)
+        check_int(name, v, where="rebalance_experts") for name, v in args.items()
     )
-    if min(num_groups, num_nodes, num_gpus) <= 0:
-        raise ValueError("num_groups, num_nodes and num_gpus must be positive")
+    row_sums = w.sum(axis=1)
+    if (row_sums > _F32_MAX).any():  # EPLB sums loads in float32: an overflow to inf would corrupt the packing
+        layer = int(np.argmax(row_sums > _F32_MAX))
+        raise ValueError(
+            f"rebalance_experts: weight[{layer}] sums to {row_sums[layer]:.3g}, beyond float32's {_F32_MAX:.3g} "
+            "(EPLB computes in float32); scale the weights down (the layout depends only on their ratios)"
+        )
     if num_replicas < num_log:
         raise ValueError(f"num_replicas ({num_replicas}) must be >= the number of experts ({num_log})")
     if num_replicas % num_gpus:
         raise ValueError(f"num_replicas ({num_replicas}) must be divisible by num_gpus ({num_gpus})")
-    if layers * num_replicas > MAX_SLOTS:  # every slot is walked in Python: refuse before hours of work
-        raise ValueError(
-            f"layers × num_replicas = {layers:,} × {num_replicas:,} exceeds the supported {MAX_SLOTS:,} slots; "
-            "call rebalance_experts per layer group or with fewer replicas"
-        )
+    check_size(layers, num_log, num_replicas, num_gpus, where="rebalance_experts")
 
     # Step 1: choose the policy as upstream does; the global one is the hierarchical one with a single group and
     # node, so only the hierarchical policy needs num_nodes | num_gpus and num_groups | E.
@@ -226,6 +250,10 @@ def rebalance_experts(
     phy2log, phyrank, logcnt = _rebalance_hierarchical(
         w.astype(np.float32), num_replicas, num_groups, num_nodes, num_gpus
     )
+
+    counted = np.stack([np.bincount(row, minlength=num_log) for row in phy2log])
+    if not np.array_equal(counted, logcnt) or (logcnt < 1).any():  # never hand out an inconsistent layout
+        raise RuntimeError("rebalance_experts produced an inconsistent layout (a bug: please report the weights)")
 
     # Step 3: invert into log2phy, one row of max(logcnt) entries per expert (upstream's width), -1 padded.
     max_replicas = int(logcnt.max())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,18 @@ from scipy.optimize import nnls
 from .checks import check_array, check_int, check_real, read_text
 from .cost import CostModel
 
-__all__ = ["CSV_COLUMNS", "FitReport", "bootstrap_max_affine", "fit_max_affine", "read_samples"]
+__all__ = [
+    "CSV_COLUMNS",
+    "FitReport",
+    "UndeterminedFitWarning",
+    "bootstrap_max_affine",
+    "fit_max_affine",
+    "read_samples",
+]
+
+
+class UndeterminedFitWarning(UserWarning):
+    """A max-affine fit whose samples leave some parameters undetermined (see ``FitReport.undetermined``)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,8 @@ class FitReport:
         on the final assignment is negative, with that value; the model holds them at their bound (0) instead.
         Empty for data the model describes; otherwise the samples contradict the model (e.g. b < 0: times fall
         as more experts are activated) and the fit is only the best one inside the domain.
+      undetermined: parameters the samples of their piece cannot determine (their values are arbitrary; a
+        `UndeterminedFitWarning` was issued). Empty for a determined fit.
     """
 
     mean_rel_error: float
@@ -48,6 +62,7 @@ class FitReport:
     iterations: int
     converged: bool
     outside_domain: dict[str, float] = field(default_factory=dict, hash=False)
+    undetermined: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outside_domain", dict(self.outside_domain))
@@ -85,8 +100,13 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
       ``(CostModel, FitReport)``.
 
     Raises:
-      ValueError: negative/NaN inputs, mismatched lengths, non-positive times, or fewer samples than
-        parameters.
+      ValueError: negative/NaN inputs, mismatched lengths, non-positive times, fewer samples than
+        parameters, or samples that cannot determine the model under any assignment (identical rows, a single
+        value of G or N).
+
+    Warns:
+      UndeterminedFitWarning: the best fit leaves a piece with samples that do not determine its parameters
+        (e.g. every sample in one regime); ``FitReport.undetermined`` names them.
 
     Every parameter is fitted under ``≥ 0``; see ``FitReport.outside_domain`` for data that disagree.
     """
@@ -103,9 +123,17 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
         raise ValueError(f"fit_max_affine: need at least {p_floor + 2} samples for {p_floor + 2} parameters, got {n}")
     iters = check_int("iters", iters, where="fit_max_affine")
 
-    # Step 1: design matrices of the two pieces.
+    # Step 1: design matrices of the two pieces; samples that cannot determine a piece under any assignment
+    # (identical rows, one value of G or of N, tiles collinear with G) are refused.
     X_floor = np.stack([np.ones(n), G] + ([] if T is None else [T - G]), axis=1)
     X_tok = np.stack([np.ones(n), N], axis=1)
+    for X, what in ((X_floor, "G" if T is None else "G and tiles − G"), (X_tok, "N")):
+        if np.linalg.matrix_rank(X) < X.shape[1]:
+            raise ValueError(
+                f"fit_max_affine: the samples cannot determine the model: {len(np.unique(G))} distinct G and "
+                f"{len(np.unique(N))} distinct N over {n} samples leave the piece in {what} undetermined (identical "
+                "or collinear samples); measure at more distinct (G, N) points"
+            )
 
     def refit(floor_mask: np.ndarray, prev: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         th_f, th_t = prev
@@ -148,25 +176,54 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
     # quantiles of tokens-per-expert and keep the best converged fit.
     ratio = N / np.maximum(G, 1.0)
     order = np.argsort(ratio, kind="stable")
+    names = ["a", "b"] + ([] if T is None else ["b2"])
+
+    def undetermined(mask: np.ndarray) -> list[str]:
+        """Parameters of a piece whose samples do not pin them down (rank-deficient design on the piece)."""
+        out = []
+        for keep, X, piece in ((mask, X_floor, names), (~mask, X_tok, ["c", "beta"])):
+            if np.linalg.matrix_rank(X[keep]) < X.shape[1]:
+                out += piece
+        return out
+
     best = None
     for q in (0.2, 0.35, 0.5, 0.65, 0.8):
         k = int(np.clip(round(q * n), p_floor, n - 2))
         mask = np.zeros(n, dtype=bool)
         mask[order[:k]] = True
-        # Step 3: alternate assignment and per-piece least squares.
+        # Step 3: alternate assignment and per-piece least squares; a fit that determines every parameter beats
+        # one that does not, whatever their errors.
         th, mask, its, conv = alternate(mask)
-        err = rel_err(th)
-        if best is None or err < best[0] - 1e-12:
-            best = (err, th, mask, its, conv)
+        rank = (len(undetermined(mask)), rel_err(th))
+        if best is None or rank[0] < best[0][0] or (rank[0] == best[0][0] and rank[1] < best[0][1] - 1e-12):
+            best = (rank, th, mask, its, conv)
 
-    # Step 4: package; parameters the unconstrained fit of the final pieces would put below 0.
-    err, (th_f, th_t), mask, its, conv = best
-    names = ["a", "b"] + ([] if T is None else ["b2"])
+    # Step 4: a piece whose final samples do not pin its parameters down leaves them arbitrary however small the
+    # error: said loudly (a warning and ``FitReport.undetermined``), never reported as a plain converged fit.
+    (_, err), (th_f, th_t), mask, its, conv = best
+    lost = tuple(undetermined(mask))
+    if lost:
+        warnings.warn(
+            f"fit_max_affine: the fit is undetermined: the samples assigned to each piece cannot determine "
+            f"{', '.join(lost)} ({int(mask.sum())} floor / {int((~mask).sum())} token samples); those values are "
+            "arbitrary. Measure more (G, N) points spanning both the flat regime (few tokens per expert) and the "
+            "linear one (many)",
+            UndeterminedFitWarning,
+            stacklevel=2,
+        )
+
+    # Step 5: package; parameters the unconstrained fit of the final pieces would put below 0.
     outside = {}
     for keep, X, piece, k in ((mask, X_floor, names, p_floor), (~mask, X_tok, ["c", "beta"], 2)):
         if keep.sum() >= k:
             free = _weighted_lstsq(X[keep], t[keep], nonnegative=False)
             outside.update({nm: float(v) for nm, v in zip(piece, free, strict=True) if v < 0})
+    if th_f[1] == 0 and th_t[1] == 0 and (T is None or th_f[2] == 0):
+        free = ", ".join(f"{k} = {v:.3g}" for k, v in outside.items()) or "none"
+        raise ValueError(
+            "fit_max_affine: the samples contradict the model: every slope (b, beta) fits best at 0 (unconstrained: "
+            f"{free}), i.e. times do not rise with G or N, so no model prices any load; check the samples"
+        )
     model = CostModel(
         a=float(th_f[0]),
         b=float(th_f[1]),
@@ -181,6 +238,7 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
         iterations=its,
         converged=conv,
         outside_domain=outside,
+        undetermined=lost,
     )
     return model, report
 
@@ -200,8 +258,8 @@ def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int 
 
     Returns:
       ``{"fit": point-fit parameters, "ci": {name: (lo, hi)}, "corr_ab": float, "replicates": int,
-      "failed": int}`` over the names a, b, c, beta, n_star (and b2 with tiles); a draw whose fit fails (too
-      few samples on one piece) is counted in ``failed`` and left out.
+      "failed": int}`` over the names a, b, c, beta, n_star (and b2 with tiles); a draw whose fit fails or is
+      undetermined (too few distinct samples on one piece) is counted in ``failed`` and left out.
     """
     replicates = check_int("replicates", replicates, where="bootstrap_max_affine")
     level = check_real("level", level, minimum=0.0, maximum=1.0, strict=True, where="bootstrap_max_affine")
@@ -226,8 +284,13 @@ def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int 
     for _ in range(replicates):
         idx = np.concatenate([groups[k] for k in rng.integers(0, len(groups), len(groups))])
         try:
-            model, _ = fit_max_affine(G[idx], N[idx], t[idx], tiles=None if T is None else T[idx], iters=iters)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UndeterminedFitWarning)  # counted in ``failed`` instead
+                model, rep = fit_max_affine(G[idx], N[idx], t[idx], tiles=None if T is None else T[idx], iters=iters)
         except ValueError:
+            failed += 1
+            continue
+        if rep.undetermined:
             failed += 1
             continue
         draws.append(params(model))

@@ -31,13 +31,12 @@ from .bounds import problem_lower_bound
 from .cost import CostModel
 from .placement import Placement
 from .policies import llep, metro, round_robin, token_lp
-from .problem import Dispatch, DispatchProblem
+from .problem import OPTIMAL_RTOL, Dispatch, DispatchProblem
 
 __all__ = ["BACKENDS", "MAX_MODEL_MAGNITUDE", "milp", "partition_instance"]
 
 BACKENDS = ("cp_sat", "scip", "highs", "cbc", "math_opt_highs", "math_opt_scip")
 _PYWRAPLP = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC"}
-_RTOL = 1e-6  # "optimal" needs the recomputed objective within this of the solver's bound
 _SLACK = 1e-9  # relative slack on UB-derived caps (float evaluation of the incumbent)
 # Largest coefficient × variable bound a model may hold (see `_check_size`): CP-SAT sums in int64 (2^63; 2^60
 # leaves headroom), the floating-point backends refuse or mistrust values above 1e15 (HiGHS: "|values| > 1e15").
@@ -119,14 +118,19 @@ class _Wraplp:
             s.SetNumThreads(int(threads))
         params = self.lp.MPSolverParameters()
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, 1e-7)
+        t0 = time.perf_counter()
         st = s.Solve(params)
+        elapsed = time.perf_counter() - t0
         names = {lp.OPTIMAL: "OPTIMAL", lp.FEASIBLE: "FEASIBLE", lp.INFEASIBLE: "INFEASIBLE", lp.UNBOUNDED: "UNBOUNDED"}
         names.update({lp.ABNORMAL: "ABNORMAL", lp.NOT_SOLVED: "NOT_SOLVED", lp.MODEL_INVALID: "MODEL_INVALID"})
         has = st in (lp.OPTIMAL, lp.FEASIBLE)
         bound = s.Objective().BestBound() if has else -math.inf
         value = (lambda v: v.solution_value()) if has else None
-        # HiGHS answers an undocumented status (99) and no incumbent at its time limit: count it as a limit.
-        limited = st not in (lp.OPTIMAL, lp.INFEASIBLE, lp.UNBOUNDED, lp.ABNORMAL, lp.MODEL_INVALID)
+        # HiGHS answers an undocumented status (99) or NOT_SOLVED, and no incumbent, at its time limit: a limit only
+        # when the time was used up (a NOT_SOLVED after 0.07 s of a 10 s limit is a failure, not a timeout).
+        limited = st not in (lp.OPTIMAL, lp.INFEASIBLE, lp.UNBOUNDED, lp.ABNORMAL, lp.MODEL_INVALID) and (
+            has or elapsed >= 0.9 * time_limit
+        )
         return names.get(st, f"UNKNOWN_{st}"), st == lp.OPTIMAL, limited, value, bound
 
 
@@ -262,8 +266,9 @@ def milp(
 
     Returns:
       ``(x [E, D] float64, info)``. ``info``: ``status`` ("optimal" only when the solver proved its model optimal
-      and the recomputed objective is within 1e-6 relative of the unscaled solver bound; "timeout" when it
-      stopped at the limit; else "feasible"), ``objective`` (``cost.makespan(x)``), ``bound`` (a proven lower
+      and the recomputed objective is within `solvers.problem.OPTIMAL_RTOL` relative of the unscaled solver
+      bound; "timeout" when it stopped at the time limit; "not_solved" when it stopped without a result before
+      it; else "feasible"), ``objective`` (``cost.makespan(x)``), ``bound`` (a proven lower
       bound valid for every real-valued dispatch: with integer tokens, the solver bound minus max(β, γ), since
       rounding a dispatch to integers adds < 1 token per GPU; never below `problem_lower_bound`),
       ``model_bound`` (the solver's bound for its own model), ``gap`` ((objective − bound)/objective),
@@ -410,8 +415,13 @@ def milp(
     mb = raw_bound / S if raw_bound is not None and math.isfinite(raw_bound) else -math.inf
     delta = max(cost.beta, cost.gamma or 0.0) if integer_tokens else 0.0
     bound = max(lb, min(mb - delta, obj))
-    optimal = proven and abs(obj - mb) <= _RTOL * max(abs(obj), 1e-12)
-    status = "optimal" if optimal else ("timeout" if limited else "feasible")
+    optimal = proven and abs(obj - mb) <= OPTIMAL_RTOL * max(abs(obj), 1e-12)  # one definition: solvers.problem
+    if optimal:
+        status = "optimal"
+    elif limited:
+        status = "timeout"
+    else:  # stopped on its own: with an incumbent of its own "feasible", without one "not_solved"
+        status = "feasible" if value is not None else "not_solved"
     gap = (obj - bound) / obj if obj > 0 else 0.0
     info.update(status=status, objective=obj, bound=bound, model_bound=mb, gap=gap, incumbent=src)
     info["candidates"] = {name: mk for name, _, mk in cands}

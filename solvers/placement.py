@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from .checks import check_array, check_fields, check_int, check_real, fmt_ids
+from .eplb import check_size as check_eplb_size
 from .eplb import rebalance_experts
 
 __all__ = ["IDLE_LOAD", "MAX_PAIRS", "Placement", "slots_for", "static_map", "drift_corrupt"]
@@ -166,8 +167,8 @@ class Placement:
         num_groups = _positive("num_groups", num_groups, where)
         num_nodes = _positive("num_nodes", num_nodes, where)
         _check_pairs(load.shape[0], num_gpus, where)
-        if num_replicas > MAX_PAIRS:  # EPLB walks every slot: refuse before building anything of that size
-            raise ValueError(f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_PAIRS:,} slots")
+        if num_replicas >= load.shape[0]:  # (fewer is refused by rebalance_experts, naming the rule)
+            check_eplb_size(1, load.shape[0], num_replicas, num_gpus, where=where)  # before any work
         if num_nodes > 1 and num_gpus % num_nodes:
             # rebalance_experts accepts this (global policy, as upstream); a Placement needs equal nodes.
             raise ValueError(

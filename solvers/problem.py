@@ -18,7 +18,17 @@ from .checks import check_array, check_instance, fmt_ids
 from .cost import ACTIVE_EPS, CostModel, gpu_loads
 from .placement import Placement
 
-__all__ = ["DispatchProblem", "Dispatch"]
+__all__ = ["MAX_TIME_US", "OPTIMAL_RTOL", "DispatchProblem", "Dispatch"]
+
+#: What "optimal" means, for every solver (``tempo``'s ``info["optimal"]``, ``milp``'s status "optimal"): the
+#: makespan is proven within this relative tolerance of the optimum over integer token shares (the dispatches a
+#: layer executes). ``info["gap"]`` is measured against ``Dispatch.lower_bound``, a bound over real-valued shares,
+#: so an optimal dispatch can still show a positive gap: at most one token's time on the fullest rank (β / makespan).
+OPTIMAL_RTOL = 1e-4
+
+#: Largest rank time (µs) a problem's cost model may reach: no batch takes 10^30 µs, so a model that does holds a
+#: unit error, and float64 arithmetic on such times (sums over ranks, ratios) would overflow.
+MAX_TIME_US = 1e30
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,7 +43,7 @@ class DispatchProblem:
 
     Raises:
       ValueError: tokens not ``[E]`` / ``[Gs, E]``, negative, NaN, infinite, fractional or ≥ 2^53; a different E
-        than the placement's.
+        than the placement's; a cost model whose times for this batch exceed `MAX_TIME_US`.
       ArgTypeError (a TypeError): a placement that is not a `Placement`, a cost that is not a `CostModel`,
         non-numeric tokens.
     """
@@ -58,6 +68,15 @@ class DispatchProblem:
         orphan = np.flatnonzero((n > 0) & (self.placement.logcnt == 0))
         if orphan.size:
             raise ValueError(f"live experts {fmt_ids(orphan)} have no replica in the placement")
+        total = float(n.sum())
+        with np.errstate(over="ignore", invalid="ignore"):  # the worst case: every token and expert on one rank
+            worst = float(self.cost.gpu_times(float(E), total, float(E) + total / self.cost.tile))
+        if not worst <= MAX_TIME_US:
+            raise ValueError(
+                f"the cost model prices this batch at up to {worst:.3g} µs on one rank (b={self.cost.b:.3g}, "
+                f"β={self.cost.beta:.3g}, {total:,.0f} tokens), beyond {MAX_TIME_US:.0e} µs: check the model's units "
+                "(times in µs, slopes in µs per expert / per token)"
+            )
         t.setflags(write=False)
         object.__setattr__(self, "tokens", t)
 

@@ -41,7 +41,7 @@ from .bounds import _time_of_cap, _token_cap, certified_lower_bound, forced_lowe
 from .level_search import level_search
 from .limits import token_flow
 from .policies import metro, round_robin, token_lp
-from .problem import DispatchProblem
+from .problem import OPTIMAL_RTOL, DispatchProblem
 from .target_repair import target_repair
 from .tempo_moves import State, chains, level_partition, local_search, seed
 
@@ -175,8 +175,9 @@ def tempo_fast(
       - ``lower_bound`` (also under ``bound``, which `Dispatch.lower_bound` reads): a certified lower bound on
         the optimal makespan (µs), from `solvers.bounds.certified_lower_bound`; ``bound_parts`` says what each
         part of it gave.
-      - ``gap``: ``(makespan − lower_bound) / makespan`` ≥ 0; ``optimal``: the makespan is within ``stop_gap`` of
-        the bound, or meets its integer-token version (then nothing was left to search).
+      - ``gap``: ``(makespan − lower_bound) / makespan`` ≥ 0; ``optimal``: the makespan is within
+        `solvers.problem.OPTIMAL_RTOL` of a proven bound over integer token shares (one definition for every
+        solver; the gap, against the real-valued bound, can then still be up to β / makespan).
       - ``ensemble_skipped``: True when the bound showed no candidate could be τ better than the heuristic.
       - ``time_budget_ms`` (the budget, or None), ``budget_exhausted`` (the clock ran out before the search
         finished: the dispatch is the best found so far) and ``elapsed_ms`` (time inside tempo_fast).
@@ -270,7 +271,7 @@ def _tempo(problem: DispatchProblem, opts: TempoOptions) -> tuple[np.ndarray, di
     lb = bound.lb
     info["lower_bound"] = info["bound"] = float(min(lb, m))
     info["gap"] = float(max(m - lb, 0.0) / m) if m > 0 else 0.0
-    info["optimal"] = bool(m <= bound.stop)
+    info["optimal"] = bool(m <= max(lb, bound.integer) * (1 + OPTIMAL_RTOL) + _EPS)  # see solvers.problem
     info["time_budget_ms"] = opts.time_budget_ms
     info["budget_exhausted"] = clock.hit
     info["elapsed_ms"] = 1e3 * (time.perf_counter() - clock.t0)

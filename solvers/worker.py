@@ -142,7 +142,7 @@ def _solve_layers(config: WorkerConfig, layers, windows) -> list[tuple]:
     out = []
     for layer, window in zip(layers, windows, strict=True):
         t_layer = time.perf_counter()
-        problem = DispatchProblem(np.round(window), config.placements[layer], config.cost)
+        problem = DispatchProblem(window, config.placements[layer], config.cost)
         weights, d = solve_weights(problem, config.policy, per_node=config.per_node, options=config.options)
         out.append((weights.astype(np.float32), d.makespan, d.info["solve_time_s"] * 1e3, float(problem.n.sum()),
                     (time.perf_counter() - t_layer) * 1e3))  # fmt: skip
@@ -232,8 +232,20 @@ def _serve_messages(conn_in: Connection, conn_out: Connection) -> None:
 
 def _main(argv: list[str]) -> int:
     global _IN_WORKER
-    _IN_WORKER = True
+    usage = (
+        "usage: python -m solvers.worker FD_IN FD_OUT — the solver worker is started by SolverWorker (the "
+        "DispatchController's process mode) with two inherited pipe descriptors; it is not run by hand"
+    )
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print(usage, file=sys.stderr)
+        return 2
     fd_in, fd_out = int(argv[0]), int(argv[1])
+    try:
+        os.fstat(fd_in), os.fstat(fd_out)
+    except OSError:
+        print(f"solvers.worker: file descriptors {fd_in}, {fd_out} are not open here; {usage}", file=sys.stderr)
+        return 2
+    _IN_WORKER = True
     run_worker(Connection(fd_in, writable=False), Connection(fd_out, readable=False))
     return 0
 

@@ -18,13 +18,18 @@ import pytest
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, rebalance_experts, solve
 from solvers.checks import ArgTypeError
 from tempo_jax.cli import build_parser, main
+from tempo_jax.runtime.serve import ServeConfig
+from tempo_jax.sim import PhaseConfig
 from tempo_jax.workloads import (
     RoutingTrace,
+    load_array,
     load_flame_moe,
     load_harmoeny,
     load_mixtral,
+    load_sample,
     load_saved_trace,
     load_switch128,
+    sample_topk,
 )
 
 COST = PRESETS["dsv3_fp8_offline"]
@@ -145,7 +150,102 @@ API_CASES = [
         "topk_weights[0] must be finite and >= 0, got nan at token 1",
     ),
     ("fit_zero_time", lambda: fit_max_affine([1, 2, 3, 4], [1, 2, 3, 4], [1, 0, 3, 4]), ValueError, "positive"),
+    # Issue 27. EPLB: float32 overflow refused, never an inconsistent layout; sizes that run in seconds.
+    (
+        "eplb_float32_overflow",
+        lambda: rebalance_experts(np.array([[1e39, 1, 1, 1]]), 8, 1, 1, 2),
+        ValueError,
+        "beyond float32",
+    ),  # fmt: skip
+    (
+        "eplb_sum_overflow",
+        lambda: rebalance_experts(np.array([[3e38, 3e38, 1, 1]]), 8, 1, 1, 2),
+        ValueError,
+        "sums to 6e+38",
+    ),  # fmt: skip
+    (
+        "eplb_gpus_float",
+        lambda: rebalance_experts(np.ones((1, 4)), 8, 1, 1, 2.0),
+        TypeError,
+        "rebalance_experts: num_gpus must be an integer >= 1, got 2.0",
+    ),  # fmt: skip
+    (
+        "eplb_replicas_per_layer",
+        lambda: rebalance_experts(np.ones((1, 8)), 2**17, 1, 1, 8),
+        ValueError,
+        "slots per layer",
+    ),  # fmt: skip
+    ("eplb_work", lambda: Placement.from_eplb(np.ones(2**14), 2**16, 64), ValueError, "that run in seconds"),
+    # CostModel / DispatchProblem: a model pricing nothing, or times beyond float64 arithmetic.
+    ("cost_no_slope", lambda: CostModel(a=5.0, b=0.0, beta=0.0), ValueError, "prices no load"),
+    (
+        "problem_time_overflow",
+        lambda: _problem(cost=CostModel(b=1e308, beta=1e308)),
+        ValueError,
+        "check the model's units",
+    ),  # fmt: skip
+    # Calibration that cannot determine the model.
+    (
+        "fit_identical_rows",
+        lambda: fit_max_affine([4] * 8, [100] * 8, [50] * 8),
+        ValueError,
+        "cannot determine the model",
+    ),  # fmt: skip
+    (
+        "fit_one_n",
+        lambda: fit_max_affine([1, 2, 3, 4, 5], [9] * 5, [1, 2, 3, 4, 5]),
+        ValueError,
+        "piece in N undetermined",
+    ),  # fmt: skip
+    (
+        "fit_nothing_rises",
+        lambda: fit_max_affine([1, 2, 4, 8, 16], [10, 20, 40, 80, 160], [9, 8, 7, 6, 5]),
+        ValueError,
+        "contradict the model",
+    ),  # fmt: skip
+    # Sizes checked before any allocation.
+    (
+        "sample_topk_huge",
+        lambda: sample_topk(np.ones(8), 2**27, 1, np.random.default_rng(0)),
+        ValueError,
+        "exceed the limit of 67,108,864",
+    ),  # fmt: skip
+    ("phase_huge_batch", lambda: PhaseConfig(tokens_per_gpu=(10**9,)), ValueError, "lower tokens_per_gpu"),
+    ("serve_huge_batch", lambda: ServeConfig(tokens_per_rank=10**9), ValueError, "1 GiB of float32"),
+    # Options that would be ignored are refused.
+    ("serve_cost_and_json", lambda: ServeConfig(cost="dsv3_b_tile", cost_json="c.json"), ValueError, "not both"),
+    (
+        "serve_trace_synthetic",
+        lambda: ServeConfig(model="layer", trace="mixtral_8x7b"),
+        ValueError,
+        "only read by model='layer' with routing='recorded'",
+    ),  # fmt: skip
+    # MoEConfig: types and dtypes at construction, not deep inside jax.
+    ("moe_hidden_fraction", lambda: _moe_config(hidden=8.5), TypeError, "MoEConfig.hidden must be an integer"),
+    ("moe_hidden_nan", lambda: _moe_config(hidden=math.nan), TypeError, "got nan"),
+    ("moe_dtype_unknown", lambda: _moe_config(dtype="float33"), ValueError, "'float33' is not a dtype"),
+    ("moe_dtype_int", lambda: _moe_config(dtype="int32"), ValueError, "floating-point dtype"),
+    ("moe_axis_number", lambda: _moe_config(axis=0), TypeError, "MoEConfig.axis must be a str"),
+    # Loaders: argument types, never coerced into other values.
+    ("flame_layers_string", lambda: load_flame_moe(layers="23"), TypeError, "layers must be a list of layer ids"),
+    ("flame_layers_float", lambda: load_flame_moe(layers=[2.0]), TypeError, "layers[] must be an integer"),
+    ("flame_layers_repeat", lambda: load_flame_moe(layers=[2, 2]), ValueError, "repeats a layer id"),
+    ("flame_path_number", lambda: load_flame_moe(path=5), TypeError, "path must be a str or PathLike"),
+    ("harmoeny_model_list", lambda: load_harmoeny(["qwen"]), ValueError, "HarMoEny model ['qwen'] unknown"),
+    ("harmoeny_flag_int", lambda: load_harmoeny(include_degenerate=1), TypeError, "include_degenerate must be"),
+    ("sample_name_number", lambda: load_sample(3), ValueError, "unknown trace 3"),
+    ("saved_path_number", lambda: load_saved_trace(5), TypeError, "load_saved_trace: path must be a str"),
+    ("saved_name_number", lambda: load_saved_trace("x.npz", 3), TypeError, "load_saved_trace: name must be"),
+    # Input files: devices and pipes are refused before any read.
+    ("read_dev_zero", lambda: CostModel.load("/dev/zero"), ValueError, "/dev/zero is not a regular file"),
+    ("array_dev_zero", lambda: load_array("/dev/zero", "counts"), ValueError, "not a regular file"),
 ]
+
+
+def _moe_config(**kw):
+    from tempo_jax.layer import MoEConfig
+
+    return MoEConfig(**{"hidden": 8, "ffn": 4, "experts": 4, "top_k": 2, "slots_per_rank": 1, **kw})
 
 
 @pytest.mark.parametrize("fn, exc, fragment", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
@@ -178,11 +278,16 @@ def test_cost_model_stores_floats():
 
 
 def test_fit_outside_domain_is_constrained_and_reported():
-    """Times that fall as G rises pull b below 0: the model holds b at 0 and the report says so."""
-    G = np.array([1, 2, 4, 8, 16, 32, 1, 2, 4, 8.0])
-    model, report = fit_max_affine(G, 10 * G, 100 - 2 * G)
-    assert model.b == 0.0 and min(model.a, model.b, model.c, model.beta) >= 0
+    """Times that fall as G rises pull b below 0: the model holds b at 0 and the report says so. When every slope
+    would be held at 0 (times fall with G and N alike) no model prices any load: refused, naming the slopes."""
+    G = np.array([1, 2, 4, 8, 16, 32, 1, 2, 4, 8.0, 1, 1, 1, 1])
+    N = np.concatenate([10 * G[:10], [2000, 4000, 8000, 16000]])
+    t = np.concatenate([100 - 2 * G[:10], 0.05 * N[10:]])  # floor samples fall with G; token samples rise with N
+    model, report = fit_max_affine(G, N, t)
+    assert model.b == 0.0 and model.beta == pytest.approx(0.05) and min(model.a, model.c) >= 0
     assert report.outside_domain["b"] == pytest.approx(-2.0)
+    with pytest.raises(ValueError, match=r"contradict the model.*b, beta"):
+        fit_max_affine(G[:10], 10 * G[:10], 100 - 2 * G[:10])
     good, rep = fit_max_affine(G, 10 * G, PRESETS["dsv3_a_gemm_refit"].gpu_times(G, 10 * G))
     assert not rep.outside_domain and good.b > 0
 
@@ -280,6 +385,11 @@ LOADER_CASES = [
     ("flame_negative_score", lambda p: _flame(p, ["0,0,0.5,0,0,0", "0,1,-1,0,0,0"]), "expert_0 = -1.0"),
     ("flame_uneven_k", lambda p: _flame(p, ["0,0,0.5,0,0,0", "0,1,0.5,0.1,0,0"]), ":3: 2 non-zero experts"),
     ("flame_header_only", lambda p: _flame(p, []), "no data rows"),
+    ("flame_other_layer_id", lambda p: _flame(p, ["0,0,0.5,0,0,0", "5,1,0.5,0,0,0"]), ":3: layer_id = 5"),
+    ("flame_mixed_layer_id", lambda p: _flame(p, ["2,0,0.5,0,0,0", "0,1,0.5,0,0,0"]), ":3: layer_id = 0"),
+    ("flame_fraction_token", lambda p: _flame(p, ["0,0,0.5,0,0,0", "0,1.5,0.5,0,0,0"]), ":3: token_id must be"),
+    ("flame_negative_token", lambda p: _flame(p, ["0,-1,0.5,0,0,0"]), ":2: token_id must be a whole number"),
+    ("flame_repeat_token", lambda p: _flame(p, ["0,0,0.5,0,0,0", "0,0,0,0.5,0,0"]), ":3: token_id 0 repeats line 2"),
     ("flame_bad_header", lambda p: _flame(p, ["0,0,1,0"], header="a,b,c,d"), ":1: unexpected header"),
     ("flame_binary", lambda p: _flame(p, b"\x00\xff\xfe\x89 binary"), "not UTF-8 text"),
     ("harmoeny_fraction", lambda p: _harmoeny(p, ['0,3,"[1.5, 1.5, 0]"']), ":2: expert distribution must be"),
@@ -338,10 +448,20 @@ def files(tmp_path):
         "non_numeric": "G,N,t\n1,2,3\n1,x,3\n4,5,6\n7,8,9\n",
         "short_row": "G,N,t\n1,2,3\n1,2\n",
         "no_t": "G,N\n1,2\n",
-        "falling": "G,N,t\n" + "\n".join(f"{g:g},{10 * g:g},{100 - 2 * g:g}" for g in G),
+        "falling": "G,N,t\n"
+        + "\n".join(f"{g:g},{10 * g:g},{100 - 2 * g:g}" for g in G)
+        + "".join(f"\n1,{n},{0.05 * n:g}" for n in (2000, 4000, 8000, 16000)),  # token samples: beta > 0
         "file": "x",
+        "counts_empty": "[]",
+        "identical": "G,N,t\n" + "4,100,50\n" * 8,
+        "cost_huge": json.dumps({"b": 1e308, "beta": 1e308}),
+        "cost_flat": json.dumps({"a": 5, "b": 0, "beta": 0}),
+        "good": "G,N,t\n"
+        + "\n".join(
+            f"{g:g},{n:g},{max(20 + 5 * g, 0.05 * n):g}" for g in (1, 2, 4, 8) for n in (10, 1000, 8000)
+        ),  # fmt: skip
     }
-    csv = ("one_row", "non_numeric", "short_row", "no_t", "falling")
+    csv = ("one_row", "non_numeric", "short_row", "no_t", "falling", "good", "identical")
     paths = {}
     for name, text in f.items():
         paths[name] = tmp_path / (name + (".csv" if name in csv else ".json"))
@@ -411,7 +531,36 @@ CLI_CASES = [
     ("phase_preset", ["phase", "--preset", "nope"], 2, "argument --preset: invalid choice"),
     ("phase_negative_batch", ["phase", "--tokens-per-gpu", "16,-4"], 2, "values must be finite and >= 1"),
     ("cascade_rate", ["cascade", "--rate", "-1"], 2, "CascadeConfig: rate_rps must be > 0.0, got -1.0"),
-    ("demo_out_is_a_file", ["demo", "--out", "{file}"], 2, "demo writes a folder"),
+    ("demo_out_is_a_file", ["demo", "--out", "{file}"], 2, "is a file; give a folder"),
+    # Issue 27: outputs checked before the work, naming the option.
+    ("out_empty", _solve("--out", ""), 2, "--out is empty"),
+    ("out_dev_full", _solve("--out", "/dev/full"), 2, "--out /dev/full: /dev/full is on a kernel file system"),
+    ("out_under_proc", _solve("--out", "/proc/tempo.json"), 2, "is on a kernel file system"),
+    ("out_under_sys", _solve("--out", "/sys/tempo.json"), 2, "is on a kernel file system"),
+    ("serve_out_is_a_file", ["serve", "--out", "{file}"], 2, "--out {file} is a file; give a folder"),
+    ("calibrate_out_dev_full", ["calibrate", "{good}", "--out", "/dev/full"], 2, "--out /dev/full"),
+    ("demo_out_under_proc", ["demo", "--out", "/proc/demo"], 2, "kernel file system"),
+    # Options that would be ignored.
+    (
+        "serve_cost_and_cost_json",
+        ["serve", "--cost", "dsv3_b_tile", "--cost-json", "{cost_nobeta}"],
+        2,
+        "give cost (a preset) or cost_json (a file), not both",
+    ),  # fmt: skip
+    ("serve_trace_synthetic", ["serve", "--trace", "mixtral_8x7b"], 2, "only read by model='layer'"),
+    ("calibrate_csv_quick", ["calibrate", "{good}", "--quick"], 2, "--quick: only with --measure"),
+    ("calibrate_csv_bootstrap", ["calibrate", "{good}", "--bootstrap", "10"], 2, "--bootstrap: only with --measure"),
+    ("calibrate_csv_report", ["calibrate", "{good}", "--report", "{missing}"], 2, "--report: only with --measure"),
+    ("calibrate_csv_profile", ["calibrate", "{good}", "--profile-csv", "{missing}"], 2, "only with --measure"),
+    ("calibrate_quick_bootstrap", ["calibrate", "--measure", "--quick", "--bootstrap", "5"], 2, "drop --bootstrap"),
+    # Inputs: empty, unbounded, unit errors, sizes.
+    ("counts_empty", ["solve", "--counts", "{counts_empty}"], 2, "--counts {counts_empty}: no counts"),
+    ("counts_dev_zero", ["solve", "--counts", "/dev/zero"], 2, "--counts /dev/zero is not a regular file"),
+    ("cost_huge", _solve("--cost-json", "{cost_huge}"), 2, "check the model's units"),
+    ("cost_flat", _solve("--cost-json", "{cost_flat}"), 2, "prices no load"),
+    ("calibrate_identical", ["calibrate", "{identical}"], 2, "cannot determine the model"),
+    ("phase_huge_batch", ["phase", "--tokens-per-gpu", "1000000000"], 2, "exceed the limit of 67,108,864"),
+    ("serve_huge_batch", ["serve", "--tokens-per-rank", "1000000000"], 2, "1 GiB of float32"),
     ("unknown_command", ["frob"], 2, "invalid choice: 'frob'"),
 ]
 

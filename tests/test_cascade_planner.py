@@ -473,7 +473,7 @@ ERRORS = [
     (lambda: stream_threshold(LINEAR, 1.5), "rho must lie in (0.0, 1.0]"),
     (lambda: stream_threshold(LINEAR, math.nan), "rho must be a finite number"),
     (lambda: ThroughputCurve.from_cost_model(CostModel(b=1.0, beta=0.1), 0), "experts_per_rank must be >= 1"),
-    (lambda: ThroughputCurve.from_cost_model(CostModel(b=0.0, beta=0.0), 4), "≤ 0"),
+    (lambda: ThroughputCurve.from_cost_model(CostModel(b=0.0, beta=0.0), 4), "CostModel prices no load"),
     (lambda: launch_groups([0], [1], LINEAR, mode="bogus"), "unknown mode 'bogus'; valid: 'sync', 'async', 'stream'"),
     (lambda: launch_groups([0, 1], [1], LINEAR, mode="sync"), "tokens must have shape (2,)"),
     (lambda: launch_groups([0, -1], [1, 1], LINEAR, mode="sync"), "arrival_us must be ≥ 0"),

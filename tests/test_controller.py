@@ -95,15 +95,15 @@ def test_background_failure_is_visible(placement, counts, caplog):
     check_accounting(ctl.metrics())
 
 
-def test_foreground_error_keeps_the_counts(placement, counts):
+def test_foreground_error_drops_the_window_and_the_next_one_solves(placement, counts):
     ctl = DispatchController(placement, COST)  # inline
     ctl.inject_fault("raise")
     with pytest.raises(RuntimeError, match="injected fault"):
         ctl.observe(counts)
-    m = ctl.metrics()
-    assert m["pairs"]["pending"] == counts.sum() and m["errors"] == 1 and m["version"] == 0
+    m = ctl.metrics()  # dropped and counted, never kept pending (a refused window would be refused for ever)
+    assert m["pairs"]["pending"] == 0 and m["pairs"]["dropped"]["error"] == counts.sum() and m["errors"] == 1
     ctl.observe(counts)
-    assert ctl.history[-1]["pairs"] == 2 * counts.sum()  # the failed window's counts were solved next time
+    assert ctl.version == 1 and ctl.history[-1]["pairs"] == counts.sum()
     check_accounting(ctl.metrics())
 
 
@@ -135,17 +135,19 @@ def test_slow_solve_skips_windows_and_counts_them(placement, counts):
 
 
 def test_hung_thread_is_abandoned(placement, counts):
-    ctl = DispatchController(placement, COST, solver_mode="thread", budget_s=0.05, hang_s=0.2)
-    ctl.inject_fault("hang", 0.6)
+    # Margins of seconds, not milliseconds, and a cheap policy: the fresh solve must come back within budget on a
+    # loaded machine too (tempo's CP-SAT stage can take a second there).
+    ctl = DispatchController(placement, COST, policy="token_lp", solver_mode="thread", budget_s=2.0, hang_s=2.0)
+    ctl.inject_fault("hang", 5.0)
     ctl.observe(counts)
-    time.sleep(0.3)
+    time.sleep(2.3)
     ctl.tick()
     m = ctl.metrics()
     assert m["worker_lost"]["hung"] == 1 and m["restarts"] == 1 and m["windows"]["dropped"]["worker_lost"] == 1
     ctl.observe(counts)  # a fresh solve is not blocked by the hung one
     ctl.wait()
     assert ctl.version == 1
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 30.0  # only against a real hang
     while ctl.metrics()["late_results"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ctl.metrics()["late_results"] == 1 and ctl.version == 1  # the abandoned solve finished, ignored

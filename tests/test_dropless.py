@@ -78,6 +78,7 @@ def _one_rank_lm(mesh, capacity):
     return model
 
 
+@pytest.mark.slow  # fast twin: test_stages.test_auto_capacity_stays_dropless_on_an_all_to_one_rank_batch
 def test_a_multi_layer_lm_stays_dropless_when_every_token_goes_to_one_rank(mesh):
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (8, 64)), jnp.int32)
     auto, worst = _one_rank_lm(mesh, "auto"), _one_rank_lm(mesh, None)
@@ -125,6 +126,7 @@ def test_nnx_scan_over_layers_with_the_default_capacity(mesh):
     assert stack.rounds.get_value().shape == (L, D)
 
 
+@pytest.mark.slow  # fast twin: test_functional_auto_rounds_equal_the_worst_case_under_jit_and_grad
 def test_tiny_lm_trains_with_the_same_losses_as_the_worst_case_path(mesh):
     base = LMConfig(layers=1, seq_len=32)
     auto = train(base, steps=3, mesh=mesh)

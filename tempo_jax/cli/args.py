@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "number_list",
     "policy_options",
     "prepare_out",
+    "prepare_out_dir",
     "real",
 ]
 
@@ -105,19 +107,65 @@ def number_list(kind: type, minimum: float):
 
 
 # ----------------------------------------------------------------------------------------- files
+_VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")  # kernel file systems: nothing a run writes belongs there
+
+
+def _not_virtual(out: Path, option: str, path: str) -> None:
+    real = str(out.resolve())
+    if any(real == r or real.startswith(r + "/") for r in _VIRTUAL_ROOTS):
+        raise UsageError(f"{option} {path}: {real} is on a kernel file system ({', '.join(_VIRTUAL_ROOTS)}); give a "
+                         "file on disk")  # fmt: skip
+
+
+def _probe_write(folder: Path, option: str, path: str) -> None:
+    """Create and remove a file in ``folder``: the only sure test that the run's results can be written there."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tempo-jax-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot write in {folder} ({err.strerror or err})") from None
+
+
 def prepare_out(path: str | None, option: str = "--out") -> Path | None:
-    """Check an output file before the work: not a folder, its folder creatable (created now) and writable."""
-    if not path:
+    """Check an output file before the work: a non-empty name, not a folder, device or kernel file (``/dev/full``,
+    ``/proc/...``; ``/dev/null`` is fine), an existing file writable, its folder creatable (created now) and
+    writable (probed)."""
+    if path is None:
         return None
-    out = Path(path)
+    if not str(path).strip():
+        raise UsageError(f"{option} is empty; give a file name, or leave {option} out to write nothing")
+    out = Path(path).expanduser()
+    if str(out) == os.devnull:  # writing nothing on purpose
+        return out
     if out.is_dir():
         raise UsageError(f"{option} {path} is a folder; give a file name inside it")
+    _not_virtual(out, option, path)
+    if out.exists() and not out.is_file():
+        raise UsageError(f"{option} {path} is not a regular file (a device, pipe or socket); give a file name")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"{option} {path} exists and is not writable")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"{option} {path}: cannot create its folder {out.parent} ({err.strerror or err})") from None
-    if not os.access(out.parent, os.W_OK):
-        raise UsageError(f"{option} {path}: folder {out.parent} is not writable")
+    _probe_write(out.parent, option, path)
+    return out
+
+
+def prepare_out_dir(path: str, option: str = "--out", *, writes: str = "its results") -> Path:
+    """Check an output folder before the work: a non-empty name, not an existing file, not on a kernel file system,
+    created now and writable (probed). ``writes`` names what goes there, for the messages."""
+    if not str(path).strip():
+        raise UsageError(f"{option} is empty; give the folder for {writes}")
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {path} is a file; give a folder (the command writes {writes} inside it)")
+    _not_virtual(out, option, path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot create the folder ({err.strerror or err})") from None
+    _probe_write(out, option, path)
     return out
 
 

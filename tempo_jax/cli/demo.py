@@ -26,7 +26,7 @@ from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
 
 from ..text import table
 from ..workloads import SyntheticRouting, load_sample, regime_stats
-from .args import UsageError, fake_cpu_devices, real
+from .args import fake_cpu_devices, prepare_out_dir, real
 from .demo_cascade import cascade_demo
 
 EP = 8
@@ -229,8 +229,7 @@ def register(add) -> None:
 
 
 def cmd_demo(args) -> int:
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a file; demo writes a folder (demo.json, demo_layer.png)")
+    out = prepare_out_dir(args.out, writes="demo.json and demo_layer.png")
     fake_cpu_devices()
-    run_demo(out_dir=args.out, milp_time_limit=args.milp_time_limit)
+    run_demo(out_dir=out, milp_time_limit=args.milp_time_limit)
     return 0

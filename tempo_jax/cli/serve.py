@@ -12,7 +12,7 @@ from ..runtime.controller import SOLVER_MODES
 from ..runtime.publisher import FALLBACKS
 from ..runtime.serve import ROUTINGS, ServeConfig, serve
 from ..workloads import TRACES
-from .args import config_from_args, config_options
+from .args import config_from_args, config_options, prepare_out_dir
 
 __all__ = ["cmd_serve", "register"]
 
@@ -32,5 +32,7 @@ def register(add) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    serve(config_from_args(ServeConfig, args), out_dir=args.out, quiet=args.quiet, figure=not args.no_figure)
+    cfg = config_from_args(ServeConfig, args)
+    out = prepare_out_dir(args.out, writes="serve.json and serve.png")
+    serve(cfg, out_dir=out, quiet=args.quiet, figure=not args.no_figure)
     return 0

@@ -6,15 +6,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 import numpy as np
 
-from solvers import POLICIES, PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, read_samples, solve
+from solvers import (
+    POLICIES,
+    PRESETS,
+    CostModel,
+    DispatchProblem,
+    Placement,
+    UndeterminedFitWarning,
+    fit_max_affine,
+    read_samples,
+    solve,
+)
 from solvers.checks import check_array
 
 from ..text import table
 from ..workloads import TRACES, load_array
 from .args import UsageError, build_from_json, int_at_least, policy_options, prepare_out
+
+DEFAULT_REPORT = "results/calibration.json"
 
 __all__ = ["cmd_calibrate", "cmd_solve", "problem_from_args", "register"]
 
@@ -89,9 +102,9 @@ def register(add) -> None:
     m = p.add_argument_group("measure (profile the layer's expert FFN on this backend; tempo_jax.runtime.calibrate)")
     m.add_argument("--measure", action="store_true", help="sweep, fit with bootstrap CIs, roofline, ranking agreement")
     m.add_argument("--quick", action="store_true", help="CI-sized sweep (seconds)")
-    m.add_argument("--bootstrap", type=positive, default=1000, help="cluster-bootstrap replicates (default 1000)")
+    m.add_argument("--bootstrap", type=positive, help="cluster-bootstrap replicates (default 1000)")
     m.add_argument("--profile-csv", metavar="FILE", help="write the measured profile (G,n,N,T,t_us,...) here")
-    m.add_argument("--report", metavar="FILE", default="results/calibration.json", help="the full report (JSON)")
+    m.add_argument("--report", metavar="FILE", help=f"the full report (JSON; default {DEFAULT_REPORT})")
     p.set_defaults(fn=cmd_calibrate)
 
 
@@ -134,6 +147,9 @@ def problem_from_args(args: argparse.Namespace):
             counts = check_array("counts", counts, ndims=(1, 2), nonnegative=True, integer=True, hint="[E] or [D, E]")
         except ValueError as err:
             raise UsageError(f"--counts {args.counts}: {err}") from None
+        if counts.size == 0:
+            raise UsageError(f"--counts {args.counts}: no counts (shape {counts.shape}); give token counts [E] or "
+                             "[D, E] with E >= 1 experts")  # fmt: skip
         load = counts if counts.ndim == 1 else counts.sum(axis=0)
     # Step 4: the placement.
     if args.placement:
@@ -185,16 +201,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return cmd_calibrate_measure(args)
     if args.csv is None:
         raise UsageError("give a CSV of G,N,t[,T] samples, or --measure to profile this backend")
+    given = [o for o, v in (("--quick", args.quick), ("--bootstrap", args.bootstrap), ("--profile-csv",
+             args.profile_csv), ("--report", args.report)) if v not in (None, False)]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)}: only with --measure (fitting {args.csv} would ignore them)")
     out = prepare_out(args.out)
     data = read_samples(args.csv)
     try:
-        model, report = fit_max_affine(data["G"], data["N"], data["t"], tiles=data.get("T"), iters=args.iters)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UndeterminedFitWarning)
+            model, report = fit_max_affine(data["G"], data["N"], data["t"], tiles=data.get("T"), iters=args.iters)
     except ValueError as err:
         raise UsageError(f"{args.csv}: {err}") from None
+    for w in caught:
+        print(f"WARNING: {w.message}", file=sys.stderr)
     print(model.to_json())
     print(
         f"mean relative error {report.mean_rel_error:.2%}, samples per piece {report.samples_per_piece}, "
         f"{report.iterations} iterations, converged={report.converged}, n*={model.inflection:.1f}"
+        + (f", UNDETERMINED: {', '.join(report.undetermined)}" if report.undetermined else "")
     )
     if report.outside_domain:
         # A fit outside the model's domain is not hidden: warn and report the constrained (>= 0) fit instead.
@@ -214,9 +239,14 @@ def cmd_calibrate_measure(args: argparse.Namespace) -> int:
     """`calibrate --measure`: profile the layer's expert FFN here, fit with CIs, roofline, ranking agreement."""
     from ..runtime.calibrate import MeasureConfig, measure
 
-    cfg = MeasureConfig.quick() if args.quick else MeasureConfig(bootstrap=args.bootstrap)
-    report = measure(cfg, profile_csv=args.profile_csv, out_json=args.report)
-    if args.out:
-        CostModel.from_dict(report["model"]).save(args.out)
-        print(f"wrote {args.out} (serve with it: tempo-jax serve --cost-json {args.out})")
+    if args.quick and args.bootstrap is not None:
+        raise UsageError("--quick sets its own bootstrap size; drop --bootstrap or --quick")
+    out = prepare_out(args.out)
+    profile_csv = prepare_out(args.profile_csv, "--profile-csv")
+    report_json = prepare_out(args.report or DEFAULT_REPORT, "--report")
+    cfg = MeasureConfig.quick() if args.quick else MeasureConfig(bootstrap=args.bootstrap or 1000)
+    report = measure(cfg, profile_csv=profile_csv, out_json=report_json)
+    if out:
+        CostModel.from_dict(report["model"]).save(out)
+        print(f"wrote {out} (serve with it: tempo-jax serve --cost-json {out})")
     return 0

@@ -29,6 +29,7 @@ import numpy as np
 
 from pallas_kernels import DISPATCH_MODES, GMM, DispatchMode, GmmImpl
 from solvers import LaunchSchedule
+from solvers.checks import check_instance, check_int
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
@@ -88,8 +89,17 @@ class MoEConfig:
 
     def __post_init__(self):
         for name in ("hidden", "ffn", "experts", "top_k", "slots_per_rank"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"MoEConfig.{name} must be ≥ 1, got {getattr(self, name)}")
+            check_int(f"MoEConfig.{name}", getattr(self, name))
+        try:
+            dtype = jnp.dtype(self.dtype)
+        except TypeError:
+            raise ValueError(
+                f"MoEConfig.dtype {self.dtype!r} is not a dtype; use e.g. jnp.float32 or jnp.bfloat16"
+            ) from None
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"MoEConfig.dtype must be a floating-point dtype (float32, bfloat16, ...), got {dtype}")
+        check_instance("MoEConfig.axis", self.axis, str)
+        check_instance("MoEConfig.interpret", self.interpret, bool)
         if self.slots_per_rank >= 2**16:
             raise ValueError(f"MoEConfig.slots_per_rank must be < 65536 (slot ids travel in 16 bits), got "
                              f"{self.slots_per_rank}")  # fmt: skip

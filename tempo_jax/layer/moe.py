@@ -275,7 +275,9 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
     return jax.jit(run)
 
 
-def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity) -> tuple[str, int]:
+def _check_inputs(
+    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None
+) -> tuple[str, int]:
     """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
     per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
 
@@ -287,9 +289,15 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
     if axis not in mesh.shape:
         raise ValueError(f"axis {axis!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.axis")
     D = mesh.shape[axis]
-    T, H = x.shape
     E, S, K = config.experts, config.slots_per_rank, config.top_k
-    # Step 1: shapes.
+    # Step 1: shapes and dtypes.
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"x must be [T, H] (tokens × hidden), got shape {jnp.shape(x)}; flatten batch and "
+                         "sequence axes first, e.g. x.reshape(-1, H)")  # fmt: skip
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x must be a floating-point array (float32, bfloat16, ...), got dtype {x.dtype}; "
+                         "cast the activations, e.g. x.astype(jnp.float32)")  # fmt: skip
+    T, H = x.shape
     if T == 0:
         raise ValueError("x has no tokens (T = 0); call the layer with at least D tokens")
     if H != config.hidden:
@@ -309,10 +317,13 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
         raise ValueError(f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but axis {axis!r} has {D}")
     if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
         check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
-    if routing is not None and not isinstance(routing[0], jax.core.Tracer):
-        ids = np.asarray(routing[0])
-        if ids.size and (ids.min() < 0 or ids.max() >= E):
-            raise ValueError(f"routing ids must lie in [0, {E}), got min {ids.min()}, max {ids.max()}")
+    if routing is not None:
+        _check_routing(routing, T, E, K)
+    if counter is not None:
+        got = (jnp.shape(counter), jnp.result_type(counter))
+        if got != ((D, E), COUNTER_DTYPE):
+            raise ValueError(f"counter must be the [D={D}, E={E}] uint32 cumulative counter (MoEOutput.counter of "
+                             f"the previous call), got shape {got[0]} dtype {got[1]}")  # fmt: skip
     # Step 3: capacity (rows per block): at most the worst case T/D·K.
     worst = (T // D) * K
     if capacity is None:
@@ -327,6 +338,25 @@ def _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, ca
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise ValueError(f"capacity must be 'auto', a positive int (rows per block) or None, got {capacity!r}")
     return ("worst", worst) if capacity >= worst else ("fixed", int(capacity))
+
+
+def _check_routing(routing, T: int, E: int, K: int) -> None:
+    """``routing = (ids [T, K] integer, weights [T, K] floating)``; ids in [0, E) when concrete."""
+    if not isinstance(routing, tuple | list) or len(routing) != 2:
+        raise ValueError("routing must be a pair (topk_ids [T, K], weights [T, K])")
+    ids, weights = routing
+    if jnp.shape(ids) != (T, K) or jnp.shape(weights) != (T, K):
+        raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={K}], got {jnp.shape(ids)} and "
+                         f"{jnp.shape(weights)}")  # fmt: skip
+    if not jnp.issubdtype(jnp.result_type(ids), jnp.integer):
+        raise ValueError(f"routing ids must be integers (expert ids), got dtype {jnp.result_type(ids)}; a float "
+                         "id would be truncated — pass the router's top-k indices as int32")  # fmt: skip
+    if not jnp.issubdtype(jnp.result_type(weights), jnp.floating):
+        raise ValueError(f"routing weights must be floating point, got dtype {jnp.result_type(weights)}")
+    if not isinstance(ids, jax.core.Tracer):
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= E):
+            raise ValueError(f"routing ids must lie in [0, {E}), got min {ids.min()}, max {ids.max()}")
 
 
 def moe_forward(
@@ -362,14 +392,12 @@ def moe_forward(
       `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
 
     Raises:
-      ValueError: before tracing, on inconsistent shapes, tables of another placement, ids out of range,
-        experts without a replica, T = 0, an axis missing from the mesh or a bad capacity.
+      ValueError: before tracing, on inconsistent shapes, non-float activations, non-integer routing ids,
+        tables of another placement, ids out of range, experts without a replica, T = 0, a counter of another
+        shape or dtype, an axis missing from the mesh or a bad capacity.
     """
-    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity)
-    T = x.shape[0]
+    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter)
     if routing is not None:
         routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
-        if routing[0].shape != (T, config.top_k) or routing[1].shape != routing[0].shape:
-            raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={config.top_k}]")
     run = _program(mesh, config, EXCHANGE.resolve(config.exchange), tables.num_groups, routing is not None, C)
     return run(params, x, tables.table, tables.log2phy, placement_arrays.phy2log, counter, key, routing)

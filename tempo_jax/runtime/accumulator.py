@@ -71,11 +71,6 @@ class WindowAccumulator:
         self._acc, self._steps_open = np.zeros_like(self._acc), 0
         return window
 
-    def requeue(self, window: Window) -> None:
-        """Put a window's counts back into the open window (they join the next solve)."""
-        self._acc += window.counts
-        self._steps_open += window.steps
-
     def difference(self, now: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
         """Counter snapshot → ``(window counts [D, E] | None for a baseline, restarted source rows)``."""
         window, notes = self.counter.diff(now)

@@ -39,6 +39,7 @@ import math
 import platform
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +48,13 @@ from solvers import (
     CostModel,
     DispatchProblem,
     Placement,
+    UndeterminedFitWarning,
     bootstrap_max_affine,
     fit_max_affine,
     slots_for,
     solve,
 )
-from solvers.checks import check_int, check_real
+from solvers.checks import check_int, check_real, read_text
 
 from ..layer.config import capacity_bucket
 
@@ -109,7 +111,7 @@ class MeasureConfig:
     @classmethod
     def quick(cls) -> MeasureConfig:
         """A CI-sized run (seconds): small shapes, few cells, few bootstrap draws."""
-        return cls(hidden=64, ffn=64, groups=(1, 2, 4), tokens=(1, 16, 256, 512), slots=8, repeats=3, bootstrap=50,
+        return cls(hidden=64, ffn=64, groups=(1, 2, 4), tokens=(1, 16, 2048, 8192), slots=8, repeats=3, bootstrap=50,
                    rank_experts=16, rank_tokens=(16, 128), rank_seeds=(0,), rank_repeats=2)  # fmt: skip
 
 
@@ -148,7 +150,7 @@ def load_profile(path: str | Path | None = None) -> Profile:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; write one with `tempo-jax calibrate --measure`")
     meta, rows = {}, []
-    for line in path.read_text().splitlines():
+    for line in read_text(path, "profile CSV").splitlines():
         if line.startswith("#"):
             key, _, value = line[1:].partition(":")
             meta[key.strip()] = value.strip()
@@ -345,7 +347,12 @@ def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | N
     # Step 1: profile.
     prof = measure_profile(cfg, ffn, progress=say)
     # Step 2: fit with cluster-bootstrap CIs (one cluster per grid cell).
-    model, rep = prof.fit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndeterminedFitWarning)  # said below, in the run's own words
+        model, rep = prof.fit()
+    if rep.undetermined:
+        say(f"WARNING: the fit is undetermined: the profile cannot determine {', '.join(rep.undetermined)} (their "
+            "values are arbitrary); measure a wider grid (more tokens per expert), not --quick")  # fmt: skip
     model = dataclasses.replace(model, source=f"tempo-jax calibrate --measure ({prof.meta['backend']})")
     boot = bootstrap_max_affine(prof.G, prof.N, prof.t_us, replicates=cfg.bootstrap, seed=cfg.seed)
     # Step 3: roofline readings of b.
@@ -362,6 +369,7 @@ def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | N
             "mean_rel_error": rep.mean_rel_error,
             "samples_per_piece": rep.samples_per_piece,
             "converged": rep.converged,
+            "undetermined": list(rep.undetermined),
             "n_star": model.inflection,
         },  # fmt: skip
         "bootstrap": boot,

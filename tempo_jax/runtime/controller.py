@@ -54,7 +54,7 @@ from collections import deque
 import numpy as np
 
 from solvers import CostModel, Placement
-from solvers.checks import check_array, check_choice, check_counter, check_int, check_real
+from solvers.checks import EXACT_INT_LIMIT, check_array, check_choice, check_counter, check_int, check_real
 from solvers.solve import check_policy
 from solvers.worker import WorkerConfig, solve_window
 
@@ -209,10 +209,11 @@ class DispatchController:
         """Add one step's per-source counts ``[D, E]`` (``[L, D, E]`` per layer); returns the latest published tables.
 
         Raises:
-          ValueError: counts of the wrong shape (a configuration error). Counts with NaN, inf or negative entries
-            are rejected and counted instead (logged with the reason), and nothing is accumulated.
+          ValueError: counts of the wrong shape (a configuration error). Counts with NaN, inf, negative or
+            fractional entries, or that would take the window past the solver's limit (2^53 pairs), are rejected and
+            counted instead (logged with the reason), and nothing is accumulated.
           RuntimeError: the controller is closed.
-          Exception: inline mode only, what the solver raised (the window's counts stay pending).
+          Exception: inline mode only, what the solver raised (the window is dropped and counted as ``error``).
         """
         self._check_open("observe")
         self._check_runtime()
@@ -223,7 +224,12 @@ class DispatchController:
             want = ", ".join(f"{n}={v}" for n, v in zip(names, shape, strict=True))
             raise ValueError(f"DispatchController.observe: counts must be [{want}], got shape {arr.shape}")
         try:
-            c = check_array("counts", arr, where="DispatchController.observe", nonnegative=True)
+            c = check_array("counts", arr, where="DispatchController.observe", nonnegative=True, integer=True)
+            if self._windows.pending_pairs + float(c.sum()) >= EXACT_INT_LIMIT:
+                raise ValueError(
+                    f"DispatchController.observe: the window would hold {self._windows.pending_pairs + c.sum():.3g} "
+                    f"pairs, beyond the solver's exact-integer limit 2^53 ≈ {EXACT_INT_LIMIT:.1e}; pass per-step counts"
+                )
         except ValueError as err:
             with self._lock:
                 self._n["rejected"] += 1
@@ -423,11 +429,9 @@ class DispatchController:
                 self.last_error = info["error"]
                 self._new_errors.append(info["error"])
                 self._event("error", f"window {job.seq}: the solver raised {info['error']}")
-                if self.solver_mode == "inline":  # foreground: the caller sees the error; the counts stay pending
-                    self._windows.requeue(job.window)
-                    self._dropped["error"] += 1
-                else:
-                    self._drop("error", job.pairs)
+                # Dropped and counted in every mode (inline: the caller also sees the error): a window the solver
+                # refuses would be refused again, so it is never kept pending.
+                self._drop("error", job.pairs)
             elif bad is not None:
                 self._drop("bad_result", job.pairs)
                 self._event("bad_result", f"window {job.seq}: worker weights rejected: {bad}")

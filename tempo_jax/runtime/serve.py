@@ -44,7 +44,7 @@ from solvers.solve import check_policy
 
 from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
 from ..layer import tables as dispatch_tables
-from ..workloads import RoutingStream, drifting_stream, recorded_stream
+from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
 from .controller import SOLVER_MODES, DispatchController
 from .counters import host_counter
 from .publisher import FALLBACKS
@@ -55,6 +55,9 @@ __all__ = ["ServeConfig", "serve"]
 
 ROUTINGS = ("synthetic", "recorded")
 MODELS = ("lm", "layer")
+DEFAULT_COST = "dsv3_fp8_offline"
+MAX_SERVE_ELEMENTS = 2**28  # largest weight / activation array a serving run may allocate
+DEFAULT_TRACE = "flame_moe_290m"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +70,8 @@ class ServeConfig:
       steps: serving steps after the warm-up.
       tokens_per_rank: tokens each of the D ranks serves per step.
       routing: ``"synthetic"`` (drifting Zipf) or ``"recorded"`` (``trace``, layer by layer, cycled).
-      trace: the recorded routing trace (a `tempo_jax.workloads.TRACES` name; the bundled copy when offline).
+      trace: ``routing="recorded"``: the recorded routing trace (a `tempo_jax.workloads.TRACES` name; the bundled
+        copy when offline; default ``flame_moe_290m``). Refused with synthetic routing, which would ignore it.
       experts: synthetic stream: E.
       top_k: synthetic stream: K.
       skew: synthetic stream: Zipf s.
@@ -83,9 +87,9 @@ class ServeConfig:
       replication: physical slots / experts (EPLB from the stream's long-run load).
       dispatch_mode: the layer's dispatch mode (``"quota"``: deterministic, realises the tables' plan).
       policy: the policy the solver worker solves.
-      cost: the cost preset the policy optimises.
+      cost: the cost preset the policy optimises (default ``dsv3_fp8_offline``; not with ``cost_json``).
       cost_json: a CostModel JSON file instead of ``cost`` (e.g. the one `tempo-jax calibrate --measure --out`
-        fitted on this backend).
+        fitted on this backend); giving both is refused.
       solver_mode: where the controller solves (``"process"``: the solver worker process).
       period_s: refresher snapshot period, seconds.
       every_steps: refresh every this many steps instead of by time.
@@ -103,7 +107,7 @@ class ServeConfig:
     steps: int = 80
     tokens_per_rank: int = 128
     routing: str = "synthetic"
-    trace: str = "flame_moe_290m"
+    trace: str | None = None
     experts: int = 16
     top_k: int = 4
     skew: float = 1.0
@@ -118,7 +122,7 @@ class ServeConfig:
     replication: float = 1.5
     dispatch_mode: str = "quota"
     policy: str = "tempo"
-    cost: str = "dsv3_fp8_offline"
+    cost: str | None = None
     cost_json: str | None = None
     solver_mode: str = "process"
     period_s: float = 0.2
@@ -141,9 +145,26 @@ class ServeConfig:
         check_int("block", self.block, minimum=0, where=w)
         check_int("check_every", self.check_every, minimum=0, where=w)
         check_int("seed", self.seed, minimum=0, where=w)
+        weights = self.layers * self.experts * 3 * self.hidden * self.ffn
+        rows = self.tokens_per_rank * self.top_k * max(self.hidden, self.ffn)
+        if weights > MAX_SERVE_ELEMENTS or rows > MAX_SERVE_ELEMENTS:  # checked before any allocation
+            raise ValueError(
+                f"{w}: the served model needs {weights:,} expert weights (layers·experts·3·hidden·ffn) and "
+                f"{rows:,} activations per rank (tokens_per_rank·top_k·max(hidden, ffn)); each must stay within "
+                f"{MAX_SERVE_ELEMENTS:,} (2^28, 1 GiB of float32): lower the sizes"
+            )
         check_choice("routing", self.routing, ROUTINGS, where=w)
         check_choice("dispatch_mode", self.dispatch_mode, ("sample", "quota"), where=w)
-        check_choice("cost", self.cost, tuple(PRESETS), where=w)
+        if self.cost is not None and self.cost_json is not None:
+            raise ValueError(f"{w}: give cost (a preset) or cost_json (a file), not both: cost_json would override "
+                             f"cost={self.cost!r}")  # fmt: skip
+        if self.cost_json is None:
+            object.__setattr__(self, "cost", check_choice("cost", self.cost or DEFAULT_COST, tuple(PRESETS), where=w))
+        if self.trace is not None and (self.model != "layer" or self.routing != "recorded"):
+            raise ValueError(f"{w}: trace={self.trace!r} is only read by model='layer' with routing='recorded' (got "
+                             f"model={self.model!r}, routing={self.routing!r}); drop it or set both")  # fmt: skip
+        if self.routing == "recorded":
+            object.__setattr__(self, "trace", check_choice("trace", self.trace or DEFAULT_TRACE, TRACES, where=w))
         check_real("replication", self.replication, minimum=1.0, where=w)
         check_real("skew", self.skew, minimum=0.0, where=w)
         check_real("drift", self.drift, minimum=0.0, where=w)

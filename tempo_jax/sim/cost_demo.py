@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, FitReport, Placement, fit_max_affine, solve
+from solvers.checks import read_text
 
 __all__ = [
     "PAPER_N_STAR",
@@ -174,7 +175,7 @@ def measured_profile(path: str | Path) -> dict | None:
     path = Path(path)
     if not path.exists():
         return None
-    rows = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    rows = [line for line in read_text(path, "profile CSV").splitlines() if line.strip() and not line.startswith("#")]
     data = np.genfromtxt(rows, delimiter=",", names=True)
     names = data.dtype.names or ()
     t_col = "t" if "t" in names else "t_us"

@@ -35,7 +35,7 @@ import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, slots_for, solve
 from solvers.limits import semi_matching
-from tempo_jax.workloads import SyntheticRouting, pair_share
+from tempo_jax.workloads import SyntheticRouting, check_sampled_pairs, pair_share
 
 from .runner import CACHE_DIR, cached, run_jobs
 
@@ -131,6 +131,9 @@ class PhaseConfig:
             raise ValueError("batches ≥ 1, placement_draws ≥ 0 and 0 ≤ tau < 1 are required")
         if self.comm_slope is not None and self.comm_slope < 0:
             raise ValueError(f"comm_slope must be ≥ 0 or None, got {self.comm_slope}")
+        top_k = max(MODEL_SHAPES[p][1] for p in self.presets)  # the largest batch, checked before any work
+        check_sampled_pairs(max(self.eps) * max(self.tokens_per_gpu), top_k, where="PhaseConfig",
+                            fix="lower tokens_per_gpu (--tokens-per-gpu) or eps (--ep)")  # fmt: skip
 
     def cells(self) -> list[Cell]:
         """Every cell, column-major (preset, ep, replication, skew, tokens_per_gpu)."""

@@ -46,7 +46,15 @@ from .requests import (
     synthetic_requests,
 )
 from .stream import RoutingStream, drifting_stream, recorded_stream
-from .synthetic import SyntheticRouting, pair_share, sample_topk, topk_inclusion, zipf_popularity
+from .synthetic import (
+    MAX_SAMPLED_PAIRS,
+    SyntheticRouting,
+    check_sampled_pairs,
+    pair_share,
+    sample_topk,
+    topk_inclusion,
+    zipf_popularity,
+)
 from .trace import RoutingTrace
 
 __all__ = [
@@ -55,7 +63,9 @@ __all__ = [
     "RegimeStats",
     "RoutingStream",
     "RoutingTrace",
+    "MAX_SAMPLED_PAIRS",
     "SyntheticRouting",
+    "check_sampled_pairs",
     "TraceSpec",
     "build_sample",
     "load_array",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.checks import read_json
+from solvers.checks import check_input_file, check_instance, read_json
 
 from .trace import RoutingTrace
 
@@ -52,6 +52,7 @@ def _open(p: Path):
     """``np.load`` of a saved-trace file; a file that is not one raises ValueError naming it."""
     if p.is_dir():
         raise ValueError(f"{p} is a folder, not a saved trace file (.npz)")
+    check_input_file(p, "saved trace file")
     try:
         z = np.load(p, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -78,6 +79,9 @@ def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> Routin
       ValueError: naming the file: not a saved-trace ``.npz`` (garbage, truncated), no trace ``name``, or a
         damaged entry.
     """
+    check_instance("load_saved_trace: path", path, (str, os.PathLike))
+    if name is not None:
+        check_instance("load_saved_trace: name", name, str, hint="a trace name, or None for the only one")
     p = Path(path)
     names = saved_trace_names(p)
     if name is None:
@@ -111,11 +115,12 @@ def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> Routin
 def load_array(path, key: str, option: str = "--counts") -> np.ndarray:
     """An array from a file: ``key`` of a ``.npz``, a ``.npy`` array, or a JSON list / ``{key: list}`` (e.g. token
     counts ``[E]`` or ``[D, E]``). Every error is a ValueError naming ``option`` and the file."""
-    p = Path(path)
-    if not p.exists():
-        raise ValueError(f"{option} {path} does not exist")
-    if p.is_dir():
-        raise ValueError(f"{option} {path} is a folder; give a .json, .npy or .npz file")
+    try:
+        p = check_input_file(path, option)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
+    except ValueError as err:
+        raise ValueError(f"{err} (a .json, .npy or .npz file)") from None
     if p.suffix in (".npz", ".npy"):
         try:
             loaded = np.load(p, allow_pickle=False)

@@ -56,7 +56,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from solvers.checks import read_json, read_text
+from solvers.checks import ArgTypeError, check_input_file, check_instance, check_int, read_json, read_text
 
 from .io import load_saved_trace, save_traces
 from .trace import RoutingTrace
@@ -97,6 +97,7 @@ def resolve_trace_path(
     where it looked, how to point at the recording (``holding``: what the traces root holds) and what works without
     it (``fallback``)."""
     if path is not None:
+        check_instance(f"{what} path", path, (str, os.PathLike), hint="pass a file or folder path, or None")
         p = Path(path).expanduser()
         if in_folder and p.is_dir():
             p = p / Path(rel).name
@@ -134,13 +135,19 @@ def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] 
     if layers is None:
         wanted = sorted(files)
     else:
-        wanted = sorted({int(x) for x in layers})
+        if isinstance(layers, str | bytes) or not isinstance(layers, Iterable):
+            raise ArgTypeError(f"load_flame_moe: layers must be a list of layer ids (ints), got {layers!r}")
+        given = [check_int("layers[]", x, minimum=0, where="load_flame_moe") for x in layers]
+        if len(set(given)) != len(given):
+            raise ValueError(f"load_flame_moe: layers repeats a layer id: {given}")
+        wanted = sorted(given)
         missing = [x for x in wanted if x not in files]
         if missing or not wanted:
             raise ValueError(f"FLAME-MoE layers {missing or wanted} not recorded; available layers: {sorted(files)}")
     ids, weights, E, K = {}, {}, None, None
     for layer in wanted:
         line_no, data = _read_flame_csv(files[layer])
+        _check_flame_ids(files[layer], layer, line_no, data[:, 0], data[:, 1])
         order = np.argsort(data[:, 1], kind="stable")  # token order (already 0..T-1 in the recordings)
         scores = data[order, 2:]  # [T, E]
         bad = np.flatnonzero(~np.all(np.isfinite(scores) & (scores >= 0), axis=1))
@@ -177,6 +184,23 @@ def load_flame_moe(path: str | os.PathLike | None = None, layers: Iterable[int] 
             "2,048 pretraining tokens (32 sequences x 64) per layer. Ids ordered by router score."
         ),
     )
+
+
+def _check_flame_ids(file: Path, layer: int, line_no: np.ndarray, layer_id: np.ndarray, token_id: np.ndarray) -> None:
+    """Every row of a FLAME file carries one ``layer_id`` (0, as the recordings write, or the file's layer) and
+    distinct whole ``token_id``s ≥ 0; errors name the file and line."""
+    bad = np.flatnonzero((layer_id != layer_id[0]) | ~np.isin(layer_id, (0, layer)))
+    if bad.size:
+        raise ValueError(f"{file}:{line_no[bad[0]]}: layer_id = {layer_id[bad[0]]:g}, but the file is layer {layer} "
+                         f"(rows must all carry 0, as the recordings do, or {layer})")  # fmt: skip
+    bad = np.flatnonzero((token_id < 0) | (token_id != np.round(token_id)))
+    if bad.size:
+        raise ValueError(f"{file}:{line_no[bad[0]]}: token_id must be a whole number >= 0, got {token_id[bad[0]]:g}")
+    _, first, counts = np.unique(token_id, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = int(np.flatnonzero(counts > 1)[0])
+        again = np.flatnonzero(token_id == token_id[first[dup]])[1]
+        raise ValueError(f"{file}:{line_no[again]}: token_id {token_id[again]:g} repeats line {line_no[first[dup]]}")
 
 
 def _read_flame_csv(file: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -267,6 +291,7 @@ def load_mixtral(path: str | os.PathLike | None = None) -> RoutingTrace:
     file = _resolve(path, "mixtral_8x7b/humaneval_2_routing.jsonl", "Mixtral recording", "mixtral_8x7b")
     if file.is_dir():
         raise ValueError(f"Mixtral recording: {file} is a folder; pass the humaneval_2_routing.jsonl file")
+    check_input_file(file, "Mixtral recording")
     rows: dict[int, list[tuple[int, int, list[int], list[float]]]] = {}
     with open(file, "rb") as fh:
         for n, line in enumerate(fh, 1):
@@ -366,8 +391,9 @@ def load_harmoeny(
             ``<traces>/harmoeny/raw_trace/<model>``).
         include_degenerate: keep layers recording fewer tokens per rank than the largest layer.
     """
-    if model not in _HARMOENY_MODELS:
+    if not isinstance(model, str) or model not in _HARMOENY_MODELS:
         raise ValueError(f"HarMoEny model {model!r} unknown; choose one of {sorted(_HARMOENY_MODELS)}")
+    check_instance("load_harmoeny: include_degenerate", include_degenerate, bool)
     name = _HARMOENY_MODELS[model]
     folder = _resolve(path, f"harmoeny/raw_trace/{model}", f"HarMoEny {model} recording", name)
     ranks = sorted(int(d.name) for d in folder.iterdir() if d.is_dir() and d.name.isdigit())
@@ -439,6 +465,7 @@ def load_switch128(path: str | os.PathLike | None = None) -> RoutingTrace:
         path: the ``.npy`` file (default ``<traces>/harmoeny/switch128_token_experts.npy``).
     """
     file = _resolve(path, "harmoeny/switch128_token_experts.npy", "switch-128 npy recording", "switch128_npy")
+    check_input_file(file, "switch-128 npy recording")
     try:
         a = np.load(file, allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
@@ -521,7 +548,7 @@ TRACES: Mapping[str, TraceSpec] = MappingProxyType(
 
 
 def _check_name(name: object) -> str:
-    if name not in TRACES:
+    if not isinstance(name, str) or name not in TRACES:
         raise ValueError(f"unknown trace {name!r}; registered traces: {sorted(TRACES)}")
     return str(name)
 

@@ -24,7 +24,21 @@ import numpy as np
 
 from solvers.checks import check_int, check_real
 
-__all__ = ["SyntheticRouting", "pair_share", "sample_topk", "topk_inclusion", "zipf_popularity"]
+__all__ = ["MAX_SAMPLED_PAIRS", "SyntheticRouting", "check_sampled_pairs", "pair_share", "sample_topk",
+           "topk_inclusion", "zipf_popularity"]  # fmt: skip
+
+#: Most token–expert pairs one batch may draw (T·K): 2^26 int64 ids = 512 MiB, a few seconds of sampling.
+MAX_SAMPLED_PAIRS = 2**26
+
+
+def check_sampled_pairs(num_tokens: int, top_k: int, *, where: str = "", fix: str = "draw fewer tokens") -> None:
+    """ValueError, before any allocation, when ``num_tokens · top_k`` exceeds `MAX_SAMPLED_PAIRS`."""
+    if num_tokens * top_k > MAX_SAMPLED_PAIRS:
+        pre = f"{where}: " if where else ""
+        raise ValueError(
+            f"{pre}{num_tokens:,} tokens × top-{top_k} = {num_tokens * top_k:,} token–expert pairs per batch exceed "
+            f"the limit of {MAX_SAMPLED_PAIRS:,} (2^26, 512 MiB of ids); {fix}"
+        )
 
 
 def zipf_popularity(num_experts: int, s: float, seed: int = 0) -> np.ndarray:
@@ -86,6 +100,7 @@ def sample_topk(p: np.ndarray, num_tokens: int, top_k: int, rng: np.random.Gener
     E = p.size
     if K > E:
         raise ValueError(f"top_k={K} exceeds num_experts={E}")
+    check_sampled_pairs(T, K, where="sample_topk")
     rng = _check_generator(rng)
     p = p / p.sum()
     prob, alias = _alias_table(p)
