@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 from solvers import POLICIES, PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, solve
 from tempo_jax.cli import main
-from tempo_jax.workloads import load_flame_moe, load_harmoeny, load_mixtral, load_saved_trace, load_switch128
+from tempo_jax.workloads import (
+    load_flame_moe,
+    load_harmoeny,
+    load_mixtral,
+    load_sample,
+    load_saved_trace,
+    load_switch128,
+)
 
 CLEAR = (ValueError, TypeError)  # ArgTypeError, JSON and Unicode errors are subclasses
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -335,3 +342,31 @@ def test_cli_exit_status_and_one_line(data):
         if code:
             lines = text.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), (argv, text)
+
+
+@FUZZ
+@given(
+    layers=st.one_of(st.none(), junk, st.lists(st.integers(0, 12), max_size=3)),
+    path=st.one_of(st.none(), junk),
+    which=st.sampled_from(["flame", "harmoeny", "mixtral", "switch", "sample", "saved"]),
+)
+def test_loader_arguments(layers, path, which):
+    """Loader arguments of the wrong type are refused, never coerced into other values (a string of digits or a
+    list of floats used to load other layers); what loads holds exactly the layers asked for."""
+    load = {
+        "flame": lambda: load_flame_moe(path, layers),
+        "harmoeny": lambda: load_harmoeny(path if isinstance(path, str) else "qwen", include_degenerate=layers),
+        "mixtral": lambda: load_mixtral(path),
+        "switch": lambda: load_switch128(path),
+        "sample": lambda: load_sample(path),
+        "saved": lambda: load_saved_trace(path, layers),
+    }[which]
+    try:
+        trace = load()
+    except (*CLEAR, FileNotFoundError) as err:
+        assert str(err)
+        event(f"{which}: {type(err).__name__}")
+        return
+    event(f"{which}: loaded")
+    if which == "flame" and layers is not None:
+        assert sorted(trace.layers) == sorted(layers)

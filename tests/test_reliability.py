@@ -9,6 +9,8 @@ not a timeout, EPLB never returns an inconsistent layout, and ``python -m solver
 
 import subprocess
 import sys
+import textwrap
+import threading
 import warnings
 
 import jax
@@ -218,3 +220,33 @@ def test_jnp_arrays_pass_the_layer_checks(layer):
     params, kw = layer
     out = moe_forward(params, jnp.ones((D, H), jnp.bfloat16).astype(jnp.float32), **kw)
     assert out.out.shape == (D, H) and out.out.dtype == jnp.float32
+
+
+def test_process_controller_after_close_raises_or_returns_at_once(placement):
+    ctl = DispatchController(placement, COST, solver_mode="process")
+    ctl.close()
+    with pytest.raises(RuntimeError, match="the controller is closed"):
+        ctl.observe(np.ones((D, 16)))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (ctl.wait(), done.set()), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # only against a real hang: wait() after close returns at once
+    assert done.is_set()
+
+
+def test_closing_while_the_spare_warms_up_prints_no_traceback():
+    """Closing a process-mode controller at once (the spare worker still warming up) used to print a
+    BrokenPipeError traceback from the worker about one close in five."""
+    script = textwrap.dedent(
+        """
+        import numpy as np
+        from solvers import PRESETS, Placement
+        from tempo_jax import DispatchController
+        pl = Placement.from_eplb(np.arange(16) + 1.0, 32, 8)
+        for _ in range(3):
+            DispatchController(pl, PRESETS["dsv3_fp8_offline"], solver_mode="process").close()
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr[-2000:]
