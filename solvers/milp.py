@@ -33,7 +33,11 @@ from .placement import Placement
 from .policies import llep, metro, round_robin, token_lp
 from .problem import OPTIMAL_RTOL, Dispatch, DispatchProblem
 
-__all__ = ["BACKENDS", "MAX_MODEL_MAGNITUDE", "milp", "partition_instance"]
+__all__ = ["BACKENDS", "MAX_MODEL_MAGNITUDE", "WALL_GUARD", "milp", "partition_instance"]
+
+#: Deterministic CP-SAT runs stop on their own clock; a wall-clock guard at this multiple of ``time_limit`` ends a
+#: run on a machine too slow or loaded for it (``info["wall_limited"]``: then not reproducible).
+WALL_GUARD = 2.0
 
 BACKENDS = ("cp_sat", "scip", "highs", "cbc", "math_opt_highs", "math_opt_scip")
 _PYWRAPLP = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC"}
@@ -77,11 +81,11 @@ class _CpSat:
             # deterministic clock; the wall limit stays as a guard (hitting it first is reported).
             s.parameters.interleave_search = int(threads) > 1
             s.parameters.max_deterministic_time = _DET_PER_SECOND * float(time_limit)
-            s.parameters.max_time_in_seconds = 2.0 * float(time_limit)
+            s.parameters.max_time_in_seconds = WALL_GUARD * float(time_limit)
         else:
             s.parameters.max_time_in_seconds = float(time_limit)
         st = s.solve(self.m)
-        self.wall_limited = deterministic and s.wall_time >= 2.0 * float(time_limit) * 0.999
+        self.wall_limited = deterministic and s.wall_time >= WALL_GUARD * float(time_limit) * 0.999
         has = st in (self.cp.OPTIMAL, self.cp.FEASIBLE)
         limited = st in (self.cp.FEASIBLE, self.cp.UNKNOWN)
         return s.status_name(st), st == self.cp.OPTIMAL, limited, (s.value if has else None), s.best_objective_bound

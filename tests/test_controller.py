@@ -75,7 +75,7 @@ def test_constructor_rejects_missing_cost_and_placement(placement):
 
 # ------------------------------------------------------------------------------------- solver failures
 def test_background_failure_is_visible(placement, counts, caplog):
-    ctl = DispatchController(placement, COST, solver_mode="thread")
+    ctl = DispatchController(placement, COST, solver_mode="thread", budget_s=5.0)  # a budget no load can miss
     ctl.inject_fault("raise")
     with caplog.at_level(logging.WARNING, logger="tempo_jax.runtime"):
         ctl.observe(counts)

@@ -52,6 +52,9 @@ class SolverBackend(Protocol):
     def ready(self) -> bool:
         """Whether a solve can be submitted now (a process backend restarting its worker is not ready)."""
 
+    def start(self) -> None:
+        """Start background work (the process backend's supervisor); called once the host holds the backend."""
+
     def submit(self, job: Job) -> BaseException | None:
         """Start solving ``job``; the result reaches ``host._finish``. Inline: returns what the solver raised."""
 
@@ -77,6 +80,9 @@ class InlineBackend:
     @property
     def ready(self) -> bool:
         return True
+
+    def start(self) -> None:
+        return None
 
     def _take_fault(self):
         fault, self._fault = self._fault, None
@@ -142,6 +148,10 @@ class ProcessBackend:
         self._ready = True
         self._start_spare()
         self._supervisor = threading.Thread(target=self._supervise, name="tempo-supervisor", daemon=True)
+
+    def start(self) -> None:
+        """Start the supervisor: only now, because it calls back into the host, which must already hold this
+        backend (starting it in the constructor raced the host's assignment: an AttributeError traceback)."""
         self._supervisor.start()
 
     @property

@@ -186,6 +186,7 @@ class DispatchController:
         self.last_rejection: str | None = None
         self._backend = make_backend(self.solver_mode, self.config, self, hang_s=self.hang_s,
                                      start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
+        self._backend.start()
 
     # ------------------------------------------------------------------ public API
     @property
