@@ -148,7 +148,8 @@ def cmd_cascade(args: argparse.Namespace) -> int:
     print(table(rows, heads, title))
     if out is not None:
         payload = {"config": dataclasses.asdict(cfg), "seeds": list(seeds),
-                   "modes": {m: {k: summary[m][k] for k in SEED_FIGURES} for m in modes}}  # fmt: skip
+                   "modes": {m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]}
+                                 for k in SEED_FIGURES} for m in modes}}  # fmt: skip
         out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {out}")
     if "cascade" in runs:

@@ -109,6 +109,8 @@ class CascadeConfig:
       launch: ``"reactive"`` (launch on actual per-source readiness and counts, the paper's runtime) or
         ``"planned"`` (predicted arrivals and previous-layer counts, what `tempo_jax.cascade_exec` executes).
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).
+      combine_scale: multiplies the combine's bytes per pair (1 = BF16 outputs; 0 = a free combine: the ablation
+        that separates combine overlap from early FFN in notebook 09).
       guard: ``False`` (default) launches with each mode's own rule, as the paper does; ``True`` picks the best
         predicted policy up to the mode's own (see `layer_timeline`).
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
@@ -136,6 +138,7 @@ class CascadeConfig:
     links: str = "contention"
     launch: str = "reactive"
     timeline: str = "fast"
+    combine_scale: float = 1.0
     guard: bool = False
     pricing: str = "paper"
     synthetic_requests: int = 1000
@@ -170,6 +173,7 @@ class CascadeConfig:
         check_choice("links", self.links, LINKS, where=fn)
         check_choice("launch", self.launch, LAUNCHES, where=fn)
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
+        check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
         if self.timeline == "fast":
             slow = [f"{k}={v!r}" for k, v, ok in (("guard", self.guard, not self.guard),
                     ("pricing", self.pricing, self.pricing == "paper"),
@@ -189,8 +193,11 @@ class CascadeConfig:
             check_choice("routing", self.routing, (*TRACES, "zipf"), where=fn)
 
     def costs(self) -> PrefillCosts:
-        """The deployment's `PrefillCosts`."""
-        return prefill_costs(self.model, self.hardware, self.num_ranks)
+        """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``)."""
+        costs = prefill_costs(self.model, self.hardware, self.num_ranks)
+        if self.combine_scale == 1.0:
+            return costs
+        return dataclasses.replace(costs, combine_bytes_per_pair=costs.combine_bytes_per_pair * self.combine_scale)
 
     def attention_truth(self) -> AttentionTruth:
         """The true attention model and the planners' fits (`tempo_jax.sim.attention_truth`)."""
@@ -200,20 +207,29 @@ class CascadeConfig:
 
 # ------------------------------------------------------------------------------------------------ routing
 def _routing_popularity(config: CascadeConfig) -> np.ndarray:
-    """``[L, E]`` expert popularity per model layer (each row sums to 1)."""
-    model = MODELS[config.model]
+    """``[L, E]`` expert popularity per model layer (each row sums to 1; computed once per process and key)."""
+    seed = config.seed if config.routing == "zipf" else 0
+    return _popularity(config.model, config.routing, float(config.skew), seed)
+
+
+@lru_cache(maxsize=8)
+def _popularity(model_name: str, routing: str, skew: float, seed: int) -> np.ndarray:
+    """`_routing_popularity` of one (model, routing, skew, seed) (read-only)."""
+    model = MODELS[model_name]
     L, E = model.layers, model.experts
-    if config.routing == "zipf":
-        return np.stack([zipf_popularity(E, config.skew, seed=config.seed * 1000 + layer) for layer in range(L)])
+    if routing == "zipf":
+        out = np.stack([zipf_popularity(E, skew, seed=seed * 1000 + layer) for layer in range(L)])
+        out.setflags(write=False)
+        return out
     try:
-        trace = load_trace(config.routing)
+        trace = load_trace(routing)
     except FileNotFoundError:
         from tempo_jax.workloads import load_sample
 
-        trace = load_sample(config.routing)
+        trace = load_sample(routing)
     if E % trace.num_experts:
         raise ValueError(
-            f"routing {config.routing!r} records {trace.num_experts} experts, which do not divide the model's {E}"
+            f"routing {routing!r} records {trace.num_experts} experts, which do not divide the model's {E}"
         )
     split = E // trace.num_experts
     rows = []
@@ -221,7 +237,9 @@ def _routing_popularity(config: CascadeConfig) -> np.ndarray:
         load = trace.expert_load(trace.layers[layer % len(trace.layers)]).astype(np.float64)
         p = np.repeat(load / load.sum(), split) / split
         rows.append(p)
-    return np.stack(rows)
+    out = np.stack(rows)
+    out.setflags(write=False)
+    return out
 
 
 def _placements(config: CascadeConfig, popularity: np.ndarray) -> list[Placement] | None:
@@ -304,11 +322,12 @@ class StepModel:
         Idle replicas run a dummy batch (α0, known to the planners). ``rng`` draws the step noise (None: none).
         """
         D, L = len(batches), self.model.layers
-        Q, Pi, m = np.zeros(D), np.zeros(D), np.zeros(D)
-        for d, b in enumerate(batches):
-            if b.num_chunks:
-                q, pi = attention_features(b.P + b.q, b.P, self.key_budget)
-                Q[d], Pi[d], m[d] = float(q), float(pi), float(b.num_chunks)
+        m = np.array([b.num_chunks for b in batches], dtype=np.float64)
+        P = np.concatenate([b.P for b in batches])
+        I = P + np.concatenate([b.q for b in batches])
+        Q, Pi = attention_features(I, P, self.key_budget, batch=np.repeat(np.arange(D), m.astype(np.int64)),
+                                   num_batches=D)  # fmt: skip
+        Q, Pi = Q.astype(np.float64), Pi.astype(np.float64)
         idle = Q == 0
         mean = self.truth.mean_us(Q, Pi, m)[self.layer_class]  # [L, D]
         noise = np.exp(self.truth.step_noise * rng.standard_normal((L, D))) if rng is not None else 1.0
@@ -381,7 +400,9 @@ class StepModel:
             else:
                 first[0, :, :, 0] = sent[0].sum(axis=1)[:, None] / D
             pairs_est = np.concatenate([first, pairs[:-1]])
-            sent_est = self.rank_sums(pairs_est) if full else pairs_est.sum(axis=3)
+            share0 = self.expert_share[:1, None, :, :]
+            first_sent = (first[..., None] * share0).sum(axis=3) if full else first.sum(axis=3)
+            sent_est = np.concatenate([first_sent, sent[:-1]])  # the same floats as summing pairs_est again
             live = recv[1:] > 0
             token_err = np.abs(tokens_est[1:][live] - recv[1:][live]) / recv[1:][live]
         else:

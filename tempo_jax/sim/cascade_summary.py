@@ -22,6 +22,8 @@ __all__ = [
     "ci_separated",
     "layer_example",
     "oewf_rows",
+    "ordering",
+    "reduction_summary",
     "seed_summary",
 ]
 
@@ -52,6 +54,32 @@ def seed_summary(by_seed: dict[int, dict[str, CascadeRun]], extra=None) -> dict[
                 "per_seed": [float(r[k]) for r in rows]}
             for k in rows[0]
         }  # fmt: skip
+    return out
+
+
+def reduction_summary(by_seed: dict[int, dict[str, CascadeRun]], figure: str = "ttft_mean_s",
+                      base: str = "sync") -> dict[str, dict]:  # fmt: skip
+    """Per mode, ``1 − figure / figure(base)`` paired per seed: ``{"value": mean, "ci95": [lo, hi], "per_seed"}``
+    (for throughput, ``figure / figure(base) − 1``: a gain is positive either way)."""
+    out = {}
+    for m in by_seed[next(iter(by_seed))]:
+        vals = []
+        for runs in by_seed.values():
+            a, b = _figures(runs[m])[figure], _figures(runs[base])[figure]
+            vals.append(a / b - 1.0 if figure == "throughput_tps" else 1.0 - a / b)
+        out[m] = {"value": float(np.mean(vals)), "ci95": list(bootstrap_ci(vals)), "per_seed": vals}
+    return out
+
+
+def ordering(summary: dict[str, dict], figure: str = "ttft_mean_s", modes=LAYER_MODES) -> str:
+    """``"Sync > Async ≈ Async+SF > CascadeEP"``: neighbouring modes of ``modes`` by ``figure`` (`seed_summary`),
+    ``>`` / ``<`` only where their 95% intervals separate, ``≈`` where they overlap."""
+    modes = [m for m in modes if m in summary]
+    out = LABELS[modes[0]]
+    for a, b in zip(modes, modes[1:], strict=False):
+        fa, fb = summary[a][figure], summary[b][figure]
+        sign = ">" if ci_separated(fa, fb) else "<" if ci_separated(fb, fa) else "≈"
+        out += f" {sign} {LABELS[b]}"
     return out
 
 
