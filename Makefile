@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-refresh gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm bench-ep bench-cascade bench-refresh
+bench: bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
@@ -45,6 +45,10 @@ bench-ep: $(STAMP)
 
 bench-cascade: $(STAMP)
 	$(PY) scripts/bench_cascade.py
+
+# The CascadeEP simulator: fast vs reference timeline, and the whole 1-hour Mooncake trace × 4 modes (results/bench_sim.json).
+bench-sim: $(STAMP)
+	$(PY) scripts/bench_sim.py
 
 bench-refresh: $(STAMP)
 	$(PY) scripts/bench_refresh.py

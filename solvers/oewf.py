@@ -64,6 +64,7 @@ __all__ = [
     "TimedReassignment",
     "admit",
     "oewf_at_dispatch",
+    "oewf_decide_at",
     "oewf_plan",
     "predicted_completion",
     "select_weights",
@@ -676,41 +677,76 @@ def oewf_at_dispatch(
     D = base.num_ranks
     ready = check_array("ready_us", ready_us, where=fn, shape=(D,), nonnegative=True)
     pairs, n_hat, floor_abs = base.pair_tokens.copy(), base.tokens.copy(), np.zeros(D)
-    att, disp = base.attention_us, base.dispatch_us
-    last_attention = float(att.max())
+    last_attention = float(base.attention_us.max())
     accepted: list[TimedReassignment] = []
     rejected = 0
     for h in np.argsort(ready, kind="stable"):
         t = float(ready[h])
         if t >= last_attention:  # nobody is predicted to be in attention any more: no donor for later helpers
             break
-        # Step 2: the predicted state at the helper's decision instant (times relative to t).
-        remaining = np.maximum(att - t, 0.0)
-        remaining[h] = 0.0
-        left = np.where(remaining > 0, disp, np.maximum(att + disp - t, 0.0))
-        left[h] = 0.0
-        state = OEWFState.unchecked(
-            attention_us=remaining,
-            dispatch_us=left,
-            tokens=n_hat.copy(),
-            pair_tokens=pairs.copy(),
-            expert_bytes=base.expert_bytes,
-            budget_bytes=base.budget_bytes,
-            fetch_bytes_per_us=base.fetch_bytes_per_us,
-            activated=(pairs.sum(axis=0) > 0).sum(axis=1).astype(np.float64),
-            floor_us=np.maximum(floor_abs - t, 0.0),
-        )
-        # Step 3: Algorithm 1 and Eq. 6 for this helper alone.
-        plan = oewf_plan(state, curve=curve, pricing=pricing, cost=cost, helpers=[int(h)])
-        if not plan.accepted:
+        # Steps 2–4: the predicted state at the helper's instant, Algorithm 1 and Eq. 6, applied to the books.
+        move = oewf_decide_at(base, int(h), t, pairs, n_hat, floor_abs, curve=curve, pricing=pricing, cost=cost)
+        if move is None:
             rejected += 1
-            continue
-        # Step 4: apply: the donor loses the helper's pairs of the fetched experts; the helper runs a side kernel.
-        r = plan.accepted[0]
-        pairs[h, r.donor, list(r.experts)] = 0.0
-        n_hat[r.donor] = max(0.0, n_hat[r.donor] - r.n_trans)
-        start = t + r.ready_us
-        end = start + float(curve.ffn_time_unchecked(r.n_trans))
-        accepted.append(TimedReassignment(reassignment=r, decided_us=t, start_us=start, end_us=end))
-        floor_abs[h] = max(floor_abs[h], end)
+        else:
+            accepted.append(move)
     return LayerOEWF(accepted=tuple(accepted), rejected=rejected, pair_tokens=pairs)
+
+
+def oewf_decide_at(
+    base: OEWFState,
+    helper: int,
+    t: float,
+    pairs: np.ndarray,
+    n_hat: np.ndarray,
+    floor_abs: np.ndarray,
+    *,
+    curve: ThroughputCurve,
+    pricing: str = "paper",
+    cost: CostModel | None = None,
+    exclude: np.ndarray | None = None,
+) -> TimedReassignment | None:
+    """One helper's OEWF decision at its instant ``t`` (µs from the layer's start), against the books so far.
+
+    The state is built relative to t: remaining attention ``max(0, â_d − t)`` (``base.attention_us`` holds â,
+    ``base.dispatch_us`` the dispatch times), remaining dispatch, the token estimates ``n_hat [D]`` and pairs
+    ``pairs [D, D, E]`` after earlier moves, and the floors ``floor_abs [D]`` of earlier helpers' reassigned
+    kernels; `oewf_plan` then decides for ``helper`` alone (Algorithm 1 + Eq. 6). Ranks with ``exclude[d]`` True
+    (e.g. donors a runtime already saw start) are no donors. No validation: `oewf_at_dispatch` and the simulators
+    pass checked arrays.
+
+    Returns:
+      the accepted `TimedReassignment` (``pairs``, ``n_hat`` and ``floor_abs`` updated in place: the donor loses
+      the helper's pairs of the fetched experts, the helper's kernel ends at weights-ready + F(N_trans)), or None.
+    """
+    att, disp = base.attention_us, base.dispatch_us
+    # Step 1: the predicted state at the instant (times relative to t).
+    remaining = np.maximum(att - t, 0.0)
+    remaining[helper] = 0.0
+    if exclude is not None:
+        remaining[exclude] = 0.0
+    left = np.where(remaining > 0, disp, np.maximum(att + disp - t, 0.0))
+    left[helper] = 0.0
+    state = OEWFState.unchecked(
+        attention_us=remaining,
+        dispatch_us=left,
+        tokens=n_hat.copy(),
+        pair_tokens=pairs.copy(),
+        expert_bytes=base.expert_bytes,
+        budget_bytes=base.budget_bytes,
+        fetch_bytes_per_us=base.fetch_bytes_per_us,
+        activated=(pairs.sum(axis=0) > 0).sum(axis=1).astype(np.float64),
+        floor_us=np.maximum(floor_abs - t, 0.0),
+    )
+    # Step 2: Algorithm 1 and Eq. 6 for this helper alone.
+    plan = oewf_plan(state, curve=curve, pricing=pricing, cost=cost, helpers=[int(helper)])
+    if not plan.accepted:
+        return None
+    # Step 3: apply: the donor loses the helper's pairs of the fetched experts; the helper runs a side kernel.
+    r = plan.accepted[0]
+    pairs[helper, r.donor, list(r.experts)] = 0.0
+    n_hat[r.donor] = max(0.0, n_hat[r.donor] - r.n_trans)
+    start = t + r.ready_us
+    end = start + float(curve.ffn_time_unchecked(r.n_trans))
+    floor_abs[helper] = max(floor_abs[helper], end)
+    return TimedReassignment(reassignment=r, decided_us=t, start_us=start, end_us=end)

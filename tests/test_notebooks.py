@@ -121,12 +121,25 @@ def _check_08(d):
 
 def _check_09(d):
     v = d["values"]
-    assert v["thr_sync"] == 1.0 and v["ttft_mean_cut_sync"] == 0.0
-    assert 0 <= v["fig9_ge5"] <= v["fig9_ge1"] <= 1 and v["fig9_max"] < 1
-    assert 0 <= v["r_tail"] < 1 and 0 < v["attention_accuracy"] <= 1 and 0 < v["ffn_efficiency"] <= 1
+    for key in ("c_r", "c_p", "p_r", "p_p"):  # both link models × both launch modes, intervals around the means
+        assert v[f"thr_{key}_sync"] == 1.0 and v[f"cut_{key}_90_sync"] == 0.0
+        for m in ("async", "async_sf", "cascade"):
+            assert v[f"cut_{key}_90_{m}_lo"] <= v[f"cut_{key}_90_{m}"] <= v[f"cut_{key}_90_{m}_hi"]
+            assert v[f"thr_{key}_{m}_lo"] <= v[f"thr_{key}_{m}"] <= v[f"thr_{key}_{m}_hi"]
+        assert 0 <= v[f"fig9_{key}_ge5"] <= v[f"fig9_{key}_ge1"] <= 1 and v[f"fig9_{key}_max"] < 1
+        assert 0 <= v[f"dropped_{key}"] <= v[f"moves_{key}"] and 0 <= v[f"longer_share_{key}"] <= 1
+    assert v["dropped_p_r"] == v["dropped_p_p"] == 0  # the paper's links never drop a move
+    assert 0 <= v["r_tail"] < 1 and 0 < v["attention_accuracy"] < 1 and 0 < v["ffn_efficiency"] <= 1
     assert 0 < v["fig1_movable_share"] < 1 and v["fig1_cascade_cut"] <= v["fig1_movable_share"]
-    assert all(r["p95_speedup"] > 0 for r in _rows(d, "sweep"))
-    assert [r["mode"] for r in _rows(d, "ablation")] == ["sync", "async", "async_sf", "cascade"]
+    assert all(r["lo"] <= r["p95_speedup"] <= r["hi"] for r in _rows(d, "sweep"))
+    abl = _rows(d, "ablation")
+    assert {(r["links"], r["launch"]) for r in abl} == {(a, b) for a in ("contention", "paper")
+                                                       for b in ("reactive", "planned")}  # fmt: skip
+    assert [r["mode"] for r in abl[:4]] == ["sync", "async", "async_sf", "cascade"]
+    assert [r["model"] for r in _rows(d, "models")] == ["deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3"]
+    sizes = _rows(d, "sizes")
+    assert len(sizes) == 6 and sizes[0]["requests"] < sizes[2]["requests"] < sizes[4]["requests"]
+    assert v["seeds"] >= (2 if d["small"] else 5)
 
 
 INVARIANTS = {

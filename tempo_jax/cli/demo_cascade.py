@@ -47,17 +47,16 @@ def _step_batches(requests: int = 24) -> tuple[StepBatch, ...]:
 
 
 def planned_layer():
-    """The step's batches, the layer's `LayerInputs` and its Sync / CascadeEP `LayerResult`s (V4-Flash costs)."""
-    model = StepModel(CascadeConfig(estimates="exact"), "cascade")
+    """The step's batches, the layer's `LayerInputs` and its Sync / CascadeEP `LayerResult`s (V4-Flash costs; the
+    planned schedule on the paper's uncontended links: what the JAX layer below executes)."""
+    model = StepModel(CascadeConfig(estimates="exact", timeline="reference"), "cascade")
     batches = _step_batches()
-    att, Q = model.attention_us(batches)
-    rng = np.random.default_rng(0)
-    model.layer_pairs(0, Q, rng)
-    pairs = model.layer_pairs(1, Q, rng)  # the second layer: OEWF's first
-    sent = pairs.sum(axis=2)
-    dispatch = model.costs.exchange_us((sent * (1 - np.eye(D))).sum(axis=1), model.costs.dispatch_bytes_per_pair)
-    inputs = LayerInputs(attention_us=att, dispatch_us=dispatch, pairs=pairs)
-    return batches, inputs, {m: layer_timeline(inputs, model.costs, m) for m in ("sync", "cascade")}, model.costs
+    x = model.step_inputs(batches, np.random.default_rng(0))
+    layer = 1  # the second layer: OEWF's first
+    inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer],
+                         pairs=model.expert_pairs(layer, x["pairs"][layer]))  # fmt: skip
+    res = {m: layer_timeline(inputs, model.costs, m, links="paper", launch="planned") for m in ("sync", "cascade")}
+    return batches, inputs, res, model.costs
 
 
 def cascade_demo(out_dir: Path) -> tuple[str, dict]:

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
-from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_cascade, run_phase
-from ..sim.cascade_summary import LABELS, capacity_rps, oewf_rows
+from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_phase
+from ..sim.cascade import TIMELINES, run_cascade_seeds
+from ..sim.cascade_layer import LAUNCHES, LAYER_MODES, LINKS
+from ..sim.cascade_summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, seed_summary
 from ..sim.phase import MODEL_SHAPES
 from ..sim.prefill import HARDWARE, MODELS
+from ..sim.runner import BACKENDS
 from ..text import table
 from ..workloads import TRACES
-from .args import config_from_args, config_options, int_at_least, number_list, real
+from .args import UsageError, config_from_args, config_options, int_at_least, number_list, prepare_out, real
+
+
+def _ci(fig: dict, scale: float, digits: int) -> str:
+    """``value [lo, hi]`` of a seed figure (`seed_summary`), scaled."""
+    lo, hi = fig["ci95"]
+    return f"{fig['value'] * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
+
 
 __all__ = ["cmd_cascade", "cmd_phase", "register"]
 
@@ -58,16 +69,23 @@ def register(add) -> None:
         p,
         CascadeConfig,
         aliases={"max_requests": ["--requests"], "rate_rps": ["--rate"]},
-        choices={"model": sorted(MODELS), "hardware": sorted(HARDWARE), "trace": ("mooncake", "mooncake_sample",
-                 "synthetic"), "placement": PLACEMENT_POLICIES, "attention": ("dense", "sparse"),
-                 "dispatch": ("uniform", "tempo"), "estimates": ("paper", "exact"), "pricing": ("paper", "tempo"),
-                 "routing": (*TRACES, "zipf")},
+        choices={"model": sorted(MODELS), "hardware": sorted(HARDWARE), "placement": PLACEMENT_POLICIES,
+                 "attention": ("dense", "sparse"), "dispatch": ("uniform", "tempo"), "estimates": ("paper", "exact"),
+                 "pricing": ("paper", "tempo"), "routing": (*TRACES, "zipf"), "links": LINKS, "launch": LAUNCHES,
+                 "timeline": TIMELINES},
     )  # fmt: skip
     run = p.add_argument_group("run")
     run.add_argument("--load", type=real(0.0), default=0.9,
                      help="without --rate-rps: the rate as a fraction of Sync capacity (default 0.9)")  # fmt: skip
     run.add_argument("--modes", default="sync,async,async_sf,cascade", help="comma-separated layer modes")
+    seeds_help = "run seeds seed, seed+1, …, seed+K−1; figures are their mean with a 95%% bootstrap CI"
+    run.add_argument("--seeds", type=positive, default=1, help=seeds_help)
+    out_help = "write per mode ttft_mean_s, ttft_p95_s, throughput_tps ({value, ci95}) and the config"
+    run.add_argument("--out", default=None, metavar="FILE.json", help=out_help)
     run.add_argument("--workers", type=positive, default=2, help="worker processes (default 2)")
+    backend_help = ("where the jobs run: loky (local processes) or dask (a dask.distributed cluster: "
+                    "$TEMPO_JAX_DASK_SCHEDULER or the running client); default $TEMPO_JAX_BACKEND or loky")  # fmt: skip
+    run.add_argument("--backend", choices=BACKENDS, default=None, help=backend_help)
     p.set_defaults(fn=cmd_cascade)
 
 
@@ -97,25 +115,43 @@ def cmd_phase(args: argparse.Namespace) -> int:
 
 def cmd_cascade(args: argparse.Namespace) -> int:
     cfg = config_from_args(CascadeConfig, args)
-    run_kw = dict(workers=args.workers, progress=True)
+    out = prepare_out(args.out)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    bad = [m for m in modes if m not in LAYER_MODES]
+    if bad or not modes:
+        raise UsageError(
+            f"--modes: unknown mode(s) {bad or modes}; use a comma-separated subset of {list(LAYER_MODES)}"
+        )
+    run_kw = dict(workers=args.workers, progress=True, backend=args.backend)
     if cfg.rate_rps is None:
         _, cap = capacity_rps(cfg, **run_kw)
         rate = args.load * cap
         print(f"Sync capacity {cap:.2f} req/s on this trace; serving at load {args.load} = {rate:.2f} req/s")
     else:
         rate = cfg.rate_rps
-    runs = run_cascade(dataclasses.replace(cfg, rate_rps=rate), tuple(args.modes.split(",")), **run_kw)
+    cfg = dataclasses.replace(cfg, rate_rps=rate)
+    seeds = tuple(range(cfg.seed, cfg.seed + args.seeds))
+    by_seed = run_cascade_seeds(cfg, modes, seeds=seeds, **run_kw)
+    summary = seed_summary(by_seed)
+    runs = by_seed[seeds[0]]
     base = next(iter(runs.values())).prefill
     rows = []
     for mode, r in runs.items():
-        s = r.summary()
+        s, f = r.summary(), summary[mode]
         rows.append(
-            [LABELS[mode], f"{s['throughput_ktok_s']:.1f}", f"{s['ttft_mean_s']:.3f}", f"{s['ttft_p95_s']:.3f}",
-             f"{100 * (1 - s['ttft_p95_s'] / base.ttft_p95_s):+.1f}%", f"{100 * s['tail_ratio']:.1f}%",
-             f"{s['alb']:.2f}", s["oewf_moves"]]
+            [LABELS[mode], _ci(f["throughput_tps"], 1e-3, 1), _ci(f["ttft_mean_s"], 1, 3), _ci(f["ttft_p95_s"], 1, 3),
+             f"{100 * s['tail_ratio']:.1f}%", f"{s['alb']:.2f}", s["oewf_moves"], s["oewf_longer_layers"]]
         )  # fmt: skip
-    heads = ["mode", "ktok/s", "TTFT avg s", "p95 s", "p95 vs first", "R_tail", "ALB", "OEWF moves"]
-    print(table(rows, heads, f"{cfg.model}, {cfg.placement}, {base.num_requests} requests at {rate:.2f} req/s"))
+    heads = ["mode", "ktok/s", "TTFT avg s", "p95 s", "R_tail", "ALB", "OEWF moves", "OEWF longer layers"]
+    title = (f"{cfg.model}, {cfg.placement}, links={cfg.links}, launch={cfg.launch}, {base.num_requests} requests at "
+             f"{rate:.2f} req/s, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
+    print(table(rows, heads, title))
+    if out is not None:
+        payload = {"config": dataclasses.asdict(cfg), "seeds": list(seeds),
+                   "modes": {m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]}
+                                 for k in SEED_FIGURES} for m in modes}}  # fmt: skip
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {out}")
     if "cascade" in runs:
         o = oewf_rows(runs["cascade"])
         print(f"OEWF: cuts ≥ 1% of the layer in {100 * o['ge_1pct']:.1f}% of layer forwards, ≥ 5% in "

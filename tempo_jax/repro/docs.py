@@ -196,32 +196,67 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-#: CascadeEP rows (notebook 09), same form as `ROWS`.
+#: CascadeEP rows (notebook 09), same form as `ROWS`: every figure under both link models and both launch modes,
+#: mean over seeds with 95% bootstrap intervals.
 CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "Fig. 8 throughput vs Sync: Async 1.034, Async+SF 1.113, CascadeEP 1.166",
-        "{09/thr_async:.3f} / {09/thr_async_sf:.3f} / {09/thr_cascade:.3f}",
+        "contention, reactive: {09/thr_c_r_async:.3f} / {09/thr_c_r_async_sf:.3f} / {09/thr_c_r_cascade:.3f}"
+        " [CascadeEP {09/thr_c_r_cascade_lo:.3f}, {09/thr_c_r_cascade_hi:.3f}]; contention, planned"
+        " {09/thr_c_p_async:.3f} / {09/thr_c_p_async_sf:.3f} / {09/thr_c_p_cascade:.3f}; paper links, reactive"
+        " {09/thr_p_r_async:.3f} / {09/thr_p_r_async_sf:.3f} / {09/thr_p_r_cascade:.3f}; paper links, planned"
+        " {09/thr_p_p_async:.3f} / {09/thr_p_p_async_sf:.3f} / {09/thr_p_p_cascade:.3f}",
         "09",
     ),
     (
         "Fig. 8 CascadeEP TTFT mean / p95 reduction vs Sync: 23.1% / 26.0%",
-        "{09/ttft_mean_cut_cascade:.1%} / {09/ttft_p95_cut_cascade:.1%} (Async {09/ttft_mean_cut_async:.1%} /"
-        " {09/ttft_p95_cut_async:.1%}, Async+SF {09/ttft_mean_cut_async_sf:.1%} / {09/ttft_p95_cut_async_sf:.1%})",
+        "contention, reactive: {09/cut_c_r_90_cascade:.1%} [{09/cut_c_r_90_cascade_lo:.1%},"
+        " {09/cut_c_r_90_cascade_hi:.1%}] / {09/p95cut_c_r_90_cascade:.1%} ({09/order_c_r_90}); contention,"
+        " planned {09/cut_c_p_90_cascade:.1%} [{09/cut_c_p_90_cascade_lo:.1%}, {09/cut_c_p_90_cascade_hi:.1%}]"
+        " ({09/order_c_p_90}); paper links, reactive {09/cut_p_r_90_cascade:.1%} ({09/order_p_r_90}); paper links,"
+        " planned {09/cut_p_p_90_cascade:.1%} [{09/cut_p_p_90_cascade_lo:.1%}, {09/cut_p_p_90_cascade_hi:.1%}]"
+        " ({09/order_p_p_90}); at 0.6 of capacity {09/cut_c_r_60_cascade:.1%} / {09/cut_p_p_60_cascade:.1%}",
+        "09",
+    ),
+    (
+        "Where the gains come from (not separated in the paper)",
+        "early FFN {09/attr_early:.1%} [{09/attr_early_lo:.1%}, {09/attr_early_hi:.1%}], combine overlap"
+        " {09/attr_combine:.1%} [{09/attr_combine_lo:.1%}, {09/attr_combine_hi:.1%}], OEWF {09/attr_oewf:.1%}"
+        " [{09/attr_oewf_lo:.1%}, {09/attr_oewf_hi:.1%}] of Sync's mean TTFT (contention, reactive)",
         "09",
     ),
     (
         "OEWF alone (CascadeEP vs Async+SF), TTFT mean / p95: 7.8% / 6.2%",
-        "{09/oewf_alone_mean:.1%} / {09/oewf_alone_p95:.1%} ({09/oewf_alone_exact_mean:.1%} mean with exact estimates)",
+        "{09/oewf_alone_mean:.1%} [{09/oewf_alone_mean_lo:.1%}, {09/oewf_alone_mean_hi:.1%}] /"
+        " {09/oewf_alone_p95:.1%} ({09/oewf_alone_exact:.1%} mean with exact estimates)",
         "09",
     ),
     (
-        "Fig. 9: layer forwards cut ≥ 1% / ≥ 5% by OEWF, largest cut: 77.4% / 23.1% / 10.87%",
-        "{09/fig9_ge1:.1%} / {09/fig9_ge5:.1%} / {09/fig9_max:.2%}",
+        "Fig. 9: layer forwards cut ≥ 1% / ≥ 5% by OEWF, largest cut: 77.4% / 23.1% / 10.87%; OEWF never lengthens a"
+        " layer (App. E, exact estimates)",
+        "contention {09/fig9_c_r_ge1:.1%} / {09/fig9_c_r_ge5:.1%} / {09/fig9_c_r_max:.2%}, {09/longer_c_r} layer"
+        " forwards made longer ({09/longer_share_c_r:.1%} of those OEWF changed; {09/dropped_c_r} of"
+        " {09/moves_c_r} moves dropped); paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} /"
+        " {09/fig9_p_r_max:.2%}, {09/longer_p_p} made longer (planned)",
+        "09",
+    ),
+    (
+        "Three models (V4-Flash, V4-Pro, GLM-5.3): CascadeEP's p95 TTFT 1.13× on average",
+        "mean-TTFT cut {09/deepseek_v4_flash_cut:.1%} / {09/deepseek_v4_pro_cut:.1%} / {09/glm_5_3_cut:.1%}"
+        " (V4-Pro {09/deepseek_v4_pro_order}; GLM-5.3 {09/glm_5_3_order})",
+        "09",
+    ),
+    (
+        "Trace sizes (200, 1,000, all 12,031 requests), recorded rate / 0.9 of capacity",
+        "CascadeEP's mean-TTFT cut {09/size0_cut:.1%} / {09/size1_cut:.1%} ({09/size0_n}),"
+        " {09/size2_cut:.1%} / {09/size3_cut:.1%} ({09/size2_n}), {09/size4_cut:.1%} [{09/size4_cut_lo:.1%},"
+        " {09/size4_cut_hi:.1%}] / {09/size5_cut:.1%} ({09/size4_n}: {09/size4_order})",
         "09",
     ),
     (
         "R_tail 28%; estimators 90.3% (attention) / 85.9% (token counts); streamFFN efficiency 97.3%",
-        "{09/r_tail:.1%}; {09/attention_accuracy:.1%} / {09/token_accuracy:.1%}; {09/ffn_efficiency:.1%}",
+        "{09/r_tail:.1%}; {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) / {09/token_accuracy:.1%};"
+        " {09/ffn_efficiency:.1%}",
         "09",
     ),
     (
@@ -231,14 +266,6 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         " {09/sweep_least_loaded_lo:.2f}× → {09/sweep_least_loaded_hi:.2f}×, power-of-two"
         " {09/sweep_power_of_two_lo:.2f}× → {09/sweep_power_of_two_hi:.2f}×, prefix-only"
         " {09/sweep_prefix_only_lo:.2f}× → {09/sweep_prefix_only_hi:.2f}×",
-        "09",
-    ),
-    (
-        "Beyond the paper: sparse attention; a launch guard; TEMPO's split with 1.25× replicas",
-        "CascadeEP cuts mean TTFT {09/sparse_cascade_cut:.0%} under sparse attention; the guard shrinks Async+SF's"
-        " mean-TTFT cut from {09/ttft_mean_cut_async_sf:.0%} to {09/guard_sf_cut:.0%}; TEMPO's split"
-        " {09/rep_even_ttft:.2f} s → {09/rep_tempo_ttft:.2f} s"
-        " (≈ {09/pairs_per_expert:,.0f} pairs per expert, n* ≈ {09/n_star:.0f})",
         "09",
     ),
 )

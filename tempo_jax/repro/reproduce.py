@@ -45,8 +45,12 @@ def _resolve(names: list[str], directory: Path) -> list[Path]:
     return chosen
 
 
-def run_notebook(path: Path, *, small: bool = True, timeout: int = 900) -> NotebookRun:
-    """Execute one notebook; returns whether it ran and, if not, the failing cell's error."""
+def run_notebook(path: Path, *, small: bool = True, timeout: int | None = None) -> NotebookRun:
+    """Execute one notebook; returns whether it ran and, if not, the failing cell's error.
+
+    ``timeout``: seconds one cell may run (default 900 at ``small``, 7,200 at full size, where one cell may serve
+    the whole trace over several seeds)."""
+    timeout = (900 if small else 7200) if timeout is None else timeout
     import jupytext
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError

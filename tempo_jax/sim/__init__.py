@@ -16,7 +16,8 @@ both through `tempo_jax.sim.runner`); the tables the notebooks print are reduced
 - CascadeEP request level: `simulate_prefill` (placement over DP attention replicas with prefix caches, chunked-prefill
   batches, lockstep steps, TTFT) → `PrefillResult`; `StepBatch` is what a step-time model receives.
 - CascadeEP prefill (Figs. 1, 6–9): `CascadeConfig`, `run_cascade` → ``{mode: CascadeRun}`` over `LAYER_MODES`
-  (Sync, Async, Async+SF, CascadeEP); `prefill_costs` derives a deployment's costs; `layer_timeline` one layer.
+  (Sync, Async, Async+SF, CascadeEP), `run_cascade_seeds` over seeds; `prefill_costs` derives a deployment's costs;
+  `layer_timeline` one layer (the scalar reference), `step_timeline` every layer of a step (the fast one).
 
 Glossary: D ranks (GPUs), E experts, K top-k; batch sizes carry their unit (``tokens_per_gpu`` in the phase
 diagram, ``tokens_per_step`` across the EP group in the replays).
@@ -24,7 +25,8 @@ diagram, ``tokens_per_step`` across the EP group in the replays).
 
 from .ablation import AblationResult, component_ablation
 from .boundary import Boundary, flip_boundary
-from .cascade import CascadeConfig, CascadeRun, run_cascade
+from .cascade import CascadeConfig, CascadeRun, run_cascade, run_cascade_seeds
+from .cascade_fast import step_timeline
 from .cascade_layer import LAYER_MODES, LayerInputs, layer_timeline
 from .cost_demo import calibration_demo, expert_profile, worked_example
 from .phase import MODEL_SHAPES, PHASE_POLICIES, PhaseConfig, PhaseResult, run_phase
@@ -78,8 +80,10 @@ __all__ = [
     "expert_profile",
     "flip_boundary",
     "layer_timeline",
+    "step_timeline",
     "prefill_costs",
     "run_cascade",
+    "run_cascade_seeds",
     "run_information",
     "run_phase",
     "run_policies",

@@ -1,37 +1,64 @@
 """One MoE layer of DEP prefill on D ranks under Sync / Async / Async+SF / CascadeEP (CascadeEP §3, Fig. 1).
 
+This is the **reference** (scalar) timeline: plain loops over ranks, one layer at a time, every step spelled out.
+`tempo_jax.sim.cascade_fast` computes the same numbers for all L layers of a step at once (tested equal to this
+one to 1e-9 relative); the serving runs use that one.
+
 Every rank d is one attention replica and one EP rank. Times are µs from the layer's start (all replicas start
 a layer together: the layer barrier of §3.2).
 
-1. **Attention, dispatch.** Replica d computes attention for ``a_d`` µs, then dispatches for ``D_d`` µs; its
-   tokens are ready at every destination at ``r_d = a_d + D_d`` (App. A's readiness). Rank d's GPU runs its
-   own attention and dispatch first, so its expert kernels start at ≥ r_d.
+1. **Attention, dispatch.** Replica d computes attention for ``a_d`` µs, then dispatches its remote token–expert
+   pairs. Rank d's GPU runs its own attention first, so its expert kernels start at ≥ r_d (its dispatch done).
 2. **Expert FFN per destination**, kernels one after another on the rank's GPU, each of N tokens lasting
    F(N) (`PrefillCosts.curve`), launched by a policy (`solvers.streamffn`):
    ``sync`` — one kernel once every source has arrived; ``async`` — one kernel per source as it arrives;
    ``stream`` — streamFFN's threshold θ and final flush.
-3. **Combine.** Each kernel's outputs travel back right after it, while later kernels run; a rank is done when
-   its last output has returned: max over its kernels of ``end + combine(remote pairs)``. The layer ends when
-   every rank is done (the barrier).
+3. **Combine.** Each kernel's outputs travel back right after it; a rank is done when its last output has
+   left. The layer ends when every rank is done (the barrier).
+
+**Links** (``links``):
+
+- ``"paper"`` (the model as the paper's equations read, and this simulator's first version): r_d = a_d + D_d with
+  ``D_d = latency + remote bytes / link bandwidth``, the same at every destination; concurrent transfers never
+  contend (every kernel's combine runs at full bandwidth beside the others); OEWF's weights are ready
+  ``bytes / fetch bandwidth`` after the helper's dispatch and occupy no link; the helper's reassigned kernel runs
+  on a side stream at no cost to its own kernels.
+- ``"contention"`` (default): every rank has a send port and a receive port (full-duplex NVLink; D ≤ 8 sits in
+  one node, so one intra-node port pair per rank), each of ``link_bytes_per_us``. Transfers through a port are
+  **serialised**, FIFO by the time they are issued (not fair-shared): a transfer holds the port for bytes /
+  bandwidth and is delivered ``link_latency_us`` after the last of its ports has carried it. A source's dispatch
+  leaves its send port as one all-to-all (its chunks progress together and finish together) and each chunk
+  (s → d) also crosses d's receive port, so tokens from s arrive at d at ``max(r_s, chunk end at d) + latency``
+  (in-port) — a per-(source, destination) readiness. An OEWF fetch (one expert buffer, issued when the helper's
+  dispatch has left) crosses the donor's send port and the helper's receive port: it can delay the donor's
+  dispatch (queued behind the fetch) and the tokens still arriving at the helper (queued behind it). A rank's
+  combines (one per kernel, issued at the kernel's end) queue on its send port behind its dispatch and any fetch
+  it served. Combine returns are not charged to the sources' receive ports (that would couple every rank's
+  timeline into one event simulation; the sender's injection is the binding side of a combine). The helper's
+  reassigned kernel runs on the helper's GPU: queued with its own kernels in ready order (ready = weights
+  delivered), lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's measured 97.3% retention of
+  multi-stream execution (§4.3) as the efficiency of the second stream. A donor the runtime already saw dispatch
+  is no candidate, and a move whose weights arrive after the donor's dispatch has left (its FFN submitted, App. C)
+  is dropped at execution; the fetch still used the links.
+
+**Launch** (``launch``): ``"reactive"`` (default, the paper's runtime) launches on the actual per-source readiness
+and actual token counts at each destination; ``"planned"`` (what `tempo_jax.cascade_exec` can execute in-graph)
+fixes each destination's launch groups from the predicted arrivals (attention estimates + uncontended dispatch)
+and the predicted pairs (the previous layer's counts), then runs them on the truth.
 
 Modes (`LAYER_MODES`): ``sync`` (synchronous EP), ``async`` (per-source launching), ``async_sf`` (+ streamFFN),
 ``cascade`` (+ OEWF on every layer but the first). By default (``guard=False``) each rank launches with its
-mode's own rule, as the paper's ablation does: per-source kernels in Async even when every source has already
-arrived, θ-grouped kernels in Async+SF. With ``guard=True`` a rank launches with the best of its mode's policy and
-the previous modes' by its *predicted* completion (from the attention and token estimates it has — the same
-predictions OEWF uses), so under exact estimates Sync ≥ Async ≥ Async+SF ≥ CascadeEP on every layer. The paper's
-rules do not order every layer: on 1,200 random layers of ``tests/test_cascade_sim.py``'s generator with exact
-estimates, Async ended later than Sync on 39 (by up to 9%: a straggler that already holds every source pays for
-per-source kernels) and Async+SF later than Async on 131 (by up to 24%); OEWF never lengthened its Async+SF
-base. Under the paper's noisy estimates the guard mispredicts often enough to cost more than it saves in
-aggregate (notebook 09), so it is off by default.
+mode's own rule, as the paper's ablation does. With ``guard=True`` a rank launches with the best of its mode's
+policy and the previous modes' by its *predicted* completion (the same predictions OEWF uses); under exact
+estimates, paper links and planned launching this orders Sync ≥ Async ≥ Async+SF ≥ CascadeEP on every layer.
 
-**OEWF** (§3.3) runs on the Async+SF plan: helpers decide one after another at their dispatch completion
-r_h, with `solvers.oewf_plan` on the predicted state at that instant (remaining attention from the estimates,
-N̂ from the estimated per-rank counts, the helper's own routed pairs exactly). An accepted move takes the
-helper's tokens for the fetched experts off the donor; the helper computes them in a side kernel on its own
-stream from ``r_h + bytes / fetch bandwidth`` for F(N_trans), overlapping its other work without slowing it
-(the paper's α_h model); its outputs stay local. The donor's launch policy is then chosen again.
+**OEWF** (§3.3) runs on the Async+SF plan: helpers decide one after another at their dispatch completion r_h,
+with `solvers.oewf_decide_at` on the *predicted* state at that instant (remaining attention from the estimates,
+N̂ from the estimated per-rank counts, the helper's own routed pairs exactly, weights ready after bytes / fetch
+bandwidth). Admission (Eq. 6) therefore never sees contention or the helper's GPU time: under ``"contention"``
+an accepted move can lengthen the layer; `LayerResult.base_end_us` is the same layer without OEWF, so
+``end_us > base_end_us`` counts those. An accepted move takes the helper's tokens for the fetched experts off the
+donor; its outputs stay local.
 
 numpy + solvers only (no jax).
 """
@@ -42,15 +69,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers import CostModel, LaunchGroup, Reassignment, oewf_at_dispatch
+from solvers import CostModel, LaunchGroup, OEWFState, Reassignment, oewf_at_dispatch, oewf_decide_at
 from solvers.checks import check_array, check_choice
 from solvers.streamffn import partition_sources, run_partition
 
 from .prefill import PrefillCosts
 
-__all__ = ["LAYER_MODES", "LayerInputs", "LayerResult", "SideKernel", "layer_timeline"]
+__all__ = [
+    "HELPER_STREAM_EFFICIENCY",
+    "LAUNCHES",
+    "LAYER_MODES",
+    "LINKS",
+    "LayerInputs",
+    "LayerResult",
+    "SideKernel",
+    "layer_timeline",
+]
 
 LAYER_MODES = ("sync", "async", "async_sf", "cascade")
+#: Link models (see the module doc).
+LINKS = ("contention", "paper")
+#: Launch modes (see the module doc).
+LAUNCHES = ("reactive", "planned")
+#: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
+#: matched-work FFN throughput): the helper's reassigned kernel lasts F(N_trans) / this under ``links="contention"``.
+HELPER_STREAM_EFFICIENCY = 0.973
 # Launch policies a rank may pick in each mode: the mode's own last (guard=False keeps only that one).
 _POLICIES = {
     "sync": ("sync",),
@@ -66,10 +109,11 @@ class LayerInputs:
 
     Attributes:
       attention_us: ``[D]`` true attention-stage time of each replica.
-      dispatch_us: ``[D]`` dispatch time of each replica.
+      dispatch_us: ``[D]`` uncontended dispatch time of each replica (latency + remote bytes / bandwidth; the
+        planner's D_d).
       pairs: ``[D, D, E]`` true tokens source s routes to expert e computed on destination d.
       attention_est_us: ``[D]`` predicted attention times (default: exact).
-      pairs_est: ``[D, D, E]`` predicted pairs for launch decisions (default: exact).
+      pairs_est: ``[D, D, E]`` predicted pairs for planned launch decisions (default: exact).
       tokens_est: ``[D]`` N̂_d for OEWF (default: exact received counts).
       oewf: run OEWF in ``cascade`` mode (False on the first MoE layer, §3.3).
     """
@@ -113,7 +157,7 @@ class LayerInputs:
 
     @property
     def ready_us(self) -> np.ndarray:
-        """``[D]`` r_d = a_d + D_d: when source d's tokens are ready at every destination."""
+        """``[D]`` a_d + D_d: when source d's tokens are ready everywhere under uncontended links."""
         return self.attention_us + self.dispatch_us
 
 
@@ -135,12 +179,14 @@ class LayerResult:
     Attributes:
       mode: the layer mode.
       end_us: the layer's end (every rank's outputs combined; the barrier).
-      rank_end_us: ``[D]`` when each rank is done (last kernel + its combine, or its side kernel).
-      ready_us: ``[D]`` r_d (attention + dispatch).
+      rank_end_us: ``[D]`` when each rank is done (last combine sent, or its side kernel).
+      ready_us: ``[D]`` r_d: when each rank's dispatch has left (its GPU is free for expert kernels).
+      arrival_us: ``[D, D]`` when source s's tokens are ready at destination d.
       policy: ``[D]`` launch policy each rank used (``sync`` / ``async`` / ``stream``).
       kernels: per rank, its kernels (`solvers.LaunchGroup`) in execution order.
-      side: OEWF side kernels.
+      side: OEWF side kernels that ran.
       accepted: accepted OEWF reassignments (times relative to their helper's decision instant r_h).
+      dropped: accepted moves dropped at execution (weights delivered after the donor's dispatch left).
       rejected: number of helpers that decided without a reassignment.
       base_end_us: for ``cascade``: the same layer without OEWF (the Async+SF end); else ``end_us``.
     """
@@ -149,17 +195,128 @@ class LayerResult:
     end_us: float
     rank_end_us: np.ndarray
     ready_us: np.ndarray
+    arrival_us: np.ndarray
     policy: tuple[str, ...]
     kernels: tuple[tuple[LaunchGroup, ...], ...]
     side: tuple[SideKernel, ...] = ()
     accepted: tuple[Reassignment, ...] = ()
+    dropped: int = 0
     rejected: int = 0
     base_end_us: float = field(default=float("nan"))
 
 
-def _done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> float:
-    """When rank d is done: every kernel's outputs travel back right after it (in parallel with later kernels),
-    so done = max over kernels of end + combine(its remote pairs); ``start`` if it ran nothing."""
+# ------------------------------------------------------------------------------------------------ links
+@dataclass
+class _Links:
+    """What the links decided: readiness, arrivals, port state after the dispatch phase, and the moves."""
+
+    ready: np.ndarray  # [D] dispatch left (GPU free for kernels)
+    arrival: np.ndarray  # [D, D] source s ready at destination d
+    send_free: np.ndarray  # [D] send port free after dispatch and served fetches
+    moves: list  # [(TimedReassignment, delivered_us or None)] in decision order
+    rejected: int
+
+
+def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Links:
+    """Uncontended links: r_d = a_d + D_d everywhere; OEWF as `solvers.oewf_at_dispatch` on the predictions."""
+    ready = inp.ready_us
+    D = inp.num_ranks
+    moves, rejected = [], 0
+    if run_oewf:
+        res = oewf_at_dispatch(
+            ready, inp.attention_est_us, inp.dispatch_us, inp.tokens_est, inp.pairs,
+            expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
+            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve, pricing=pricing, cost=cost,
+        )  # fmt: skip
+        moves, rejected = [(a, a.start_us) for a in res.accepted], res.rejected
+    return _Links(ready=ready, arrival=np.repeat(ready[:, None], D, axis=1), send_free=ready.copy(), moves=moves,
+                  rejected=rejected)  # fmt: skip
+
+
+def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost) -> _Links:
+    """Serialised ports (module doc): dispatches and OEWF fetches in the order they are issued, then arrivals."""
+    hw = costs.hardware
+    bw, lat = hw.link_bytes_per_us, hw.link_latency_us
+    D = inp.num_ranks
+    a = inp.attention_us
+    sent = pairs.sum(axis=2)
+    chunk = sent * (1.0 - np.eye(D)) * costs.dispatch_bytes_per_pair  # [s, d] bytes
+    remote = chunk.sum(axis=1)
+    dur = np.where(remote > 0, lat + remote / bw, 0.0)  # [D] a dispatch alone on its send port
+    # Step 1: dispatches in completion order; each helper decides (OEWF) when its own dispatch has left.
+    free = np.zeros(D)  # send port: end of the fetches it served before its dispatch
+    start, ready = np.full(D, np.nan), np.full(D, np.nan)
+    after = np.zeros(D)  # send port: end of fetches served after its dispatch
+    pending = np.ones(D, dtype=bool)
+    base = OEWFState(attention_us=inp.attention_est_us, dispatch_us=inp.dispatch_us, tokens=inp.tokens_est,
+                     pair_tokens=pairs, expert_bytes=np.broadcast_to(costs.expert_bytes, pairs.shape[2:]),
+                     budget_bytes=costs.helper_budget_bytes,
+                     fetch_bytes_per_us=hw.fetch_bytes_per_us) if run_oewf else None  # fmt: skip
+    books = (pairs.copy(), inp.tokens_est.astype(np.float64).copy(), np.zeros(D))
+    last_attention = float(inp.attention_est_us.max())
+    fetches = []  # (move, donor send end)
+    rejected = 0
+    while pending.any():
+        tentative = np.where(pending, np.maximum(a, free) + dur, np.inf)
+        h = int(np.argmin(tentative))
+        start[h], ready[h] = max(a[h], free[h]), tentative[h]
+        pending[h] = False
+        t = float(ready[h])
+        if base is None or t >= last_attention:
+            continue
+        move = oewf_decide_at(base, h, t, *books, curve=costs.curve, pricing=pricing, cost=cost, exclude=~pending)
+        if move is None:
+            rejected += 1
+            continue
+        d, occ = move.reassignment.donor, move.reassignment.bytes / bw
+        if a[d] > t:  # issued before the donor's dispatch: the donor's dispatch queues behind it
+            end = max(t, free[d]) + occ
+            free[d] = end
+        else:  # the donor's dispatch is already on its port: the fetch follows it
+            end = max(t, max(a[d], free[d]) + dur[d], after[d]) + occ
+            after[d] = end
+        fetches.append((move, end))
+    # Step 2: receive ports: chunks in the order they left their sources, each helper's fetch at its instant.
+    arrival = np.empty((D, D))
+    delivered = {}
+    fetch_at = {f[0].reassignment.helper: f for f in fetches}
+    for d in range(D):
+        items = [(start[s], 0, s, chunk[s, d] / bw) for s in range(D) if s != d and chunk[s, d] > 0]
+        if d in fetch_at:
+            items.append((ready[d], 1, -1, fetch_at[d][0].reassignment.bytes / bw))
+        port = 0.0
+        arrival[:, d] = ready
+        for issued, _, s, occ in sorted(items):
+            port = max(issued, port) + occ
+            if s >= 0:
+                arrival[s, d] = max(ready[s], port + lat)
+            else:
+                delivered[d] = max(port, fetch_at[d][1]) + lat
+    moves = [(m, delivered[m.reassignment.helper]) for m, _ in fetches]
+    return _Links(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves, rejected=rejected)
+
+
+# ------------------------------------------------------------------------------------------------ ranks
+def _partition(costs, inp: LayerInputs, d: int, allowed, theta, arrival, tokens, launch):
+    """(policy, source partition) of destination d: the allowed policy with the earliest *predicted* done time
+    (ties: the simpler one); the partition from the predictions (planned) or the actual readiness (reactive)."""
+    ready_est = inp.attention_est_us + inp.dispatch_us
+    tokens_est = inp.pairs_est[:, d, :].sum(axis=1)
+    best = None
+    for p in allowed:
+        groups = partition_sources(ready_est, tokens_est, p, theta)
+        done = _paper_done(costs, run_partition(groups, ready_est, tokens_est, costs.curve.ffn_time_unchecked,
+                                                start_us=float(ready_est[d])), tokens_est, d, float(ready_est[d])) \
+            if len(allowed) > 1 else 0.0  # fmt: skip
+        if best is None or done < best[0]:
+            best = (done, p, groups)
+    if launch == "reactive":
+        return best[1], partition_sources(arrival, tokens, best[1], theta)
+    return best[1], best[2]
+
+
+def _paper_done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> float:
+    """Uncontended combine: every kernel's outputs leave right after it at full bandwidth, beside the others."""
     hw, per_pair = costs.hardware, costs.combine_bytes_per_pair
     done = start
     for k in kernels:
@@ -169,57 +326,84 @@ def _done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> float:
     return done
 
 
-def _rank_plan(costs: PrefillCosts, ready, tokens, d: int, groups):
-    """Kernels of destination d for a source partition ``groups`` and the rank's done time."""
-    kernels = run_partition(groups, ready, tokens, costs.curve.ffn_time_unchecked, start_us=float(ready[d]))
-    return kernels, _done(costs, kernels, tokens, d, float(ready[d]))
+def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, port: float) -> float:
+    """Serialised combine: the kernels' outputs queue on the rank's send port (free from ``port``) in kernel order."""
+    hw, per_pair = costs.hardware, costs.combine_bytes_per_pair
+    done = start
+    for k in kernels:
+        remote = k.tokens - (float(tokens[d]) if d in k.sources else 0.0)
+        if remote > 0:
+            port = max(k.end_us, port) + remote * per_pair / hw.link_bytes_per_us
+            done = max(done, port + hw.link_latency_us)
+        else:
+            done = max(done, k.end_us)
+    return done
 
 
-def _choose(costs, inp: LayerInputs, d: int, allowed: tuple[str, ...], pairs_est: np.ndarray, theta: float):
-    """(policy, source partition) of the allowed launch policy with the earliest *predicted* done time for rank d
-    (ties: the simpler one). The partition is what executes: streamFFN's groups are fixed by predicted arrivals."""
-    ready_est = inp.attention_est_us + inp.dispatch_us
-    tokens_est = pairs_est[:, d, :].sum(axis=1)
-    best = None
-    for p in allowed:
-        groups = partition_sources(ready_est, tokens_est, p, theta)
-        done = _rank_plan(costs, ready_est, tokens_est, d, groups)[1] if len(allowed) > 1 else 0.0
-        if best is None or done < best[0]:
-            best = (done, p, groups)
-    return best[1], best[2]
+def _run_rank(costs, groups, arrival, tokens, d: int, start: float, side=None):
+    """Run launch groups back to back on rank d's GPU from ``start``; ``side = (ready, duration)`` is a reassigned
+    kernel queued in ready order (after own kernels ready at the same time). Returns (kernels, side kernel span)."""
+    kernels = run_partition(groups, arrival, tokens, costs.curve.ffn_time_unchecked, start_us=start)
+    if side is None:
+        return kernels, None
+    s_ready, s_dur = side
+    out, gpu, span = [], start, None
+    for k in kernels:
+        if span is None and s_ready < k.ready_us:
+            s0 = max(s_ready, gpu)
+            span, gpu = (s0, s0 + s_dur), s0 + s_dur
+        k0 = max(k.ready_us, gpu)
+        out.append(LaunchGroup(sources=k.sources, tokens=k.tokens, ready_us=k.ready_us, start_us=k0,
+                               end_us=k0 + (k.end_us - k.start_us)))  # fmt: skip
+        gpu = k0 + (k.end_us - k.start_us)
+    if span is None:
+        s0 = max(s_ready, gpu)
+        span = (s0, s0 + s_dur)
+    return tuple(out), span
 
 
-def _run_ranks(costs, inp: LayerInputs, pairs, pairs_est, allowed, theta):
-    """(policy [D], partitions [D], kernels per rank, done [D]): policies chosen by prediction, run on truth."""
-    ready = inp.ready_us
-    policy, partitions, kernels, done = [], [], [], np.empty(inp.num_ranks)
-    for d in range(inp.num_ranks):
-        p, groups = _choose(costs, inp, d, allowed, pairs_est, theta)
-        k, done[d] = _rank_plan(costs, ready, pairs[:, d, :].sum(axis=1), d, groups)
+def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost):
+    """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF."""
+    D = inp.num_ranks
+    net = (_paper_links(costs, inp, run_oewf, pricing, cost) if links == "paper"
+           else _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost))  # fmt: skip
+    # Step 1: the pairs that stay after the moves that execute.
+    pairs = inp.pairs.copy()
+    sides: dict[int, tuple] = {}
+    dropped = 0
+    for m, delivered in net.moves:
+        r = m.reassignment
+        if links == "contention" and delivered >= net.ready[r.donor]:
+            dropped += 1
+            continue
+        pairs[r.helper, r.donor, list(r.experts)] = 0.0
+        sides[r.helper] = (r.donor, r.n_trans, delivered, m.end_us)
+    # Step 2: per rank, launch groups and kernels; the combine; the helper's side kernel.
+    done = np.empty(D)
+    policy, kernels, side = [], [], []
+    for d in range(D):
+        tokens = pairs[:, d, :].sum(axis=1)
+        arrival = net.arrival[:, d]
+        p, groups = _partition(costs, inp, d, allowed, theta, arrival, tokens, launch)
+        start = float(net.ready[d])
+        extra = None
+        if d in sides and links == "contention":
+            donor, n, delivered, _ = sides[d]
+            extra = (delivered, float(costs.curve.ffn_time_unchecked(n)) / HELPER_STREAM_EFFICIENCY)
+        ks, span = _run_rank(costs, groups, arrival, tokens, d, start, extra)
+        if links == "paper":
+            done[d] = _paper_done(costs, ks, tokens, d, start)
+            if d in sides:
+                donor, n, delivered, end = sides[d]
+                span = (delivered, end)
+        else:
+            done[d] = _contended_done(costs, ks, tokens, d, start, float(net.send_free[d]))
+        if span is not None:
+            done[d] = max(done[d], span[1])
+            side.append(SideKernel(rank=d, donor=sides[d][0], tokens=sides[d][1], start_us=span[0], end_us=span[1]))
         policy.append(p)
-        partitions.append(groups)
-        kernels.append(k)
-    return tuple(policy), partitions, tuple(kernels), done
-
-
-def _oewf(costs: PrefillCosts, inp: LayerInputs, pricing: str, cost: CostModel | None):
-    """`solvers.oewf_at_dispatch` on the layer's predictions: (pairs after the moves, side kernels, accepted, no)."""
-    res = oewf_at_dispatch(
-        inp.ready_us, inp.attention_est_us, inp.dispatch_us, inp.tokens_est, inp.pairs,
-        expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
-        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve, pricing=pricing, cost=cost,
-    )  # fmt: skip
-    side = tuple(
-        SideKernel(
-            rank=a.reassignment.helper,
-            donor=a.reassignment.donor,
-            tokens=a.reassignment.n_trans,
-            start_us=a.start_us,
-            end_us=a.end_us,
-        )  # fmt: skip
-        for a in res.accepted
-    )
-    return res.pair_tokens, side, tuple(a.reassignment for a in res.accepted), res.rejected
+        kernels.append(ks)
+    return done, tuple(policy), tuple(kernels), tuple(side), net, dropped
 
 
 def layer_timeline(
@@ -227,16 +411,20 @@ def layer_timeline(
     costs: PrefillCosts,
     mode: str,
     *,
+    links: str = "contention",
+    launch: str = "reactive",
     guard: bool = False,
     pricing: str = "paper",
     cost: CostModel | None = None,
 ) -> LayerResult:
-    """Simulate one MoE layer under ``mode`` (see the module doc).
+    """Simulate one MoE layer under ``mode`` (see the module doc): the reference timeline.
 
     Args:
       inputs: the layer's `LayerInputs` (true and predicted times and pairs).
       costs: the deployment's `PrefillCosts` (F(N), links, expert bytes, helper budget).
       mode: one of `LAYER_MODES`.
+      links: ``"contention"`` (serialised ports, charged fetches and helper kernels) or ``"paper"`` (`LINKS`).
+      launch: ``"reactive"`` (actual readiness and counts) or ``"planned"`` (predictions) (`LAUNCHES`).
       guard: launch with the mode's own policy only (default, the paper's rules), or with the best predicted
         policy up to the mode's own (``True``).
       pricing: OEWF's admission model, ``"paper"`` (Eqs. 3–6) or ``"tempo"`` (max-affine, beyond the paper).
@@ -247,6 +435,8 @@ def layer_timeline(
     """
     fn = "layer_timeline"
     mode = check_choice("mode", mode, LAYER_MODES, where=fn)
+    links = check_choice("links", links, LINKS, where=fn)
+    launch = check_choice("launch", launch, LAUNCHES, where=fn)
     if not isinstance(inputs, LayerInputs) or not isinstance(costs, PrefillCosts):
         raise ValueError(
             f"{fn}: needs LayerInputs and PrefillCosts, got {type(inputs).__name__}, {type(costs).__name__}"
@@ -255,33 +445,28 @@ def layer_timeline(
         raise ValueError(f"{fn}: inputs have {inputs.num_ranks} ranks but costs were derived for {costs.num_ranks}")
     allowed = _POLICIES[mode] if guard else _POLICIES[mode][-1:]
     theta = float(costs.threshold)
-    # Step 1: every rank's launch policy and kernels (the Async+SF plan in cascade mode).
-    policy, partitions, kernels, done = _run_ranks(costs, inputs, inputs.pairs, inputs.pairs_est, allowed, theta)
-    base = float(done.max())
-    if mode != "cascade" or not inputs.oewf:
-        return LayerResult(mode=mode, end_us=base, rank_end_us=done, ready_us=inputs.ready_us, policy=policy,
-                           kernels=kernels, base_end_us=base)  # fmt: skip
-    # Step 2: OEWF on top. Ranks keep their launch groups (App. C: a donor keeps its launch eligibility even when
-    # reassignment leaves it below θ) and run them with the pairs that stay; helpers add their side kernels.
     if pricing == "tempo" and cost is None:
         cost = costs.tempo_cost_model()
-    pairs, side, accepted, rejected = _oewf(costs, inputs, pricing, cost)
-    if accepted:
-        ready = inputs.ready_us
-        runs = [_rank_plan(costs, ready, pairs[:, d, :].sum(axis=1), d, partitions[d]) for d in range(len(ready))]
-        kernels = tuple(k for k, _ in runs)
-        done = np.array([t for _, t in runs])
-        for k in side:
-            done[k.rank] = max(done[k.rank], k.end_us)
+    # Step 1: every rank's launch policy and kernels (the Async+SF plan in cascade mode).
+    done, policy, kernels, _, net, _ = _timeline(costs, inputs, allowed, theta, links, launch, False, pricing, cost)
+    base = float(done.max())
+    if mode != "cascade" or not inputs.oewf:
+        return LayerResult(mode=mode, end_us=base, rank_end_us=done, ready_us=net.ready, arrival_us=net.arrival,
+                           policy=policy, kernels=kernels, base_end_us=base)  # fmt: skip
+    # Step 2: OEWF on top, decided on the predictions, run on the truth.
+    done, policy, kernels, side, net, dropped = _timeline(costs, inputs, allowed, theta, links, launch, True,
+                                                          pricing, cost)  # fmt: skip
     return LayerResult(
         mode=mode,
         end_us=float(done.max()),
         rank_end_us=done,
-        ready_us=inputs.ready_us,
+        ready_us=net.ready,
+        arrival_us=net.arrival,
         policy=policy,
         kernels=kernels,
         side=side,
-        accepted=accepted,
-        rejected=rejected,
+        accepted=tuple(m.reassignment for m, _ in net.moves),
+        dropped=dropped,
+        rejected=net.rejected,
         base_end_us=base,
     )

@@ -11,15 +11,83 @@ import numpy as np
 
 from .cascade import CascadeConfig, CascadeRun, StepModel, run_cascade, step_batches
 from .cascade_layer import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
+from .runner import bootstrap_ci
 
 __all__ = [
     "LABELS",
     "PAPER",
+    "SEED_FIGURES",
     "ablation_rows",
     "capacity_rps",
+    "ci_separated",
     "layer_example",
     "oewf_rows",
+    "ordering",
+    "reduction_summary",
+    "seed_summary",
 ]
+
+#: Figures `seed_summary` reports per mode (each ``{"value": mean over seeds, "ci95": [lo, hi]}``).
+SEED_FIGURES = ("ttft_mean_s", "ttft_p95_s", "throughput_tps")
+
+
+def _figures(run: CascadeRun) -> dict[str, float]:
+    s = run.prefill
+    return {"ttft_mean_s": s.ttft_mean_s, "ttft_p95_s": s.ttft_p95_s, "throughput_tps": s.prompt_throughput_tps}
+
+
+def seed_summary(by_seed: dict[int, dict[str, CascadeRun]], extra=None) -> dict[str, dict]:
+    """Per mode, every `SEED_FIGURES` figure (and ``extra(run) -> {name: value}``'s) as ``{"value": mean over
+    seeds, "ci95": [lo, hi] (95% percentile bootstrap of the mean), "per_seed": [...]}``.
+
+    Args:
+      by_seed: ``{seed: {mode: CascadeRun}}`` (`run_cascade_seeds`), the same modes for every seed.
+      extra: optional function of one run returning more figures.
+    """
+    seeds = list(by_seed)
+    modes = list(by_seed[seeds[0]])
+    out: dict[str, dict] = {}
+    for m in modes:
+        rows = [{**_figures(by_seed[s][m]), **(extra(by_seed[s][m]) if extra else {})} for s in seeds]
+        out[m] = {
+            k: {"value": float(np.mean([r[k] for r in rows])), "ci95": list(bootstrap_ci([r[k] for r in rows])),
+                "per_seed": [float(r[k]) for r in rows]}
+            for k in rows[0]
+        }  # fmt: skip
+    return out
+
+
+def reduction_summary(by_seed: dict[int, dict[str, CascadeRun]], figure: str = "ttft_mean_s",
+                      base: str = "sync") -> dict[str, dict]:  # fmt: skip
+    """Per mode, ``1 − figure / figure(base)`` paired per seed: ``{"value": mean, "ci95": [lo, hi], "per_seed"}``
+    (for throughput, ``figure / figure(base) − 1``: a gain is positive either way)."""
+    out = {}
+    for m in by_seed[next(iter(by_seed))]:
+        vals = []
+        for runs in by_seed.values():
+            a, b = _figures(runs[m])[figure], _figures(runs[base])[figure]
+            vals.append(a / b - 1.0 if figure == "throughput_tps" else 1.0 - a / b)
+        out[m] = {"value": float(np.mean(vals)), "ci95": list(bootstrap_ci(vals)), "per_seed": vals}
+    return out
+
+
+def ordering(summary: dict[str, dict], figure: str = "ttft_mean_s", modes=LAYER_MODES) -> str:
+    """``"Sync > Async ≈ Async+SF > CascadeEP"``: neighbouring modes of ``modes`` by ``figure`` (`seed_summary`),
+    ``>`` / ``<`` only where their 95% intervals separate, ``≈`` where they overlap."""
+    modes = [m for m in modes if m in summary]
+    out = LABELS[modes[0]]
+    for a, b in zip(modes, modes[1:], strict=False):
+        fa, fb = summary[a][figure], summary[b][figure]
+        sign = ">" if ci_separated(fa, fb) else "<" if ci_separated(fb, fa) else "≈"
+        out += f" {sign} {LABELS[b]}"
+    return out
+
+
+def ci_separated(a: dict, b: dict) -> bool:
+    """True when figure ``a``'s 95% interval lies wholly above ``b``'s (``{"value", "ci95"}`` dicts): an ordering
+    a > b is claimed only then."""
+    return a["ci95"][0] > b["ci95"][1]
+
 
 LABELS = {"sync": "Sync", "async": "Async", "async_sf": "Async+SF", "cascade": "CascadeEP"}
 #: The paper's numbers this module's rows are compared with.
@@ -81,7 +149,8 @@ def oewf_rows(run: CascadeRun) -> dict:
 
 
 def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -> dict[str, LayerResult]:
-    """Fig. 1: one layer of one served step replayed under every mode (exact estimates; routing drawn as in a run).
+    """Fig. 1: one layer of one served step replayed under every mode with the reference timeline (exact
+    estimates; attention and routing drawn as in a run; the run's links and launch).
 
     ``step`` defaults to the step with the lowest attention load balance (the largest imbalance) among those
     where every replica has work.
@@ -94,16 +163,13 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
         if cand.size == 0:
             raise ValueError("layer_example: no step in this run has work on every replica")
         step = int(cand[np.argmin(alb[cand])])
-    exact = dataclasses.replace(run.config, estimates="exact")
+    exact = dataclasses.replace(run.config, estimates="exact", timeline="reference")
     model = StepModel(exact, "sync")
-    batches = step_batches(res, step)
-    rng = np.random.default_rng([exact.seed, step])
-    att, Q = model.attention_us(batches)
-    pairs = None
-    for ell in range(layer + 1):  # replay the step's routing draws up to the layer asked for
-        pairs = model.layer_pairs(ell, Q, rng)
-    sent = pairs.sum(axis=2)
-    D = exact.num_ranks
-    dispatch = model.costs.exchange_us((sent * (1.0 - np.eye(D))).sum(axis=1), model.costs.dispatch_bytes_per_pair)
-    inputs = LayerInputs(attention_us=att, dispatch_us=dispatch, pairs=pairs, oewf=layer > 0)
-    return {m: layer_timeline(inputs, model.costs, m, guard=exact.guard, pricing=exact.pricing) for m in LAYER_MODES}
+    x = model.step_inputs(step_batches(res, step), np.random.default_rng([exact.seed, step]))
+    pairs = x["pairs"][layer]
+    if model.placements is None:
+        pairs = model.expert_pairs(layer, pairs)
+    inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs,
+                         oewf=layer > 0)  # fmt: skip
+    return {m: layer_timeline(inputs, model.costs, m, links=exact.links, launch=exact.launch, guard=exact.guard,
+                              pricing=exact.pricing) for m in LAYER_MODES}  # fmt: skip

@@ -311,11 +311,11 @@ def cells_by_work(cells) -> list[int]:
     return sorted(range(len(cells)), key=lambda i: -cells[i].tokens_per_gpu * cells[i].ep)
 
 
-def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool) -> PhaseResult:
+def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool, backend: str | None = None) -> PhaseResult:
     cells = config.cells()
     order = cells_by_work(cells)
     out = run_jobs(_solve_cell, [(config, cells[i]) for i in order], workers=workers, desc="phase cells",
-                   progress=progress)  # fmt: skip
+                   progress=progress, backend=backend)  # fmt: skip
     makespan = np.empty((len(cells), config.batches, len(COLUMNS)))
     solve_time = np.empty((len(cells), len(PHASE_POLICIES)))
     for i, (ms, st) in zip(order, out, strict=True):
@@ -324,7 +324,12 @@ def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool) -> Phas
 
 
 def run_phase(
-    config: PhaseConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
+    config: PhaseConfig,
+    *,
+    workers: int = 2,
+    cache_dir: str | Path | None = CACHE_DIR,
+    progress: bool = True,
+    backend: str | None = None,
 ) -> PhaseResult:
     """Solve every cell of ``config`` (or load the cached result).
 
@@ -334,9 +339,11 @@ def run_phase(
         step), so it is not part of the cache key.
       cache_dir: the cache folder (`.runner.cached`); None disables caching.
       progress: show a tqdm bar over cells.
+      backend: `run_jobs` backend, ``"loky"`` or ``"dask"`` (default `runner.default_backend`); not keyed.
 
     Returns:
       A :class:`PhaseResult` (``from_cache`` tells whether anything was solved).
     """
-    result, hit = cached(_compute_phase, config, cache_dir=cache_dir, workers=workers, progress=progress)
+    result, hit = cached(_compute_phase, config, cache_dir=cache_dir, workers=workers, progress=progress,
+                         backend=backend)  # fmt: skip
     return dataclasses.replace(result, from_cache=hit)

@@ -1,0 +1,394 @@
+"""The fast layer timeline: every MoE layer of one forward step at once (the same numbers as `layer_timeline`).
+
+`step_timeline(inputs, costs, mode, links=..., launch=...)` computes, for all L layers of a step together, what
+`tempo_jax.sim.cascade_layer.layer_timeline` computes one layer at a time — the same rules (read that module's
+doc), in numpy arrays ``[L, D]`` / ``[L, D, D]`` with loops only over the D ranks' positions (source arrival order,
+helper decision order, port queues). It is tested equal to the reference to 1e-9 relative on random layers and on
+served runs (`tests/test_cascade_sim.py`).
+
+What it needs that the reference derives from ``pairs [D, D, E]``: the rank-level pairs ``sent [L, D, D]`` and, for
+OEWF, ``top_share [L, D]`` — the share of a (helper → donor) pair's tokens that the helper's buffer takes (the
+donor's most popular experts that fit the budget, `top_shares`), since within a (source, destination) pair the
+simulator splits pairs over the destination's experts by popularity (`tempo_jax.sim.cascade`). It supports the
+paper's launch rules (``guard=False``) and OEWF pricing (``pricing="paper"``); the reference covers the rest.
+
+Checks run once per call (shapes, modes), never per layer or rank. numpy + solvers only (no jax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.checks import check_choice
+
+from .cascade_layer import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS
+from .prefill import PrefillCosts
+
+__all__ = ["StepInputs", "StepTimes", "step_timeline", "top_shares"]
+
+_RULE = {"sync": "sync", "async": "async", "async_sf": "stream", "cascade": "stream"}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StepInputs:
+    """All L layers of one step (µs and tokens; float64 arrays).
+
+    Attributes:
+      attention_us: ``[L, D]`` true attention time of each replica in each layer.
+      attention_est_us: ``[L, D]`` the planners' predictions.
+      dispatch_us: ``[L, D]`` uncontended dispatch times (the planner's D_d).
+      sent: ``[L, D, D]`` true pairs source s sends to destination d.
+      sent_est: ``[L, D, D]`` predicted pairs (planned launching).
+      tokens_est: ``[L, D]`` N̂_d for OEWF.
+      top_share: ``[L, D]`` share of a helper's pairs on donor d its buffer takes (`top_shares`).
+      fetch_experts: ``[L, D]`` experts that take (their bytes = this × one expert's).
+      oewf: ``[L]`` bool, run OEWF in this layer (cascade mode).
+    """
+
+    attention_us: np.ndarray
+    attention_est_us: np.ndarray
+    dispatch_us: np.ndarray
+    sent: np.ndarray
+    sent_est: np.ndarray
+    tokens_est: np.ndarray
+    top_share: np.ndarray
+    fetch_experts: np.ndarray
+    oewf: np.ndarray
+
+    def __post_init__(self) -> None:
+        L, D = np.shape(self.attention_us)
+        want = {"attention_est_us": (L, D), "dispatch_us": (L, D), "sent": (L, D, D), "sent_est": (L, D, D),
+                "tokens_est": (L, D), "top_share": (L, D), "fetch_experts": (L, D), "oewf": (L,)}  # fmt: skip
+        for name, shape in want.items():
+            if np.shape(getattr(self, name)) != shape:
+                raise ValueError(f"StepInputs: {name} must be {list(shape)}, got {list(np.shape(getattr(self, name)))}")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StepTimes:
+    """`step_timeline`'s result per layer.
+
+    Attributes:
+      end_us: ``[L]`` layer times; base_us: ``[L]`` the same without OEWF (= end_us outside cascade mode).
+      ready_us: ``[L, D]`` when each rank's dispatch left.
+      moves, dropped: ``[L]`` accepted OEWF moves and those dropped at execution; moved_tokens: ``[L]`` N_trans sum.
+      kernel_us: ``[L]`` Σ of the ranks' own kernel durations.
+    """
+
+    end_us: np.ndarray
+    base_us: np.ndarray
+    ready_us: np.ndarray
+    moves: np.ndarray
+    dropped: np.ndarray
+    moved_tokens: np.ndarray
+    kernel_us: np.ndarray
+
+
+def top_shares(expert_share: np.ndarray, expert_bytes: float, budget_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """What Algorithm 1 takes from a donor when pairs split by popularity: ``(share [L, D], experts [L, D])``.
+
+    Args:
+      expert_share: ``[L, D, S]`` each expert's share of the pairs a destination receives (rows sum to 1).
+      expert_bytes, budget_bytes: one expert's bytes and the helper buffer.
+
+    The experts are taken by share descending (ties to the lower id) while their bytes fit (the same float
+    subtraction as `solvers.oewf.select_weights`); ``share`` sums the taken ones.
+    """
+    # Step 1: how many equal-size experts fit, by the solver's own subtraction.
+    fit, left = 0, float(budget_bytes)
+    while expert_bytes <= left and fit < expert_share.shape[2]:
+        left -= expert_bytes
+        fit += 1
+    # Step 2: the most popular ones among those with tokens.
+    nonzero = (expert_share > 0).sum(axis=2)
+    take = np.minimum(fit, nonzero)
+    ranked = -np.sort(-expert_share, axis=2, kind="stable")
+    keep = np.arange(expert_share.shape[2])[None, None, :] < take[..., None]
+    return np.where(keep, ranked, 0.0).sum(axis=2), take.astype(np.float64)
+
+
+def _ffn(costs: PrefillCosts, n: np.ndarray) -> np.ndarray:
+    return np.asarray(costs.curve.ffn_time_unchecked(np.maximum(n, 0.0)), dtype=np.float64)
+
+
+def _take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``a[l, idx[l]]`` for ``a [L, D]``, ``idx [L]``."""
+    return a[np.arange(a.shape[0]), idx]
+
+
+def _gather(a: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``a[l, order[l, j, d], d]`` for ``a [L, N, D]``, ``order [L, M, D]`` (take_along_axis on axis 1)."""
+    L, _, D = a.shape
+    return a[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]]
+
+
+def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, pending):
+    """One round of helper decisions (helper ``h [L]`` at ``t [L]``, layers where ``active``): Algorithm 1 + Eq. 6
+    on the predicted state, as `solvers.oewf_decide_at`. Returns (accepted [L], donor, n_trans, bytes, start, end)
+    and updates ``n_hat`` / ``floor_abs`` in place."""
+    L, D = n_hat.shape
+    rows = np.arange(L)
+    a_est, disp = inp.attention_est_us, inp.dispatch_us
+    own = np.arange(D)[None, :] == h[:, None]
+    # Step 1: the predicted state at t.
+    rem = np.maximum(a_est - t[:, None], 0.0)
+    rem[own] = 0.0
+    if pending is not None:
+        rem[~pending] = 0.0
+    left = np.where(rem > 0, disp, np.maximum(a_est + disp - t[:, None], 0.0))
+    left[own] = 0.0
+    floor = np.maximum(floor_abs - t[:, None], 0.0)
+    T = np.maximum(rem + left + _ffn(costs, n_hat), floor)
+    # Step 2: the donor (latest predicted completion among those in attention), its experts that fit.
+    donors = rem > 0
+    d = np.argmax(np.where(donors, T, -np.inf), axis=1)
+    n_hd = inp.sent[rows, h, d]
+    k = _take(inp.fetch_experts, d)
+    ok = active & donors.any(axis=1) & (n_hd > 0) & (k > 0)
+    n_trans = n_hd * _take(inp.top_share, d)
+    nbytes = k * costs.expert_bytes
+    # Step 3: Eq. 6 (paper pricing) with weights ready bytes / fetch bandwidth after t.
+    s_h = nbytes / costs.hardware.fetch_bytes_per_us
+    rem_d, left_d = rem[rows, d], left[rows, d]
+    donor_after = np.maximum(rem_d + left_d + _ffn(costs, n_hat[rows, d] - n_trans), floor[rows, d])
+    work = _ffn(costs, n_trans)
+    T_d, T_h = T[rows, d], T[rows, h]
+    helper_after = np.maximum(T_h, s_h + work)
+    ok &= (s_h < rem_d + left_d) & (np.maximum(donor_after, helper_after) <= np.maximum(T_d, T_h))
+    # Step 4: apply to the books.
+    n_hat[rows[ok], d[ok]] = np.maximum(0.0, n_hat[rows[ok], d[ok]] - n_trans[ok])
+    start = t + s_h
+    end = start + work
+    floor_abs[rows[ok], h[ok]] = np.maximum(floor_abs[rows[ok], h[ok]], end[ok])
+    return ok, d, n_trans, nbytes, start, end
+
+
+@dataclass
+class _Net:
+    ready: np.ndarray  # [L, D]
+    arrival: np.ndarray  # [L, D(src), D(dst)]
+    send_free: np.ndarray  # [L, D]
+    moves: list  # per round: (ok [L], helper [L], donor [L], n_trans [L], start [L], end [L], delivered [L])
+
+
+def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
+    L, D = inp.attention_us.shape
+    ready = inp.attention_us + inp.dispatch_us
+    moves = []
+    if run_oewf.any():
+        n_hat, floor_abs = inp.tokens_est.astype(np.float64).copy(), np.zeros((L, D))
+        last = inp.attention_est_us.max(axis=1)
+        order = np.argsort(ready, axis=1, kind="stable")
+        for k in range(D):
+            h = order[:, k]
+            t = _take(ready, h)
+            ok, d, n, _, start, end = _decide(costs, inp, h, t, run_oewf & (t < last), n_hat, floor_abs, None)
+            moves.append((ok, h, d, n, start, end, start))
+    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves)
+
+
+def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
+    hw = costs.hardware
+    bw, lat = hw.link_bytes_per_us, hw.link_latency_us
+    L, D = inp.attention_us.shape
+    rows = np.arange(L)
+    a = inp.attention_us
+    chunk = inp.sent * (1.0 - np.eye(D))[None] * costs.dispatch_bytes_per_pair  # [L, s, d] bytes
+    remote = chunk.sum(axis=2)
+    dur = np.where(remote > 0, lat + remote / bw, 0.0)
+    # Step 1: dispatches in completion order; each helper decides when its own dispatch has left.
+    free, after = np.zeros((L, D)), np.zeros((L, D))
+    start, ready = np.zeros((L, D)), np.zeros((L, D))
+    pending = np.ones((L, D), dtype=bool)
+    n_hat, floor_abs = inp.tokens_est.astype(np.float64).copy(), np.zeros((L, D))
+    last = inp.attention_est_us.max(axis=1)
+    rounds = []
+    for _ in range(D):
+        tentative = np.where(pending, np.maximum(a, free) + dur, np.inf)
+        h = np.argmin(tentative, axis=1)
+        start[rows, h] = np.maximum(a[rows, h], free[rows, h])
+        t = tentative[rows, h]
+        ready[rows, h] = t
+        pending[rows, h] = False
+        active = run_oewf & (t < last)
+        if not active.any():
+            continue
+        ok, d, n, nbytes, s0, s1 = _decide(costs, inp, h, t, active, n_hat, floor_abs, pending)
+        occ = nbytes / bw
+        a_d, free_d, after_d, dur_d = a[rows, d], free[rows, d], after[rows, d], dur[rows, d]
+        before = a_d > t
+        end_before = np.maximum(t, free_d) + occ
+        end_after = np.maximum(np.maximum(t, np.maximum(a_d, free_d) + dur_d), after_d) + occ
+        send_end = np.where(before, end_before, end_after)
+        free[rows[ok & before], d[ok & before]] = end_before[ok & before]
+        after[rows[ok & ~before], d[ok & ~before]] = end_after[ok & ~before]
+        rounds.append((ok, h, d, n, s0, s1, send_end, nbytes))
+    # Step 2: receive ports: chunks in the order they left their sources (ties: lower source), then the fetch.
+    fetch_at = np.zeros((L, D))  # fetch bytes into each helper
+    fetch_send = np.zeros((L, D))
+    for ok, h, _, _, _, _, send_end, nbytes in rounds:
+        fetch_at[rows[ok], h[ok]] = nbytes[ok]
+        fetch_send[rows[ok], h[ok]] = send_end[ok]
+    issued = np.concatenate([np.broadcast_to(start[:, :, None], (L, D, D)), ready[:, None, :]], axis=1)  # [L, s+1, d]
+    occ = np.concatenate([chunk, fetch_at[:, None, :]], axis=1) / bw
+    valid = occ > 0
+    issued = np.where(valid, issued, np.inf)
+    order = np.argsort(issued, axis=1, kind="stable")
+    iss_s, occ_s, ok_s = _gather(issued, order), _gather(occ, order), _gather(valid, order)
+    port = np.zeros((L, D))
+    ends_s = np.zeros((L, D + 1, D))
+    for j in range(D + 1):
+        new = np.maximum(iss_s[:, j], port) + occ_s[:, j]
+        port = np.where(ok_s[:, j], new, port)
+        ends_s[:, j] = np.where(ok_s[:, j], new, 0.0)
+    ends = np.zeros((L, D + 1, D))
+    ends[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
+    arrival = np.where(valid[:, :D, :], np.maximum(ready[:, :, None], ends[:, :D, :] + lat), ready[:, :, None])
+    delivered = np.maximum(ends[:, D, :], fetch_send) + lat  # [L, helper]
+    moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1, _, _ in rounds]
+    return _Net(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves)
+
+
+def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(order [L, d, pos], group ends [L, d, pos] bool) of `solvers.streamffn.partition_sources` per destination,
+    for arrivals / tokens ``[L, s, d]``."""
+    arr = np.swapaxes(part_arrival, 1, 2)  # [L, d, s]
+    tok = np.swapaxes(part_tokens, 1, 2)
+    L, D, _ = arr.shape
+    order = np.argsort(arr, axis=2, kind="stable")
+    if rule == "sync":
+        ends = np.zeros((L, D, D), dtype=bool)
+        ends[:, :, -1] = True
+        return order, ends
+    if rule == "async":
+        return order, np.ones((L, D, D), dtype=bool)
+    a_sorted = np.take_along_axis(arr, order, axis=2)
+    t_sorted = np.take_along_axis(tok, order, axis=2)  # [L, d, pos]
+    instant_end = np.ones((L, D, D), dtype=bool)
+    instant_end[:, :, :-1] = a_sorted[:, :, :-1] != a_sorted[:, :, 1:]
+    ends = np.zeros((L, D, D), dtype=bool)
+    pend = np.zeros((L, D))
+    for j in range(D):
+        pend = pend + t_sorted[:, :, j]
+        close = instant_end[:, :, j] & ((pend >= theta) | (j == D - 1))
+        ends[:, :, j] = close
+        pend = np.where(close, 0.0, pend)
+    return order, ends
+
+
+def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
+    """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L]) of every rank, with or without OEWF."""
+    hw = costs.hardware
+    bw, lat, cpp = hw.link_bytes_per_us, hw.link_latency_us, costs.combine_bytes_per_pair
+    L, D = inp.attention_us.shape
+    rows = np.arange(L)
+    tok = inp.sent.copy()
+    side_ready, side_dur = np.full((L, D), np.inf), np.zeros((L, D))
+    side_span = np.full((L, D), -np.inf)  # paper links: the side kernel's end
+    moves, dropped, moved = np.zeros(L), np.zeros(L), np.zeros(L)
+    # Step 1: the moves that execute.
+    if with_moves:
+        for ok, h, d, n, _, s1, delivered in net.moves:
+            moves += ok
+            moved += np.where(ok, n, 0.0)
+            run = ok
+            if links == "contention":
+                late = ok & (delivered >= net.ready[rows, d])
+                dropped += late
+                run = ok & ~late
+            r = rows[run]
+            tok[r, h[run], d[run]] = inp.sent[r, h[run], d[run]] - n[run]
+            if links == "contention":
+                side_ready[r, h[run]] = delivered[run]
+                side_dur[r, h[run]] = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
+            else:
+                side_span[r, h[run]] = s1[run]
+    # Step 2: launch groups per destination.
+    if launch == "reactive":
+        order, ends = _partition_ends(net.arrival, tok, rule, theta)
+    else:
+        est_ready = inp.attention_est_us + inp.dispatch_us
+        order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), inp.sent_est, rule, theta)
+    # [L, d, pos]: source at position pos of destination d's arrival order
+    arr = np.swapaxes(_gather(net.arrival, np.swapaxes(order, 1, 2)), 1, 2)
+    tk = np.swapaxes(_gather(tok, np.swapaxes(order, 1, 2)), 1, 2)
+    is_own = order == np.arange(D)[None, :, None]
+    # Step 3: kernels back to back; the helper's side kernel in ready order; combines.
+    gpu = net.ready.copy()
+    done = net.ready.copy()
+    port = net.send_free.copy()
+    acc, own, rdy = np.zeros((L, D)), np.zeros((L, D)), np.full((L, D), -np.inf)
+    side_left = side_ready < np.inf
+    side_end = np.where(side_left, 0.0, side_span)
+    kernel_us = np.zeros(L)
+    for j in range(D):
+        acc = acc + tk[:, :, j]
+        own = own + np.where(is_own[:, :, j], tk[:, :, j], 0.0)
+        rdy = np.maximum(rdy, arr[:, :, j])
+        launch_now = ends[:, :, j] & (acc > 0)
+        first = launch_now & side_left & (side_ready < rdy)
+        s0 = np.maximum(side_ready, gpu)
+        gpu = np.where(first, s0 + side_dur, gpu)
+        side_end = np.where(first, s0 + side_dur, side_end)
+        side_left &= ~first
+        f = _ffn(costs, acc)
+        k0 = np.maximum(rdy, gpu)
+        k1 = k0 + f
+        gpu = np.where(launch_now, k1, gpu)
+        kernel_us += np.where(launch_now, f, 0.0).sum(axis=1)
+        remote = acc - own
+        if links == "paper":
+            out = k1 + np.where(remote > 0, lat + remote * cpp / bw, 0.0)
+        else:
+            sent_end = np.maximum(k1, port) + remote * cpp / bw
+            port = np.where(launch_now & (remote > 0), sent_end, port)
+            out = np.where(remote > 0, sent_end + lat, k1)
+        done = np.where(launch_now, np.maximum(done, out), done)
+        reset = ends[:, :, j]
+        acc, own = np.where(reset, 0.0, acc), np.where(reset, 0.0, own)
+        rdy = np.where(reset, -np.inf, rdy)
+    s0 = np.maximum(side_ready, gpu)
+    side_end = np.where(side_left, s0 + side_dur, side_end)
+    done = np.maximum(done, side_end)
+    return done, kernel_us, moves, dropped, moved
+
+
+def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: str = "contention",
+                  launch: str = "reactive") -> StepTimes:  # fmt: skip
+    """Every layer of one step under ``mode`` (the rules of `layer_timeline` with ``guard=False``, paper pricing).
+
+    Args:
+      inputs: the step's `StepInputs` (all layers).
+      costs: the deployment's `PrefillCosts`.
+      mode: one of `LAYER_MODES`; links: one of `LINKS`; launch: one of `LAUNCHES`.
+
+    Returns:
+      `StepTimes` (per layer).
+    """
+    fn = "step_timeline"
+    mode = check_choice("mode", mode, LAYER_MODES, where=fn)
+    links = check_choice("links", links, LINKS, where=fn)
+    launch = check_choice("launch", launch, LAUNCHES, where=fn)
+    if not isinstance(inputs, StepInputs) or inputs.attention_us.shape[1] != costs.num_ranks:
+        raise ValueError(f"{fn}: needs StepInputs with D = {costs.num_ranks} ranks")
+    L = inputs.attention_us.shape[0]
+    theta = float(costs.threshold)
+    rule = _RULE[mode]
+    net_of = _paper_net if links == "paper" else _contended_net
+    # Step 1: without OEWF (every mode; the base of cascade).
+    base_net = net_of(costs, inputs, np.zeros(L, dtype=bool))
+    done, kernel_us, *_ = _ranks(costs, inputs, base_net, rule, links, launch, theta, False)
+    base = done.max(axis=1)
+    zeros = np.zeros(L)
+    if mode != "cascade" or not inputs.oewf.any():
+        return StepTimes(end_us=base, base_us=base, ready_us=base_net.ready, moves=zeros, dropped=zeros,
+                         moved_tokens=zeros, kernel_us=kernel_us)  # fmt: skip
+    # Step 2: with OEWF where it runs.
+    net = net_of(costs, inputs, inputs.oewf.astype(bool))
+    done, kernel_us2, moves, dropped, moved = _ranks(costs, inputs, net, rule, links, launch, theta, True)
+    end = np.where(inputs.oewf, done.max(axis=1), base)
+    ready = np.where(inputs.oewf[:, None], net.ready, base_net.ready)
+    return StepTimes(end_us=end, base_us=base, ready_us=ready, moves=moves, dropped=dropped, moved_tokens=moved,
+                     kernel_us=np.where(inputs.oewf, kernel_us2, kernel_us))  # fmt: skip
