@@ -1,20 +1,32 @@
 # tempo-jax — two-command quick start: `make demo`, `make test`.
 # Both create .venv in the repo root on first use and install the project with its dev extra.
+# Every target takes VENV= (which environment); VENV=.venv-latest is the second CI environment: created with the
+# newest Python here (scripts/newest_python.sh) and the newest jax / flax / optax pip offers (eager upgrade whenever
+# its stamp is stale; `make clean VENV=.venv-latest` rebuilds it). PYTHON= / INSTALL_FLAGS= override either choice
+# (not PIP_*: pip reads those from the environment).
 VENV   ?= .venv
+LATEST_VENV := .venv-latest
+ifeq ($(VENV),$(LATEST_VENV))
+PYTHON ?= $$(scripts/newest_python.sh)
+INSTALL_FLAGS ?= --upgrade --upgrade-strategy eager
+else
+PYTHON ?= python3
+INSTALL_FLAGS ?=
+endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet $(INSTALL_FLAGS) -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +40,10 @@ serve: $(STAMP)
 # Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too.
 test: $(STAMP)
 	$(PYTEST) -q -n 2 -m "not slow"
+
+# The fast suite again in the second environment (see VENV above): `make demo VENV=.venv-latest` and the rest alike.
+test-latest:
+	$(MAKE) test VENV=$(LATEST_VENV)
 
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lowering import lower_for_cuda
 from scipy import stats
 
 from pallas_kernels import COUNTER_DTYPE, dispatch, dispatch_reference, occurrence_ranks
@@ -190,5 +191,5 @@ def test_kernel_lowers_to_triton_for_gpu():
     def run(ids, u):
         return dispatch(ids, valid, table, l2p, ctr, uniforms=u, implementation="pallas").slots
 
-    text = jax.jit(run).trace(ids, u).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for_cuda(run, ids, u)
     assert text.count("@__gpu$xla.gpu.triton(") == 1

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lowering import lower_for_cuda
 
 from pallas_kernels import GmmTiling, gmm, gmm_reference, make_group_metadata, tgmm, tgmm_reference
 from pallas_kernels.backends import GMM
@@ -290,7 +291,7 @@ def test_kernels_lower_to_triton_for_gpu():
         loss = lambda x, w: jnp.sum(gmm(x, w, gs, group_offset=1, implementation="pallas").astype(jnp.float32))  # noqa: E731
         return jax.value_and_grad(loss, (0, 1))(x, w)
 
-    text = jax.jit(fwd_bwd).trace(x, w, gs).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for_cuda(fwd_bwd, x, w, gs)
     assert text.count("@__gpu$xla.gpu.triton(") == 3  # gmm, gmm with rhs transposed (d lhs), tgmm (d rhs)
 
 
@@ -452,7 +453,7 @@ def test_mixed_dtype_kernels_lower_to_triton():
         loss = lambda x, w: jnp.sum(gmm(x, w, gs, group_offset=1, implementation="pallas"))  # noqa: E731
         return jax.value_and_grad(loss, (0, 1))(x, w)
 
-    text = jax.jit(fwd_bwd).trace(x, w, gs).lower(lowering_platforms=("cuda",)).as_text()
+    text = lower_for_cuda(fwd_bwd, x, w, gs)
     assert text.count("@__gpu$xla.gpu.triton(") == 3
 
 

@@ -110,7 +110,7 @@ def test_controller_windows_counter_and_per_node():
 def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
     from tempo_jax.layer.model import LMConfig, corpus, train
 
-    assert corpus().size > 400_000
+    assert corpus().size > 300_000
     result = train(LMConfig(), steps=30, record=True)
     assert np.isfinite(result.losses).all()
     assert result.losses[-5:].mean() < result.losses[:5].mean() - 1.0
@@ -133,7 +133,7 @@ def test_aux_free_balancing_evens_out_a_skewed_router():
         cfg = LMConfig(layers=1, balance_rate=rate)
         model = TinyMoELM(cfg, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
         router = model.blocks[0].moe.router
-        router.set_value(router.get_value().at[:, 0].add(0.3).at[:, 1].add(0.24))  # experts 0, 1 favoured
+        router.set_value(router.get_value().at[:, 0].add(0.8).at[:, 1].add(0.7))  # experts 0, 1 favoured
         runs[rate] = train(cfg, steps=24, mesh=mesh, model=model)
     off, on = (runs[r].imbalance for r in (0.0, 0.02))
     assert off[-8:].mean() > 2.4  # max / mean load: the skew persists without balancing
