@@ -26,6 +26,7 @@ from tempo_jax.workloads import (
     load_flame_moe,
     load_harmoeny,
     load_mixtral,
+    load_mooncake,
     load_sample,
     load_saved_trace,
     load_switch128,
@@ -239,6 +240,7 @@ API_CASES = [
     # Input files: devices and pipes are refused before any read.
     ("read_dev_zero", lambda: CostModel.load("/dev/zero"), ValueError, "/dev/zero is not a regular file"),
     ("array_dev_zero", lambda: load_array("/dev/zero", "counts"), ValueError, "not a regular file"),
+    ("mooncake_dev_zero", lambda: load_mooncake("/dev/zero"), ValueError, "Mooncake trace /dev/zero is not a regular"),
 ]
 
 
@@ -561,6 +563,9 @@ CLI_CASES = [
     ("calibrate_identical", ["calibrate", "{identical}"], 2, "cannot determine the model"),
     ("phase_huge_batch", ["phase", "--tokens-per-gpu", "1000000000"], 2, "exceed the limit of 67,108,864"),
     ("serve_huge_batch", ["serve", "--tokens-per-rank", "1000000000"], 2, "1 GiB of float32"),
+    ("cascade_rate_and_load", ["cascade", "--rate", "2", "--load", "0.5"], 2, "--rate 2 and --load 0.5 exclude"),
+    ("cascade_tempo_one_replica", ["cascade", "--dispatch", "tempo"], 2, "dispatch='tempo' needs replication > 1"),
+    ("cascade_huge", ["cascade", "--synthetic-requests", "1000000000"], 2, "exceeds the supported 1,000,000"),
     ("unknown_command", ["frob"], 2, "invalid choice: 'frob'"),
 ]
 

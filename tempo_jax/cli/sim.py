@@ -75,7 +75,7 @@ def register(add) -> None:
                  "timeline": TIMELINES},
     )  # fmt: skip
     run = p.add_argument_group("run")
-    run.add_argument("--load", type=real(0.0), default=0.9,
+    run.add_argument("--load", type=real(0.0), default=None,
                      help="without --rate-rps: the rate as a fraction of Sync capacity (default 0.9)")  # fmt: skip
     run.add_argument("--modes", default="sync,async,async_sf,cascade", help="comma-separated layer modes")
     seeds_help = "run seeds seed, seed+1, …, seed+K−1; figures are their mean with a 95%% bootstrap CI"
@@ -123,10 +123,14 @@ def cmd_cascade(args: argparse.Namespace) -> int:
             f"--modes: unknown mode(s) {bad or modes}; use a comma-separated subset of {list(LAYER_MODES)}"
         )
     run_kw = dict(workers=args.workers, progress=True, backend=args.backend)
+    if cfg.rate_rps is not None and args.load is not None:
+        raise UsageError(f"--rate {cfg.rate_rps:g} and --load {args.load:g} exclude each other: --load sets the rate "
+                         "as a fraction of Sync capacity; give one")  # fmt: skip
     if cfg.rate_rps is None:
+        load = 0.9 if args.load is None else args.load
         _, cap = capacity_rps(cfg, **run_kw)
-        rate = args.load * cap
-        print(f"Sync capacity {cap:.2f} req/s on this trace; serving at load {args.load} = {rate:.2f} req/s")
+        rate = load * cap
+        print(f"Sync capacity {cap:.2f} req/s on this trace; serving at load {load} = {rate:.2f} req/s")
     else:
         rate = cfg.rate_rps
     cfg = dataclasses.replace(cfg, rate_rps=rate)

@@ -77,6 +77,12 @@ TRACE_NAMES = ("mooncake", "mooncake_sample", "synthetic")
 TIMELINES = ("fast", "reference")
 
 
+#: Largest values of the size fields (each sizes arrays of the simulation: per-request state, the prefix cache,
+#: per-step token buffers, per-rank timelines).
+_SIZE_LIMITS = {"max_requests": 10**6, "synthetic_requests": 10**6, "max_batch_tokens": 2**22, "cache_blocks": 2**24,
+                "num_ranks": 1024}  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class CascadeConfig:
     """One CascadeEP serving experiment (defaults: the paper's ablation set-up, DeepSeek-V4-Flash DP8 + EP8).
@@ -182,7 +188,14 @@ class CascadeConfig:
                 raise ValueError(f"{fn}: timeline='fast' runs the paper's launch rules and pricing without redundant "
                                  f"replicas; {', '.join(slow)} needs timeline='reference'")  # fmt: skip
         check_choice("pricing", self.pricing, _PRICING, where=fn)
+        if self.dispatch == "tempo" and self.replication == 1.0:
+            raise ValueError(f"{fn}: dispatch='tempo' needs replication > 1 (with one replica per expert every "
+                             "dispatch is the same, so it would be ignored); set replication, e.g. 1.25")  # fmt: skip
         check_int("synthetic_requests", self.synthetic_requests, where=fn)
+        for name, limit in _SIZE_LIMITS.items():  # sizes that drive allocations, checked before any work
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise ValueError(f"{fn}: {name}={value:,} exceeds the supported {limit:,}; lower it")
         check_real("synthetic_rate_rps", self.synthetic_rate_rps, where=fn, minimum=0.0, strict=True)
         check_int("seed", self.seed, where=fn, minimum=0)
         if MODELS[self.model].experts % self.num_ranks:
@@ -221,6 +234,8 @@ def _popularity(model_name: str, routing: str, skew: float, seed: int) -> np.nda
         out = np.stack([zipf_popularity(E, skew, seed=seed * 1000 + layer) for layer in range(L)])
         out.setflags(write=False)
         return out
+    # The recording itself, or its bundled copy (the same counts, shipped with the package) when the shared traces
+    # are not on disk: routing is a recording's name here, and both hold that recording's counts exactly.
     try:
         trace = load_trace(routing)
     except FileNotFoundError:

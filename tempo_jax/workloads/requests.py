@@ -37,7 +37,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from solvers.checks import check_int, check_real
+from solvers.checks import check_input_file, check_int, check_real
 
 from .loaders import resolve_trace_path
 
@@ -279,7 +279,7 @@ def load_mooncake(
     ``arrival_s`` = (timestamp − first timestamp) / 1000. Raises ``ValueError("<file>:<line>: ...")`` on a bad line
     (see the module docstring for what is checked) and ``FileNotFoundError`` naming the expected path.
     """
-    file = _resolve_mooncake(path)
+    file = check_input_file(_resolve_mooncake(path), "Mooncake trace")  # devices and huge files refused
     if limit is not None:
         limit = check_int("limit", limit, minimum=1)
     ts: list[float] = []
