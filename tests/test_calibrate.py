@@ -56,6 +56,7 @@ def test_profile_round_trip(tmp_path):
         load_profile(tmp_path / "missing.csv")
 
 
+@pytest.mark.slow  # profiles a real FFN for ~40 s; `make test-all`
 def test_calibrate_measure_cli_quick(tmp_path, capsys):
     report, model, csv = tmp_path / "cal.json", tmp_path / "model.json", tmp_path / "prof.csv"
     rc = cli.main(["calibrate", "--measure", "--quick", "--report", str(report), "--out", str(model),

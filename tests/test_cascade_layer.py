@@ -47,8 +47,11 @@ def _run(setup, config, tables=None, params=None):
 
 
 # ----------------------------------------------------------------------------------------------- invariant
-@pytest.mark.parametrize("mode", ["sample", "quota"])
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    ("seed", "mode"),
+    [(0, "sample"), pytest.param(0, "quota", marks=pytest.mark.slow), pytest.param(1, "sample", marks=pytest.mark.slow),
+     pytest.param(1, "quota", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
     placement, config, params, x, _ = setup
     sync_cfg = dataclasses.replace(config, dispatch_mode=mode)

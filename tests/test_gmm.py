@@ -587,6 +587,7 @@ def test_tiling_rejects_bad_cpu_knobs(kwargs, match):
         GmmTiling(**kwargs)
 
 
+@pytest.mark.slow  # the benchmark script end to end (its correctness checks are the tests above); `make test-all`
 def test_cpu_benchmark_smoke():
     """scripts/bench_gemm.py's CPU run on tiny shapes: every case timed, before/after ratios in the JSON."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))

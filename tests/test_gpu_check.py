@@ -2,7 +2,8 @@
 
 GPU sessions are rare and short, so the script they run must not rot in between: this runs the very same
 steps (kernel check, benchmark with the expert-FFN profile, MoE-layer check) with tiny shapes and the Pallas
-kernels in interpret mode, and checks what a GPU session would bring back.
+kernels in interpret mode, and checks what a GPU session would bring back. The smoke run takes minutes of
+interpret-mode kernels, so it is marked slow: `make test-all` and `make gpu-smoke` run it.
 """
 
 import csv
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from solvers import read_samples
 
@@ -25,6 +27,7 @@ def _report(folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "scripts/gpu_report.py", str(folder)], cwd=ROOT, capture_output=True)
 
 
+@pytest.mark.slow  # 3–8 minutes of interpret-mode kernels on this box; `make test-all` and `make gpu-smoke`
 def test_gpu_check_smoke(tmp_path):
     # The steps have no wall-clock limit in smoke mode (a loaded machine is slow, not broken); the outer timeout
     # only guards against a real hang.

@@ -107,6 +107,7 @@ def test_controller_windows_counter_and_per_node():
         ctl.observe(np.ones((3, 16)))
 
 
+@pytest.mark.slow  # fast twins: test_module_matches_reference_and_trains, test_serve's LM run; `make test-all`
 def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
     from tempo_jax.layer.model import LMConfig, corpus, train
 

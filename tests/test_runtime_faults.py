@@ -172,7 +172,7 @@ def _torn(old: np.ndarray, new: np.ndarray, k: int) -> np.ndarray:
     return t
 
 
-@pytest.mark.parametrize("mode", ["sample", "quota"])
+@pytest.mark.parametrize("mode", ["sample", pytest.param("quota", marks=pytest.mark.slow)])
 def test_torn_tables_change_nothing(setup, mode):
     """Every tear of an old → new table copy: the kernel renormalises each row at use, so the output is the
     reference's, nothing is dropped and no pair goes to a column without a replica."""
