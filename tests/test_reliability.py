@@ -191,10 +191,12 @@ def test_eplb_layouts_stay_consistent_near_float32_limits():
 
 
 def test_undetermined_fit_is_said_loudly():
-    G = np.arange(1, 9.0)  # collinear: N ∝ G, times on one line: the floor piece has nothing to determine it
-    with pytest.warns(UndeterminedFitWarning, match="the fit is undetermined.*a, b"):
+    G = np.arange(1, 9.0)  # collinear: N ∝ G, times on one line: one piece has nothing to determine it (which
+    # one depends on rounding in the least squares, so on the numpy release)
+    with pytest.warns(UndeterminedFitWarning, match="the fit is undetermined") as caught:
         model, report = fit_max_affine(G, 10 * G, 3 * G + 5)
-    assert report.undetermined == ("a", "b")
+    assert report.undetermined in (("a", "b"), ("c", "beta"))
+    assert ", ".join(report.undetermined) in str(caught[0].message)
     G, N = np.repeat([1.0, 2.0, 4.0, 8.0], 3), np.tile([10.0, 1000.0, 8000.0], 4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a determined fit says nothing
