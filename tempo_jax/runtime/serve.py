@@ -49,7 +49,7 @@ from .controller import SOLVER_MODES, DispatchController
 from .counters import host_counter
 from .publisher import FALLBACKS
 from .refresher import Refresher
-from .serve_lm import serve_lm
+from .serve_lm import figure_axes, save_figure, serve_lm
 
 __all__ = ["ServeConfig", "serve"]
 
@@ -365,20 +365,12 @@ def _summary_text(rep: dict) -> str:
 
 
 def _figure(rep: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = rep["steps"]
-    s = np.array([r["step"] for r in steps])
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    fig, ax, bx, s = figure_axes(rep)
     for key, label, style in (("live_us", f"live ({rep['config']['policy']}, worker)", "-"),
                               ("uniform_us", "EPLB-even", "--"), ("static_us", "static", ":"),
                               ("oracle_us", "oracle (solved on the step itself)", "-.")):  # fmt: skip
         ax.plot(s, [r[key] for r in steps], style, label=label)
-    for i, p in enumerate(rep["publish_steps"]):
-        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
     kill = rep["config"]["kill_worker_at"]
     if kill is not None:
         ax.axvline(kill, color="C3", lw=1.5, label="worker killed")
@@ -391,9 +383,4 @@ def _figure(rep: dict, path: Path) -> None:
     on = np.array([r["on"] for r in steps])
     bx.scatter(s[on], ms[on], s=10, label="worker on")
     bx.scatter(s[~on], ms[~on], s=10, marker="x", label="worker off")
-    bx.set_ylabel("step time (ms)")
-    bx.set_xlabel("step")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, bx, path)

@@ -255,19 +255,38 @@ def _summary(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _figure(rep: dict, path: Path) -> None:
+def figure_axes(rep: dict):
+    """``(fig, ax, bx, steps [n])`` of a serving report's figure: modelled makespans above (publications marked),
+    step times below; `save_figure` finishes it. Shared by the LM and the bare-layer serving loops."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = rep["steps"]
-    s = np.array([r["step"] for r in steps])
+    s = np.array([r["step"] for r in rep["steps"]])
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    ax.plot(s, [np.mean(r["live_us"]) for r in steps], "-", label=f"live ({rep['config']['policy']}, worker)")
-    ax.plot(s, [np.mean(r["uniform_us"]) for r in steps], "--", label="EPLB-even")
     for i, p in enumerate(rep["publish_steps"]):
         ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
+    return fig, ax, bx, s
+
+
+def save_figure(fig, bx, path: Path) -> None:
+    """Label the step-time axis, write ``path`` and close the figure."""
+    import matplotlib.pyplot as plt
+
+    bx.set_ylabel("step time (ms)")
+    bx.set_xlabel("step")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _figure(rep: dict, path: Path) -> None:
+    steps = rep["steps"]
+    fig, ax, bx, s = figure_axes(rep)
+    ax.plot(s, [np.mean(r["live_us"]) for r in steps], "-", label=f"live ({rep['config']['policy']}, worker)")
+    ax.plot(s, [np.mean(r["uniform_us"]) for r in steps], "--", label="EPLB-even")
     ax.set_ylabel("modelled makespan (µs),\nmean over layers")
     ax.legend(fontsize=8)
     shape = rep["shape"]
@@ -276,12 +295,7 @@ def _figure(rep: dict, path: Path) -> None:
     for kind, marker in (("prefill", "o"), ("decode", "x")):
         pick = np.array([r["kind"] == kind for r in steps])
         bx.scatter(s[pick], np.array([r["step_ms"] for r in steps])[pick], s=10, marker=marker, label=kind)
-    bx.set_ylabel("step time (ms)")
-    bx.set_xlabel("step")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, bx, path)
 
 
 # ------------------------------------------------------------------------------------------------ refresh time
