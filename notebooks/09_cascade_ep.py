@@ -81,6 +81,7 @@ MODES = ("sync", "async", "async_sf", "cascade")
 COMBOS = {"c_r": ("contention", "reactive"), "c_p": ("contention", "planned"), "p_r": ("paper", "reactive"),
           "p_p": ("paper", "planned")}  # fmt: skip
 MODELS = ("deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3")
+LINKS = ("contention", "paper")  # every result under both link models (reactive launching)
 run = dict(workers=WORKERS, progress=not SMALL)
 
 
@@ -178,38 +179,51 @@ REC.update(load_fraction=LOAD, seeds=len(SEEDS), requests=BASE.max_requests or 0
 # %% [markdown]
 # ## Where the gains come from: early FFN, combine overlap, OEWF
 #
-# The same requests (default model, load 0.9) with the combine made free (`combine_scale=0`): what Async+SF still
-# gains over Sync is early FFN; what it loses is the combine overlap (early kernels' outputs travelling while
-# later ones run); OEWF's share is CascadeEP over Async+SF. All paired per seed.
+# The same requests (load 0.9, reactive launching, under each link model) with the combine made free
+# (`combine_scale=0`): what Async+SF still gains over Sync is early FFN; what it loses is the combine overlap
+# (early kernels' outputs travelling while later ones run); OEWF's share is CascadeEP over Async+SF. All paired
+# per seed. Values under the paper's link model are recorded with a `plinks_` prefix.
 
 # %%
-free = seeds(dataclasses.replace(BASE, combine_scale=0.0, rate_rps=LOAD * cap_rps))
 on = grid["c_r", LOAD]
-cut_free, cut_on = reduction_summary(free), reduction_summary(on)
-early = cut_free["async_sf"]["per_seed"]
-combine = [a - b for a, b in zip(cut_on["async_sf"]["per_seed"], early, strict=True)]
-oewf = [a - b for a, b in zip(cut_on["cascade"]["per_seed"], cut_on["async_sf"]["per_seed"], strict=True)]
-for name, v in (("early", early), ("combine", combine), ("oewf", oewf)):
-    lo, hi = bootstrap_ci(v)
-    REC.update(**{f"attr_{name}": float(np.mean(v)), f"attr_{name}_lo": lo, f"attr_{name}_hi": hi})
-REC.update(free_cut_async=cut_free["async"]["value"], free_cut_async_lo=cut_free["async"]["ci95"][0],
-           free_cut_async_hi=cut_free["async"]["ci95"][1])  # fmt: skip
-exact = seeds(dataclasses.replace(BASE, estimates="exact", rate_rps=LOAD * cap_rps), ("async_sf", "cascade"))
-ex = reduction_summary(exact, base="async_sf")["cascade"]
-REC.update(oewf_alone_exact=ex["value"], oewf_alone_exact_lo=ex["ci95"][0], oewf_alone_exact_hi=ex["ci95"][1])
-sf_base = reduction_summary(on, base="async_sf")["cascade"]
-sf95 = reduction_summary(on, "ttft_p95_s", base="async_sf")["cascade"]
-REC.update(oewf_alone_mean=sf_base["value"], oewf_alone_mean_lo=sf_base["ci95"][0],
-           oewf_alone_mean_hi=sf_base["ci95"][1], oewf_alone_p95=sf95["value"])  # fmt: skip
-print(table([["early FFN (Async+SF vs Sync, free combine)", ci({"value": REC.values["attr_early"],
-              "ci95": [REC.values["attr_early_lo"], REC.values["attr_early_hi"]]}, pct=True)],
-             ["combine overlap (the rest of Async+SF's cut)", ci({"value": REC.values["attr_combine"],
-              "ci95": [REC.values["attr_combine_lo"], REC.values["attr_combine_hi"]]}, pct=True)],
-             ["OEWF (CascadeEP − Async+SF, cut vs Sync)", ci({"value": REC.values["attr_oewf"],
-              "ci95": [REC.values["attr_oewf_lo"], REC.values["attr_oewf_hi"]]}, pct=True)],
-             ["Async alone with a free combine", ci(cut_free["async"], pct=True)],
-             ["OEWF alone, exact estimates (vs Async+SF)", ci(ex, pct=True)]],
-            ["share of the mean-TTFT cut vs Sync", "mean [95% CI]"]))  # fmt: skip
+attr_rows = {}
+for links, key in (("contention", "c_r"), ("paper", "p_r")):
+    pre = "" if links == "contention" else "plinks_"
+    loaded = dataclasses.replace(BASE, links=links, rate_rps=LOAD * cap_rps)
+    cut_free = reduction_summary(seeds(dataclasses.replace(loaded, combine_scale=0.0)))
+    cut_on = reduction_summary(grid[key, LOAD])
+    early = cut_free["async_sf"]["per_seed"]
+    parts = {"early": early,
+             "combine": [a - b for a, b in zip(cut_on["async_sf"]["per_seed"], early, strict=True)],
+             "oewf": [a - b for a, b in zip(cut_on["cascade"]["per_seed"], cut_on["async_sf"]["per_seed"],
+                                            strict=True)]}  # fmt: skip
+    for name, vals in parts.items():
+        lo, hi = bootstrap_ci(vals)
+        REC.update(**{f"{pre}attr_{name}": float(np.mean(vals)), f"{pre}attr_{name}_lo": lo,
+                      f"{pre}attr_{name}_hi": hi})  # fmt: skip
+    exact = seeds(dataclasses.replace(loaded, estimates="exact"), ("async_sf", "cascade"))
+    ex = reduction_summary(exact, base="async_sf")["cascade"]
+    sf_base = reduction_summary(grid[key, LOAD], base="async_sf")["cascade"]
+    sf95 = reduction_summary(grid[key, LOAD], "ttft_p95_s", base="async_sf")["cascade"]
+    REC.update(**{f"{pre}free_cut_async": cut_free["async"]["value"],
+                  f"{pre}free_cut_async_lo": cut_free["async"]["ci95"][0],
+                  f"{pre}free_cut_async_hi": cut_free["async"]["ci95"][1],
+                  f"{pre}oewf_alone_exact": ex["value"], f"{pre}oewf_alone_exact_lo": ex["ci95"][0],
+                  f"{pre}oewf_alone_exact_hi": ex["ci95"][1], f"{pre}oewf_alone_mean": sf_base["value"],
+                  f"{pre}oewf_alone_mean_lo": sf_base["ci95"][0], f"{pre}oewf_alone_mean_hi": sf_base["ci95"][1],
+                  f"{pre}oewf_alone_p95": sf95["value"]})  # fmt: skip
+    attr_rows[links] = [{"value": REC.values[f"{pre}attr_{n}"], "ci95": [REC.values[f"{pre}attr_{n}_lo"],
+                         REC.values[f"{pre}attr_{n}_hi"]]} for n in parts] + [cut_free["async"], ex]  # fmt: skip
+REC.table("attribution", [{"links": links, "part": part, "value": f["value"], "lo": f["ci95"][0], "hi": f["ci95"][1]}
+                          for links, figs in attr_rows.items()
+                          for part, f in zip(("early", "combine", "oewf", "free_async", "oewf_exact"), figs,
+                                             strict=True)])  # fmt: skip
+print(table([[label, *(ci(attr_rows[links][i], pct=True) for links in LINKS)] for i, label in enumerate(
+             ["early FFN (Async+SF vs Sync, free combine)", "combine overlap (the rest of Async+SF's cut)",
+              "OEWF (CascadeEP − Async+SF, cut vs Sync)", "Async alone with a free combine",
+              "OEWF alone, exact estimates (vs Async+SF)"])],
+            ["share of the mean-TTFT cut vs Sync", "contention: mean [95% CI]",
+             "paper links: mean [95% CI]"]))  # fmt: skip
 
 # %% [markdown]
 # ## Fig. 9 and OEWF's accepted moves that lengthen the layer
@@ -292,26 +306,32 @@ plt.show()
 t0 = time.perf_counter()
 size_rows = []
 for n in SIZES:
-    cfg = dataclasses.replace(BASE, max_requests=n)
-    _, cap_n = capacity_rps(cfg, **run)
-    for label, rate in (("recorded", None), ("0.9 × capacity", LOAD * cap_n)):
-        res = seeds(dataclasses.replace(cfg, rate_rps=rate))
-        summ, cut = seed_summary(res), reduction_summary(res)
-        served = res[SEEDS[0]]["sync"].prefill.num_requests
-        size_rows.append({"requests": served, "load": label, "order": ordering(summ),
-                          **{f"ttft_{m}": summ[m]["ttft_mean_s"]["value"] for m in MODES},
-                          **{f"cut_{m}": cut[m]["value"] for m in MODES},
-                          **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
-                          **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
+    cfg_n = dataclasses.replace(BASE, max_requests=n)
+    _, cap_n = capacity_rps(cfg_n, **run)  # Sync's capacity under the default model: one rate for both link models
+    for links in LINKS:
+        cfg = dataclasses.replace(cfg_n, links=links)
+        for label, rate in (("recorded", None), ("0.9 × capacity", LOAD * cap_n)):
+            res = seeds(dataclasses.replace(cfg, rate_rps=rate))
+            summ, cut = seed_summary(res), reduction_summary(res)
+            served = res[SEEDS[0]]["sync"].prefill.num_requests
+            size_rows.append({"requests": served, "links": links, "load": label, "order": ordering(summ),
+                              **{f"ttft_{m}": summ[m]["ttft_mean_s"]["value"] for m in MODES},
+                              **{f"cut_{m}": cut[m]["value"] for m in MODES},
+                              **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
+                              **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
 REC.table("sizes", size_rows)
-print(table([[r["requests"], r["load"], *(f"{r[f'ttft_{m}']:.3f}" for m in MODES),
+print(table([[r["requests"], r["links"], r["load"], *(f"{r[f'ttft_{m}']:.3f}" for m in MODES),
               *(f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
                 for m in MODES[1:]), r["order"]] for r in size_rows],
-            ["requests", "load", *(f"{LABELS[m]} TTFT s" for m in MODES), *(f"{LABELS[m]} cut" for m in MODES[1:]),
-             "ordering (CIs)"], f"trace sizes, default model — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
-for i, r in enumerate(size_rows):
-    REC.update(**{f"size{i}_n": r["requests"], f"size{i}_order": r["order"], f"size{i}_cut": r["cut_cascade"],
-                  f"size{i}_cut_lo": r["cut_cascade_lo"], f"size{i}_cut_hi": r["cut_cascade_hi"]})  # fmt: skip
+            ["requests", "links", "load", *(f"{LABELS[m]} TTFT s" for m in MODES),
+             *(f"{LABELS[m]} cut" for m in MODES[1:]), "ordering (CIs)"],
+            f"trace sizes, reactive launching — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
+for links in LINKS:  # size0..size5: (200, 1,000, all) × (recorded, 0.9 × capacity); paper links under plinks_size*
+    pre = "" if links == "contention" else "plinks_"
+    for i, r in enumerate(r for r in size_rows if r["links"] == links):
+        REC.update(**{f"{pre}size{i}_n": r["requests"], f"{pre}size{i}_order": r["order"],
+                      f"{pre}size{i}_cut": r["cut_cascade"], f"{pre}size{i}_cut_lo": r["cut_cascade_lo"],
+                      f"{pre}size{i}_cut_hi": r["cut_cascade_hi"]})  # fmt: skip
 
 # %% [markdown]
 # ## Models: DeepSeek-V4-Flash, DeepSeek-V4-Pro, GLM-5.3 (shapes from the model-family presets)
@@ -319,23 +339,26 @@ for i, r in enumerate(size_rows):
 # %%
 model_rows = []
 for name in MODELS:
-    cfg = dataclasses.replace(BASE, model=name)
-    _, cap_m = capacity_rps(cfg, **run)
-    res = on if name == BASE.model else seeds(dataclasses.replace(cfg, rate_rps=LOAD * cap_m))
-    summ, cut = seed_summary(res), reduction_summary(res)
-    model_rows.append({"model": name, "capacity_rps": cap_m, "order": ordering(summ),
-                       **{f"cut_{m}": cut[m]["value"] for m in MODES},
-                       **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
-                       **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
-    REC.update(**{f"{name}_cut": cut["cascade"]["value"], f"{name}_cut_lo": cut["cascade"]["ci95"][0],
-                  f"{name}_cut_hi": cut["cascade"]["ci95"][1], f"{name}_sf_cut": cut["async_sf"]["value"],
-                  f"{name}_order": ordering(summ)})  # fmt: skip
+    cfg_m = dataclasses.replace(BASE, model=name)
+    _, cap_m = capacity_rps(cfg_m, **run)
+    for links, key in (("contention", "c_r"), ("paper", "p_r")):
+        pre = "" if links == "contention" else "plinks_"
+        cfg = dataclasses.replace(cfg_m, links=links, rate_rps=LOAD * cap_m)
+        res = grid[key, LOAD] if name == BASE.model else seeds(cfg)
+        summ, cut = seed_summary(res), reduction_summary(res)
+        model_rows.append({"model": name, "links": links, "capacity_rps": cap_m, "order": ordering(summ),
+                           **{f"cut_{m}": cut[m]["value"] for m in MODES},
+                           **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
+                           **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
+        REC.update(**{f"{pre}{name}_cut": cut["cascade"]["value"], f"{pre}{name}_cut_lo": cut["cascade"]["ci95"][0],
+                      f"{pre}{name}_cut_hi": cut["cascade"]["ci95"][1], f"{pre}{name}_sf_cut": cut["async_sf"]["value"],
+                      f"{pre}{name}_order": ordering(summ)})  # fmt: skip
 REC.table("models", model_rows)
-print(table([[r["model"], f"{r['capacity_rps']:.2f}",
+print(table([[r["model"], r["links"], f"{r['capacity_rps']:.2f}",
               *(f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
                 for m in MODES[1:]), r["order"]] for r in model_rows],
-            ["model", "Sync capacity req/s", *(f"{LABELS[m]} avg cut" for m in MODES[1:]), "ordering (CIs)"],
-            f"{BASE.max_requests} requests at 0.9 of each model's Sync capacity, default link model"))  # fmt: skip
+            ["model", "links", "Sync capacity req/s", *(f"{LABELS[m]} avg cut" for m in MODES[1:]), "ordering (CIs)"],
+            f"{BASE.max_requests} requests at 0.9 of each model's Sync capacity (contention), reactive"))  # fmt: skip
 
 # %% [markdown]
 # ## Fig. 6 shape: p95 TTFT speedup of CascadeEP over Sync vs load, per placement policy
@@ -343,35 +366,41 @@ print(table([[r["model"], f"{r['capacity_rps']:.2f}",
 # %%
 t0 = time.perf_counter()
 sweep = []
-for policy in PLACEMENT_POLICIES:
-    for load in SWEEP_LOADS:
-        cfg = dataclasses.replace(BASE, placement=policy, max_requests=SWEEP_REQUESTS, rate_rps=load * cap_rps)
-        res = seeds(cfg, ("sync", "cascade"))
-        sp = [res[s]["sync"].prefill.ttft_p95_s / res[s]["cascade"].prefill.ttft_p95_s for s in SEEDS]
-        lo, hi = bootstrap_ci(sp)
-        top = res[SEEDS[0]]["sync"].prefill
-        sweep.append({"placement": policy, "load": load, "p95_speedup": float(np.mean(sp)), "lo": lo, "hi": hi,
-                      "cache_hit": top.cache_hit_rate, "alb": top.alb_mean})  # fmt: skip
+for links in LINKS:
+    for policy in PLACEMENT_POLICIES:
+        for load in SWEEP_LOADS:
+            cfg = dataclasses.replace(BASE, links=links, placement=policy, max_requests=SWEEP_REQUESTS,
+                                      rate_rps=load * cap_rps)  # fmt: skip
+            res = seeds(cfg, ("sync", "cascade"))
+            sp = [res[s]["sync"].prefill.ttft_p95_s / res[s]["cascade"].prefill.ttft_p95_s for s in SEEDS]
+            lo, hi = bootstrap_ci(sp)
+            top = res[SEEDS[0]]["sync"].prefill
+            sweep.append({"links": links, "placement": policy, "load": load, "p95_speedup": float(np.mean(sp)),
+                          "lo": lo, "hi": hi, "cache_hit": top.cache_hit_rate, "alb": top.alb_mean})  # fmt: skip
 REC.table("sweep", sweep)
-for p in PLACEMENT_POLICIES:
-    rs = [r for r in sweep if r["placement"] == p]
-    REC.update(**{f"sweep_{p}_lo": rs[0]["p95_speedup"], f"sweep_{p}_hi": rs[-1]["p95_speedup"]})
-print(table([[r["placement"], r["load"], f"{r['p95_speedup']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]",
+for links in LINKS:
+    pre = "" if links == "contention" else "plinks_"
+    for p in PLACEMENT_POLICIES:
+        rs = [r for r in sweep if r["placement"] == p and r["links"] == links]
+        REC.update(**{f"{pre}sweep_{p}_lo": rs[0]["p95_speedup"], f"{pre}sweep_{p}_hi": rs[-1]["p95_speedup"]})
+print(table([[r["links"], r["placement"], r["load"], f"{r['p95_speedup']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]",
               f"{100 * r['cache_hit']:.0f}%", f"{r['alb']:.2f}"] for r in sweep],
-            ["placement", "load", "p95 speedup Sync / CascadeEP", "cache hit", "ALB"],
+            ["links", "placement", "load", "p95 speedup Sync / CascadeEP", "cache hit", "ALB"],
             f"{SWEEP_REQUESTS} requests — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
 REC.update(load_lo=SWEEP_LOADS[0], load_hi=SWEEP_LOADS[-1])
-fig, ax = plt.subplots(figsize=(6, 4))
-for k, policy in enumerate(PLACEMENT_POLICIES):
-    rs = [r for r in sweep if r["placement"] == policy]
-    ax.errorbar([r["load"] for r in rs], [r["p95_speedup"] for r in rs],
-                yerr=[[r["p95_speedup"] - r["lo"] for r in rs], [r["hi"] - r["p95_speedup"] for r in rs]],
-                fmt="o-", color=f"C{k}", label=policy, capsize=3)  # fmt: skip
+fig, ax = plt.subplots(figsize=(6.5, 4))
+for links, style in (("contention", "o-"), ("paper", "s--")):
+    for k, policy in enumerate(PLACEMENT_POLICIES):
+        rs = [r for r in sweep if r["placement"] == policy and r["links"] == links]
+        ax.errorbar([r["load"] for r in rs], [r["p95_speedup"] for r in rs],
+                    yerr=[[r["p95_speedup"] - r["lo"] for r in rs], [r["hi"] - r["p95_speedup"] for r in rs]],
+                    fmt=style, color=f"C{k}", label=f"{policy} ({links})", capsize=3)  # fmt: skip
 ax.axhline(1, color="k", lw=0.8)
 ax.set_xlabel("load (fraction of Sync capacity)")
 ax.set_ylabel("p95 TTFT speedup (Sync / CascadeEP)")
+ax.set_title("solid: contended links, dashed: the paper's links", fontsize=9)
 ax.grid(alpha=0.3)
-ax.legend(fontsize=8)
+ax.legend(fontsize=7, ncol=2)
 fig.tight_layout()
 fig.savefig(FIGURES / "cascade_fig6_fig2.png", dpi=120)
 plt.show()
@@ -380,19 +409,23 @@ plt.show()
 # ## Imbalance, estimators, kernel efficiency; sparse attention
 
 # %%
-runs0 = [on[s] for s in SEEDS]
-REC.update(r_tail=float(np.mean([r["sync"].tail_ratio for r in runs0])),
-           attention_accuracy=float(np.mean([r["cascade"].attention_accuracy for r in runs0])),
-           token_accuracy=float(np.mean([r["cascade"].token_accuracy for r in runs0])),
-           ffn_efficiency=float(np.mean([r["async_sf"].ffn_efficiency for r in runs0])),
-           alb_sync=float(np.mean([r["sync"].prefill.alb_mean for r in runs0])),
-           paper_r_tail=PAPER["tail_ratio"][0], paper_attention_accuracy=PAPER["attention_accuracy"],
+for links, key in (("contention", "c_r"), ("paper", "p_r")):
+    pre = "" if links == "contention" else "plinks_"
+    runs0 = [grid[key, LOAD][s] for s in SEEDS]
+    REC.update(**{f"{pre}r_tail": float(np.mean([r["sync"].tail_ratio for r in runs0])),
+                  f"{pre}attention_accuracy": float(np.mean([r["cascade"].attention_accuracy for r in runs0])),
+                  f"{pre}token_accuracy": float(np.mean([r["cascade"].token_accuracy for r in runs0])),
+                  f"{pre}ffn_efficiency": float(np.mean([r["async_sf"].ffn_efficiency for r in runs0])),
+                  f"{pre}alb_sync": float(np.mean([r["sync"].prefill.alb_mean for r in runs0]))})  # fmt: skip
+    sparse_cfg = dataclasses.replace(BASE, links=links, attention="sparse")
+    _, cap_sparse = capacity_rps(dataclasses.replace(BASE, attention="sparse"), **run)
+    sparse_runs = seeds(dataclasses.replace(sparse_cfg, rate_rps=LOAD * cap_sparse))
+    sparse = reduction_summary(sparse_runs)
+    sparse_tail = float(np.mean([sparse_runs[k]["sync"].tail_ratio for k in SEEDS]))
+    REC.update(**{f"{pre}sparse_cut": sparse["cascade"]["value"], f"{pre}sparse_cut_lo": sparse["cascade"]["ci95"][0],
+                  f"{pre}sparse_cut_hi": sparse["cascade"]["ci95"][1], f"{pre}sparse_r_tail": sparse_tail})  # fmt: skip
+REC.update(paper_r_tail=PAPER["tail_ratio"][0], paper_attention_accuracy=PAPER["attention_accuracy"],
            paper_token_accuracy=PAPER["token_accuracy"], paper_ffn_efficiency=PAPER["ffn_efficiency"])  # fmt: skip
-sparse_cfg = dataclasses.replace(BASE, attention="sparse")
-_, cap_sparse = capacity_rps(sparse_cfg, **run)
-sparse = reduction_summary(seeds(dataclasses.replace(sparse_cfg, rate_rps=LOAD * cap_sparse)))
-REC.update(sparse_cut=sparse["cascade"]["value"], sparse_cut_lo=sparse["cascade"]["ci95"][0],
-           sparse_cut_hi=sparse["cascade"]["ci95"][1])  # fmt: skip
 v = REC.values
 paper_rows = [
     ["throughput vs Sync: Async / Async+SF / CascadeEP (contention, reactive)", "1.034 / 1.113 / 1.166",
@@ -431,36 +464,50 @@ separate.
    Throughput at capacity (every request at once): CascadeEP {thr_c_r_cascade:.3f}×
    [{thr_c_r_cascade_lo:.3f}, {thr_c_r_cascade_hi:.3f}] Sync under contention, {thr_p_p_cascade:.3f}× under the
    paper's links (paper {paper_thr_cascade:.3f}×).
-2. *Where the gains come from* (default model, paired per seed): early FFN — what Async+SF still gains with a
-   free combine — is {attr_early:.1%} [{attr_early_lo:.1%}, {attr_early_hi:.1%}] of Sync's mean TTFT; the combine
-   overlap adds {attr_combine:.1%} [{attr_combine_lo:.1%}, {attr_combine_hi:.1%}]; OEWF adds {attr_oewf:.1%}
-   [{attr_oewf_lo:.1%}, {attr_oewf_hi:.1%}]. Async alone with a free combine: {free_cut_async:.1%}
-   [{free_cut_async_lo:.1%}, {free_cut_async_hi:.1%}].
+2. *Where the gains come from* (reactive, paired per seed): under contention early FFN — what Async+SF still
+   gains with a free combine — is {attr_early:.1%} [{attr_early_lo:.1%}, {attr_early_hi:.1%}] of Sync's mean
+   TTFT; the combine overlap adds {attr_combine:.1%} [{attr_combine_lo:.1%}, {attr_combine_hi:.1%}]; OEWF adds
+   {attr_oewf:.1%} [{attr_oewf_lo:.1%}, {attr_oewf_hi:.1%}]. Under the paper's links: early FFN
+   {plinks_attr_early:.1%} [{plinks_attr_early_lo:.1%}, {plinks_attr_early_hi:.1%}], combine overlap
+   {plinks_attr_combine:.1%} [{plinks_attr_combine_lo:.1%}, {plinks_attr_combine_hi:.1%}], OEWF
+   {plinks_attr_oewf:.1%} [{plinks_attr_oewf_lo:.1%}, {plinks_attr_oewf_hi:.1%}]. Async alone with a free
+   combine: {free_cut_async:.1%} [{free_cut_async_lo:.1%}, {free_cut_async_hi:.1%}] (paper links
+   {plinks_free_cut_async:.1%}).
 3. *OEWF can now be wrong.* Its admission (Eq. 6) prices the planner's uncontended view, so under contention
    {longer_c_r} of the layer forwards its accepted moves changed got longer ({longer_share_c_r:.1%};
    {moves_c_r} accepted moves, {dropped_c_r} dropped because the weights arrived after the donor had
    dispatched); under the paper's links, planned, {longer_p_p} (the App. E guarantee needs exact estimates; with
    reactive launching {longer_p_r}). OEWF alone cuts mean TTFT by {oewf_alone_mean:.1%}
-   [{oewf_alone_mean_lo:.1%}, {oewf_alone_mean_hi:.1%}] against Async+SF (paper {paper_oewf_alone_mean:.1%}),
-   {oewf_alone_exact:.1%} with exact estimates; it cuts at least {fig9_threshold:.0%} of {fig9_c_r_ge1:.1%} of
+   [{oewf_alone_mean_lo:.1%}, {oewf_alone_mean_hi:.1%}] against Async+SF (paper {paper_oewf_alone_mean:.1%};
+   {plinks_oewf_alone_mean:.1%} under the paper's links), {oewf_alone_exact:.1%} with exact estimates
+   ({plinks_oewf_alone_exact:.1%}); it cuts at least {fig9_threshold:.0%} of {fig9_c_r_ge1:.1%} of
    layer forwards (paper {paper_fig9_ge1:.1%}; {fig9_p_r_ge1:.1%} under free links).
 4. *Trace sizes and load*: CascadeEP's mean-TTFT cut is {size0_cut:.1%} [{size0_cut_lo:.1%}, {size0_cut_hi:.1%}]
    at {size0_n} requests as recorded ({size0_order}), {size2_cut:.1%} [{size2_cut_lo:.1%}, {size2_cut_hi:.1%}]
    at {size2_n} ({size2_order}) and {size4_cut:.1%} [{size4_cut_lo:.1%}, {size4_cut_hi:.1%}] at all {size4_n}
    requests as recorded ({size4_order}); at 0.9 of capacity {size5_cut:.1%} [{size5_cut_lo:.1%},
-   {size5_cut_hi:.1%}] ({size5_order}).
+   {size5_cut_hi:.1%}] ({size5_order}). Under the paper's links: {plinks_size0_cut:.1%}, {plinks_size2_cut:.1%}
+   and {plinks_size4_cut:.1%} [{plinks_size4_cut_lo:.1%}, {plinks_size4_cut_hi:.1%}] as recorded
+   ({plinks_size4_order} at all requests), {plinks_size5_cut:.1%} at 0.9 of capacity.
 5. *Models* (CascadeEP's mean-TTFT cut at load {load_fraction}): V4-Flash {deepseek_v4_flash_cut:.1%}
    [{deepseek_v4_flash_cut_lo:.1%}, {deepseek_v4_flash_cut_hi:.1%}], V4-Pro {deepseek_v4_pro_cut:.1%}
    [{deepseek_v4_pro_cut_lo:.1%}, {deepseek_v4_pro_cut_hi:.1%}] ({deepseek_v4_pro_order}), GLM-5.3
-   {glm_5_3_cut:.1%} [{glm_5_3_cut_lo:.1%}, {glm_5_3_cut_hi:.1%}] ({glm_5_3_order}).
+   {glm_5_3_cut:.1%} [{glm_5_3_cut_lo:.1%}, {glm_5_3_cut_hi:.1%}] ({glm_5_3_order}); under the paper's links
+   {plinks_deepseek_v4_flash_cut:.1%} / {plinks_deepseek_v4_pro_cut:.1%} [{plinks_deepseek_v4_pro_cut_lo:.1%},
+   {plinks_deepseek_v4_pro_cut_hi:.1%}] / {plinks_glm_5_3_cut:.1%} [{plinks_glm_5_3_cut_lo:.1%},
+   {plinks_glm_5_3_cut_hi:.1%}].
 6. *Estimators and imbalance*: the attention fit is {attention_accuracy:.1%} accurate online (paper
    {paper_attention_accuracy:.1%}; {fit_profile_accuracy:.1%} on its own profile), token counts
    {token_accuracy:.1%} (paper {paper_token_accuracy:.1%}); R_tail {r_tail:.1%} (paper {paper_r_tail:.0%});
-   streamFFN's matched-work efficiency {ffn_efficiency:.1%} (paper {paper_ffn_efficiency:.1%}). Sparse attention
-   narrows the imbalance: CascadeEP cuts {sparse_cut:.1%} [{sparse_cut_lo:.1%}, {sparse_cut_hi:.1%}]. Placement
-   (Fig. 6 shape): CascadeEP's p95 speedup goes from {sweep_round_robin_lo:.2f}× to {sweep_round_robin_hi:.2f}×
-   under round-robin and {sweep_least_loaded_lo:.2f}× to {sweep_least_loaded_hi:.2f}× under least-loaded from load
-   {load_lo} to {load_hi}.
+   streamFFN's matched-work efficiency {ffn_efficiency:.1%} (paper {paper_ffn_efficiency:.1%}); under the paper's
+   links R_tail {plinks_r_tail:.1%}, streamFFN {plinks_ffn_efficiency:.1%}. With sparse attention (a per-query key
+   budget) R_tail is {sparse_r_tail:.1%} and CascadeEP cuts {sparse_cut:.1%} [{sparse_cut_lo:.1%},
+   {sparse_cut_hi:.1%}] ({plinks_sparse_cut:.1%} [{plinks_sparse_cut_lo:.1%}, {plinks_sparse_cut_hi:.1%}] under
+   the paper's links), each at its own Sync capacity. Placement (Fig. 6 shape): CascadeEP's p95
+   speedup goes from {sweep_round_robin_lo:.2f}× to {sweep_round_robin_hi:.2f}× under round-robin and
+   {sweep_least_loaded_lo:.2f}× to {sweep_least_loaded_hi:.2f}× under least-loaded from load {load_lo} to
+   {load_hi}; under the paper's links {plinks_sweep_round_robin_lo:.2f}× to {plinks_sweep_round_robin_hi:.2f}× and
+   {plinks_sweep_least_loaded_lo:.2f}× to {plinks_sweep_least_loaded_hi:.2f}×.
 """)
 
 # %%

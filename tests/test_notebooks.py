@@ -15,6 +15,7 @@ import pytest
 
 from tempo_jax.repro.report import RESULTS_DIR, load_results, placeholders, render, typed_numbers
 from tempo_jax.repro.reproduce import list_notebooks, run_notebook
+from tempo_jax.sim import PLACEMENT_POLICIES
 
 NOTEBOOKS = list_notebooks()
 COMMITTED = load_results(RESULTS_DIR)
@@ -136,9 +137,15 @@ def _check_09(d):
     assert {(r["links"], r["launch"]) for r in abl} == {(a, b) for a in ("contention", "paper")
                                                        for b in ("reactive", "planned")}  # fmt: skip
     assert [r["mode"] for r in abl[:4]] == ["sync", "async", "async_sf", "cascade"]
-    assert [r["model"] for r in _rows(d, "models")] == ["deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3"]
-    sizes = _rows(d, "sizes")
-    assert len(sizes) == 6 and sizes[0]["requests"] < sizes[2]["requests"] < sizes[4]["requests"]
+    for links, key, pre in (("contention", "c_r", ""), ("paper", "p_r", "plinks_")):  # every result under both
+        models = [r["model"] for r in _rows(d, "models") if r["links"] == links]
+        assert models == ["deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3"]
+        sizes = [r for r in _rows(d, "sizes") if r["links"] == links]
+        assert len(sizes) == 6 and sizes[0]["requests"] < sizes[2]["requests"] < sizes[4]["requests"]
+        assert {r["placement"] for r in _rows(d, "sweep") if r["links"] == links} == set(PLACEMENT_POLICIES)
+        parts = sum(v[f"{pre}attr_{p}"] for p in ("early", "combine", "oewf"))  # the split adds up to the cut
+        assert parts == pytest.approx(v[f"cut_{key}_90_cascade"], abs=1e-12)
+        assert v[f"{pre}sparse_cut_lo"] <= v[f"{pre}sparse_cut"] <= v[f"{pre}sparse_cut_hi"]
     assert v["seeds"] >= (2 if d["small"] else 5)
 
 

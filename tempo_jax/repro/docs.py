@@ -222,13 +222,15 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         "Where the gains come from (not separated in the paper)",
         "early FFN {09/attr_early:.1%} [{09/attr_early_lo:.1%}, {09/attr_early_hi:.1%}], combine overlap"
         " {09/attr_combine:.1%} [{09/attr_combine_lo:.1%}, {09/attr_combine_hi:.1%}], OEWF {09/attr_oewf:.1%}"
-        " [{09/attr_oewf_lo:.1%}, {09/attr_oewf_hi:.1%}] of Sync's mean TTFT (contention, reactive)",
+        " [{09/attr_oewf_lo:.1%}, {09/attr_oewf_hi:.1%}] of Sync's mean TTFT (contention, reactive); paper links,"
+        " reactive: {09/plinks_attr_early:.1%} / {09/plinks_attr_combine:.1%} / {09/plinks_attr_oewf:.1%}",
         "09",
     ),
     (
         "OEWF alone (CascadeEP vs Async+SF), TTFT mean / p95: 7.8% / 6.2%",
         "{09/oewf_alone_mean:.1%} [{09/oewf_alone_mean_lo:.1%}, {09/oewf_alone_mean_hi:.1%}] /"
-        " {09/oewf_alone_p95:.1%} ({09/oewf_alone_exact:.1%} mean with exact estimates)",
+        " {09/oewf_alone_p95:.1%} ({09/oewf_alone_exact:.1%} mean with exact estimates); paper links"
+        " {09/plinks_oewf_alone_mean:.1%} / {09/plinks_oewf_alone_p95:.1%} ({09/plinks_oewf_alone_exact:.1%})",
         "09",
     ),
     (
@@ -243,20 +245,30 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "Three models (V4-Flash, V4-Pro, GLM-5.3): CascadeEP's p95 TTFT 1.13× on average",
         "mean-TTFT cut {09/deepseek_v4_flash_cut:.1%} / {09/deepseek_v4_pro_cut:.1%} / {09/glm_5_3_cut:.1%}"
-        " (V4-Pro {09/deepseek_v4_pro_order}; GLM-5.3 {09/glm_5_3_order})",
+        " (V4-Pro {09/deepseek_v4_pro_order}; GLM-5.3 {09/glm_5_3_order}); paper links"
+        " {09/plinks_deepseek_v4_flash_cut:.1%} / {09/plinks_deepseek_v4_pro_cut:.1%} / {09/plinks_glm_5_3_cut:.1%}",
         "09",
     ),
     (
         "Trace sizes (200, 1,000, all 12,031 requests), recorded rate / 0.9 of capacity",
         "CascadeEP's mean-TTFT cut {09/size0_cut:.1%} / {09/size1_cut:.1%} ({09/size0_n}),"
         " {09/size2_cut:.1%} / {09/size3_cut:.1%} ({09/size2_n}), {09/size4_cut:.1%} [{09/size4_cut_lo:.1%},"
-        " {09/size4_cut_hi:.1%}] / {09/size5_cut:.1%} ({09/size4_n}: {09/size4_order})",
+        " {09/size4_cut_hi:.1%}] / {09/size5_cut:.1%} ({09/size4_n}: {09/size4_order}); paper links"
+        " {09/plinks_size0_cut:.1%} / {09/plinks_size1_cut:.1%}, {09/plinks_size2_cut:.1%} /"
+        " {09/plinks_size3_cut:.1%}, {09/plinks_size4_cut:.1%} / {09/plinks_size5_cut:.1%}",
         "09",
     ),
     (
         "R_tail 28%; estimators 90.3% (attention) / 85.9% (token counts); streamFFN efficiency 97.3%",
         "{09/r_tail:.1%}; {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) / {09/token_accuracy:.1%};"
-        " {09/ffn_efficiency:.1%}",
+        " {09/ffn_efficiency:.1%} (paper links: R_tail {09/plinks_r_tail:.1%}, streamFFN"
+        " {09/plinks_ffn_efficiency:.1%})",
+        "09",
+    ),
+    (
+        "Sparse attention (not run in the paper)",
+        "CascadeEP's mean-TTFT cut {09/sparse_cut:.1%} [{09/sparse_cut_lo:.1%}, {09/sparse_cut_hi:.1%}]"
+        " (contention), {09/plinks_sparse_cut:.1%} (paper links); R_tail {09/sparse_r_tail:.1%}",
         "09",
     ),
     (
@@ -265,7 +277,9 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         " {09/sweep_round_robin_lo:.2f}× → {09/sweep_round_robin_hi:.2f}×, least-loaded"
         " {09/sweep_least_loaded_lo:.2f}× → {09/sweep_least_loaded_hi:.2f}×, power-of-two"
         " {09/sweep_power_of_two_lo:.2f}× → {09/sweep_power_of_two_hi:.2f}×, prefix-only"
-        " {09/sweep_prefix_only_lo:.2f}× → {09/sweep_prefix_only_hi:.2f}×",
+        " {09/sweep_prefix_only_lo:.2f}× → {09/sweep_prefix_only_hi:.2f}× (contention); paper links round-robin"
+        " {09/plinks_sweep_round_robin_lo:.2f}× → {09/plinks_sweep_round_robin_hi:.2f}×, least-loaded"
+        " {09/plinks_sweep_least_loaded_lo:.2f}× → {09/plinks_sweep_least_loaded_hi:.2f}×",
         "09",
     ),
 )
