@@ -123,7 +123,8 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
         assert rel_err(g_params[k], g_want[k]) < 1e-5, k
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "qwen2_moe"])
+# qwen2_moe adds the gated shared expert, which runs beside the exchange (no table touches it): make test-all.
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", pytest.param("qwen2_moe", marks=pytest.mark.slow)])
 def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=2)

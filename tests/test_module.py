@@ -1,5 +1,7 @@
 """`tempo_jax.MoE` (flax nnx), the DispatchController and the tiny MoE language model."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,6 +125,23 @@ def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
     assert again.batch_counts(0, 64, 8).sum() == 64 * 8 * 2
 
 
+def test_aux_free_bias_steps_toward_under_loaded_experts(layer):
+    """One forward with ``balance_rate``: the selection-only bias moves by rate·sign(mean(load) − load) for the step's
+    own load, under-loaded experts up (the fast twin of the training run below)."""
+    from tempo_jax.layer.routing import RouterConfig
+
+    placement, cfg, mesh = layer
+    cfg = dataclasses.replace(cfg, router=RouterConfig(score_bias=True, balance_rate=0.05))
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    for step in range(2):
+        before = np.asarray(moe.score_bias.get_value())
+        moe(jax.random.normal(jax.random.key(step), (4, 32, 32)))
+        load = np.asarray(moe.expert_load.get_value(), np.float64)
+        assert load.min() < load.mean() < load.max()  # a step that has something to even out
+        np.testing.assert_allclose(moe.score_bias.get_value(), before + 0.05 * np.sign(load.mean() - load), atol=1e-7)
+
+
+@pytest.mark.slow  # two 24-step training runs; the bias update itself is checked by the test above
 def test_aux_free_balancing_evens_out_a_skewed_router():
     """DeepSeek-V3's auxiliary-loss-free balancing (the selection-only score bias moves by rate·sign(mean − load)
     after every step) evens out a router skewed toward two experts; without it the skew stays."""
