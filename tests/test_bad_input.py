@@ -550,6 +550,18 @@ CLI_CASES = [
         "give cost (a preset) or cost_json (a file), not both",
     ),  # fmt: skip
     ("serve_trace_synthetic", ["serve", "--trace", "mixtral_8x7b"], 2, "only read by model='layer'"),
+    (
+        "serve_lm_ignores_skew",
+        ["serve", "--skew", "2", "--kappa", "inf"],
+        2,
+        "skew=2.0, kappa=inf only apply to model='layer'; model='lm' would ignore them",
+    ),
+    (
+        "serve_layer_ignores_train_steps",
+        ["serve", "--model", "layer", "--train-steps", "5"],
+        2,
+        "train_steps=5 only applies to model='lm'",
+    ),
     ("calibrate_csv_quick", ["calibrate", "{good}", "--quick"], 2, "--quick: only with --measure"),
     ("calibrate_csv_bootstrap", ["calibrate", "{good}", "--bootstrap", "10"], 2, "--bootstrap: only with --measure"),
     ("calibrate_csv_report", ["calibrate", "{good}", "--report", "{missing}"], 2, "--report: only with --measure"),

@@ -65,8 +65,10 @@ class ServeConfig:
     """One serving run (command: ``tempo-jax serve``; hardware: any jax backend, 8 fake CPU devices by default).
 
     Attributes:
-      model: "lm" (the tiny MoE language model, every MoE layer with live tables: `tempo_jax.runtime.serve_lm`) or
-        "layer" (the bare MoE layer on a routing stream: ``routing``, ``trace``, ``skew``, ``drift``, ``kappa``).
+      model: "lm" (the tiny MoE language model, every MoE layer with live tables: `tempo_jax.runtime.serve_lm`;
+        reads ``layers``, ``seq_len``, ``decode_steps``, ``train_steps``) or "layer" (the bare MoE layer on a
+        routing stream: ``routing``, ``trace``, ``skew``, ``drift``, ``kappa``, ``check_every``). Setting an option
+        of the other model is refused, never ignored.
       steps: serving steps after the warm-up.
       tokens_per_rank: tokens each of the D ranks serves per step.
       routing: ``"synthetic"`` (drifting Zipf) or ``"recorded"`` (``trace``, layer by layer, cycled).
@@ -154,6 +156,12 @@ class ServeConfig:
                 f"{MAX_SERVE_ELEMENTS:,} (2^28, 1 GiB of float32): lower the sizes"
             )
         check_choice("routing", self.routing, ROUTINGS, where=w)
+        other = "layer" if self.model == "lm" else "lm"
+        ignored = [f"{n}={getattr(self, n)!r}" for n in _ONLY[other] if getattr(self, n) != _DEFAULTS[n]]
+        if ignored:  # nothing set is silently unused
+            verb, them = ("applies", "it") if len(ignored) == 1 else ("apply", "them")
+            raise ValueError(f"{w}: {', '.join(ignored)} only {verb} to model={other!r}; model={self.model!r} would "
+                             f"ignore {them}: drop {them} or set model={other!r}")  # fmt: skip
         check_choice("dispatch_mode", self.dispatch_mode, ("sample", "quota"), where=w)
         if self.cost is not None and self.cost_json is not None:
             raise ValueError(f"{w}: give cost (a preset) or cost_json (a file), not both: cost_json would override "
@@ -182,6 +190,12 @@ class ServeConfig:
             check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
             if self.solver_mode != "process":
                 raise ValueError(f"{w}: kill_worker_at needs solver_mode='process' (got {self.solver_mode!r})")
+
+
+#: The options only one of the two served models reads (the rest apply to both).
+_ONLY = {"layer": ("routing", "skew", "drift", "kappa", "check_every"),  # trace: its own check names both needs
+         "lm": ("layers", "seq_len", "decode_steps", "train_steps")}  # fmt: skip
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 
 
 def _stream(cfg: ServeConfig, num_ranks: int) -> RoutingStream:
