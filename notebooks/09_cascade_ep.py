@@ -82,6 +82,8 @@ COMBOS = {"c_r": ("contention", "reactive"), "c_p": ("contention", "planned"), "
           "p_p": ("paper", "planned")}  # fmt: skip
 MODELS = ("deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3")
 LINKS = ("contention", "paper")  # every result under both link models (reactive launching)
+PRE = {"contention": "", "paper": "plinks_"}  # recorded-value prefix of each link model
+REACTIVE = {"contention": "c_r", "paper": "p_r"}  # each link model's reactive cell of the Fig. 8 grid
 run = dict(workers=WORKERS, progress=not SMALL)
 
 
@@ -187,8 +189,8 @@ REC.update(load_fraction=LOAD, seeds=len(SEEDS), requests=BASE.max_requests or 0
 # %%
 on = grid["c_r", LOAD]
 attr_rows = {}
-for links, key in (("contention", "c_r"), ("paper", "p_r")):
-    pre = "" if links == "contention" else "plinks_"
+for links in LINKS:
+    pre, key = PRE[links], REACTIVE[links]
     loaded = dataclasses.replace(BASE, links=links, rate_rps=LOAD * cap_rps)
     cut_free = reduction_summary(seeds(dataclasses.replace(loaded, combine_scale=0.0)))
     cut_on = reduction_summary(grid[key, LOAD])
@@ -327,7 +329,7 @@ print(table([[r["requests"], r["links"], r["load"], *(f"{r[f'ttft_{m}']:.3f}" fo
              *(f"{LABELS[m]} cut" for m in MODES[1:]), "ordering (CIs)"],
             f"trace sizes, reactive launching — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
 for links in LINKS:  # size0..size5: (200, 1,000, all) × (recorded, 0.9 × capacity); paper links under plinks_size*
-    pre = "" if links == "contention" else "plinks_"
+    pre = PRE[links]
     for i, r in enumerate(r for r in size_rows if r["links"] == links):
         REC.update(**{f"{pre}size{i}_n": r["requests"], f"{pre}size{i}_order": r["order"],
                       f"{pre}size{i}_cut": r["cut_cascade"], f"{pre}size{i}_cut_lo": r["cut_cascade_lo"],
@@ -341,8 +343,8 @@ model_rows = []
 for name in MODELS:
     cfg_m = dataclasses.replace(BASE, model=name)
     _, cap_m = capacity_rps(cfg_m, **run)
-    for links, key in (("contention", "c_r"), ("paper", "p_r")):
-        pre = "" if links == "contention" else "plinks_"
+    for links in LINKS:
+        pre, key = PRE[links], REACTIVE[links]
         cfg = dataclasses.replace(cfg_m, links=links, rate_rps=LOAD * cap_m)
         res = grid[key, LOAD] if name == BASE.model else seeds(cfg)
         summ, cut = seed_summary(res), reduction_summary(res)
@@ -379,7 +381,7 @@ for links in LINKS:
                           "lo": lo, "hi": hi, "cache_hit": top.cache_hit_rate, "alb": top.alb_mean})  # fmt: skip
 REC.table("sweep", sweep)
 for links in LINKS:
-    pre = "" if links == "contention" else "plinks_"
+    pre = PRE[links]
     for p in PLACEMENT_POLICIES:
         rs = [r for r in sweep if r["placement"] == p and r["links"] == links]
         REC.update(**{f"{pre}sweep_{p}_lo": rs[0]["p95_speedup"], f"{pre}sweep_{p}_hi": rs[-1]["p95_speedup"]})
@@ -409,8 +411,9 @@ plt.show()
 # ## Imbalance, estimators, kernel efficiency; sparse attention
 
 # %%
-for links, key in (("contention", "c_r"), ("paper", "p_r")):
-    pre = "" if links == "contention" else "plinks_"
+_, cap_sparse = capacity_rps(dataclasses.replace(BASE, attention="sparse"), **run)  # one rate for both models
+for links in LINKS:
+    pre, key = PRE[links], REACTIVE[links]
     runs0 = [grid[key, LOAD][s] for s in SEEDS]
     REC.update(**{f"{pre}r_tail": float(np.mean([r["sync"].tail_ratio for r in runs0])),
                   f"{pre}attention_accuracy": float(np.mean([r["cascade"].attention_accuracy for r in runs0])),
@@ -418,7 +421,6 @@ for links, key in (("contention", "c_r"), ("paper", "p_r")):
                   f"{pre}ffn_efficiency": float(np.mean([r["async_sf"].ffn_efficiency for r in runs0])),
                   f"{pre}alb_sync": float(np.mean([r["sync"].prefill.alb_mean for r in runs0]))})  # fmt: skip
     sparse_cfg = dataclasses.replace(BASE, links=links, attention="sparse")
-    _, cap_sparse = capacity_rps(dataclasses.replace(BASE, attention="sparse"), **run)
     sparse_runs = seeds(dataclasses.replace(sparse_cfg, rate_rps=LOAD * cap_sparse))
     sparse = reduction_summary(sparse_runs)
     sparse_tail = float(np.mean([sparse_runs[k]["sync"].tail_ratio for k in SEEDS]))

@@ -126,16 +126,18 @@ def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
 
 
 def test_aux_free_bias_steps_toward_under_loaded_experts(layer):
-    """One forward with ``balance_rate``: the selection-only bias moves by rate·sign(mean(load) − load) for the step's
-    own load, under-loaded experts up (the fast twin of the training run below)."""
+    """One forward with ``balance_rate``, eagerly and under ``nnx.jit``: the selection-only bias moves by
+    rate·sign(mean(load) − load) for the step's own load, under-loaded experts up (the fast twin of the training run
+    below)."""
     from tempo_jax.layer.routing import RouterConfig
 
     placement, cfg, mesh = layer
     cfg = dataclasses.replace(cfg, router=RouterConfig(score_bias=True, balance_rate=0.05))
     moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
-    for step in range(2):
+    jitted = nnx.jit(lambda m, x: m(x))
+    for step, forward in enumerate((lambda m, x: m(x), jitted, jitted)):
         before = np.asarray(moe.score_bias.get_value())
-        moe(jax.random.normal(jax.random.key(step), (4, 32, 32)))
+        forward(moe, jax.random.normal(jax.random.key(step), (4, 32, 32)))
         load = np.asarray(moe.expert_load.get_value(), np.float64)
         assert load.min() < load.mean() < load.max()  # a step that has something to even out
         np.testing.assert_allclose(moe.score_bias.get_value(), before + 0.05 * np.sign(load.mean() - load), atol=1e-7)
