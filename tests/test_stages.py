@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
+from numeric import assert_close
 
 from solvers import Placement
 from tempo_jax import MoE
@@ -100,7 +101,7 @@ def test_auto_capacity_stays_dropless_on_an_all_to_one_rank_batch(mesh):
     np.testing.assert_allclose(y, moe_reference(moe.params(), x, cfg), atol=2e-5, rtol=2e-5)
     assert int(moe.drops.get_value().sum()) == 0 and moe.rounds.get_value().tolist() == [4] * D
     step = nnx.jit(lambda m, x: m(x))
-    np.testing.assert_array_equal(step(moe, x), step(worst, x))
+    assert_close(step(moe, x), step(worst, x))  # two programs: four rounds against one worst-case exchange
     assert moe.rounds.get_value().tolist() == [4] * D and int(moe.drops.get_value().sum()) == 0
     # (gradients through the rounds: tests/test_dropless.py)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from numeric import assert_close
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import maximum_flow
 from test_policies import problems
@@ -144,7 +145,7 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     out, counts, _, aux, _ = run(dispatch_tables.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
     np.testing.assert_allclose(out, moe_reference(params, x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5)
-    np.testing.assert_array_equal(out, run(dispatch_tables.uniform(placement))[0])
+    assert_close(out, run(dispatch_tables.uniform(placement))[0])  # other tables: rows meet in other GEMM groups
     assert int(aux.drops.sum()) == 0
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     realised = np.zeros_like(plan.x)
