@@ -88,8 +88,8 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
     kw = dict(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_rank=placement.slots_per_rank,
               dispatch_mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
     base = moe_preset(preset, **kw) if preset else MoEConfig(**kw)
-    params = init_params(jax.random.key(0), base)
     mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(0), base, placement, mesh=mesh)
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     x = jax.random.normal(jax.random.key(1), (B * D, hidden)) + jnp.asarray(rng.normal(size=(1, hidden)))
     iters = replica_iterations(D, requests, max_iters)

@@ -219,8 +219,8 @@ def main(argv=None) -> int:
     kw = dict(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k, slots_per_rank=placement.slots_per_rank,
               dispatch_mode="quota", capacity_factor=args.capacity_factor)  # fmt: skip
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
-    params = init_params(jax.random.key(0), cfg)
     mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
     load0 = os.getloadavg()
     print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
           f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}", flush=True)  # fmt: skip

@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from solvers import Placement  # noqa: E402
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference  # noqa: E402
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.presets import moe_preset  # noqa: E402
 
@@ -57,11 +57,11 @@ def check_layer(*, smoke: bool) -> dict:
             cfg = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank,
                             exchange=exchange, gmm_impl=gmm_impl, interpret=smoke)  # fmt: skip
             try:
-                params = init_params(jax.random.key(1), cfg)
+                params = init_params(jax.random.key(1), cfg, placement, mesh=mesh)
                 fwd = jax.jit(lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
                                                                 config=c))  # fmt: skip
                 res = fwd(params, x)
-                err = float(jnp.abs(res.out - moe_reference(params, x, cfg)).max())
+                err = float(jnp.abs(res.out - moe_reference(to_logical(params, placement), x, cfg)).max())
                 drops = int(res.stats.drops.sum())
                 out[name] = dict(max_abs_err=err, drops=drops, ok=bool(np.isfinite(err) and err < TOL and not drops))
             except Exception as e:  # recorded, and the other cases still run
@@ -86,12 +86,12 @@ def check_presets(names, *, smoke: bool) -> dict:
                              interpret=smoke, gmm_impl="chunked" if smoke else "auto", **small)  # fmt: skip
             placement = Placement.from_eplb(np.arange(cfg.experts) + 1.0, slots * D, D)
             pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
-            params = init_params(jax.random.key(3), cfg)
+            params = init_params(jax.random.key(3), cfg, placement, mesh=mesh)
             x = jax.random.normal(jax.random.key(4), (D * (16 if smoke else 256), cfg.hidden))
             run = jax.jit(lambda p, x, c=cfg, pa=pa, t=tables: moe_forward(p, x, mesh=mesh, placement_arrays=pa,
                                                                              tables=t, config=c))  # fmt: skip
             res = run(params, x)
-            ref = moe_reference(params, x, cfg)
+            ref = moe_reference(to_logical(params, placement), x, cfg)
             err = float(jnp.abs(res.out.astype(jnp.float32) - ref.astype(jnp.float32)).max())
             scale = float(jnp.abs(ref.astype(jnp.float32)).max())
             tol = 1e-4 if smoke else 5e-2  # bf16 experts on GPU: relative to the output's scale

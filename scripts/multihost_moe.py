@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from solvers import Placement
     from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward
     from tempo_jax.layer import tables as dispatch_tables
+    from tempo_jax.layer.params import EXPERT_KEYS
     from tempo_jax.runtime.counters import host_counter
 
     # Step 1: the same problem on every process.
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
     config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=2, dispatch_mode=args.dispatch_mode)
     mesh = make_ep_mesh(D)
-    params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config))
+    params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config, placement))  # physical [P, ...]
     x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, 32)))
     tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=5)
 
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
         a = np.asarray(a)
         return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
 
-    params = {k: put(v, P()) for k, v in params.items()}
+    params = {k: put(v, P("ep") if k in EXPERT_KEYS else P()) for k, v in params.items()}  # each rank its slots
     pa = dispatch_tables.placement_arrays(placement)
     pa = dispatch_tables.PlacementArrays(put(pa.phy2log, P()), put(pa.log2phy, P()))
     tables = dispatch_tables.Tables(put(tables.table, P()), put(tables.log2phy, P()))

@@ -144,6 +144,22 @@ class Placement:
         return cls.from_phy2log(np.tile(np.arange(E), D), D, gpus_per_node, E)
 
     @classmethod
+    def spread(
+        cls, num_experts: int, num_gpus: int, slots_per_rank: int, gpus_per_node: int | None = None
+    ) -> Placement:
+        """Slot p holds expert ``p mod E`` (P = D·S ≥ E): every expert once, the spare slots replicate experts
+        0, 1, … in turn, and two replicas of one expert sit ``E`` slots apart, so on different ranks whenever
+        S ≤ E. The even layout with no load to go by (an import, a fresh model)."""
+        E = _positive("num_experts", num_experts, "Placement.spread")
+        D = _positive("num_gpus", num_gpus, "Placement.spread")
+        S = _positive("slots_per_rank", slots_per_rank, "Placement.spread")
+        _check_pairs(E, D, "Placement.spread")
+        if D * S < E:
+            raise ValueError(f"Placement.spread: {D} ranks × {S} slots = {D * S} slots cannot hold {E} experts; "
+                             f"use slots_per_rank ≥ ⌈E / D⌉ = {-(-E // D)}")  # fmt: skip
+        return cls.from_phy2log(np.arange(D * S) % E, D, gpus_per_node, E)
+
+    @classmethod
     def from_eplb(
         cls,
         load,

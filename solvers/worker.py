@@ -10,7 +10,7 @@ to it over two inherited pipes wrapped as `multiprocessing.connection.Connection
 
 Protocol (tuples):
   parent → child: ``("config", WorkerConfig)``, ``("solve", seq, counts [D, E])``, ``("fault", kind, seconds)``,
-                  ``("probe",)``, ``("stop",)``
+                  ``("probe",)``, ``("stop",)``, ``("reconfig", WorkerConfig)`` (a new placement: no reply)
   child → parent: ``("ready", probe | warm-up)`` (after `warm_up`),
                   ``("result", seq, weights [Gs, E, R] float32 | None, info)``, ``("probe", probe)``
 
@@ -212,6 +212,8 @@ def _serve_messages(conn_in: Connection, conn_out: Connection) -> None:
         if op == "config":
             config = msg[1]
             conn_out.send(("ready", probe() | warm_up(config)))
+        elif op == "reconfig":  # a new placement: the next solves use it (no reply; warm already)
+            config = msg[1]
         elif op == "probe":
             conn_out.send(("probe", probe()))
         elif op == "fault":

@@ -13,7 +13,10 @@ The rooms (imports point down only: cli → repro → runtime, sim → layer →
 Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_jax.sim` stay numpy-only):
   MoE, MoEConfig                          the expert-parallel layer as a flax nnx module and its configuration
   moe_forward, moe_reference              the functional core (shard_map) and its dense single-device reference
-  init_params, materialize, make_ep_mesh  logical parameters, physical replicas, a 1-D ``ep`` mesh
+  init_params, make_ep_mesh               physical parameters (each rank its own slots), a 1-D ``ep`` mesh
+  to_physical, to_logical                 the two parameter layouts: physical [P, ...] (the layer's), logical
+                                          [E, ...] (import / export, `moe_reference`)
+  Placement                               `solvers.Placement`: which slot holds which expert
   Tables, PlacementArrays                 what `moe_forward` reads: dispatch tables and the device placement
   placement_arrays                        `solvers.Placement` → device arrays (the table builders:
                                           `tempo_jax.layer.tables`)
@@ -39,8 +42,11 @@ _LAZY = {
     "moe_forward": "tempo_jax.layer.moe",
     "moe_reference": "tempo_jax.layer.moe",
     "make_ep_mesh": "tempo_jax.layer.config",
-    "init_params": "tempo_jax.layer.config",
-    "materialize": "tempo_jax.layer.config",
+    "init_params": "tempo_jax.layer.params",
+    "init_logical_params": "tempo_jax.layer.params",
+    "to_physical": "tempo_jax.layer.params",
+    "to_logical": "tempo_jax.layer.params",
+    "Placement": "solvers",
     "Tables": "tempo_jax.layer.tables",
     "PlacementArrays": "tempo_jax.layer.tables",
     "placement_arrays": "tempo_jax.layer.tables",

@@ -11,7 +11,7 @@ import pytest
 from numeric import f32_close
 
 from solvers import LaunchSchedule, OEWFState, Placement, ThroughputCurve, oewf_at_dispatch, oewf_plan
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch, fetch_bytes, fetches_from_plan, pair_tokens
 
@@ -23,10 +23,11 @@ def setup():
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
     config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
-    params = init_params(jax.random.key(0), config)
+    mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(0), config, placement, mesh=mesh)
     # A shared offset skews the router towards a few experts (skewed routing).
     x = jax.random.normal(jax.random.key(1), (TOKENS, 32)) + 1.5 * jax.random.normal(jax.random.key(2), (1, 32))
-    return placement, config, params, x, make_ep_mesh(D)
+    return placement, config, params, x, mesh
 
 
 def random_schedule(seed: int) -> LaunchSchedule:
@@ -58,7 +59,7 @@ def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
     cas_cfg = dataclasses.replace(sync_cfg, schedule=random_schedule(seed))
     sync, cas = _run(setup, sync_cfg), _run(setup, cas_cfg)
     f32_close(cas.out, sync.out)
-    f32_close(cas.out, moe_reference(params, x, config))
+    f32_close(cas.out, moe_reference(to_logical(params, placement), x, config))
     np.testing.assert_array_equal(cas.counts, sync.counts)  # the same dispatch decisions
     np.testing.assert_array_equal(cas.stats.gpu_tokens, sync.stats.gpu_tokens)
     assert int(cas.stats.drops.sum()) == 0 and int(cas.stats.gpu_tokens.sum()) == TOKENS * config.top_k

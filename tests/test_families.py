@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hf_reference import FAMILY_CONFIGS, fused_state, hf_block, hf_state
+from hf_reference import FAMILY_CONFIGS, dims, fused_state, hf_block, hf_state
 from safetensors.numpy import save_file
 
 import tempo_jax
@@ -48,6 +48,10 @@ def _placement(E: int, seed: int = 0) -> Placement:
     return Placement.from_eplb(load, D * S, D)  # every expert has a replica, popular ones two
 
 
+def _family_placement(config: dict, seed: int = 0) -> Placement:
+    return _placement(dims(config)[2], seed)
+
+
 def _x(H: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(T, H)) * 1.5
 
@@ -64,9 +68,9 @@ def _layer(mesh, cfg, params, placement, x, tables=None, key=0):
 def test_both_layouts_import_to_the_same_params(family):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config)
-    cfg_a, pa = moe_from_hf(config, st, slots_per_rank=S)
-    cfg_b, pb = moe_from_hf(config, fused_state(family, config, st), slots_per_rank=S)
-    assert cfg_a == cfg_b and pa.keys() == pb.keys()
+    cfg_a, pa, pl = moe_from_hf(config, st)  # no mesh: one rank holding every expert in order (logical = physical)
+    cfg_b, pb, _ = moe_from_hf(config, fused_state(family, config, st))
+    assert cfg_a == cfg_b and pa.keys() == pb.keys() and pl.phy2log.tolist() == list(range(cfg_a.experts))
     for k in pa:
         np.testing.assert_array_equal(np.asarray(pa[k]), np.asarray(pb[k]))
     # the layer's own dense reference already equals the HF block on the imported parameters
@@ -90,8 +94,8 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
     gradients (x and every parameter) equal jax.grad of the HF block's code."""
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config)
-    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
-    placement = _placement(cfg.experts)
+    placement = _family_placement(config)
+    cfg, params, _ = moe_from_hf(config, st, placement=placement, mesh=mesh)  # physical, sharded over ep
     x = _x(cfg.hidden)
     want = hf_block(family, config, st, x)
     pa = dispatch_tables.placement_arrays(placement)
@@ -115,7 +119,8 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
         st32, xj
     )
     assert rel_err(g_x, g_xref) < 1e-5
-    _, g_want = moe_from_hf(config, {k: np.asarray(v) for k, v in g_st.items()}, slots_per_rank=S)
+    # each replica's gradient is its expert's: the HF gradients laid out over the same placement
+    g_want = moe_from_hf(config, {k: np.asarray(v) for k, v in g_st.items()}, placement=placement).params
     for k in params:
         if k == "score_bias":
             assert not np.asarray(g_params[k]).any()  # selection only: no gradient
@@ -128,8 +133,8 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
 def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=2)
-    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
-    placement = _placement(cfg.experts, seed=3)
+    placement = _family_placement(config, seed=3)
+    cfg, params, _ = moe_from_hf(config, st, placement=placement, mesh=mesh)
     x = _x(cfg.hidden, seed=4)
     want = hf_block(family, config, st, x)
     quota = _layer(mesh, dataclasses.replace(cfg, dispatch_mode="quota"), params, placement, x,
@@ -149,8 +154,8 @@ def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
 def test_module_under_nnx_jit_matches_hf(family, mesh):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=6)
-    cfg, params = moe_from_hf(config, st, slots_per_rank=S)
-    moe = tempo_jax.MoE(cfg, _placement(cfg.experts), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1), params=params)
+    cfg, params, placement = moe_from_hf(config, st, placement=_family_placement(config), mesh=mesh)
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1), params=params)
     x = _x(cfg.hidden, seed=7)
     out = nnx.jit(lambda m, x: m(x))(moe, jnp.asarray(x.reshape(4, T // 4, -1), jnp.float32))
     assert rel_err(np.asarray(out).reshape(T, -1), hf_block(family, config, st, x)) < 1e-5
@@ -162,10 +167,10 @@ def test_bfloat16_layer_within_tolerance(mesh):
     family = "deepseek_v3"
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=8)
-    cfg, params = moe_from_hf(config, st, slots_per_rank=S, dtype=jnp.bfloat16)
+    cfg, params, placement = moe_from_hf(config, st, placement=_family_placement(config), dtype=jnp.bfloat16)
     assert params["w_gate"].dtype == jnp.bfloat16 and params["router"].dtype == jnp.float32
     x = _x(cfg.hidden, seed=9)
-    out = _layer(mesh, cfg, params, _placement(cfg.experts), x).out
+    out = _layer(mesh, cfg, params, placement, x).out
     # bf16 experts (8-bit mantissa: 2^-8 relative per rounding, a few roundings deep): 3e-2 of the output's scale
     assert rel_err(out, hf_block(family, config, st, x)) < 3e-2
 
@@ -175,17 +180,17 @@ def test_import_refuses_what_the_layer_cannot_express():
     config = FAMILY_CONFIGS["mixtral"]
     st = hf_state("mixtral", config)
     with pytest.raises(ValueError, match="model_type 'llama' is not a MoE family"):
-        moe_from_hf({**config, "model_type": "llama"}, st, slots_per_rank=S)
+        moe_from_hf({**config, "model_type": "llama"}, st)
     with pytest.raises(ValueError, match=r"lacks 'experts.3.w2.weight' \(expected shape \[16, 8\]\)"):
-        moe_from_hf(config, {k: v for k, v in st.items() if k != "experts.3.w2.weight"}, slots_per_rank=S)
+        moe_from_hf(config, {k: v for k, v in st.items() if k != "experts.3.w2.weight"})
     with pytest.raises(ValueError, match=r"state\['gate.weight'\] has shape \[8, 15\], expected \[8, 16\]"):
-        moe_from_hf(config, {**st, "gate.weight": st["gate.weight"][:, :15]}, slots_per_rank=S)
+        moe_from_hf(config, {**st, "gate.weight": st["gate.weight"][:, :15]})
     with pytest.raises(ValueError, match="unexpected tensors .*'experts.0.w1.bias'"):
-        moe_from_hf(config, {**st, "experts.0.w1.bias": np.zeros(8)}, slots_per_rank=S)
+        moe_from_hf(config, {**st, "experts.0.w1.bias": np.zeros(8)})
     with pytest.raises(ValueError, match="quantized tensors"):
-        moe_from_hf(config, {**st, "experts.0.w1.weight_scale_inv": np.ones((1, 1))}, slots_per_rank=S)
+        moe_from_hf(config, {**st, "experts.0.w1.weight_scale_inv": np.ones((1, 1))})
     with pytest.raises(ValueError, match="hidden_act 'gelu'"):
-        moe_from_hf({**config, "hidden_act": "gelu"}, st, slots_per_rank=S)
+        moe_from_hf({**config, "hidden_act": "gelu"}, st)
     with pytest.raises(ValueError, match=r"config\[\'num_local_experts\'\] must be an integer"):
         moe_config_from_hf({**config, "num_local_experts": 8.0}, slots_per_rank=S)
     ds = FAMILY_CONFIGS["deepseek_v3"]
@@ -200,9 +205,8 @@ def test_import_refuses_what_the_layer_cannot_express():
 
 def test_params_are_checked_against_the_config(mesh):
     config = FAMILY_CONFIGS["gpt_oss"]
-    cfg, params = moe_from_hf(config, hf_state("gpt_oss", config), slots_per_rank=S)
-    placement = _placement(cfg.experts)
-    with pytest.raises(ValueError, match=r"params lack b_down \[8, 16\]"):
+    cfg, params, placement = moe_from_hf(config, hf_state("gpt_oss", config), placement=_family_placement(config))
+    with pytest.raises(ValueError, match=r"params lack b_down \[16, 16\]"):
         _layer(mesh, cfg, {k: v for k, v in params.items() if k != "b_down"}, placement, _x(16))
     with pytest.raises(ValueError, match=r"params \['router_bias'\] are not used by this config"):
         plain = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, bias=False))
@@ -227,20 +231,30 @@ def test_load_moe_layers_round_trips_a_sharded_checkpoint(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
-    layers = load_moe_layers(tmp_path, slots_per_rank=S)
+    layers = load_moe_layers(tmp_path)
     assert sorted(layers) == [0, 2]
-    for layer, (cfg, params) in layers.items():
-        want_cfg, want = moe_from_hf(config, states[layer], slots_per_rank=S)
-        assert cfg == want_cfg
+    for layer, (cfg, params, placement) in layers.items():
+        want_cfg, want, want_pl = moe_from_hf(config, states[layer])
+        assert cfg == want_cfg and placement.phy2log.tolist() == want_pl.phy2log.tolist()
         for k in want:
             np.testing.assert_allclose(np.asarray(params[k]), np.asarray(want[k]), rtol=1e-7, atol=0)
-    assert sorted(load_moe_layers(tmp_path, slots_per_rank=S, layers=[2])) == [2]
+    # with a mesh and a placement: sharded over ep, each device filled from its own slots' experts only
+    mesh, pl = make_ep_mesh(D), _placement(8, seed=4)
+    sharded = load_moe_layers(tmp_path, mesh=mesh, placement=pl)
+    for layer, (cfg, params, placement) in sharded.items():
+        want = moe_from_hf(config, states[layer], placement=pl).params
+        assert placement is pl and cfg.slots_per_rank == S
+        for k in want:
+            assert params[k].sharding.spec == (jax.sharding.PartitionSpec("ep") if k.startswith("w_") else
+                                               jax.sharding.PartitionSpec()), k  # fmt: skip
+            np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(want[k]))
+    assert sorted(load_moe_layers(tmp_path, layers=[2])) == [2]
     with pytest.raises(ValueError, match=r"layers \[1\] are not MoE layers"):
-        load_moe_layers(tmp_path, slots_per_rank=S, layers=[1])
+        load_moe_layers(tmp_path, layers=[1])
     with pytest.raises(ValueError, match="layers must be a list of integer layer ids"):
-        load_moe_layers(tmp_path, slots_per_rank=S, layers="02")
+        load_moe_layers(tmp_path, layers="02")
     with pytest.raises(ValueError, match="is not a folder"):
-        load_moe_layers(tmp_path / "config.json", slots_per_rank=S)
+        load_moe_layers(tmp_path / "config.json")
 
 
 # ------------------------------------------------------------------------------------------------ presets

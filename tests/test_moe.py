@@ -9,7 +9,7 @@ import pytest
 from numeric import f32_close
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 
 D = 8
@@ -22,9 +22,10 @@ def setup():
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
     config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
-    params = init_params(jax.random.key(1), config)
+    mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(1), config, placement, mesh=mesh)  # physical, sharded over ep
     x = jax.random.normal(jax.random.key(2), (TOKENS, 32))
-    return placement, config, params, x, make_ep_mesh(D)
+    return placement, config, params, x, mesh
 
 
 def _forward(placement, config, mesh):
@@ -43,7 +44,7 @@ def test_output_independent_of_tables(setup, mode):
     placement, config, params, x, mesh = setup
     config = dataclasses.replace(config, dispatch_mode=mode)
     f = _forward(placement, config, mesh)
-    ref = moe_reference(params, x, config)
+    ref = moe_reference(to_logical(params, placement), x, config)
     # First pass (uniform) gives the per-source counts the solver needs.
     _, counts, *_ = f(params, x, dispatch_tables.uniform(placement).table, jax.random.key(0))
     tempo = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
@@ -76,7 +77,7 @@ def test_skewed_and_single_expert_batches(setup):
     ids = np.asarray(jax.lax.top_k(x_pos @ hot["router"], 1)[1])
     assert (ids == 5).all()
     out, counts, _, aux, _ = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
-    f32_close(out, moe_reference(hot, x_pos, config))
+    f32_close(out, moe_reference(to_logical(hot, placement), x_pos, config))
     assert int(np.asarray(counts)[:, 5].sum()) == TOKENS
     assert int(aux.drops.sum()) == 0
 
@@ -91,10 +92,15 @@ def test_gradients_match_dense_reference(setup):
         return jnp.sum(out**2)
 
     gp, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
-    rp, rx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, config) ** 2), argnums=(0, 1))(params, x)
+    logical = to_logical(params, placement)
+    rp, rx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, config) ** 2), argnums=(0, 1))(logical, x)
     f32_close(gx, rx, atol=1e-4, rtol=1e-4)
+    # every replica's gradient is its expert's (the replica group's sum), so the replicas stay identical
+    rp = to_physical(rp, placement)
     for name in params:
         f32_close(gp[name], rp[name], atol=1e-4, rtol=1e-4)
+        assert gp[name].sharding.spec == (jax.sharding.PartitionSpec("ep") if name != "router" else
+                                          jax.sharding.PartitionSpec()), name  # fmt: skip
 
 
 def test_quota_mode_realises_the_plan(setup):
@@ -153,13 +159,13 @@ def test_extra_mesh_axis_bfloat16_and_explicit_mesh():
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     mesh2d = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     cfg = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=4, dtype=jnp.bfloat16)
-    params = init_params(jax.random.key(1), cfg)
+    params = init_params(jax.random.key(1), cfg, placement)
     out, counts, *_ = moe_forward(params, x, mesh=mesh2d, placement_arrays=pa, tables=tables, config=cfg)
     assert counts.shape == (4, E)
-    ref = moe_reference(params, x, cfg).astype(jnp.float32)
+    ref = moe_reference(to_logical(params, placement), x, cfg).astype(jnp.float32)
     f32_close(out.astype(jnp.float32), ref, atol=2e-2, rtol=2e-2)  # the bfloat16 tolerance
     cfg32 = dataclasses.replace(cfg, dtype=jnp.float32)
-    params32 = init_params(jax.random.key(1), cfg32)
+    params32 = init_params(jax.random.key(1), cfg32, placement)
     explicit = jax.make_mesh((4,), ("ep",))  # Explicit axes by default in jax 0.10
     out, *_ = moe_forward(params32, x, mesh=explicit, placement_arrays=pa, tables=tables, config=cfg32)
-    f32_close(out, moe_reference(params32, x, cfg32))
+    f32_close(out, moe_reference(to_logical(params32, placement), x, cfg32))

@@ -20,7 +20,7 @@ from solvers import (
     topology_split,
 )
 from tempo_jax import DispatchController
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 
 D, E = 8, 12
@@ -130,9 +130,9 @@ def test_expected_dispatch_errors(two_node):
 def layer(two_node):
     pl, _ = two_node
     config = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_rank=pl.slots_per_rank, dispatch_mode="quota")
-    params = init_params(jax.random.key(0), config)
-    x = jax.random.normal(jax.random.key(1), (D * 24, 16)) + 0.7 * jax.random.normal(jax.random.key(2), (1, 16))
     mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(0), config, pl, mesh=mesh)
+    x = jax.random.normal(jax.random.key(1), (D * 24, 16)) + 0.7 * jax.random.normal(jax.random.key(2), (1, 16))
     pa = dispatch_tables.placement_arrays(pl)
 
     @jax.jit
@@ -140,7 +140,7 @@ def layer(two_node):
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
                            config=config)  # fmt: skip
 
-    return run, np.asarray(moe_reference(params, x, config)), config
+    return run, np.asarray(moe_reference(to_logical(params, pl), x, config)), config
 
 
 def _realised(stats, pl) -> np.ndarray:

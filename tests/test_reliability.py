@@ -38,7 +38,7 @@ def layer():
     placement = Placement.from_phy2log(np.arange(D) % E, D)  # one expert per rank
     pa = dispatch_tables.placement_arrays(placement)
     kw = dict(mesh=make_ep_mesh(D), placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg)
-    return init_params(jax.random.key(0), cfg), kw
+    return init_params(jax.random.key(0), cfg, placement), kw
 
 
 @pytest.mark.parametrize(

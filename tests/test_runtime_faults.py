@@ -20,7 +20,7 @@ from flax import nnx
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
 from tempo_jax import DispatchController
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.module import MoE
 
@@ -35,8 +35,8 @@ def setup():
     rng = np.random.default_rng(0)
     pl = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)
     config = MoEConfig(hidden=H, ffn=8, experts=E, top_k=2, slots_per_rank=pl.slots_per_rank)
-    params = init_params(jax.random.key(1), config)
     mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(1), config, pl, mesh=mesh)
     pa = dispatch_tables.placement_arrays(pl)
 
     @jax.jit
@@ -44,7 +44,8 @@ def setup():
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
                            config=config, counter=counter, key=key)  # fmt: skip
 
-    reference = jax.jit(lambda x: moe_reference(params, x, config))
+    logical = to_logical(params, pl)
+    reference = jax.jit(lambda x: moe_reference(logical, x, config))
     return pl, config, params, mesh, step, reference
 
 
@@ -204,7 +205,7 @@ def test_publishing_while_the_layer_runs(setup):
     steps: every step's output equals the reference."""
     pl, config, *_ = setup
     moe = MoE(config, pl, mesh=make_ep_mesh(D), rngs=nnx.Rngs(params=3, dispatch=4))
-    reference = jax.jit(lambda x: moe_reference(moe.params(), x, config))
+    reference = jax.jit(lambda x: moe_reference(moe.logical_params(), x, config))
     counts_tab = dispatch_tables.perturbed(dispatch_tables.uniform(pl), seed=5)
     old, new = np.asarray(dispatch_tables.uniform(pl).table), np.asarray(counts_tab.table)
     stop, published = threading.Event(), [0]

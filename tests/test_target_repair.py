@@ -121,7 +121,7 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     per source and GPU, and matches the output under uniform tables."""
     import jax
 
-    from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+    from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
     from tempo_jax.layer import tables as dispatch_tables
 
     routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=0)
@@ -134,7 +134,7 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     config = MoEConfig(
         hidden=16, ffn=8, experts=256, top_k=8, slots_per_rank=placement.slots_per_rank, dispatch_mode="quota"
     )
-    params = init_params(jax.random.key(0), config)
+    params = init_params(jax.random.key(0), config, placement)
     x = jax.random.normal(jax.random.key(1), (512 * 8, 16))
     mesh, pa = make_ep_mesh(8), dispatch_tables.placement_arrays(placement)
 
@@ -144,7 +144,9 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
 
     out, counts, _, aux, _ = run(dispatch_tables.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
-    np.testing.assert_allclose(out, moe_reference(params, x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(
+        out, moe_reference(to_logical(params, placement), x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5
+    )
     assert_close(out, run(dispatch_tables.uniform(placement))[0])  # other tables: rows meet in other GEMM groups
     assert int(aux.drops.sum()) == 0
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column

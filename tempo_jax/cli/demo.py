@@ -129,7 +129,7 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+    from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
     from ..layer import tables as dispatch_tables
 
     # Step 1: the recorded batch, its placement and a small SwiGLU layer with 64 experts.
@@ -143,7 +143,7 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
     cfg = MoEConfig(hidden=64, ffn=32, experts=trace.num_experts, top_k=trace.top_k,
                     slots_per_rank=placement.slots_per_rank, dispatch_mode="quota")  # fmt: skip
     mesh = make_ep_mesh(EP)
-    params = init_params(jax.random.key(0), cfg)
+    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)  # physical: each rank its own slots
     x = jax.random.normal(jax.random.key(1), (ids.shape[0], cfg.hidden))
     pa = dispatch_tables.placement_arrays(placement)
     routing = (jnp.asarray(ids, jnp.int32), jnp.asarray(weights))
@@ -153,7 +153,7 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
         tables = dispatch_tables.keyed(table, pa)
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, routing=routing)
 
-    ref = np.asarray(moe_reference(params, x, cfg, routing=routing))
+    ref = np.asarray(moe_reference(to_logical(params, placement), x, cfg, routing=routing))
     # Step 2: every policy → tables → the layer.
     rows, times, first = [], {}, None
     for policy in POLICY_ORDER[:-1]:

@@ -91,7 +91,7 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     )
     mesh = make_ep_mesh(D)
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
-    params = init_params(jax.random.key(0), cfg)
+    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
     x = jax.random.normal(jax.random.key(1), (D * 64, cfg.hidden))
     run = jax.jit(lambda p, x, c: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c),
                   static_argnums=2)  # fmt: skip

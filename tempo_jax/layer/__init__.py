@@ -1,6 +1,9 @@
 """The functional model: the expert-parallel MoE layer and everything it reads.
 
-- `config`: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`, `auto_capacity`, `capacity_bucket`.
+- `config`: `MoEConfig`, `make_ep_mesh`, `auto_capacity`, `capacity_bucket`.
+- `params`: the parameters' two layouts — physical ``[P, ...]`` sharded over ``ep`` (the layer's: `init_params`,
+  `to_physical`) and logical ``[E, ...]`` (import / export: `init_logical_params`, `to_logical`).
+- `replicas`: replicas' gradients tied per group; placement changes that migrate weights (`plan_migration`).
 - `stages`: the per-rank stages (route → dispatch → pack → exchange → expert FFN → return → combine).
 - `exchange`: the padded and ragged all-to-all of block buffers.
 - `tables`: dispatch tables and device placement arrays (trusted builders, validate once).
@@ -13,11 +16,14 @@ Glossary: T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D 
 P = D·S, R replica columns, Gs source groups.
 """
 
-from .config import MoEConfig, auto_capacity, capacity_bucket, init_params, make_ep_mesh, materialize
+from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
 from .moe import MoEOutput, MoEStats, moe_forward, moe_reference
+from .params import init_logical_params, init_params, param_shardings, to_logical, to_physical
+from .replicas import MigrationReport, plan_migration
 from .tables import PlacementArrays, Tables, placement_arrays
 
 __all__ = [
+    "MigrationReport",
     "MoEConfig",
     "MoEOutput",
     "MoEStats",
@@ -25,10 +31,14 @@ __all__ = [
     "Tables",
     "auto_capacity",
     "capacity_bucket",
+    "init_logical_params",
     "init_params",
     "make_ep_mesh",
-    "materialize",
     "moe_forward",
     "moe_reference",
+    "param_shardings",
     "placement_arrays",
+    "plan_migration",
+    "to_logical",
+    "to_physical",
 ]

@@ -1,17 +1,6 @@
-"""The MoE layer's configuration and parameters: `MoEConfig`, `make_ep_mesh`, `init_params`, `materialize`,
-`auto_capacity` (C of the default dropless rounds) and `capacity_bucket` (a block size rounded up to a power of two).
-
-Parameters (a dict; `init_params` makes them, `tempo_jax.layer.hf.moe_from_hf` loads them):
-
-| key | shape | when |
-| --- | --- | --- |
-| ``router`` | [H, E] float32 | always |
-| ``router_bias`` | [E] float32 | ``router.bias`` (gpt-oss) |
-| ``score_bias`` | [E] float32 | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
-| ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | always |
-| ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | ``expert.bias`` (gpt-oss) |
-| ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | ``shared`` (Fs = count·ffn) |
-| ``shared_gate`` | [H] | ``shared.gated`` (Qwen2-MoE) |
+"""The MoE layer's configuration: `MoEConfig`, `make_ep_mesh`, `auto_capacity` (C of the default dropless rounds)
+and `capacity_bucket` (a block size rounded up to a power of two). The parameters and their two layouts (logical
+``[E, ...]``, physical ``[P, ...]`` sharded over ``ep``) are `tempo_jax.layer.params`.
 
 Glossary: H hidden, F expert FFN width, E logical experts, K top-k, D ranks on the ``ep`` axis, S physical slots
 per rank, P = D·S physical slots.
@@ -33,11 +22,10 @@ from solvers.checks import check_instance, check_int
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
-from .experts import EXPERT_BIASES, EXPERT_WEIGHTS, ExpertConfig, SharedConfig
+from .experts import ExpertConfig, SharedConfig
 from .routing import RouterConfig
 
-__all__ = ["MoEConfig", "auto_capacity", "capacity_bucket", "check_params", "init_params", "make_ep_mesh",
-           "materialize", "param_shapes"]  # fmt: skip
+__all__ = ["MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,77 +143,3 @@ def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.shardi
     """A 1-D mesh over the first ``num_devices`` devices (default all) with an Auto ``ep`` axis."""
     n = num_devices or len(jax.devices())
     return jax.make_mesh((n,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
-
-
-def param_shapes(config: MoEConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every parameter ``config`` needs (see the module's table), by key."""
-    H, F, E = config.hidden, config.ffn, config.experts
-    shapes = {"router": (H, E), "w_gate": (E, H, F), "w_up": (E, H, F), "w_down": (E, F, H)}
-    if config.router.bias:
-        shapes["router_bias"] = (E,)
-    if config.router.score_bias:
-        shapes["score_bias"] = (E,)
-    if config.expert.bias:
-        shapes.update(b_gate=(E, F), b_up=(E, F), b_down=(E, H))
-    if config.shared is not None:
-        Fs = config.shared.width
-        shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
-        if config.shared.gated:
-            shapes["shared_gate"] = (H,)
-    return shapes
-
-
-def check_params(params, config: MoEConfig, *, where: str) -> None:
-    """Static check of a parameter dict against ``config``: every key `param_shapes` names, each of its shape,
-    and no key the config would ignore (a ``router_bias`` without ``router.bias``, say). Reads no array."""
-    if not isinstance(params, dict):
-        raise ValueError(
-            f"{where}: params must be a dict of arrays (init_params, moe_from_hf), got {type(params).__name__}"
-        )
-    shapes = param_shapes(config)
-    missing = [k for k in shapes if k not in params]
-    if missing:
-        raise ValueError(f"{where}: params lack {', '.join(f'{k} {list(shapes[k])}' for k in missing)} that this "
-                         "config needs; build them with init_params(key, config) or "
-                         "tempo_jax.hf.moe_from_hf")  # fmt: skip
-    unused = sorted(set(params) - set(shapes))
-    if unused:
-        raise ValueError(f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-                         "expert.bias / shared); refusing to ignore them")  # fmt: skip
-    for k, shape in shapes.items():
-        got = tuple(jnp.shape(params[k]))
-        if got != shape:
-            raise ValueError(f"{where}: params[{k!r}] has shape {list(got)}, the config needs {list(shape)}")
-
-
-def init_params(key: jax.Array, config: MoEConfig) -> dict:
-    """Random logical parameters of every key `param_shapes` names: weights N(0, 1/fan_in) (the router and its
-    biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The router and the
-    three expert weights draw from ``split(key, 4)`` (the same values for every variant); the rest from
-    ``fold_in(key, 1 + their index)``."""
-    shapes = param_shapes(config)
-    H, F = config.hidden, config.ffn
-    k = jax.random.split(key, 4)
-    out = {
-        "router": jax.random.normal(k[0], shapes["router"], jnp.float32) * H**-0.5,
-        "w_gate": (jax.random.normal(k[1], shapes["w_gate"]) * H**-0.5).astype(config.dtype),
-        "w_up": (jax.random.normal(k[2], shapes["w_up"]) * H**-0.5).astype(config.dtype),
-        "w_down": (jax.random.normal(k[3], shapes["w_down"]) * F**-0.5).astype(config.dtype),
-    }
-    for i, (name, shape) in enumerate(shapes.items()):
-        if name in out:
-            continue
-        if name == "score_bias":
-            out[name] = jnp.zeros(shape, jnp.float32)
-            continue
-        scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
-        dtype = jnp.float32 if name.startswith("router") else config.dtype
-        out[name] = (jax.random.normal(jax.random.fold_in(key, 1 + i), shape, jnp.float32) * scale).astype(dtype)
-    return out
-
-
-def materialize(params: dict, phy2log: jax.Array) -> dict:
-    """Physical expert arrays ``[P, ...]`` (weights, and biases where present) gathered from logical ``[E, ...]``
-    (gradients of replicas flow back to the logical parameters through the gather)."""
-    names = [n for n in (*EXPERT_WEIGHTS, *EXPERT_BIASES) if n in params]
-    return {name: jnp.take(params[name], phy2log, axis=0) for name in names}

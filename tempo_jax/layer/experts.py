@@ -37,7 +37,7 @@ __all__ = [
 
 Activation = Literal["swiglu", "swiglu_clamp", "gpt_oss"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
-#: Per-expert parameter arrays ``[E, ...]`` (physical ``[P, ...]`` after `materialize`), weights then biases.
+#: Per-expert parameter arrays: physical ``[P, ...]`` in the layer, logical ``[E, ...]`` at import / export.
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 EXPERT_BIASES = ("b_gate", "b_up", "b_down")
 

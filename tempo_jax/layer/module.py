@@ -6,9 +6,16 @@
     moe.counts.get_value()          # [D, E] per-source expert counts of the last call
     moe.drops.get_value()           # [D] pairs each source could not send (0 unless a fixed capacity is too small)
 
-Trainable weights are `nnx.Param` (router, logical w_gate / w_up / w_down); placement, tables, the cumulative
+Trainable weights are `nnx.Param`: the router (replicated) and the physical expert arrays w_gate / w_up /
+w_down ``[P, ...]``, sharded over the ``ep`` axis so each rank holds only its S slots (``nnx.Optimizer`` gives
+Adam's moments the same sharding and this layer's ``slot_layout`` tag, which `set_placement` and `place_on_mesh`
+read; stacked over layers by ``nnx.vmap`` the slot axis is the first after the stacked ones). Placement, tables, the cumulative
 counter and the last call's routing statistics are non-trainable `DispatchState` variables, so
-``nnx.Optimizer(model, tx, wrt=nnx.Param)`` trains exactly the logical parameters.
+``nnx.Optimizer(model, tx, wrt=nnx.Param)`` trains exactly the parameters. Replicas of one expert receive the sum
+of their gradients (`tempo_jax.layer.replicas`) and stay identical through training.
+
+``moe.set_placement(new)`` moves the weights (and, given the optimizer, its moments) of exactly the slots whose
+expert changes rank, in one in-graph all-to-all, and reports what it moved (`MigrationReport`).
 
 Capacity (rows per source → destination block of the exchange; `MoEConfig.capacity`):
 
@@ -27,6 +34,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -34,12 +42,18 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
-from .config import MoEConfig, check_params, init_params
+from .config import MoEConfig
 from .moe import moe_forward
+from .params import EXPERT_KEYS, check_params, init_params, param_shardings, to_logical
+from .replicas import MigrationReport, migrate, plan_migration
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
 __all__ = ["BalanceBias", "DispatchState", "MoE", "MoEAuxState", "RankState", "place_on_mesh"]
+
+#: Variable metadata naming the slot layout an array follows (expert Params and their optimizer moments), and the
+#: rank of one layer's array (a stacked array has more axes in front).
+SLOT_LAYOUT, SLOT_RANK = "slot_layout", "slot_rank"
 
 
 class DispatchState(nnx.Variable):
@@ -50,15 +64,37 @@ class RankState(DispatchState):
     """Per-rank dispatch state ``[D, ...]``, sharded over the expert-parallel axis."""
 
 
+def _home(var: nnx.Variable, mesh: jax.sharding.Mesh, axis: str) -> NamedSharding:
+    """Where ``var`` lives: a slot array (``slot_layout`` metadata: expert arrays and their moments) sharded over
+    ``axis`` on its slot axis, `RankState` over ``axis``, everything else replicated."""
+    meta = var.get_metadata()
+    if SLOT_LAYOUT in meta:
+        return NamedSharding(mesh, P(*([None] * (jnp.ndim(var.get_value()) - meta[SLOT_RANK])), axis))
+    return NamedSharding(mesh, P(axis) if isinstance(var, RankState) else P())
+
+
+def _put(value, sharding: NamedSharding):
+    """``value`` placed by ``sharding``: a transfer when concrete, a constraint inside a trace (``nnx.vmap``'d
+    construction of stacked layers, ``nnx.jit``)."""
+    if isinstance(value, jax.core.Tracer):
+        return jax.lax.with_sharding_constraint(value, sharding)
+    return jax.device_put(value, sharding)
+
+
 def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep") -> None:
-    """Put a module's state where the MoE program returns it: `RankState` sharded over ``axis``, everything
-    else replicated on ``mesh``. Without this, the second call of a jitted step sees differently placed
-    inputs and compiles again."""
-    rank = nnx.state(module, RankState)
-    rest = nnx.state(module, nnx.Not(RankState))
-    nnx.update(
-        module, jax.device_put(rest, NamedSharding(mesh, P())), jax.device_put(rank, NamedSharding(mesh, P(axis)))
-    )
+    """Put a module's state (or an optimizer's) where the MoE program returns it: the expert arrays and their
+    moments sharded over ``axis`` (their ``out_sharding`` metadata), `RankState` sharded over ``axis``, everything
+    else replicated on ``mesh``. Without this, the second call of a jitted step sees differently placed inputs
+    and compiles again."""
+    state = nnx.state(module)
+    placed = jax.tree.map(lambda v: v.replace(_put(v.get_value(), _home(v, mesh, axis))), state,
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip
+    nnx.update(module, placed)
+
+
+def _row_bytes(a) -> int:
+    """Bytes of one leading-axis row of ``a`` (one slot)."""
+    return int(np.prod(a.shape[1:])) * jnp.dtype(a.dtype).itemsize
 
 
 class BalanceBias(nnx.Variable):
@@ -82,10 +118,12 @@ class MoE(nnx.Module):
       tables: initial dispatch tables (default: EPLB-even over the placement's replicas); checked like
         `set_tables`.
       record: keep the last call's ``topk_ids [T, K]`` in ``self.topk_ids`` (routing traces).
-      params: logical parameters to start from (e.g. `tempo_jax.hf.moe_from_hf`'s) instead of random ones;
-        checked against ``config`` (`tempo_jax.layer.config.check_params`).
+      params: physical parameters over ``placement``'s slots to start from (`init_params`, `tempo_jax.hf`; a
+        logical dict converts with `tempo_jax.layer.to_physical`) instead of random ones; checked against
+        ``config`` (`tempo_jax.layer.params.check_params`) and placed on ``mesh`` (expert arrays sharded).
 
     Trainable: every parameter but ``score_bias`` (`nnx.Param`); ``self.score_bias`` is a `BalanceBias`.
+    ``self.placement`` is the `solvers.Placement` the weights are laid out over (`set_placement` changes it).
     After a call ``self.aux_loss`` / ``self.z_loss`` hold its load-balancing and z losses and ``self.expert_load``
     the pairs per expert.
     """
@@ -110,13 +148,20 @@ class MoE(nnx.Module):
         if placement.num_experts != config.experts:
             raise ValueError(f"placement has {placement.num_experts} experts, config.experts={config.experts}")
         if params is None:
-            params = init_params(rngs.params(), config)
-        check_params(params, config, where="MoE")
+            params = init_params(rngs.params(), config, placement, mesh=mesh)
+        check_params(params, config, num_slots=placement.num_slots, where="MoE")
         self.param_names = tuple(params)  # static: the keys of this config's parameters
+        homes = param_shardings(params, mesh, config.axis)
+        self.slot_layout = f"moe-{id(self):x}"  # static: tags this layer's slot arrays and their optimizer moments
         for name, value in params.items():
-            kind = BalanceBias if name == "score_bias" else nnx.Param
-            setattr(self, name, kind(jnp.asarray(value)))
+            value = _put(jnp.asarray(value), homes[name])
+            if name in EXPERT_KEYS:
+                tags = {SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim}
+                setattr(self, name, nnx.Param(value, **tags))
+            else:
+                setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value))
         self.config = config
+        self.placement = placement
         self.mesh = mesh
         self.record = record
         self.rngs = rngs
@@ -140,8 +185,70 @@ class MoE(nnx.Module):
         place_on_mesh(self, mesh, config.axis)
 
     def params(self) -> dict:
-        """The logical parameters as a dict (what `moe_forward` takes)."""
+        """The physical parameters as a dict (what `moe_forward` takes): expert arrays ``[P, ...]``."""
         return {name: getattr(self, name).get_value() for name in self.param_names}
+
+    def logical_params(self) -> dict:
+        """The logical parameters ``[E, ...]`` (export, `moe_reference`): each expert from its first replica."""
+        return to_logical(self.params(), self.placement)
+
+    def set_placement(self, placement: Placement, *, tables: Tables | None = None, optimizer=None) -> MigrationReport:
+        """Re-place the experts (EPLB rebalancing while serving or training): move the rows of exactly the slots
+        whose expert is not already on their rank, in one in-graph all-to-all per array (`plan_migration`,
+        `migrate`); install ``tables`` (default: EPLB-even over the new placement). The layer computes the same
+        function before and after.
+
+        Args:
+          placement: the new `solvers.Placement` (same D, S and E).
+          tables: tables over the new placement (checked like `set_tables`).
+          optimizer: an ``nnx.Optimizer`` over a model containing this layer: the moments of these expert arrays
+            move with them (found by this layer's ``slot_layout`` metadata).
+
+        Returns:
+          `MigrationReport`: slots moved / copied locally / kept, bytes moved (rows sent × bytes per slot of every
+          moved array), the all-to-all's padded bytes, and the step's time.
+
+        Raises:
+          ValueError: a placement of another shape, or tables of another placement.
+        """
+        if isinstance(self.counter.get_value(), jax.core.Tracer):
+            raise ValueError("MoE.set_placement is a host operation: call it outside jit (it compiles its own move)")
+        plan = plan_migration(self.placement, placement)
+        pa = placement_arrays(placement)
+        new_tables = uniform(placement) if tables is None else tables
+        check_tables(new_tables, pa, where="MoE.set_placement")
+        variables = [getattr(self, k) for k in self.param_names if k in EXPERT_KEYS]
+        if any(v.get_value().ndim > v.get_metadata()[SLOT_RANK] for v in variables):
+            raise ValueError("MoE.set_placement: this layer is a stack of layers (nnx.vmap / nnx.scan) sharing one "
+                             "placement; re-place layers built one by one (each its own MoE)")  # fmt: skip
+        if optimizer is not None:
+            variables += self._optimizer_slots(optimizer)
+        per_slot = sum(_row_bytes(v.get_value()) for v in variables)
+        moved, seconds, compile_s = migrate([v.get_value() for v in variables], plan, mesh=self.mesh,
+                                            axis=self.config.axis)  # fmt: skip
+        for v, a in zip(variables, moved, strict=True):
+            v.set_value(a)
+        home = NamedSharding(self.mesh, P())
+        self.placement = placement
+        self.placement_key = pa.placement_key
+        self.phy2log.set_value(jax.device_put(pa.phy2log, home))
+        self.log2phy.set_value(jax.device_put(pa.log2phy, home))
+        self.table.set_value(jax.device_put(jnp.asarray(new_tables.table, jnp.float32), home))
+        D = self.placement.num_gpus
+        return MigrationReport(
+            moved_slots=plan.moved, local_slots=plan.local, kept_slots=plan.kept, slot_bytes=per_slot,
+            bytes_moved=plan.transfers * per_slot, wire_bytes=D * D * plan.block * per_slot, seconds=seconds,
+            compile_seconds=compile_s,
+        )  # fmt: skip
+
+    def _optimizer_slots(self, optimizer) -> list:
+        """The optimizer's variables laid out over this layer's slots (Adam's moments of the expert arrays)."""
+        found = [v for _, v in nnx.iter_graph(optimizer)
+                 if isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout]  # fmt: skip
+        if not found:
+            raise ValueError("MoE.set_placement: the optimizer holds no state of this layer's expert arrays; pass the "
+                             "nnx.Optimizer built over the model that contains this layer")  # fmt: skip
+        return found
 
     def _placement_arrays(self) -> PlacementArrays:
         return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), self.placement_key)

@@ -33,9 +33,11 @@ from solvers import LaunchSchedule
 
 from . import cascade_exec, rounds, stages
 from .cascade_plan import check_fetches
-from .config import MoEConfig, auto_capacity, check_params, materialize
+from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE, return_blocks
 from .experts import glu, shared_ffn
+from .params import EXPERT_KEYS, check_params
+from .replicas import tie_replicas
 from .routing import Routing
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
@@ -48,7 +50,8 @@ SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
-    ``[T, H]`` → ``[T, H]``.
+    ``[T, H]`` → ``[T, H]``. ``params``: the *logical* layout ``[E, ...]`` (`tempo_jax.layer.params.to_logical`
+    of the layer's physical parameters).
 
     ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`)."""
     if routing is None:
@@ -180,7 +183,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0],
                                mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret)  # fmt: skip
     dest, local = stages.split_slots(dp.slot, S)
-    weights = inp.experts
+    # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
+    weights = tie_replicas(inp.experts, inp.phy2log, axis=axis, slots_per_rank=S, num_experts=config.experts)
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
@@ -241,8 +245,9 @@ def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capa
 def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
              capacity: tuple[str, int]):  # fmt: skip
     """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
-    physical weights' gather, the per-rank inputs and the shard_map body in one program, so an eager call (e.g.
-    `MoE.__call__` outside `jit`) is one dispatch; inside a caller's `jit` it inlines."""
+    per-rank inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`) is
+    one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
+    (sharded over the axis: each rank reads its own slots)."""
     axis, K, E = config.axis, config.top_k, config.experts
     D = mesh.shape[axis]
     body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
@@ -265,8 +270,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
             ids, gate = routing[0].astype(jnp.int32), routing[1].astype(jnp.float32)
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
-        inputs = RankInputs(x, router, materialize(params, phy2log), shared, table, log2phy, phy2log, counter, key,
-                            ids, gate)  # fmt: skip
+        experts = {k: params[k] for k in EXPERT_KEYS if k in params}
+        inputs = RankInputs(x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate)
         if explicit:
             specs = RankInputs.specs(axis)
             inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
@@ -304,10 +309,10 @@ def _check_inputs(
         raise ValueError(f"x [T, H={H}] does not match config (H={config.hidden})")
     if T % D:
         raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
-    check_params(params, config, where="moe_forward")
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = "
                          f"{D}·{S} = {D * S}")  # fmt: skip
+    check_params(params, config, num_slots=D * S, where="moe_forward")
     if placement_arrays.log2phy.shape[0] != E:
         raise ValueError(f"placement log2phy {placement_arrays.log2phy.shape} does not match E={E}")
     # Step 2: the placement and the tables (by key when trusted, by value when hand-made and concrete).
@@ -375,7 +380,9 @@ def moe_forward(
     """Expert-parallel MoE forward pass.
 
     Args:
-      params: logical parameters (`init_params`): router [H, E], w_gate/w_up [E, H, F], w_down [E, F, H].
+      params: physical parameters (`init_params`, `tempo_jax.hf`; `tempo_jax.layer.params`): router [H, E],
+        w_gate/w_up [P, H, F], w_down [P, F, H] (P = D·S, slot p holding expert phy2log[p]); best sharded over the
+        axis (`to_physical(..., mesh=mesh)`), so each rank reads only its own slots.
       x: [T, H] tokens; T divisible by D (they are split data-parallel over the ``ep`` axis).
       mesh: a mesh with ``config.axis`` (other axes are left alone: everything is replicated over them).
       placement_arrays: phy2log [P] (P = D·S) and log2phy [E, R].

@@ -67,6 +67,9 @@ class SolverBackend(Protocol):
     def close(self) -> None:
         """Stop whatever runs solves (idempotent)."""
 
+    def reconfigure(self, config: WorkerConfig) -> None:
+        """Solve the next windows with ``config`` (a new placement; the host dropped the in-flight job)."""
+
 
 class InlineBackend:
     """Solves in the calling thread."""
@@ -111,6 +114,9 @@ class InlineBackend:
 
     def close(self) -> None:
         pass
+
+    def reconfigure(self, config: WorkerConfig) -> None:
+        self.config = config
 
 
 class ThreadBackend(InlineBackend):
@@ -200,6 +206,19 @@ class ProcessBackend:
             raise TimeoutError(f"DispatchController.worker_probe: the worker did not answer within {timeout:g} s")
         return dict(self._probe_reply)
 
+    def reconfigure(self, config: WorkerConfig) -> None:
+        """The worker and the spare solve with ``config`` from now on (and restart with it): a message, no restart."""
+        with self.host._lock:
+            self.config = config
+            for w in (self.worker, self._spare):
+                if w is None:
+                    continue
+                w.config = config
+                try:
+                    w.send(("reconfig", config))
+                except WorkerLost:
+                    pass  # the supervisor restarts it, with the new config
+
     def metrics(self) -> dict:
         return {"pid": self.worker.pid, "alive": self.worker.alive, "ready": self._ready,
                 "start_s": list(self.worker.start_s), "spare_ready": self.spare_ready}  # fmt: skip
@@ -267,6 +286,12 @@ class ProcessBackend:
                 return
             with host._lock:
                 if not host._closed and self._spare is None:
+                    if spare.config is not self.config:  # reconfigured while it started
+                        spare.config = self.config
+                        try:
+                            spare.send(("reconfig", self.config))
+                        except WorkerLost:
+                            pass
                     self._spare, spare = spare, None
             if spare is not None:  # closed meanwhile
                 spare.close()

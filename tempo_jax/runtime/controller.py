@@ -33,6 +33,13 @@ Faults (each one is counted in `metrics()`, logged on the ``tempo_jax.runtime`` 
 | counter restarted (went down) | that source row's window = its new value (``counter.restarted_rows``) |
 | first counter snapshot | a baseline, not a window from zero (``counter.baselines``) |
 | tables older than ``staleness_s`` | the ``fallback`` policy's tables (uniform or static) are published |
+| the placement changes (`set_placement`) while a solve is in flight | that window is dropped (``replaced``) |
+
+Two timescales (``rebalance_every=N``): besides the tables of every window, every N windows the controller proposes
+a new EPLB placement from the expert load it accumulated since the last placement (`proposal`; layers that share
+one `Placement` object pool their loads and get one proposal). The caller moves the weights
+(`tempo_jax.MoE.set_placement`) and hands the placement back (`set_placement`): the solver continues over it, and
+the fallback tables of the new placement are published until its first solve.
 
 Accounting: every accepted pair is published, dropped (by reason) or pending —
 ``pairs.in == pairs.published + Σ pairs.dropped + pairs.pending`` — so nothing is lost silently.
@@ -46,6 +53,7 @@ Accounting: every accepted pair is published, dropped (by reason) or pending —
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -68,7 +76,7 @@ __all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
 log = logging.getLogger("tempo_jax.runtime")
 
 SOLVER_MODES = tuple(BACKENDS)
-DROP_REASONS = ("busy", "over_budget", "error", "bad_result", "worker_lost", "worker_down")
+DROP_REASONS = ("busy", "over_budget", "error", "bad_result", "worker_lost", "worker_down", "replaced")
 
 
 def _dist(values) -> dict:
@@ -104,6 +112,7 @@ class DispatchController:
         interpreter importing scipy and ortools takes a second or more); a new spare starts in the background.
       solver_processes: process mode with one placement per layer: the worker splits every window's layers over
         this many solver processes (1: it solves them in turn).
+      rebalance_every: propose a new EPLB placement every this many windows (`proposal`; None: never).
     """
 
     def __init__(
@@ -125,6 +134,7 @@ class DispatchController:
         worker_start_timeout_s: float = 120.0,
         spare_worker: bool = True,
         solver_processes: int = 1,
+        rebalance_every: int | None = None,
     ):
         where = "DispatchController"
         # Step 1: validate everything now (a typo must not surface as uniform tables forever).
@@ -166,6 +176,9 @@ class DispatchController:
             except Exception as err:
                 raise ValueError(f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
                                  f"{type(err).__name__}: {err}") from None  # fmt: skip
+        if rebalance_every is not None:
+            rebalance_every = check_int("rebalance_every", rebalance_every, where=where)
+        self.rebalance_every = rebalance_every
         # Step 3: the three parts and the fault counters.
         self._lock = threading.RLock()
         self._log = log
@@ -184,6 +197,9 @@ class DispatchController:
         self._dropped_pairs = {r: 0.0 for r in DROP_REASONS}
         self.last_error: str | None = None
         self.last_rejection: str | None = None
+        self._load = np.zeros(self.config.window_shape[:-2] + self.config.window_shape[-1:])  # [(L,) E] since placed
+        self._proposal = None
+        self._placements = {"proposed": 0, "applied": 0, "windows_since": 0}
         self._backend = make_backend(self.solver_mode, self.config, self, hang_s=self.hang_s,
                                      start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
         self._backend.start()
@@ -239,6 +255,11 @@ class DispatchController:
             return self.latest
         with self._lock:
             window = self._windows.add(c)
+            self._load += c.sum(axis=-2)
+            if window is not None and self.rebalance_every is not None:
+                self._placements["windows_since"] += 1
+                if self._placements["windows_since"] % self.rebalance_every == 0:
+                    self._propose()
             job = self._close_window(window) if window is not None else None
         if job is not None:
             err = self._backend.submit(job)
@@ -264,6 +285,70 @@ class DispatchController:
         if window is None:
             return self.latest
         return self.observe(window)
+
+    @property
+    def proposal(self) -> Placement | tuple[Placement, ...] | None:
+        """The newest placement proposed from the accumulated expert load (``rebalance_every``) and not yet applied
+        with `set_placement`; None when there is none. Shaped like ``placement``."""
+        with self._lock:
+            return self._proposal
+
+    def expert_load(self) -> np.ndarray:
+        """Pairs per expert accumulated since the current placement was set, ``[E]`` (``[L, E]`` per layer)."""
+        with self._lock:
+            return self._load.copy()
+
+    def set_placement(self, placement: Placement | tuple[Placement, ...]) -> None:
+        """Serve ``placement`` from now on (after the layer's weights moved, `tempo_jax.MoE.set_placement`): the
+        solver solves over it, the fallback tables of the new placement are published at once, a solve in flight
+        for the old one is dropped (``replaced``), the pending counts stay (they count logical experts), and the
+        load accumulation restarts.
+
+        Raises:
+          ValueError: a placement of another shape (D, E or layer count) than the one served.
+        """
+        self._check_open("set_placement")
+        old = self.config.placements
+        new = tuple(placement) if isinstance(placement, list | tuple) else (placement,)
+        if not all(isinstance(p, Placement) for p in new) or len(new) != len(old) or \
+                isinstance(placement, list | tuple) != isinstance(self.placement, tuple):  # fmt: skip
+            raise ValueError(f"DispatchController.set_placement: give {'a sequence of ' if len(old) > 1 else ''}"
+                             f"{len(old)} solvers.Placement{'s' if len(old) > 1 else ''}, shaped like the one served")  # fmt: skip
+        for p, q in zip(new, old, strict=True):
+            if (p.num_gpus, p.num_experts) != (q.num_gpus, q.num_experts):
+                raise ValueError(f"DispatchController.set_placement: a placement of D={p.num_gpus}, E={p.num_experts}"
+                                 f" for a runtime of D={q.num_gpus}, E={q.num_experts}")  # fmt: skip
+        placement = new if isinstance(self.placement, tuple) else new[0]
+        config = dataclasses.replace(self.config, placement=placement)
+        with self._lock:
+            if self._inflight is not None:
+                self._drop("replaced", self._inflight.pairs)
+                self._inflight = None
+            self._gen += 1
+            self.placement, self.config = placement, config
+            self._publisher.set_placement(placement)
+            self._backend.reconfigure(config)
+            self._load[...] = 0
+            self._proposal = None
+            self._placements["applied"] += 1
+            self._placements["windows_since"] = 0
+            self._event("placement", f"placement {self._placements['applied']} applied")
+
+    def _propose(self) -> None:
+        """Under the lock: EPLB over the accumulated load, one proposal per distinct placement object."""
+        placements = self.config.placements
+        loads = self._load if isinstance(self.placement, tuple) else self._load[None]
+        pooled: dict[int, np.ndarray] = {}
+        for p, load in zip(placements, loads, strict=True):
+            pooled[id(p)] = pooled.get(id(p), 0) + load
+        made: dict[int, Placement] = {}
+        for p in placements:
+            if id(p) not in made:
+                made[id(p)] = Placement.from_eplb(pooled[id(p)], p.num_slots, p.num_gpus, spread_idle=True,
+                                                  num_nodes=p.num_nodes)  # fmt: skip
+        proposal = tuple(made[id(p)] for p in placements)
+        self._proposal = proposal if isinstance(self.placement, tuple) else proposal[0]
+        self._placements["proposed"] += 1
 
     def tick(self) -> None:
         """Housekeeping without new counts (the refresher calls it every period): hung solves, staleness."""
@@ -365,6 +450,7 @@ class DispatchController:
                 "late_results": n["late_results"],
                 "errors": self._dropped["error"],
                 "last_error": self.last_error,
+                "placements": dict(self._placements),
             }
             if isinstance(self._backend, ProcessBackend):
                 out["worker"] = self._backend.metrics()

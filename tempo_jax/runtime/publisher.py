@@ -50,6 +50,16 @@ class Publisher:
         self.history: list[dict] = []  # published solves, oldest first (the last `history_size`)
         self._history_size = history_size
 
+    def set_placement(self, placement: Placement | tuple[Placement, ...]) -> None:
+        """Tables over a new placement from now on: its fallback tables are published at once (a new version),
+        and the staleness clock restarts."""
+        self.placement = placement
+        builder = dispatch_tables.uniform if self.fallback == "uniform" else dispatch_tables.static
+        self.fallback_tables = self._each(builder)
+        self.latest = self.fallback_tables
+        self.version += 1
+        self.data_time = time.monotonic()
+
     def _each(self, build):
         """``build(placement)``, or a tuple of one per layer."""
         if isinstance(self.placement, tuple):

@@ -42,7 +42,7 @@ from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dis
 from solvers.checks import check_choice, check_int, check_real
 from solvers.solve import check_policy
 
-from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference
+from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from ..layer import tables as dispatch_tables
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
 from .controller import SOLVER_MODES, DispatchController
@@ -226,7 +226,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
     mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_rank=placement.slots_per_rank,
                      dispatch_mode=cfg.dispatch_mode)  # fmt: skip
-    params = init_params(jax.random.key(cfg.seed), mcfg)
+    params = init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh)
     pa = dispatch_tables.placement_arrays(placement)
     Tn = cfg.tokens_per_rank * D
     gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
@@ -259,7 +259,8 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
                           every_steps=cfg.every_steps)  # fmt: skip
     # Step 4: the loop.
     uniform_w = plan_weights("uniform", placement)
-    reference = jax.jit(lambda x, ids: moe_reference(params, x, mcfg, routing=(ids, gate)))
+    logical = to_logical(params, placement)
+    reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, gate)))
     rows, on, max_diff = [], None, 0.0
     refresher.refresh()  # the counter's baseline
     try:

@@ -1,0 +1,19 @@
+"""Hugging Face MoE blocks and checkpoints into the layer (`tempo_jax.hf`).
+
+    block = moe_from_hf(config, state, mesh=mesh)            # one MoE block's tensors → HFBlock(config, params,
+                                                             #   placement): physical params, sharded over ep
+    layers = load_moe_layers("path/to/checkpoint", mesh=mesh)  # {layer: HFBlock}, each process reading its slots
+
+``config`` is the model's config.json as a dict (``model_type`` included); ``state`` one MoE block's tensors with
+keys relative to the block (``gate.weight``, ``experts.0.gate_proj.weight``, …).
+
+- `families`: config.json → `MoEConfig` for each family, and which decoder layers are MoE.
+- `tensors`: where each parameter sits in a block's tensors (both layouts), read lazily per expert.
+- `load`: `moe_from_hf`, `load_moe_layers`, the placement an import lays its experts over.
+"""
+
+from .families import FAMILIES, moe_config_from_hf, moe_layer_ids
+from .load import HFBlock, load_moe_layers, moe_from_hf, resolve_placement
+
+__all__ = ["FAMILIES", "HFBlock", "load_moe_layers", "moe_config_from_hf", "moe_from_hf", "moe_layer_ids",
+           "resolve_placement"]  # fmt: skip

@@ -1,0 +1,220 @@
+"""HF MoE blocks and checkpoints into the layer's physical parameters, sharded where the layer keeps them.
+
+    block = moe_from_hf(config, state, mesh=mesh)              # one MoE block's tensors → HFBlock
+    layers = load_moe_layers("path/to/checkpoint", mesh=mesh)  # {layer: HFBlock}, each rank reading its slots
+    moe = tempo_jax.MoE(block.config, block.placement, mesh=mesh, rngs=rngs, params=block.params)
+
+The placement is yours (``placement=``) or, by default, `solvers.Placement.spread` over D = the mesh's ``ep`` size
+(1 without a mesh) and S = ``slots_per_rank`` (default ⌈E / D⌉): slot p holds expert p mod E. With a mesh, every
+per-expert array is built by `jax.make_array_from_callback` over its ``ep`` sharding: each process reads only the
+experts of the slots its devices hold, one expert at a time, so a checkpoint larger than a process's share is
+never materialised whole; the router and shared experts are read once per process and replicated.
+
+Glossary: E experts, D ranks, S slots per rank, P = D·S.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from solvers import Placement
+from solvers.checks import read_json
+
+from ..config import MoEConfig
+from ..params import param_shapes
+from .families import family, moe_config_from_hf, moe_layer_ids
+from .tensors import FileSource, MemorySource, TensorSource, block_readers
+
+__all__ = ["HFBlock", "load_moe_layers", "moe_from_hf", "resolve_placement"]
+
+
+class HFBlock(NamedTuple):
+    """One imported MoE block: its `MoEConfig`, the physical ``params`` over ``placement``'s slots (sharded over
+    ``ep`` when a mesh was given) and the `solvers.Placement`."""
+
+    config: MoEConfig
+    params: dict
+    placement: Placement
+
+
+def resolve_placement(num_experts: int, *, placement: Placement | None, mesh, slots_per_rank: int | None,
+                      axis: str = "ep", where: str) -> Placement:  # fmt: skip
+    """The placement an import lays its experts over: ``placement`` when given (checked against E, the mesh and
+    ``slots_per_rank``), else `Placement.spread` over D = ``mesh.shape[axis]`` (1 without a mesh) and S =
+    ``slots_per_rank`` or ⌈E / D⌉."""
+    D = 1 if mesh is None else mesh.shape[axis]
+    if placement is not None:
+        if not isinstance(placement, Placement):
+            raise ValueError(f"{where}: placement must be a solvers.Placement, got {type(placement).__name__}")
+        if placement.num_experts != num_experts:
+            raise ValueError(
+                f"{where}: the placement has {placement.num_experts} experts, the checkpoint {num_experts}"
+            )
+        if mesh is not None and placement.num_gpus != D:
+            raise ValueError(f"{where}: the placement spans {placement.num_gpus} ranks, the mesh's {axis!r} axis {D}")
+        if slots_per_rank is not None and slots_per_rank != placement.slots_per_rank:
+            raise ValueError(f"{where}: slots_per_rank={slots_per_rank} but the placement has "
+                             f"{placement.slots_per_rank} per rank; give one of them")  # fmt: skip
+        return placement
+    S = math.ceil(num_experts / D) if slots_per_rank is None else slots_per_rank
+    if isinstance(S, bool) or not isinstance(S, int | np.integer) or D * S < num_experts:
+        raise ValueError(
+            f"{where}: slots_per_rank={slots_per_rank!r} gives {D}·{S} slots for {num_experts} experts; it must be "
+            f"an integer with D·S ≥ E (default ⌈E / D⌉ = {math.ceil(num_experts / D)})"
+        )
+    return Placement.spread(num_experts, D, int(S))
+
+
+def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dict:
+    """The physical parameters from the block's readers: per-expert arrays ``[P, ...]`` (sharded by
+    `jax.make_array_from_callback` when ``mesh``), the rest whole."""
+    shapes = param_shapes(cfg, placement.num_slots)
+    phy2log = np.asarray(placement.phy2log)
+    out = {}
+    for name, (per_expert, read) in readers.items():
+        kind = jnp.float32 if name.startswith("router") or name == "score_bias" else dtype
+        shape = shapes[name]
+        if not per_expert:
+            value = np.asarray(read(), dtype=kind).reshape(shape)
+            out[name] = jnp.asarray(value) if mesh is None else jax.device_put(value, NamedSharding(mesh, P()))
+            continue
+        if mesh is None:
+            experts, inverse = np.unique(phy2log, return_inverse=True)
+            out[name] = jnp.asarray(np.asarray(read(experts), dtype=kind)[inverse].reshape(shape))
+            continue
+
+        def rows(index, read=read, kind=kind, shape=shape):
+            slots = np.arange(shape[0])[index[0]]
+            experts, inverse = np.unique(phy2log[slots], return_inverse=True)
+            return np.asarray(read(experts), dtype=kind)[inverse].reshape((slots.shape[0], *shape[1:]))
+
+        out[name] = jax.make_array_from_callback(shape, NamedSharding(mesh, P(cfg.axis)), rows)
+    return out
+
+
+def _block(config: Mapping, src: TensorSource, *, placement, mesh, slots_per_rank, dtype, where: str,
+           overrides: dict) -> HFBlock:  # fmt: skip
+    fam = family(config)
+    probe = moe_config_from_hf(config, slots_per_rank=1, dtype=dtype, **overrides)  # E, before the placement
+    placement = resolve_placement(probe.experts, placement=placement, mesh=mesh, slots_per_rank=slots_per_rank,
+                                  axis=probe.axis, where=where)  # fmt: skip
+    cfg = moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, dtype=dtype, **overrides)
+    readers = block_readers(cfg, fam, src)
+    return HFBlock(cfg, _assemble(readers, cfg, placement, mesh, dtype), placement)
+
+
+def moe_from_hf(config: Mapping, state: Mapping, *, placement: Placement | None = None, mesh=None,
+                slots_per_rank: int | None = None, dtype=jnp.float32, **overrides) -> HFBlock:  # fmt: skip
+    """One HF MoE block → `HFBlock` ``(config, params, placement)`` for `moe_forward` / `tempo_jax.MoE`.
+
+    Args:
+      config: the model's config.json as a dict.
+      state: the block's tensors (numpy or anything ``np.asarray`` reads), keys relative to the block.
+      placement: the `solvers.Placement` to lay the experts over (default: see the module).
+      mesh: the layer's mesh: the parameters are placed on it (per-expert arrays sharded over ``ep``).
+      slots_per_rank: S when no placement is given (default ⌈E / D⌉).
+      dtype: the experts' dtype in the layer (the router stays float32).
+      **overrides: other `MoEConfig` fields (dispatch_mode, capacity, …).
+
+    Raises:
+      ValueError: unknown model_type, missing / misshapen / unexpected / quantized tensors, a config the layer
+        cannot express, or a placement that does not fit.
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"moe_from_hf: state must be a mapping of tensor names to arrays, got {type(state).__name__}")
+    return _block(config, MemorySource(state), placement=placement, mesh=mesh, slots_per_rank=slots_per_rank,
+                  dtype=dtype, where="moe_from_hf", overrides=overrides)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+_BLOCK_PREFIXES = ("model.layers.{}.mlp.", "model.layers.{}.block_sparse_moe.")
+
+
+def _weight_map(folder: Path) -> dict[str, Path]:
+    """tensor name → shard file, from ``model.safetensors.index.json`` or the headers of ``*.safetensors``."""
+    from safetensors import SafetensorError, safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        data = read_json(index, "safetensors index")
+        wm = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wm, dict):
+            raise ValueError(f"{index}: expected a JSON object with a 'weight_map' of tensor name → shard file")
+        files = {name: folder / f for name, f in wm.items()}
+        missing = sorted({str(p) for p in files.values() if not p.exists()})
+        if missing:
+            raise ValueError(f"{index}: shard files {missing[:3]} do not exist")
+        return files
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"{folder}: no *.safetensors files (and no model.safetensors.index.json)")
+    out: dict[str, Path] = {}
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="np") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+                    out[name] = shard
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{shard}: not a readable safetensors file: {err}") from None
+    return out
+
+
+def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | None = None, mesh=None,
+                    slots_per_rank: int | None = None, dtype=jnp.float32, layers=None,
+                    **overrides) -> dict[int, HFBlock]:  # fmt: skip
+    """Every MoE layer of a local checkpoint folder (``config.json`` + ``*.safetensors``, sharded with
+    ``model.safetensors.index.json`` or not) as ``{layer: HFBlock}``, reading only the MoE blocks' tensors — with a
+    mesh only the experts of this process's slots (see the module).
+
+    Args:
+      path: the folder.
+      placement: one `solvers.Placement` for every layer, or ``{layer: Placement}`` (default: see the module).
+      mesh, slots_per_rank, dtype, overrides: as `moe_from_hf`.
+      layers: a subset of `moe_layer_ids` (default all).
+
+    Raises:
+      ValueError: no config.json, a layer that is not MoE, a block without tensors, or what `moe_from_hf` raises.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"load_moe_layers: {folder} is not a folder (a local checkpoint: config.json + *.safetensors)")
+    config = read_json(folder / "config.json", "config.json")
+    ids = moe_layer_ids(config)
+    if layers is not None:
+        if isinstance(layers, int | str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ValueError(f"load_moe_layers: layers must be a list of integer layer ids, got {layers!r}")
+        bad = sorted(set(layers) - set(ids))
+        if bad:
+            raise ValueError(f"load_moe_layers: layers {bad} are not MoE layers of this model (MoE layers: {ids})")
+        ids = list(layers)
+    if isinstance(placement, Mapping):
+        missing = sorted(set(ids) - set(placement))
+        if missing:
+            raise ValueError(f"load_moe_layers: the placement mapping has no entry for MoE layers {missing}")
+    files = _weight_map(folder)
+    out = {}
+    for layer in ids:
+        prefix = next((p.format(layer) for p in _BLOCK_PREFIXES if any(k.startswith(p.format(layer)) for k in files)),
+                      None)  # fmt: skip
+        if prefix is None:
+            raise ValueError(f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
+                             f"({_BLOCK_PREFIXES[0].format(layer)}*)")  # fmt: skip
+        src = FileSource({k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix)})
+        where = f"load_moe_layers: layer {layer}"
+        try:
+            out[layer] = _block(config, src, placement=placement.get(layer) if isinstance(placement, Mapping)
+                                else placement, mesh=mesh, slots_per_rank=slots_per_rank, dtype=dtype, where=where,
+                                overrides=overrides)  # fmt: skip
+        except ValueError as err:
+            msg = str(err)
+            raise ValueError(msg if msg.startswith(where) else f"{where}: {err}") from None
+    return out

@@ -1,0 +1,214 @@
+"""The MoE layer's parameters in their two layouts, and where they live on the mesh.
+
+- **physical** (what the layer takes; `init_params`, `tempo_jax.hf`, `MoE`): every routed-expert array has one row
+  per physical slot, ``[P, ...]`` with P = D·S, slot p holding logical expert ``phy2log[p]``; on a mesh these
+  arrays are sharded over the ``ep`` axis, so rank d holds only its S slots ``[d·S, (d+1)·S)`` — and their
+  gradients and optimizer moments alike. Replicas of one expert hold identical values (`to_physical` makes them
+  so; training keeps them so, `tempo_jax.layer.replicas`).
+- **logical** (import / export and the dense `moe_reference`): one row per expert, ``[E, ...]``
+  (`init_logical_params`, `to_logical`).
+
+Everything else (router, score bias, shared experts) is the same in both layouts and replicated on ``ep``.
+
+| key | logical | physical | when |
+| --- | --- | --- | --- |
+| ``router`` | [H, E] float32 | same | always |
+| ``router_bias`` | [E] float32 | same | ``router.bias`` (gpt-oss) |
+| ``score_bias`` | [E] float32 | same | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
+| ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always |
+| ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
+| ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
+| ``shared_gate`` | [H] | same | ``shared.gated`` (Qwen2-MoE) |
+
+Glossary: H hidden, F expert FFN width, E logical experts, D ranks on the ``ep`` axis, S physical slots per rank,
+P = D·S physical slots, Fs shared width.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from solvers import Placement
+
+from .config import MoEConfig
+from .experts import EXPERT_BIASES, EXPERT_WEIGHTS
+
+__all__ = [
+    "EXPERT_KEYS",
+    "check_params",
+    "expert_keys",
+    "init_logical_params",
+    "init_params",
+    "param_shapes",
+    "param_shardings",
+    "slot_bytes",
+    "to_logical",
+    "to_physical",
+]
+
+#: Every per-expert array name (physical ``[P, ...]`` in the layer), weights then biases.
+EXPERT_KEYS = EXPERT_WEIGHTS + EXPERT_BIASES
+
+
+def expert_keys(params) -> tuple[str, ...]:
+    """The per-expert keys present in ``params`` (weights, and biases where the config has them)."""
+    return tuple(k for k in EXPERT_KEYS if k in params)
+
+
+def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter ``config`` needs, by key: per-expert arrays lead with ``num_slots`` (P, the
+    physical layout) or, when None, with E (the logical layout); see the module's table."""
+    H, F, E = config.hidden, config.ffn, config.experts
+    n = E if num_slots is None else num_slots
+    shapes = {"router": (H, E), "w_gate": (n, H, F), "w_up": (n, H, F), "w_down": (n, F, H)}
+    if config.router.bias:
+        shapes["router_bias"] = (E,)
+    if config.router.score_bias:
+        shapes["score_bias"] = (E,)
+    if config.expert.bias:
+        shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, H))
+    if config.shared is not None:
+        Fs = config.shared.width
+        shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
+        if config.shared.gated:
+            shapes["shared_gate"] = (H,)
+    return shapes
+
+
+def slot_bytes(params) -> int:
+    """Bytes of one physical slot: the per-expert arrays of one row (what a re-placement moves per slot)."""
+    return sum(
+        int(np.prod(jnp.shape(params[k])[1:])) * jnp.dtype(params[k].dtype).itemsize for k in expert_keys(params)
+    )
+
+
+def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str) -> None:
+    """Static check of a parameter dict against ``config``: every key `param_shapes` names, each of its shape in
+    the layout ``num_slots`` says (P: physical, None: logical), and no key the config would ignore. Reads no
+    array. A logical dict given where the physical layout is needed is named as such, with the conversion."""
+    if not isinstance(params, dict):
+        raise ValueError(
+            f"{where}: params must be a dict of arrays (init_params, moe_from_hf), got {type(params).__name__}"
+        )
+    shapes = param_shapes(config, num_slots)
+    missing = [k for k in shapes if k not in params]
+    if missing:
+        raise ValueError(f"{where}: params lack {', '.join(f'{k} {list(shapes[k])}' for k in missing)} that this "
+                         "config needs; build them with init_params(key, config, placement) or "
+                         "tempo_jax.hf.moe_from_hf")  # fmt: skip
+    unused = sorted(set(params) - set(shapes))
+    if unused:
+        raise ValueError(f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
+                         "expert.bias / shared); refusing to ignore them")  # fmt: skip
+    E = config.experts
+    for k, shape in shapes.items():
+        got = tuple(jnp.shape(params[k]))
+        if got == shape:
+            continue
+        if num_slots is not None and num_slots != E and k in EXPERT_KEYS and got == (E, *shape[1:]):
+            raise ValueError(
+                f"{where}: params[{k!r}] has the logical layout [E={E}, ...]; the layer takes the physical layout "
+                f"[P={num_slots}, ...] (one row per slot): convert with "
+                "tempo_jax.layer.to_physical(params, placement, mesh=mesh), or build with init_params(key, config, "
+                "placement, mesh=mesh)"
+            )
+        raise ValueError(f"{where}: params[{k!r}] has shape {list(got)}, the config needs {list(shape)}")
+
+
+def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
+    """Random *logical* parameters ``[E, ...]`` of every key `param_shapes` names: weights N(0, 1/fan_in) (the
+    router and its biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The
+    router and the three expert weights draw from ``split(key, 4)`` (the same values for every variant); the rest
+    from ``fold_in(key, 1 + their index)``."""
+    shapes = param_shapes(config)
+    H, F = config.hidden, config.ffn
+    k = jax.random.split(key, 4)
+    out = {
+        "router": jax.random.normal(k[0], shapes["router"], jnp.float32) * H**-0.5,
+        "w_gate": (jax.random.normal(k[1], shapes["w_gate"]) * H**-0.5).astype(config.dtype),
+        "w_up": (jax.random.normal(k[2], shapes["w_up"]) * H**-0.5).astype(config.dtype),
+        "w_down": (jax.random.normal(k[3], shapes["w_down"]) * F**-0.5).astype(config.dtype),
+    }
+    for i, (name, shape) in enumerate(shapes.items()):
+        if name in out:
+            continue
+        if name == "score_bias":
+            out[name] = jnp.zeros(shape, jnp.float32)
+            continue
+        scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
+        dtype = jnp.float32 if name.startswith("router") else config.dtype
+        out[name] = (jax.random.normal(jax.random.fold_in(key, 1 + i), shape, jnp.float32) * scale).astype(dtype)
+    return out
+
+
+def _phy2log(placement) -> np.ndarray:
+    if isinstance(placement, Placement):
+        return np.asarray(placement.phy2log)
+    return np.asarray(placement)
+
+
+def param_shardings(params, mesh: jax.sharding.Mesh, axis: str = "ep") -> dict:
+    """Where each parameter lives: per-expert arrays ``NamedSharding(mesh, P(axis))`` (each rank its S slots),
+    everything else replicated ``NamedSharding(mesh, P())``."""
+    return {k: NamedSharding(mesh, P(axis) if k in EXPERT_KEYS else P()) for k in params}
+
+
+def to_physical(logical: dict, placement, *, mesh: jax.sharding.Mesh | None = None, axis: str = "ep") -> dict:
+    """Logical ``[E, ...]`` → physical ``[P, ...]`` parameters: slot p gets expert ``phy2log[p]``'s rows (replicas
+    identical by construction); the other keys are kept. With ``mesh`` every array is placed where the layer
+    keeps it (`param_shardings`): the gather runs as one program whose outputs are sharded over ``axis``, so no
+    device holds more than its own slots of the result.
+
+    ``placement``: a `solvers.Placement` or its ``phy2log [P]``.
+    """
+    idx = _phy2log(placement).astype(np.int32)
+    keys = expert_keys(logical)
+
+    def gather(params):
+        return {k: (jnp.take(v, idx, axis=0) if k in keys else jnp.asarray(v)) for k, v in params.items()}
+
+    if mesh is None:
+        return gather(logical)
+    D = mesh.shape[axis]
+    if idx.shape[0] % D:
+        raise ValueError(f"to_physical: {idx.shape[0]} slots do not split over the {D} ranks of axis {axis!r}")
+    return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis))(logical)
+
+
+def to_logical(physical: dict, placement) -> dict:
+    """Physical ``[P, ...]`` → logical ``[E, ...]`` (for export): each expert's rows from its first replica
+    (replicas are identical); the other keys are kept. ``placement``: a `solvers.Placement` or ``phy2log [P]``."""
+    phy2log = _phy2log(placement)
+    E = placement.num_experts if isinstance(placement, Placement) else int(phy2log.max()) + 1
+    experts, first = np.unique(phy2log, return_index=True)  # the first slot of each expert
+    if experts.shape[0] != E:
+        missing = sorted(set(range(E)) - set(experts.tolist()))
+        raise ValueError(f"to_logical: experts {missing} have no slot in the placement")
+    keys = expert_keys(physical)
+    return {k: (jnp.take(v, jnp.asarray(first, jnp.int32), axis=0) if k in keys else v) for k, v in physical.items()}
+
+
+def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.sharding.Mesh | None = None) -> dict:
+    """Random *physical* parameters for the layer: `init_logical_params`'s values (the same for every placement)
+    laid out over ``placement``'s slots by `to_physical`, sharded over ``config.axis`` of ``mesh`` when given.
+
+    ``placement``: a `solvers.Placement` (or ``phy2log [P]``) with P = D·S slots.
+    """
+    if mesh is None:
+        return to_physical(init_logical_params(key, config), placement)
+    axis = config.axis
+
+    def build(key):
+        logical = init_logical_params(key, config)
+        D, E = mesh.shape[axis], config.experts
+        if E % D == 0:  # drawn sharded too (threefry is partitionable): no device makes every expert
+            logical = {k: (jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P(axis))) if k in EXPERT_KEYS
+                           else v) for k, v in logical.items()}  # fmt: skip
+        return to_physical(logical, placement)
+
+    shapes = jax.eval_shape(lambda k: init_logical_params(k, config), key)
+    return jax.jit(build, out_shardings=param_shardings(shapes, mesh, axis))(key)
