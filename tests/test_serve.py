@@ -13,17 +13,24 @@ from tempo_jax.workloads import drifting_stream, recorded_stream
 
 
 def test_serve_layer_cli_small(tmp_path, capsys):
-    rc = cli.main(["serve", "--model", "layer", "--steps", "12", "--tokens-per-rank", "16", "--experts", "16",
-                   "--top-k", "2", "--every-steps", "2", "--block", "3", "--kill-worker-at", "5",
-                   "--out", str(tmp_path)])  # fmt: skip
+    rc = cli.main(["serve", "--model", "layer", "--steps", "12", "--tokens-per-rank", "128", "--experts", "16",
+                   "--top-k", "2", "--skew", "1.5", "--every-steps", "2", "--block", "3", "--kill-worker-at", "5",
+                   "--rebalance-every", "2", "--out", str(tmp_path)])  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
     assert "step    0 [on ]" in text and "step    3 [off]" in text and "killed the solver worker" in text
     assert "worker on" in text and "on/off =" in text and "modelled makespan, mean over steps" in text
     rep = json.loads((tmp_path / "serve.json").read_text())
     assert (tmp_path / "serve.png").stat().st_size > 10_000
-    assert len(rep["steps"]) == 12 and rep["step_ms"]["on"]["n"] == 6 and rep["step_ms"]["off"]["n"] == 6
-    assert rep["max_abs_diff_vs_reference"] < 1e-4  # the live tables never change the output
+    # the slow timescale: after 2 windows a proposal, priced no worse, so the experts moved (weights and the
+    # placement the solver serves)
+    moves = rep["replacements"]
+    assert len(moves) == 1 and moves[0]["applied"] and moves[0]["moved_slots"] > 0 and "re-placed:" in text
+    assert moves[0]["makespan_after_us"] <= moves[0]["makespan_before_us"]
+    assert moves[0]["bytes_moved"] % (3 * 128 * 128 * 4) == 0 and moves[0]["bytes_moved"] > 0
+    assert moves[0]["next_step_ms"] > 0 and rep["metrics"]["placements"]["applied"] == 1
+    assert len(rep["steps"]) == 12 and rep["step_ms"]["on"]["n"] + rep["step_ms"]["off"]["n"] == 12 - len(moves)
+    assert rep["max_abs_diff_vs_reference"] < 1e-4  # neither the live tables nor the placement change the output
     m = rep["metrics"]
     assert m["worker_lost"]["died"] == 1 and m["restarts"] == 1 and m["errors"] == 0
     assert m["windows"]["published"] >= 1 and rep["publish_steps"]
@@ -54,7 +61,8 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
     window, the worker killed mid-run; every layer picks the new tables up."""
     rc = cli.main(["serve", "--steps", "10", "--tokens-per-rank", "16", "--experts", "16", "--top-k", "2",
                    "--hidden", "32", "--ffn", "32", "--every-steps", "2", "--block", "0", "--decode-steps", "2",
-                   "--train-steps", "0", "--kill-worker-at", "4", "--out", str(tmp_path), "--no-figure"])  # fmt: skip
+                   "--train-steps", "0", "--kill-worker-at", "4", "--rebalance-every", "1", "--out", str(tmp_path),
+                   "--no-figure"])  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
     assert "tiny MoE LM, 2 MoE layers" in text and "prefill" in text and "decode" in text
@@ -67,6 +75,12 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
     m = rep["metrics"]
     assert m["worker_lost"]["died"] == 1 and m["windows"]["published"] >= 2 and rep["publish_steps"]
     assert rep["refresh_ms"]["n"] >= 2 and m["errors"] == 0
+    moves = rep["replacements"]  # a proposal every window: applied (experts moved live) or dismissed, priced
+    assert moves and m["placements"]["applied"] + m["placements"]["dismissed"] == len(moves)
+    for mv in moves:
+        assert (mv["makespan_after_us"] <= mv["makespan_before_us"]) == mv["applied"]
+    applied = [mv["step"] for mv in moves if mv["applied"]]
+    assert all(r["first_after_move"] == (r["step"] - 1 in applied) for r in rep["steps"])
     assert m["pairs"]["in"] == pytest.approx(m["pairs"]["published"] + sum(m["pairs"]["dropped"].values())
                                              + m["pairs"]["pending"])  # fmt: skip
 

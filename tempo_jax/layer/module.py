@@ -9,8 +9,8 @@
 Trainable weights are `nnx.Param`: the router (replicated) and the physical expert arrays w_gate / w_up /
 w_down ``[P, ...]``, sharded over the ``ep`` axis so each rank holds only its S slots (``nnx.Optimizer`` gives
 Adam's moments the same sharding and this layer's ``slot_layout`` tag, which `set_placement` and `place_on_mesh`
-read; stacked over layers by ``nnx.vmap`` the slot axis is the first after the stacked ones). Placement, tables, the cumulative
-counter and the last call's routing statistics are non-trainable `DispatchState` variables, so
+read; stacked over layers by ``nnx.vmap`` the slot axis is the first after the stacked ones). Placement, tables,
+the cumulative counter and the last call's routing statistics are non-trainable `DispatchState` variables, so
 ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` trains exactly the parameters. Replicas of one expert receive the sum
 of their gradients (`tempo_jax.layer.replicas`) and stay identical through training.
 
@@ -44,7 +44,7 @@ from solvers import Placement
 
 from .config import MoEConfig
 from .moe import moe_forward
-from .params import EXPERT_KEYS, check_params, init_params, param_shardings, to_logical
+from .params import EXPERT_KEYS, check_params, init_params, param_shardings, to_logical, to_physical
 from .replicas import MigrationReport, migrate, plan_migration
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
@@ -95,6 +95,31 @@ def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep")
 def _row_bytes(a) -> int:
     """Bytes of one leading-axis row of ``a`` (one slot)."""
     return int(np.prod(a.shape[1:])) * jnp.dtype(a.dtype).itemsize
+
+
+#: The key under which the layer hands its own placement arrays and installed table to `moe_forward`: both were
+#: checked against each other when installed (`set_tables`, `set_placement`), so the program is trusted without
+#: naming the placement — one compiled program serves every placement of the same shape.
+_INSTALLED = "tempo_jax.MoE: installed"
+
+
+class _HostPlacement:
+    """The host `solvers.Placement` of a layer, re-derived from its ``phy2log`` array whenever that array object
+    changes (`set_placement`, a restored state). A static attribute compared by identity: changing the placement
+    changes no graph definition, so jitted steps are not traced again."""
+
+    def __init__(self, placement: Placement):
+        self.placement, self.array = placement, None
+
+    def get(self, phy2log, num_gpus: int, num_experts: int, gpus_per_node) -> Placement:
+        if isinstance(phy2log, jax.core.Tracer):
+            raise ValueError("MoE.placement is host data: read it outside jit")
+        if phy2log is not self.array:
+            host = np.asarray(phy2log.addressable_data(0) if isinstance(phy2log, jax.Array) else phy2log)
+            if self.placement is None or not np.array_equal(host, self.placement.phy2log):
+                self.placement = Placement.from_phy2log(host, num_gpus, gpus_per_node, num_experts)
+            self.array = phy2log
+        return self.placement
 
 
 class BalanceBias(nnx.Variable):
@@ -161,12 +186,12 @@ class MoE(nnx.Module):
             else:
                 setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value))
         self.config = config
-        self.placement = placement
         self.mesh = mesh
         self.record = record
         self.rngs = rngs
+        self._host = _HostPlacement(placement)  # static, by identity (see the class)
+        self._gpus_per_node = placement.gpus_per_node
         pa = placement_arrays(placement)
-        self.placement_key = pa.placement_key  # static: compared with the key of installed tables
         self.phy2log = DispatchState(pa.phy2log)
         self.log2phy = DispatchState(pa.log2phy)
         self.table = DispatchState(self._installable(uniform(placement) if tables is None else tables, "MoE"))
@@ -184,6 +209,12 @@ class MoE(nnx.Module):
         self.expert_load = MoEAuxState(jnp.zeros((config.experts,), jnp.float32))
         place_on_mesh(self, mesh, config.axis)
 
+    @property
+    def placement(self) -> Placement:
+        """The `solvers.Placement` the expert arrays are laid out over (host data; `set_placement` changes it)."""
+        D = self.mesh.shape[self.config.axis]
+        return self._host.get(self.phy2log.get_value(), D, self.config.experts, self._gpus_per_node)
+
     def params(self) -> dict:
         """The physical parameters as a dict (what `moe_forward` takes): expert arrays ``[P, ...]``."""
         return {name: getattr(self, name).get_value() for name in self.param_names}
@@ -191,6 +222,14 @@ class MoE(nnx.Module):
     def logical_params(self) -> dict:
         """The logical parameters ``[E, ...]`` (export, `moe_reference`): each expert from its first replica."""
         return to_logical(self.params(), self.placement)
+
+    def load_logical(self, logical: dict) -> None:
+        """Set every parameter from a *logical* dict ``[E, ...]`` (an export, another layout's `logical_params`):
+        the experts laid out over this layer's placement, each rank receiving only its slots."""
+        check_params(logical, self.config, num_slots=None, where="MoE.load_logical")
+        physical = to_physical(logical, self.placement, mesh=self.mesh, axis=self.config.axis)
+        for name in self.param_names:
+            getattr(self, name).set_value(physical[name])
 
     def set_placement(self, placement: Placement, *, tables: Tables | None = None, optimizer=None) -> MigrationReport:
         """Re-place the experts (EPLB rebalancing while serving or training): move the rows of exactly the slots
@@ -229,12 +268,11 @@ class MoE(nnx.Module):
         for v, a in zip(variables, moved, strict=True):
             v.set_value(a)
         home = NamedSharding(self.mesh, P())
-        self.placement = placement
-        self.placement_key = pa.placement_key
+        self._host.placement = placement
         self.phy2log.set_value(jax.device_put(pa.phy2log, home))
         self.log2phy.set_value(jax.device_put(pa.log2phy, home))
         self.table.set_value(jax.device_put(jnp.asarray(new_tables.table, jnp.float32), home))
-        D = self.placement.num_gpus
+        D = placement.num_gpus
         return MigrationReport(
             moved_slots=plan.moved, local_slots=plan.local, kept_slots=plan.kept, slot_bytes=per_slot,
             bytes_moved=plan.transfers * per_slot, wire_bytes=D * D * plan.block * per_slot, seconds=seconds,
@@ -250,12 +288,12 @@ class MoE(nnx.Module):
                              "nnx.Optimizer built over the model that contains this layer")  # fmt: skip
         return found
 
-    def _placement_arrays(self) -> PlacementArrays:
-        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), self.placement_key)
+    def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
+        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key)
 
     def _installable(self, tables: Tables, where: str) -> jax.Array:
         """``tables.table`` as float32 ``[Gs, E, R]`` once `check_tables` accepts it (the one check of a table)."""
-        check_tables(tables, self._placement_arrays(), where=where)
+        check_tables(tables, self._placement_arrays(self.placement.key), where=where)
         # replicated on the mesh, where the module keeps its state: a jitted step sees one sharding, one program
         return jax.device_put(jnp.asarray(tables.table, jnp.float32), NamedSharding(self.mesh, P()))
 
@@ -283,7 +321,7 @@ class MoE(nnx.Module):
                 tokens,
                 mesh=self.mesh,
                 placement_arrays=self._placement_arrays(),
-                tables=Tables._trusted(self.table.get_value(), self.log2phy.get_value(), self.placement_key),
+                tables=Tables._trusted(self.table.get_value(), self.log2phy.get_value(), _INSTALLED),
                 config=self.config,
                 key=key,
                 counter=self.counter.get_value(),

@@ -199,7 +199,7 @@ class DispatchController:
         self.last_rejection: str | None = None
         self._load = np.zeros(self.config.window_shape[:-2] + self.config.window_shape[-1:])  # [(L,) E] since placed
         self._proposal = None
-        self._placements = {"proposed": 0, "applied": 0, "windows_since": 0}
+        self._placements = {"proposed": 0, "applied": 0, "dismissed": 0, "windows_since": 0}
         self._backend = make_backend(self.solver_mode, self.config, self, hang_s=self.hang_s,
                                      start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
         self._backend.start()
@@ -310,10 +310,11 @@ class DispatchController:
         self._check_open("set_placement")
         old = self.config.placements
         new = tuple(placement) if isinstance(placement, list | tuple) else (placement,)
-        if not all(isinstance(p, Placement) for p in new) or len(new) != len(old) or \
-                isinstance(placement, list | tuple) != isinstance(self.placement, tuple):  # fmt: skip
-            raise ValueError(f"DispatchController.set_placement: give {'a sequence of ' if len(old) > 1 else ''}"
-                             f"{len(old)} solvers.Placement{'s' if len(old) > 1 else ''}, shaped like the one served")  # fmt: skip
+        layered = isinstance(self.placement, tuple)
+        shaped = isinstance(placement, list | tuple) == layered and len(new) == len(old)
+        if not shaped or not all(isinstance(p, Placement) for p in new):
+            what = f"a sequence of {len(old)} solvers.Placements" if layered else "one solvers.Placement"
+            raise ValueError(f"DispatchController.set_placement: give {what}, shaped like the placement served")
         for p, q in zip(new, old, strict=True):
             if (p.num_gpus, p.num_experts) != (q.num_gpus, q.num_experts):
                 raise ValueError(f"DispatchController.set_placement: a placement of D={p.num_gpus}, E={p.num_experts}"
@@ -333,6 +334,15 @@ class DispatchController:
             self._placements["applied"] += 1
             self._placements["windows_since"] = 0
             self._event("placement", f"placement {self._placements['applied']} applied")
+
+    def dismiss_proposal(self) -> None:
+        """Decline the current `proposal` (e.g. it models no better than the placement served): it is dropped and
+        the load accumulation restarts, so the next proposal reflects the load from now on."""
+        with self._lock:
+            if self._proposal is not None:
+                self._proposal = None
+                self._load[...] = 0
+                self._placements["dismissed"] = self._placements.get("dismissed", 0) + 1
 
     def _propose(self) -> None:
         """Under the lock: EPLB over the accumulated load, one proposal per distinct placement object."""

@@ -42,8 +42,10 @@ from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dis
 from solvers.checks import check_choice, check_int, check_real
 from solvers.solve import check_policy
 
-from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
+from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, plan_migration, to_logical
 from ..layer import tables as dispatch_tables
+from ..layer.params import EXPERT_KEYS, slot_bytes
+from ..layer.replicas import migrate
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
 from .controller import SOLVER_MODES, DispatchController
 from .counters import host_counter
@@ -99,6 +101,11 @@ class ServeConfig:
       staleness_s: tables older than this are replaced by the fallback's.
       fallback: the fallback tables (``"uniform"`` or ``"static"``).
       kill_worker_at: SIGKILL the worker after this step (None: never).
+      rebalance_every: the slow timescale: every this many windows the runtime proposes an EPLB placement from the
+        load it accumulated; when the policy's modelled makespan of the last batch on it is no worse than on the
+        placement served, the experts move to it (`tempo_jax.MoE.set_placement`; the bare layer: the functional
+        `tempo_jax.layer.replicas.migrate`), otherwise it is dismissed. Each proposal is reported (applied or not,
+        bytes, time, modelled makespan before and after). None: the placement stays.
       block: steps per on/off block of the step-time comparison (0: the worker stays on throughout).
       check_every: compare the layer's output with the dense reference every this many steps (off the clock;
         0: never). The report holds the largest difference (the central invariant).
@@ -133,6 +140,7 @@ class ServeConfig:
     staleness_s: float | None = 5.0
     fallback: str = "uniform"
     kill_worker_at: int | None = None
+    rebalance_every: int | None = 10
     block: int = 10
     check_every: int = 10
     seed: int = 0
@@ -186,6 +194,8 @@ class ServeConfig:
         check_policy(self.policy, {})
         if self.every_steps is not None:
             check_int("every_steps", self.every_steps, where=w)
+        if self.rebalance_every is not None:
+            check_int("rebalance_every", self.rebalance_every, where=w)
         if self.kill_worker_at is not None:
             check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
             if self.solver_mode != "process":
@@ -226,18 +236,25 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
     mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_rank=placement.slots_per_rank,
                      dispatch_mode=cfg.dispatch_mode)  # fmt: skip
-    params = init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh)
-    pa = dispatch_tables.placement_arrays(placement)
     Tn = cfg.tokens_per_rank * D
     gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
 
     @jax.jit
-    def step_fn(x, ids, table, counter, key):
+    def step(params, phy2log, log2phy, x, ids, table, counter, key):
+        # The placement is an argument (its arrays checked where they were built, the table by the controller
+        # against it): one program for every placement of the same shape, so a re-placement compiles nothing.
+        pa = dispatch_tables.PlacementArrays(phy2log, log2phy, "serve")
         return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
                            config=mcfg, key=key, counter=counter, routing=(ids, gate))  # fmt: skip
 
-    # The counter lives where the layer returns it (sharded over ep): one program for every step.
-    state = {"counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep")))}
+    def make_step(pa):
+        return lambda *a: step(state["params"], pa.phy2log, pa.log2phy, *a)
+
+    # The counter lives where the layer returns it (sharded over ep): one program for every step. The physical
+    # parameters live sharded over ep too, each rank its own slots.
+    state = {"counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep"))),
+             "params": init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh)}  # fmt: skip
+    step_fn = make_step(dispatch_tables.placement_arrays(placement))
     say(
         f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {D} {jax.default_backend()} devices, "
         f"{placement.num_slots} slots; policy {cfg.policy} in solver_mode {cfg.solver_mode}; "
@@ -254,14 +271,15 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     compile_s = time.perf_counter() - t0
     # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
     ctl = DispatchController(placement, cost, policy=cfg.policy, solver_mode=cfg.solver_mode, budget_s=cfg.budget_s,
-                             staleness_s=cfg.staleness_s, fallback=cfg.fallback)  # fmt: skip
+                             staleness_s=cfg.staleness_s, fallback=cfg.fallback,
+                             rebalance_every=cfg.rebalance_every)  # fmt: skip
     refresher = Refresher(ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s,
                           every_steps=cfg.every_steps)  # fmt: skip
     # Step 4: the loop.
     uniform_w = plan_weights("uniform", placement)
-    logical = to_logical(params, placement)
+    logical = to_logical(state["params"], placement)  # the function every placement computes
     reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, gate)))
-    rows, on, max_diff = [], None, 0.0
+    rows, on, max_diff, moves, after_move = [], None, 0.0, [], None
     refresher.refresh()  # the counter's baseline
     try:
         for s in range(cfg.steps):
@@ -288,7 +306,23 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             m = ctl.metrics()
             rows.append(dict(step=s, on=on, step_ms=step_ms, version=version, live_us=live, uniform_us=uniform,
                              age_s=m["age_s"], solve_ms=m["solve_ms"]["last"], restarts=m["restarts"],
-                             fallback=m["in_fallback"], counts=counts))  # fmt: skip
+                             fallback=m["in_fallback"], counts=counts, placement=placement,
+                             first_after_move=after_move is not None))  # fmt: skip
+            if after_move is not None:
+                moves[-1]["next_step_ms"], after_move = step_ms, None
+            new = ctl.proposal
+            if new is not None:  # the slow timescale: move the experts if the proposal models no worse
+                before, after = (solve(DispatchProblem(counts, p, cost), cfg.policy).makespan for p in (placement, new))
+                if after <= before:
+                    moves.append(_move_layer(state, placement, new, mesh, s) | _priced(before, after, True))
+                    placement, uniform_w = new, plan_weights("uniform", new)
+                    step_fn = make_step(dispatch_tables.placement_arrays(new))
+                    ctl.set_placement(new)
+                    after_move = s
+                else:
+                    moves.append({"step": s, **_priced(before, after, False)})
+                    ctl.dismiss_proposal()
+                status(_move_text(moves[-1]))
             solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             if cfg.check_every and s % cfg.check_every == 0:
                 ref = reference(x, ids)
@@ -306,7 +340,8 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         status_text = ctl.status_line()
         ctl.close()
     # Step 5: off the clock: every step under static / uniform / oracle tables.
-    report = _report(cfg, rows, placement, cost, metrics, status_text, refresher, compile_s, D, E, K)
+    report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, E, K, placement.num_slots)
+    report["replacements"] = moves
     report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
     say(_summary_text(report))
     if out_dir is not None:
@@ -320,16 +355,44 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     return report
 
 
-def _report(cfg, rows, placement, cost, metrics, status, refresher, compile_s, D, E, K) -> dict:
-    static_w = plan_weights("static", placement)
+def _priced(before: float, after: float, applied: bool) -> dict:
+    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
+
+
+def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) -> dict:
+    """Move the layer's expert arrays from ``old`` to ``new`` (`migrate`: one all-to-all per array)."""
+    params = state["params"]
+    keys = [k for k in EXPERT_KEYS if k in params]
+    plan = plan_migration(old, new)
+    moved, seconds, compile_s = migrate([params[k] for k in keys], plan, mesh=mesh)
+    state["params"] = {**params, **dict(zip(keys, moved, strict=True))}
+    per_slot = slot_bytes(state["params"])
+    return {"step": step, "moved_slots": plan.moved, "bytes_moved": plan.transfers * per_slot,
+            "wire_bytes": mesh.shape["ep"] ** 2 * plan.block * per_slot, "seconds": seconds,
+            "compile_seconds": compile_s, "next_step_ms": None}  # fmt: skip
+
+
+def _move_text(mv: dict) -> str:
+    priced = f"modelled makespan {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
+    if not mv["applied"]:
+        return f"step {mv['step']:4d} placement proposal dismissed: {priced} (worse)"
+    return (
+        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
+        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced}"
+    )
+
+
+def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slots) -> dict:
     per_step = []
     for r in rows:
-        counts = r.pop("counts")
+        counts, placement = r.pop("counts"), r.pop("placement")
+        static_w = plan_weights("static", placement)
         problem = DispatchProblem(counts, placement, cost)
         per_step.append({**r, "static_us": cost.makespan(expected_dispatch(static_w, counts, placement)),
                          "oracle_us": solve(problem, cfg.policy).makespan})  # fmt: skip
-    step_ms = np.array([r["step_ms"] for r in per_step])
-    is_on = np.array([r["on"] for r in per_step])
+    kept = [r for r in per_step if not r["first_after_move"]]  # the first step after a move compiles
+    step_ms = np.array([r["step_ms"] for r in kept])
+    is_on = np.array([r["on"] for r in kept], dtype=bool)
 
     def stats(v):
         return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
@@ -341,7 +404,7 @@ def _report(cfg, rows, placement, cost, metrics, status, refresher, compile_s, D
     publishes = [r["step"] for i, r in enumerate(per_step) if i and r["version"] != per_step[i - 1]["version"]]
     return {
         "config": dataclasses.asdict(cfg),
-        "shape": {"D": D, "E": E, "K": K, "slots": placement.num_slots},
+        "shape": {"D": D, "E": E, "K": K, "slots": slots},
         "compile_s": compile_s,
         "step_ms": times,
         "makespan_mean_us": mean,
@@ -373,6 +436,9 @@ def _summary_text(rep: dict) -> str:
     if s["n"]:
         lines.append(f"  solve (worker clock): p50 {s['p50']:.2f} ms, p95 {s['p95']:.2f} ms, max {s['max']:.2f} ms "
                      f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms")  # fmt: skip
+    for mv in rep.get("replacements", []):
+        nxt = mv.get("next_step_ms")
+        lines.append("  " + _move_text(mv) + (f"; next step {nxt:.0f} ms" if nxt else ""))
     more = " …" if len(rep["publish_steps"]) > 20 else ""
     lines.append(f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "
                  f"{m['fallbacks']}, compile {rep['compile_s']:.1f} s")  # fmt: skip
@@ -389,6 +455,8 @@ def _figure(rep: dict, path: Path) -> None:
     kill = rep["config"]["kill_worker_at"]
     if kill is not None:
         ax.axvline(kill, color="C3", lw=1.5, label="worker killed")
+    for i, mv in enumerate(m for m in rep.get("replacements", []) if m["applied"]):
+        ax.axvline(mv["step"], color="C4", lw=1.2, ls=":", label="experts re-placed" if i == 0 else None)
     ax.set_ylabel("modelled makespan (µs)")
     ax.legend(fontsize=8, ncol=3)
     shape = rep["shape"]

@@ -14,7 +14,13 @@ tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every la
    batches route differently (text windows vs one new byte per sequence) and a table tuned to one phase's load
    hurts the other. Before each step its phase's freshest tables go into every layer (``MoE.set_tables``,
    trusted: no copy back to the host).
-4. Off the clock, each step's per-layer modelled makespan under the live tables (the cost model on the per-rank
+4. Two timescales: tables every window, and every ``rebalance_every`` windows a new EPLB placement per layer from
+   the load the controller accumulated (`DispatchController.proposal`). Each layer moves the weights of exactly
+   the slots that change (`tempo_jax.MoE.set_placement`: one in-graph all-to-all) and the controller continues over
+   the new placements. Each re-placement is reported: slots and bytes moved, its time (and its compile), the
+   modelled makespan of the last prefill batch under the old and the new placement (the policy solved on both),
+   and the first step after it (the jitted steps compile again for the new layout).
+5. Off the clock, each step's per-layer modelled makespan under the live tables (the cost model on the per-rank
    load the layer realised) is scored against EPLB-even tables on the same counts.
 
 `refresh_time` measures the worker's time per refresh for a synthetic model of any size (DeepSeek-V3: 58 MoE
@@ -35,11 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from solvers import PRESETS, CostModel, Placement, expected_dispatch, plan_weights, slots_for
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.worker import WorkerConfig, solve_window
 
 from ..layer import make_ep_mesh
 from ..layer.model import LMConfig, TinyMoELM, corpus, train
+from ..layer.params import EXPERT_KEYS
 from ..workloads import SyntheticRouting
 from .controller import DispatchController
 from .refresher import Refresher
@@ -103,10 +110,13 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
         base = TinyMoELM(lm, mesh=mesh, rngs=nnx.Rngs(params=cfg.seed, dispatch=cfg.seed + 1))
     loads = _layer_loads(base, prefill, draw, batches=4)
     slots = slots_for(cfg.experts, D, cfg.replication)
+    # Step 2: the serving copy over those placements (another slot count than the trained model's, so built anew):
+    # the same weights, the experts laid out from their logical values; later placement changes move them in place.
     placements = [Placement.from_eplb(load + 1e-3, slots, D, spread_idle=True) for load in loads]
-    # Step 2: the serving copy: the same parameters, one placement per layer.
     model = TinyMoELM(lm, mesh=mesh, rngs=nnx.Rngs(params=cfg.seed, dispatch=cfg.seed + 1), placements=placements)
-    nnx.update(model, nnx.state(base, nnx.Param))
+    nnx.update(model, nnx.state(base, lambda path, v: isinstance(v, nnx.Param) and path[-1] not in EXPERT_KEYS))
+    for block, trained in zip(model.blocks, base.blocks, strict=True):
+        block.moe.load_logical(trained.moe.logical_params())
     L, B_dec = len(model.blocks), T
     starts = _windows(cfg, B_dec, 1)  # the decode sequences' first bytes, drawn per cycle
     sample = jax.jit(lambda key, logits: jax.random.categorical(key, logits[:, -1]).astype(jnp.int32)[:, None])
@@ -128,11 +138,12 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
     phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
     ctl = DispatchController(placements * len(phases), cost, policy=cfg.policy, solver_mode=cfg.solver_mode,
-                             budget_s=cfg.budget_s, staleness_s=cfg.staleness_s, fallback=cfg.fallback)  # fmt: skip
+                             budget_s=cfg.budget_s, staleness_s=cfg.staleness_s, fallback=cfg.fallback,
+                             rebalance_every=cfg.rebalance_every)  # fmt: skip
     cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
     refresher = Refresher(ctl, lambda: cumulative["counters"], period_s=cfg.period_s, every_steps=cfg.every_steps)
     uniform_w = [plan_weights("uniform", p) for p in placements]
-    installed, rows, on = ctl.version, [], None
+    installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
     refresher.refresh()  # the counters' baseline
     try:
         for s in range(cfg.steps):
@@ -170,7 +181,25 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
             m = ctl.metrics()
             rows.append(dict(step=s, kind=kind, on=on, step_ms=step_ms, version=installed, live_us=live,
-                             uniform_us=uniform, age_s=m["age_s"], solve_ms=m["solve_ms"]["last"]))  # fmt: skip
+                             uniform_us=uniform, age_s=m["age_s"], solve_ms=m["solve_ms"]["last"],
+                             first_after_move=after_move is not None))  # fmt: skip
+            if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
+                moves[-1]["next_step_ms"], after_move = step_ms, None
+            if kind == "prefill":
+                prefill_counts = counts
+            proposal = ctl.proposal
+            if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
+                before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
+                if after <= before:
+                    moves.append(_replace(model, proposal[:L], s) | _priced_entry(before, after, True))
+                    placements = list(proposal[:L])
+                    uniform_w = [plan_weights("uniform", p) for p in placements]
+                    ctl.set_placement(tuple(placements) * len(phases))
+                    after_move = s
+                else:
+                    moves.append({"step": s, **_priced_entry(before, after, False)})
+                    ctl.dismiss_proposal()
+                status(_move_text(moves[-1]))
             solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             status(f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
                    f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
@@ -184,6 +213,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
         history = list(ctl.history)
         ctl.close()
     report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, L, phases)
+    report["replacements"] = moves
     say(_summary(report))
     if out_dir is not None:
         out = Path(out_dir)
@@ -196,6 +226,38 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     return report
 
 
+def _priced(counts, placements, cost, policy: str) -> float:
+    """The policy's modelled makespan of ``counts [L, D, E]`` (the last prefill batch) on ``placements``, mean over
+    layers."""
+    return float(np.mean([solve(DispatchProblem(c, p, cost), policy).makespan
+                          for c, p in zip(counts, placements, strict=True)]))  # fmt: skip
+
+
+def _priced_entry(before: float, after: float, applied: bool) -> dict:
+    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
+
+
+def _replace(model, new, step: int) -> dict:
+    """Move every layer's experts to the ``new`` placements (`tempo_jax.MoE.set_placement`)."""
+    reports = [block.moe.set_placement(p) for block, p in zip(model.blocks, new, strict=True)]
+    model.placements = tuple(new)
+    return {"step": step, "moved_slots": sum(r.moved_slots for r in reports),
+            "bytes_moved": sum(r.bytes_moved for r in reports), "wire_bytes": sum(r.wire_bytes for r in reports),
+            "seconds": sum(r.seconds for r in reports), "compile_seconds": sum(r.compile_seconds for r in reports),
+            "next_step_ms": None}  # fmt: skip
+
+
+def _move_text(mv: dict) -> str:
+    priced = f"modelled makespan (mean of layers) {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
+    if not mv["applied"]:
+        return f"step {mv['step']:4d} placement proposal dismissed: {priced} (worse)"
+    nxt = f"; next step {mv['next_step_ms']:.0f} ms" if mv.get("next_step_ms") else ""
+    return (
+        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
+        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced}{nxt}"
+    )
+
+
 def _stats(v) -> dict | None:
     v = np.asarray(v, dtype=np.float64)
     return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
@@ -204,8 +266,8 @@ def _stats(v) -> dict | None:
 def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phases) -> dict:
     step_ms = {}
     for kind in ("prefill", "decode"):
-        for on in (True, False):
-            v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on]
+        for on in (True, False):  # the first step after a re-placement compiles: not a serving step time
+            v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on and not r["first_after_move"]]
             step_ms[f"{kind}_{'on' if on else 'off'}"] = _stats(v)
     refresh = [h["solve_ms"] for h in history]
     live = float(np.mean([np.mean(r["live_us"]) for r in rows]))
@@ -236,6 +298,8 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
 
 def _summary(rep: dict) -> str:
     lines = ["", "serve: final report (tiny MoE LM)", "  " + rep["status"]]
+    for mv in rep.get("replacements", []):
+        lines.append("  " + _move_text(mv))
     for key, s in rep["step_ms"].items():
         if s:
             lines.append(f"  step time {key.replace('_', ', worker ')}: median {s['median']:.1f} ms (p90 "
@@ -292,6 +356,9 @@ def _figure(rep: dict, path: Path) -> None:
     shape = rep["shape"]
     ax.set_title(f"tempo-jax serve: tiny MoE LM, {shape['layers']} layers × E={shape['E']}, top-{shape['K']}, "
                  f"EP{shape['D']}")  # fmt: skip
+    for i, mv in enumerate(m for m in rep.get("replacements", []) if m["applied"]):
+        ax.axvline(mv["step"], color="C3", lw=1.2, ls=":", label="experts re-placed" if i == 0 else None)
+    ax.legend(fontsize=8)
     for kind, marker in (("prefill", "o"), ("decode", "x")):
         pick = np.array([r["kind"] == kind for r in steps])
         bx.scatter(s[pick], np.array([r["step_ms"] for r in steps])[pick], s=10, marker=marker, label=kind)
