@@ -13,10 +13,22 @@ present), with the same tokens, router and expert weights:
 - the same default layer on a routing that sends every token to one rank (the rounds it takes).
 
 Times are medians of interleaved calls after warm-up (``block_until_ready``), compile time separate; ratios are
-against the sorted-gmm baseline. ``--memory`` adds, per capacity, the peak RSS of a fresh process that runs one
-jitted forward at T = 65,536 tokens (``/usr/bin/time -v``). Prints the tables and writes JSON.
+against the sorted-gmm baseline. Also, in the same run:
+
+- an **empty** ``nnx.jit`` call over the module (``lambda m, x: x``): what carrying the module's state through a
+  jitted call costs by itself;
+- the **collectives of the compiled training step** (the module + ``nnx.Optimizer(optax.adam)`` under ``nnx.jit``,
+  from ``compiled.as_text()``): each all-reduce / all-gather / all-to-all / collective-permute with its operand
+  shapes and bytes per device — no operand scales with E: the expert gradients stay on their rank, only the
+  replica groups' sum [R, ...] (R = P − E) is all-reduced;
+- ``--ep-memory`` (`scripts/bench_ep_memory.py`): per-device expert bytes and peak RSS of ``qwen3_30b_a3b`` at its
+  real dimensions, slot-sharded against replicated, and the re-placements of 10% / 50% of its slots.
+
+``--memory`` adds, per capacity, the peak RSS of a fresh process that runs one jitted forward at T = 65,536 tokens
+(``/usr/bin/time -v``). Prints the tables and writes JSON.
 
     python scripts/bench_ep.py                       # tokens per device 128, 512
+    python scripts/bench_ep.py --ep-memory           # + the real-size memory table and re-placements (minutes)
     python scripts/bench_ep.py --memory              # + peak memory at T = 65,536
     python scripts/bench_ep.py --quick
 """
@@ -43,7 +55,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from solvers import Placement, slots_for  # noqa: E402
-from tempo_jax.layer import MoEConfig, auto_capacity, init_params, make_ep_mesh  # noqa: E402
+from tempo_jax.layer import MoEConfig, auto_capacity, init_logical_params, make_ep_mesh, to_physical  # noqa: E402
 from tempo_jax.layer.module import MoE  # noqa: E402
 from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
 from tempo_jax.layer.stages import expert_ffn, route  # noqa: E402
@@ -84,10 +96,11 @@ def _compile_s(f) -> float:
     return time.perf_counter() - t0
 
 
-def _layer(cfg, placement, mesh, capacity, params):
+def _layer(cfg, placement, mesh, capacity, logical):
+    """A `MoE` over ``placement`` from the ``logical`` weights (its own buffers: a donated step deletes them)."""
     import dataclasses
 
-    own = jax.tree.map(jnp.copy, params)  # its own buffers: a donated step deletes them
+    own = to_physical(logical, placement, mesh=mesh)
     return MoE(dataclasses.replace(cfg, capacity=capacity), placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1),
                params=own)  # fmt: skip
 
@@ -100,6 +113,7 @@ def _hot(cfg: MoEConfig, D: int):
 
 
 def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> list[dict]:
+    """``params``: the logical weights (the baseline's experts; each layer lays them out over its placement)."""
     """Every variant at ``B`` tokens per device (see the module)."""
     D, H = mesh.shape["ep"], cfg.hidden
     rng = np.random.default_rng(B)
@@ -153,6 +167,54 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     return rows
 
 
+# ------------------------------------------------------------------------------------------------ state and traffic
+def empty_call_ms(cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> dict:
+    """Median ms of an ``nnx.jit`` call over the module that does nothing (``lambda m, x: x``), donated or not."""
+    x = jnp.ones((8, cfg.hidden))
+    moe = _layer(cfg, placement, mesh, "auto", params)
+    plain, donated = nnx.jit(lambda m, x: x), nnx.jit(lambda m, x: x, donate_argnums=0)
+    fns = {"empty nnx.jit call": lambda: plain(moe, x), "empty nnx.jit call, donated": lambda: donated(moe, x)}
+    for f in fns.values():
+        jax.block_until_ready(f())
+        jax.block_until_ready(f())
+    return _median_ms(fns, max(repeats, 20))
+
+
+_KINDS = "all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter"
+_COLLECTIVE = re.compile(rf"\s*(?:ROOT )?%\S+ = (.*?) ({_KINDS})(?:-start)?\(")
+_ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
+
+
+def training_collectives(cfg: MoEConfig, placement: Placement, params: dict, mesh, B: int) -> list[dict]:
+    """Every collective of the compiled training step (the module + Adam under ``nnx.jit``): kind, operand shapes,
+    bytes per device."""
+    import optax
+
+    moe = _layer(cfg, placement, mesh, "auto", params)
+    opt = nnx.Optimizer(moe, optax.adam(1e-3), wrt=nnx.Param)
+    graph, state = nnx.split((moe, opt))
+    x = jnp.ones((B * mesh.shape["ep"], cfg.hidden))
+
+    def step(state, x):
+        m, o = nnx.merge(graph, state)
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        o.update(m, grads)
+        return loss, nnx.state((m, o))
+
+    out = []
+    for line in jax.jit(step).lower(state, x).compile().as_text().splitlines():
+        m = _COLLECTIVE.match(line)
+        if not m:
+            continue
+        shapes = re.findall(r"(\w+)\[([\d,]*)\]", m[1])
+        dims = [(t, tuple(int(d) for d in ds.split(",") if d)) for t, ds in shapes]
+        nbytes = sum(_ITEMSIZE.get(t, 4) * int(np.prod(d)) for t, d in dims)
+        names = [f"{t}{list(d)}" for t, d in dims]
+        grouped = [f"{names.count(n)}× {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names)]
+        out.append({"kind": m[2], "shapes": grouped, "bytes": nbytes})
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ memory
 def memory_child(tokens: int, capacity: str, cfg_kw: dict) -> None:
     """One jitted forward at ``tokens`` tokens (the parent measures this process's peak RSS)."""
@@ -204,7 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity-factor", type=float, default=MoEConfig.capacity_factor,
                     help="C of capacity='auto' in mean blocks")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--memory", action="store_true", help="also the peak RSS at T = 65,536 tokens (fresh processes)")
+    ap.add_argument("--memory", action="store_true", help="also the peak RSS at T = 65,536 (fresh processes)")
+    ap.add_argument("--ep-memory", action="store_true", help="also qwen3_30b_a3b at its real size (bench_ep_memory)")
     ap.add_argument("--memory-tokens", type=int, default=65_536)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="results/bench_ep.json")
@@ -220,7 +283,7 @@ def main(argv=None) -> int:
               dispatch_mode="quota", capacity_factor=args.capacity_factor)  # fmt: skip
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
     mesh = make_ep_mesh(D)
-    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
+    params = init_logical_params(jax.random.key(0), cfg)  # the baseline's experts; the layers lay them out
     load0 = os.getloadavg()
     print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
           f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}", flush=True)  # fmt: skip
@@ -228,6 +291,19 @@ def main(argv=None) -> int:
     for B in [int(b) for b in args.tokens_per_device.split(",")]:
         results += bench(B, cfg, placement, params, mesh, args.repeats)
     mem = memory(args.memory_tokens, kw) if args.memory and not args.preset else []
+    empty = empty_call_ms(cfg, placement, params, mesh, args.repeats)
+    for k, v in empty.items():
+        print(f"  {k}: {v:.2f} ms", flush=True)
+    comm = training_collectives(cfg, placement, params, mesh, 128)
+    print(table([(c["kind"], ", ".join(c["shapes"])[:90], f"{c['bytes']:,}") for c in comm],
+                ["collective", "operands (per device)", "bytes"],
+                title=f"\nCollectives of the compiled training step (Adam, E={E}, P={placement.num_slots}: "
+                      f"R = P − E = {placement.num_slots - E} replica rows)"))  # fmt: skip
+    ep_mem = {}
+    if args.ep_memory:
+        import bench_ep_memory
+
+        ep_mem = bench_ep_memory.run()
     rows = [(r["tokens_per_device"], r["variant"], r["capacity"] or "", f"{r['step_ms']:.1f}",
              f"{r['vs_sorted_gmm']:.2f}", "" if r["rounds"] is None else r["rounds"],
              "" if r["drops"] is None else r["drops"], f"{r['compile_s']:.1f}") for r in results]  # fmt: skip
@@ -243,7 +319,19 @@ def main(argv=None) -> int:
     meta = dict(command="python scripts/bench_ep.py " + " ".join(argv), devices=D, backend=jax.default_backend(),
                 processes=jax.process_count(), machine=platform.processor() or platform.machine(),
                 cpus=os.cpu_count(), args=vars(args), loadavg_start=load0, loadavg_end=os.getloadavg())  # fmt: skip
-    out.write_text(json.dumps({"meta": meta, "results": results, "memory": mem}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "results": results,
+                "memory": mem,
+                "empty_call_ms": empty,
+                "training_collectives": comm,
+                "ep_memory": ep_mem,
+            },
+            indent=1,
+        )
+    )
     print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
     return 0
 

@@ -6,11 +6,17 @@ Each of N processes:          python scripts/multihost_moe.py --out mh.npz --coo
 (`scripts/launch_multihost.sh` starts the N local processes; on a real cluster run one per host with the same
 coordinator.) On CPU the processes talk through gloo collectives. The inputs are generated identically on
 every process from fixed seeds, so every layout must produce the same output.
+
+``--checkpoint DIR`` loads the layer's parameters instead from a Hugging Face checkpoint folder
+(`tempo_jax.hf.load_moe_layers` with the mesh and the placement: each process reads only its slots' experts); the
+experts each process read are written beside ``--out`` (``<out>.reads<I>.json``) and the loaded expert arrays are
+gathered into the output file.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -20,6 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--dispatch-mode", default="sample", choices=["sample", "quota"])
+    ap.add_argument("--checkpoint", help="a Hugging Face checkpoint folder: load the first MoE layer from it")
     args = ap.parse_args(argv)
 
     import jax
@@ -45,8 +52,35 @@ def main(argv=None) -> int:
     placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
     config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=2, dispatch_mode=args.dispatch_mode)
     mesh = make_ep_mesh(D)
-    params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config, placement))  # physical [P, ...]
-    x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, 32)))
+    reads: set[int] = set()
+    if args.checkpoint:
+        import dataclasses
+        import json
+        import re
+
+        from tempo_jax.layer.hf import load_moe_layers
+        from tempo_jax.layer.hf.tensors import FileSource
+
+        whole, rows = FileSource.read, FileSource.rows  # record which experts this process reads
+
+        def read(self, key):
+            hit = re.match(r"experts\.(\d+)\.", key)
+            if hit:
+                reads.add(int(hit[1]))
+            return whole(self, key)
+
+        def read_rows(self, key, index):
+            reads.add(int(index))
+            return rows(self, key, index)
+
+        FileSource.read, FileSource.rows = read, read_rows
+        cfg0 = json.loads((Path(args.checkpoint) / "config.json").read_text())
+        E = cfg0.get("num_experts", cfg0.get("n_routed_experts", cfg0.get("num_local_experts")))
+        placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
+        layers = load_moe_layers(args.checkpoint, mesh=mesh, placement=placement, dispatch_mode=args.dispatch_mode)
+        config, params, _ = layers[min(layers)]
+        config = dataclasses.replace(config, dispatch_mode=args.dispatch_mode)
+    x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, config.hidden)))
     tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=5)
 
     # Step 2: global arrays (each process supplies its addressable shards).
@@ -54,7 +88,9 @@ def main(argv=None) -> int:
         a = np.asarray(a)
         return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
 
-    params = {k: put(v, P("ep") if k in EXPERT_KEYS else P()) for k, v in params.items()}  # each rank its slots
+    if not args.checkpoint:
+        params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config, placement))  # physical [P, ...]
+        params = {k: put(v, P("ep") if k in EXPERT_KEYS else P()) for k, v in params.items()}  # each rank its slots
     pa = dispatch_tables.placement_arrays(placement)
     pa = dispatch_tables.PlacementArrays(put(pa.phy2log, P()), put(pa.log2phy, P()))
     tables = dispatch_tables.Tables(put(tables.table, P()), put(tables.log2phy, P()))
@@ -67,9 +103,14 @@ def main(argv=None) -> int:
     out = multihost_utils.process_allgather(out, tiled=True)
     counts = multihost_utils.process_allgather(counts, tiled=True)
     counter = host_counter(res.counter)  # what the refresher reads: a collective when spread over processes
+    experts = {k: np.asarray(multihost_utils.process_allgather(params[k], tiled=True)) for k in EXPERT_KEYS
+               if k in params}  # fmt: skip
+    if args.checkpoint:
+        Path(f"{args.out}.reads{jax.process_index()}.json").write_text(json.dumps(sorted(reads)))
     if jax.process_index() == 0:
         np.savez(args.out, out=np.asarray(out), counts=np.asarray(counts), counter=counter,
-                 addressable=res.counter.is_fully_addressable, processes=jax.process_count(), devices=D)  # fmt: skip
+                 addressable=res.counter.is_fully_addressable, processes=jax.process_count(), devices=D,
+                 phy2log=placement.phy2log, **experts)  # fmt: skip
         print(f"process 0 of {jax.process_count()}: {D} devices, wrote {args.out}")
     return 0
 

@@ -108,7 +108,7 @@ def test_nnx_scan_over_layers_with_the_default_capacity(mesh):
     want = x
     params = stack.params()
     for layer in range(L):
-        one = to_logical(jax.tree.map(lambda p, i=layer: p[i], params), stack.placement)
+        one = to_logical(jax.tree.map(lambda p, i=layer: p[i], params), placement)  # every layer's placement
         want = want + moe_reference(one, want, cfg)
     assert_close(y, want)
     assert stack.rounds.get_value().shape == (L, D)

@@ -153,7 +153,7 @@ def test_faults_in_a_serving_loop(setup):
     ctl.close()
     w, p = m["windows"], m["pairs"]
     assert w["dropped"] == {"busy": 0, "over_budget": 1, "error": 1, "bad_result": 1, "worker_lost": 3,
-                            "worker_down": 0}  # fmt: skip
+                            "worker_down": 0, "replaced": 0}  # fmt: skip
     assert m["worker_lost"] == {"died": 2, "hung": 1} and m["restarts"] == 3 and len(pids) == 4
     assert w["published"] == 11 - 6 and m["version"] == 5
     assert m["counter"] == {"baselines": 1, "wrapped": int((cum >= 5).sum()), "restarts": 1}

@@ -119,30 +119,44 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
         raise ValueError(f"{where}: params[{k!r}] has shape {list(got)}, the config needs {list(shape)}")
 
 
-def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
-    """Random *logical* parameters ``[E, ...]`` of every key `param_shapes` names: weights N(0, 1/fan_in) (the
-    router and its biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The
-    router and the three expert weights draw from ``split(key, 4)`` (the same values for every variant); the rest
-    from ``fold_in(key, 1 + their index)``."""
+def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
+    """Every parameter of `init_logical_params`, the per-expert arrays only for the rows ``experts [n]`` (each row
+    drawn from its own key, ``fold_in(key of the array, e)``: any subset of rows, on any device, draws the same
+    values; None: every expert)."""
     shapes = param_shapes(config)
     H, F = config.hidden, config.ffn
     k = jax.random.split(key, 4)
-    out = {
-        "router": jax.random.normal(k[0], shapes["router"], jnp.float32) * H**-0.5,
-        "w_gate": (jax.random.normal(k[1], shapes["w_gate"]) * H**-0.5).astype(config.dtype),
-        "w_up": (jax.random.normal(k[2], shapes["w_up"]) * H**-0.5).astype(config.dtype),
-        "w_down": (jax.random.normal(k[3], shapes["w_down"]) * F**-0.5).astype(config.dtype),
-    }
+    keys = {"router": k[0], "w_gate": k[1], "w_up": k[2], "w_down": k[3]}
+    out = {}
     for i, (name, shape) in enumerate(shapes.items()):
-        if name in out:
-            continue
+        kk = keys.get(name, jax.random.fold_in(key, 1 + i))
         if name == "score_bias":
             out[name] = jnp.zeros(shape, jnp.float32)
             continue
-        scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
+        scale = {"w_gate": H**-0.5, "w_up": H**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
+        if scale is None:
+            scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
         dtype = jnp.float32 if name.startswith("router") else config.dtype
-        out[name] = (jax.random.normal(jax.random.fold_in(key, 1 + i), shape, jnp.float32) * scale).astype(dtype)
+        if name in EXPERT_KEYS:
+            rows = jnp.arange(config.experts) if experts is None else experts
+
+            # one row at a time (lax.map): the draw's temporaries stay one expert's size, whatever the rows
+            def row(e, kk=kk, shape=shape, scale=scale, dtype=dtype):
+                return (jax.random.normal(jax.random.fold_in(kk, e), shape[1:]) * scale).astype(dtype)
+
+            out[name] = jax.lax.map(row, rows)
+        else:
+            out[name] = (jax.random.normal(kk, shape, jnp.float32) * scale).astype(dtype)
     return out
+
+
+def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
+    """Random *logical* parameters ``[E, ...]`` of every key `param_shapes` names: weights N(0, 1/fan_in) (the
+    router and its biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The
+    router and the three expert weights draw from ``split(key, 4)``, the rest from ``fold_in(key, 1 + their
+    index)``; each expert's rows of an array from ``fold_in`` of that array's key with the expert id, so a
+    physical layout draws exactly these values slot by slot (`init_params`)."""
+    return _draw(key, config, None)
 
 
 def _phy2log(placement) -> np.ndarray:
@@ -193,22 +207,32 @@ def to_logical(physical: dict, placement) -> dict:
 
 
 def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.sharding.Mesh | None = None) -> dict:
-    """Random *physical* parameters for the layer: `init_logical_params`'s values (the same for every placement)
-    laid out over ``placement``'s slots by `to_physical`, sharded over ``config.axis`` of ``mesh`` when given.
+    """Random *physical* parameters for the layer: `init_logical_params`'s values laid out over ``placement``'s
+    slots (slot p: expert ``phy2log[p]``'s rows), drawn slot by slot — with ``mesh``, inside one program whose
+    expert outputs are sharded over ``config.axis``, so every device draws only its own S slots and no device ever
+    holds every expert.
 
     ``placement``: a `solvers.Placement` (or ``phy2log [P]``) with P = D·S slots.
     """
+    phy2log = jnp.asarray(_phy2log(placement), jnp.int32)
     if mesh is None:
-        return to_physical(init_logical_params(key, config), placement)
+        return _draw(key, config, phy2log)
     axis = config.axis
-
-    def build(key):
-        logical = init_logical_params(key, config)
-        D, E = mesh.shape[axis], config.experts
-        if E % D == 0:  # drawn sharded too (threefry is partitionable): no device makes every expert
-            logical = {k: (jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P(axis))) if k in EXPERT_KEYS
-                           else v) for k, v in logical.items()}  # fmt: skip
-        return to_physical(logical, placement)
-
     shapes = jax.eval_shape(lambda k: init_logical_params(k, config), key)
-    return jax.jit(build, out_shardings=param_shardings(shapes, mesh, axis))(key)
+    homes = param_shardings(shapes, mesh, axis)
+    keys = expert_keys(shapes)
+
+    def local(k, slots):  # one rank: its own S slots' rows only
+        drawn = _draw(k, config, slots)
+        return {n: drawn[n] for n in keys}
+
+    specs = {n: P(axis) for n in keys}
+    experts = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis)), out_specs=specs, check_vma=False)
+    rest = {n: homes[n] for n in shapes if n not in keys}
+
+    def build(k, slots):
+        shared = _draw(k, config, slots[:0])  # the router and shared experts (no expert rows)
+        return {**{n: shared[n] for n in rest}, **experts(k, slots)}
+
+    slots = jax.device_put(phy2log, NamedSharding(mesh, P(axis)))
+    return jax.jit(build, out_shardings={**rest, **{n: homes[n] for n in keys}})(key, slots)

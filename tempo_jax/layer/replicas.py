@@ -12,8 +12,10 @@ number of replicated experts — its bytes grow with the redundant slots, never 
 **Migration** (`plan_migration` on the host, `migrate` in-graph). A placement change moves exactly the slots whose
 expert is not already on their rank: each such slot's rows come from one rank that held the expert before, in one
 ``all_to_all`` per array of ``[D, M, ...]`` blocks (M = the most slots one rank sends another, rounded up to a
-power of two so few programs compile); slots whose expert was already on the rank are local copies. The same
-plan moves any array laid out like the weights (Adam's moments), so the optimizer state follows its weights.
+power of two so few programs compile); slots whose expert was already on the rank are local copies. Only the K
+changed slots of a rank are written, in place (the arrays are donated): the move's memory traffic follows the
+slots that change, not S. The same plan moves any array laid out like the weights (Adam's moments), so the
+optimizer state follows its weights.
 
 Glossary: E experts, D ranks, S slots per rank, P = D·S, R tied groups' buffer rows, M rows per migration block.
 """
@@ -95,14 +97,17 @@ class MigrationPlan:
     Attributes:
       send: ``[D, D, M]`` int32: on source rank s, the local slot whose rows go to rank d at position m (0 where
         unused).
-      take: ``[D, S]`` int32: on rank d, new local slot j's rows: ``take < S`` a local slot of the old layout,
-        else position ``take − S = s·M + m`` of the rows received from rank s.
+      dst: ``[D, K]`` int32: on rank d, the local slots that change (K = the most changed slots of a rank, rounded
+        up to a power of two; the pads repeat a rank's first pair, or rewrite slot 0 with itself).
+      src: ``[D, K]`` int32: where each changed slot's rows come from: ``< S`` a local slot of the old layout, else
+        position ``src − S = s·M + m`` of the rows received from rank s.
       moved: new slots whose rows cross ranks; local: slots filled from another local slot; kept: slots unchanged.
       transfers: rows sent (≤ moved: two new replicas of one expert on one rank share a transfer).
     """
 
     send: np.ndarray
-    take: np.ndarray
+    dst: np.ndarray
+    src: np.ndarray
     moved: int
     local: int
     kept: int
@@ -185,47 +190,78 @@ def plan_migration(old: Placement, new: Placement) -> MigrationPlan:
     for d, j, src, m in fetched:
         take[d, j] = S + src * M + m
     transfers = sum(len(v) for v in sends.values())
-    return MigrationPlan(send, take.astype(np.int32), moved, local, kept, transfers)
+    # Step 4: per rank, only the slots that change: (destination slot, source) pairs, padded to K.
+    changed = take != np.arange(S)[None, :]
+    widest = int(changed.sum(axis=1).max())
+    K = 0 if widest == 0 else 1 << (widest - 1).bit_length()
+    dst, src = np.zeros((D, K), np.int32), np.zeros((D, K), np.int32)
+    for d in range(D):
+        cols = np.flatnonzero(changed[d])
+        if cols.size == 0:  # nothing changes on d: rewrite slot 0 with itself
+            continue
+        pad = K - cols.size  # pads repeat the first pair (writing a row twice is harmless)
+        dst[d] = np.r_[cols, np.full(pad, cols[0])]
+        src[d] = np.r_[take[d, cols], np.full(pad, take[d, cols[0]])]
+    return MigrationPlan(send, dst, src, moved, local, kept, transfers)
 
 
 @functools.lru_cache(maxsize=32)
 def _migrator(mesh: jax.sharding.Mesh, axis: str, block: int, n: int):
     """The jitted migration of ``n`` slot-sharded arrays with blocks of ``block`` rows."""
 
-    def body(send, take, *arrays):
+    def rows_of(a, index):
+        """``a[index]`` row by row (a loop of dynamic slices: XLA:CPU's gather and scatter go element by element)."""
+        return jax.lax.map(lambda i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), index)
+
+    def body(send, dst, src, *arrays):
+        dst, src = dst[0], src[0]  # [K] changed local slots and where their rows come from
         out = []
         for a in arrays:
-            pool = a
+            S = a.shape[0]
+            rows = rows_of(a, jnp.minimum(src, S - 1))  # [K, ...] every source read before anything is written
             if block:
-                buf = a[send[0]]  # [D, M, ...]: the rows this rank sends to each rank
-                recv = jax.lax.all_to_all(buf, axis, 0, 0, tiled=True)  # block s: rows from rank s
-                pool = jnp.concatenate([a, recv.reshape(-1, *a.shape[1:])])
-            out.append(pool[take[0]])
+                buf = rows_of(a, send[0].reshape(-1)).reshape(-1, block, *a.shape[1:])  # [D, M, ...] to each rank
+                recv = jax.lax.all_to_all(buf, axis, 0, 0, tiled=True).reshape(-1, *a.shape[1:])  # from rank s
+                got = rows_of(recv, jnp.clip(src - S, 0, recv.shape[0] - 1))
+                rows = jnp.where((src < S).reshape((-1,) + (1,) * (a.ndim - 1)), rows, got)
+
+            def write(k, acc, rows=rows):  # in place: the input is donated (pads repeat the first pair)
+                return jax.lax.dynamic_update_index_in_dim(acc, rows[k], dst[k], 0)
+
+            out.append(jax.lax.fori_loop(0, dst.shape[0], write, a))
         return tuple(out)
 
     spec = P(axis)
-    f = jax.shard_map(body, mesh=mesh, in_specs=(spec, spec) + (spec,) * n, out_specs=(spec,) * n, check_vma=False)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * (3 + n), out_specs=(spec,) * n, check_vma=False)
     sharded = NamedSharding(mesh, spec)
-    return jax.jit(f, out_shardings=(sharded,) * n, donate_argnums=tuple(range(2, 2 + n)))
+    return jax.jit(f, out_shardings=(sharded,) * n, donate_argnums=tuple(range(3, 3 + n)))
 
 
 def migrate(arrays: list, plan: MigrationPlan, *, mesh: jax.sharding.Mesh, axis: str = "ep",
             donate: bool = True) -> tuple[list, float, float]:  # fmt: skip
-    """Apply ``plan`` to slot-sharded arrays ``[P, ...]`` (weights, biases, optimizer moments): one program, one
-    all-to-all per array. Returns ``(new arrays, seconds, compile_seconds)``; the inputs are donated unless
-    ``donate=False`` (then copied first)."""
+    """Apply ``plan`` to slot-sharded arrays ``[P, ...]`` (weights, biases, optimizer moments): one all-to-all per
+    array, the arrays one after another (so the exchange buffers of one array are alive at a time; arrays of one
+    shape and dtype share a compiled program). Returns ``(new arrays, seconds, compile_seconds)``; the inputs are
+    donated unless ``donate=False`` (then copied first)."""
     import time
 
     sharded = NamedSharding(mesh, P(axis))
     arrays = [jax.device_put(a, sharded) for a in arrays]
     if not donate:
         arrays = [jnp.copy(a) for a in arrays]
-    send = jax.device_put(plan.send, sharded)
-    take = jax.device_put(plan.take, sharded)
-    fn = _migrator(mesh, axis, plan.block, len(arrays))
-    t0 = time.perf_counter()
-    compiled = fn.lower(send, take, *arrays).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(compiled(send, take, *arrays))
-    return list(out), time.perf_counter() - t0, compile_s
+    jax.block_until_ready(arrays)  # the move's clock starts when its inputs exist
+    if plan.dst.shape[1] == 0:  # nothing changes
+        return arrays, 0.0, 0.0
+    send, dst, src = (jax.device_put(a, sharded) for a in (plan.send, plan.dst, plan.src))
+    fn = _migrator(mesh, axis, plan.block, 1)
+    compiled, compile_s, seconds, out = {}, 0.0, 0.0, []
+    for a in arrays:
+        kind = (a.shape, a.dtype)
+        if kind not in compiled:
+            t0 = time.perf_counter()
+            compiled[kind] = fn.lower(send, dst, src, a).compile()
+            compile_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out.append(jax.block_until_ready(compiled[kind](send, dst, src, a))[0])
+        seconds += time.perf_counter() - t0
+    return out, seconds, compile_s
