@@ -117,8 +117,10 @@ class _HostPlacement:
         if phy2log is not self.array:
             host = np.asarray(phy2log.addressable_data(0) if isinstance(phy2log, jax.Array) else phy2log)
             if host.ndim != 1:
-                raise ValueError(f"MoE.placement: this module is a stack of layers (phy2log {list(host.shape)}, "
-                                 "built with nnx.vmap); each layer's placement is the one it was built with")  # fmt: skip
+                raise ValueError(
+                    f"MoE.placement: this module is a stack of layers (phy2log {list(host.shape)}, built with "
+                    "nnx.vmap); each layer's placement is the one it was built with"
+                )
             if self.placement is None or not np.array_equal(host, self.placement.phy2log):
                 self.placement = Placement.from_phy2log(host, num_gpus, gpus_per_node, num_experts)
             self.array = phy2log
