@@ -26,6 +26,8 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   hf                                      Hugging Face MoE blocks and checkpoints into the layer
                                           (`tempo_jax.layer.hf`: moe_from_hf, load_moe_layers)
   moe_preset                              `MoEConfig` presets of the papers' models (`tempo_jax.layer.presets`)
+  aux_losses                              the MoE layers' load-balancing and z losses of a model, summed over
+                                          layers and calls (read them in the loss function)
 
 Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
 S physical slots per rank, P = D·S, R replica columns, Gs source groups of a table; per rank the paper's G_g
@@ -54,6 +56,7 @@ _LAZY = {
     "Refresher": "tempo_jax.runtime.refresher",
     "CounterWindows": "tempo_jax.runtime.counters",
     "moe_preset": "tempo_jax.layer.presets",
+    "aux_losses": "tempo_jax.layer.module",
 }
 _MODULES = {name: f"tempo_jax.{name}" for name in ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")}
 _MODULES["hf"] = "tempo_jax.layer.hf"

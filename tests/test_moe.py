@@ -138,8 +138,8 @@ def test_bad_inputs(setup):
     pa = dispatch_tables.placement_arrays(placement)
     tables = dispatch_tables.uniform(placement)
     kw = dict(mesh=mesh, placement_arrays=pa, tables=tables, config=config)
-    with pytest.raises(ValueError, match="split evenly"):
-        moe_forward(params, x[:-1], **kw)
+    with pytest.raises(ValueError, match=r"mask must be bool \[T=128\]"):
+        moe_forward(params, x, **kw, mask=jnp.ones((127,), bool))
     with pytest.raises(ValueError, match="D·S"):
         moe_forward(params, x, **{**kw, "config": dataclasses.replace(config, slots_per_rank=3)})
     with pytest.raises(ValueError, match="does not match config"):

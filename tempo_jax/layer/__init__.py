@@ -17,6 +17,7 @@ P = D·S, R replica columns, Gs source groups.
 """
 
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
+from .module import aux_losses
 from .moe import MoEOutput, MoEStats, moe_forward, moe_reference
 from .params import init_logical_params, init_params, param_shardings, to_logical, to_physical
 from .replicas import MigrationReport, plan_migration
@@ -30,6 +31,7 @@ __all__ = [
     "PlacementArrays",
     "Tables",
     "auto_capacity",
+    "aux_losses",
     "capacity_bucket",
     "init_logical_params",
     "init_params",

@@ -31,7 +31,7 @@ from solvers import Placement
 
 from ..workloads import RoutingTrace
 from .config import MoEConfig, make_ep_mesh
-from .module import MoE, place_on_mesh
+from .module import MoE, aux_losses, place_on_mesh
 from .routing import RouterConfig
 
 __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
@@ -182,9 +182,8 @@ def train(
     def step(model, opt, x, y):
         def loss_fn(m):
             loss = optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
-            for block in m.blocks:
-                loss = loss + cfg.aux_loss * block.moe.aux_loss.get_value() + cfg.z_loss * block.moe.z_loss.get_value()
-            return loss
+            aux = aux_losses(m)  # every MoE layer's losses of this forward, summed
+            return loss + cfg.aux_loss * aux["load_balance"] + cfg.z_loss * aux["z"]
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         opt.update(model, grads)

@@ -49,7 +49,16 @@ from .replicas import MigrationReport, migrate, plan_migration
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
-__all__ = ["BalanceBias", "DispatchState", "MoE", "MoEAuxState", "RankState", "place_on_mesh"]
+__all__ = [
+    "BalanceBias",
+    "DispatchState",
+    "MoE",
+    "MoEAuxLoss",
+    "MoEAuxState",
+    "RankState",
+    "aux_losses",
+    "place_on_mesh",
+]
 
 #: Variable metadata naming the slot layout an array follows (expert Params and their optimizer moments), and the
 #: rank of one layer's array (a stacked array has more axes in front).
@@ -112,8 +121,8 @@ class _HostPlacement:
         self.placement, self.array = placement, None
 
     def get(self, phy2log, num_gpus: int, num_experts: int, gpus_per_node) -> Placement:
-        if isinstance(phy2log, jax.core.Tracer):
-            raise ValueError("MoE.placement is host data: read it outside jit")
+        if isinstance(phy2log, jax.core.Tracer):  # inside a trace (nnx.eval_shape, jit): the placement last set
+            return self.placement
         if phy2log is not self.array:
             host = np.asarray(phy2log.addressable_data(0) if isinstance(phy2log, jax.Array) else phy2log)
             if host.ndim != 1:
@@ -133,7 +142,27 @@ class BalanceBias(nnx.Variable):
 
 
 class MoEAuxState(nnx.Variable):
-    """The last call's training signals (`tempo_jax.layer.moe.MoEAux`): read them inside the loss function."""
+    """The last call's training signals (`tempo_jax.layer.moe.MoEAux`)."""
+
+
+class MoEAuxLoss(nnx.Intermediate):
+    """``[2]``: the load-balancing and z losses summed over every call since `aux_losses` last read them (an
+    intermediate, like flax's ``sow``; stacked layers hold one row each)."""
+
+
+def aux_losses(model: nnx.Module, *, reset: bool = True) -> dict:
+    """The MoE layers' auxiliary losses of ``model``, summed over every MoE layer (stacked ones included) and every
+    call since the last read: ``{"load_balance": scalar, "z": scalar}``. Read them inside the loss function, after
+    the forward; ``reset`` (default) zeroes the sums, so the next step starts from 0. Works under ``nnx.jit``,
+    ``nnx.grad``, ``nnx.scan`` over layers and ``nnx.remat``. A model without MoE layers gives zeros."""
+    total = jnp.zeros((2,), jnp.float32)
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, MoEAuxLoss):
+            value = var.get_value()
+            total = total + value.reshape(-1, 2).sum(axis=0)
+            if reset:
+                var.set_value(jnp.zeros_like(value))
+    return {"load_balance": total[0], "z": total[1]}
 
 
 class MoE(nnx.Module):
@@ -168,6 +197,8 @@ class MoE(nnx.Module):
         tables: Tables | None = None,
         record: bool = False,
         params: dict | None = None,
+        deterministic: bool = False,
+        rng_collection: str = "dispatch",
     ):
         D = mesh.shape[config.axis]
         if placement.num_slots != D * config.slots_per_rank:
@@ -193,7 +224,10 @@ class MoE(nnx.Module):
         self.config = config
         self.mesh = mesh
         self.record = record
-        self.rngs = rngs
+        self.deterministic = deterministic
+        # this layer's own fork of the dispatch stream (as flax's Dropout does): stacked with the layer under
+        # nnx.split_rngs + nnx.vmap, and no reference to the caller's Rngs
+        self.rngs = rngs[rng_collection].fork() if rng_collection in rngs else nnx.data(None)
         self._host = _HostPlacement(placement)  # static, by identity (see the class)
         self._gpus_per_node = placement.gpus_per_node
         pa = placement_arrays(placement)
@@ -208,9 +242,11 @@ class MoE(nnx.Module):
         self.rounds = RankState(jnp.ones((D,), jnp.int32))
         self.total_drops = 0  # fixed capacity, eager calls only (a traced call cannot read its drops on the host)
         self._warned_drops = False
-        self.topk_ids = DispatchState(jnp.zeros((0, config.top_k), jnp.int32))
+        # the last call's routing, when recording (an empty array would not checkpoint: orbax refuses 0-size arrays)
+        self.topk_ids = DispatchState(jnp.full((1, config.top_k), -1, jnp.int32)) if record else nnx.data(None)
         self.aux_loss = MoEAuxState(jnp.zeros((), jnp.float32))
         self.z_loss = MoEAuxState(jnp.zeros((), jnp.float32))
+        self.losses = MoEAuxLoss(jnp.zeros((2,), jnp.float32))
         self.expert_load = MoEAuxState(jnp.zeros((config.experts,), jnp.float32))
         place_on_mesh(self, mesh, config.axis)
 
@@ -314,10 +350,44 @@ class MoE(nnx.Module):
         """
         self.table.set_value(self._installable(tables, "MoE.set_tables"))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``x [..., H]`` → ``[..., H]``; tokens are flattened and split over the ep axis."""
+    def set_view(self, deterministic: bool | None = None):
+        """``nnx.view(model, deterministic=...)`` (and ``model.eval()`` / ``model.train()``, which set the same
+        attribute): see ``deterministic`` in `__call__`."""
+        if deterministic is not None:
+            self.deterministic = deterministic
+
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None, deterministic: bool | None = None) -> jax.Array:
+        """``x [..., H]`` → ``[..., H]``: any number of tokens (flattened, padded to a multiple of D inside, split
+        over the ep axis).
+
+        Args:
+          x: ``[..., H]`` activations.
+          mask: optional bool ``[...]`` (x's leading shape): False marks padding tokens of a variable-length
+            batch, left out of routing statistics, counts, counters, drops, losses and balancing; their output rows
+            hold only the shared experts' contribution (zeros without shared experts).
+          deterministic: evaluation (default: ``self.deterministic``, set by ``model.eval()`` / ``nnx.view``): no
+            load-balancing / z-loss work and no aux-free bias update. What keeps counting in eval: the dispatch
+            counter, counts and per-rank loads (``counter``, ``counts``, ``gpu_tokens``, …) that a serving runtime
+            reads, and ``expert_load``.
+
+        Raises:
+          ValueError: a mask of another shape or dtype; a call inside a plain ``jax.grad`` / ``jax.checkpoint`` /
+            ``jax.vmap`` of the module (it updates its counters and RNG stream: use ``nnx.grad`` / ``nnx.remat``
+            / ``nnx.vmap``, or `tempo_jax.moe_forward` functionally).
+        """
+        if not getattr(self.counter, "_can_update", True):
+            raise ValueError(
+                "MoE: called inside a JAX transform that cannot see the module's state (a plain jax.grad, "
+                "jax.checkpoint / jax.remat or jax.vmap over a model holding it): the layer updates its dispatch "
+                "counters and RNG stream every call. Use the flax transforms (nnx.grad, nnx.value_and_grad, "
+                "nnx.remat, nnx.vmap, nnx.jit), or call tempo_jax.moe_forward functionally"
+            )
+        deterministic = self.deterministic if deterministic is None else bool(deterministic)
         lead, H = x.shape[:-1], x.shape[-1]
-        key = self.rngs.dispatch() if "dispatch" in self.rngs else jax.random.key(0)
+        if mask is not None and (jnp.shape(mask) != lead or jnp.result_type(mask) != jnp.bool_):
+            raise ValueError(f"MoE: mask must be bool with x's leading shape {list(lead)} (True: a real token), got "
+                             f"{jnp.result_type(mask)}{list(jnp.shape(mask))}")  # fmt: skip
+        key = self.rngs() if self.rngs is not None else jax.random.key(0)
         tokens = x.reshape(-1, H)
 
         def run(capacity):
@@ -331,10 +401,12 @@ class MoE(nnx.Module):
                 key=key,
                 counter=self.counter.get_value(),
                 capacity=capacity,
+                mask=None if mask is None else jnp.reshape(mask, (-1,)),
+                aux_losses=not deterministic,
             )
 
         res = run(None)
-        if isinstance(self.config.capacity, int) and not isinstance(tokens, jax.core.Tracer):
+        if isinstance(self.config.capacity, int | np.integer) and not isinstance(tokens, jax.core.Tracer):
             self._count_drops(res)  # a fixed capacity drops what does not fit: counted (and warned) eagerly
         self.drops.set_value(res.stats.drops)
         self.rounds.set_value(res.stats.rounds)
@@ -342,12 +414,15 @@ class MoE(nnx.Module):
         self.counts.set_value(res.counts)
         self.gpu_tokens.set_value(res.stats.gpu_tokens)
         self.gpu_activations.set_value(res.stats.gpu_activations)
-        self.aux_loss.set_value(res.aux.load_balance_loss)
-        self.z_loss.set_value(res.aux.z_loss)
         self.expert_load.set_value(res.aux.expert_load)
-        rate = self.config.router.balance_rate
-        if rate:  # aux-free balancing: under-loaded experts become likelier (outside the gradient)
-            self.score_bias.set_value(balance_update(self.score_bias.get_value(), res.aux.expert_load, rate))
+        if not deterministic:
+            self.aux_loss.set_value(res.aux.load_balance_loss)
+            self.z_loss.set_value(res.aux.z_loss)
+            # summed over calls until read (tempo_jax.aux_losses): repeated and scanned calls all count
+            self.losses.set_value(self.losses.get_value() + jnp.stack([res.aux.load_balance_loss, res.aux.z_loss]))
+            rate = self.config.router.balance_rate
+            if rate:  # aux-free balancing: under-loaded experts become likelier (outside the gradient)
+                self.score_bias.set_value(balance_update(self.score_bias.get_value(), res.aux.expert_load, rate))
         if self.record:
             self.topk_ids.set_value(res.stats.topk_ids)
         return res.out.reshape(*lead, H)

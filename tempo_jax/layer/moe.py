@@ -80,8 +80,9 @@ class RankInputs(NamedTuple):
 
     Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], experts (the
     physical expert arrays ``[P, ...]``: w_gate, w_up, w_down, biases), counter [D, E], ids / gate [T, K]
-    (replayed routing). Replicated: router (``router [H, E]``, ``router_bias``, ``score_bias``), shared (the
-    shared experts' parameters, or None), table [Gs, E, R], log2phy [E, R], phy2log [P], key.
+    (replayed routing), valid [T] (False: a padding or masked token). Replicated: router (``router [H, E]``,
+    ``router_bias``, ``score_bias``), shared (the shared experts' parameters, or None), table [Gs, E, R],
+    log2phy [E, R], phy2log [P], key.
     """
 
     x: jax.Array
@@ -95,6 +96,7 @@ class RankInputs(NamedTuple):
     key: jax.Array
     ids: jax.Array
     gate: jax.Array
+    valid: jax.Array
 
     _REPLICATED = ("router", "shared", "table", "log2phy", "phy2log", "key")
 
@@ -116,6 +118,8 @@ class MoEStats(NamedTuple):
       replica_counts: ``[D, E, R]`` pairs each source sent to each replica column.
       topk_ids: ``[T, K]`` the routing (for traces).
       rounds: ``[D]`` exchange rounds of the call (``capacity="auto"``: ⌈largest block / C⌉; otherwise 1).
+      invalid_ids: ``[D]`` pairs of real tokens whose routed expert id lies outside [0, E) (replayed routing under
+        ``jit``, where it cannot be refused): they are computed by no expert and contribute nothing.
     """
 
     gpu_tokens: jax.Array
@@ -126,13 +130,15 @@ class MoEStats(NamedTuple):
     replica_counts: jax.Array
     topk_ids: jax.Array
     rounds: jax.Array
+    invalid_ids: jax.Array
 
 
 class MoEAux(NamedTuple):
     """Training signals of one forward pass, over all tokens of the ``ep`` group (float32 scalars):
     ``load_balance_loss`` = E·Σ_e f_e·P_e (Switch / GShard: f the pairs' fractions per expert, P the mean router
     probability; 1 when balanced), ``z_loss`` = mean(logsumexp(router logits)²), and ``expert_load`` ``[E]`` the
-    pairs per expert (what aux-free balancing reads). With replayed routing both losses are 0."""
+    pairs per expert (what aux-free balancing reads). Padding and masked tokens count nowhere. With replayed routing
+    or ``aux_losses=False`` (eval) both losses are 0."""
 
     load_balance_loss: jax.Array
     z_loss: jax.Array
@@ -150,22 +156,25 @@ class MoEOutput(NamedTuple):
     aux: MoEAux
 
 
-def _aux(rt: Routing | None, counts: jax.Array, *, axis: str, top_k: int, given_routing: bool) -> MoEAux:
-    """`MoEAux` from this rank's routing and pair counts ``[E]``, reduced over the ``ep`` axis."""
+def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, top_k: int,
+         losses: bool) -> MoEAux:  # fmt: skip
+    """`MoEAux` from this rank's routing, pair counts ``[E]`` and real tokens ``valid [T]``, reduced over the
+    ``ep`` axis (``losses=False``: the load only)."""
     load = jax.lax.psum(counts.astype(jnp.float32), axis)
-    if given_routing:
+    if not losses:
         zero = jnp.zeros((), jnp.float32)
         return MoEAux(zero, zero, load)
-    T = jax.lax.psum(jnp.asarray(rt.logits.shape[0], jnp.float32), axis)
-    mean_prob = jax.lax.psum(jnp.sum(rt.probs, axis=0), axis) / T
+    w = valid.astype(jnp.float32)
+    T = jnp.maximum(jax.lax.psum(jnp.sum(w), axis), 1.0)
+    mean_prob = jax.lax.psum(jnp.sum(rt.probs * w[:, None], axis=0), axis) / T
     fraction = load / (T * top_k)
     lb = load.shape[0] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
-    z = jax.lax.psum(jnp.sum(jax.nn.logsumexp(rt.logits, axis=-1) ** 2), axis) / T
+    z = jax.lax.psum(jnp.sum(w * jax.nn.logsumexp(rt.logits, axis=-1) ** 2), axis) / T
     return MoEAux(lb, z, load)
 
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-               capacity: tuple[str, int]) -> MoEOutput:  # fmt: skip
+               capacity: tuple[str, int], aux_losses: bool) -> MoEOutput:  # fmt: skip
     """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
     schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
     axis, K, S = config.axis, config.top_k, config.slots_per_rank
@@ -181,8 +190,11 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     sample = config.dispatch_mode == "sample"
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if sample else None
     dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0],
-                               mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret)  # fmt: skip
-    dest, local = stages.split_slots(dp.slot, S)
+                               mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret,
+                               valid=inp.valid)  # fmt: skip
+    dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
+    real = jnp.repeat(inp.valid, K)
+    invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
     # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
     weights = tie_replicas(inp.experts, inp.phy2log, axis=axis, slots_per_rank=S, num_experts=config.experts)
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
@@ -214,10 +226,11 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         drops=jnp.sum(wanted - sent)[None],
         max_block=jnp.max(wanted)[None],
         replica_counts=dp.replica_counts[None],
-        topk_ids=rt.ids,
+        topk_ids=jnp.where(inp.valid[:, None], rt.ids, -1),
         rounds=n_rounds[None],
+        invalid_ids=invalid_ids[None],
     )
-    aux = _aux(rt, dp.counts, axis=axis, top_k=K, given_routing=given_routing)
+    aux = _aux(rt, dp.counts, inp.valid, axis=axis, top_k=K, losses=aux_losses and not given_routing)
     return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
 
 
@@ -243,7 +256,7 @@ def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capa
 
 @functools.lru_cache(maxsize=64)
 def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-             capacity: tuple[str, int]):  # fmt: skip
+             capacity: tuple[str, int], aux_losses: bool):  # fmt: skip
     """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
     per-rank inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`) is
     one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
@@ -251,15 +264,17 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
     axis, K, E = config.axis, config.top_k, config.experts
     D = mesh.shape[axis]
     body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
-                             capacity=capacity)  # fmt: skip
+                             capacity=capacity, aux_losses=aux_losses)  # fmt: skip
     out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)),
                           MoEAux(P(), P(), P()))  # fmt: skip
     sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs,
                             check_vma=False)  # fmt: skip
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
-    def run(params, x, table, log2phy, phy2log, counter, key, routing):
+    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask):
         T = x.shape[0]
+        pad = -T % D  # any T: padding rows up to a multiple of D, masked out of everything and cut from the result
+        valid = jnp.ones((T,), bool) if mask is None else mask.astype(bool)
         if counter is None:
             counter = jnp.zeros((D, E), COUNTER_DTYPE)
         if key is None:
@@ -268,20 +283,26 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int,
             ids, gate = jnp.zeros((T, K), jnp.int32), jnp.zeros((T, K), jnp.float32)
         else:
             ids, gate = routing[0].astype(jnp.int32), routing[1].astype(jnp.float32)
+        if pad:
+            x, ids, gate = (jnp.pad(a, ((0, pad), (0, 0))) for a in (x, ids, gate))
+            valid = jnp.pad(valid, (0, pad))
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
-        inputs = RankInputs(x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate)
+        inputs = RankInputs(x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate, valid)
         if explicit:
             specs = RankInputs.specs(axis)
             inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
-        return sharded(inputs)
+        res = sharded(inputs)
+        if pad:
+            res = res._replace(out=res.out[:T], stats=res.stats._replace(topk_ids=res.stats.topk_ids[:T]))
+        return res
 
     return jax.jit(run)
 
 
 def _check_inputs(
-    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None
+    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None, mask=None
 ) -> tuple[str, int]:
     """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
     per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
@@ -304,11 +325,13 @@ def _check_inputs(
                          "cast the activations, e.g. x.astype(jnp.float32)")  # fmt: skip
     T, H = x.shape
     if T == 0:
-        raise ValueError("x has no tokens (T = 0); call the layer with at least D tokens")
+        raise ValueError("x has no tokens (T = 0); call the layer with at least one token")
     if H != config.hidden:
         raise ValueError(f"x [T, H={H}] does not match config (H={config.hidden})")
-    if T % D:
-        raise ValueError(f"T={T} tokens do not split evenly over {D} ranks of axis {axis!r}")
+    if mask is not None and (jnp.shape(mask) != (T,) or jnp.result_type(mask) != jnp.bool_):
+        raise ValueError(f"mask must be bool [T={T}] (True: a real token, False: padding), got "
+                         f"{jnp.result_type(mask)}{list(jnp.shape(mask))}")  # fmt: skip
+    Tp = -(-T // D) * D  # rows per rank after padding to a multiple of D
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = "
                          f"{D}·{S} = {D * S}")  # fmt: skip
@@ -330,7 +353,7 @@ def _check_inputs(
             raise ValueError(f"counter must be the [D={D}, E={E}] uint32 cumulative counter (MoEOutput.counter of "
                              f"the previous call), got shape {got[0]} dtype {got[1]}")  # fmt: skip
     # Step 3: capacity (rows per block): at most the worst case T/D·K.
-    worst = (T // D) * K
+    worst = (Tp // D) * K
     if capacity is None:
         capacity = config.capacity
     if capacity is None:
@@ -338,7 +361,7 @@ def _check_inputs(
     if capacity == "auto":
         if config.schedule != "sync":  # a launch schedule is one plan of exchange rounds: the worst case there
             return "worst", worst
-        C = auto_capacity(config, T // D, D)
+        C = auto_capacity(config, Tp // D, D)
         return ("worst", worst) if C >= worst else ("rounds", C)
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise ValueError(f"capacity must be 'auto', a positive int (rows per block) or None, got {capacity!r}")
@@ -376,6 +399,8 @@ def moe_forward(
     counter: jax.Array | None = None,
     routing: tuple[jax.Array, jax.Array] | None = None,
     capacity: int | str | None = None,
+    mask: jax.Array | None = None,
+    aux_losses: bool = True,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
@@ -383,7 +408,8 @@ def moe_forward(
       params: physical parameters (`init_params`, `tempo_jax.hf`; `tempo_jax.layer.params`): router [H, E],
         w_gate/w_up [P, H, F], w_down [P, F, H] (P = D·S, slot p holding expert phy2log[p]); best sharded over the
         axis (`to_physical(..., mesh=mesh)`), so each rank reads only its own slots.
-      x: [T, H] tokens; T divisible by D (they are split data-parallel over the ``ep`` axis).
+      x: [T, H] tokens, any T (split data-parallel over the ``ep`` axis; padded inside to a multiple of D with
+        rows that route nowhere and count nowhere).
       mesh: a mesh with ``config.axis`` (other axes are left alone: everything is replicated over them).
       placement_arrays: phy2log [P] (P = D·S) and log2phy [E, R].
       tables: `Tables` with table [Gs, E, R] (device d uses group d·Gs // D) and the same log2phy.
@@ -394,6 +420,10 @@ def moe_forward(
         (replaying recorded routing); the router parameter is then unused.
       capacity: this call's ``"auto"`` / int rows per (source, destination) block (overrides
         ``config.capacity`` when given; an int is clamped to the dropless worst case T/D·K).
+      mask: optional ``[T]`` bool, False for padding tokens of a variable-length batch: they are routed to no
+        expert and left out of the counts, counters, drops, statistics, losses and balancing; their output rows
+        are the shared experts' alone (zero without shared experts).
+      aux_losses: compute the load-balancing and z losses (False: zeros, no work; eval).
 
     Returns:
       `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
@@ -403,8 +433,10 @@ def moe_forward(
         tables of another placement, ids out of range, experts without a replica, T = 0, a counter of another
         shape or dtype, an axis missing from the mesh or a bad capacity.
     """
-    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter)
+    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask)
     if routing is not None:
         routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
-    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), tables.num_groups, routing is not None, C)
-    return run(params, x, tables.table, tables.log2phy, placement_arrays.phy2log, counter, key, routing)
+    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), tables.num_groups, routing is not None, C,
+                   bool(aux_losses))  # fmt: skip
+    mask = None if mask is None else jnp.asarray(mask)
+    return run(params, x, tables.table, tables.log2phy, placement_arrays.phy2log, counter, key, routing, mask)

@@ -37,12 +37,21 @@ def moe_preset(name: str, *, slots_per_rank: int, experts: int | None = None, to
 
     Args:
       experts, top_k, hidden, ffn: smaller (or other) dimensions; shared experts take ``ffn`` too.
-      **overrides: any other `MoEConfig` field (dtype, dispatch_mode, capacity, ...).
+      **overrides: any other `MoEConfig` field (dtype, dispatch_mode, capacity, ...), or a field of the preset's
+        `RouterConfig` (``balance_rate``, ``score_bias``, ``scaling``, …) or `ExpertConfig` (``limit``, …) —
+        ``moe_preset("deepseek_v3", slots_per_rank=40, balance_rate=1e-3)``.
     """
     spec = preset_spec(name)
     E = spec.experts if experts is None else experts
     F = spec.ffn if ffn is None else ffn
-    router = RouterConfig(**spec.router)
+    router_fields = {f.name for f in dataclasses.fields(RouterConfig)}
+    expert_fields = {f.name for f in dataclasses.fields(ExpertConfig)} - {"activation"}
+    config_fields = {f.name for f in dataclasses.fields(MoEConfig)}
+    on_router = {k: overrides.pop(k) for k in list(overrides) if k in router_fields and k not in config_fields}
+    on_expert = {k: overrides.pop(k) for k in list(overrides) if k in expert_fields and k not in config_fields}
+    if on_router.get("balance_rate") and "score_bias" not in on_router:
+        on_router["score_bias"] = True  # aux-free balancing moves the score bias
+    router = RouterConfig(**{**spec.router, **on_router})
     if router.n_group > 1 and E % router.n_group:
         raise ValueError(f"moe_preset({name!r}): experts={E} must be a multiple of its {router.n_group} groups")
     shared = None
@@ -51,8 +60,9 @@ def moe_preset(name: str, *, slots_per_rank: int, experts: int | None = None, to
         shared = SharedConfig(count=spec.shared["count"], ffn=width, gated=spec.shared.get("gated", False))
     fields = dict(hidden=spec.hidden if hidden is None else hidden, ffn=F, experts=E,
                   top_k=spec.top_k if top_k is None else top_k, slots_per_rank=slots_per_rank, router=router,
-                  expert=ExpertConfig(**spec.expert), shared=shared)  # fmt: skip
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(MoEConfig)}
+                  expert=ExpertConfig(**{**spec.expert, **on_expert}), shared=shared)  # fmt: skip
+    unknown = set(overrides) - config_fields
     if unknown:
-        raise ValueError(f"moe_preset({name!r}): unknown MoEConfig fields {sorted(unknown)}")
+        raise ValueError(f"moe_preset({name!r}): unknown fields {sorted(unknown)}; give MoEConfig, RouterConfig or "
+                         "ExpertConfig fields")  # fmt: skip
     return MoEConfig(**{**fields, **overrides})

@@ -94,19 +94,22 @@ def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int) -> Routi
 
 def dispatch_pairs(
     routing: Routing, table: jax.Array, log2phy: jax.Array, counter: jax.Array, *, mode: str,
-    uniforms: jax.Array | None, interpret: bool,
+    uniforms: jax.Array | None, interpret: bool, valid: jax.Array | None = None,
 ) -> Dispatched:  # fmt: skip
     """The fused dispatch + count kernel: a physical slot per (token, k) pair through ``table [E, R]`` over the
-    replica columns ``log2phy [E, R]``; ``counter [E]`` cumulative; ``uniforms [T, K]`` for sample mode."""
+    replica columns ``log2phy [E, R]``; ``counter [E]`` cumulative; ``uniforms [T, K]`` for sample mode;
+    ``valid [T]`` False for padding rows, whose pairs get slot −1 and count nowhere (nor do ids outside [0, E))."""
     T = routing.ids.shape[0]
-    res = dispatch(routing.ids, jnp.ones((T,), bool), table, log2phy, counter, mode=mode, uniforms=uniforms,
+    valid = jnp.ones((T,), bool) if valid is None else valid
+    res = dispatch(routing.ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms,
                    interpret=interpret)  # fmt: skip
     return Dispatched(res.slots.reshape(-1), res.counts, res.counter, res.replica_counts)
 
 
-def split_slots(slot: jax.Array, slots_per_rank: int) -> tuple[jax.Array, jax.Array]:
-    """Physical slot p → ``(rank p // S, local slot p % S)`` (the EPLB layout: rank d holds slots d·S … d·S + S − 1)."""
-    return slot // slots_per_rank, slot % slots_per_rank
+def split_slots(slot: jax.Array, slots_per_rank: int, num_ranks: int) -> tuple[jax.Array, jax.Array]:
+    """Physical slot p → ``(rank p // S, local slot p % S)`` (the EPLB layout: rank d holds slots d·S … d·S + S − 1);
+    slot −1 (a padding row, an id outside [0, E)) → rank D, which no block holds: the pair is never sent."""
+    return jnp.where(slot < 0, num_ranks, slot // slots_per_rank), jnp.where(slot < 0, 0, slot % slots_per_rank)
 
 
 def _slot_lanes(slots: jax.Array, dtype) -> jax.Array:
@@ -209,8 +212,8 @@ def return_rows(y: jax.Array, received_counts: jax.Array, packed: Packed, *, axi
 def unpack_rows(back: jax.Array, packed: Packed) -> jax.Array:
     """Rows ``back [D, C, H]`` (block j = results from rank j, in this rank's packing order) → ``[T·K, H]`` in
     pair order; dropped pairs get zeros."""
-    C = back.shape[1]
-    keep = packed.pos < C
+    C, D = back.shape[1], back.shape[0]
+    keep = (packed.pos < C) & (packed.dest < D)  # pairs past capacity or never sent (rank D): zeros
     rows = back[jnp.where(keep, packed.dest, 0), jnp.where(keep, packed.pos, 0)]
     rows = jnp.where(keep[:, None], rows, 0)
     return jnp.zeros_like(rows).at[packed.order].set(rows)

@@ -117,6 +117,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     nnx.update(model, nnx.state(base, lambda path, v: isinstance(v, nnx.Param) and path[-1] not in EXPERT_KEYS))
     for block, trained in zip(model.blocks, base.blocks, strict=True):
         block.moe.load_logical(trained.moe.logical_params())
+    model.eval()  # serving: no loss work, no aux-free bias updates; the dispatch counters keep counting
     L, B_dec = len(model.blocks), T
     starts = _windows(cfg, B_dec, 1)  # the decode sequences' first bytes, drawn per cycle
     sample = jax.jit(lambda key, logits: jax.random.categorical(key, logits[:, -1]).astype(jnp.int32)[:, None])
