@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,7 @@ def _env(devices: int) -> dict:
     return env
 
 
+@pytest.mark.slow  # fast twin: the checkpoint test below (the same two launches, loaded weights, counters too)
 def test_two_processes_match_one(tmp_path):
     ref = tmp_path / "ref.npz"
     mh = tmp_path / "mh.npz"
@@ -71,6 +73,11 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
         np.testing.assert_array_equal(a[k], b[k])  # the same tensors, read in pieces
     np.testing.assert_allclose(a["out"], b["out"], atol=1e-5, rtol=1e-5)
     phy2log = a["phy2log"].reshape(2, -1)  # process p's devices hold slots [8p, 8p + 8)
+    np.testing.assert_array_equal(a["counts"], b["counts"])
+    # the refresher's counter read gathers a counter spread over both processes (process_allgather)
+    assert not bool(a["addressable"]) and bool(b["addressable"])
+    np.testing.assert_array_equal(a["counter"], b["counter"])
+    np.testing.assert_array_equal(a["counter"], a["counts"])  # one call from zero: counter = counts
     for p in range(2):
         read = set(json.loads((tmp_path / f"mh.npz.reads{p}.json").read_text()))
         assert read == set(phy2log[p].tolist()), (p, read)
