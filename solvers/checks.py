@@ -66,6 +66,21 @@ def _prefix(where: str) -> str:
     return f"{where}: " if where else ""
 
 
+def plain_scalars(obj) -> None:
+    """Replace every numpy scalar field of the (frozen) dataclass ``obj`` by the Python number it holds (`int`,
+    `float`, `bool`), and a tuple or list field's numpy scalars likewise: a config built with ``np.int64(4)`` then
+    behaves exactly as one built with ``4`` (``isinstance(v, int)`` checks, JSON records, hashing). Call it first in
+    ``__post_init__``."""
+    import dataclasses
+
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, np.generic):
+            object.__setattr__(obj, f.name, v.item())
+        elif isinstance(v, tuple | list) and any(isinstance(x, np.generic) for x in v):
+            object.__setattr__(obj, f.name, type(v)(x.item() if isinstance(x, np.generic) else x for x in v))
+
+
 def check_int(name: str, value: object, *, minimum: int = 1, where: str = "") -> int:
     """``value`` as an ``int`` if it is an integer ``>= minimum`` (bools are not integers here); `ArgTypeError` for
     a non-integer (``"2"``, ``2.0``), ``ValueError`` below ``minimum``."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import check_fields, check_instance, check_int, check_real, read_text
+from .checks import check_fields, check_instance, check_int, check_real, plain_scalars, read_text
 
 __all__ = ["CostModel", "PRESETS", "gpu_loads"]
 
@@ -76,6 +76,7 @@ class CostModel:
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        plain_scalars(self)
         # Every parameter is a finite number >= 0 (times and slopes of a max-affine model); stored as a float.
         for name in ("a", "b", "c", "beta", "b2", "c2", "gamma"):
             v = getattr(self, name)

@@ -328,6 +328,11 @@ def read_samples(path) -> dict[str, np.ndarray]:
     missing = [c for c in ("G", "N", "t") if c not in header]
     if missing:
         raise ValueError(f"{path}:{rows[0][0]}: header lacks columns {missing} (has {header}); expected G,N,t[,T]")
+    unknown = [c for c in header if c not in CSV_COLUMNS]
+    if unknown:  # never ignored: a misspelt "T" would silently drop the tile term
+        hint = " (the M-tile column is named T)" if any(c.lower().startswith("tile") for c in unknown) else ""
+        raise ValueError(f"{path}:{rows[0][0]}: unknown columns {unknown}{hint}; the columns are "
+                         f"{', '.join(f'{k} ({v})' for k, v in CSV_COLUMNS.items())}")  # fmt: skip
     wanted = {c: header.index(c) for c in CSV_COLUMNS if c in header}
     values = {c: [] for c in wanted}
     for n, row in rows[1:]:

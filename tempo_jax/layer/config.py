@@ -18,7 +18,7 @@ import numpy as np
 
 from pallas_kernels import DISPATCH_MODES, GMM, DispatchMode, GmmImpl
 from solvers import LaunchSchedule
-from solvers.checks import check_instance, check_int
+from solvers.checks import check_instance, check_int, plain_scalars
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
@@ -76,6 +76,7 @@ class MoEConfig:
     fetches: tuple[WeightFetch, ...] = ()
 
     def __post_init__(self):
+        plain_scalars(self)
         for name in ("hidden", "ffn", "experts", "top_k", "slots_per_rank"):
             check_int(f"MoEConfig.{name}", getattr(self, name))
         try:

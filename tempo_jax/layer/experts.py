@@ -25,6 +25,8 @@ from typing import Literal, get_args
 import jax
 import jax.numpy as jnp
 
+from solvers.checks import plain_scalars
+
 __all__ = [
     "ACTIVATIONS",
     "EXPERT_BIASES",
@@ -57,6 +59,9 @@ class ExpertConfig:
     bias: bool = False
     alpha: float = 1.702
     limit: float | None = None
+
+    def __post_init__(self):
+        plain_scalars(self)  # np.int64(4) behaves as 4
 
     def validate(self) -> None:
         w = "ExpertConfig"
@@ -91,6 +96,9 @@ class SharedConfig:
     count: int = 1
     ffn: int = 1
     gated: bool = False
+
+    def __post_init__(self):
+        plain_scalars(self)  # np.int64(4) behaves as 4
 
     def validate(self) -> None:
         for name in ("count", "ffn"):

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 
 from solvers import Placement
+from solvers.checks import plain_scalars
 
 from ..workloads import RoutingTrace
 from .config import MoEConfig, make_ep_mesh
@@ -59,6 +60,9 @@ class LMConfig:
     z_loss: float = 0.0
     balance_rate: float = 0.0
     capacity: int | str | None = "auto"
+
+    def __post_init__(self):
+        plain_scalars(self)  # np.int64(4) behaves as 4
 
 
 #: Name prefixes of the Unicode 3.2 characters left out of `corpus`: numbered names (ideographs, syllables).

@@ -29,6 +29,8 @@ from typing import Literal, NamedTuple, get_args
 import jax
 import jax.numpy as jnp
 
+from solvers.checks import plain_scalars
+
 __all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route"]
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk"]
@@ -59,6 +61,9 @@ class RouterConfig:
     renorm_eps: float = 0.0
     scaling: float = 1.0
     balance_rate: float = 0.0
+
+    def __post_init__(self):
+        plain_scalars(self)  # np.int64(4) behaves as 4
 
     def validate(self, experts: int, top_k: int) -> None:
         """Raise ValueError when this router cannot route ``top_k`` of ``experts`` experts."""

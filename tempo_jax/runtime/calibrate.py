@@ -54,7 +54,7 @@ from solvers import (
     slots_for,
     solve,
 )
-from solvers.checks import check_int, check_real, read_text
+from solvers.checks import check_int, check_real, plain_scalars, read_text
 
 from ..layer.config import capacity_bucket
 
@@ -97,6 +97,7 @@ class MeasureConfig:
     seed: int = 0
 
     def __post_init__(self):
+        plain_scalars(self)
         w = "MeasureConfig"
         for name in ("hidden", "ffn", "slots", "repeats", "bootstrap", "rank_experts", "rank_ranks", "rank_top_k",
                      "rank_repeats"):  # fmt: skip

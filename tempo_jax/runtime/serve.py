@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
-from solvers.checks import check_choice, check_int, check_real
+from solvers.checks import check_choice, check_int, check_real, plain_scalars
 from solvers.solve import check_policy
 
 from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, plan_migration, to_logical
@@ -146,6 +146,7 @@ class ServeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        plain_scalars(self)
         w = "ServeConfig"
         check_choice("model", self.model, MODELS, where=w)
         for name in ("steps", "tokens_per_rank", "experts", "top_k", "hidden", "ffn", "layers", "seq_len"):
@@ -200,12 +201,32 @@ class ServeConfig:
             check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
             if self.solver_mode != "process":
                 raise ValueError(f"{w}: kill_worker_at needs solver_mode='process' (got {self.solver_mode!r})")
+            if self.kill_worker_at >= self.steps:
+                raise ValueError(f"{w}: kill_worker_at={self.kill_worker_at} is past the last step ({self.steps - 1}): "
+                                 "the worker would never be killed; give a step below steps")  # fmt: skip
+        # Step 2: options that another one makes inert are refused, never silently unused.
+        if self.routing == "recorded":
+            unused = [f"{n}={getattr(self, n)!r}" for n in _SYNTHETIC_ONLY if getattr(self, n) != _DEFAULTS[n]]
+            if unused:
+                raise ValueError(f"{w}: {', '.join(unused)} shape the synthetic stream; routing='recorded' replays "
+                                 f"the trace's own experts, top-k and popularity: drop them or use "
+                                 "routing='synthetic'")  # fmt: skip
+        if self.every_steps is not None and self.period_s != _DEFAULTS["period_s"]:
+            raise ValueError(
+                f"{w}: period_s={self.period_s} and every_steps={self.every_steps}: the refresher runs by steps when "
+                "every_steps is set, so period_s would never act; give one of them"
+            )
+        if self.fallback != _DEFAULTS["fallback"] and self.staleness_s is None:
+            raise ValueError(f"{w}: fallback={self.fallback!r} with staleness_s=None: the fallback is published only "
+                             "when tables grow older than staleness_s; set staleness_s or drop fallback")  # fmt: skip
 
 
 #: The options only one of the two served models reads (the rest apply to both).
 _ONLY = {"layer": ("routing", "skew", "drift", "kappa", "check_every"),  # trace: its own check names both needs
          "lm": ("layers", "seq_len", "decode_steps", "train_steps")}  # fmt: skip
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
+#: The options that shape the synthetic routing stream only.
+_SYNTHETIC_ONLY = ("experts", "top_k", "skew", "drift", "kappa")
 
 
 def _stream(cfg: ServeConfig, num_ranks: int) -> RoutingStream:

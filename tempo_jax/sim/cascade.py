@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from solvers import Placement, attention_features, slots_for, solve
-from solvers.checks import check_choice, check_int, check_real
+from solvers.checks import check_choice, check_int, check_real, plain_scalars
 from tempo_jax.workloads import RequestTrace, load_trace, zipf_popularity
 from tempo_jax.workloads.requests import load_mooncake, load_request_trace, synthetic_requests
 
@@ -152,6 +152,7 @@ class CascadeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        plain_scalars(self)
         fn = "CascadeConfig"
         check_choice("model", self.model, MODELS, where=fn)
         check_choice("hardware", self.hardware, HARDWARE, where=fn)

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, slots_for, solve
+from solvers.checks import plain_scalars
 from solvers.limits import semi_matching
 from tempo_jax.workloads import SyntheticRouting, check_sampled_pairs, pair_share
 
@@ -115,6 +116,7 @@ class PhaseConfig:
     tau: float = 0.01
 
     def __post_init__(self) -> None:
+        plain_scalars(self)
         for name in ("presets", "eps", "replications", "skews", "tokens_per_gpu"):
             val = tuple(getattr(self, name))
             if not val:

@@ -38,6 +38,7 @@ from functools import lru_cache
 import numpy as np
 
 from solvers import Placement, drift_corrupt, expected_dispatch, plan_weights
+from solvers.checks import plain_scalars
 from tempo_jax.workloads import load_sample, load_trace, sample_topk, zipf_popularity
 
 __all__ = [
@@ -77,6 +78,7 @@ class Stream:
     top_k: int
 
     def __post_init__(self) -> None:
+        plain_scalars(self)
         w = np.asarray(self.windows, dtype=np.int64)
         h = np.asarray(self.history, dtype=np.float64)
         if w.ndim != 3 or h.shape != (w.shape[2],):
@@ -181,6 +183,7 @@ class SyntheticStreams:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        plain_scalars(self)
         if not (0 <= self.drift_rho <= 1 and self.drift_sigma >= 0 and self.kappa > 0):
             raise ValueError("need 0 ≤ drift_rho ≤ 1, drift_sigma ≥ 0 and kappa > 0")
         if self.streams < 1 or self.windows < 1 or self.top_k > self.num_experts:

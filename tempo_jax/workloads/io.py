@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.checks import check_input_file, check_instance, read_json
+from solvers.checks import MAX_INPUT_BYTES, check_input_file, check_instance, read_json
 
 from .trace import RoutingTrace
 
@@ -112,6 +112,25 @@ def load_saved_trace(path: str | os.PathLike, name: str | None = None) -> Routin
         raise ValueError(f"{p}: trace {name!r} is damaged ({type(err).__name__}: {err})") from None
 
 
+def _check_member_size(p: Path, key: str, option: str) -> None:
+    """Refuse a ``.npz`` member whose header declares more than `MAX_INPUT_BYTES` (read from the header alone)."""
+    try:
+        with zipfile.ZipFile(p) as zf, zf.open(f"{key}.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"{option} {p}: array {key!r} has an unreadable header ({type(err).__name__}: {err})"
+        ) from None
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if nbytes > MAX_INPUT_BYTES:
+        raise ValueError(
+            f"{option} {p}: array {key!r} declares shape {list(shape)} of {dtype} ({nbytes:,} bytes), beyond the "
+            f"{MAX_INPUT_BYTES:,}-byte input limit (solvers.checks.MAX_INPUT_BYTES)"
+        )
+
+
 def load_array(path, key: str, option: str = "--counts") -> np.ndarray:
     """An array from a file: ``key`` of a ``.npz``, a ``.npy`` array, or a JSON list / ``{key: list}`` (e.g. token
     counts ``[E]`` or ``[D, E]``). Every error is a ValueError naming ``option`` and the file."""
@@ -131,6 +150,7 @@ def load_array(path, key: str, option: str = "--counts") -> np.ndarray:
         with loaded as z:
             if key not in z.files:
                 raise ValueError(f"{option} {path} has no array {key!r} (arrays: {z.files})")
+            _check_member_size(p, key, option)  # a small zip can declare a huge array: bounded before reading
             return z[key]
     data = read_json(p, option)
     if isinstance(data, dict):
