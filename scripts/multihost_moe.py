@@ -61,19 +61,17 @@ def main(argv=None) -> int:
         from tempo_jax.layer.hf import load_moe_layers
         from tempo_jax.layer.hf.tensors import FileSource
 
-        whole, rows = FileSource.read, FileSource.rows  # record which experts this process reads
+        whole = FileSource.read  # record which experts this process reads
 
-        def read(self, key):
+        def read(self, key, index=None):
             hit = re.match(r"experts\.(\d+)\.", key)
             if hit:
                 reads.add(int(hit[1]))
-            return whole(self, key)
+            elif index is not None:
+                reads.add(int(index))  # a row of a stacked expert tensor
+            return whole(self, key, index)
 
-        def read_rows(self, key, index):
-            reads.add(int(index))
-            return rows(self, key, index)
-
-        FileSource.read, FileSource.rows = read, read_rows
+        FileSource.read = read
         cfg0 = json.loads((Path(args.checkpoint) / "config.json").read_text())
         E = cfg0.get("num_experts", cfg0.get("n_routed_experts", cfg0.get("num_local_experts")))
         placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)

@@ -59,7 +59,7 @@ _LAZY = {
     "aux_losses": "tempo_jax.layer.module",
 }
 _MODULES = {name: f"tempo_jax.{name}" for name in ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")}
-_MODULES["hf"] = "tempo_jax.layer.hf"
+_MODULES["hf"] = "tempo_jax.hf"
 
 __all__ = sorted([*_LAZY, *_MODULES])
 

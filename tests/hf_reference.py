@@ -9,7 +9,8 @@ torch ``Linear [out, in]`` orientation and follows the modeling files line by li
   groups kept (others −inf), top-k, weights gathered from the unbiased sigmoid, ``/ (sum + 1e-20)`` when
   ``norm_topk_prob``, ``× routed_scaling_factor``; shared experts added unweighted.
 - deepseek_v4 (`DeepseekV4TopKRouter`): sqrt(softplus), bias for the choice, always renormalised (+1e-20),
-  × routed_scaling_factor; experts clamp gate above and up to ±swiglu_limit.
+  × routed_scaling_factor; routed and shared experts clamp gate above and up to ±swiglu_limit. Its checkpoint
+  names: ``w1`` / ``w3`` / ``w2`` (experts and shared experts), the selection bias ``gate.bias``.
 - qwen2_moe / qwen3_moe (`Qwen2MoeSparseMoeBlock`): softmax over all experts, top-k, renormalised when
   ``norm_topk_prob``; Qwen2's shared expert scaled by sigmoid(x · shared_expert_gate).
 - mixtral (`MixtralSparseMoeBlock`): softmax, top-k, always renormalised; w1 gate, w3 up, w2 down.
@@ -71,16 +72,16 @@ def hf_state(family: str, config: dict, seed: int = 0) -> dict[str, np.ndarray]:
         return st
     st["gate.weight"] = w(E, H) * 2.0
     if family in ("deepseek_v3", "glm4_moe", "deepseek_v4"):
-        st["gate.e_score_correction_bias"] = rng.normal(size=E) * 0.3
-    names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        st[_score_bias(family)] = rng.normal(size=E) * 0.3
+    names = _names(family)
     for i in range(E):
         st[f"experts.{i}.{names[0]}.weight"] = w(F, H) * 2.0
         st[f"experts.{i}.{names[1]}.weight"] = w(F, H) * 2.0
         st[f"experts.{i}.{names[2]}.weight"] = w(H, F)
     if family in ("deepseek_v3", "glm4_moe", "deepseek_v4") and config.get("n_shared_experts"):
         Fs = config["n_shared_experts"] * F
-        st["shared_experts.gate_proj.weight"], st["shared_experts.up_proj.weight"] = w(Fs, H), w(Fs, H)
-        st["shared_experts.down_proj.weight"] = w(H, Fs)
+        st[f"shared_experts.{names[0]}.weight"], st[f"shared_experts.{names[1]}.weight"] = w(Fs, H), w(Fs, H)
+        st[f"shared_experts.{names[2]}.weight"] = w(H, Fs)
     if family == "qwen2_moe":
         Fs = config["shared_expert_intermediate_size"]
         st["shared_expert.gate_proj.weight"], st["shared_expert.up_proj.weight"] = w(Fs, H), w(Fs, H)
@@ -94,13 +95,26 @@ def fused_state(family: str, config: dict, state: dict) -> dict[str, np.ndarray]
     if family == "gpt_oss":
         return dict(state)
     _, _, E, _ = dims(config)
-    g, u, d = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    g, u, d = _names(family)
     out = {k: v for k, v in state.items() if not k.startswith("experts.")}
+    if family == "deepseek_v4":  # the in-memory names of its selection bias and shared expert
+        out["gate.e_score_correction_bias"] = out.pop("gate.bias")
+        for new, old in zip(("gate_proj", "up_proj", "down_proj"), (g, u, d), strict=True):
+            out[f"shared_experts.{new}.weight"] = out.pop(f"shared_experts.{old}.weight")
     out["experts.gate_up_proj"] = np.stack(
         [np.concatenate([state[f"experts.{i}.{g}.weight"], state[f"experts.{i}.{u}.weight"]], axis=0) for i in range(E)]
     )  # [E, 2F, H]
     out["experts.down_proj"] = np.stack([state[f"experts.{i}.{d}.weight"] for i in range(E)])  # [E, H, F]
     return out
+
+
+def _names(family: str) -> tuple[str, str, str]:
+    """The checkpoint's (gate, up, down) expert names."""
+    return ("w1", "w3", "w2") if family in ("mixtral", "deepseek_v4") else ("gate_proj", "up_proj", "down_proj")
+
+
+def _score_bias(family: str) -> str:
+    return "gate.bias" if family == "deepseek_v4" else "gate.e_score_correction_bias"
 
 
 def _topk(xp, scores, k):
@@ -124,7 +138,7 @@ def hf_block(family: str, config: dict, st: dict, x, xp=np):
     elif family in ("deepseek_v3", "glm4_moe", "deepseek_v4"):
         logits = lin(x, st["gate.weight"])
         s = xp.sqrt(xp.log1p(xp.exp(logits))) if family == "deepseek_v4" else sig(logits)
-        c = s + st["gate.e_score_correction_bias"]
+        c = s + st[_score_bias(family)]
         ng, tg = config.get("n_group", 1), config.get("topk_group", 1)
         if family != "deepseek_v4" and ng > 1:
             grouped = c.reshape(T, ng, E // ng)
@@ -155,7 +169,7 @@ def hf_block(family: str, config: dict, st: dict, x, xp=np):
             g, u = xp.minimum(g, lim), xp.clip(u, -lim, lim)
             o = ((u + 1) * (g * sig(1.702 * g))) @ st["experts.down_proj"][e] + st["experts.down_proj_bias"][e]
         else:
-            names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+            names = _names(family)
             g = lin(x, st[f"experts.{e}.{names[0]}.weight"])
             u = lin(x, st[f"experts.{e}.{names[1]}.weight"])
             if family == "deepseek_v4":
@@ -167,9 +181,14 @@ def hf_block(family: str, config: dict, st: dict, x, xp=np):
     picked = xp.take_along_axis(y_all, ids[:, :, None], axis=1)  # [T, K, H]
     out = (w[:, :, None] * picked).sum(axis=1)
     # Step 3: shared experts.
-    if "shared_experts.gate_proj.weight" in st:
+    g, u, d = _names(family)
+    if f"shared_experts.{g}.weight" in st:
         sh = lambda n: st[f"shared_experts.{n}.weight"]  # noqa: E731
-        out = out + lin(silu(lin(x, sh("gate_proj"))) * lin(x, sh("up_proj")), sh("down_proj"))
+        sg, su = lin(x, sh(g)), lin(x, sh(u))
+        if family == "deepseek_v4":
+            lim = config["swiglu_limit"]
+            sg, su = xp.minimum(sg, lim), xp.clip(su, -lim, lim)
+        out = out + lin(silu(sg) * su, sh(d))
     if "shared_expert.gate_proj.weight" in st:
         sh = lambda n: st[f"shared_expert.{n}.weight"]  # noqa: E731
         shared = lin(silu(lin(x, sh("gate_proj"))) * lin(x, sh("up_proj")), sh("down_proj"))

@@ -48,8 +48,9 @@ def test_python_blocks_run(path, tmp_path):
         assert len(losses) == 6 and losses[5] < losses[4] < losses[0]  # trains, and on from the restored state
     if path.name == "solvers.md":
         assert scope["d"].makespan == 60.0
-    if path.name == "layer.md":
+    if path.name == "hf.md":
         assert scope["y"].shape == (64, 16) and sorted(scope["layers"]) == [1, 2]
+    if path.name == "layer.md":
         assert_close(scope["out"].out, scope["sync"].out)  # CascadeEP keeps the output (another program: to tolerance)
         assert scope["schedule"].groups == ((0, 2, 1, 7), (4, 3, 5, 6))
         assert {f.donor for f in scope["cascade"].fetches} == {6} and len(scope["cascade"].fetches) == 6

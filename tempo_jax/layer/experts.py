@@ -91,11 +91,14 @@ class SharedConfig:
       count: n_shared experts, run as one SwiGLU of width count·ffn.
       ffn: the width of one shared expert.
       gated: scale the shared output per token by sigmoid(x · shared_gate) (Qwen2-MoE).
+      limit: clamp the gate above and the up projection within ±limit before the SwiGLU (DeepSeek-V4's shared
+        expert clamps like its routed ones); None: no clamp.
     """
 
     count: int = 1
     ffn: int = 1
     gated: bool = False
+    limit: float | None = None
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -107,6 +110,9 @@ class SharedConfig:
                 raise ValueError(f"SharedConfig.{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.gated, bool):
             raise ValueError(f"SharedConfig.gated must be True or False, got {self.gated!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int | float)
+                                       or not 0 < self.limit < float("inf")):  # fmt: skip
+            raise ValueError(f"SharedConfig.limit must be None or a finite number > 0, got {self.limit!r}")
 
     @property
     def width(self) -> int:
@@ -130,8 +136,10 @@ def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype) -> jax.A
     ``shared_gate [H]`` when gated → ``[T, H]`` float32."""
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(dtype)
-    h = jax.nn.silu(jnp.dot(xs, params["shared_w_gate"], precision=hp)) * jnp.dot(xs, params["shared_w_up"],
-                                                                                  precision=hp)  # fmt: skip
+    g, u = jnp.dot(xs, params["shared_w_gate"], precision=hp), jnp.dot(xs, params["shared_w_up"], precision=hp)
+    if config.limit is not None:
+        g, u = jnp.minimum(g, config.limit), jnp.clip(u, -config.limit, config.limit)
+    h = jax.nn.silu(g) * u
     y = jnp.dot(h, params["shared_w_down"], precision=hp, preferred_element_type=jnp.float32)
     if config.gated:
         y = y * jax.nn.sigmoid(jnp.dot(x.astype(jnp.float32), params["shared_gate"].astype(jnp.float32),

@@ -61,6 +61,8 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -
         ids, w = routing
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(config.dtype)
+    if config.router.weight_on == "input":  # Σ_k f_{e_k}(w_k · x): each pair through its expert alone
+        return _reference_input_weighted(params, xs, ids, w, config).astype(x.dtype)
     g = jnp.einsum("th,ehf->etf", xs, params["w_gate"], precision=hp)
     u = jnp.einsum("th,ehf->etf", xs, params["w_up"], precision=hp)
     if config.expert.bias:
@@ -73,6 +75,23 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -
     if config.shared is not None:
         out = out + shared_ffn(x, params, config.shared, config.dtype).astype(out.dtype)
     return out.astype(x.dtype)
+
+
+def _reference_input_weighted(params: dict, xs: jax.Array, ids: jax.Array, w: jax.Array, config: MoEConfig):
+    """`moe_reference` when the router's weight scales the expert's input (Llama-4): ``[T, H]`` float32."""
+    hp = jax.lax.Precision.HIGHEST
+    rows = xs[:, None, :] * w[..., None].astype(xs.dtype)  # [T, K, H]
+    g = jnp.einsum("tkh,tkhf->tkf", rows, params["w_gate"][ids], precision=hp)
+    u = jnp.einsum("tkh,tkhf->tkf", rows, params["w_up"][ids], precision=hp)
+    if config.expert.bias:
+        g, u = g + params["b_gate"][ids], u + params["b_up"][ids]
+    y = jnp.einsum("tkf,tkfh->tkh", glu(g, u, config.expert), params["w_down"][ids], precision=hp)
+    if config.expert.bias:
+        y = y + params["b_down"][ids]
+    out = y.sum(axis=1).astype(jnp.float32)
+    if config.shared is not None:
+        out = out + shared_ffn(xs, params, config.shared, config.dtype).astype(out.dtype)
+    return out
 
 
 class RankInputs(NamedTuple):
@@ -203,20 +222,29 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     slots_total = weights["w_gate"].shape[0]
     mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
+    if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
+        x_rows, k_rows, combine_gate = (
+            (inp.x[:, None, :] * rt.gate[..., None]).reshape(T * K, -1),
+            1,
+            jnp.ones_like(rt.gate),
+        )
+    else:
+        x_rows, k_rows, combine_gate = inp.x, K, rt.gate
     how, C = capacity
     if how == "rounds":
         # Steps 3–6 in rounds of C rows per block until every pair is computed (dropless, bounded memory).
         po = rounds.order_pairs(dest, local, D)
         y_pairs, group_sizes, n_rounds = rounds.exchange_ffn_rounds(
-            inp.x, weights, po, capacity=C, top_k=K, dtype=config.dtype, axis=axis, impl=impl,
+            x_rows, weights, po, capacity=C, top_k=k_rows, dtype=config.dtype, axis=axis, impl=impl,
             hidden=config.hidden, slots_total=slots_total, **mm)  # fmt: skip
         wanted, sent = po.wanted, po.wanted
     else:
-        y_pairs, group_sizes, wanted, sent = _exchange_ffn(inp.x, dest, local, weights, config=config, impl=impl,
-                                                           capacity=C, slots_total=slots_total, mm=mm)  # fmt: skip
+        y_pairs, group_sizes, wanted, sent = _exchange_ffn(x_rows, dest, local, weights, config=config, impl=impl,
+                                                           capacity=C, slots_total=slots_total, mm=mm,
+                                                           top_k=k_rows)  # fmt: skip
         n_rounds = jnp.int32(1)
     # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
-    out = stages.combine(y_pairs, rt.gate, jnp.float32)
+    out = stages.combine(y_pairs, combine_gate, jnp.float32)
     if config.shared is not None:
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
     stats = MoEStats(
@@ -234,10 +262,12 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
 
 
-def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm):
+def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm,
+                  top_k: int):  # fmt: skip
     """Steps 3–6 in one exchange of capacity C (the dropless worst case, or a fixed C that drops the rest), or
-    by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``."""
-    axis, K = config.axis, config.top_k
+    by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``. ``x`` holds
+    one row per token (``top_k`` = K pairs each) or, weights on the input, one row per pair (``top_k`` = 1)."""
+    axis, K = config.axis, top_k
     D = jax.lax.axis_size(axis)
     # Step 3: pack by destination (rows and their slot ids travel together).
     packed = stages.pack(x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)

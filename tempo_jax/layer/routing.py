@@ -46,10 +46,14 @@ class RouterConfig:
       bias: a learned router bias [E] added to the logits (gpt-oss).
       score_bias: a selection-only correction bias [E] (DeepSeek-V3, GLM, DeepSeek-V4).
       n_group: expert groups of the group-limited choice (1: off). topk_group: groups kept.
+      group_score: a group's score: "top2" (the sum of its two best choice scores: DeepSeek-V3, GLM, dots1) or
+        "max" (its best: DeepSeek-V2's group_limited_greedy).
       renormalize: divide the chosen weights by their sum (+ renorm_eps).
       renorm_eps: added to the sum before dividing (DeepSeek: 1e-20; Qwen, Mixtral: 0).
       scaling: routed_scaling_factor, applied last.
       balance_rate: aux-free balancing step γ of `balance_update` (0: the score bias stays put).
+      weight_on: where a chosen expert's weight applies: "output" (``w · f(x)``, every family but one) or "input"
+        (``f(w · x)``: Llama-4 scales the token before its expert).
     """
 
     scoring: Scoring = "softmax"
@@ -61,6 +65,8 @@ class RouterConfig:
     renorm_eps: float = 0.0
     scaling: float = 1.0
     balance_rate: float = 0.0
+    group_score: str = "top2"
+    weight_on: str = "output"
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -81,7 +87,7 @@ class RouterConfig:
             raise ValueError(f"{w}: n_group={self.n_group} does not divide experts={experts}")
         if self.topk_group > self.n_group:
             raise ValueError(f"{w}: topk_group={self.topk_group} exceeds n_group={self.n_group}")
-        if self.n_group > 1 and experts // self.n_group < 2:
+        if self.n_group > 1 and self.group_score == "top2" and experts // self.n_group < 2:
             raise ValueError(f"{w}: a group's score sums its two best experts; {experts // self.n_group} per group")
         if top_k > self.topk_group * (experts // self.n_group):
             raise ValueError(f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
@@ -97,6 +103,10 @@ class RouterConfig:
                              "ignored")  # fmt: skip
         if self.balance_rate and not self.score_bias:
             raise ValueError(f"{w}: balance_rate > 0 moves the score bias; set score_bias=True")
+        if self.group_score not in ("top2", "max"):
+            raise ValueError(f"{w}.group_score must be 'top2' or 'max', got {self.group_score!r}")
+        if self.weight_on not in ("output", "input"):
+            raise ValueError(f"{w}.weight_on must be 'output' or 'input', got {self.weight_on!r}")
 
 
 class Routing(NamedTuple):
@@ -136,7 +146,10 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
     # Step 2: group-limited choice: a group scores the sum of its two best; experts of other groups are out.
     if config.n_group > 1:
         grouped = choice.reshape(T, config.n_group, E // config.n_group)
-        group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, n_group]
+        if config.group_score == "max":
+            group_score = jnp.max(grouped, axis=-1)  # [T, n_group]: DeepSeek-V2
+        else:
+            group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, n_group]
         kept = jax.lax.top_k(group_score, config.topk_group)[1]  # [T, topk_group]
         keep = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], kept].set(True)
         choice = jnp.where(jnp.repeat(keep, E // config.n_group, axis=1), choice, -jnp.inf)

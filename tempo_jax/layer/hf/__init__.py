@@ -10,10 +10,13 @@ keys relative to the block (``gate.weight``, ``experts.0.gate_proj.weight``, …
 - `families`: config.json → `MoEConfig` for each family, and which decoder layers are MoE.
 - `tensors`: where each parameter sits in a block's tensors (both layouts), read lazily per expert.
 - `load`: `moe_from_hf`, `load_moe_layers`, the placement an import lays its experts over.
+- `quant`: FP8 block-scaled and MXFP4 dequantization, and the safetensors reader that sees those dtypes.
+- `export`: `moe_to_hf`, `save_moe_layers` (back to the layout transformers saves).
 """
 
-from .families import FAMILIES, moe_config_from_hf, moe_layer_ids
+from .export import moe_to_hf, save_moe_layers
+from .families import FAMILIES, REFUSED, moe_config_from_hf, moe_layer_ids
 from .load import HFBlock, load_moe_layers, moe_from_hf, resolve_placement
 
-__all__ = ["FAMILIES", "HFBlock", "load_moe_layers", "moe_config_from_hf", "moe_from_hf", "moe_layer_ids",
-           "resolve_placement"]  # fmt: skip
+__all__ = ["FAMILIES", "REFUSED", "HFBlock", "load_moe_layers", "moe_config_from_hf", "moe_from_hf", "moe_layer_ids",
+           "moe_to_hf", "resolve_placement", "save_moe_layers"]  # fmt: skip

@@ -1,33 +1,19 @@
-"""The families' config.json → `MoEConfig` and which decoder layers are MoE (`moe_config_from_hf`,
-`moe_layer_ids`); the tensors are `tempo_jax.layer.hf.tensors`.
+"""The MoE families: each one's config.json → `MoEConfig`, which decoder layers are MoE, and where the block's
+tensors sit (`Family.names`, read by `tempo_jax.layer.hf.tensors`). Every entry was read from that family's
+configuration and modeling files in transformers 5.24 (the config class's ``attribute_map`` and defaults, the
+router and expert code line by line) and is tested against transformers' own block (`tests/test_hf_import.py`).
 
-Families (``model_type``) and how they map (the math of each is `tempo_jax.layer.routing` /
-`tempo_jax.layer.experts`):
-
-- deepseek_v3, glm4_moe, glm_moe_dsa: sigmoid scores + score bias, groups (n_group, topk_group), norm_topk_prob
-  with ε 1e-20, × routed_scaling_factor; SwiGLU experts; n_shared_experts × moe_intermediate_size shared.
-- deepseek_v4: sqrt(softplus) + score bias, always renormalised (ε 1e-20), × routed_scaling_factor; SwiGLU clamped
-  at swiglu_limit; n_shared_experts shared.
-
-| model_type | router | experts | shared |
-| --- | --- | --- | --- |
-| qwen2_moe | softmax, norm_topk_prob | SwiGLU | shared_expert_intermediate_size, sigmoid-gated |
-| qwen3_moe | softmax, norm_topk_prob | SwiGLU | none |
-| mixtral | softmax, always renormalised | SwiGLU (w1 gate, w3 up, w2 down) | none |
-| gpt_oss | router bias, softmax over the top-k logits | biases, clamp at swiglu_limit, (up + 1)·g·σ(1.702·g) | none |
-
-Where HF's two layouts differ (DeepSeek-V3's group mask: 0.0 in transformers 4.x, −inf in ≥ 5 and DeepSeek's
-own code) this follows −inf. A config the layer cannot express is refused with a ValueError that says why:
-DeepSeek-V4's hash-routed layers (their experts come from the token id), quantized tensors (FP8 block scales,
-MXFP4 blocks: dequantize first), another activation than silu. Missing, misshapen or unexpected tensors are
-refused naming the key and the shape expected. No download happens here: give a local folder.
+Each family's router, experts and shared experts, its measured error against transformers and what is refused
+with which reason are listed in docs/hf.md; `REFUSED` names the families the layer does not express, and each
+`Family.refuse` the options of a family it does not.
 
 Glossary: H hidden, F expert width, E routed experts, K top-k, Fs shared width.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 
 import jax.numpy as jnp
 
@@ -35,122 +21,420 @@ from ..config import MoEConfig
 from ..experts import ExpertConfig, SharedConfig
 from ..routing import RouterConfig
 
-__all__ = ["FAMILIES", "family", "moe_config_from_hf", "moe_layer_ids"]
+__all__ = ["FAMILIES", "REFUSED", "Family", "TensorNames", "family", "moe_config_from_hf", "moe_layer_ids"]
 
-#: Every ``model_type`` the layer expresses.
-FAMILIES = ("deepseek_v3", "glm4_moe", "glm_moe_dsa", "deepseek_v4", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
-_DEEPSEEK_LIKE = ("deepseek_v3", "glm4_moe", "glm_moe_dsa")
+#: Largest ``num_hidden_layers`` a config may declare (a typo of 1e9 would otherwise build a billion-entry list).
+MAX_LAYERS = 100_000
 
 
-def family(config) -> str:
-    """``config['model_type']`` when the layer expresses it (a ValueError naming the families otherwise)."""
+@dataclasses.dataclass(frozen=True)
+class TensorNames:
+    """Where one family's MoE-block tensors sit, relative to the block (see `tempo_jax.layer.hf.tensors`).
+
+    Attributes:
+      router: the router weight ``[E, H]`` (on-disk name first, then the in-memory one).
+      router_bias: the learned router bias ``[E]`` (gpt-oss).
+      score_bias: the selection-only score bias (``[E]`` or ``[1, E]``).
+      experts: the per-expert names of gate / up / down under ``experts.{e}.`` (torch Linear ``[out, in]``).
+      fused: the fused layout's kind: "gate_up" (``experts.gate_up_proj [E, 2F, H]`` gate rows first, or
+        ``[E, H, 2F]`` gate columns first when ``transposed``), "interleaved" (gpt-oss: gate / up alternate),
+        "input_linear" (Granite), "dbrx" (``experts.mlp.w1 / v1 / w2 [E·F, H]``, w2 the down weight transposed).
+      transposed: the fused experts are stored ``[E, H, 2F]`` / ``[E, F, H]`` (decided by shape when both occur).
+      shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
+        shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
+    """
+
+    router: tuple[str, ...] = ("gate.weight",)
+    router_bias: str | None = None
+    score_bias: tuple[str, ...] = ("gate.e_score_correction_bias",)
+    experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    fused: str = "gate_up"
+    transposed: bool | None = False
+    shared: tuple[str, ...] = ("shared_experts.",)
+    shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    shared_fused: bool = False
+    shared_gate: str = "shared_expert_gate.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family: ``fields(c)`` → the `MoEConfig` fields (``c`` a `Cfg`), ``layers(c)`` → its MoE decoder
+    layers, ``prefixes`` the block's on-disk prefixes (``{}`` the layer index; the first that holds tensors wins),
+    ``siblings`` further prefixes of the same MoE unit (Granite's shared MLP), ``names`` its tensors,
+    ``refuse(c)`` → why a config cannot be expressed (None: it can)."""
+
+    fields: Callable
+    layers: Callable
+    prefixes: tuple[str, ...] = ("model.layers.{}.mlp.",)
+    siblings: tuple[tuple[str, str], ...] = ()
+    names: TensorNames = TensorNames()
+    refuse: Callable = lambda c: None  # noqa: E731
+    nested: str | None = None
+
+
+class Cfg:
+    """A config.json dict read the way its configuration class reads it: any of a key's spellings (the class's
+    ``attribute_map``), its default when absent, the type checked (``where`` names the family in errors)."""
+
+    def __init__(self, config: Mapping, where: str):
+        self.config, self.where = config, where
+
+    def get(self, *keys: str, default=..., kind=int):
+        for k in keys:
+            if k in self.config and self.config[k] is not None:
+                return self._typed(k, self.config[k], kind)
+        if default is ...:
+            raise ValueError(f"moe_from_hf: config.json of {self.where!r} lacks {keys[0]!r}"
+                             + (f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else ""))  # fmt: skip
+        return default
+
+    def _typed(self, key: str, v, kind):
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"moe_from_hf: config[{key!r}] must be an integer, got {v!r}")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ValueError(f"moe_from_hf: config[{key!r}] must be a number, got {v!r}")
+        if kind is bool and not isinstance(v, bool):
+            raise ValueError(f"moe_from_hf: config[{key!r}] must be true or false, got {v!r}")
+        if kind is list and (not isinstance(v, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                         for i in v)):  # fmt: skip
+            raise ValueError(f"moe_from_hf: config[{key!r}] must be a list of integer layer ids, got {v!r}")
+        if kind is int and key.startswith(("num_hidden_layers", "n_layers")) and not 1 <= v <= MAX_LAYERS:
+            raise ValueError(f"moe_from_hf: config[{key!r}] = {v} layers; it must lie in [1, {MAX_LAYERS:,}]")
+        return v
+
+    def num_layers(self) -> int:
+        L = self.get("num_hidden_layers", "n_layers")
+        if isinstance(L, int) and not 1 <= L <= MAX_LAYERS:
+            raise ValueError(f"moe_from_hf: num_hidden_layers = {L}; it must lie in [1, {MAX_LAYERS:,}]")
+        return L
+
+    def positive(self, *keys: str, default=...) -> int:
+        v = self.get(*keys, default=default)
+        if v < 1:
+            raise ValueError(f"moe_from_hf: config[{keys[0]!r}] must be >= 1, got {v}")
+        return v
+
+
+# ----------------------------------------------------------------------------------------------- the families
+def _swiglu_only(c: Cfg) -> str | None:
+    act = c.config.get("hidden_act", "silu")
+    return None if act == "silu" else f"hidden_act {act!r}: the layer's experts are SwiGLU (silu) only"
+
+
+def _qwen_layers(c: Cfg) -> list[int]:
+    step = c.positive("decoder_sparse_step", default=1)
+    only = set(c.get("mlp_only_layers", default=[], kind=list))
+    return [i for i in range(c.num_layers()) if i not in only and (i + 1) % step == 0]
+
+
+def _from(first_dense_default: int):
+    return lambda c: list(range(min(c.get("first_k_dense_replace", default=first_dense_default), c.num_layers()),
+                                c.num_layers()))  # fmt: skip
+
+
+def _all_layers(c: Cfg) -> list[int]:
+    return list(range(c.num_layers()))
+
+
+def _softmax(renorm: bool, **kw) -> RouterConfig:
+    return RouterConfig(scoring="softmax", renormalize=renorm, **kw)
+
+
+def _simple(E: tuple, F: tuple, renorm, shared=None, **router_kw):
+    """A softmax family: E / F keys, renormalisation (a bool, or a (key, default) pair read from the config)."""
+
+    def fields(c: Cfg) -> dict:
+        on = renorm if isinstance(renorm, bool) else c.get(renorm[0], default=renorm[1], kind=bool)
+        return dict(experts=c.get(*E), top_k=c.get("num_experts_per_tok"), ffn=c.get(*F),
+                    router=_softmax(on, **router_kw), shared=shared(c) if shared else None)  # fmt: skip
+
+    return fields
+
+
+def _qwen_shared(default: int):
+    def shared(c: Cfg):
+        fs = c.get("shared_expert_intermediate_size", default=default)
+        return SharedConfig(count=1, ffn=fs, gated=True) if fs else None
+
+    return shared
+
+
+def _deepseek(c: Cfg, *, scaling: float, groups: tuple[int, int], renorm_default: bool = True) -> dict:
+    F = c.get("moe_intermediate_size")
+    n_shared = c.get("n_shared_experts", default=1)
+    router = RouterConfig(scoring="sigmoid", score_bias=True, n_group=c.get("n_group", default=groups[0]),
+                          topk_group=c.get("topk_group", default=groups[1]),
+                          renormalize=c.get("norm_topk_prob", default=renorm_default, kind=bool), renorm_eps=1e-20,
+                          scaling=float(c.get("routed_scaling_factor", default=scaling, kind=float)))  # fmt: skip
+    return dict(experts=c.get("n_routed_experts", "num_local_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
+                router=router, shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+
+
+def _v4(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size", "intermediate_size")
+    limit = float(c.get("swiglu_limit", default=10.0, kind=float))
+    router = RouterConfig(scoring="sqrt_softplus", score_bias=True, renormalize=True, renorm_eps=1e-20,
+                          scaling=float(c.get("routed_scaling_factor", default=1.5, kind=float)))  # fmt: skip
+    return dict(experts=c.get("n_routed_experts", "num_local_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
+                router=router, expert=ExpertConfig(activation="swiglu_clamp", limit=limit),
+                shared=SharedConfig(count=1, ffn=F, limit=limit))  # fmt: skip
+
+
+def _v4_layers(c: Cfg) -> list[int]:
+    types = c.get("mlp_layer_types", default=None, kind=None)
+    if types is None:
+        hashed = min(c.get("num_hash_layers", default=3), c.num_layers())
+        return list(range(hashed, c.num_layers()))
+    return [i for i, t in enumerate(types) if t == "moe"]
+
+
+def _v4_refuse(c: Cfg) -> str | None:
+    scoring = c.config.get("scoring_func", "sqrtsoftplus")
+    if scoring != "sqrtsoftplus":
+        return f"deepseek_v4 scoring_func {scoring!r}: only 'sqrtsoftplus' is known"
+    if c.config.get("expert_dtype") == "fp4":
+        return "deepseek_v4 expert_dtype 'fp4' (FP4 experts with per-row UE8M0 scales) is not read; dequantize them"
+    return _swiglu_only(c)
+
+
+def _gpt_oss(c: Cfg) -> dict:
+    expert = ExpertConfig(activation="gpt_oss", bias=True, alpha=float(c.get("swiglu_alpha", default=1.702,
+                                                                             kind=float)),
+                          limit=float(c.get("swiglu_limit", default=7.0, kind=float)))  # fmt: skip
+    return dict(experts=c.get("num_local_experts", "num_experts"),
+                top_k=c.get("num_experts_per_tok", "experts_per_token"), ffn=c.get("intermediate_size"),
+                router=RouterConfig(scoring="softmax_topk", bias=True, renormalize=False), expert=expert)  # fmt: skip
+
+
+def _dbrx(c: Cfg) -> dict:
+    f = Cfg(c.config.get("ffn_config") or {}, "dbrx ffn_config")
+    p = f.config.get("moe_normalize_expert_weights", 1.0)
+    return dict(hidden=c.get("d_model", "hidden_size"), experts=f.get("moe_num_experts", default=4),
+                top_k=f.get("moe_top_k", default=1), ffn=f.get("ffn_hidden_size", default=3584),
+                router=_softmax(p is not None))  # fmt: skip
+
+
+def _dbrx_refuse(c: Cfg) -> str | None:
+    f = c.config.get("ffn_config") or {}
+    p = f.get("moe_normalize_expert_weights", 1.0)
+    if p is not None and p != 1:
+        return f"dbrx moe_normalize_expert_weights={p}: an L{p} renormalisation (the layer divides by the sum, p = 1)"
+    if f.get("moe_jitter_eps") is not None:
+        return f"dbrx moe_jitter_eps={f['moe_jitter_eps']}: training-time multiplicative noise on the expert inputs"
+    act = (f.get("ffn_act_fn") or {}).get("name", "silu")
+    return None if act == "silu" else f"dbrx ffn_act_fn {act!r}: the layer's experts are SwiGLU (silu) only"
+
+
+def _jamba_layers(c: Cfg) -> list[int]:
+    period, offset = c.positive("expert_layer_period", default=2), c.get("expert_layer_offset", default=1)
+    if c.get("num_experts", "num_local_experts", default=16) <= 1:
+        return []
+    return [i for i in range(c.num_layers()) if i % period == offset]
+
+
+def _v2(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    method = c.config.get("topk_method", "greedy")
+    n_group, topk_group = (c.get("n_group"), c.get("topk_group")) if method == "group_limited_greedy" else (1, 1)
+    n_shared = c.get("n_shared_experts", default=2)
+    router = RouterConfig(
+        scoring="softmax",
+        renormalize=False,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score="max",
+        scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
+    )
+    return dict(experts=c.get("n_routed_experts", "num_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
+                router=router, shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+
+
+def _v2_refuse(c: Cfg) -> str | None:
+    method = c.config.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy"):
+        return f"deepseek_v2 topk_method {method!r}: transformers implements only greedy and group_limited_greedy"
+    if c.config.get("mlp_bias"):
+        return "deepseek_v2 mlp_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return _swiglu_only(c)
+
+
+def _ernie(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    n_shared = c.get("moe_num_shared_experts", default=2)
+    return dict(experts=c.get("moe_num_experts", "num_experts"), top_k=c.get("moe_k", "num_experts_per_tok"), ffn=F,
+                router=_softmax(True, score_bias=True),
+                shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+
+
+def _ernie_layers(c: Cfg) -> list[int]:
+    L = c.num_layers()
+    start, end = c.get("moe_layer_start_index", default=1), c.get("moe_layer_end_index", default=-1)
+    end = L - 1 if end == -1 else end
+    step = c.positive("moe_layer_interval", default=1)
+    return [i for i in range(L) if (i + 1) % step == 0 and start <= i <= end]
+
+
+def _hunyuan(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    k = c.config.get("moe_topk", c.config.get("num_experts_per_tok", 1))
+    return dict(experts=c.get("num_experts", "num_local_experts"), top_k=k, ffn=F, router=_softmax(True),
+                shared=SharedConfig(count=1, ffn=F))  # fmt: skip
+
+
+def _granite(shared: bool):
+    def fields(c: Cfg) -> dict:
+        fs = c.get("shared_intermediate_size", default=0) if shared else 0
+        return dict(experts=c.get("num_local_experts"), top_k=c.get("num_experts_per_tok"),
+                    ffn=c.get("intermediate_size"), router=RouterConfig(scoring="softmax_topk", renormalize=False),
+                    shared=SharedConfig(count=1, ffn=fs) if fs else None)  # fmt: skip
+
+    return fields
+
+
+def _llama4(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    return dict(experts=c.get("num_local_experts"), top_k=c.get("num_experts_per_tok", default=1), ffn=F,
+                router=RouterConfig(scoring="sigmoid", renormalize=False, weight_on="input"),
+                shared=SharedConfig(count=1, ffn=F))  # fmt: skip
+
+
+def _llama4_layers(c: Cfg) -> list[int]:
+    layers = c.get("moe_layers", default=None, kind=list)
+    if layers is None:
+        step = c.positive("interleave_moe_layer_step", default=1)
+        layers = list(range(step - 1, c.num_layers(), step))
+    return [i for i in layers if i < c.num_layers()]
+
+
+def _jitter(key: str):
+    def refuse(c: Cfg) -> str | None:
+        j = c.config.get(key, 0.0) or 0.0
+        return f"{key}={j}: training-time multiplicative router noise" if j else _swiglu_only(c)
+
+    return refuse
+
+
+_MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
+_MIXTRAL_PREFIXES = ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp.")
+_DS = dict(refuse=_swiglu_only)
+
+FAMILIES: dict[str, Family] = {
+    "mixtral": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
+                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, refuse=_jitter("router_jitter_noise")),
+    "minimax": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
+                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, refuse=_jitter("router_jitter_noise")),
+    "qwen2_moe": Family(_simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",),
+                                ("norm_topk_prob", False), shared=_qwen_shared(5632)), _qwen_layers,
+                        names=TensorNames(shared=("shared_expert.",)), **_DS),
+    "qwen3_moe": Family(_simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",),
+                                ("norm_topk_prob", False)), _qwen_layers, **_DS),
+    "qwen3_next": Family(_simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",),
+                                 ("norm_topk_prob", True), shared=_qwen_shared(512)), _qwen_layers,
+                         names=TensorNames(shared=("shared_expert.",)), **_DS),
+    "qwen3_vl_moe": Family(_simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), True),
+                           _qwen_layers, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+                           names=TensorNames(transposed=None), nested="text_config", **_DS),
+    "olmoe": Family(_simple(("num_experts", "num_local_experts"), ("intermediate_size",), ("norm_topk_prob", False)),
+                    _all_layers, **_DS),
+    "deepseek_v3": Family(lambda c: _deepseek(c, scaling=2.5, groups=(8, 4)), _from(3), **_DS),
+    "glm4_moe": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1)), _from(1), **_DS),
+    "glm_moe_dsa": Family(lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)),
+                          lambda c: [i for i, t in enumerate(c.get("mlp_layer_types", default=None, kind=None)
+                                                             or ["dense"] * 3 + ["sparse"] * (c.num_layers() - 3))
+                                     if t == "sparse"], **_DS),
+    "dots1": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1), renorm_default=False), _from(0), **_DS),
+    "deepseek_v4": Family(_v4, _v4_layers, ("model.layers.{}.ffn.", "model.layers.{}.mlp."),
+                          names=TensorNames(experts=("w1", "w3", "w2"),
+                                            score_bias=("gate.bias", "gate.e_score_correction_bias"),
+                                            shared_names=("w1", "w3", "w2")), refuse=_v4_refuse),
+    "gpt_oss": Family(_gpt_oss, _all_layers, names=TensorNames(router=("router.weight",), router_bias="router.bias",
+                                                               fused="interleaved", transposed=True)),
+    "dbrx": Family(_dbrx, lambda c: list(range(c.get("n_layers", "num_hidden_layers"))),
+                   ("transformer.blocks.{}.ffn.",), names=TensorNames(router=("router.layer.weight",), fused="dbrx"),
+                   refuse=_dbrx_refuse),
+    "jamba": Family(_simple(("num_experts", "num_local_experts"), ("intermediate_size",), False), _jamba_layers,
+                    ("model.layers.{}.feed_forward.",), names=TensorNames(router=("router.weight",)), **_DS),
+    "deepseek_v2": Family(_v2, _from(0), refuse=_v2_refuse),
+    "ernie4_5_moe": Family(_ernie, _ernie_layers,
+                           names=TensorNames(score_bias=("moe_statics.e_score_correction_bias",
+                                                         "gate.moe_statics.e_score_correction_bias")),
+                           refuse=lambda c: ("ernie4_5_moe use_bias=true: the shared experts have biases, which the "
+                                             "layer's shared experts lack") if c.config.get("use_bias")
+                           else _swiglu_only(c)),  # fmt: skip
+    "hunyuan_v1_moe": Family(_hunyuan, _all_layers,
+                             names=TensorNames(router=("gate.wg.weight",), shared=("shared_mlp.",)), **_DS),
+    "granitemoe": Family(_granite(False), _all_layers, ("model.layers.{}.block_sparse_moe.",),
+                         names=TensorNames(router=("router.layer.weight", "router.weight"), fused="input_linear"),
+                         **_DS),
+    "granitemoeshared": Family(_granite(True), _all_layers, ("model.layers.{}.block_sparse_moe.",),
+                               siblings=(("model.layers.{}.shared_mlp.", "shared_mlp."),),
+                               names=TensorNames(router=("router.layer.weight", "router.weight"),
+                                                 fused="input_linear", shared=("shared_mlp.",), shared_fused=True),
+                               **_DS),
+    "llama4": Family(_llama4, _llama4_layers, ("language_model.model.layers.{}.feed_forward.",
+                                               "model.layers.{}.feed_forward."),
+                     names=TensorNames(router=("router.weight",), transposed=True, shared=("shared_expert.",)),
+                     nested="text_config", **_DS),
+}  # fmt: skip
+FAMILIES["llama4_text"] = dataclasses.replace(FAMILIES["llama4"], nested=None)
+
+#: Families the layer cannot express, and why.
+REFUSED = {
+    "phimoe": "PhiMoE routes with sparsemixer (in eval: always two experts, each weighted by a softmax over the "
+              "experts within a relative 2·router_jitter_noise of its logit, not renormalised); the layer's routers "
+              "cannot express it",
+}  # fmt: skip
+
+
+def family(config) -> tuple[str, Family, Cfg]:
+    """``(model_type, Family, Cfg of the MoE keys)`` of a config.json dict (a ValueError naming the families when
+    the layer does not express it, and why when it cannot)."""
     if not isinstance(config, Mapping):
         raise ValueError(f"moe_from_hf: config must be the model's config.json as a dict, got {type(config).__name__}")
     mt = config.get("model_type")
+    if mt in REFUSED:
+        raise ValueError(f"moe_from_hf: model_type {mt!r} cannot be expressed: {REFUSED[mt]}")
     if mt not in FAMILIES:
-        raise ValueError(f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of {FAMILIES}")
-    return mt
+        raise ValueError(f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of "
+                         f"{sorted(FAMILIES)}")  # fmt: skip
+    fam = FAMILIES[mt]
+    inner = config
+    if fam.nested is not None:
+        inner = config.get(fam.nested)
+        if not isinstance(inner, Mapping):
+            raise ValueError(f"moe_from_hf: config.json of {mt!r} lacks its {fam.nested!r} object")
+    return mt, fam, Cfg(inner, mt)
 
 
-def _get(config: Mapping, key: str, default=None, *, kind=int):
-    if key not in config:
-        if default is None:
-            raise ValueError(f"moe_from_hf: config.json of {config.get('model_type')!r} lacks {key!r}")
-        return default
-    v = config[key]
-    if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ValueError(f"moe_from_hf: config[{key!r}] must be an integer, got {v!r}")
-    if kind is float and (isinstance(v, bool) or not isinstance(v, int | float)):
-        raise ValueError(f"moe_from_hf: config[{key!r}] must be a number, got {v!r}")
-    if kind is bool and not isinstance(v, bool):
-        raise ValueError(f"moe_from_hf: config[{key!r}] must be true or false, got {v!r}")
-    return v
-
-
-def moe_config_from_hf(config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, **overrides) -> MoEConfig:
-    """The `MoEConfig` of one MoE block of the model ``config`` (a config.json dict), see the module's table.
+def moe_config_from_hf(config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, layer: int | None = None,
+                       **overrides) -> MoEConfig:  # fmt: skip
+    """The `MoEConfig` of one MoE block of the model ``config`` (a config.json dict), see the module's table;
+    ``layer``: the decoder layer, for a family whose top-k is a per-layer list (HunYuan's ``moe_topk``).
 
     Raises:
       ValueError: unknown ``model_type``, a missing or mistyped key, or a block the layer cannot express.
     """
-    fam = family(config)
-    act = config.get("hidden_act", "silu")
-    if act != "silu" and fam != "gpt_oss":
-        raise ValueError(f"moe_from_hf: hidden_act {act!r}: the layer's experts are SwiGLU (silu) only")
-    H = _get(config, "hidden_size")
-    shared = None
-    expert = ExpertConfig()
-    if fam in _DEEPSEEK_LIKE or fam == "deepseek_v4":
-        E, K, F = (
-            _get(config, "n_routed_experts"),
-            _get(config, "num_experts_per_tok"),
-            _get(config, "moe_intermediate_size"),
-        )
-        n_shared = _get(config, "n_shared_experts", 0)
-        if n_shared:
-            shared = SharedConfig(count=n_shared, ffn=F)
-        scaling = float(_get(config, "routed_scaling_factor", 1.0, kind=float))
-        if fam == "deepseek_v4":
-            scoring = config.get("scoring_func", "sqrtsoftplus")
-            if scoring != "sqrtsoftplus":
-                raise ValueError(f"moe_from_hf: deepseek_v4 scoring_func {scoring!r}: only 'sqrtsoftplus' is known")
-            router = RouterConfig(scoring="sqrt_softplus", score_bias=True, renormalize=True, renorm_eps=1e-20,
-                                  scaling=scaling)  # fmt: skip
-            limit = config.get("swiglu_limit")
-            if limit is not None:
-                expert = ExpertConfig(activation="swiglu_clamp", limit=float(limit))
-        else:
-            router = RouterConfig(scoring="sigmoid", score_bias=True, n_group=_get(config, "n_group", 1),
-                                  topk_group=_get(config, "topk_group", 1),
-                                  renormalize=_get(config, "norm_topk_prob", True, kind=bool), renorm_eps=1e-20,
-                                  scaling=scaling)  # fmt: skip
-    elif fam in ("qwen2_moe", "qwen3_moe"):
-        E, K, F = (
-            _get(config, "num_experts"),
-            _get(config, "num_experts_per_tok"),
-            _get(config, "moe_intermediate_size"),
-        )
-        router = RouterConfig(scoring="softmax", renormalize=_get(config, "norm_topk_prob", False, kind=bool))
-        fs = _get(config, "shared_expert_intermediate_size", 0) if fam == "qwen2_moe" else 0
-        if fs:
-            shared = SharedConfig(count=1, ffn=fs, gated=True)
-    elif fam == "mixtral":
-        E, K, F = (
-            _get(config, "num_local_experts"),
-            _get(config, "num_experts_per_tok"),
-            _get(config, "intermediate_size"),
-        )
-        router = RouterConfig(scoring="softmax", renormalize=True)
-    else:  # gpt_oss
-        E, F = _get(config, "num_local_experts"), _get(config, "intermediate_size")
-        K = _get(config, "num_experts_per_tok", config.get("experts_per_token"))
-        router = RouterConfig(scoring="softmax_topk", bias=True, renormalize=False)
-        expert = ExpertConfig(activation="gpt_oss", bias=True, alpha=1.702,
-                              limit=float(_get(config, "swiglu_limit", 7.0, kind=float)))  # fmt: skip
-    fields = dict(hidden=H, ffn=F, experts=E, top_k=K, slots_per_rank=slots_per_rank, dtype=dtype, router=router,
-                  expert=expert, shared=shared)  # fmt: skip
+    mt, fam, c = family(config)
+    why = fam.refuse(c)
+    if why:
+        raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {why}")
+    fields = {"hidden": c.get("hidden_size", "d_model"), **fam.fields(c)}
+    k = fields["top_k"]
+    if isinstance(k, list | tuple):
+        if layer is None or not 0 <= layer < len(k):
+            raise ValueError(f"moe_from_hf: {mt}'s top-k is per layer ({list(k)[:8]}…): give layer= (0 … {len(k) - 1})")
+        fields["top_k"] = k[layer]
+    if isinstance(fields["top_k"], bool) or not isinstance(fields["top_k"], int):
+        raise ValueError(f"moe_from_hf: {mt}'s top-k must be an integer, got {fields['top_k']!r}")
+    fields.update(slots_per_rank=slots_per_rank, dtype=dtype)
     try:
         return MoEConfig(**{**fields, **overrides})
     except (TypeError, ValueError) as err:
-        raise ValueError(f"moe_from_hf: the {fam} block cannot be expressed: {err}") from None
+        raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {err}") from None
 
 
 def moe_layer_ids(config: Mapping) -> list[int]:
     """The decoder layers of ``config`` whose MLP is a routed MoE block (DeepSeek-V4's hash-routed layers are not
     among them: the layer cannot express routing by token id)."""
-    fam = family(config)
-    L = _get(config, "num_hidden_layers")
-    if fam in ("deepseek_v3", "glm4_moe"):
-        first = _get(config, "first_k_dense_replace", 0)
-        return list(range(first, L))
-    if fam in ("glm_moe_dsa", "deepseek_v4"):
-        types = config.get("mlp_layer_types")
-        if types is None:
-            hashed = _get(config, "num_hash_layers", 0) if fam == "deepseek_v4" else 0
-            dense = 0 if fam == "deepseek_v4" else _get(config, "first_k_dense_replace", 3)
-            return list(range(max(hashed, dense), L))
-        return [i for i, t in enumerate(types) if t in ("sparse", "moe")]
-    if fam in ("qwen2_moe", "qwen3_moe"):
-        step, only = _get(config, "decoder_sparse_step", 1), config.get("mlp_only_layers") or []
-        return [i for i in range(L) if i not in only and (i + 1) % step == 0]
-    return list(range(L))
+    _, fam, c = family(config)
+    return fam.layers(c)

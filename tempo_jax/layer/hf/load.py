@@ -32,6 +32,7 @@ from solvers.checks import read_json
 from ..config import MoEConfig
 from ..params import param_shapes
 from .families import family, moe_config_from_hf, moe_layer_ids
+from .quant import SafetensorsFile
 from .tensors import FileSource, MemorySource, TensorSource, block_readers
 
 __all__ = ["HFBlock", "load_moe_layers", "moe_from_hf", "resolve_placement"]
@@ -101,14 +102,25 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
     return out
 
 
+def fp8_block(config: Mapping) -> tuple[int, int]:
+    """The FP8 scale block of a checkpoint (``quantization_config.weight_block_size``; 128 × 128 by default)."""
+    q = config.get("quantization_config") or {}
+    b = q.get("weight_block_size", [128, 128]) if isinstance(q, Mapping) else [128, 128]
+    if not (isinstance(b, list | tuple) and len(b) == 2 and all(isinstance(v, int) and v >= 1 for v in b)):
+        raise ValueError(f"quantization_config.weight_block_size must be two positive integers, got {b!r}")
+    return int(b[0]), int(b[1])
+
+
 def _block(config: Mapping, src: TensorSource, *, placement, mesh, slots_per_rank, dtype, where: str,
-           overrides: dict) -> HFBlock:  # fmt: skip
-    fam = family(config)
-    probe = moe_config_from_hf(config, slots_per_rank=1, dtype=dtype, **overrides)  # E, before the placement
+           overrides: dict, layer: int | None = None) -> HFBlock:  # fmt: skip
+    mt, fam, _ = family(config)
+    kw = dict(dtype=dtype, layer=layer, **overrides)
+    probe = moe_config_from_hf(config, slots_per_rank=1, **kw)  # E, before the placement
     placement = resolve_placement(probe.experts, placement=placement, mesh=mesh, slots_per_rank=slots_per_rank,
                                   axis=probe.axis, where=where)  # fmt: skip
-    cfg = moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, dtype=dtype, **overrides)
-    readers = block_readers(cfg, fam, src)
+    cfg = moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, **kw)
+    src.block = fp8_block(config)
+    readers = block_readers(cfg, fam.names, src, mt)
     return HFBlock(cfg, _assemble(readers, cfg, placement, mesh, dtype), placement)
 
 
@@ -126,8 +138,8 @@ def moe_from_hf(config: Mapping, state: Mapping, *, placement: Placement | None 
       **overrides: other `MoEConfig` fields (dispatch_mode, capacity, …).
 
     Raises:
-      ValueError: unknown model_type, missing / misshapen / unexpected / quantized tensors, a config the layer
-        cannot express, or a placement that does not fit.
+      ValueError: unknown model_type, missing / misshapen / unexpected tensors, quantized tensors without their
+        scales, a config the layer cannot express, or a placement that does not fit.
     """
     if not isinstance(state, Mapping):
         raise ValueError(f"moe_from_hf: state must be a mapping of tensor names to arrays, got {type(state).__name__}")
@@ -136,19 +148,19 @@ def moe_from_hf(config: Mapping, state: Mapping, *, placement: Placement | None 
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
-_BLOCK_PREFIXES = ("model.layers.{}.mlp.", "model.layers.{}.block_sparse_moe.")
-
-
 def _weight_map(folder: Path) -> dict[str, Path]:
-    """tensor name → shard file, from ``model.safetensors.index.json`` or the headers of ``*.safetensors``."""
-    from safetensors import SafetensorError, safe_open
-
+    """tensor name → shard file, from ``model.safetensors.index.json`` or the headers of ``*.safetensors`` (a tensor
+    in two shards without an index is refused: which copy is meant is unknown)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         data = read_json(index, "safetensors index")
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wm, dict):
             raise ValueError(f"{index}: expected a JSON object with a 'weight_map' of tensor name → shard file")
+        bad = [(k, v) for k, v in wm.items() if not isinstance(v, str) or not v or "/" in v or v.startswith(".")]
+        if bad:
+            raise ValueError(f"{index}: weight_map values must be shard file names in the folder, got "
+                             f"{bad[0][0]!r}: {bad[0][1]!r}")  # fmt: skip
         files = {name: folder / f for name, f in wm.items()}
         missing = sorted({str(p) for p in files.values() if not p.exists()})
         if missing:
@@ -159,12 +171,12 @@ def _weight_map(folder: Path) -> dict[str, Path]:
         raise ValueError(f"{folder}: no *.safetensors files (and no model.safetensors.index.json)")
     out: dict[str, Path] = {}
     for shard in shards:
-        try:
-            with safe_open(str(shard), framework="np") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                    out[name] = shard
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"{shard}: not a readable safetensors file: {err}") from None
+        for name in SafetensorsFile(shard).names():
+            if name in out:
+                raise ValueError(f"{folder}: tensor {name!r} is in both {out[name].name} and {shard.name} and no "
+                                 "model.safetensors.index.json says which to read; remove one or write the "
+                                 "index")  # fmt: skip
+            out[name] = shard
     return out
 
 
@@ -188,6 +200,7 @@ def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | No
     if not folder.is_dir():
         raise ValueError(f"load_moe_layers: {folder} is not a folder (a local checkpoint: config.json + *.safetensors)")
     config = read_json(folder / "config.json", "config.json")
+    _, fam, _ = family(config)
     ids = moe_layer_ids(config)
     if layers is not None:
         if isinstance(layers, int | str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
@@ -201,19 +214,24 @@ def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | No
         if missing:
             raise ValueError(f"load_moe_layers: the placement mapping has no entry for MoE layers {missing}")
     files = _weight_map(folder)
+    opened: dict = {}  # shard → its header, read once for every layer
     out = {}
     for layer in ids:
-        prefix = next((p.format(layer) for p in _BLOCK_PREFIXES if any(k.startswith(p.format(layer)) for k in files)),
+        prefix = next((p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in files)),
                       None)  # fmt: skip
         if prefix is None:
             raise ValueError(f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
-                             f"({_BLOCK_PREFIXES[0].format(layer)}*)")  # fmt: skip
-        src = FileSource({k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix)})
+                             f"({' or '.join(p.format(layer) + '*' for p in fam.prefixes)})")  # fmt: skip
+        block = {k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix)}
+        for outside, inside in fam.siblings:  # parts of the MoE unit beside the block (Granite's shared MLP)
+            p = outside.format(layer)
+            block.update({inside + k[len(p) :]: (files[k], k) for k in files if k.startswith(p)})
+        src = FileSource(block, opened=opened)
         where = f"load_moe_layers: layer {layer}"
         try:
             out[layer] = _block(config, src, placement=placement.get(layer) if isinstance(placement, Mapping)
                                 else placement, mesh=mesh, slots_per_rank=slots_per_rank, dtype=dtype, where=where,
-                                overrides=overrides)  # fmt: skip
+                                overrides=overrides, layer=layer)  # fmt: skip
         except ValueError as err:
             msg = str(err)
             raise ValueError(msg if msg.startswith(where) else f"{where}: {err}") from None

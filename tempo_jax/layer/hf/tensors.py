@@ -1,19 +1,24 @@
-"""Where each of the layer's parameters sits in one HF MoE block's tensors, read lazily and per expert.
+"""Where each of the layer's parameters sits in one HF MoE block's tensors, read lazily, per expert, dequantized.
 
-A `TensorSource` answers a tensor's shape and dtype without reading it, and reads a tensor whole or the rows of
-some experts (`MemorySource`: a dict of arrays; `FileSource`: tensors in safetensors shards, read through the
-files' own slices, so a process that needs 20 of 128 experts reads those 20). `block_readers` checks every tensor
-a family's block needs (present, shape, dtype, nothing left over) before anything is read, and returns one reader
-per layer parameter: per-expert ones take the experts to read (``[n]`` → ``[n, ...]`` in the layer's orientation),
-the others read whole.
+A `TensorSource` answers a tensor's shape and dtype without reading it and reads a tensor whole or one row of its
+first axis (`MemorySource`: a dict of arrays; `FileSource`: tensors in safetensors shards through their memory
+maps, so a process that needs 20 of 128 experts reads those 20). Both dequantize on read: an FP8 weight with its
+``*_scale_inv`` block scales, and gpt-oss's MXFP4 ``*_blocks`` / ``*_scales`` (`tempo_jax.layer.hf.quant`), one
+tensor (or one expert) at a time in float32.
 
-Layouts read: the per-expert checkpoint layout (``experts.{i}.gate_proj / up_proj / down_proj.weight``, Mixtral's
-``experts.{i}.w1 / w3 / w2.weight``, torch Linear ``[out, in]``) and transformers ≥ 5's fused in-memory layout
-(``experts.gate_up_proj [E, 2F, H]`` gate rows first, ``experts.down_proj [E, H, F]``; gpt-oss:
-``experts.gate_up_proj [E, H, 2F]`` with gate / up interleaved, ``experts.down_proj [E, F, H]``, and ``*_bias``).
-Router (``gate.weight``, gpt-oss ``router.weight`` / ``router.bias``), the score bias
-(``gate.e_score_correction_bias``) and shared experts (``shared_experts.*``; Qwen2-MoE ``shared_expert.*`` with
-``shared_expert_gate.weight``) included.
+`block_readers` checks every tensor a family's block needs (present, shape, a float or quantized dtype, nothing
+left over) before anything is read, and returns one reader per layer parameter: per-expert ones take the experts to
+read (``[n]`` → ``[n, ...]`` in the layer's orientation), the others read whole. The layouts (`TensorNames`):
+
+- per expert (the hub layout transformers saves by default): ``experts.{e}.{gate,up,down}.weight``, torch Linear
+  ``[out, in]`` (Mixtral / MiniMax / DeepSeek-V4: w1 gate, w3 up, w2 down);
+- fused "gate_up" (transformers ≥ 5 in memory): ``experts.gate_up_proj [E, 2F, H]`` gate rows first and
+  ``experts.down_proj [E, H, F]``, or transposed ``[E, H, 2F]`` / ``[E, F, H]`` (Qwen3-VL-MoE's hub files,
+  Llama-4), told apart by the down projection's shape;
+- "interleaved" (gpt-oss): ``[E, H, 2F]`` with gate / up alternating, ``*_bias``; or MXFP4 ``*_blocks`` /
+  ``*_scales`` ``[E, 2F, H/32, 16]`` / ``[E, H, F/32, 16]``;
+- "input_linear" (Granite): ``input_linear.weight [E, 2F, H]`` (gate rows first), ``output_linear.weight [E, H, F]``;
+- "dbrx": ``experts.mlp.w1 / v1 / w2 [E·F, H]`` (w1 gate, v1 up, w2 the down weight transposed).
 
 Glossary: H hidden, F expert width, E routed experts, Fs shared width, n experts read.
 """
@@ -27,14 +32,20 @@ from pathlib import Path
 import numpy as np
 
 from ..config import MoEConfig
+from .families import TensorNames
+from .quant import SafetensorsFile, dequant_fp8, dequant_mxfp4
 
 __all__ = ["FileSource", "MemorySource", "Reader", "TensorSource", "block_readers"]
 
-_QUANTIZED = re.compile(r"(weight_scale_inv|_blocks|_scales|\.scale)$")
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+_QUANT = ("float8_e4m3fn", "float8_e5m2", "uint8")
 
 
 class TensorSource:
-    """One block's tensors by name (keys relative to the block): shapes and dtypes without reading, and reads."""
+    """One block's tensors by name (keys relative to the block): shapes and dtypes without reading, and reads
+    (float32; an FP8 weight beside its ``_scale_inv`` comes back dequantized)."""
+
+    block: tuple[int, int] = (128, 128)
 
     def keys(self) -> list[str]:
         raise NotImplementedError
@@ -45,20 +56,27 @@ class TensorSource:
     def dtype(self, key: str) -> str:
         raise NotImplementedError
 
-    def read(self, key: str) -> np.ndarray:
-        """The whole tensor, float32."""
+    def _raw(self, key: str, index: int | None) -> np.ndarray:
         raise NotImplementedError
 
-    def rows(self, key: str, index: int) -> np.ndarray:
-        """Row ``index`` of the first axis, float32."""
-        return self.read(key)[index]
+    def read(self, key: str, index: int | None = None) -> np.ndarray:
+        """The tensor (or row ``index`` of its first axis), float32, dequantized when it is FP8 with block scales."""
+        raw = self._raw(key, index)
+        if self.dtype(key).startswith("float8") and f"{key}_scale_inv" in self._keyset():
+            return dequant_fp8(raw, self._raw(f"{key}_scale_inv", index), self.block)
+        return np.asarray(raw).astype(np.float32)
+
+    def _keyset(self) -> set[str]:
+        if not hasattr(self, "_keys_cache"):
+            self._keys_cache = set(self.keys())
+        return self._keys_cache
 
 
 class MemorySource(TensorSource):
-    """Tensors already in memory (numpy, or anything ``np.asarray`` reads: torch CPU tensors, jax arrays)."""
+    """Tensors already in memory (numpy, ml_dtypes' bf16 / float8, or anything ``np.asarray`` reads)."""
 
-    def __init__(self, state: Mapping):
-        self._state = state
+    def __init__(self, state: Mapping, block: tuple[int, int] = (128, 128)):
+        self._state, self.block = state, block
 
     def keys(self) -> list[str]:
         return list(self._state)
@@ -67,61 +85,48 @@ class MemorySource(TensorSource):
         return tuple(np.shape(self._state[key]))
 
     def dtype(self, key: str) -> str:
-        return str(np.asarray(self._state[key]).dtype)
+        return np.asarray(self._state[key]).dtype.name
 
-    def read(self, key: str) -> np.ndarray:
-        return np.asarray(self._state[key]).astype(np.float32)
-
-    def rows(self, key: str, index: int) -> np.ndarray:
-        return np.asarray(self._state[key][index]).astype(np.float32)
-
-
-#: safetensors' dtype names → numpy's (ml_dtypes for bfloat16 and the float8 formats).
-_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8", "I8": "int8"}  # fmt: skip
+    def _raw(self, key: str, index: int | None) -> np.ndarray:
+        a = self._state[key]
+        return np.asarray(a if index is None else a[index])
 
 
 class FileSource(TensorSource):
-    """Tensors of one block in safetensors shards: ``files`` maps each block-relative key to (shard, full name);
-    reads go through ``safe_open(...).get_slice`` (one expert's rows of a fused tensor, nothing more)."""
+    """Tensors of one block in safetensors shards: ``files`` maps each block-relative key to (shard, full name)."""
 
-    def __init__(self, files: Mapping[str, tuple[Path, str]]):
-        self._files = dict(files)
-        self._meta: dict[str, tuple[tuple[int, ...], str]] = {}
+    def __init__(self, files: Mapping[str, tuple[Path, str]], block: tuple[int, int] = (128, 128),
+                 opened: dict | None = None):  # fmt: skip
+        self._files, self.block = dict(files), block
+        self._open: dict[Path, SafetensorsFile] = {} if opened is None else opened
 
-    def _slice(self, key: str, fn):
-        from safetensors import SafetensorError, safe_open
-
-        shard, name = self._files[key]
-        try:
-            with safe_open(str(shard), framework="np") as f:
-                return fn(f.get_slice(name))
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"{shard}: cannot read tensor {name!r}: {err}") from None
-
-    def _info(self, key: str) -> tuple[tuple[int, ...], str]:
-        if key not in self._meta:
-            self._meta[key] = self._slice(key, lambda s: (tuple(s.get_shape()), str(s.get_dtype())))
-        return self._meta[key]
+    def _shard(self, key: str) -> tuple[SafetensorsFile, str]:
+        path, name = self._files[key]
+        if path not in self._open:
+            self._open[path] = SafetensorsFile(path)
+        f = self._open[path]
+        if name not in f._tensors:
+            raise ValueError(f"{path}: has no tensor {name!r}, but the checkpoint's index names this file for it")
+        return f, name
 
     def keys(self) -> list[str]:
         return list(self._files)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return self._info(key)[0]
+        f, name = self._shard(key)
+        return f.info(name)[0]
 
     def dtype(self, key: str) -> str:
-        st = self._info(key)[1]
-        return _SAFETENSORS_DTYPES.get(st, st.lower())
+        f, name = self._shard(key)
+        return f.info(name)[1]
 
-    def read(self, key: str) -> np.ndarray:
-        return self._slice(key, lambda s: np.asarray(s[:]).astype(np.float32))
+    def _raw(self, key: str, index: int | None) -> np.ndarray:
+        f, name = self._shard(key)
+        a = f.array(name)
+        return np.array(a if index is None else a[index])
 
-    def rows(self, key: str, index: int) -> np.ndarray:
-        return self._slice(key, lambda s: np.asarray(s[index : index + 1]).astype(np.float32)[0])
 
-
-#: A parameter's reader: per-expert (``experts [n]`` → ``[n, ...]``) or whole (``None`` → the array).
+#: A parameter's reader: per-expert (``experts [n]`` → ``[n, ...]``) or whole (``()`` → the array).
 Reader = Callable[..., np.ndarray]
 
 
@@ -131,32 +136,36 @@ class _Checked:
     def __init__(self, src: TensorSource):
         self.src, self.used, self.keys = src, set(), set(src.keys())
 
-    def need(self, key: str, shape: tuple[int, ...]) -> str:
+    def need(self, key: str, shape: tuple[int, ...] | None, *, quantized: bool = False) -> str:
         if key not in self.keys:
-            raise ValueError(f"moe_from_hf: state lacks {key!r} (expected shape {list(shape)})")
+            expected = f" (expected shape {list(shape)})" if shape else ""
+            raise ValueError(f"moe_from_hf: state lacks {key!r}{expected}")
         got = self.src.shape(key)
-        if tuple(got) != tuple(shape):
-            raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(got)}, expected {list(shape)}")
         dt = self.src.dtype(key)
-        if dt not in ("float64", "float32", "float16", "bfloat16"):
-            raise ValueError(f"moe_from_hf: state[{key!r}] has dtype {dt}: a quantized or integer tensor; "
-                             "dequantize the checkpoint to bf16 / fp32 first")  # fmt: skip
+        scale = f"{key}_scale_inv"
+        if dt.startswith("float8") and scale in self.keys:
+            self.used.add(scale)  # FP8 with block scales: dequantized on read
+        elif dt not in _FLOATS and not (quantized and dt in _QUANT):
+            raise ValueError(f"moe_from_hf: state[{key!r}] has dtype {dt}: an integer or quantized tensor without "
+                             "the scales that would dequantize it")  # fmt: skip
+        if shape is not None and tuple(got) != tuple(shape):
+            raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(got)}, expected {list(shape)}")
         self.used.add(key)
         return key
 
+    def first(self, candidates: tuple[str, ...]) -> str | None:
+        return next((k for k in candidates if k in self.keys), None)
 
-def block_readers(cfg: MoEConfig, fam: str, src: TensorSource) -> dict[str, tuple[bool, Reader]]:
-    """``{param: (per_expert, reader)}`` for every parameter of ``cfg`` from the block's tensors in ``src``
-    (see the module), after checking every tensor the block needs and that nothing is left over.
+
+def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: str) -> dict[str, tuple[bool, Reader]]:
+    """``{param: (per_expert, reader)}`` for every parameter of ``cfg`` from the block's tensors in ``src`` (see the
+    module), after checking every tensor the block needs and that nothing is left over.
 
     Raises:
-      ValueError: quantized tensors, a missing, misshapen, non-float or unexpected tensor (naming the key).
+      ValueError: a missing, misshapen, integer or unexpected tensor (naming the key), quantized tensors without
+        their scales.
     """
-    quantized = sorted(k for k in src.keys() if _QUANTIZED.search(k))
-    if quantized:
-        raise ValueError(f"moe_from_hf: quantized tensors {quantized[:4]} (FP8 / MXFP4): dequantize the checkpoint "
-                         "to bf16 / fp32 first")  # fmt: skip
-    H, F, E = cfg.hidden, cfg.ffn, cfg.experts
+    H, E = cfg.hidden, cfg.experts
     c = _Checked(src)
     out: dict[str, tuple[bool, Reader]] = {}
 
@@ -167,44 +176,105 @@ def block_readers(cfg: MoEConfig, fam: str, src: TensorSource) -> dict[str, tupl
     def stacked(name, fn):
         out[name] = (True, lambda experts: np.stack([fn(int(e)) for e in experts]))
 
-    # Step 1: the router and its biases.
-    whole("router", f"{'router' if fam == 'gpt_oss' else 'gate'}.weight", (E, H), lambda a: a.T)
+    # Step 1: the router, its bias and the selection-only score bias.
+    router = c.first(names.router)
+    whole("router", router or names.router[0], (E, H), lambda a: a.T)
     if cfg.router.bias:
-        whole("router_bias", "router.bias", (E,))
+        whole("router_bias", names.router_bias, (E,))
     if cfg.router.score_bias:
-        whole("score_bias", "gate.e_score_correction_bias", (E,))
-    # Step 2: the routed experts, fused or per expert.
-    if fam == "gpt_oss":
-        gu, down = c.need("experts.gate_up_proj", (E, H, 2 * F)), c.need("experts.down_proj", (E, F, H))
-        gub, db = c.need("experts.gate_up_proj_bias", (E, 2 * F)), c.need("experts.down_proj_bias", (E, H))
-        stacked("w_gate", lambda e: src.rows(gu, e)[:, 0::2])
-        stacked("w_up", lambda e: src.rows(gu, e)[:, 1::2])
-        stacked("w_down", lambda e: src.rows(down, e))
-        stacked("b_gate", lambda e: src.rows(gub, e)[0::2])
-        stacked("b_up", lambda e: src.rows(gub, e)[1::2])
-        stacked("b_down", lambda e: src.rows(db, e))
-    elif "experts.gate_up_proj" in c.keys:
-        gu, down = c.need("experts.gate_up_proj", (E, 2 * F, H)), c.need("experts.down_proj", (E, H, F))
-        stacked("w_gate", lambda e: src.rows(gu, e)[:F].T)
-        stacked("w_up", lambda e: src.rows(gu, e)[F:].T)
-        stacked("w_down", lambda e: src.rows(down, e).T)
-    else:
-        g, u, d = ("w1", "w3", "w2") if fam == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-        for name, proj, shape in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F))):
-            keys = [c.need(f"experts.{i}.{proj}.weight", shape) for i in range(E)]
-            stacked(name, lambda e, keys=keys: src.read(keys[e]).T)
+        key = c.first(names.score_bias) or names.score_bias[0]
+        shape = c.src.shape(key) if key in c.keys else (E,)
+        if tuple(shape) not in ((E,), (1, E)):
+            raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(shape)}, expected [{E}] or [1, {E}]")
+        whole("score_bias", key, tuple(shape), lambda a: a.reshape(E))
+    # Step 2: the routed experts, in whichever layout the block holds.
+    _experts(cfg, names, c, src, stacked, where)
     # Step 3: shared experts.
     if cfg.shared is not None:
-        Fs, prefix = cfg.shared.width, "shared_expert" if fam == "qwen2_moe" else "shared_experts"
-        whole("shared_w_gate", f"{prefix}.gate_proj.weight", (Fs, H), lambda a: a.T)
-        whole("shared_w_up", f"{prefix}.up_proj.weight", (Fs, H), lambda a: a.T)
-        whole("shared_w_down", f"{prefix}.down_proj.weight", (H, Fs), lambda a: a.T)
+        Fs = cfg.shared.width
+        prefix = next((p for p in names.shared if any(k.startswith(p) for k in c.keys)), names.shared[0])
+        if names.shared_fused:
+            whole("shared_w_gate", f"{prefix}input_linear.weight", (2 * Fs, H), lambda a: a[:Fs].T)
+            whole("shared_w_up", f"{prefix}input_linear.weight", (2 * Fs, H), lambda a: a[Fs:].T)
+            whole("shared_w_down", f"{prefix}output_linear.weight", (H, Fs), lambda a: a.T)
+        else:
+            g, u, d = names.shared_names
+            if f"{prefix}{g}.weight" not in c.keys and f"{prefix}gate_proj.weight" in c.keys:
+                g, u, d = "gate_proj", "up_proj", "down_proj"  # the in-memory names (a fused save)
+            whole("shared_w_gate", f"{prefix}{g}.weight", (Fs, H), lambda a: a.T)
+            whole("shared_w_up", f"{prefix}{u}.weight", (Fs, H), lambda a: a.T)
+            whole("shared_w_down", f"{prefix}{d}.weight", (H, Fs), lambda a: a.T)
         if cfg.shared.gated:
-            whole("shared_gate", "shared_expert_gate.weight", (1, H), lambda a: a[0])
+            whole("shared_gate", names.shared_gate, (1, H), lambda a: a[0])
     # Step 4: nothing left over.
     extra = sorted(c.keys - c.used)
     if extra:
         more = " …" if len(extra) > 8 else ""
-        raise ValueError(f"moe_from_hf: unexpected tensors for a {fam} MoE block: {extra[:8]}{more}; give only "
-                         "the block's tensors (keys relative to it)")  # fmt: skip
+        scales = [k for k in extra if k.endswith(("_scale_inv", "_scales", "_blocks"))]
+        hint = ""
+        if scales:
+            hint = (f" ({scales[:3]} are quantized tensors' scales or blocks beside weights that are not FP8 / "
+                    "MXFP4: give the checkpoint's own quantized weights with them, or dequantized weights without "
+                    "them)")  # fmt: skip
+        raise ValueError(f"moe_from_hf: unexpected tensors for a {where} MoE block: {extra[:8]}{more}{hint}; give "
+                         "only the block's tensors (keys relative to it)")  # fmt: skip
     return out
+
+
+def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, stacked, where: str) -> None:
+    """The routed experts' readers (see the module's layouts)."""
+    H, F, E = cfg.hidden, cfg.ffn, cfg.experts
+    g, u, d = names.experts
+    if f"experts.0.{g}.weight" in c.keys or (not _fused_present(c) and names.fused != "dbrx"):
+        per = {n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
+               for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))}  # fmt: skip
+        for n, keys in per.items():
+            stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
+        return
+    if names.fused == "dbrx":
+        w1, v1, w2 = (c.need(f"experts.mlp.{n}", (E * F, H)) for n in ("w1", "v1", "w2"))
+        stacked("w_gate", lambda e: src.read(w1)[e * F : (e + 1) * F].T)
+        stacked("w_up", lambda e: src.read(v1)[e * F : (e + 1) * F].T)
+        stacked("w_down", lambda e: src.read(w2)[e * F : (e + 1) * F])
+        return
+    if names.fused == "input_linear" and "input_linear.weight" in c.keys:
+        gu, dn = c.need("input_linear.weight", (E, 2 * F, H)), c.need("output_linear.weight", (E, H, F))
+        stacked("w_gate", lambda e: src.read(gu, e)[:F].T)
+        stacked("w_up", lambda e: src.read(gu, e)[F:].T)
+        stacked("w_down", lambda e: src.read(dn, e).T)
+        return
+    if names.fused == "interleaved":
+        if "experts.gate_up_proj_blocks" in c.keys:  # MXFP4 (gpt-oss's official files)
+            blk = [c.need(f"experts.{n}", s, quantized=True) for n, s in (
+                ("gate_up_proj_blocks", (E, 2 * F, H // 32, 16)), ("gate_up_proj_scales", (E, 2 * F, H // 32)),
+                ("down_proj_blocks", (E, H, F // 32, 16)), ("down_proj_scales", (E, H, F // 32)))]  # fmt: skip
+            gu = lambda e: dequant_mxfp4(src._raw(blk[0], e), src._raw(blk[1], e)).T  # noqa: E731  [H, 2F]
+            dn = lambda e: dequant_mxfp4(src._raw(blk[2], e), src._raw(blk[3], e)).T  # noqa: E731  [F, H]
+        else:
+            gk, dk = c.need("experts.gate_up_proj", (E, H, 2 * F)), c.need("experts.down_proj", (E, F, H))
+            gu, dn = (lambda e: src.read(gk, e)), (lambda e: src.read(dk, e))
+        stacked("w_gate", lambda e: gu(e)[:, 0::2])
+        stacked("w_up", lambda e: gu(e)[:, 1::2])
+        stacked("w_down", dn)
+        gb, db = c.need("experts.gate_up_proj_bias", (E, 2 * F)), c.need("experts.down_proj_bias", (E, H))
+        stacked("b_gate", lambda e: src.read(gb, e)[0::2])
+        stacked("b_up", lambda e: src.read(gb, e)[1::2])
+        stacked("b_down", lambda e: src.read(db, e))
+        return
+    # "gate_up": [E, 2F, H] / [E, H, F], or transposed [E, H, 2F] / [E, F, H] (told apart by the down projection)
+    down = c.src.shape("experts.down_proj") if "experts.down_proj" in c.keys else (E, H, F)
+    transposed = names.transposed if names.transposed is not None else tuple(down) == (E, F, H)
+    if transposed:
+        gk, dk = c.need("experts.gate_up_proj", (E, H, 2 * F)), c.need("experts.down_proj", (E, F, H))
+        stacked("w_gate", lambda e: src.read(gk, e)[:, :F])
+        stacked("w_up", lambda e: src.read(gk, e)[:, F:])
+        stacked("w_down", lambda e: src.read(dk, e))
+    else:
+        gk, dk = c.need("experts.gate_up_proj", (E, 2 * F, H)), c.need("experts.down_proj", (E, H, F))
+        stacked("w_gate", lambda e: src.read(gk, e)[:F].T)
+        stacked("w_up", lambda e: src.read(gk, e)[F:].T)
+        stacked("w_down", lambda e: src.read(dk, e).T)
+
+
+def _fused_present(c: _Checked) -> bool:
+    return any(re.match(r"(experts\.(gate_up_proj|mlp\.)|input_linear)", k) for k in c.keys)

@@ -1,0 +1,182 @@
+"""Write the Hugging Face test fixtures: tiny random models of every MoE family, saved by transformers itself, and
+their MoE block's own outputs and gradients (`tests/fixtures/hf/`). Needs transformers and torch (not project
+dependencies: run it in a separate environment), e.g.
+
+    python -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install "transformers==5.24.0" torch safetensors
+    /tmp/hfvenv/bin/python scripts/make_hf_fixtures.py [family ...]
+
+Per family, in ``tests/fixtures/hf/<family>/``:
+
+- ``hub/``: ``save_pretrained`` as transformers does by default (the per-expert hub layout, sharded into small
+  files with ``model.safetensors.index.json``), config.json as transformers writes it;
+- ``fused/``: ``save_pretrained(save_original_format=False)`` (transformers ≥ 5's fused in-memory layout), where the
+  family has one;
+- ``block.npz``: for the first MoE layer, in float64: ``x [T, H]``, ``cot [T, H]``, ``out [T, H]`` = the block's
+  forward (transformers' module, eval mode), ``grad_x`` and ``grad/<name>`` = the gradients of ``sum(out · cot)``
+  w.r.t. x and every block parameter (in-memory names), and ``layer`` (the decoder layer index);
+- the weights are redrawn N(0, 0.3²) (score biases N(0, 0.1²)) so that routing is far from uniform.
+
+The CI tests (`tests/test_hf_import.py`) read these files with numpy only: the layer loads what transformers wrote and
+is compared with what transformers computed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+T = 24
+COMMON = dict(vocab_size=32, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, hidden_size=16)
+
+#: family → (config kwargs, decoder layer of the MoE block to record, attribute of the block in the decoder layer)
+FAMILIES: dict[str, tuple[dict, int, str]] = {
+    "mixtral": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2), 0, "mlp"),
+    "qwen2_moe": (dict(moe_intermediate_size=8, intermediate_size=24, num_experts=8, num_experts_per_tok=2,
+                       shared_expert_intermediate_size=12, norm_topk_prob=False, num_hidden_layers=2), 0, "mlp"),
+    "qwen3_moe": (dict(moe_intermediate_size=8, intermediate_size=24, num_experts=8, num_experts_per_tok=2,
+                       norm_topk_prob=True, num_hidden_layers=2, head_dim=8), 0, "mlp"),
+    "deepseek_v3": (dict(moe_intermediate_size=8, intermediate_size=24, n_routed_experts=8, num_experts_per_tok=3,
+                         n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                         num_hidden_layers=2, first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=8,
+                         qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4), 1, "mlp"),
+    "glm4_moe": (dict(moe_intermediate_size=8, intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                      n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.5, norm_topk_prob=False,
+                      num_hidden_layers=2, first_k_dense_replace=1, head_dim=8), 1, "mlp"),
+    "glm_moe_dsa": (dict(moe_intermediate_size=8, intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                         n_shared_experts=1, num_hidden_layers=2, first_k_dense_replace=1, kv_lora_rank=8,
+                         q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4, index_head_dim=8,
+                         index_n_heads=2, index_topk=4), 1, "mlp"),
+    "deepseek_v4": (dict(moe_intermediate_size=8, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
+                         routed_scaling_factor=1.5, swiglu_limit=1.5, num_hidden_layers=3, num_hash_layers=1,
+                         head_dim=16, q_lora_rank=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=8,
+                         index_topk=4, hc_mult=2, sliding_window=4, num_key_value_heads=1), 1, "mlp"),
+    "gpt_oss": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                     head_dim=8, swiglu_limit=7.0), 0, "mlp"),
+    "olmoe": (dict(intermediate_size=8, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                   num_hidden_layers=2), 0, "mlp"),
+    "qwen3_next": (dict(moe_intermediate_size=8, intermediate_size=24, num_experts=8, num_experts_per_tok=2,
+                        shared_expert_intermediate_size=12, norm_topk_prob=True, num_hidden_layers=2,
+                        mlp_only_layers=[0], head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
+                        linear_key_head_dim=8, linear_value_head_dim=8), 1, "mlp"),
+    "dbrx": (dict(d_model=16, n_heads=2, n_layers=2, max_seq_len=64, vocab_size=32,
+                  attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
+                  ffn_config={"ffn_hidden_size": 8, "moe_num_experts": 8, "moe_top_k": 2,
+                              "ffn_act_fn": {"name": "silu"}}), 0, "ffn"),
+    "jamba": (dict(intermediate_size=8, num_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                   expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=0,
+                   use_mamba_kernels=False, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2), 1, "feed_forward"),
+    "minimax": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                     head_dim=8, layer_types=["full_attention", "full_attention"]), 0, "mlp"),
+    "deepseek_v2": (dict(moe_intermediate_size=8, intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                         n_group=4, topk_group=2, topk_method="group_limited_greedy", n_shared_experts=2,
+                         routed_scaling_factor=2.0, num_hidden_layers=2, first_k_dense_replace=1, kv_lora_rank=8,
+                         q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4), 1, "mlp"),
+    "dots1": (dict(moe_intermediate_size=8, intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                   n_group=4, topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                   num_hidden_layers=2, first_k_dense_replace=1, head_dim=8), 1, "mlp"),
+    "ernie4_5_moe": (dict(intermediate_size=24, moe_intermediate_size=8, moe_num_experts=8, moe_k=2,
+                          moe_num_shared_experts=2, use_bias=False, num_hidden_layers=2, head_dim=8), 1, "mlp"),
+    "hunyuan_v1_moe": (dict(intermediate_size=8, num_experts=8, moe_topk=2, num_hidden_layers=2, head_dim=8), 0,
+                       "mlp"),
+    "granitemoe": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2), 0,
+                   "block_sparse_moe"),
+    "granitemoeshared": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                              shared_intermediate_size=12), 0, "block_sparse_moe"),
+    "llama4_text": (dict(head_dim=8, intermediate_size=8, intermediate_size_mlp=24, num_local_experts=8,
+                         num_experts_per_tok=1, interleave_moe_layer_step=2, num_hidden_layers=2), 1, "feed_forward"),
+    "qwen3_vl_moe": (dict(text_config=dict(hidden_size=16, moe_intermediate_size=8, intermediate_size=24,
+                                           num_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                                           mlp_only_layers=[0], num_attention_heads=2, num_key_value_heads=2,
+                                           head_dim=8, vocab_size=32, rope_scaling={"rope_type": "default",
+                                                                                    "mrope_section": [1, 1, 2]}),
+                          vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                                             out_hidden_size=16, num_position_embeddings=16,
+                                             deepstack_visual_indexes=[0])), 1, "mlp"),
+    "phimoe": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2), 0, "mlp"),
+}  # fmt: skip
+
+
+def _redraw(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "layernorm" in name:
+                continue
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name or ("gate.bias" in name and b.dtype.is_floating_point):
+                b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float64).to(b.dtype) * 0.1)
+
+
+def _build(family: str):
+    kw, layer, attr = FAMILIES[family]
+    model_type = "llama4_text" if family == "llama4_text" else family
+    if family in ("dbrx", "qwen3_vl_moe"):
+        cfg = AutoConfig.for_model(model_type, **kw)
+    else:
+        cfg = AutoConfig.for_model(model_type, **{**COMMON, **kw})
+    cfg._experts_implementation = "eager"  # the per-expert loop: float64 capable (grouped_mm is not)
+    torch.manual_seed(0)
+    if family == "qwen3_vl_moe":  # the text model inside the vision-language model (the hub's layout)
+        cfg.text_config._experts_implementation = "eager"
+        model = transformers.Qwen3VLMoeForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+        model.eval()
+        return model, model.model.language_model.layers[layer].mlp, layer
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    layers = model.transformer.blocks if family == "dbrx" else model.model.layers
+    return model, getattr(layers[layer], attr), layer
+
+
+def make(family: str) -> None:
+    model, block, layer = _build(family)
+    _redraw(model, seed=sum(map(ord, family)))
+    out = ROOT / family
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(out / "hub", max_shard_size="24KB")  # the default: the per-expert hub layout, sharded
+    model.save_pretrained(out / "fused", save_original_format=False)
+    if not any((out / "fused").glob("*.safetensors")):
+        shutil.rmtree(out / "fused")
+    # The block's own forward and gradients, in float64.
+    block = block.to(torch.float64)
+    g = torch.Generator().manual_seed(1)
+    H = {"dbrx": lambda: model.config.d_model, "qwen3_vl_moe": lambda: model.config.text_config.hidden_size}.get(
+        family, lambda: model.config.hidden_size
+    )()
+    x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 1.5).requires_grad_(True)
+    cot = torch.randn(1, T, H, generator=g, dtype=torch.float64)
+    res = block(x)
+    y = (res[0] if isinstance(res, tuple) else res).reshape(x.shape)  # Llama-4's block returns [T, H]
+    if family == "granitemoeshared":  # its shared MLP sits beside the block, on the decoder layer: one MoE unit
+        shared = model.model.layers[layer].shared_mlp.to(torch.float64)
+        y = y + shared(x)
+        block = torch.nn.ModuleDict({"block_sparse_moe": block, "shared_mlp": shared})
+    (y * cot).sum().backward()
+    arrays = {"x": x[0].detach().numpy(), "cot": cot[0].numpy(), "out": y[0].detach().numpy(),
+              "grad_x": x.grad[0].numpy(), "layer": np.array(layer)}  # fmt: skip
+    for name, p in block.named_parameters():
+        if p.grad is not None:
+            arrays[f"grad/{name}"] = p.grad.numpy()
+        arrays[f"param/{name}"] = p.detach().numpy()
+    for name, b in block.named_buffers():
+        arrays[f"buffer/{name}"] = b.numpy()
+    np.savez_compressed(out / "block.npz", **arrays)
+    (out / "meta.json").write_text(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
+                                               "family": family, "layer": layer, "tokens": T}, indent=1))  # fmt: skip
+    print(f"{family}: layer {layer}, |out| {float(y.abs().max()):.3f}, {len(arrays)} arrays", flush=True)
+
+
+if __name__ == "__main__":
+    for fam in sys.argv[1:] or list(FAMILIES):
+        try:
+            make(fam)
+        except Exception as err:  # report and go on with the others
+            print(f"{fam}: FAILED {type(err).__name__}: {err}", flush=True)

@@ -1,0 +1,370 @@
+"""Hugging Face import as users meet it (issue 37): what transformers 5.24 itself writes, for every family the layer
+claims, against what transformers' own MoE block computes.
+
+The fixtures (`tests/fixtures/hf/<family>/`, written by `scripts/make_hf_fixtures.py` with transformers and torch,
+which CI does not need) hold tiny random models saved by ``save_pretrained`` — the per-expert hub layout (``hub/``,
+sharded with an index) and the fused in-memory layout (``fused/``) — and, for the first MoE layer, the block's own
+forward and the gradients of ``sum(out · cot)`` w.r.t. its input and every parameter (``block.npz``, float64).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import tempo_jax
+from solvers import Placement
+from tempo_jax.hf import REFUSED, load_moe_layers, moe_from_hf, moe_to_hf, save_moe_layers
+from tempo_jax.layer import make_ep_mesh, moe_forward, moe_reference, to_logical
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.hf.families import family
+from tempo_jax.layer.hf.quant import FP4_E2M1, SafetensorsFile
+from tempo_jax.layer.hf.tensors import MemorySource, block_readers
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "hf"
+CLAIMED = sorted(p.name for p in ROOT.iterdir() if p.name not in REFUSED)
+D = 8
+
+
+def _fixture(name: str):
+    z = np.load(ROOT / name / "block.npz")
+    return z, int(z["layer"])
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _load(name: str, layout: str = "hub", **kw):
+    z, layer = _fixture(name)
+    cfg, params, placement = load_moe_layers(ROOT / name / layout, layers=[layer], **kw)[layer]
+    return z, cfg, params, placement
+
+
+def _layouts(name: str) -> list[str]:
+    return [d for d in ("hub", "fused") if (ROOT / name / d).exists()]
+
+
+# ------------------------------------------------------------------------------------------------ forward
+@pytest.mark.parametrize("name", CLAIMED)
+def test_every_family_loads_what_transformers_writes_and_computes_its_block(name):
+    """Both layouts transformers writes load to the same parameters, and the layer's dense reference on them equals
+    transformers' own block output (float32 against transformers' float64)."""
+    loaded = {layout: _load(name, layout) for layout in _layouts(name)}
+    z, cfg, params, placement = loaded["hub"]
+    logical = to_logical(params, placement)
+    out = moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg)
+    assert _rel(out, z["out"]) < 1e-5
+    for layout, (_, cfg_b, params_b, _) in loaded.items():
+        assert cfg_b == cfg, layout
+        for k in params:
+            np.testing.assert_array_equal(np.asarray(params_b[k]), np.asarray(params[k]), err_msg=f"{layout} {k}")
+
+
+@pytest.mark.parametrize("name", CLAIMED)
+def test_every_family_loads_from_bf16_files(name, tmp_path):
+    """The hub files cast to bf16 (as a bf16 checkpoint is): every tensor read exactly (the float32 fixture rounded
+    to bf16), the experts held in bf16, and the block within bf16's tolerance of the float32 computation on the same
+    weights (against transformers' float64 output, bf16 weights flip a few near-tied routing choices)."""
+    src = ROOT / name / "hub"
+    dst = tmp_path / "bf16"
+    shutil.copytree(src, dst)
+    for shard in dst.glob("*.safetensors"):
+        f = SafetensorsFile(shard)
+        arrays = {k: np.asarray(f.array(k)) for k in f.names()}
+        save_file({k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in arrays.items()},
+                  str(shard))  # fmt: skip
+    z, layer = _fixture(name)
+    cfg, params, placement = load_moe_layers(dst, layers=[layer], dtype=jnp.bfloat16)[layer]
+    assert params["w_gate"].dtype == jnp.bfloat16 and params["router"].dtype == jnp.float32
+    _, _, f32, _ = _load(name)
+    cfg32, exact, _ = load_moe_layers(dst, layers=[layer])[layer]  # the bf16 values, held in float32
+    for k in f32:
+        want = np.asarray(f32[k]).astype(ml_dtypes.bfloat16).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(exact[k]), want, err_msg=k)
+    x = jnp.asarray(z["x"], jnp.float32)
+    out = moe_reference(to_logical(params, placement), x, cfg)
+    assert _rel(out, moe_reference(to_logical(exact, placement), x, cfg32)) < 3e-2
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+def _hf_grads_as_logical(name: str, cfg) -> dict:
+    """transformers' parameter gradients (in-memory names) read through the family's own tensor map."""
+    z, _ = _fixture(name)
+    state = {k[5:]: z[k] for k in z.files if k.startswith("grad/")}
+    state |= {k[7:]: np.zeros_like(z[k]) for k in z.files if k.startswith("buffer/")}  # selection-only: no gradient
+    state |= {k[6:]: np.zeros_like(z[k]) for k in z.files if k.startswith("param/") and "grad/" + k[6:] not in z}
+    state = {k.removeprefix("block_sparse_moe."): v for k, v in state.items()}  # Granite's shared MLP beside it
+    mt, fam, _ = family(json.loads((ROOT / name / "hub" / "config.json").read_text()))
+    readers = block_readers(cfg, fam.names, MemorySource(state), mt)
+    experts = np.arange(cfg.experts)
+    return {k: (read(experts) if per else read()) for k, (per, read) in readers.items()}
+
+
+@pytest.mark.parametrize("name", CLAIMED)
+def test_every_family_gradients_equal_transformers(name):
+    z, cfg, params, placement = _load(name)
+    logical = to_logical(params, placement)
+    cot = jnp.asarray(z["cot"], jnp.float32)
+    g_params, g_x = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg) * cot), argnums=(0, 1))(
+        logical, jnp.asarray(z["x"], jnp.float32)
+    )
+    assert _rel(g_x, z["grad_x"]) < 1e-5
+    want = _hf_grads_as_logical(name, cfg)
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    for k, v in want.items():
+        if k == "score_bias":
+            assert not np.asarray(g_params[k]).any()  # selection only
+            continue
+        err = float(np.abs(np.asarray(g_params[k], np.float64) - v).max()) / scale
+        assert err < 1e-5, (k, err)
+
+
+# two families through the expert-parallel layer on 8 devices (forward and gradients), the rest forward only
+@pytest.mark.parametrize("name", ["deepseek_v4", "llama4_text", "granitemoeshared", "dbrx", "ernie4_5_moe"])
+def test_the_layer_on_8_devices_equals_transformers(name):
+    mesh = make_ep_mesh(D)
+    z, layer = _fixture(name)
+    cfg0 = load_moe_layers(ROOT / name / "hub", layers=[layer])[layer].config
+    placement = Placement.from_eplb(np.arange(cfg0.experts) + 1.0, 2 * D, D)
+    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement)[layer]
+    pa = dispatch_tables.placement_arrays(placement)
+    x = jnp.asarray(z["x"], jnp.float32)
+
+    def run(p, x):
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement),
+                           config=cfg).out  # fmt: skip
+
+    assert _rel(jax.jit(run)(params, x), z["out"]) < 1e-5
+    if name in ("deepseek_v4", "llama4_text"):
+        g_x = jax.jit(jax.grad(lambda x: jnp.sum(run(params, x) * jnp.asarray(z["cot"], jnp.float32))))(x)
+        assert _rel(g_x, z["grad_x"]) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ export
+@pytest.mark.parametrize("name", CLAIMED)
+def test_export_gives_back_what_transformers_wrote_and_round_trips(name, tmp_path):
+    """``moe_to_hf`` of the loaded block equals the tensors transformers saved (so transformers loads them into its
+    block as it loaded its own), and ``load → save_moe_layers → load`` is the identity."""
+    z, cfg, params, placement = _load(name)
+    config = json.loads((ROOT / name / "hub" / "config.json").read_text())
+    mt, fam, _ = family(config)
+    exported = moe_to_hf(config, cfg, to_logical(params, placement))
+    index = json.loads((ROOT / name / "hub" / "model.safetensors.index.json").read_text())["weight_map"]
+    layer = int(z["layer"])
+    prefix = next(p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in index))
+    written = set()
+    for key, value in exported.items():
+        outside = next((o.format(layer) + key[len(i) :] for o, i in fam.siblings if key.startswith(i)), prefix + key)
+        shard = ROOT / name / "hub" / index[outside]
+        np.testing.assert_array_equal(np.asarray(SafetensorsFile(shard).array(outside)), value, err_msg=key)
+        written.add(outside)
+    block = {k for k in index if k.startswith((prefix, *(o.format(layer) for o, _ in fam.siblings)))}
+    assert written == block, f"transformers' tensors not exported: {sorted(block - written)}"
+    save_moe_layers(tmp_path, config, {layer: (cfg, to_logical(params, placement))})
+    again = load_moe_layers(tmp_path, layers=[layer])[layer]
+    for k in params:
+        np.testing.assert_array_equal(np.asarray(again.params[k]), np.asarray(params[k]), err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------------ quantized
+def _fp8_reference(w8: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """DeepSeek's FP8 format, from its definition: each (b0 × b1) block of the e4m3 weight times its scale."""
+    out = np.zeros(w8.shape, np.float32)
+    for i in range(w8.shape[0]):
+        for j in range(w8.shape[1]):
+            out[i, j] = float(w8[i, j]) * float(scale[i // block[0], j // block[1]])
+    return out
+
+
+def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
+    """A DeepSeek-V3 checkpoint in FP8: every expert and shared-expert weight float8_e4m3fn with 4 × 8 block scales
+    (``quantization_config.weight_block_size``; the router and score bias stay float32, as DeepSeek ships them),
+    one tensor at a time into float32, equal to the format's reference dequantization."""
+    src = ROOT / "deepseek_v3" / "hub"
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [4, 8]}  # fmt: skip
+    z, layer = _fixture("deepseek_v3")
+    prefix = f"model.layers.{layer}.mlp."
+    tensors, reference = {}, {}
+    for shard in src.glob("*.safetensors"):
+        f = SafetensorsFile(shard)
+        for k in f.names():
+            v = np.asarray(f.array(k))
+            if k.startswith(prefix) and "experts" in k and k.endswith(".weight"):
+                scale = np.random.default_rng(len(k)).uniform(0.01, 0.1, (-(-v.shape[0] // 4), -(-v.shape[1] // 8)))
+                scale = scale.astype(np.float32)
+                full = np.repeat(np.repeat(scale, 4, 0), 8, 1)[: v.shape[0], : v.shape[1]]
+                w8 = (v / full).astype(ml_dtypes.float8_e4m3fn)
+                tensors[k], tensors[k + "_scale_inv"] = w8, scale
+                reference[k] = _fp8_reference(w8, scale, (4, 8))
+            else:
+                tensors[k] = v
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg, params, placement = load_moe_layers(tmp_path, layers=[layer])[layer]
+    logical = to_logical(params, placement)
+    for e in range(cfg.experts):
+        np.testing.assert_array_equal(logical["w_gate"][e], reference[f"{prefix}experts.{e}.gate_proj.weight"].T)
+        np.testing.assert_array_equal(logical["w_down"][e], reference[f"{prefix}experts.{e}.down_proj.weight"].T)
+    np.testing.assert_array_equal(logical["shared_w_up"], reference[f"{prefix}shared_experts.up_proj.weight"].T)
+    # e4m3 keeps 3 mantissa bits: the block still computes transformers' function to FP8 accuracy
+    assert _rel(moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg), z["out"]) < 0.15
+    tensors.pop(f"{prefix}experts.3.up_proj.weight_scale_inv")  # FP8 without its scales: refused, not misread
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"experts.3.up_proj.weight'\] has dtype float8_e4m3fn: .* without the scales"):
+        load_moe_layers(tmp_path, layers=[layer])
+
+
+def _mxfp4_reference(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """OCP MXFP4, from its definition: byte j of a 16-byte group holds elements 2j (low nibble) and 2j + 1 (high
+    nibble) as e2m1 codes (sign, 2 exponent bits with bias 1, 1 mantissa bit), the group scaled by 2^(E8M0 − 127)."""
+
+    def e2m1(code: int) -> float:
+        sign = -1.0 if code & 8 else 1.0
+        exp, man = (code >> 1) & 3, code & 1
+        return sign * (man * 0.5 if exp == 0 else (1 + man * 0.5) * 2.0 ** (exp - 1))
+
+    out = np.zeros(blocks.shape[:-2] + (blocks.shape[-2] * 32,), np.float32)
+    for idx in np.ndindex(blocks.shape[:-1]):
+        *lead, grp = idx
+        for j in range(16):
+            byte = int(blocks[idx + (j,)])
+            for half, code in ((0, byte & 0xF), (1, byte >> 4)):
+                out[tuple(lead) + (grp * 32 + 2 * j + half,)] = e2m1(code) * 2.0 ** (int(scales[idx]) - 127)
+    return out
+
+
+def test_mxfp4_gpt_oss_experts_are_dequantized_on_load():
+    """gpt-oss's official expert format (``*_blocks`` / ``*_scales``): H = 64, F = 32, 4 experts, random codes and
+    scales, equal to the reference decoding of the format (gate / up interleaved, transposed to the layer)."""
+    assert [float(v) for v in FP4_E2M1[:8]] == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    E, H, F = 4, 64, 32
+    rng = np.random.default_rng(0)
+    config = {"model_type": "gpt_oss", "hidden_size": H, "intermediate_size": F, "num_local_experts": E,
+              "num_experts_per_tok": 2, "num_hidden_layers": 1}  # fmt: skip
+    codes = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)  # noqa: E731
+    exps = lambda *shape: rng.integers(120, 130, shape, dtype=np.uint8)  # noqa: E731  (scales 2^-7 … 2^2)
+    gub, gus = codes(E, 2 * F, H // 32, 16), exps(E, 2 * F, H // 32)
+    dnb, dns = codes(E, H, F // 32, 16), exps(E, H, F // 32)
+    state = {"router.weight": rng.normal(size=(E, H)).astype(np.float32), "router.bias": np.zeros(E, np.float32),
+             "experts.gate_up_proj_blocks": gub, "experts.gate_up_proj_scales": gus,
+             "experts.down_proj_blocks": dnb, "experts.down_proj_scales": dns,
+             "experts.gate_up_proj_bias": rng.normal(size=(E, 2 * F)).astype(np.float32),
+             "experts.down_proj_bias": rng.normal(size=(E, H)).astype(np.float32)}  # fmt: skip
+    cfg, params, placement = moe_from_hf(config, state)
+    logical = to_logical(params, placement)
+    gate_up = _mxfp4_reference(gub, gus)  # [E, 2F, H]: rows gate / up interleaved
+    down = _mxfp4_reference(dnb, dns)  # [E, H, F]
+    np.testing.assert_array_equal(logical["w_gate"], gate_up[:, 0::2].transpose(0, 2, 1))
+    np.testing.assert_array_equal(logical["w_up"], gate_up[:, 1::2].transpose(0, 2, 1))
+    np.testing.assert_array_equal(logical["w_down"], down.transpose(0, 2, 1))
+
+
+# ------------------------------------------------------------------------------------------ the module and refusals
+def test_the_module_imports_and_derives_the_slots():
+    import importlib
+
+    assert importlib.import_module("tempo_jax.hf").load_moe_layers is load_moe_layers
+    z, layer = _fixture("qwen3_moe")
+    mesh = make_ep_mesh(D)
+    cfg, params, placement = load_moe_layers(ROOT / "qwen3_moe" / "hub", mesh=mesh)[layer]  # no slots_per_rank
+    assert cfg.slots_per_rank == 1 and placement.num_gpus == D  # E = 8 over 8 ranks
+    assert tempo_jax.hf.FAMILIES.keys() >= {"qwen3_moe", "llama4", "dbrx", "phimoe"} - {"phimoe"}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_what_the_layer_cannot_express_is_refused_with_the_reason(name):
+    with pytest.raises(ValueError, match="cannot be expressed: PhiMoE routes with sparsemixer"):
+        load_moe_layers(ROOT / name / "hub")
+
+
+@pytest.mark.parametrize(
+    "name, change, fragment",
+    [
+        ("dbrx", {"ffn_config": {"moe_normalize_expert_weights": 2.0, "moe_num_experts": 8, "moe_top_k": 2,
+                                 "ffn_hidden_size": 8}}, "an L2.0 renormalisation"),
+        ("deepseek_v2", {"topk_method": "noaux_tc"}, "implements only greedy and group_limited_greedy"),
+        ("deepseek_v2", {"mlp_bias": True}, "shared experts have biases"),
+        ("ernie4_5_moe", {"use_bias": True}, "shared experts have biases"),
+        ("minimax", {"router_jitter_noise": 0.1}, "training-time multiplicative router noise"),
+        ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)  # fmt: skip
+def test_family_options_the_layer_cannot_express_are_refused(name, change, fragment):
+    config = {**json.loads((ROOT / name / "hub" / "config.json").read_text()), **change}
+    with pytest.raises(ValueError, match=fragment):
+        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1)
+
+
+def _copy(name: str, tmp_path: Path, **config_changes) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(ROOT / name / "hub", dst)
+    if config_changes:
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**cfg, **config_changes}))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(num_hidden_layers=-1), r"num_hidden_layers'\] = -1 layers; it must lie in \[1, 100,000\]"),
+        (dict(num_hidden_layers=10**9), r"= 1000000000 layers; it must lie in \[1, 100,000\]"),
+        (dict(num_hidden_layers=1e9), r"num_hidden_layers'\] must be an integer, got 1000000000.0"),
+        (dict(decoder_sparse_step=0), r"decoder_sparse_step'\] must be >= 1, got 0"),
+        (dict(mlp_only_layers="x"), r"mlp_only_layers'\] must be a list of integer layer ids, got 'x'"),
+    ],
+)
+def test_loader_config_values_are_bounded_and_typed(tmp_path, change, fragment):
+    folder = _copy("qwen3_moe", tmp_path, **change)
+    with pytest.raises(ValueError, match=fragment):
+        load_moe_layers(folder, layers=None)
+
+
+def test_loader_files_errors_name_the_file(tmp_path):
+    # the same tensor in two shards, no index: which copy is meant is unknown
+    folder = _copy("mixtral", tmp_path)
+    (folder / "model.safetensors.index.json").unlink()
+    shards = sorted(folder.glob("*.safetensors"))
+    f = SafetensorsFile(shards[0])
+    name = f.names()[0]
+    save_file({name: np.asarray(f.array(name))}, str(folder / "model-extra.safetensors"))
+    with pytest.raises(ValueError, match=rf"tensor '{name}' is in both .* and no model.safetensors.index.json"):
+        load_moe_layers(folder)
+    # a truncated shard
+    folder = _copy("mixtral", tmp_path / "t")
+    shard = sorted(folder.glob("*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=rf"{shard.name}: truncated: tensor"):
+        load_moe_layers(folder)
+    # an index naming the wrong shard for a tensor
+    folder = _copy("mixtral", tmp_path / "w")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    key = next(k for k, v in index["weight_map"].items() if ".experts.0.w1" in k)
+    index["weight_map"][key] = next(f for f in files if f != index["weight_map"][key])
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"has no tensor '{key}', but the checkpoint's index names this file"):
+        load_moe_layers(folder)
+    # an index whose value is not a file name
+    index["weight_map"][key] = 3
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"weight_map values must be shard file names in the folder, got '{key}': 3"):
+        load_moe_layers(folder)
+    # garbage where a shard should be
+    shard.write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    with pytest.raises(ValueError, match=rf"{shard.name}: not a readable safetensors file"):
+        SafetensorsFile(shard)
