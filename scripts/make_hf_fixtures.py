@@ -100,7 +100,9 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
                           vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
                                              out_hidden_size=16, num_position_embeddings=16,
                                              deepstack_visual_indexes=[0])), 1, "mlp"),
-    "phimoe": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2), 0, "mlp"),
+    # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
+    "phimoe": (dict(intermediate_size=8, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                    router_jitter_noise=0.4, input_jitter_noise=0.0), 0, "mlp"),
 }  # fmt: skip
 
 

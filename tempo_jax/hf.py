@@ -3,8 +3,8 @@ load_moe_layers``. The code lives in `tempo_jax.layer.hf` (families, tensor layo
 
 from .layer.hf import (
     FAMILIES,
-    REFUSED,
     HFBlock,
+    TrainingNoiseWarning,
     load_moe_layers,
     moe_config_from_hf,
     moe_from_hf,
@@ -16,8 +16,8 @@ from .layer.hf import (
 
 __all__ = [
     "FAMILIES",
-    "REFUSED",
     "HFBlock",
+    "TrainingNoiseWarning",
     "load_moe_layers",
     "moe_config_from_hf",
     "moe_from_hf",

@@ -289,6 +289,8 @@ def test_presets_have_real_dimensions_and_sources():
         ({"router": RouterConfig(scaling=0.0)}, "scaling must be > 0"),
         ({"router": RouterConfig(renorm_eps=float("nan"))}, "renorm_eps must be a finite"),
         ({"router": RouterConfig(scoring="softmax_topk", renorm_eps=1e-9)}, "would be ignored"),
+        ({"router": RouterConfig(scoring="sparsemixer", score_bias=True)}, "sparsemixer chooses on the raw logits"),
+        ({"router": RouterConfig(scoring="sparsemixer", mixer_eps=-0.1)}, "mixer_eps must be a finite number"),
         ({"router": "sigmoid"}, "MoEConfig.router must be a RouterConfig"),
         ({"expert": ExpertConfig(activation="gelu")}, "unknown activation 'gelu'"),
         ({"expert": ExpertConfig(limit=7.0)}, "'swiglu' has no clamp"),

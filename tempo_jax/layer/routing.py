@@ -4,14 +4,19 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
 
 1. ``logits = x·W (+ b)`` in float32 (``b``: gpt-oss's router bias).
 2. Scores: ``softmax`` over all E experts (Mixtral, Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3, GLM), ``sqrt_softplus``
-   = sqrt(softplus(logits)) (DeepSeek-V4), or ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
-   over those k only).
+   = sqrt(softplus(logits)) (DeepSeek-V4), ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
+   over those k only), or ``sparsemixer`` (PhiMoE in eval, below).
 3. Choice scores = scores + the selection-only ``score_bias`` (DeepSeek-V3's ``e_score_correction_bias``: it
    changes which experts are chosen, never their weights; no gradient flows into it).
 4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
    two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
    ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by ``scaling`` (routed_scaling_factor).
+
+Sparsemixer (PhiMoE): the k-th choice is the best logit m_k among the experts not yet chosen; its weight is its
+softmax over those experts whose logit l is within a relative ``2·mixer_eps`` of it, ``(m_k − l) / max(|l|, m_k)
+≤ 2·mixer_eps`` (the mask carries no gradient). This is transformers' eval-mode routing; its training mode samples
+the choices (Gumbel) with a Heun gradient estimator, which the layer does not.
 
 Training (returned by the layer, `MoEAux`): the Switch / GShard load-balancing loss ``E·Σ_e f_e·P_e`` over the
 router probabilities P (the scores normalised over experts) and the layer's pair fractions f, the router
@@ -33,7 +38,7 @@ from solvers.checks import plain_scalars
 
 __all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route"]
 
-Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk"]
+Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk", "sparsemixer"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
 
 
@@ -42,7 +47,7 @@ class RouterConfig:
     """How the router turns logits into choices and weights (see the module).
 
     Attributes:
-      scoring: "softmax", "sigmoid", "sqrt_softplus" or "softmax_topk".
+      scoring: "softmax", "sigmoid", "sqrt_softplus", "softmax_topk" or "sparsemixer".
       bias: a learned router bias [E] added to the logits (gpt-oss).
       score_bias: a selection-only correction bias [E] (DeepSeek-V3, GLM, DeepSeek-V4).
       n_group: expert groups of the group-limited choice (1: off). topk_group: groups kept.
@@ -54,6 +59,7 @@ class RouterConfig:
       balance_rate: aux-free balancing step γ of `balance_update` (0: the score bias stays put).
       weight_on: where a chosen expert's weight applies: "output" (``w · f(x)``, every family but one) or "input"
         (``f(w · x)``: Llama-4 scales the token before its expert).
+      mixer_eps: sparsemixer's relative logit window (PhiMoE's ``router_jitter_noise``; see the module).
     """
 
     scoring: Scoring = "softmax"
@@ -67,6 +73,7 @@ class RouterConfig:
     balance_rate: float = 0.0
     group_score: str = "top2"
     weight_on: str = "output"
+    mixer_eps: float = 0.01
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -92,7 +99,7 @@ class RouterConfig:
         if top_k > self.topk_group * (experts // self.n_group):
             raise ValueError(f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
                              f"{self.topk_group * (experts // self.n_group)} experts")  # fmt: skip
-        for name in ("renorm_eps", "scaling", "balance_rate"):
+        for name in ("renorm_eps", "scaling", "balance_rate", "mixer_eps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v < float("inf")):
                 raise ValueError(f"{w}.{name} must be a finite number >= 0, got {v!r}")
@@ -101,6 +108,9 @@ class RouterConfig:
         if self.scoring == "softmax_topk" and self.renorm_eps:
             raise ValueError(f"{w}: softmax_topk weights sum to 1 already; renorm_eps={self.renorm_eps} would be "
                              "ignored")  # fmt: skip
+        if self.scoring == "sparsemixer" and (self.score_bias or self.n_group > 1):
+            raise ValueError(f"{w}: sparsemixer chooses on the raw logits; a score bias or group-limited choice "
+                             "(score_bias, n_group) is not defined with it")  # fmt: skip
         if self.balance_rate and not self.score_bias:
             raise ValueError(f"{w}: balance_rate > 0 moves the score bias; set score_bias=True")
         if self.group_score not in ("top2", "max"):
@@ -127,7 +137,22 @@ def _scores(logits: jax.Array, scoring: str) -> jax.Array:
         return jax.nn.sigmoid(logits)
     if scoring == "sqrt_softplus":
         return jnp.sqrt(jax.nn.softplus(logits))
-    return logits  # softmax_topk: choose on the raw logits
+    return logits  # softmax_topk, sparsemixer: choose on the raw logits
+
+
+def _sparsemixer(logits: jax.Array, top_k: int, eps: float) -> tuple[jax.Array, jax.Array]:
+    """PhiMoE's eval-mode sparsemixer (see the module): ``ids [T, K]`` and their weights ``[T, K]``."""
+    ids, weights = [], []
+    free = logits
+    for _ in range(top_k):
+        best, pick = jax.lax.top_k(free, 1)  # [T, 1]
+        factor = jnp.maximum(jnp.abs(logits), best)
+        far = jax.lax.stop_gradient((best - logits) / factor > 2 * eps)  # 0 / 0 is NaN: not far, as in torch
+        gates = jax.nn.softmax(jnp.where(far, -jnp.inf, free), axis=-1)
+        ids.append(pick)
+        weights.append(jnp.take_along_axis(gates, pick, axis=1))
+        free = jnp.where(jnp.arange(logits.shape[1]) == pick, -jnp.inf, free)
+    return jnp.concatenate(ids, axis=1), jnp.concatenate(weights, axis=1)
 
 
 def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routing:
@@ -154,8 +179,11 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
         keep = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], kept].set(True)
         choice = jnp.where(jnp.repeat(keep, E // config.n_group, axis=1), choice, -jnp.inf)
     # Step 3: the top-k and their weights from the unbiased scores.
-    _, ids = jax.lax.top_k(choice, top_k)
-    picked = jnp.take_along_axis(scores, ids, axis=1)
+    if config.scoring == "sparsemixer":
+        ids, picked = _sparsemixer(logits, top_k, config.mixer_eps)
+    else:
+        _, ids = jax.lax.top_k(choice, top_k)
+        picked = jnp.take_along_axis(scores, ids, axis=1)
     if config.scoring == "softmax_topk":
         gate = jax.nn.softmax(picked, axis=-1)
         probs = jax.nn.softmax(logits, axis=-1)
@@ -163,7 +191,12 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
         gate = picked
         if config.renormalize:
             gate = gate / (jnp.sum(gate, axis=-1, keepdims=True) + config.renorm_eps)
-        probs = scores if config.scoring == "softmax" else scores / jnp.sum(scores, axis=-1, keepdims=True)
+        if config.scoring == "softmax":
+            probs = scores
+        elif config.scoring == "sparsemixer":
+            probs = jax.nn.softmax(logits, axis=-1)
+        else:
+            probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
     return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
 
 

@@ -4,8 +4,8 @@ configuration and modeling files in transformers 5.24 (the config class's ``attr
 router and expert code line by line) and is tested against transformers' own block (`tests/test_hf_import.py`).
 
 Each family's router, experts and shared experts, its measured error against transformers and what is refused
-with which reason are listed in docs/hf.md; `REFUSED` names the families the layer does not express, and each
-`Family.refuse` the options of a family it does not.
+with which reason are listed in docs/hf.md; each `Family.refuse` says which options of a family the layer does
+not express, and why.
 
 Glossary: H hidden, F expert width, E routed experts, K top-k, Fs shared width.
 """
@@ -13,6 +13,7 @@ Glossary: H hidden, F expert width, E routed experts, K top-k, Fs shared width.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from ..config import MoEConfig
 from ..experts import ExpertConfig, SharedConfig
 from ..routing import RouterConfig
 
-__all__ = ["FAMILIES", "REFUSED", "Family", "TensorNames", "family", "moe_config_from_hf", "moe_layer_ids"]
+__all__ = ["FAMILIES", "Family", "TrainingNoiseWarning", "TensorNames", "family", "moe_config_from_hf", "moe_layer_ids"]
 
 #: Largest ``num_hidden_layers`` a config may declare (a typo of 1e9 would otherwise build a billion-entry list).
 MAX_LAYERS = 100_000
@@ -61,7 +62,8 @@ class Family:
     """One model family: ``fields(c)`` → the `MoEConfig` fields (``c`` a `Cfg`), ``layers(c)`` → its MoE decoder
     layers, ``prefixes`` the block's on-disk prefixes (``{}`` the layer index; the first that holds tensors wins),
     ``siblings`` further prefixes of the same MoE unit (Granite's shared MLP), ``names`` its tensors,
-    ``refuse(c)`` → why a config cannot be expressed (None: it can)."""
+    ``refuse(c)`` → why a config cannot be expressed (None: it can), ``noise(c)`` → its training-time noise
+    settings that are on (``{key: value}``: the layer computes the eval-mode block, and says so)."""
 
     fields: Callable
     layers: Callable
@@ -70,6 +72,12 @@ class Family:
     names: TensorNames = TensorNames()
     refuse: Callable = lambda c: None  # noqa: E731
     nested: str | None = None
+    noise: Callable = lambda c: {}  # noqa: E731
+
+
+class TrainingNoiseWarning(UserWarning):
+    """A checkpoint's config turns on training-time noise (router or input jitter) that transformers applies only in
+    training mode; the layer computes the eval-mode block, in training too."""
 
 
 class Cfg:
@@ -219,8 +227,6 @@ def _dbrx_refuse(c: Cfg) -> str | None:
     p = f.get("moe_normalize_expert_weights", 1.0)
     if p is not None and p != 1:
         return f"dbrx moe_normalize_expert_weights={p}: an L{p} renormalisation (the layer divides by the sum, p = 1)"
-    if f.get("moe_jitter_eps") is not None:
-        return f"dbrx moe_jitter_eps={f['moe_jitter_eps']}: training-time multiplicative noise on the expert inputs"
     act = (f.get("ffn_act_fn") or {}).get("name", "silu")
     return None if act == "silu" else f"dbrx ffn_act_fn {act!r}: the layer's experts are SwiGLU (silu) only"
 
@@ -306,12 +312,16 @@ def _llama4_layers(c: Cfg) -> list[int]:
     return [i for i in layers if i < c.num_layers()]
 
 
-def _jitter(key: str):
-    def refuse(c: Cfg) -> str | None:
-        j = c.config.get(key, 0.0) or 0.0
-        return f"{key}={j}: training-time multiplicative router noise" if j else _swiglu_only(c)
+def _noise(*keys: str):
+    """The training-time noise settings among ``keys`` that are on."""
+    return lambda c: {k: c.config[k] for k in keys if c.config.get(k)}
 
-    return refuse
+
+def _phimoe(c: Cfg) -> dict:
+    eps = float(c.get("router_jitter_noise", default=0.01, kind=float))
+    return dict(experts=c.get("num_local_experts", "num_experts"), top_k=c.get("num_experts_per_tok"),
+                ffn=c.get("intermediate_size"),
+                router=RouterConfig(scoring="sparsemixer", renormalize=False, mixer_eps=eps))  # fmt: skip
 
 
 _MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
@@ -320,9 +330,11 @@ _DS = dict(refuse=_swiglu_only)
 
 FAMILIES: dict[str, Family] = {
     "mixtral": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
-                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, refuse=_jitter("router_jitter_noise")),
+                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, noise=_noise("router_jitter_noise"), **_DS),
     "minimax": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
-                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, refuse=_jitter("router_jitter_noise")),
+                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, noise=_noise("router_jitter_noise"), **_DS),
+    "phimoe": Family(_phimoe, _all_layers, _MIXTRAL_PREFIXES, noise=_noise("input_jitter_noise"), **_DS,
+                     names=TensorNames(router=("gate.weight", "router.weight"), experts=("w1", "w3", "w2"))),
     "qwen2_moe": Family(_simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",),
                                 ("norm_topk_prob", False), shared=_qwen_shared(5632)), _qwen_layers,
                         names=TensorNames(shared=("shared_expert.",)), **_DS),
@@ -351,7 +363,8 @@ FAMILIES: dict[str, Family] = {
                                                                fused="interleaved", transposed=True)),
     "dbrx": Family(_dbrx, lambda c: list(range(c.get("n_layers", "num_hidden_layers"))),
                    ("transformer.blocks.{}.ffn.",), names=TensorNames(router=("router.layer.weight",), fused="dbrx"),
-                   refuse=_dbrx_refuse),
+                   refuse=_dbrx_refuse, noise=lambda c: {k: v for k, v in (c.config.get("ffn_config") or {}).items()
+                                                         if k == "moe_jitter_eps" and v}),
     "jamba": Family(_simple(("num_experts", "num_local_experts"), ("intermediate_size",), False), _jamba_layers,
                     ("model.layers.{}.feed_forward.",), names=TensorNames(router=("router.weight",)), **_DS),
     "deepseek_v2": Family(_v2, _from(0), refuse=_v2_refuse),
@@ -378,13 +391,6 @@ FAMILIES: dict[str, Family] = {
 }  # fmt: skip
 FAMILIES["llama4_text"] = dataclasses.replace(FAMILIES["llama4"], nested=None)
 
-#: Families the layer cannot express, and why.
-REFUSED = {
-    "phimoe": "PhiMoE routes with sparsemixer (in eval: always two experts, each weighted by a softmax over the "
-              "experts within a relative 2·router_jitter_noise of its logit, not renormalised); the layer's routers "
-              "cannot express it",
-}  # fmt: skip
-
 
 def family(config) -> tuple[str, Family, Cfg]:
     """``(model_type, Family, Cfg of the MoE keys)`` of a config.json dict (a ValueError naming the families when
@@ -392,8 +398,6 @@ def family(config) -> tuple[str, Family, Cfg]:
     if not isinstance(config, Mapping):
         raise ValueError(f"moe_from_hf: config must be the model's config.json as a dict, got {type(config).__name__}")
     mt = config.get("model_type")
-    if mt in REFUSED:
-        raise ValueError(f"moe_from_hf: model_type {mt!r} cannot be expressed: {REFUSED[mt]}")
     if mt not in FAMILIES:
         raise ValueError(f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of "
                          f"{sorted(FAMILIES)}")  # fmt: skip
@@ -418,6 +422,10 @@ def moe_config_from_hf(config: Mapping, *, slots_per_rank: int, dtype=jnp.float3
     why = fam.refuse(c)
     if why:
         raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {why}")
+    for key, value in fam.noise(c).items():
+        warnings.warn(f"moe_from_hf: {mt} {key}={value} is training-time noise; the layer computes the block as "
+                      "transformers does in eval mode (without it), in training too", TrainingNoiseWarning,
+                      stacklevel=3)  # fmt: skip
     fields = {"hidden": c.get("hidden_size", "d_model"), **fam.fields(c)}
     k = fields["top_k"]
     if isinstance(k, list | tuple):
