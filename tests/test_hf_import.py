@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import warnings
 from pathlib import Path
 
 import jax
@@ -374,3 +375,23 @@ def test_loader_files_errors_name_the_file(tmp_path):
     shard.write_bytes(struct.pack("<Q", 10**12) + b"{}")
     with pytest.raises(ValueError, match=rf"{shard.name}: not a readable safetensors file"):
         SafetensorsFile(shard)
+
+
+# ------------------------------------------------------------------------------------------------ presets
+PUBLIC = json.loads((ROOT.parent / "hf_public_configs.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_family_preset_is_what_its_public_config_imports_to(name):
+    """The presets of the families (`tempo_jax.moe_preset`) equal the import of their models' public config.json
+    (MoE keys recorded in tests/fixtures/hf_public_configs.json): dimensions, router, experts, shared experts and
+    the number of MoE layers."""
+    config = PUBLIC[name]["config"]
+    ids = tempo_jax.hf.moe_layer_ids(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrainingNoiseWarning)  # Phi-3.5-MoE's input jitter
+        imported = tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1, layer=ids[0])
+    preset = tempo_jax.moe_preset(name, slots_per_rank=1)
+    assert preset == imported
+    spec = tempo_jax.layer.presets.preset_spec(name)
+    assert spec.moe_layers == len(ids) and spec.family == config["model_type"] and spec.source

@@ -5,7 +5,8 @@ and by the simulators. Every spec names its source. Where a source is a third pa
 than the model's published config.json, ``source`` says so.
 
 Routing vocabulary (see `tempo_jax.layer.routing.RouterConfig`): ``scoring`` is "softmax" (over all experts),
-"sigmoid", "sqrt_softplus" or "softmax_topk" (softmax over the top-k logits only); ``score_bias`` is a
+"sigmoid", "sqrt_softplus", "softmax_topk" (softmax over the top-k logits only) or "sparsemixer"
+(PhiMoE); ``score_bias`` is a
 selection-only correction bias (DeepSeek-V3's ``e_score_correction_bias``); ``n_group`` / ``topk_group`` limit
 the choice to the best groups; ``renormalize`` / ``renorm_eps`` / ``scaling`` act on the chosen weights.
 
@@ -64,6 +65,11 @@ class ModelSpec:
 
 _DSV3_ROUTER = {"scoring": "sigmoid", "score_bias": True, "renormalize": True, "renorm_eps": 1e-20}
 _QWEN_ROUTER = {"scoring": "softmax", "renormalize": True, "renorm_eps": 0.0}
+
+#: The families' presets below: the model's config.json as copied in public repositories (huggingface.co itself was
+#: not reachable); their MoE keys are recorded in tests/fixtures/hf_public_configs.json, whose import by
+#: `tempo_jax.hf` must give these specs (tests/test_hf_import.py).
+_COPIED = " config.json (public copies; MoE keys in tests/fixtures/hf_public_configs.json)"
 
 _SPECS = [
     ModelSpec(
@@ -136,6 +142,103 @@ _SPECS = [
         total_params="117B", active_params="5.1B",
         source="openai/gpt-oss reference ModelConfig defaults for gpt-oss-120b (hidden 2880, intermediate 2880, "
                "128 experts, top-4, 36 layers, swiglu_limit 7)",
+    ),
+    # the families of `tempo_jax.hf` with public configs (issue 37)
+    ModelSpec(
+        name="olmoe_1b_7b", family="olmoe", hidden=2048, ffn=1024, experts=64, top_k=8, layers=16,
+        moe_layers=16, router={"renormalize": False},
+        total_params="7B", active_params="1B",
+        source="allenai/OLMoE-1B-7B-0924" + _COPIED,
+    ),
+    ModelSpec(
+        name="qwen3_next_80b_a3b", family="qwen3_next", hidden=2048, ffn=512, experts=512, top_k=10, layers=48,
+        moe_layers=48, router={}, shared={"count": 1, "ffn": 512, "gated": True},
+        total_params="80B", active_params="3B",
+        source="Qwen/Qwen3-Next-80B-A3B-Instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="qwen3_vl_30b_a3b", family="qwen3_vl_moe", hidden=2048, ffn=768, experts=128, top_k=8, layers=48,
+        moe_layers=48, router={},
+        total_params="30B", active_params="3B",
+        source="Qwen/Qwen3-VL-30B-A3B-Instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="dbrx", family="dbrx", hidden=6144, ffn=10752, experts=16, top_k=4, layers=40,
+        moe_layers=40, router={},
+        total_params="132B", active_params="36B",
+        source="databricks/dbrx-instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="jamba_v0_1", family="jamba", hidden=4096, ffn=14336, experts=16, top_k=2, layers=32,
+        moe_layers=16, router={"renormalize": False},
+        total_params="52B", active_params="12B",
+        source="ai21labs/Jamba-v0.1" + _COPIED,
+    ),
+    ModelSpec(
+        name="minimax_text_01", family="minimax", hidden=6144, ffn=9216, experts=32, top_k=2, layers=80,
+        moe_layers=80, router={},
+        total_params="456B", active_params="45.9B",
+        source="MiniMaxAI/MiniMax-Text-01" + _COPIED,
+    ),
+    ModelSpec(
+        name="deepseek_v2_lite", family="deepseek_v2", hidden=2048, ffn=1408, experts=64, top_k=6, layers=27,
+        moe_layers=26, router={"renormalize": False}, shared={"count": 2, "ffn": 1408},
+        total_params="16B", active_params="2.4B",
+        source="deepseek-ai/DeepSeek-V2-Lite" + _COPIED,
+    ),
+    ModelSpec(
+        name="deepseek_v2", family="deepseek_v2", hidden=5120, ffn=1536, experts=160, top_k=6, layers=60,
+        moe_layers=59,
+        router={"n_group": 8, "topk_group": 3, "renormalize": False, "scaling": 16.0, "group_score": "max"},
+        shared={"count": 2, "ffn": 1536},
+        total_params="236B", active_params="21B",
+        source="deepseek-ai/DeepSeek-V2" + _COPIED,
+    ),
+    ModelSpec(
+        name="dots_llm1", family="dots1", hidden=4096, ffn=1408, experts=128, top_k=6, layers=62,
+        moe_layers=61, router={"scoring": "sigmoid", "score_bias": True, "renorm_eps": 1e-20, "scaling": 2.5},
+        shared={"count": 2, "ffn": 1408},
+        total_params="142B", active_params="14B",
+        source="rednote-hilab/dots.llm1.inst" + _COPIED,
+    ),
+    ModelSpec(
+        name="ernie_4_5_21b_a3b", family="ernie4_5_moe", hidden=2560, ffn=1536, experts=64, top_k=6, layers=28,
+        moe_layers=27, router={"score_bias": True}, shared={"count": 2, "ffn": 1536},
+        total_params="21B", active_params="3B",
+        source="baidu/ERNIE-4.5-21B-A3B-PT" + _COPIED,
+    ),
+    ModelSpec(
+        name="hunyuan_a13b", family="hunyuan_v1_moe", hidden=4096, ffn=3072, experts=64, top_k=8, layers=32,
+        moe_layers=32, router={}, shared={"count": 1, "ffn": 3072},
+        total_params="80B", active_params="13B",
+        source="tencent/Hunyuan-A13B-Instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="granite_3_0_3b_a800m", family="granitemoe", hidden=1536, ffn=512, experts=40, top_k=8, layers=32,
+        moe_layers=32, router={"scoring": "softmax_topk", "renormalize": False},
+        total_params="3.3B", active_params="800M",
+        source="ibm-granite/granite-3.0-3b-a800m-instruct model card (no copy of its config.json was found: the "
+               "card's numbers under granite-3.1's key names; tests/fixtures/hf_public_configs.json)",
+    ),
+    ModelSpec(
+        name="llama4_scout", family="llama4", hidden=5120, ffn=8192, experts=16, top_k=1, layers=48,
+        moe_layers=48, router={"scoring": "sigmoid", "renormalize": False, "weight_on": "input"},
+        shared={"count": 1, "ffn": 8192},
+        total_params="109B", active_params="17B",
+        source="meta-llama/Llama-4-Scout-17B-16E-Instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="llama4_maverick", family="llama4", hidden=5120, ffn=8192, experts=128, top_k=1, layers=48,
+        moe_layers=24, router={"scoring": "sigmoid", "renormalize": False, "weight_on": "input"},
+        shared={"count": 1, "ffn": 8192},
+        total_params="400B", active_params="17B",
+        source="meta-llama/Llama-4-Maverick-17B-128E-Instruct" + _COPIED,
+    ),
+    ModelSpec(
+        name="phi_3_5_moe", family="phimoe", hidden=4096, ffn=6400, experts=16, top_k=2, layers=32,
+        moe_layers=32, router={"scoring": "sparsemixer", "renormalize": False},
+        total_params="41.9B", active_params="6.6B",
+        source="microsoft/Phi-3.5-MoE-instruct" + _COPIED,
     ),
 ]  # fmt: skip
 

@@ -248,7 +248,7 @@ def _v2(c: Cfg) -> dict:
         renormalize=False,
         n_group=n_group,
         topk_group=topk_group,
-        group_score="max",
+        group_score="max" if n_group > 1 else "top2",  # a group scores its best expert (unused without groups)
         scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
     )
     return dict(experts=c.get("n_routed_experts", "num_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
