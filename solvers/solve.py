@@ -14,6 +14,7 @@ from . import policies
 from .checks import ArgTypeError, check_instance
 from .milp import milp
 from .problem import Dispatch, DispatchProblem
+from .relief import relief_policy
 from .tempo_fast import tempo_fast
 
 __all__ = ["POLICIES", "check_policy", "solve"]
@@ -27,6 +28,7 @@ POLICIES: dict[str, Callable] = {
     "llep": policies.llep,
     "round_robin": policies.round_robin,
     "tempo": tempo_fast,
+    "relief": relief_policy,
     "milp": milp,
 }
 
@@ -89,7 +91,7 @@ def solve(problem: DispatchProblem, policy: str = "tempo", **options) -> Dispatc
 
     Args:
       problem: tokens ``[E]`` or ``[Gs, E]``, placement and cost model.
-      policy: one of `POLICIES` (static, uniform, token_lp, metro, llep, round_robin, tempo, milp).
+      policy: one of `POLICIES` (static, uniform, token_lp, metro, llep, round_robin, tempo, relief, milp).
       **options: policy options (e.g. ``tile_aware``, ``tau`` for tempo; ``backend``, ``time_limit`` for milp).
 
     Returns:

@@ -7,6 +7,7 @@
 - `stages`: the per-rank stages (route → dispatch → pack → exchange → expert FFN → return → combine).
 - `exchange`: the padded and ragged all-to-all of block buffers.
 - `tables`: dispatch tables and device placement arrays (trusted builders, validate once).
+- `relief`: the in-graph dispatch (``MoEConfig(dispatch="ingraph")``): each batch's tables from its own counts.
 - `moe`: `moe_forward` (the `shard_map` core) and `moe_reference` (dense, one device).
 - `module`: `MoE`, the flax nnx module (bucketed dropless capacity, drop counting).
 - `cascade_exec` (in-graph) and `cascade_plan` (host-side, numpy): CascadeEP launch groups and OEWF fetches.

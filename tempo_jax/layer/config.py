@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import DISPATCH_MODES, GMM, DispatchMode, GmmImpl
-from solvers import LaunchSchedule
+from solvers import CostModel, LaunchSchedule
 from solvers.checks import check_instance, check_int, plain_scalars
+from solvers.relief import ROUNDS, check_relief_cost
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
@@ -40,6 +41,11 @@ class MoEConfig:
       gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).
+      dispatch: where the dispatch tables come from: "tables" (given to each call: `moe_forward(tables=...)`,
+        `MoE.set_tables`, a `DispatchController`) or "ingraph" (each call computes its own from the batch's counts,
+        pairwise relief under ``cost``; needs ``dispatch_mode="quota"``; `tempo_jax.layer.relief`).
+      cost: the `solvers.CostModel` the in-graph dispatch minimises (Eq. 1 or Eq. 4; no tile term).
+      dispatch_rounds: rounds of pairwise relief per call (in-graph dispatch).
       router: the `RouterConfig` (scoring, biases, group-limited choice, renormalisation, scaling; default:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
@@ -74,6 +80,9 @@ class MoEConfig:
     axis: str = "ep"
     schedule: str | LaunchSchedule = "sync"
     fetches: tuple[WeightFetch, ...] = ()
+    dispatch: str = "tables"
+    cost: CostModel | None = None
+    dispatch_rounds: int = ROUNDS
 
     def __post_init__(self):
         plain_scalars(self)
@@ -97,6 +106,7 @@ class MoEConfig:
         if self.dispatch_mode not in DISPATCH_MODES:
             raise ValueError(f"MoEConfig.dispatch_mode must be one of {list(DISPATCH_MODES)}, got "
                              f"{self.dispatch_mode!r}")  # fmt: skip
+        self._check_dispatch()
         EXCHANGE.validate(self.exchange)
         GMM.validate(self.gmm_impl)
         for name, kind in (("router", RouterConfig), ("expert", ExpertConfig)):
@@ -122,6 +132,25 @@ class MoEConfig:
         f = self.capacity_factor
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
+
+    def _check_dispatch(self) -> None:
+        w = "MoEConfig"
+        if self.dispatch not in ("tables", "ingraph"):
+            raise ValueError(f"{w}.dispatch must be 'tables' or 'ingraph', got {self.dispatch!r}")
+        check_int(f"{w}.dispatch_rounds", self.dispatch_rounds)
+        if self.dispatch == "tables":
+            if self.cost is not None or self.dispatch_rounds != ROUNDS:
+                raise ValueError(f"{w}: cost and dispatch_rounds are used only by dispatch='ingraph' (with "
+                                 "dispatch='tables' the tables come from outside the step); set dispatch='ingraph' "
+                                 "or leave them out")  # fmt: skip
+            return
+        if self.cost is None:
+            raise ValueError(f"{w}: dispatch='ingraph' minimises a cost model's makespan: give cost=solvers.CostModel"
+                             "(...) (e.g. solvers.PRESETS['dsv3_fp8_offline'])")  # fmt: skip
+        check_relief_cost(self.cost, where=f"{w}.cost")
+        if self.dispatch_mode != "quota":
+            raise ValueError(f"{w}: dispatch='ingraph' realises its plan token for token in dispatch_mode='quota'; "
+                             f"set dispatch_mode='quota' (got {self.dispatch_mode!r})")  # fmt: skip
 
 
 def capacity_bucket(rows: int, *, floor: int = 16, cap: int | None = None) -> int:

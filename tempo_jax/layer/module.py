@@ -345,9 +345,14 @@ class MoE(nnx.Module):
         by placement key, never read. Hand-made tables are checked once here, by value.
 
         Raises:
-          ValueError: tables of another placement, a table of the wrong shape, or (hand-made tables) weights that
-            are negative, NaN or infinite.
+          ValueError: tables of another placement, a table of the wrong shape, (hand-made tables) weights that
+            are negative, NaN or infinite, or a layer that dispatches in the step (``dispatch="ingraph"``).
         """
+        if self.config.dispatch == "ingraph":
+            raise ValueError(
+                "MoE.set_tables: this layer computes each call's tables in the step "
+                "(MoEConfig(dispatch='ingraph')); installed tables would never be read"
+            )
         self.table.set_value(self._installable(tables, "MoE.set_tables"))
 
     def set_view(self, deterministic: bool | None = None):
@@ -396,7 +401,9 @@ class MoE(nnx.Module):
                 tokens,
                 mesh=self.mesh,
                 placement_arrays=self._placement_arrays(),
-                tables=Tables._trusted(self.table.get_value(), self.log2phy.get_value(), _INSTALLED),
+                tables=None
+                if self.config.dispatch == "ingraph"
+                else Tables._trusted(self.table.get_value(), self.log2phy.get_value(), _INSTALLED),
                 config=self.config,
                 key=key,
                 counter=self.counter.get_value(),

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
-from . import cascade_exec, rounds, stages
+from . import cascade_exec, relief, rounds, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE, return_blocks
@@ -205,10 +205,14 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
         rt = route(inp.x, inp.router, config.router, K)
-    # Step 2: dispatch: logical expert → physical slot, with counts.
+    # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sample = config.dispatch_mode == "sample"
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if sample else None
-    dp = stages.dispatch_pairs(rt, inp.table[(d * groups) // D], inp.log2phy, inp.counter[0],
+    if config.dispatch == "ingraph":
+        table = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
+    else:
+        table = inp.table[(d * groups) // D]
+    dp = stages.dispatch_pairs(rt, table, inp.log2phy, inp.counter[0],
                                mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret,
                                valid=inp.valid)  # fmt: skip
     dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
@@ -260,6 +264,23 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     )
     aux = _aux(rt, dp.counts, inp.valid, axis=axis, top_k=K, losses=aux_losses and not given_routing)
     return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
+
+
+def _ingraph_table(ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int,
+                   rank: jax.Array) -> jax.Array:  # fmt: skip
+    """This rank's in-graph table ``[E, R]`` (`tempo_jax.layer.relief`): its valid pair counts all-gathered over the
+    axis ``[D, E]``, pairwise relief of the totals (the same plan on every rank), and this source's quota row."""
+    E = config.experts
+    ok = valid[:, None] & (ids >= 0) & (ids < E)
+    counts = jax.ops.segment_sum(ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1),
+                                 num_segments=E + 1)[:E]  # fmt: skip
+    every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
+    ranks = relief.replica_ranks(log2phy, config.slots_per_rank)
+    x = relief.relief(jnp.sum(every, axis=0), ranks, config.cost, num_ranks, config.dispatch_rounds,
+                      num_slots=num_ranks * config.slots_per_rank)  # fmt: skip
+    mine = jax.lax.dynamic_slice_in_dim(every, rank, 1, axis=0)  # [1, E]
+    before = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < rank, every, 0), axis=0)[None]  # sources before
+    return relief.quotas(jnp.concatenate([before, mine]), x)[1]
 
 
 def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm,
@@ -370,7 +391,19 @@ def _check_inputs(
         raise ValueError(f"placement log2phy {placement_arrays.log2phy.shape} does not match E={E}")
     # Step 2: the placement and the tables (by key when trusted, by value when hand-made and concrete).
     check_placement_arrays(placement_arrays, E, D * S, where="moe_forward")
-    check_tables(tables, placement_arrays, where="moe_forward")
+    if config.dispatch == "ingraph":
+        if tables is not None:
+            raise ValueError(
+                "moe_forward: with MoEConfig(dispatch='ingraph') every call computes its own tables from "
+                "the batch's counts; pass tables=None (or use dispatch='tables' to give them)"
+            )
+    elif tables is None:
+        raise ValueError(
+            "moe_forward: tables are required with MoEConfig(dispatch='tables') (e.g. "
+            "tempo_jax.layer.tables.uniform(placement)); or set dispatch='ingraph'"
+        )
+    else:
+        check_tables(tables, placement_arrays, where="moe_forward")
     if isinstance(config.schedule, LaunchSchedule) and config.schedule.num_ranks != D:
         raise ValueError(f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but axis {axis!r} has {D}")
     if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
@@ -423,7 +456,7 @@ def moe_forward(
     *,
     mesh: jax.sharding.Mesh,
     placement_arrays: PlacementArrays,
-    tables: Tables,
+    tables: Tables | None,
     config: MoEConfig,
     key: jax.Array | None = None,
     counter: jax.Array | None = None,
@@ -442,7 +475,8 @@ def moe_forward(
         rows that route nowhere and count nowhere).
       mesh: a mesh with ``config.axis`` (other axes are left alone: everything is replicated over them).
       placement_arrays: phy2log [P] (P = D·S) and log2phy [E, R].
-      tables: `Tables` with table [Gs, E, R] (device d uses group d·Gs // D) and the same log2phy.
+      tables: `Tables` with table [Gs, E, R] (device d uses group d·Gs // D) and the same log2phy; None with
+        ``config.dispatch == "ingraph"`` (each call computes its own: `tempo_jax.layer.relief`).
       config: `MoEConfig`.
       key: PRNG key for sample-mode dispatch (default key 0).
       counter: [D, E] uint32 cumulative per-rank expert counters (default zeros).
@@ -466,7 +500,12 @@ def moe_forward(
     C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask)
     if routing is not None:
         routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
-    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), tables.num_groups, routing is not None, C,
+    if tables is None:  # in-graph dispatch: a placeholder table (unread), the placement's log2phy
+        log2phy = placement_arrays.log2phy
+        table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)
+    else:
+        table, log2phy = tables.table, tables.log2phy
+    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C,
                    bool(aux_losses))  # fmt: skip
     mask = None if mask is None else jnp.asarray(mask)
-    return run(params, x, tables.table, tables.log2phy, placement_arrays.phy2log, counter, key, routing, mask)
+    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)

@@ -1,0 +1,222 @@
+"""In-graph dispatch (issue 38): each batch's tables from its own counts, inside the jitted step — pairwise relief
+(`solvers.relief`, its numpy twin, holds the algorithm, its complexity and why it prices both regimes).
+
+``MoEConfig(dispatch="ingraph", cost=CostModel(...), dispatch_mode="quota")``: in `moe_forward` every rank
+
+1. counts its valid (token, expert) pairs, ``[E]``, and all-gathers them over the ``ep`` axis, ``[D, E]`` (one small
+   collective: D·E int32);
+2. runs pairwise relief on the totals (the same computation on every rank, so every rank holds the same plan
+   ``x [E, R]``; a fixed number of rounds, static shapes, no host callback);
+3. splits the plan over the sources (`quotas`: northwest-corner rule) and dispatches its own pairs with its row
+   ``q[d] [E, R]`` in "quota" mode, which realises the plan exactly: every replica column receives ``x[e, r]`` pairs.
+
+The output does not depend on it (replicas hold identical weights); only where each pair is computed changes.
+`plan` is the same computation outside the layer (benchmarks, tests against the twin).
+
+Glossary: E experts, R replica columns, D ranks, S slots per rank.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from solvers import CostModel
+from solvers.relief import ROUNDS
+
+__all__ = ["ROUNDS", "move_pairs", "plan", "quotas", "relief", "replica_ranks"]
+
+
+def replica_ranks(log2phy: jax.Array, slots_per_rank: int) -> jax.Array:
+    """``log2phy [E, R]`` (−1 padded) → ``[E, R]`` int32 rank of each column, −1 for none or a repeated rank."""
+    ranks = jnp.where(log2phy >= 0, log2phy // slots_per_rank, -1).astype(jnp.int32)
+    for r in range(1, ranks.shape[1]):
+        dup = jnp.any(ranks[:, r : r + 1] == ranks[:, :r], axis=1) & (ranks[:, r] >= 0)
+        ranks = ranks.at[:, r].set(jnp.where(dup, -1, ranks[:, r]))
+    return ranks
+
+
+def _times(cost: CostModel, G, N):
+    t = jnp.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
+    if cost.c2 is not None:
+        t = jnp.maximum(t, cost.c2 + cost.gamma * N)
+    return t
+
+
+def _loads(x, ranks, D: int):
+    ok = ranks >= 0
+    seg = jnp.where(ok, ranks, D).reshape(-1)  # columns without a rank go to a dropped segment
+    N = jax.ops.segment_sum(jnp.where(ok, x, 0.0).reshape(-1), seg, num_segments=D + 1)[:D]
+    G = jax.ops.segment_sum(((x > 0) & ok).astype(jnp.float32).reshape(-1), seg, num_segments=D + 1)[:D]
+    return G, N
+
+
+def _first_best(score, group, D: int):
+    """Mask of the entries that are their group's maximum finite score, ties to the lowest index."""
+    finite = jnp.isfinite(score)
+    best = jax.ops.segment_max(jnp.where(finite, score, -jnp.inf), group, num_segments=D)
+    top = finite & (score == best[group])
+    idx = jnp.arange(score.shape[0], dtype=jnp.int32)
+    first = jax.ops.segment_min(jnp.where(top, idx, score.shape[0]), group, num_segments=D)
+    return top & (idx == first[group])
+
+
+def _lexi_best(primary, secondary, group, D: int):
+    """Each group's best entry by ``primary``, then ``secondary`` (−inf: not a candidate), then index."""
+    finite = jnp.isfinite(secondary)
+    best = jax.ops.segment_max(jnp.where(finite, primary, -jnp.inf), group, num_segments=D)
+    return _first_best(jnp.where(finite & (primary == best[group]), secondary, -jnp.inf), group, D)
+
+
+_FORWARD_FIELDS = ("f", "ci", "cm", "m", "y", "new", "t")
+
+
+def move_pairs(ranks: jax.Array, num_slots: int, num_ranks: int):
+    """Step 1's candidate moves (`solvers.relief.move_pairs`) at a static size K = min(E·R·(R − 1), D·(P − E)):
+    ``(e, i, j, valid)`` ``[K]``, row-major, padded at the end with invalid entries."""
+    E, R = ranks.shape
+    ok = ranks >= 0
+    pair = ok[:, :, None] & ok[:, None, :] & (ranks[:, :, None] != ranks[:, None, :])
+    size = max(1, min(E * R * (R - 1), num_ranks * max(num_slots - E, 0)))
+    pe, pi, pj = jnp.nonzero(pair, size=size, fill_value=0)
+    valid = jnp.arange(size) < jnp.sum(pair)
+    return pe, pi, pj, valid
+
+
+def _forwards(x, ranks, pe, pi, pj, valid, G, N, cost: CostModel, D: int) -> dict:
+    """Step 3a (`solvers.relief._forwards`): per rank, ``[2, D]`` fields of its best whole hand-off and the best of
+    another expert (``f = −1``: none)."""
+    h, m = ranks[pe, pi], ranks[pe, pj]
+    h = jnp.where(valid, h, 0)
+    y, new = x[pe, pi], (x[pe, pj] == 0).astype(jnp.float32)
+    t_m = _times(cost, G[m] + new, N[m] + y)
+    score = jnp.where(valid & (y > 0), -t_m, -jnp.inf)
+    fields = dict(zip(_FORWARD_FIELDS, (pe, pi, pj, m, y, new, t_m), strict=True))
+    out = {k: [] for k in _FORWARD_FIELDS}
+    size = score.shape[0]
+    for k in range(2):
+        if k:
+            score = jnp.where(pe == out["f"][0][h], -jnp.inf, score)  # the second: another expert
+        best = _first_best(score, h, D)
+        at = jax.ops.segment_min(jnp.where(best, jnp.arange(size), size), h, num_segments=D)  # [D]
+        found = at < size
+        at = jnp.minimum(at, size - 1)
+        for name, arr in fields.items():
+            out[name].append(jnp.where(found, arr[at], -1 if name == "f" else 0).astype(arr.dtype))
+    return {k: jnp.stack(v) for k, v in out.items()}
+
+
+def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
+    """Step 3b (`solvers.relief._price`): every candidate's best ``gain``, ``share`` and ``chain`` ``[K]``."""
+    Gg, Ng, tg, Gh, Nh, th = G[g], N[g], t[g], G[h], N[h], t[h]
+    has = F["f"] >= 0
+    swap = has & (F["m"] == g)
+    gain_out = jnp.full(xi.shape, -jnp.inf, jnp.float32)
+    share_out = jnp.zeros(xi.shape, jnp.float32)
+    chain_out = jnp.zeros(xi.shape, bool)
+    for chain in (False, True):
+        y = jnp.where(has, F["y"], 0.0) if chain else 0.0
+        back = jnp.where(swap, y, 0.0) if chain else 0.0
+        g_act = jnp.where(swap, F["new"], 0.0) if chain else 0.0
+        h_act = new_h - (1.0 if chain else 0.0)
+        third = jnp.where(has & ~swap, F["t"], -jnp.inf) if chain else -jnp.inf
+        before = jnp.maximum(tg, th)
+        if chain:
+            before = jnp.maximum(before, jnp.where(has & ~swap, t[F["m"]], -jnp.inf))
+
+        def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
+            return jnp.maximum(jnp.maximum(_times(cost, Gg - frees + g_act, Ng - share + back),
+                                           _times(cost, Gh + h_act, Nh + share - y)), third)  # fmt: skip
+
+        whole = after(xi, 1.0)
+        shift = (y + back) if chain else 0.0
+        part = jnp.clip(jnp.floor((Ng - Nh + shift) / 2), 1, jnp.maximum(xi - 1, 1))
+        split = jnp.where(xi >= 2, after(part, 0.0), jnp.inf)
+        gain = before - jnp.minimum(whole, split)
+        if chain:
+            gain = jnp.where(has & (gain_out <= 0), gain, -jnp.inf)
+        better = gain > gain_out
+        gain_out = jnp.where(better, gain, gain_out)
+        share_out = jnp.where(better, jnp.where(split < whole, part, xi), share_out)
+        chain_out = jnp.where(better, chain, chain_out)
+    return {"gain": gain_out, "share": share_out, "chain": chain_out}
+
+
+def _select(gain, sender_time, g, h, m, D: int):
+    """Step 3c (`solvers.relief._select`): the accepted moves, a mask ``[K]``."""
+    sent = _first_best(gain, g, D)
+    accepted = _lexi_best(jnp.where(sent, sender_time, -jnp.inf), jnp.where(sent, gain, -jnp.inf), h, D)
+    receives = jax.ops.segment_max(accepted.astype(jnp.int32), h, num_segments=D) > 0
+    accepted = accepted & ~receives[g]
+    mm = jnp.where(m >= 0, m, D)
+    one = accepted.astype(jnp.int32)
+    used = (jax.ops.segment_sum(one, g, num_segments=D + 1) + jax.ops.segment_sum(one, h, num_segments=D + 1)
+            + jax.ops.segment_sum(one, mm, num_segments=D + 1))  # fmt: skip
+    return accepted & ((m < 0) | (used[mm] == 1))
+
+
+def relief(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, rounds: int = ROUNDS, *,
+           num_slots: int | None = None) -> jax.Array:  # fmt: skip
+    """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
+    (`solvers.relief.relief`, step for step); ``num_slots`` P bounds the candidate moves (default: E·R)."""
+    D = num_ranks
+    n = n.astype(jnp.float32)
+    E, R = ranks.shape
+    ok = ranks >= 0
+    safe = jnp.where(ok, ranks, 0)
+    rows = jnp.arange(E)
+    # Step 2: the seed.
+    single = jnp.sum(ok, axis=1) == 1
+    x = jnp.zeros((E, R), jnp.float32).at[rows, jnp.argmax(ok, axis=1)].set(jnp.where(single, n, 0.0))
+    base = _times(cost, *_loads(x, ranks, D))
+    pick = jnp.argmin(jnp.where(ok, base[safe], jnp.inf), axis=1)
+    x = x.at[rows, pick].add(jnp.where(single, 0.0, n))
+    # Step 3: rounds over the candidate moves.
+    pe, pi, pj, valid = move_pairs(ranks, E * R if num_slots is None else num_slots, D)
+    g = jnp.where(valid, ranks[pe, pi], 0)
+    h = jnp.where(valid, ranks[pe, pj], 0)
+
+    def one_round(_, carry):
+        x, best_x, best_ms = carry
+        G, N = _loads(x, ranks, D)
+        t = _times(cost, G, N)
+        better = jnp.max(t) < best_ms
+        best_x, best_ms = jnp.where(better, x, best_x), jnp.where(better, jnp.max(t), best_ms)
+        fw = _forwards(x, ranks, pe, pi, pj, valid, G, N, cost, D)  # Step 3a
+        first = fw["f"][0][h] != pe
+        F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
+        xi = x[pe, pi]
+        moves = _price(xi, (x[pe, pj] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
+        gain = jnp.where(valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
+        third = jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1)
+        accepted = _select(gain, t[g], g, h, third, D)  # Step 3c
+        s = jnp.where(accepted, moves["share"], 0.0)
+        x = x.at[pe, pi].add(-s).at[pe, pj].add(s)
+        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
+        f = jnp.where(F["f"] >= 0, F["f"], 0)
+        x = x.at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y)
+        return x, best_x, best_ms
+
+    x, best_x, best_ms = jax.lax.fori_loop(0, rounds, one_round, (x, x, jnp.float32(jnp.inf)))
+    # Step 4: the best of the rounds (the last moves included).
+    return jnp.where(jnp.max(_times(cost, *_loads(x, ranks, D))) < best_ms, x, best_x)
+
+
+def quotas(counts: jax.Array, x: jax.Array) -> jax.Array:
+    """``counts [Ds, E]`` per source and a plan ``x [E, R]`` → whole-token quotas ``q [Ds, E, R]`` (row sums
+    ``counts``, column sums ``x``; `solvers.relief.source_quotas`)."""
+    counts = counts.astype(jnp.float32)
+    c_hi = jnp.cumsum(counts, axis=0)
+    c_lo = c_hi - counts
+    x_hi = jnp.cumsum(x, axis=1)
+    x_lo = x_hi - x
+    return jnp.maximum(0.0, jnp.minimum(c_hi[:, :, None], x_hi[None]) - jnp.maximum(c_lo[:, :, None], x_lo[None]))
+
+
+def plan(counts: jax.Array, log2phy: jax.Array, *, slots_per_rank: int, num_ranks: int, cost: CostModel,
+         rounds: int = ROUNDS) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """The in-graph dispatch of one batch: per-source counts ``[Ds, E]`` and the placement's ``log2phy [E, R]`` →
+    ``(x [E, R] per replica column, q [Ds, E, R] per source)``."""
+    ranks = replica_ranks(log2phy, slots_per_rank)
+    x = relief(jnp.sum(counts, axis=0), ranks, cost, num_ranks, rounds, num_slots=num_ranks * slots_per_rank)
+    return x, quotas(counts, x)

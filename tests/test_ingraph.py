@@ -1,0 +1,178 @@
+"""In-graph dispatch (issue 38): pairwise relief in numpy (`solvers.relief`, the ``"relief"`` policy) and in the
+jitted step (`tempo_jax.layer.relief`, ``MoEConfig(dispatch="ingraph")``): the two agree, the plan is realised token
+for token, the output and gradients do not depend on it, and what it cannot price is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
+from numeric import assert_close, assert_trees_close
+
+import tempo_jax
+from solvers import PRESETS, CostModel, DispatchProblem, Placement, slots_for, solve
+from solvers.relief import relief as relief_np
+from solvers.relief import replica_ranks, source_quotas
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, relief
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.workloads import SyntheticRouting
+
+D, E, S = 8, 16, 4
+COST = PRESETS["dsv3_fp8_offline"]
+
+
+def _problem(s: float, B: int, ep: int = 8, experts: int = 64, seed: int = 0) -> DispatchProblem:
+    routing = SyntheticRouting(num_experts=experts, top_k=8, s=s, kappa=math.inf, seed=seed)
+    pl = Placement.from_eplb(routing.popularity, slots_for(experts, ep, 1.25), ep, spread_idle=True)
+    return DispatchProblem(routing.batch(B, ep, 0), pl, COST)
+
+
+def _makespan(x, ranks, cost, num_ranks):
+    out = np.zeros((x.shape[0], num_ranks))
+    ok = ranks >= 0
+    np.add.at(out, (np.nonzero(ok)[0], ranks[ok]), np.asarray(x, np.float64)[ok])
+    return cost.makespan(out)
+
+
+# ------------------------------------------------------------------------------------------------ the solver
+def test_worked_example_reaches_the_optimum():
+    """ALGORITHMS.md Fig. 1b: one hot expert (600) and six cold (30), 2 ranks, full replication, b = 15, β = 0.1:
+    token balancing 105, activation balancing 69, the makespan optimum 60 (split only the hot one)."""
+    cost = CostModel(a=0.0, b=15.0, c=0.0, beta=0.1)
+    problem = DispatchProblem(np.array([600, 30, 30, 30, 30, 30, 30]), Placement.full(7, 2), cost)
+    d = solve(problem, "relief")
+    assert d.makespan == 60.0 and solve(problem, "token_lp").makespan == 105.0
+    assert solve(problem, "metro").makespan == 69.0
+    assert np.count_nonzero(d.x[0]) == 2 and all(np.count_nonzero(d.x[e]) == 1 for e in range(1, 7))
+
+
+@pytest.mark.parametrize("s, B", [(0.6, 16), (1.2, 128), (2.0, 512), (1.2, 4096)])
+def test_relief_is_near_tempo_and_exact_in_tokens(s, B):
+    problem = _problem(s, B)
+    d = solve(problem, "relief")
+    assert np.array_equal(d.x.sum(axis=1), problem.n) and np.array_equal(d.x, np.round(d.x))
+    assert d.makespan <= 1.05 * solve(problem, "tempo").makespan
+
+
+@pytest.mark.parametrize("s, B", [(0.6, 32), (1.2, 256), (2.0, 2048)])
+def test_in_graph_relief_equals_its_numpy_twin(s, B):
+    """The jitted float32 relief and the numpy float64 twin: the same makespan (their shares may differ where two
+    moves tie to the last bit)."""
+    problem = _problem(s, B)
+    pl = problem.placement
+    ranks = replica_ranks(pl.log2phy, pl.slots_per_rank)
+    want = relief_np(problem.n, ranks, COST, pl.num_gpus)
+    run = jax.jit(lambda n, r: relief.relief(n, r, COST, pl.num_gpus, num_slots=pl.num_slots))
+    got = np.asarray(run(jnp.asarray(problem.n, jnp.float32), jnp.asarray(ranks, jnp.int32)), np.float64)
+    np.testing.assert_array_equal(got.sum(axis=1), problem.n)
+    np.testing.assert_array_equal(relief.replica_ranks(jnp.asarray(pl.log2phy), pl.slots_per_rank), ranks)
+    assert _makespan(got, ranks, COST, pl.num_gpus) == pytest.approx(_makespan(want, ranks, COST, pl.num_gpus),
+                                                                     rel=1e-6)  # fmt: skip
+
+
+@given(st.lists(st.lists(st.integers(0, 40), min_size=5, max_size=5), min_size=1, max_size=4), st.data())
+def test_source_quotas_split_each_plan_over_its_sources(counts, data):
+    counts = np.array(counts, np.float64)  # [Ds, E]
+    n = counts.sum(axis=0)
+    x = np.zeros((5, 3))
+    for e in range(5):  # any whole-token plan of n_e over 3 columns
+        a = data.draw(st.integers(0, int(n[e])))
+        b = data.draw(st.integers(0, int(n[e]) - a))
+        x[e] = (a, b, n[e] - a - b)
+    q = source_quotas(counts, x)
+    np.testing.assert_array_equal(q.sum(axis=2), counts)
+    np.testing.assert_array_equal(q.sum(axis=0), x)
+    np.testing.assert_array_equal(np.asarray(relief.quotas(jnp.asarray(counts), jnp.asarray(x))), q)
+
+
+# ------------------------------------------------------------------------------------------------ the layer
+@pytest.fixture(scope="module")
+def setup():
+    mesh = make_ep_mesh(D)
+    load = np.random.default_rng(0).pareto(1.5, E) + 0.1
+    pl = Placement.from_eplb(load, D * S, D)
+    base = MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_rank=S, dispatch_mode="quota")
+    ingraph = dataclasses.replace(base, dispatch="ingraph", cost=COST)
+    params = init_params(jax.random.key(0), base, pl, mesh=mesh)
+    x = jax.random.normal(jax.random.key(1), (D * 32, 16)) * 2.0
+    return mesh, pl, base, ingraph, params, x
+
+
+def test_layer_output_and_gradients_do_not_depend_on_the_in_graph_dispatch(setup):
+    """The central invariant under jit and grad: in-graph dispatch against uniform tables, the same output and the
+    same gradients (replicas hold identical weights; only where each pair is computed changes)."""
+    mesh, pl, base, ingraph, params, x = setup
+    pa = dispatch_tables.placement_arrays(pl)
+
+    def loss(p, x, cfg, tables):
+        return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg).out ** 2)
+
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
+    (l0, (gp0, gx0)) = f(params, x, base, dispatch_tables.uniform(pl))
+    (l1, (gp1, gx1)) = f(params, x, ingraph, None)
+    assert_close(l1, l0)  # another program (another summation order): to the float32 tolerance
+    assert_trees_close((gp1, gx1), (gp0, gx0))
+
+
+def test_each_source_realises_its_quota_token_for_token(setup):
+    """Realised per-replica pairs (`MoEStats.replica_counts`) equal the plan's quotas exactly, per source and in
+    total (in dropless rounds too: capacity factor 0.5 forces several)."""
+    mesh, pl, _, ingraph, params, x = setup
+    pa = dispatch_tables.placement_arrays(pl)
+    cfg = dataclasses.replace(ingraph, capacity_factor=0.5)
+    out = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=cfg))(params, x)
+    assert int(np.max(out.stats.rounds)) > 1
+    counts = np.asarray(out.counts)  # [D, E] per source
+    xs, q = relief.plan(jnp.asarray(counts), jnp.asarray(pl.log2phy), slots_per_rank=S, num_ranks=D, cost=COST)
+    np.testing.assert_array_equal(np.asarray(out.stats.replica_counts), np.asarray(q))
+    np.testing.assert_array_equal(np.asarray(out.stats.replica_counts).sum(axis=0), np.asarray(xs))
+    # the plan is the numpy twin's (same makespan)
+    ranks = replica_ranks(pl.log2phy, S)
+    twin = relief_np(counts.sum(axis=0), ranks, COST, D)
+    assert _makespan(np.asarray(xs), ranks, COST, D) == pytest.approx(_makespan(twin, ranks, COST, D), rel=1e-6)
+
+
+def test_module_dispatches_in_graph_under_nnx_jit(setup):
+    mesh, pl, base, ingraph, params, x = setup
+    a = tempo_jax.MoE(base, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    b = tempo_jax.MoE(ingraph, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    step = nnx.jit(lambda m, x: m(x))
+    assert_close(step(b, x), step(a, x))
+    with pytest.raises(ValueError, match="computes each call's tables in the step"):
+        b.set_tables(dispatch_tables.uniform(pl))
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(dispatch="ingraph", dispatch_mode="quota"), r"give cost=solvers.CostModel"),
+        (dict(dispatch="ingraph", dispatch_mode="sample", cost=COST), r"set dispatch_mode='quota'"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost=PRESETS["dsv3_b_tile"]), "has a tile term"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost="dsv3"), "cost must be a solvers.CostModel"),
+        (dict(cost=COST), "used only by dispatch='ingraph'"),
+        (dict(dispatch="fresh"), "must be 'tables' or 'ingraph'"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost=COST, dispatch_rounds=0), "dispatch_rounds must be"),
+    ],
+)
+def test_what_it_cannot_price_or_use_is_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        MoEConfig(hidden=16, ffn=8, experts=E, top_k=2, slots_per_rank=S, **change)
+
+
+def test_tables_and_in_graph_dispatch_are_not_mixed(setup):
+    mesh, pl, base, ingraph, params, x = setup
+    pa = dispatch_tables.placement_arrays(pl)
+    with pytest.raises(ValueError, match="pass tables=None"):
+        moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(pl), config=ingraph)
+    with pytest.raises(ValueError, match="tables are required"):
+        moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=None, config=base)
+    with pytest.raises(ValueError, match="tile term"):
+        solve(dataclasses.replace(_problem(1.2, 64), cost=PRESETS["dsv3_b_tile"]), "relief")
