@@ -7,8 +7,11 @@ The problem (ALGORITHMS.md "The dispatch problem"): tokens ``x[e, r]`` of expert
 Algorithm (every step vectorised over experts, replica columns and ranks; no data-dependent control flow):
 
 1. Columns: each expert's replica ranks (`replica_ranks`), a rank that holds two of its replicas counted once.
-2. Seed: an expert with one rank is fixed there. Every replicated expert goes whole to the column whose rank is
-   cheapest under the fixed experts alone (whole: one activation per expert, the fixed charge).
+2. Two starts (`_seed`): an expert with one rank is fixed there; every replicated expert goes whole (one activation
+   per expert, the fixed charge) to the rank cheapest under the fixed experts alone (start 1), or, in order of
+   decreasing load, the k-th replicated expert to its (k mod r_e)-th cheapest rank (start 2: spread, which the
+   flat regime's bipartite semi-matching needs when every expert is replicated). Steps 3-4 run from each, side by
+   side, and the better plan is kept.
 3. Rounds (a fixed number). With the current loads (G_g activations, N_g tokens, t_g times):
    a. Forwards: for every rank h, its best whole hand-off — the share of one expert f on h moved whole to another
       of f's ranks m, the m whose time after is lowest — and the best of another expert (`_forwards`).
@@ -32,7 +35,7 @@ Token balancing (LPLB: splits freely) and activation balancing (METRO: never spl
 
 Complexity: the K candidate moves are the (expert, column, column) triples on distinct ranks (`move_pairs`:
 K ≤ min(E·R·(R − 1), D·(P − E)), P slots, since only replicated experts move); per round O(K) prices (plain and
-chain, whole and part) and segment maxima over D ranks, ``rounds·K`` in all (EP8, E = 256 + 64 redundant slots:
+chain, whole and part) and segment maxima over D ranks, ``2·rounds·K`` in all (two starts) (EP8, E = 256 + 64 redundant slots:
 K ≈ 130, 64 rounds); memory O(K + E·R). `source_quotas` then
 splits each expert's plan over the source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic dispatch
 realises it exactly.
@@ -148,18 +151,19 @@ def relief(n: np.ndarray, ranks: np.ndarray, cost: CostModel, num_ranks: int, ro
     rounds = check_int("rounds", rounds, minimum=0, where="relief")
     n = np.asarray(n, np.float64)
     ranks = np.asarray(ranks, np.int64)
-    E, R = ranks.shape
     D = num_ranks
-    ok = ranks >= 0
-    safe = np.where(ok, ranks, 0)
-    # Step 2: the seed.
-    single = ok.sum(axis=1) == 1
-    x = np.zeros((E, R))
-    x[np.arange(E), np.argmax(ok, axis=1)] = np.where(single, n, 0.0)
-    base = _times(cost, *_loads(x, ranks, D))
-    pick = np.argmin(np.where(ok, base[safe], np.inf), axis=1)
-    x[np.arange(E), pick] += np.where(single, 0.0, n)
-    # Step 3: rounds over the candidate moves.
+    # Step 2: the two starts; Steps 3-4 from each; the better plan (ties: the first start).
+    best_x, best_ms = None, np.inf
+    for spread in (False, True):
+        x = _improve(_seed(n, ranks, cost, D, spread), ranks, cost, D, rounds)
+        ms = _times(cost, *_loads(x, ranks, D)).max()
+        if ms < best_ms:
+            best_x, best_ms = x, ms
+    return best_x
+
+
+def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: int) -> np.ndarray:
+    """Steps 3-4 from the start ``x [E, R]``: the rounds, then the best plan they visited."""
     pe, pi, pj = move_pairs(ranks)
     g, h = ranks[pe, pi], ranks[pe, pj]
     best_x, best_ms = x.copy(), np.inf
@@ -185,6 +189,27 @@ def relief(n: np.ndarray, ranks: np.ndarray, cost: CostModel, num_ranks: int, ro
     if _times(cost, *_loads(x, ranks, D)).max() < best_ms:
         best_x = x
     return best_x
+
+
+def _seed(n: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, spread: bool) -> np.ndarray:
+    """Step 2: a start ``x [E, R]``, each expert whole on one column (an expert with one rank there). A replicated
+    expert goes to its rank that is cheapest under the fixed experts alone (``spread=False``), or, taken in order
+    of decreasing load, the k-th replicated expert to its (k mod r_e)-th cheapest rank (``spread=True``)."""
+    E, R = ranks.shape
+    ok = ranks >= 0
+    safe = np.where(ok, ranks, 0)
+    single = ok.sum(axis=1) == 1
+    x = np.zeros((E, R))
+    x[np.arange(E), np.argmax(ok, axis=1)] = np.where(single, n, 0.0)
+    base = np.where(ok, _times(cost, *_loads(x, ranks, D))[safe], np.inf)  # [E, R]
+    nth = np.zeros(E, np.int64)
+    if spread:
+        order = np.argsort(-n, kind="stable")
+        nth[order] = np.cumsum(~single[order]) - 1
+        nth %= np.maximum(ok.sum(axis=1), 1)
+    pick = np.argsort(base, axis=1, kind="stable")[np.arange(E), nth]
+    x[np.arange(E), pick] += np.where(single, 0.0, n)
+    return x
 
 
 def _price(xi, new_h, G, N, t, F, g, h, cost) -> dict:

@@ -155,24 +155,27 @@ def _select(gain, sender_time, g, h, m, D: int):
     return accepted & ((m < 0) | (used[mm] == 1))
 
 
-def relief(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, rounds: int = ROUNDS, *,
-           num_slots: int | None = None) -> jax.Array:  # fmt: skip
-    """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
-    (`solvers.relief.relief`, step for step); ``num_slots`` P bounds the candidate moves (default: E·R)."""
-    D = num_ranks
-    n = n.astype(jnp.float32)
-    E, R = ranks.shape
+def _seed(n, ranks, cost: CostModel, D: int, spread: bool):
+    """Step 2 (`solvers.relief._seed`): a start ``x [E, R]``, each expert whole on one column."""
+    E = ranks.shape[0]
     ok = ranks >= 0
     safe = jnp.where(ok, ranks, 0)
     rows = jnp.arange(E)
-    # Step 2: the seed.
     single = jnp.sum(ok, axis=1) == 1
-    x = jnp.zeros((E, R), jnp.float32).at[rows, jnp.argmax(ok, axis=1)].set(jnp.where(single, n, 0.0))
-    base = _times(cost, *_loads(x, ranks, D))
-    pick = jnp.argmin(jnp.where(ok, base[safe], jnp.inf), axis=1)
-    x = x.at[rows, pick].add(jnp.where(single, 0.0, n))
-    # Step 3: rounds over the candidate moves.
-    pe, pi, pj, valid = move_pairs(ranks, E * R if num_slots is None else num_slots, D)
+    x = jnp.zeros(ranks.shape, jnp.float32).at[rows, jnp.argmax(ok, axis=1)].set(jnp.where(single, n, 0.0))
+    base = jnp.where(ok, _times(cost, *_loads(x, ranks, D))[safe], jnp.inf)
+    nth = jnp.zeros(E, jnp.int32)
+    if spread:
+        order = jnp.argsort(-n, stable=True)
+        nth = nth.at[order].set(jnp.cumsum(~single[order]).astype(jnp.int32) - 1)
+        nth = nth % jnp.maximum(jnp.sum(ok, axis=1), 1)
+    pick = jnp.argsort(base, axis=1, stable=True)[rows, nth]
+    return x.at[rows, pick].add(jnp.where(single, 0.0, n))
+
+
+def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
+    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [E, R]`` → ``(best plan, its makespan)``."""
+    pe, pi, pj, valid = moves
     g = jnp.where(valid, ranks[pe, pi], 0)
     h = jnp.where(valid, ranks[pe, pj], 0)
 
@@ -199,7 +202,22 @@ def relief(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, roun
 
     x, best_x, best_ms = jax.lax.fori_loop(0, rounds, one_round, (x, x, jnp.float32(jnp.inf)))
     # Step 4: the best of the rounds (the last moves included).
-    return jnp.where(jnp.max(_times(cost, *_loads(x, ranks, D))) < best_ms, x, best_x)
+    last = jnp.max(_times(cost, *_loads(x, ranks, D)))
+    return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms)
+
+
+def relief(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, rounds: int = ROUNDS, *,
+           num_slots: int | None = None) -> jax.Array:  # fmt: skip
+    """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
+    (`solvers.relief.relief`, step for step; its two starts run side by side under `jax.vmap`); ``num_slots`` P
+    bounds the candidate moves (default: E·R)."""
+    D = num_ranks
+    n = n.astype(jnp.float32)
+    E, R = ranks.shape
+    moves = move_pairs(ranks, E * R if num_slots is None else num_slots, D)
+    starts = jnp.stack([_seed(n, ranks, cost, D, spread) for spread in (False, True)])  # Step 2
+    xs, ms = jax.vmap(lambda x0: _improve(x0, ranks, cost, D, rounds, moves))(starts)
+    return jnp.where(ms[1] < ms[0], xs[1], xs[0])
 
 
 def quotas(counts: jax.Array, x: jax.Array) -> jax.Array:

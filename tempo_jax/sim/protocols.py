@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from solvers import PRESETS, CostModel, DispatchProblem, gpu_loads, solve
+from solvers.relief import check_relief_cost
+from solvers.solve import check_policy
 
 from .replay import PROXY_PRESET, Stream, SyntheticStreams, apply_split, make_streams, replay_placement
 from .runner import CACHE_DIR, cached, run_jobs
@@ -119,10 +121,24 @@ class PolicyConfig(ReplayConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class InformationConfig(ReplayConfig):
-    """:func:`run_information`: fresh and drift-16 placements by default; ``policy`` is the solved one."""
+    """:func:`run_information`: fresh and drift-16 placements by default; ``policy`` is the solved one.
+
+    ``fresh`` names policies of `solvers.solve` also solved on each window's own counts (rows ``fresh_<policy>``):
+    e.g. ``("relief", "token_lp")`` for the in-graph dispatch (`solvers.relief`, issue 38) and LPLB-style per-batch
+    token balancing.
+    """
 
     drifts: tuple[int, ...] = (0, 16)
     policy: str = "tempo"
+    fresh: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "fresh", tuple(self.fresh))
+        for name in (self.policy, *self.fresh):
+            check_policy(name, {})
+        if "relief" in self.fresh:
+            check_relief_cost(self.cost, f"InformationConfig(preset={self.preset!r})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +237,7 @@ def _information_rows(ctx: _Ctx) -> Iterator[dict]:
             "exact": cost.makespan(xs[t]),
             "stale": cost.makespan(apply_split(xs[t - 1], counts, pl)),
             "frozen": cost.makespan(apply_split(xs[0], counts, pl)),
-        }
+        } | {f"fresh_{p}": _solve(cfg, counts, pl, p).makespan for p in cfg.fresh}
 
 
 def _refresh_rows(ctx: _Ctx) -> Iterator[dict]:
@@ -352,7 +368,8 @@ def run_policies(
 def run_information(
     config: InformationConfig, *, workers: int = 2, cache_dir: str | Path | None = CACHE_DIR, progress: bool = True
 ) -> list[dict]:
-    """Per window t ≥ 1: ``static``, ``uniform``, ``exact``, ``stale`` (stale-1) and ``frozen`` makespans (µs).
+    """Per window t ≥ 1: ``static``, ``uniform``, ``exact``, ``stale`` (stale-1), ``frozen`` and ``fresh_<policy>``
+    (each of ``config.fresh``) makespans (µs).
 
     ``exact`` solves window t; ``stale`` applies window t − 1's solution and ``frozen`` window 0's to window
     t's true counts (:func:`.replay.apply_split`); static and uniform need no information.
