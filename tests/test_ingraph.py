@@ -22,6 +22,7 @@ from solvers.relief import relief as relief_np
 from solvers.relief import replica_ranks, source_quotas
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, relief
 from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.runtime import DispatchController
 from tempo_jax.workloads import SyntheticRouting
 
 D, E, S = 8, 16, 4
@@ -176,3 +177,35 @@ def test_tables_and_in_graph_dispatch_are_not_mixed(setup):
         moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=None, config=base)
     with pytest.raises(ValueError, match="tile term"):
         solve(dataclasses.replace(_problem(1.2, 64), cost=PRESETS["dsv3_b_tile"]), "relief")
+
+
+# ------------------------------------------------------------------------------------------------ with a controller
+def test_with_a_dispatch_controller_both_timescales(setup):
+    """With a `DispatchController`: a table-driven layer can take the ``"relief"`` policy's tables off the critical
+    path, and an in-graph layer uses the controller for the slow timescale only (``rebalance_every``: the placement
+    moves, its tables stay in the step). Both compute the same function as the EPLB-even layer, step after step."""
+    mesh, pl, base, ingraph, params, x = setup
+    ref = tempo_jax.MoE(base, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    tabled = tempo_jax.MoE(base, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    fresh = tempo_jax.MoE(ingraph, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    step = nnx.jit(lambda m, x: m(x))
+    moved = 0
+    with (DispatchController(pl, COST, policy="relief") as ctl_tables,
+          DispatchController(pl, COST, policy="relief", rebalance_every=2) as ctl_place):  # fmt: skip
+        for i in range(5):
+            xi = x * (1.0 + 0.1 * i)
+            want = step(ref, xi)
+            assert_close(step(tabled, xi), want)
+            assert_close(step(fresh, xi), want)
+            tabled.set_tables(ctl_tables.observe(tabled.counts.get_value()))
+            ctl_place.observe(fresh.counts.get_value())
+            if ctl_place.proposal is not None:
+                new = ctl_place.proposal
+                moved += fresh.set_placement(new).moved_slots
+                ctl_place.set_placement(new)
+                with pytest.raises(ValueError, match="they would never be read"):
+                    fresh.set_placement(new, tables=dispatch_tables.uniform(new))
+        assert ctl_tables.metrics()["windows"]["published"] == 5
+        assert ctl_place.metrics()["placements"]["applied"] >= 1
+    assert moved > 0
+    assert not np.array_equal(tabled.table.get_value(), np.asarray(dispatch_tables.uniform(pl).table))

@@ -289,10 +289,14 @@ class MoE(nnx.Module):
           moved array), the all-to-all's padded bytes, and the step's time.
 
         Raises:
-          ValueError: a placement of another shape, or tables of another placement.
+          ValueError: a placement of another shape, tables of another placement, or tables for a layer that
+            dispatches in the step (``dispatch="ingraph"``).
         """
         if isinstance(self.counter.get_value(), jax.core.Tracer):
             raise ValueError("MoE.set_placement is a host operation: call it outside jit (it compiles its own move)")
+        if tables is not None and self.config.dispatch == "ingraph":
+            raise ValueError("MoE.set_placement: this layer computes each call's tables in the step "
+                             "(MoEConfig(dispatch='ingraph')); pass no tables (they would never be read)")  # fmt: skip
         plan = plan_migration(self.placement, placement)
         pa = placement_arrays(placement)
         new_tables = uniform(placement) if tables is None else tables
