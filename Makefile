@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -48,7 +48,7 @@ test-latest:
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm bench-ep bench-cascade bench-sim bench-refresh
+bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
@@ -58,6 +58,10 @@ bench-gemm: $(STAMP)
 
 bench-ep: $(STAMP)
 	$(PY) scripts/bench_ep.py
+
+# The in-graph dispatch (issue 38): relief's makespan / tempo's; the layer's cost in-graph vs fixed tables.
+bench-ingraph: $(STAMP)
+	$(PY) scripts/bench_ingraph.py
 
 bench-cascade: $(STAMP)
 	$(PY) scripts/bench_cascade.py

@@ -26,7 +26,8 @@ Algorithm (every step vectorised over experts, replica columns and ranks; no dat
       the slowest sender (then the largest gain); a rank that receives sends nothing that round, and a chain's
       third rank takes part in no other move. Ties: the lower flat index of (e, i, j). The accepted moves apply
       at once.
-4. The best dispatch of the rounds (by makespan) is the answer; its shares are whole tokens.
+4. The best dispatch of the rounds (by makespan) is the answer; its shares are whole tokens. A round that accepts
+   no move leaves the plan unchanged, so the rounds stop there (the same answer, earlier).
 
 Why it prices both regimes: every move is scored by the max-affine time itself. In the flat regime a whole move
 saves the sender an activation ``b`` and chains move activations along (the augmenting paths of semi-matching); a
@@ -35,10 +36,9 @@ Token balancing (LPLB: splits freely) and activation balancing (METRO: never spl
 
 Complexity: the K candidate moves are the (expert, column, column) triples on distinct ranks (`move_pairs`:
 K ≤ min(E·R·(R − 1), D·(P − E)), P slots, since only replicated experts move); per round O(K) prices (plain and
-chain, whole and part) and segment maxima over D ranks, ``2·rounds·K`` in all (two starts) (EP8, E = 256 + 64 redundant slots:
-K ≈ 130, 64 rounds); memory O(K + E·R). `source_quotas` then
-splits each expert's plan over the source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic dispatch
-realises it exactly.
+chain, whole and part) and segment maxima over D ranks, at most ``2·rounds·K`` in all (two starts; EP8, E = 256 +
+64 redundant slots: K ≈ 130, 64 rounds); memory O(K + E·R). `source_quotas` then splits each expert's plan over the
+source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic dispatch realises it exactly.
 
 Glossary: E experts, R replica columns, D ranks, Ds source ranks.
 """
@@ -185,6 +185,8 @@ def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: 
         y = np.where(accepted & moves["chain"], F["y"], 0.0)
         np.add.at(x, (F["f"], F["ci"]), -y)
         np.add.at(x, (F["f"], F["cm"]), y)
+        if not accepted.any():  # x unchanged: every later round would repeat this one
+            break
     # Step 4: the best of the rounds (the last moves included).
     if _times(cost, *_loads(x, ranks, D)).max() < best_ms:
         best_x = x

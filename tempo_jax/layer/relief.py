@@ -179,8 +179,8 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
     g = jnp.where(valid, ranks[pe, pi], 0)
     h = jnp.where(valid, ranks[pe, pj], 0)
 
-    def one_round(_, carry):
-        x, best_x, best_ms = carry
+    def one_round(carry):
+        i, x, best_x, best_ms, _ = carry
         G, N = _loads(x, ranks, D)
         t = _times(cost, G, N)
         better = jnp.max(t) < best_ms
@@ -198,9 +198,13 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
         y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
         f = jnp.where(F["f"] >= 0, F["f"], 0)
         x = x.at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y)
-        return x, best_x, best_ms
+        return i + 1, x, best_x, best_ms, jnp.any(accepted)
 
-    x, best_x, best_ms = jax.lax.fori_loop(0, rounds, one_round, (x, x, jnp.float32(jnp.inf)))
+    # At most ``rounds``; a round that accepts no move leaves x as it was, so every later round would too.
+    best_x, best_ms = x, jnp.float32(jnp.inf)
+    if rounds:
+        carry = (jnp.int32(0), x, best_x, best_ms, jnp.bool_(True))
+        _, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], one_round, carry)
     # Step 4: the best of the rounds (the last moves included).
     last = jnp.max(_times(cost, *_loads(x, ranks, D)))
     return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms)

@@ -1,0 +1,216 @@
+"""In-graph dispatch benchmark (issue 38, `make bench-ingraph`): pairwise relief's quality against tempo, and the
+layer's cost with the dispatch inside the step against the same layer with fixed tables.
+
+Quality: modelled makespan of ``relief`` (the numpy twin, identical to the in-graph plan), ``token_lp`` (LPLB-style
+token balancing) and ``metro`` (activation balancing) over tempo's, on
+
+  issue     `scripts/bench_solver.py`'s issue grid: EP8, E = 256 + 64 redundant slots, Zipf s ∈ {0.6, 1.2, 2.0} ×
+            B ∈ {16, …, 4096} tokens per GPU, DSv3 fp8 offline model;
+  scale     its scale grid: EP32 / EP64 × E = 256 (top-8) / 384 (top-6) × 1.25× / 1.5× replication, s ∈ {0.6, 1.2}
+            × B ∈ {16, 64, 256, 1024, 4096};
+  recorded  batches of the recorded traces at their recorded EP (bench_solver's "real" suite).
+
+Cost: `tempo_jax.MoE` under `nnx.jit` on 8 fake CPU devices, ``dispatch="ingraph"`` against the same layer with
+fixed (EPLB-even) tables, 128 and 512 tokens per device, E = 64 and 256 (interleaved calls, median ms); and the
+dispatch's own FLOPs and bytes per layer (`jax.jit(...).lower().compile().cost_analysis()` of `relief.plan` at 0 and
+1 rounds, scaled to the rounds run, since XLA counts a loop body once; every rank runs the same plan), to project
+its GPU cost.
+
+    python scripts/bench_ingraph.py            # everything (~15 min on 2 cores), results/bench_ingraph.json
+    python scripts/bench_ingraph.py --quick    # a smoke-sized run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_solver import ISSUE_B, ISSUE_SKEWS, SCALE_B, SCALE_CONFIGS, SCALE_SKEWS, eplb, real_instances  # noqa: E402
+
+import tempo_jax  # noqa: E402
+from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
+from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, relief  # noqa: E402
+from tempo_jax.text import table  # noqa: E402
+from tempo_jax.workloads import SyntheticRouting  # noqa: E402
+
+COST = PRESETS["dsv3_fp8_offline"]
+COMPARED = ("relief", "token_lp", "metro")
+
+
+# ------------------------------------------------------------------------------------------------ quality
+def grid(suite: str, args) -> list[tuple[dict, DispatchProblem]]:
+    """The instances of one quality suite, keyed."""
+    if suite == "recorded":
+        ns = argparse.Namespace(real_layers=args.recorded_layers, batches=args.batches)
+        return [(k, p) for k, p in real_instances(ns)]
+    if suite == "issue":
+        cells = [(8, 256, 8, 1.25, s, B) for s in args.issue_skews for B in args.issue_b]
+    else:
+        cells = [(ep, E, K, rep, s, B) for ep, E, K, rep in args.scale_configs for s in args.scale_skews
+                 for B in args.scale_b]  # fmt: skip
+    out = []
+    for ep, E, K, rep, s, B in cells:
+        routing = SyntheticRouting(num_experts=E, top_k=K, s=s, kappa=math.inf, seed=0)
+        placement = eplb(routing.popularity, ep, rep)
+        for i in range(args.batches):
+            key = dict(suite=suite, ep=ep, E=E, rep=rep, s=s, B=B, batch=i)
+            out.append((key, DispatchProblem(routing.batch(B, ep, i), placement, COST)))
+    return out
+
+
+def quality(instances, progress: bool) -> list[dict]:
+    rows = []
+    for key, problem in tqdm(instances, desc=instances[0][0]["suite"] if instances else "", disable=not progress):
+        tempo = solve(problem, "tempo")
+        row = dict(key, tempo=tempo.makespan)
+        for policy in COMPARED:
+            d = solve(problem, policy)
+            row[policy] = d.makespan
+            row[f"{policy}_ms"] = 1e3 * d.info["solve_time_s"]
+        rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per compared policy: its makespan / tempo's, mean, p95, max (and how often it is within 1.001×)."""
+    out = {}
+    for p in COMPARED:
+        r = np.array([row[p] / row["tempo"] for row in rows])
+        out[p] = dict(n=len(r), mean=float(r.mean()), p95=float(np.percentile(r, 95)), max=float(r.max()),
+                      at_tempo=float(np.mean(r <= 1.001)))  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ cost
+def _median_ms(fns: dict, repeats: int) -> dict:
+    """Interleaved calls (each round times every function once), median ms each."""
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
+    """The layer with in-graph dispatch against fixed tables, at ``tokens`` per device (8 devices, EP8)."""
+    D, H, F, K = 8, 256, 128, 8
+    S = slots_for(experts, D, 1.25) // D
+    mesh = make_ep_mesh(D)
+    routing = SyntheticRouting(num_experts=experts, top_k=K, s=1.2, kappa=math.inf, seed=0)
+    pl = Placement.from_eplb(routing.popularity, D * S, D, spread_idle=True)
+    base = MoEConfig(hidden=H, ffn=F, experts=experts, top_k=K, slots_per_rank=S, dispatch_mode="quota")
+    fresh = dataclasses.replace(base, dispatch="ingraph", cost=COST, dispatch_rounds=rounds)
+    params = init_params(jax.random.key(0), base, pl, mesh=mesh)
+    rng = np.random.default_rng(tokens)
+    x = jax.random.normal(jax.random.key(tokens), (tokens * D, H)) + jnp.asarray(rng.normal(size=(1, H)))
+    layers = {name: tempo_jax.MoE(cfg, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+              for name, cfg in (("fixed tables", base), ("in-graph", fresh))}  # fmt: skip
+    step = nnx.jit(lambda m, x: m(x))
+    fns = {name: (lambda m=m: step(m, x)) for name, m in layers.items()}
+    for f in fns.values():  # compile, then one warm call
+        jax.block_until_ready(f())
+        jax.block_until_ready(f())
+    ms = _median_ms(fns, repeats)
+    # The dispatch's own work (every rank runs the same plan on the all-gathered [D, E] counts).
+    counts = jnp.asarray(routing.batch(tokens * D, D, 0), jnp.int32)
+    log2phy = jnp.asarray(pl.log2phy)
+
+    def analysis(r: int) -> dict:
+        f = jax.jit(lambda c, l2p: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=COST, rounds=r))
+        ca = f.lower(counts, log2phy).compile().cost_analysis()
+        ca = ca[0] if isinstance(ca, list | tuple) else ca
+        return {k: float(ca.get(k, math.nan)) for k in ("flops", "bytes accessed")}
+
+    # XLA's cost analysis counts a loop body once: the plan's work is at most (no rounds) + rounds × (one round)
+    # (the rounds stop early once no move is accepted).
+    once, none = analysis(1), analysis(0)
+    work = {k: none[k] + rounds * (once[k] - none[k]) for k in once}
+    plan = jax.jit(lambda c, l2p: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=COST, rounds=rounds))
+    jax.block_until_ready(plan(counts, log2phy))
+    plan_ms = _median_ms({"plan": lambda: plan(counts, log2phy)}, repeats)["plan"]
+    row = dict(experts=experts, slots_per_rank=S, tokens_per_device=tokens, rounds=rounds,
+               fixed_ms=ms["fixed tables"], ingraph_ms=ms["in-graph"], ratio=ms["in-graph"] / ms["fixed tables"],
+               plan_ms_cpu=plan_ms, plan_flops=work["flops"], plan_bytes=work["bytes accessed"],
+               round_flops=once["flops"] - none["flops"], round_bytes=once["bytes accessed"] - none["bytes accessed"],
+               move_candidates=int(relief.move_pairs(jnp.asarray(relief.replica_ranks(jnp.asarray(pl.log2phy), S)),
+                                                     D * S, D)[0].shape[0]))  # fmt: skip
+    print(f"  E={experts} B={tokens}/device: fixed {row['fixed_ms']:.1f} ms, in-graph {row['ingraph_ms']:.1f} ms "
+          f"({row['ratio']:.2f}×); plan alone {plan_ms:.1f} ms, {row['plan_flops'] / 1e6:.1f} MFLOP, "
+          f"{row['plan_bytes'] / 1e6:.1f} MB", flush=True)  # fmt: skip
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke-sized run")
+    ap.add_argument("--suites", default="issue,scale,recorded,cost", help="comma-separated: issue,scale,recorded,cost")
+    ap.add_argument("--batches", type=int, default=2, help="batches per grid cell")
+    ap.add_argument("--recorded-layers", type=int, default=2, help="layers per recorded trace")
+    ap.add_argument("--repeats", type=int, default=15, help="timed calls per layer variant")
+    ap.add_argument("--rounds", type=int, default=relief.ROUNDS, help="relief rounds in the layer")
+    ap.add_argument("--out", default="results/bench_ingraph.json")
+    args = ap.parse_args(argv)
+    suites = [s for s in args.suites.split(",") if s]
+    unknown = set(suites) - {"issue", "scale", "recorded", "cost"}
+    if unknown:
+        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, cost")
+    args.issue_skews, args.issue_b = ISSUE_SKEWS, ISSUE_B
+    args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS, SCALE_SKEWS, SCALE_B
+    cost_cells = [(e, b) for e in (64, 256) for b in (128, 512)]
+    if args.quick:
+        args.issue_skews, args.issue_b, args.batches, args.recorded_layers = (1.2,), (64, 1024), 1, 1
+        args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS[:1], (1.2,), (256,)
+        args.repeats, cost_cells = 3, [(64, 128)]
+    t0 = time.time()
+    results: dict = dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__,
+                                      loadavg=os.getloadavg()), args=vars(args) | {"scale_configs": None},
+                         suites={})  # fmt: skip
+    for suite in [s for s in suites if s != "cost"]:
+        rows = quality(grid(suite, args), progress=True)
+        summ = summary(rows)
+        results["suites"][suite] = dict(summary=summ, rows=rows)
+        cells = [[p, s["n"], f"{s['mean']:.4f}", f"{s['p95']:.4f}", f"{s['max']:.4f}", f"{100 * s['at_tempo']:.0f}%"]
+                 for p, s in summ.items()]  # fmt: skip
+        print(table(cells, ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"],
+                    f"{suite}: modelled makespan / tempo's"))  # fmt: skip
+    if "cost" in suites:
+        print("cost: nnx.jit layer, 8 fake CPU devices, in-graph against fixed tables (interleaved, median)")
+        rows = [cost(e, b, args.repeats, args.rounds) for e, b in cost_cells]
+        results["suites"]["cost"] = dict(rows=rows, ratio_max=max(r["ratio"] for r in rows), goal=1.10)
+        print(table([[r["experts"], r["tokens_per_device"], f"{r['fixed_ms']:.1f}", f"{r['ingraph_ms']:.1f}",
+                      f"{r['ratio']:.2f}×", f"{r['plan_flops'] / 1e6:.1f}", f"{r['plan_bytes'] / 1e6:.1f}",
+                      r["move_candidates"]] for r in rows],
+                    ["E", "tokens/device", "fixed ms", "in-graph ms", "ratio (goal ≤ 1.10×)", "plan MFLOP (≤)",
+                     "plan MB (≤)",
+                     "K moves"], "cost of the in-graph dispatch"))  # fmt: skip
+    results["wall_s"] = time.time() - t0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=float))
+    print(f"\nwrote {out} in {results['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
