@@ -76,11 +76,17 @@ def move_pairs(ranks: jax.Array, num_slots: int, num_ranks: int):
     ``(e, i, j, valid)`` ``[K]``, row-major, padded at the end with invalid entries."""
     E, R = ranks.shape
     ok = ranks >= 0
-    pair = ok[:, :, None] & ok[:, None, :] & (ranks[:, :, None] != ranks[:, None, :])
     size = max(1, min(E * R * (R - 1), num_ranks * max(num_slots - E, 0)))
-    pe, pi, pj = jnp.nonzero(pair, size=size, fill_value=0)
+    # The (e, i) columns in row-major order (at most P of them), then every j of each: row-major (e, i, j) without
+    # the E·R·R mask.
+    cols = min(E * R, max(num_slots, 1))
+    ce, ci = jnp.nonzero(ok, size=cols, fill_value=0)
+    has = jnp.arange(cols) < jnp.sum(ok)
+    j = jnp.arange(R)
+    pair = has[:, None] & ok[ce][:, j] & (ranks[ce, ci][:, None] != ranks[ce][:, j])  # [cols, R]
+    flat, pj = jnp.nonzero(pair, size=size, fill_value=0)
     valid = jnp.arange(size) < jnp.sum(pair)
-    return pe, pi, pj, valid
+    return ce[flat], ci[flat], pj, valid
 
 
 def _forwards(x, ranks, pe, pi, pj, valid, G, N, cost: CostModel, D: int) -> dict:
