@@ -149,6 +149,17 @@ def _check_09(d):
     assert v["seeds"] >= (2 if d["small"] else 5)
 
 
+def _check_10(d):
+    for q in _rows(d, "quality"):
+        assert q["mean"] >= 1.0 - 1e-3 or q["policy"] == "token_lp"  # only token-LP's real shares may beat tempo
+        assert q["mean"] <= q["max"] + 1e-12
+    for f in _rows(d, "freshness"):
+        assert f["exact"] <= f["stale"] + 1e-9 and f["exact"] <= f["frozen"] + 1e-9
+        assert f["relief_vs_stale"] == pytest.approx(f["fresh_relief"] / f["stale"])
+    for c in _rows(d, "cost"):
+        assert c["ratio"] == pytest.approx(c["ingraph_ms"] / c["fixed_ms"]) and c["plan_flops"] > 0
+
+
 INVARIANTS = {
     "01_cost_model": _check_01,
     "02_mixed_regimes": _check_02,
@@ -159,6 +170,7 @@ INVARIANTS = {
     "07_staleness_and_placement": _check_07,
     "08_topology": _check_08,
     "09_cascade_ep": _check_09,
+    "10_ingraph_dispatch": _check_10,
 }
 
 

@@ -172,8 +172,10 @@ def landscape_table(rows: Sequence[dict], policies=("static", "uniform", "token_
 
 def information_table(rows: Sequence[dict]) -> list[dict]:
     """§5.5: per (redundant, scale, drift, B) and regime, mean/median of ``regime / static``, and the share of
-    exact's gain (``1 − ratio``) that stale and frozen information keep."""
-    regimes = ("exact", "stale", "frozen", "uniform")
+    exact's gain (``1 − ratio``) that stale and frozen information keep. Rows with ``fresh_<policy>`` columns
+    (`InformationConfig.fresh`) add those regimes."""
+    fresh = tuple(k for k in (rows[0] if rows else {}) if k.startswith("fresh_"))
+    regimes = ("exact", "stale", "frozen", "uniform") + fresh
     by = ("redundant", "scale", "drift", "B")
     summ = ratio_summary(rows, regimes, "static", by=by)
     out = []
@@ -185,7 +187,7 @@ def information_table(rows: Sequence[dict]) -> list[dict]:
             kept = (1 - s["mean"]) / (1 - exact) if reg in ("stale", "frozen") and exact < 1 else NAN
             out.append(
                 {**where, "regime": reg, "mean": s["mean"], "median": s["median"], "p95": s["p95"]}
-                | {"retained": kept, "paper": PAPER["information"][reg]}
+                | {"retained": kept, "paper": PAPER["information"].get(reg, NAN)}
             )
     return out
 
