@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--dispatch-mode", default="sample", choices=["sample", "quota"])
+    ap.add_argument("--dispatch", default="tables", choices=["tables", "ingraph"],
+                    help="ingraph: each batch's plan computed in the step (needs --dispatch-mode quota)")  # fmt: skip
     ap.add_argument("--checkpoint", help="a Hugging Face checkpoint folder: load the first MoE layer from it")
     args = ap.parse_args(argv)
 
@@ -78,6 +80,12 @@ def main(argv=None) -> int:
         layers = load_moe_layers(args.checkpoint, mesh=mesh, placement=placement, dispatch_mode=args.dispatch_mode)
         config, params, _ = layers[min(layers)]
         config = dataclasses.replace(config, dispatch_mode=args.dispatch_mode)
+    if args.dispatch == "ingraph":
+        import dataclasses
+
+        from solvers import PRESETS
+
+        config = dataclasses.replace(config, dispatch="ingraph", cost=PRESETS["dsv3_fp8_offline"])
     x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, config.hidden)))
     tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=5)
 
@@ -95,11 +103,13 @@ def main(argv=None) -> int:
     xg = put(x, P("ep"))
 
     # Step 3: run and gather.
+    tables = None if args.dispatch == "ingraph" else tables
     f = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config))
     res = f(params, xg)
     out, counts = res.out, res.counts
     out = multihost_utils.process_allgather(out, tiled=True)
     counts = multihost_utils.process_allgather(counts, tiled=True)
+    gpu_tokens = np.asarray(multihost_utils.process_allgather(res.stats.gpu_tokens, tiled=True))  # a collective
     counter = host_counter(res.counter)  # what the refresher reads: a collective when spread over processes
     experts = {k: np.asarray(multihost_utils.process_allgather(params[k], tiled=True)) for k in EXPERT_KEYS
                if k in params}  # fmt: skip
@@ -108,7 +118,7 @@ def main(argv=None) -> int:
     if jax.process_index() == 0:
         np.savez(args.out, out=np.asarray(out), counts=np.asarray(counts), counter=counter,
                  addressable=res.counter.is_fully_addressable, processes=jax.process_count(), devices=D,
-                 phy2log=placement.phy2log, **experts)  # fmt: skip
+                 phy2log=placement.phy2log, gpu_tokens=gpu_tokens, **experts)  # fmt: skip
         print(f"process 0 of {jax.process_count()}: {D} devices, wrote {args.out}")
     return 0
 

@@ -45,7 +45,8 @@ def test_two_processes_match_one(tmp_path):
 def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
     """`load_moe_layers(folder, mesh=..., placement=...)` on 2 processes × 4 devices: every process reads from the
     safetensors files only the experts of its own 8 slots; the gathered expert arrays equal the single-process load
-    and the layer's output equals it."""
+    and the layer's output equals it. Both runs dispatch in the step (``dispatch="ingraph"``, issue 38): the plan's
+    counts all-gathered across the two processes give the same per-rank tokens as one process."""
     import json
 
     from hf_reference import FAMILY_CONFIGS, hf_state
@@ -62,10 +63,11 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
               str(ckpt / "model-00002-of-00002.safetensors"))  # fmt: skip
     (ckpt / "config.json").write_text(json.dumps(config))
     ref, mh = tmp_path / "ref.npz", tmp_path / "mh.npz"
-    subprocess.run([sys.executable, "scripts/multihost_moe.py", "--out", str(ref), "--checkpoint", str(ckpt)],
-                   cwd=ROOT, env=_env(8), check=True, timeout=300)  # fmt: skip
-    r = subprocess.run(["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), "sample", "--checkpoint", str(ckpt)],
-                       cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)  # fmt: skip
+    fresh = ["--dispatch", "ingraph"]
+    subprocess.run([sys.executable, "scripts/multihost_moe.py", "--out", str(ref), "--checkpoint", str(ckpt),
+                    "--dispatch-mode", "quota", *fresh], cwd=ROOT, env=_env(8), check=True, timeout=300)  # fmt: skip
+    r = subprocess.run(["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), "quota", "--checkpoint", str(ckpt),
+                        *fresh], cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     a, b = np.load(mh), np.load(ref)
     assert int(a["processes"]) == 2 and int(b["processes"]) == 1
@@ -74,6 +76,7 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
     np.testing.assert_allclose(a["out"], b["out"], atol=1e-5, rtol=1e-5)
     phy2log = a["phy2log"].reshape(2, -1)  # process p's devices hold slots [8p, 8p + 8)
     np.testing.assert_array_equal(a["counts"], b["counts"])
+    np.testing.assert_array_equal(a["gpu_tokens"], b["gpu_tokens"])  # the same in-graph plan on both
     # the refresher's counter read gathers a counter spread over both processes (process_allgather)
     assert not bool(a["addressable"]) and bool(b["addressable"])
     np.testing.assert_array_equal(a["counter"], b["counter"])
