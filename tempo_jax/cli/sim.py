@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_phase
-from ..sim.cascade import TIMELINES, run_cascade_seeds
+from ..sim.cascade import TIMELINES, cascade_trace, run_cascade_seeds
 from ..sim.cascade_layer import LAUNCHES, LAYER_MODES, LINKS
 from ..sim.cascade_summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, seed_summary
 from ..sim.phase import MODEL_SHAPES
@@ -17,6 +17,9 @@ from ..sim.runner import BACKENDS
 from ..text import table
 from ..workloads import TRACES
 from .args import UsageError, config_from_args, config_options, int_at_least, number_list, prepare_out, real
+
+#: Most seeds `tempo-jax cascade --seeds` runs (each seed serves the trace once per mode).
+MAX_SEEDS = 10_000
 
 
 def _ci(fig: dict, scale: float, digits: int) -> str:
@@ -122,11 +125,23 @@ def cmd_cascade(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--modes: unknown mode(s) {bad or modes}; use a comma-separated subset of {list(LAYER_MODES)}"
         )
+    if args.seeds > MAX_SEEDS:
+        raise UsageError(f"--seeds {args.seeds:,} exceeds {MAX_SEEDS:,} (each seed is a whole serving run per mode); "
+                         "lower it")  # fmt: skip
     run_kw = dict(workers=args.workers, progress=True, backend=args.backend)
     if cfg.rate_rps is not None and args.load is not None:
         raise UsageError(f"--rate {cfg.rate_rps:g} and --load {args.load:g} exclude each other: --load sets the rate "
                          "as a fraction of Sync capacity; give one")  # fmt: skip
-    if cfg.rate_rps is None:
+    served = cascade_trace(dataclasses.replace(cfg, rate_rps=None))
+    if served.duration_s <= 0:  # one instant: nothing to scale
+        given = "--rate" if cfg.rate_rps is not None else "--load" if args.load is not None else None
+        if given:
+            raise UsageError(f"{given}: the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so "
+                             f"there are no inter-arrival times to scale; drop {given} to serve them as one burst, or "
+                             "raise --requests so that the arrivals span time")  # fmt: skip
+        rate = None
+        print(f"the {len(served)} request(s) all arrive at t = 0 s: served as one burst (no rate to scale to a load)")
+    elif cfg.rate_rps is None:
         load = 0.9 if args.load is None else args.load
         _, cap = capacity_rps(cfg, **run_kw)
         rate = load * cap
@@ -134,7 +149,7 @@ def cmd_cascade(args: argparse.Namespace) -> int:
     else:
         rate = cfg.rate_rps
     cfg = dataclasses.replace(cfg, rate_rps=rate)
-    seeds = tuple(range(cfg.seed, cfg.seed + args.seeds))
+    seeds = tuple(range(cfg.seed, cfg.seed + args.seeds))  # (bounded by MAX_SEEDS before any work)
     by_seed = run_cascade_seeds(cfg, modes, seeds=seeds, **run_kw)
     summary = seed_summary(by_seed)
     runs = by_seed[seeds[0]]
@@ -147,8 +162,9 @@ def cmd_cascade(args: argparse.Namespace) -> int:
              f"{100 * s['tail_ratio']:.1f}%", f"{s['alb']:.2f}", s["oewf_moves"], s["oewf_longer_layers"]]
         )  # fmt: skip
     heads = ["mode", "ktok/s", "TTFT avg s", "p95 s", "R_tail", "ALB", "OEWF moves", "OEWF longer layers"]
+    served_at = "one burst" if rate is None else f"{rate:.2f} req/s"
     title = (f"{cfg.model}, {cfg.placement}, links={cfg.links}, launch={cfg.launch}, {base.num_requests} requests at "
-             f"{rate:.2f} req/s, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
+             f"{served_at}, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
     print(table(rows, heads, title))
     if out is not None:
         payload = {"config": dataclasses.asdict(cfg), "seeds": list(seeds),

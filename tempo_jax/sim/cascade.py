@@ -205,6 +205,16 @@ class CascadeConfig:
             from tempo_jax.workloads import TRACES
 
             check_choice("routing", self.routing, (*TRACES, "zipf"), where=fn)
+        # Options another option makes inert are refused, never ignored.
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        inert = [(name, why) for name, why in (("skew", self.routing != "zipf" and "routing='zipf'"),
+                 ("synthetic_requests", self.trace != "synthetic" and "trace='synthetic'"),
+                 ("synthetic_rate_rps", self.trace != "synthetic" and "trace='synthetic'"))
+                 if why and getattr(self, name) != default[name]]  # fmt: skip
+        if inert:
+            name, why = inert[0]
+            raise ValueError(f"{fn}: {name}={getattr(self, name)!r} acts only with {why} (here routing="
+                             f"{self.routing!r}, trace={self.trace!r}); drop {name} or set {why}")  # fmt: skip
 
     def costs(self) -> PrefillCosts:
         """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``)."""
@@ -536,6 +546,12 @@ def cascade_trace(config: CascadeConfig) -> RequestTrace:
     if config.max_requests is not None:
         trace = trace.head(min(config.max_requests, len(trace)))
     if config.rate_rps is not None:
+        if trace.duration_s <= 0:
+            raise ValueError(
+                f"CascadeConfig.rate_rps={config.rate_rps:g}: the {len(trace)} request(s) served of {trace.name} all "
+                "arrive at the same instant, so there are no inter-arrival times to scale; set rate_rps=None to serve "
+                "them as one burst, or serve more requests (max_requests) whose arrivals span time"
+            )
         trace = trace.scale_rate(config.rate_rps)
     return trace
 

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from .cascade import CascadeConfig, CascadeRun, StepModel, run_cascade, step_batches
+from .cascade import CascadeConfig, CascadeRun, StepModel, cascade_trace, run_cascade, step_batches
 from .cascade_layer import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
 from .runner import bootstrap_ci
 
@@ -106,7 +106,9 @@ PAPER = {
 def capacity_rps(config: CascadeConfig, *, mode: str = "sync", **run_kw) -> tuple[float, float]:
     """``(prompt tokens/s, requests/s)`` that ``mode`` sustains on ``config``'s trace when overloaded (every
     request arrives within a few ms: the run measures the serving capacity)."""
-    overloaded = dataclasses.replace(config, rate_rps=1e4)
+    # A trace whose requests all arrive at one instant is overloaded as it is (and has no rate to scale).
+    burst = cascade_trace(dataclasses.replace(config, rate_rps=None)).duration_s <= 0
+    overloaded = dataclasses.replace(config, rate_rps=None if burst else 1e4)
     run = run_cascade(overloaded, (mode,), **run_kw)[mode]
     tps = run.prefill.prompt_throughput_tps
     return tps, tps / float(run.prefill.input_len.mean())

@@ -17,7 +17,8 @@ lengths in tokens.
   entry into the routing ``.npz`` sample, neither of which fits a request trace.
 
 Mooncake file format (checked on the whole released file, 12,031 lines): one JSON object per line with
-``timestamp`` (integer ms, non-decreasing, first 0), ``input_length``, ``output_length`` (integers >= 1) and
+``timestamp`` (integer ms, non-decreasing, first 0; within ±2^53 here), ``input_length``, ``output_length``
+(integers >= 1; here output 0 is allowed and both are at most 2^31 − 1) and
 ``hash_ids`` (list of ints, ``len == ceil(input_length / 512)`` on every line, no repeats inside a line; every
 request starts with block 0, a 512-token shared system prompt). The loader enforces all of it except the
 first timestamp being 0 (times are taken relative to the first request) and ignores extra keys. Blank lines
@@ -37,7 +38,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from solvers.checks import check_input_file, check_int, check_real
+from solvers.checks import EXACT_INT_LIMIT, check_input_file, check_int, check_real
 
 from .loaders import resolve_trace_path
 
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 BLOCK_SIZE = 512  # tokens per prefix block (Mooncake hash_ids granularity)
+MAX_TOKENS = 2**31 - 1  # input / output lengths a line may give (a request longer than any model's context)
 MOONCAKE_RELPATH = "mooncake/conversation_trace.jsonl"
 MOONCAKE_SAMPLE_PATH = Path(__file__).resolve().parents[1] / "data" / "mooncake_sample.jsonl"
 MOONCAKE_SAMPLE_LINES = 400
@@ -131,6 +133,14 @@ class RequestTrace:
                 f"ceil(input_len / {self.block_size}) blocks"
                 + (f" (request {bad[0]} has {counts[bad[0]]}, needs {want[bad[0]]})" if bad.size else "")
             )
+        # Step 4: no block repeats inside a request (the prefix cache would hit more than was ever computed).
+        req = np.repeat(np.arange(n), counts)
+        order = np.lexsort((self.block_ids, req))
+        r, b = req[order], self.block_ids[order]
+        dup = np.flatnonzero((r[1:] == r[:-1]) & (b[1:] == b[:-1]))
+        if dup.size:
+            raise ValueError(f"RequestTrace: request {r[dup[0]]} repeats prefix block {b[dup[0]]}; each block of a "
+                             "prompt is a distinct prefix block")  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- access
     def __len__(self) -> int:
@@ -242,12 +252,12 @@ def _parse_line(raw: bytes, where: str) -> tuple[float, int, int, list[int]]:
     if missing:
         raise ValueError(f"{where}: missing key(s) {missing} (a request needs {list(_REQUIRED_KEYS)})")
     ts, ilen, olen, ids = (rec[k] for k in _REQUIRED_KEYS)
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-        raise ValueError(f"{where}: timestamp must be a finite number of ms, got {ts!r}")
-    if not _is_int(ilen) or ilen < 1:
-        raise ValueError(f"{where}: input_length must be an integer >= 1, got {ilen!r}")
-    if not _is_int(olen) or olen < 0:
-        raise ValueError(f"{where}: output_length must be an integer >= 0, got {olen!r}")
+    # JSON integers are unbounded: every number is bounded before it meets a float or an int64.
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not -EXACT_INT_LIMIT <= ts <= EXACT_INT_LIMIT:
+        raise ValueError(f"{where}: timestamp must be a finite number of ms within ±2^53, got {str(ts)[:40]}")
+    for key, value, low in (("input_length", ilen, 1), ("output_length", olen, 0)):
+        if not _is_int(value) or not low <= value <= MAX_TOKENS:
+            raise ValueError(f"{where}: {key} must be an integer in [{low}, {MAX_TOKENS:,}], got {str(value)[:40]}")
     if not isinstance(ids, list) or not all(_is_int(h) for h in ids):
         raise ValueError(f"{where}: hash_ids must be a list of integers, got {str(ids)[:60]}")
     if any(not -(2**63) <= h < 2**63 for h in ids):
@@ -257,6 +267,11 @@ def _parse_line(raw: bytes, where: str) -> tuple[float, int, int, list[int]]:
         raise ValueError(
             f"{where}: {len(ids)} hash_ids for input_length {ilen}; expected ceil({ilen}/{BLOCK_SIZE}) = {want}"
         )
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        dup = next(h for h in ids if h in seen or seen.add(h))
+        raise ValueError(f"{where}: hash_id {dup} repeats inside one request; each block of a prompt is a "
+                         "distinct prefix block (a repeat lets the cache hit more than was computed)")  # fmt: skip
     return float(ts), ilen, olen, ids
 
 
