@@ -167,7 +167,7 @@ def cmd_cascade(args: argparse.Namespace) -> int:
              f"{served_at}, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
     print(table(rows, heads, title))
     if out is not None:
-        payload = {"config": dataclasses.asdict(cfg), "seeds": list(seeds),
+        payload = {"config": cfg.acting(), "seeds": list(seeds),
                    "modes": {m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]}
                                  for k in SEED_FIGURES} for m in modes}}  # fmt: skip
         out.write_text(json.dumps(payload, indent=2) + "\n")

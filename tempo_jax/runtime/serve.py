@@ -220,8 +220,20 @@ class ServeConfig:
             raise ValueError(f"{w}: fallback={self.fallback!r} with staleness_s=None: the fallback is published only "
                              "when tables grow older than staleness_s; set staleness_s or drop fallback")  # fmt: skip
 
+    #: The options only one of the two served models reads (the rest apply to both).
 
-#: The options only one of the two served models reads (the rest apply to both).
+    def acting(self) -> dict:
+        """The options that act, as a dict (what serve.json records): not the other model's options, not the synthetic
+        stream's with recorded routing, not ``period_s`` when the refresher runs by steps, not ``fallback`` without
+        ``staleness_s``, and one of ``cost`` / ``cost_json``."""
+        other = "layer" if self.model == "lm" else "lm"
+        drop = set(_ONLY[other]) | ({"cost", "cost_json"} - {"cost_json" if self.cost_json else "cost"})
+        drop |= set(_SYNTHETIC_ONLY) if self.routing == "recorded" else set()
+        drop |= {"period_s"} if self.every_steps is not None else set()
+        drop |= {"fallback"} if self.staleness_s is None else set()
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
+
+
 _ONLY = {"layer": ("routing", "skew", "drift", "kappa", "check_every"),  # trace: its own check names both needs
          "lm": ("layers", "seq_len", "decode_steps", "train_steps")}  # fmt: skip
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
@@ -424,7 +436,7 @@ def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slo
     mean = {k: float(np.mean([r[k] for r in per_step])) for k in ("live_us", "uniform_us", "static_us", "oracle_us")}
     publishes = [r["step"] for i, r in enumerate(per_step) if i and r["version"] != per_step[i - 1]["version"]]
     return {
-        "config": dataclasses.asdict(cfg),
+        "config": cfg.acting(),
         "shape": {"D": D, "E": E, "K": K, "slots": slots},
         "compile_s": compile_s,
         "step_ms": times,
@@ -482,7 +494,7 @@ def _figure(rep: dict, path: Path) -> None:
     ax.legend(fontsize=8, ncol=3)
     shape = rep["shape"]
     ax.set_title(f"tempo-jax serve: {rep['config']['routing']} routing, E={shape['E']}, top-{shape['K']}, "
-                 f"EP{shape['D']}, {rep['config']['cost_json'] or rep['config']['cost']}")  # fmt: skip
+                 f"EP{shape['D']}, {rep['config'].get('cost_json') or rep['config'].get('cost')}")  # fmt: skip
     ms = np.array([r["step_ms"] for r in steps])
     on = np.array([r["on"] for r in steps])
     bx.scatter(s[on], ms[on], s=10, label="worker on")

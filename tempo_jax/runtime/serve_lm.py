@@ -31,7 +31,6 @@ Glossary: L MoE layers, D ranks, E experts, K top-k, B sequences per step, T = B
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -280,7 +279,7 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
             lv, un = (float(np.mean([np.mean(r[k]) for r in pick])) for k in ("live_us", "uniform_us"))
             by_phase[kind] = {"live": lv, "uniform": un, "live_over_uniform": lv / un, "steps": len(pick)}
     return {
-        "config": dataclasses.asdict(cfg),
+        "config": cfg.acting(),
         "shape": {"D": D, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
         "setup_s": setup_s,
         "step_ms": step_ms,

@@ -83,6 +83,11 @@ _SIZE_LIMITS = {"max_requests": 10**6, "synthetic_requests": 10**6, "max_batch_t
                 "num_ranks": 1024}  # fmt: skip
 
 
+#: Options that act only with another option's value: name → (that option, its value).
+_NEEDS = {"skew": ("routing", "zipf"), "synthetic_requests": ("trace", "synthetic"),
+          "synthetic_rate_rps": ("trace", "synthetic")}  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class CascadeConfig:
     """One CascadeEP serving experiment (defaults: the paper's ablation set-up, DeepSeek-V4-Flash DP8 + EP8).
@@ -207,14 +212,19 @@ class CascadeConfig:
             check_choice("routing", self.routing, (*TRACES, "zipf"), where=fn)
         # Options another option makes inert are refused, never ignored.
         default = {f.name: f.default for f in dataclasses.fields(self)}
-        inert = [(name, why) for name, why in (("skew", self.routing != "zipf" and "routing='zipf'"),
-                 ("synthetic_requests", self.trace != "synthetic" and "trace='synthetic'"),
-                 ("synthetic_rate_rps", self.trace != "synthetic" and "trace='synthetic'"))
-                 if why and getattr(self, name) != default[name]]  # fmt: skip
+        inert = [(name, f"{key}={value!r}") for name, (key, value) in _NEEDS.items()
+                 if getattr(self, key) != value and getattr(self, name) != default[name]]  # fmt: skip
         if inert:
             name, why = inert[0]
             raise ValueError(f"{fn}: {name}={getattr(self, name)!r} acts only with {why} (here routing="
                              f"{self.routing!r}, trace={self.trace!r}); drop {name} or set {why}")  # fmt: skip
+
+    def acting(self) -> dict:
+        """The options that act in this config, as a dict (what a run's JSON records): every field but those another
+        option makes inert (``skew`` without ``routing="zipf"``, the synthetic trace's sizes without
+        ``trace="synthetic"``)."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in _NEEDS or getattr(self, _NEEDS[k][0]) == _NEEDS[k][1]}  # fmt: skip
 
     def costs(self) -> PrefillCosts:
         """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``)."""
