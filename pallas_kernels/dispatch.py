@@ -1,4 +1,4 @@
-"""The fused TEMPO dispatch + count kernel (ALGORITHMS.md "Deployment architecture") and its reference.
+"""The fused TEMPO dispatch + count kernel (docs/algorithms.md §9) and its reference.
 
 Every (token, k) pair routed to logical expert e picks one replica column r of e's table row and goes to
 physical slot log2phy[e, r]; in the same pass the kernel counts the pair for expert e. The row is

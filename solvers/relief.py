@@ -1,7 +1,7 @@
 """Pairwise relief: a makespan-aware dispatch of one batch in a fixed number of vectorised rounds — the numpy twin
 of the in-graph dispatch (`tempo_jax.layer.relief`, issue 38), and the solver policy ``"relief"``.
 
-The problem (ALGORITHMS.md "The dispatch problem"): tokens ``x[e, r]`` of expert e on its replica column r,
+The problem (docs/algorithms.md §2): tokens ``x[e, r]`` of expert e on its replica column r,
 ``Σ_r x[e, r] = n_e``, minimising the makespan ``max_g t_g``, ``t_g = max(a + b·G_g, c + β·N_g [, c2 + γ·N_g])``.
 
 Algorithm (every step vectorised over experts, replica columns and ranks; no data-dependent control flow):

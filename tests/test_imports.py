@@ -1,4 +1,4 @@
-"""The house's import structure (DESIGN.md): ``solvers`` ← ``tempo_jax`` → ``pallas_kernels``, no cycle anywhere.
+"""The import structure (docs/architecture.md): ``solvers`` ← ``tempo_jax`` → ``pallas_kernels``, no cycle anywhere.
 
 Every ``import`` statement of the three packages is read from the source — the ones inside functions (lazy imports)
 included — and resolved to the module it loads: ``from pkg import name`` is an edge to ``pkg.name`` when that is a
@@ -65,7 +65,7 @@ def test_every_package_is_read():
 @pytest.mark.parametrize("floor", sorted(FORBIDDEN))
 def test_ground_floors_import_nothing_above_them(floor):
     bad = {n: sorted(top & FORBIDDEN[floor]) for n, (_, top) in GRAPH.items() if n.split(".")[0] == floor}
-    assert not {n: b for n, b in bad.items() if b}, f"{floor} imports what DESIGN.md keeps out of it: {bad}"
+    assert not {n: b for n, b in bad.items() if b}, f"{floor} imports what docs/architecture.md keeps out of it: {bad}"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

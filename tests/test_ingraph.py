@@ -44,8 +44,8 @@ def _makespan(x, ranks, cost, num_ranks):
 
 # ------------------------------------------------------------------------------------------------ the solver
 def test_worked_example_reaches_the_optimum():
-    """ALGORITHMS.md Fig. 1b: one hot expert (600) and six cold (30), 2 ranks, full replication, b = 15, β = 0.1:
-    token balancing 105, activation balancing 69, the makespan optimum 60 (split only the hot one)."""
+    """TEMPO Fig. 1b (docs/algorithms.md §1): one hot expert (600) and six cold (30), 2 ranks, full replication,
+    b = 15, β = 0.1: token balancing 105, activation balancing 69, the makespan optimum 60 (split only the hot one)."""
     cost = CostModel(a=0.0, b=15.0, c=0.0, beta=0.1)
     problem = DispatchProblem(np.array([600, 30, 30, 30, 30, 30, 30]), Placement.full(7, 2), cost)
     d = solve(problem, "relief")

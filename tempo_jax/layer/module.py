@@ -19,8 +19,9 @@ expert changes rank, in one in-graph all-to-all, and reports what it moved (`Mig
 
 Capacity (rows per source → destination block of the exchange; `MoEConfig.capacity`):
 
-- ``"auto"`` (default): dropless and bounded — rounds of C rows per block (C = the bucket of twice the mean
-  block, fixed from the shapes at trace time), as many as the largest block needs (`tempo_jax.layer.rounds`).
+- ``"auto"`` (default): dropless and bounded — rounds of C rows per block (C = ``capacity_factor``, 2 by default,
+  × the mean block, rounded up to a multiple of 8: `tempo_jax.layer.config.auto_capacity`, fixed from the shapes
+  at trace time), as many as the largest block needs (`tempo_jax.layer.rounds`).
   It is the same under ``nnx.jit``, ``jax.grad``, ``nnx.scan`` over layers and across processes: nothing is
   re-run and no host sync is needed; ``moe.rounds`` holds the last call's round count.
 - ``None``: the dropless worst case T/D·K rows per block in one exchange (memory grows with D·T·K·H per rank).

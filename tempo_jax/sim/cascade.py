@@ -118,7 +118,7 @@ class CascadeConfig:
       links: ``"contention"`` (serialised link ports; fetches and the helper's reassigned kernel cost time) or
         ``"paper"`` (uncontended links, free fetches and helper work), see `cascade_layer`.
       launch: ``"reactive"`` (launch on actual per-source readiness and counts, the paper's runtime) or
-        ``"planned"`` (predicted arrivals and previous-layer counts, what `tempo_jax.cascade_exec` executes).
+        ``"planned"`` (predicted arrivals and previous-layer counts, what `tempo_jax.layer.cascade_exec` executes).
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).
       combine_scale: multiplies the combine's bytes per pair (1 = BF16 outputs; 0 = a free combine: the ablation
         that separates combine overlap from early FFN in notebook 09).

@@ -42,7 +42,7 @@ a layer together: the layer barrier of §3.2).
   is dropped at execution; the fetch still used the links.
 
 **Launch** (``launch``): ``"reactive"`` (default, the paper's runtime) launches on the actual per-source readiness
-and actual token counts at each destination; ``"planned"`` (what `tempo_jax.cascade_exec` can execute in-graph)
+and actual token counts at each destination; ``"planned"`` (what `tempo_jax.layer.cascade_exec` can execute in-graph)
 fixes each destination's launch groups from the predicted arrivals (attention estimates + uncontended dispatch)
 and the predicted pairs (the previous layer's counts), then runs them on the truth.
 

@@ -38,7 +38,7 @@ __all__ = [
     "scan_rows",
 ]
 
-#: The paper's numbers (ALGORITHMS.md "Phase diagram and boundary"; TEMPO §2.4, §3.2, §3.3).
+#: The paper's numbers (docs/algorithms.md §12; TEMPO §2.4, §3.2, §3.3).
 PAPER = {
     "columns_agree": "12/12",
     "min_gain": "≥ −0.3%",
