@@ -79,7 +79,7 @@ def dense_bound(params, x, config: MoEConfig):
     return h @ params["w_down"][0]
 
 
-def _median_ms(fns: dict, repeats: int) -> dict:
+def median_ms(fns: dict, repeats: int) -> dict:
     """Interleaved calls (each round times every function once), median ms each."""
     times = {k: [] for k in fns}
     for _ in range(repeats):
@@ -149,7 +149,7 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     compile_s = {k: _compile_s(f) for k, f in fns.items()}
     for f in fns.values():  # one more warm call each
         jax.block_until_ready(f())
-    ms = _median_ms(fns, repeats)
+    ms = median_ms(fns, repeats)
     base = ms["sorted gmm"]
     capacity = {"auto": f"auto (C = {fixed})", "worst case": f"{worst}"}
     rows = []
@@ -177,7 +177,7 @@ def empty_call_ms(cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     for f in fns.values():
         jax.block_until_ready(f())
         jax.block_until_ready(f())
-    return _median_ms(fns, max(repeats, 20))
+    return median_ms(fns, max(repeats, 20))
 
 
 _KINDS = "all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter"

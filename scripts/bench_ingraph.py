@@ -28,7 +28,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ep import median_ms  # noqa: E402
 from bench_solver import ISSUE_B, ISSUE_SKEWS, SCALE_B, SCALE_CONFIGS, SCALE_SKEWS, eplb, real_instances  # noqa: E402
 
 import tempo_jax  # noqa: E402
@@ -100,17 +100,6 @@ def summary(rows: list[dict]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ cost
-def _median_ms(fns: dict, repeats: int) -> dict:
-    """Interleaved calls (each round times every function once), median ms each."""
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     """The layer with in-graph dispatch against fixed tables, at ``tokens`` per device (8 devices, EP8)."""
     D, H, F, K = 8, 256, 128, 8
@@ -130,7 +119,7 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     for f in fns.values():  # compile, then one warm call
         jax.block_until_ready(f())
         jax.block_until_ready(f())
-    ms = _median_ms(fns, repeats)
+    ms = median_ms(fns, repeats)
     # The dispatch's own work (every rank runs the same plan on the all-gathered [D, E] counts).
     counts = jnp.asarray(routing.batch(tokens * D, D, 0), jnp.int32)
     log2phy = jnp.asarray(pl.log2phy)
@@ -147,7 +136,7 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     work = {k: none[k] + rounds * (once[k] - none[k]) for k in once}
     plan = jax.jit(lambda c, l2p: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=COST, rounds=rounds))
     jax.block_until_ready(plan(counts, log2phy))
-    plan_ms = _median_ms({"plan": lambda: plan(counts, log2phy)}, repeats)["plan"]
+    plan_ms = median_ms({"plan": lambda: plan(counts, log2phy)}, repeats)["plan"]
     row = dict(experts=experts, slots_per_rank=S, tokens_per_device=tokens, rounds=rounds,
                fixed_ms=ms["fixed tables"], ingraph_ms=ms["in-graph"], ratio=ms["in-graph"] / ms["fixed tables"],
                plan_ms_cpu=plan_ms, plan_flops=work["flops"], plan_bytes=work["bytes accessed"],
