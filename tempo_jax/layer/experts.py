@@ -76,6 +76,14 @@ class ExpertConfig:
             raise ValueError(f"{w}.limit must be None or a finite number > 0, got {self.limit!r}")
         if self.activation == "swiglu" and self.limit is not None:
             raise ValueError(f"{w}: activation 'swiglu' has no clamp; use 'swiglu_clamp' for limit={self.limit}")
+        if self.activation == "swiglu_clamp" and self.limit is None:
+            raise ValueError(f"{w}: activation 'swiglu_clamp' without a limit is plain 'swiglu'; give limit= (the "
+                             "swiglu_limit) or use activation='swiglu'")  # fmt: skip
+        if self.activation != "gpt_oss" and self.alpha != ExpertConfig.alpha:
+            raise ValueError(
+                f"{w}.alpha={self.alpha} is the sigmoid slope of activation 'gpt_oss' only; "
+                f"{self.activation!r} would ignore it (leave alpha out or set activation='gpt_oss')"
+            )
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -115,6 +115,19 @@ class RouterConfig:
             raise ValueError(f"{w}: balance_rate > 0 moves the score bias; set score_bias=True")
         if self.group_score not in ("top2", "max"):
             raise ValueError(f"{w}.group_score must be 'top2' or 'max', got {self.group_score!r}")
+        if self.n_group == 1 and self.group_score != RouterConfig.group_score:
+            raise ValueError(f"{w}.group_score={self.group_score!r} scores expert groups; with n_group=1 there is no "
+                             "group choice to score (set n_group > 1 or leave group_score out)")  # fmt: skip
+        if not self.renormalize and self.renorm_eps:
+            raise ValueError(
+                f"{w}.renorm_eps={self.renorm_eps} is added to the renormalising sum; with "
+                "renormalize=False nothing is renormalised (drop renorm_eps or set renormalize=True)"
+            )
+        if self.scoring != "sparsemixer" and self.mixer_eps != RouterConfig.mixer_eps:
+            raise ValueError(
+                f"{w}.mixer_eps={self.mixer_eps} is sparsemixer's logit window; scoring "
+                f"{self.scoring!r} would ignore it (leave it out or set scoring='sparsemixer')"
+            )
         if self.weight_on not in ("output", "input"):
             raise ValueError(f"{w}.weight_on must be 'output' or 'input', got {self.weight_on!r}")
 

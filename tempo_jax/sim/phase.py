@@ -133,6 +133,11 @@ class PhaseConfig:
             raise ValueError("batches ≥ 1, placement_draws ≥ 0 and 0 ≤ tau < 1 are required")
         if self.comm_slope is not None and self.comm_slope < 0:
             raise ValueError(f"comm_slope must be ≥ 0 or None, got {self.comm_slope}")
+        if self.comm_slope is None and self.comm_floor:
+            raise ValueError(
+                f"PhaseConfig.comm_floor={self.comm_floor} is c2 of the traffic piece c2 + γ·N; without "
+                "comm_slope (γ) there is no traffic piece: set comm_slope too or leave comm_floor out"
+            )
         top_k = max(MODEL_SHAPES[p][1] for p in self.presets)  # the largest batch, checked before any work
         check_sampled_pairs(max(self.eps) * max(self.tokens_per_gpu), top_k, where="PhaseConfig",
                             fix="lower tokens_per_gpu (--tokens-per-gpu) or eps (--ep)")  # fmt: skip

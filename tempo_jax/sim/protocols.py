@@ -100,6 +100,11 @@ class ReplayConfig:
             raise ValueError("need tokens_per_step ≥ num_gpus, scales > 0 and drifts ≥ 0")
         if not 0 <= self.tau < 1:
             raise ValueError("need 0 ≤ tau < 1")
+        if self.source != "synthetic" and self.synthetic != SyntheticStreams():
+            raise ValueError(
+                f"{type(self).__name__}.synthetic sets the synthetic streams; source={self.source!r} "
+                "replays a recording and would ignore it (set source='synthetic' or leave synthetic out)"
+            )
 
     @property
     def cost(self) -> CostModel:

@@ -170,9 +170,10 @@ def _qwen_shared(default: int):
 def _deepseek(c: Cfg, *, scaling: float, groups: tuple[int, int], renorm_default: bool = True) -> dict:
     F = c.get("moe_intermediate_size")
     n_shared = c.get("n_shared_experts", default=1)
+    renormalize = c.get("norm_topk_prob", default=renorm_default, kind=bool)
     router = RouterConfig(scoring="sigmoid", score_bias=True, n_group=c.get("n_group", default=groups[0]),
                           topk_group=c.get("topk_group", default=groups[1]),
-                          renormalize=c.get("norm_topk_prob", default=renorm_default, kind=bool), renorm_eps=1e-20,
+                          renormalize=renormalize, renorm_eps=1e-20 if renormalize else 0.0,
                           scaling=float(c.get("routed_scaling_factor", default=scaling, kind=float)))  # fmt: skip
     return dict(experts=c.get("n_routed_experts", "num_local_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
                 router=router, shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip

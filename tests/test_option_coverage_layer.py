@@ -1,0 +1,239 @@
+"""Option coverage of the MoE layer (issue 40): every field of `MoEConfig` and of its sub-configs (`RouterConfig`,
+`ExpertConfig`, `SharedConfig`) changes the layer's result or is refused in combination, generated from the
+dataclasses' fields, so a new field without an entry here fails until someone says what it changes.
+
+What "changes" means follows the central invariant: a field either changes the output (``out``: what the layer
+computes, checked on the dense `moe_reference` — one eager pass, no compile — which the layer equals for every
+family in tests/test_families.py; ``drops``: the layer drops pairs), or keeps the output and changes where the work
+ran (``where``: the statistics — placement, dispatch, schedule, rounds), or keeps both (``same``: an implementation
+choice, e.g. the grouped-GEMM kernel). Each run uses one fixed batch and logical parameters with every array random
+(biases and the score bias included); layer runs lay them out over the placement the config's ``slots_per_rank``
+gives, on 8 fake devices.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numeric import assert_close
+
+from solvers import PRESETS, LaunchSchedule, Placement
+from tempo_jax.layer import MoEConfig, moe_forward, moe_reference, to_physical
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.cascade_plan import WeightFetch
+from tempo_jax.layer.experts import ExpertConfig, SharedConfig
+from tempo_jax.layer.params import param_shapes
+from tempo_jax.layer.routing import RouterConfig
+
+D, E, H, F, T = 8, 16, 16, 8, 256
+BASE = dict(hidden=H, ffn=F, experts=E, top_k=2, slots_per_rank=3, capacity_factor=1.0)
+COST = PRESETS["proxy_serving_3term"]  # its token pieces make the in-graph plan's rounds matter at this size
+INGRAPH = dict(dispatch="ingraph", dispatch_mode="quota", cost=COST)
+
+
+def _config(**kw) -> MoEConfig:
+    return MoEConfig(**{**BASE, **kw})
+
+
+def _placement(cfg: MoEConfig) -> Placement:  # EPLB from a falling long-run load (hot experts get replicas)
+    return Placement.from_eplb(np.linspace(8.0, 1.0, cfg.experts), D * cfg.slots_per_rank, D)
+
+
+def _mesh(axis: str) -> jax.sharding.Mesh:
+    return jax.make_mesh((D,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:D])
+
+
+def _fetch() -> tuple[WeightFetch, ...]:  # rank 1 fetches the first expert rank 5 holds (base placement)
+    return (WeightFetch(helper=1, donor=5, experts=(int(_placement(_config()).phy2log[5 * 3]),)),)
+
+
+#: field → (another value, the context both runs share, what the change shows in: "out" / "drops" / "where" / "same",
+#: the options the value is refused without, or None when it acts alone).
+LAYER = {
+    "hidden": (24, {}, "out", None),
+    "ffn": (12, {}, "out", None),
+    "experts": (8, {}, "out", None),
+    "top_k": (3, {}, "out", None),
+    "slots_per_rank": (4, {}, "where", None),
+    "dtype": (jnp.bfloat16, {}, "out", None),
+    "exchange": ("padded", {}, "same", None),  # "auto" is the padded exchange on CPU; "ragged": gpu_check.sh
+    "gmm_impl": ("ragged_dot", {}, "same", None),
+    "interpret": (True, {}, "same", None),  # the Pallas kernels (dispatch and grouped GEMM) in interpret mode
+    "dispatch_mode": ("quota", {}, "where", None),
+    "router": (RouterConfig(scoring="sigmoid"), {}, "out", None),
+    "expert": (ExpertConfig(activation="gpt_oss"), {}, "out", None),
+    "shared": (SharedConfig(count=1, ffn=8), {}, "out", None),
+    "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
+    "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
+    "axis": ("experts", {}, "same", None),
+    "schedule": (LaunchSchedule.stragglers(D, late=(5, 7)), {}, "where", None),
+    "fetches": (_fetch(), {}, "where", None),
+    "dispatch": ("ingraph", {"dispatch_mode": "quota"}, "where", {"cost": COST}),
+    "cost": (PRESETS["dsv3_fp8_offline"], INGRAPH, "where", {"dispatch": "ingraph"}),
+    "dispatch_rounds": (1, INGRAPH, "where", {"dispatch": "ingraph"}),
+}
+
+
+def _inputs(cfg: MoEConfig) -> tuple[dict, jax.Array]:
+    """Logical parameters with every array random (the score bias too; router arrays float32, the rest in the
+    config's dtype) and the batch ``x [T, H]``: numpy draws, so no config compiles an initialiser."""
+    rng = np.random.default_rng(1)
+    logical = {n: jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[-2] if len(shape) > 1 else 4),
+                              jnp.float32 if n.startswith(("router", "score")) else cfg.dtype)
+               for n, shape in sorted(param_shapes(cfg).items())}  # fmt: skip
+    return logical, jnp.asarray(rng.normal(size=(T, cfg.hidden)), jnp.float32)
+
+
+_reference = jax.jit(moe_reference, static_argnums=2)
+
+
+def _output(cfg: MoEConfig) -> np.ndarray:
+    """What the config computes: the dense reference's ``out [T, H]`` (float32)."""
+    logical, x = _inputs(cfg)
+    return np.asarray(_reference(logical, x, cfg), np.float32)
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+def _hot_routing(cfg: MoEConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Replayed routing ``(ids [T, K], weights [T, K])`` that favours the hot (replicated) experts, so where pairs
+    go is a real choice: dispatch tables, in-graph plans and their rounds all act on it."""
+    rng = np.random.default_rng(0)
+    p = np.linspace(8.0, 1.0, cfg.experts) ** 3
+    ids = np.stack([rng.choice(cfg.experts, cfg.top_k, replace=False, p=p / p.sum()) for _ in range(T)])
+    return ids.astype(np.int32), np.full(ids.shape, 1.0 / cfg.top_k, np.float32)
+
+
+def _run(cfg: MoEConfig):
+    """``(out [T, H] float32, statistics)`` of one layer call on `_hot_routing` (statistics: `MoEStats`, numpy)."""
+    placement, mesh = _placement(cfg), _mesh(cfg.axis)
+    logical, x = _inputs(cfg)
+    params = to_physical(logical, placement, mesh=mesh, axis=cfg.axis)
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = None if cfg.dispatch == "ingraph" else dispatch_tables.uniform(placement)
+    res = moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, key=jax.random.key(4),
+                      routing=_hot_routing(cfg))  # fmt: skip
+    stats = {k: np.asarray(v) for k, v in res.stats._asdict().items() if k not in ("topk_ids",)}
+    return np.asarray(res.out, np.float32), stats
+
+
+@pytest.fixture(scope="module")
+def runs():
+    cache = {}
+
+    def run(**kw):
+        cfg = _config(**kw)
+        if cfg not in cache:
+            cache[cfg] = _run(cfg)
+        return cache[cfg]
+
+    return run
+
+
+def _same_stats(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].shape == b[k].shape and (a[k] == b[k]).all() for k in a)
+
+
+def test_every_layer_option_has_an_entry():
+    assert {f.name for f in dataclasses.fields(MoEConfig)} == set(LAYER), "say what the new option changes"
+
+
+@pytest.mark.parametrize("name", sorted(LAYER))
+def test_each_layer_option_changes_the_result_or_is_refused_without_what_it_needs(name, runs):
+    value, context, shows, needs = LAYER[name]
+    if needs is not None:
+        with pytest.raises(ValueError, match=name):
+            _config(**{**{k: v for k, v in context.items() if k not in needs}, name: value})
+    changed = {**context, **(needs or {}), name: value}
+    if shows == "out":
+        assert _differ(_output(_config(**context)), _output(_config(**changed))), name
+        return
+    out0, st0 = runs(**context)
+    out1, st1 = runs(**changed)
+    if shows == "drops":
+        assert st1["drops"].sum() > 0 == st0["drops"].sum() and _differ(out0, out1), name
+        return
+    assert_close(out1, out0)  # the central invariant: where the work ran never changes the output
+    assert _same_stats(st0, st1) == (shows == "same"), name
+
+
+# ------------------------------------------------------------------------------------------------ sub-configs
+#: RouterConfig / ExpertConfig / SharedConfig field → (another value, the fields of the same sub-config both runs
+#: share, the sub-config fields the value is refused without or None). Every one changes the output.
+ROUTER = {
+    "scoring": ("sqrt_softplus", {}, None),
+    "bias": (True, {}, None),
+    "score_bias": (True, {}, None),
+    "n_group": (4, {"topk_group": 1}, None),
+    "topk_group": (3, {"n_group": 4}, None),
+    "group_score": ("max", {"n_group": 4, "topk_group": 2}, {"n_group": 4, "topk_group": 2}),
+    "renormalize": (False, {}, None),
+    "renorm_eps": (0.5, {}, None),
+    "scaling": (2.5, {}, None),
+    "balance_rate": (0.1, {"score_bias": True}, {"score_bias": True}),  # moves the score bias: see below
+    "weight_on": ("input", {}, None),
+    "mixer_eps": (0.5, {"scoring": "sparsemixer"}, {"scoring": "sparsemixer"}),
+}
+EXPERT = {
+    "activation": ("gpt_oss", {}, None),
+    "bias": (True, {}, None),
+    "alpha": (0.5, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
+    "limit": (0.25, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
+}
+SHARED = {
+    "count": (2, {}, None),
+    "ffn": (4, {}, None),
+    "gated": (True, {}, None),
+    "limit": (0.25, {}, None),
+}
+SUB = {"router": (RouterConfig, ROUTER), "expert": (ExpertConfig, EXPERT), "shared": (SharedConfig, SHARED)}
+
+
+@pytest.mark.parametrize("sub", sorted(SUB))
+def test_every_sub_config_option_has_an_entry(sub):
+    kind, table = SUB[sub]
+    assert {f.name for f in dataclasses.fields(kind)} == set(table), f"say what the new {kind.__name__} option changes"
+
+
+@pytest.mark.parametrize(("sub", "name"), [(s, n) for s in sorted(SUB) for n in sorted(SUB[s][1])])
+def test_each_sub_config_option_changes_the_output_or_is_refused_without_what_it_needs(sub, name):
+    kind, table = SUB[sub]
+    value, context, needs = table[name]
+    if needs is not None:
+        with pytest.raises(ValueError, match=name):
+            _config(**{sub: kind(**{**{k: v for k, v in context.items() if k not in needs}, name: value})})
+    if name == "balance_rate":
+        return  # it acts on the score bias between calls, not on one call's output: test_balance_rate_acts
+    before, after = (_output(_config(**{sub: kind(**kw)})) for kw in (context, {**context, name: value}))
+    assert _differ(before, after), f"{sub}.{name}"
+
+
+def test_balance_rate_acts():
+    from flax import nnx
+
+    from tempo_jax import MoE
+
+    cfg = _config(router=RouterConfig(score_bias=True, balance_rate=0.1))
+    moe = MoE(cfg, _placement(cfg), mesh=_mesh("ep"), rngs=nnx.Rngs(0))
+    before = np.asarray(moe.score_bias[...])
+    moe(jax.random.normal(jax.random.key(3), (T, H)))
+    assert not np.array_equal(np.asarray(moe.score_bias[...]), before)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"router": RouterConfig(renormalize=False, renorm_eps=1e-6)}, "renorm_eps"),
+        ({"router": RouterConfig(group_score="max")}, "group_score"),
+        ({"router": RouterConfig(mixer_eps=0.1)}, "mixer_eps"),
+        ({"expert": ExpertConfig(alpha=1.0)}, "alpha"),
+        ({"expert": ExpertConfig(activation="swiglu_clamp")}, "without a limit"),
+    ],
+)
+def test_sub_config_options_that_could_not_act_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _config(**kw)
