@@ -46,7 +46,7 @@ def _assert_same(a, b):
     assert a.ffn_kernel_us == pytest.approx(b.ffn_kernel_us, rel=RTOL)
 
 
-@pytest.mark.parametrize("links, launch", [("contention", "reactive"), ("contention", "planned"),
+@pytest.mark.parametrize("links, launch", [("contention", "reactive"), ("contention", "planned"), ("fifo", "reactive"),
                                            ("paper", "reactive"), ("paper", "planned")])  # fmt: skip
 def test_fast_timeline_equals_the_reference_on_random_steps(links, launch):
     cfg = CascadeConfig(trace="mooncake_sample", links=links, launch=launch)
@@ -56,7 +56,7 @@ def test_fast_timeline_equals_the_reference_on_random_steps(links, launch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("estimates", ["paper", "exact"])
-@pytest.mark.parametrize("links", ["contention", "paper"])
+@pytest.mark.parametrize("links", ["contention", "fifo", "paper"])
 def test_fast_timeline_equals_the_reference_on_more_steps(links, estimates):
     cfg = CascadeConfig(trace="mooncake_sample", links=links, estimates=estimates, routing="zipf", skew=1.2)
     for seed in range(4):

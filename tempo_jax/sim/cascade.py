@@ -115,8 +115,9 @@ class CascadeConfig:
         to matter.
       estimates: ``"paper"`` (fitted attention predictions, previous-layer token counts) or ``"exact"``.
       attention_step_noise: σ of the true attention time's lognormal step-to-step noise (per step, layer, replica).
-      links: ``"contention"`` (serialised link ports; fetches and the helper's reassigned kernel cost time) or
-        ``"paper"`` (uncontended links, free fetches and helper work), see `cascade_layer`.
+      links: ``"contention"`` (serialised link ports; OEWF's fetches are protected transfers that yield to the
+        dispatches, and the helper's reassigned kernel costs GPU time), ``"fifo"`` (the same with fetches served
+        FIFO: the ablation) or ``"paper"`` (uncontended links, free fetches and helper work), see `cascade_layer`.
       launch: ``"reactive"`` (launch on actual per-source readiness and counts, the paper's runtime) or
         ``"planned"`` (predicted arrivals and previous-layer counts, what `tempo_jax.layer.cascade_exec` executes).
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).

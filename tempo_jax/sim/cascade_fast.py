@@ -189,7 +189,7 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
     return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves)
 
 
-def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
+def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
     hw = costs.hardware
     bw, lat = hw.link_bytes_per_us, hw.link_latency_us
     L, D = inp.attention_us.shape
@@ -221,9 +221,17 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
         before = a_d > t
         end_before = np.maximum(t, free_d) + occ
         end_after = np.maximum(np.maximum(t, np.maximum(a_d, free_d) + dur_d), after_d) + occ
-        send_end = np.where(before, end_before, end_after)
-        free[rows[ok & before], d[ok & before]] = end_before[ok & before]
-        after[rows[ok & ~before], d[ok & ~before]] = end_after[ok & ~before]
+        if protected:  # before the donor's dispatch: its port's idle time, the rest after the dispatch
+            spill = before & (end_before > a_d)
+            end_spill = np.maximum(a_d + dur_d, after_d) + end_before - a_d
+            free_new = np.where(spill, a_d, end_before)
+            after_new = np.where(before, np.where(spill, end_spill, after_d), end_after)
+            send_end = np.where(before, np.where(spill, end_spill, end_before), end_after)
+        else:
+            free_new, after_new = end_before, np.where(before, after_d, end_after)
+            send_end = np.where(before, end_before, end_after)
+        free[rows[ok & before], d[ok & before]] = free_new[ok & before]
+        after[rows[ok], d[ok]] = after_new[ok]
         rounds.append((ok, h, d, n, s0, s1, send_end, nbytes))
     # Step 2: receive ports: chunks in the order they left their sources (ties: lower source), then the fetch.
     fetch_at = np.zeros((L, D))  # fetch bytes into each helper
@@ -232,21 +240,30 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
         fetch_at[rows[ok], h[ok]] = nbytes[ok]
         fetch_send[rows[ok], h[ok]] = send_end[ok]
     issued = np.concatenate([np.broadcast_to(start[:, :, None], (L, D, D)), ready[:, None, :]], axis=1)  # [L, s+1, d]
-    occ = np.concatenate([chunk, fetch_at[:, None, :]], axis=1) / bw
+    occ = np.concatenate([chunk, (0.0 if protected else 1.0) * fetch_at[:, None, :]], axis=1) / bw
     valid = occ > 0
     issued = np.where(valid, issued, np.inf)
     order = np.argsort(issued, axis=1, kind="stable")
     iss_s, occ_s, ok_s = _gather(issued, order), _gather(occ, order), _gather(valid, order)
     port = np.zeros((L, D))
     ends_s = np.zeros((L, D + 1, D))
+    # protected: each helper's fetch runs from its instant in the idle time between the chunks (`idle_fill`)
+    cur, left, got = ready.copy(), fetch_at / bw, np.full((L, D), np.nan)
     for j in range(D + 1):
-        new = np.maximum(iss_s[:, j], port) + occ_s[:, j]
+        s_j = np.maximum(iss_s[:, j], port)
+        new = s_j + occ_s[:, j]
+        fits = ok_s[:, j] & np.isnan(got) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
+        got = np.where(fits, cur + left, got)
+        spent = ok_s[:, j] & np.isnan(got) & (new > cur)
+        left = np.where(spent, left - np.maximum(s_j - cur, 0.0), left)
+        cur = np.where(spent, new, cur)
         port = np.where(ok_s[:, j], new, port)
         ends_s[:, j] = np.where(ok_s[:, j], new, 0.0)
     ends = np.zeros((L, D + 1, D))
     ends[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
     arrival = np.where(valid[:, :D, :], np.maximum(ready[:, :, None], ends[:, :D, :] + lat), ready[:, :, None])
-    delivered = np.maximum(ends[:, D, :], fetch_send) + lat  # [L, helper]
+    received = np.where(np.isnan(got), cur + left, got) if protected else ends[:, D, :]
+    delivered = np.maximum(received, fetch_send) + lat  # [L, helper]
     moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1, _, _ in rounds]
     return _Net(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves)
 
@@ -294,20 +311,20 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
             moves += ok
             moved += np.where(ok, n, 0.0)
             run = ok
-            if links == "contention":
+            if links != "paper":
                 late = ok & (delivered >= net.ready[rows, d])
                 dropped += late
                 run = ok & ~late
             r = rows[run]
             tok[r, h[run], d[run]] = inp.sent[r, h[run], d[run]] - n[run]
-            if links == "contention":
+            if links != "paper":
                 side_ready[r, h[run]] = delivered[run]
                 side_dur[r, h[run]] = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
             else:
                 side_span[r, h[run]] = s1[run]
     # Step 2: launch groups per destination.
-    if launch == "reactive":
-        order, ends = _partition_ends(net.arrival, tok, rule, theta)
+    if launch == "reactive":  # a donor keeps its launch eligibility: tokens before the moves (App. C)
+        order, ends = _partition_ends(net.arrival, inp.sent, rule, theta)
     else:
         est_ready = inp.attention_est_us + inp.dispatch_us
         order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), inp.sent_est, rule, theta)
@@ -376,7 +393,12 @@ def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: 
     L = inputs.attention_us.shape[0]
     theta = float(costs.threshold)
     rule = _RULE[mode]
-    net_of = _paper_net if links == "paper" else _contended_net
+
+    def net_of(costs, inputs, run_oewf):
+        if links == "paper":
+            return _paper_net(costs, inputs, run_oewf)
+        return _contended_net(costs, inputs, run_oewf, protected=links == "contention")
+
     # Step 1: without OEWF (every mode; the base of cascade).
     base_net = net_of(costs, inputs, np.zeros(L, dtype=bool))
     done, kernel_us, *_ = _ranks(costs, inputs, base_net, rule, links, launch, theta, False)

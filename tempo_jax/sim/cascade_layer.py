@@ -30,8 +30,9 @@ a layer together: the layer barrier of §3.2).
   leaves its send port as one all-to-all (its chunks progress together and finish together) and each chunk
   (s → d) also crosses d's receive port, so tokens from s arrive at d at ``max(r_s, chunk end at d) + latency``
   (in-port) — a per-(source, destination) readiness. An OEWF fetch (one expert buffer, issued when the helper's
-  dispatch has left) crosses the donor's send port and the helper's receive port: it can delay the donor's
-  dispatch (queued behind the fetch) and the tokens still arriving at the helper (queued behind it). A rank's
+  dispatch has left) crosses the donor's send port and the helper's receive port as a **protected transfer**
+  (App. E): it runs in the ports' idle time and yields to dispatch traffic (`idle_fill`; a fetch issued before
+  the donor's dispatch is paused while the dispatch holds the port), so no dispatch or chunk waits for it. A rank's
   combines (one per kernel, issued at the kernel's end) queue on its send port behind its dispatch and any fetch
   it served. Combine returns are not charged to the sources' receive ports (that would couple every rank's
   timeline into one event simulation; the sender's injection is the binding side of a combine). The helper's
@@ -40,11 +41,14 @@ a layer together: the layer barrier of §3.2).
   multi-stream execution (§4.3) as the efficiency of the second stream. A donor the runtime already saw dispatch
   is no candidate, and a move whose weights arrive after the donor's dispatch has left (its FFN submitted, App. C)
   is dropped at execution; the fetch still used the links.
+- ``"fifo"``: as ``"contention"``, but fetches are served FIFO by issue time like any transfer (the ablation): a
+  fetch can delay the donor's dispatch (queued behind it) and the tokens still arriving at the helper.
 
 **Launch** (``launch``): ``"reactive"`` (default, the paper's runtime) launches on the actual per-source readiness
-and actual token counts at each destination; ``"planned"`` (what `tempo_jax.layer.cascade_exec` can execute in-graph)
-fixes each destination's launch groups from the predicted arrivals (attention estimates + uncontended dispatch)
-and the predicted pairs (the previous layer's counts), then runs them on the truth.
+and actual token counts at each destination (a donor's counts before OEWF's moves: it keeps its original launch
+eligibility, App. C; its kernels run on what is left); ``"planned"`` (what `tempo_jax.layer.cascade_exec` can
+execute in-graph) fixes each destination's launch groups from the predicted arrivals (attention estimates +
+uncontended dispatch) and the predicted pairs (the previous layer's counts), then runs them on the truth.
 
 Modes (`LAYER_MODES`): ``sync`` (synchronous EP), ``async`` (per-source launching), ``async_sf`` (+ streamFFN),
 ``cascade`` (+ OEWF on every layer but the first). By default (``guard=False``) each rank launches with its
@@ -88,7 +92,7 @@ __all__ = [
 
 LAYER_MODES = ("sync", "async", "async_sf", "cascade")
 #: Link models (see the module doc).
-LINKS = ("contention", "paper")
+LINKS = ("contention", "fifo", "paper")
 #: Launch modes (see the module doc).
 LAUNCHES = ("reactive", "planned")
 #: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
@@ -233,8 +237,26 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
                   rejected=rejected)  # fmt: skip
 
 
-def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost) -> _Links:
-    """Serialised ports (module doc): dispatches and OEWF fetches in the order they are issued, then arrivals."""
+def idle_fill(start: float, occupancy: float, busy) -> float:
+    """When a transfer of ``occupancy`` µs that yields to every other transfer finishes on a port: it runs from
+    ``start`` in the port's idle time around ``busy`` (the others' ``(start, end)`` intervals, in time order),
+    paused while they hold the port."""
+    cur, left = start, occupancy
+    for s, e in busy:
+        if e <= cur:
+            continue
+        if s > cur:
+            if left <= s - cur:
+                return cur + left
+            left -= s - cur
+        cur = e
+    return cur + left
+
+
+def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost,
+                     protected: bool) -> _Links:  # fmt: skip
+    """Serialised ports (module doc): dispatches and OEWF fetches in the order they are issued, then arrivals;
+    ``protected``: fetches yield to the dispatches (App. E), else FIFO by issue time."""
     hw = costs.hardware
     bw, lat = hw.link_bytes_per_us, hw.link_latency_us
     D = inp.num_ranks
@@ -269,29 +291,42 @@ def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool,
             rejected += 1
             continue
         d, occ = move.reassignment.donor, move.reassignment.bytes / bw
-        if a[d] > t:  # issued before the donor's dispatch: the donor's dispatch queues behind it
+        if a[d] > t and protected:  # in the port's idle time before the donor's dispatch; the rest after it
+            s0 = max(t, free[d])
+            if s0 + occ <= a[d]:
+                end = free[d] = s0 + occ
+            else:
+                end = max(a[d] + dur[d], after[d]) + occ - (a[d] - s0)
+                free[d], after[d] = a[d], end
+        elif a[d] > t:  # FIFO: issued before the donor's dispatch, which queues behind it
             end = max(t, free[d]) + occ
             free[d] = end
         else:  # the donor's dispatch is already on its port: the fetch follows it
             end = max(t, max(a[d], free[d]) + dur[d], after[d]) + occ
             after[d] = end
         fetches.append((move, end))
-    # Step 2: receive ports: chunks in the order they left their sources, each helper's fetch at its instant.
+    # Step 2: receive ports: chunks in the order they left their sources, each helper's fetch from its instant
+    # (protected: in the port's idle time between chunks; FIFO: queued with them by issue time).
     arrival = np.empty((D, D))
     delivered = {}
     fetch_at = {f[0].reassignment.helper: f for f in fetches}
     for d in range(D):
         items = [(start[s], 0, s, chunk[s, d] / bw) for s in range(D) if s != d and chunk[s, d] > 0]
-        if d in fetch_at:
+        if d in fetch_at and not protected:
             items.append((ready[d], 1, -1, fetch_at[d][0].reassignment.bytes / bw))
         port = 0.0
+        busy = []  # the chunks' port intervals
         arrival[:, d] = ready
         for issued, _, s, occ in sorted(items):
-            port = max(issued, port) + occ
+            busy.append((max(issued, port), max(issued, port) + occ))
+            port = busy[-1][1]
             if s >= 0:
                 arrival[s, d] = max(ready[s], port + lat)
             else:
                 delivered[d] = max(port, fetch_at[d][1]) + lat
+        if d in fetch_at and protected:
+            got = idle_fill(float(ready[d]), fetch_at[d][0].reassignment.bytes / bw, busy)
+            delivered[d] = max(got, fetch_at[d][1]) + lat
     moves = [(m, delivered[m.reassignment.helper]) for m, _ in fetches]
     return _Links(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves, rejected=rejected)
 
@@ -365,15 +400,17 @@ def _run_rank(costs, groups, arrival, tokens, d: int, start: float, side=None):
 def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost):
     """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF."""
     D = inp.num_ranks
-    net = (_paper_links(costs, inp, run_oewf, pricing, cost) if links == "paper"
-           else _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost))  # fmt: skip
+    if links == "paper":
+        net = _paper_links(costs, inp, run_oewf, pricing, cost)
+    else:
+        net = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
     # Step 1: the pairs that stay after the moves that execute.
     pairs = inp.pairs.copy()
     sides: dict[int, tuple] = {}
     dropped = 0
     for m, delivered in net.moves:
         r = m.reassignment
-        if links == "contention" and delivered >= net.ready[r.donor]:
+        if links != "paper" and delivered >= net.ready[r.donor]:
             dropped += 1
             continue
         pairs[r.helper, r.donor, list(r.experts)] = 0.0
@@ -384,10 +421,11 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
     for d in range(D):
         tokens = pairs[:, d, :].sum(axis=1)
         arrival = net.arrival[:, d]
-        p, groups = _partition(costs, inp, d, allowed, theta, arrival, tokens, launch)
+        # a donor keeps its launch eligibility: groups from the tokens before the moves (App. C), run on the rest
+        p, groups = _partition(costs, inp, d, allowed, theta, arrival, inp.pairs[:, d, :].sum(axis=1), launch)
         start = float(net.ready[d])
         extra = None
-        if d in sides and links == "contention":
+        if d in sides and links != "paper":
             donor, n, delivered, _ = sides[d]
             extra = (delivered, float(costs.curve.ffn_time_unchecked(n)) / HELPER_STREAM_EFFICIENCY)
         ks, span = _run_rank(costs, groups, arrival, tokens, d, start, extra)
