@@ -88,3 +88,25 @@ def test_a_donor_keeps_its_launch_eligibility():
                 assert sum(k.tokens for k in run.kernels[r.donor]) < sum(k.tokens for k in base.kernels[r.donor])
                 checked += 1
     assert checked > 0
+
+
+def test_combines_are_charged_to_the_receiving_port():
+    """Rank 0 sends equal work to ranks 1 and 2, which finish together and return their outputs at once: rank 0's
+    receive port carries one combine after the other, so the layer ends two transfers after the kernels (plus the
+    latency), not one; uncontended (paper) links return both in parallel."""
+    D, E = 8, 256
+    pairs = np.zeros((D, D, E))
+    pairs[0, 1, 32] = pairs[0, 2, 64] = 20_000.0  # experts 32 and 64 live on ranks 1 and 2
+    att = np.full(D, 1000.0)
+    disp = COSTS.exchange_us((pairs.sum(axis=2) * (1 - np.eye(D))).sum(axis=1), COSTS.dispatch_bytes_per_pair)
+    inp = LayerInputs(attention_us=att, dispatch_us=disp, pairs=pairs, oewf=False)
+    hw = COSTS.hardware
+    occ = 20_000.0 * COSTS.combine_bytes_per_pair / hw.link_bytes_per_us
+    for links in ("contention", "fifo"):
+        r = layer_timeline(inp, COSTS, "sync", links=links)
+        k1, k2 = r.kernels[1][0], r.kernels[2][0]
+        assert k1.end_us == k2.end_us  # the same work, at the same time
+        assert r.end_us == pytest.approx(k1.end_us + 2 * occ + hw.link_latency_us, rel=1e-12)
+        assert r.rank_end_us[0] == r.end_us and r.rank_end_us[1] == pytest.approx(k1.end_us + occ + hw.link_latency_us)
+    paper = layer_timeline(inp, COSTS, "sync", links="paper")
+    assert paper.end_us == pytest.approx(paper.kernels[1][0].end_us + occ + hw.link_latency_us, rel=1e-12)

@@ -170,6 +170,7 @@ class _Net:
     ready: np.ndarray  # [L, D]
     arrival: np.ndarray  # [L, D(src), D(dst)]
     send_free: np.ndarray  # [L, D]
+    recv_free: np.ndarray  # [L, D] receive port free after the dispatch chunks (and FIFO fetches)
     moves: list  # per round: (ok [L], helper [L], donor [L], n_trans [L], start [L], end [L], delivered [L])
 
 
@@ -186,7 +187,8 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
             t = _take(ready, h)
             ok, d, n, _, start, end = _decide(costs, inp, h, t, run_oewf & (t < last), n_hat, floor_abs, None)
             moves.append((ok, h, d, n, start, end, start))
-    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves)
+    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, recv_free=ready,
+                moves=moves)  # fmt: skip
 
 
 def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
@@ -265,7 +267,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
     received = np.where(np.isnan(got), cur + left, got) if protected else ends[:, D, :]
     delivered = np.maximum(received, fetch_send) + lat  # [L, helper]
     moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1, _, _ in rounds]
-    return _Net(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves)
+    return _Net(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), recv_free=port, moves=moves)
 
 
 def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -337,6 +339,8 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
     done = net.ready.copy()
     port = net.send_free.copy()
     acc, own, rdy = np.zeros((L, D)), np.zeros((L, D)), np.full((L, D), -np.inf)
+    member = np.zeros((L, D, D), dtype=bool)  # [L, d, pos] in the group being gathered
+    left_at, sent_by = np.zeros((L, D, D)), np.zeros((L, D, D))  # [L, d, pos] its combine on d's send port
     side_left = side_ready < np.inf
     side_end = np.where(side_left, 0.0, side_span)
     kernel_us = np.zeros(L)
@@ -356,20 +360,50 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
         gpu = np.where(launch_now, k1, gpu)
         kernel_us += np.where(launch_now, f, 0.0).sum(axis=1)
         remote = acc - own
+        member[:, :, j] = True
         if links == "paper":
             out = k1 + np.where(remote > 0, lat + remote * cpp / bw, 0.0)
         else:
-            sent_end = np.maximum(k1, port) + remote * cpp / bw
-            port = np.where(launch_now & (remote > 0), sent_end, port)
+            sent_start = np.maximum(k1, port)
+            sent_end = sent_start + remote * cpp / bw
+            sending = launch_now & (remote > 0)
+            port = np.where(sending, sent_end, port)
             out = np.where(remote > 0, sent_end + lat, k1)
+            mark = member & sending[:, :, None]
+            left_at = np.where(mark, sent_start[:, :, None], left_at)
+            sent_by = np.where(mark, sent_end[:, :, None], sent_by)
         done = np.where(launch_now, np.maximum(done, out), done)
         reset = ends[:, :, j]
         acc, own = np.where(reset, 0.0, acc), np.where(reset, 0.0, own)
         rdy = np.where(reset, -np.inf, rdy)
+        member &= ~reset[:, :, None]
     s0 = np.maximum(side_ready, gpu)
     side_end = np.where(side_left, s0 + side_dur, side_end)
     done = np.maximum(done, side_end)
+    if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
+        done = np.maximum(done, _combine_receipts(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk), net))
     return done, kernel_us, moves, dropped, moved
+
+
+def _combine_receipts(costs, order, left_at, sent_by, remote_tokens, net: _Net) -> np.ndarray:
+    """``[L, D]`` when each rank has its outputs back (`cascade_layer._combine_receipts`, all layers at once): the
+    combine chunk d → s (``[L, d, pos]`` arrays, ``order`` mapping positions to sources) crosses s's receive port in
+    the order the chunks left their senders (ties: lower sender), delivered ``latency`` after both ports."""
+    hw = costs.hardware
+    L, D, _ = order.shape
+    li, di = np.arange(L)[:, None, None], np.arange(D)[None, :, None]
+    issued, sent, occ = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))  # [L, d, s]
+    issued[li, di, order], sent[li, di, order] = left_at, sent_by
+    occ[li, di, order] = remote_tokens * costs.combine_bytes_per_pair / hw.link_bytes_per_us
+    valid = occ > 0
+    by = np.argsort(np.where(valid, issued, np.inf), axis=1, kind="stable")  # per receiver s, senders in order
+    iss_s, sent_s, occ_s, ok_s = (_gather(a, by) for a in (issued, sent, occ, valid))
+    port, got = net.recv_free.copy(), np.zeros((L, D))
+    for j in range(D):
+        new = np.maximum(iss_s[:, j], port) + occ_s[:, j]
+        port = np.where(ok_s[:, j], new, port)
+        got = np.where(ok_s[:, j], np.maximum(got, np.maximum(sent_s[:, j], new) + hw.link_latency_us), got)
+    return got
 
 
 def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: str = "contention",

@@ -14,7 +14,8 @@ a layer together: the layer barrier of §3.2).
    ``sync`` — one kernel once every source has arrived; ``async`` — one kernel per source as it arrives;
    ``stream`` — streamFFN's threshold θ and final flush.
 3. **Combine.** Each kernel's outputs travel back right after it; a rank is done when its last output has
-   left. The layer ends when every rank is done (the barrier).
+   left (and, on contended links, its own outputs are back). The layer ends when every rank is done (the
+   barrier).
 
 **Links** (``links``):
 
@@ -34,8 +35,12 @@ a layer together: the layer barrier of §3.2).
   (App. E): it runs in the ports' idle time and yields to dispatch traffic (`idle_fill`; a fetch issued before
   the donor's dispatch is paused while the dispatch holds the port), so no dispatch or chunk waits for it. A rank's
   combines (one per kernel, issued at the kernel's end) queue on its send port behind its dispatch and any fetch
-  it served. Combine returns are not charged to the sources' receive ports (that would couple every rank's
-  timeline into one event simulation; the sender's injection is the binding side of a combine). The helper's
+  it served; each output chunk (d → s) also crosses s's receive port, queued there behind the dispatch chunks into
+  s in the order the combines left their senders, and arrives ``latency`` after the later of its two ports — the
+  dispatch chunks' two-port model, applied to the combine (it serialises each port but does not re-time a sender
+  whose chunk waits at a busy receiver: not a feasible flow schedule, an upper bound on neither side). A rank is
+  done when its outputs have left and its own outputs are back. Fetches still in flight into a rank and the
+  combines into it are not charged against each other. The helper's
   reassigned kernel runs on the helper's GPU: queued with its own kernels in ready order (ready = weights
   delivered), lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's measured 97.3% retention of
   multi-stream execution (§4.3) as the efficiency of the second stream. A donor the runtime already saw dispatch
@@ -217,6 +222,7 @@ class _Links:
     ready: np.ndarray  # [D] dispatch left (GPU free for kernels)
     arrival: np.ndarray  # [D, D] source s ready at destination d
     send_free: np.ndarray  # [D] send port free after dispatch and served fetches
+    recv_free: np.ndarray  # [D] receive port free after the dispatch chunks (and FIFO fetches) into the rank
     moves: list  # [(TimedReassignment, delivered_us or None)] in decision order
     rejected: int
 
@@ -233,8 +239,8 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
             fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve, pricing=pricing, cost=cost,
         )  # fmt: skip
         moves, rejected = [(a, a.start_us) for a in res.accepted], res.rejected
-    return _Links(ready=ready, arrival=np.repeat(ready[:, None], D, axis=1), send_free=ready.copy(), moves=moves,
-                  rejected=rejected)  # fmt: skip
+    return _Links(ready=ready, arrival=np.repeat(ready[:, None], D, axis=1), send_free=ready.copy(),
+                  recv_free=ready.copy(), moves=moves, rejected=rejected)  # fmt: skip
 
 
 def idle_fill(start: float, occupancy: float, busy) -> float:
@@ -308,6 +314,7 @@ def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool,
     # Step 2: receive ports: chunks in the order they left their sources, each helper's fetch from its instant
     # (protected: in the port's idle time between chunks; FIFO: queued with them by issue time).
     arrival = np.empty((D, D))
+    recv_free = np.zeros(D)
     delivered = {}
     fetch_at = {f[0].reassignment.helper: f for f in fetches}
     for d in range(D):
@@ -324,11 +331,13 @@ def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool,
                 arrival[s, d] = max(ready[s], port + lat)
             else:
                 delivered[d] = max(port, fetch_at[d][1]) + lat
+        recv_free[d] = port
         if d in fetch_at and protected:
             got = idle_fill(float(ready[d]), fetch_at[d][0].reassignment.bytes / bw, busy)
             delivered[d] = max(got, fetch_at[d][1]) + lat
     moves = [(m, delivered[m.reassignment.helper]) for m, _ in fetches]
-    return _Links(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), moves=moves, rejected=rejected)
+    return _Links(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), recv_free=recv_free, moves=moves,
+                  rejected=rejected)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ ranks
@@ -361,18 +370,36 @@ def _paper_done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> f
     return done
 
 
-def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, port: float) -> float:
-    """Serialised combine: the kernels' outputs queue on the rank's send port (free from ``port``) in kernel order."""
+def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, port: float, sends: list) -> float:
+    """Serialised combine: the kernels' outputs queue on the rank's send port (free from ``port``) in kernel order.
+    Appends each output chunk ``(source, left at, sent by, receive-port µs, d)`` to ``sends``."""
     hw, per_pair = costs.hardware, costs.combine_bytes_per_pair
     done = start
     for k in kernels:
         remote = k.tokens - (float(tokens[d]) if d in k.sources else 0.0)
         if remote > 0:
-            port = max(k.end_us, port) + remote * per_pair / hw.link_bytes_per_us
+            s0 = max(k.end_us, port)
+            port = s0 + remote * per_pair / hw.link_bytes_per_us
             done = max(done, port + hw.link_latency_us)
+            sends += [(s, s0, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us, d)
+                      for s in k.sources if s != d and tokens[s] > 0]  # fmt: skip
         else:
             done = max(done, k.end_us)
     return done
+
+
+def _combine_receipts(costs: PrefillCosts, sends: list, recv_free: np.ndarray) -> np.ndarray:
+    """``[D]`` when each rank has its outputs back: the combine chunks into a rank cross its receive port (free
+    from ``recv_free``) in the order they left their senders (ties: lower sender), each delivered ``latency`` after
+    the later of its two ports carried it — the dispatch chunks' model, applied to the combine."""
+    lat = costs.hardware.link_latency_us
+    got = np.zeros(recv_free.shape[0])
+    for s in range(got.shape[0]):
+        port = float(recv_free[s])
+        for issued, _, sent, occ in sorted((i, d, e, o) for r, i, e, o, d in sends if r == s):
+            port = max(issued, port) + occ
+            got[s] = max(got[s], max(sent, port) + lat)
+    return got
 
 
 def _run_rank(costs, groups, arrival, tokens, d: int, start: float, side=None):
@@ -418,6 +445,7 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
     # Step 2: per rank, launch groups and kernels; the combine; the helper's side kernel.
     done = np.empty(D)
     policy, kernels, side = [], [], []
+    sends: list = []  # combine chunks (contended links)
     for d in range(D):
         tokens = pairs[:, d, :].sum(axis=1)
         arrival = net.arrival[:, d]
@@ -435,12 +463,14 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
                 donor, n, delivered, end = sides[d]
                 span = (delivered, end)
         else:
-            done[d] = _contended_done(costs, ks, tokens, d, start, float(net.send_free[d]))
+            done[d] = _contended_done(costs, ks, tokens, d, start, float(net.send_free[d]), sends)
         if span is not None:
             done[d] = max(done[d], span[1])
             side.append(SideKernel(rank=d, donor=sides[d][0], tokens=sides[d][1], start_us=span[0], end_us=span[1]))
         policy.append(p)
         kernels.append(ks)
+    if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
+        done = np.maximum(done, _combine_receipts(costs, sends, net.recv_free))
     return done, tuple(policy), tuple(kernels), tuple(side), net, dropped
 
 
