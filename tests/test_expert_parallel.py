@@ -146,7 +146,7 @@ def all_reduce_shapes(hlo: str) -> list[tuple[int, ...]]:
     return shapes
 
 
-@pytest.mark.parametrize("redundant", [True, False])
+@pytest.mark.parametrize("redundant", [True, pytest.param(False, marks=pytest.mark.slow)])  # fast twin: True
 def test_no_expert_sized_all_reduce_in_the_compiled_training_step(mesh, redundant):
     """The training step's all-reduces: the router's data-parallel gradient [H, E], scalars and [E] statistics,
     and — with redundant slots only — the replica groups' sum [R, H, F] with R = P − E = 4 < E rows. No expert

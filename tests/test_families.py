@@ -129,7 +129,10 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
 
 
 # qwen2_moe adds the gated shared expert, which runs beside the exchange (no table touches it): make test-all.
-@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", pytest.param("qwen2_moe", marks=pytest.mark.slow)])
+# gpt_oss: make test-all too (the fast suite keeps deepseek_v3; tests/test_option_coverage_layer.py checks every
+# schedule, fetch and dispatch option keeps the output on the plain layer).
+@pytest.mark.parametrize("family", ["deepseek_v3", pytest.param("gpt_oss", marks=pytest.mark.slow),
+                                    pytest.param("qwen2_moe", marks=pytest.mark.slow)])  # fmt: skip
 def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=2)

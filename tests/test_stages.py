@@ -91,6 +91,8 @@ def _hot_layer(mesh, capacity):
     return moe, x, cfg
 
 
+# fast twin: tests/test_dropless.py::test_a_multi_layer_lm_stays_dropless_when_every_token_goes_to_one_rank
+@pytest.mark.slow
 def test_auto_capacity_stays_dropless_on_an_all_to_one_rank_batch(mesh):
     """Every pair to rank 0: "auto" overflows its C = 32 rows per block (twice the mean block) and takes
     ⌈128 / 32⌉ = 4 rounds — in-graph, so eagerly and under nnx.jit the output equals the worst-case path's
