@@ -110,3 +110,26 @@ def test_combines_are_charged_to_the_receiving_port():
         assert r.rank_end_us[0] == r.end_us and r.rank_end_us[1] == pytest.approx(k1.end_us + occ + hw.link_latency_us)
     paper = layer_timeline(inp, COSTS, "sync", links="paper")
     assert paper.end_us == pytest.approx(paper.kernels[1][0].end_us + occ + hw.link_latency_us, rel=1e-12)
+
+
+def test_the_layers_own_schedule_is_one_partition_shared_by_every_rank():
+    """launch='layer' runs what `tempo_jax.layer.cascade_exec` executes: every destination launches the same source
+    groups — `LaunchSchedule.from_arrivals` on the predicted arrivals and the mean predicted tokens per
+    destination — while 'planned' may group each destination's sources differently."""
+    from solvers import LaunchSchedule
+
+    differs = 0
+    for seed in range(8):
+        inp = _inputs(seed, noise=0.3, oewf=False)
+        ready_est = inp.attention_est_us + inp.dispatch_us
+        want = LaunchSchedule.from_arrivals(ready_est, inp.pairs_est.sum(axis=2), threshold=float(COSTS.threshold))
+        layer = layer_timeline(inp, COSTS, "async_sf", launch="layer")
+        planned = layer_timeline(inp, COSTS, "async_sf", launch="planned")
+        for d in range(inp.num_ranks):
+            got = tuple(tuple(k.sources) for k in layer.kernels[d])
+            assert got == tuple(tuple(g) for g in want.groups if inp.pairs[list(g), d].sum() > 0), (seed, d)
+        differs += any(tuple(k.sources for k in planned.kernels[d]) != tuple(k.sources for k in layer.kernels[d])
+                       for d in range(inp.num_ranks))  # fmt: skip
+    assert differs > 0
+    with pytest.raises(ValueError, match="one schedule on every rank"):
+        layer_timeline(inp, COSTS, "async_sf", launch="layer", guard=True)

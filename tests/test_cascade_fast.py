@@ -46,8 +46,11 @@ def _assert_same(a, b):
     assert a.ffn_kernel_us == pytest.approx(b.ffn_kernel_us, rel=RTOL)
 
 
-@pytest.mark.parametrize("links, launch", [("contention", "reactive"), ("contention", "planned"), ("fifo", "reactive"),
-                                           ("paper", "reactive"), ("paper", "planned")])  # fmt: skip
+LINK_LAUNCH = [("contention", "reactive"), ("contention", "planned"), ("contention", "layer"), ("fifo", "reactive"),
+               ("paper", "reactive"), ("paper", "planned")]  # fmt: skip
+
+
+@pytest.mark.parametrize("links, launch", LINK_LAUNCH)
 def test_fast_timeline_equals_the_reference_on_random_steps(links, launch):
     cfg = CascadeConfig(trace="mooncake_sample", links=links, launch=launch)
     for mode in LAYER_MODES:

@@ -118,8 +118,10 @@ class CascadeConfig:
       links: ``"contention"`` (serialised link ports; OEWF's fetches are protected transfers that yield to the
         dispatches, and the helper's reassigned kernel costs GPU time), ``"fifo"`` (the same with fetches served
         FIFO: the ablation) or ``"paper"`` (uncontended links, free fetches and helper work), see `cascade_layer`.
-      launch: ``"reactive"`` (launch on actual per-source readiness and counts, the paper's runtime) or
-        ``"planned"`` (predicted arrivals and previous-layer counts, what `tempo_jax.layer.cascade_exec` executes).
+      launch: ``"reactive"`` (launch on actual per-source readiness and counts, the paper's runtime),
+        ``"planned"`` (each destination's groups from predicted arrivals and previous-layer counts) or ``"layer"``
+        (one schedule shared by every rank from the mean predicted tokens per destination: what
+        `tempo_jax.layer.cascade_exec` executes); see `cascade_layer`.
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).
       combine_scale: multiplies the combine's bytes per pair (1 = BF16 outputs; 0 = a free combine: the ablation
         that separates combine overlap from early FFN in notebook 09).
@@ -195,6 +197,9 @@ class CascadeConfig:
                 raise ValueError(f"{fn}: timeline='fast' runs the paper's launch rules and pricing without redundant "
                                  f"replicas; {', '.join(slow)} needs timeline='reference'")  # fmt: skip
         check_choice("pricing", self.pricing, _PRICING, where=fn)
+        if self.guard and self.launch == "layer":
+            raise ValueError(f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a launch "
+                             "policy per rank (use launch='planned' or 'reactive' with the guard)")  # fmt: skip
         if self.dispatch == "tempo" and self.replication == 1.0:
             raise ValueError(f"{fn}: dispatch='tempo' needs replication > 1 (with one replica per expert every "
                              "dispatch is the same, so it would be ignored); set replication, e.g. 1.25")  # fmt: skip

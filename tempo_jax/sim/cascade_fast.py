@@ -327,9 +327,10 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
     # Step 2: launch groups per destination.
     if launch == "reactive":  # a donor keeps its launch eligibility: tokens before the moves (App. C)
         order, ends = _partition_ends(net.arrival, inp.sent, rule, theta)
-    else:
+    else:  # planned: per destination; layer: one schedule from the mean predicted tokens per destination
         est_ready = inp.attention_est_us + inp.dispatch_us
-        order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), inp.sent_est, rule, theta)
+        est = inp.sent_est if launch == "planned" else np.repeat(inp.sent_est.sum(axis=2, keepdims=True) / D, D, axis=2)
+        order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), est, rule, theta)
     # [L, d, pos]: source at position pos of destination d's arrival order
     arr = np.swapaxes(_gather(net.arrival, np.swapaxes(order, 1, 2)), 1, 2)
     tk = np.swapaxes(_gather(tok, np.swapaxes(order, 1, 2)), 1, 2)

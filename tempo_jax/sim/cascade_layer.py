@@ -51,9 +51,13 @@ a layer together: the layer barrier of §3.2).
 
 **Launch** (``launch``): ``"reactive"`` (default, the paper's runtime) launches on the actual per-source readiness
 and actual token counts at each destination (a donor's counts before OEWF's moves: it keeps its original launch
-eligibility, App. C; its kernels run on what is left); ``"planned"`` (what `tempo_jax.layer.cascade_exec` can
-execute in-graph) fixes each destination's launch groups from the predicted arrivals (attention estimates +
-uncontended dispatch) and the predicted pairs (the previous layer's counts), then runs them on the truth.
+eligibility, App. C; its kernels run on what is left); ``"planned"`` fixes each destination's launch groups from
+the predicted arrivals (attention estimates + uncontended dispatch) and the predicted pairs (the previous layer's
+counts), then runs them on the truth — what an in-graph schedule *per destination* would execute; ``"layer"`` is
+the schedule `tempo_jax.layer.cascade_exec` executes today: one `solvers.LaunchSchedule.from_arrivals` partition
+shared by every rank (the threshold on the *mean* predicted tokens per destination), run on the truth. (OEWF's
+moves are decided alike in every launch mode, at each helper's dispatch on the predicted state; the layer's
+`WeightFetch`es come from the same rule, `solvers.oewf_at_dispatch`, on the predictions.)
 
 Modes (`LAYER_MODES`): ``sync`` (synchronous EP), ``async`` (per-source launching), ``async_sf`` (+ streamFFN),
 ``cascade`` (+ OEWF on every layer but the first). By default (``guard=False``) each rank launches with its
@@ -99,7 +103,7 @@ LAYER_MODES = ("sync", "async", "async_sf", "cascade")
 #: Link models (see the module doc).
 LINKS = ("contention", "fifo", "paper")
 #: Launch modes (see the module doc).
-LAUNCHES = ("reactive", "planned")
+LAUNCHES = ("reactive", "planned", "layer")
 #: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
 #: matched-work FFN throughput): the helper's reassigned kernel lasts F(N_trans) / this under ``links="contention"``.
 HELPER_STREAM_EFFICIENCY = 0.973
@@ -345,7 +349,10 @@ def _partition(costs, inp: LayerInputs, d: int, allowed, theta, arrival, tokens,
     """(policy, source partition) of destination d: the allowed policy with the earliest *predicted* done time
     (ties: the simpler one); the partition from the predictions (planned) or the actual readiness (reactive)."""
     ready_est = inp.attention_est_us + inp.dispatch_us
-    tokens_est = inp.pairs_est[:, d, :].sum(axis=1)
+    if launch == "layer":  # one schedule for every rank: the mean predicted tokens per destination
+        tokens_est = inp.pairs_est.sum(axis=(1, 2)) / inp.num_ranks
+    else:
+        tokens_est = inp.pairs_est[:, d, :].sum(axis=1)
     best = None
     for p in allowed:
         groups = partition_sources(ready_est, tokens_est, p, theta)
@@ -505,6 +512,9 @@ def layer_timeline(
     mode = check_choice("mode", mode, LAYER_MODES, where=fn)
     links = check_choice("links", links, LINKS, where=fn)
     launch = check_choice("launch", launch, LAUNCHES, where=fn)
+    if guard and launch == "layer":
+        raise ValueError(f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a policy per "
+                         "rank (use launch='planned' with the guard)")  # fmt: skip
     if not isinstance(inputs, LayerInputs) or not isinstance(costs, PrefillCosts):
         raise ValueError(
             f"{fn}: needs LayerInputs and PrefillCosts, got {type(inputs).__name__}, {type(costs).__name__}"
