@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_cascade_sim import COSTS, _inputs
 
+from tempo_jax.sim.cascade import CascadeConfig
 from tempo_jax.sim.cascade_layer import LayerInputs, idle_fill, layer_timeline
 
 
@@ -133,3 +134,53 @@ def test_the_layers_own_schedule_is_one_partition_shared_by_every_rank():
     assert differs > 0
     with pytest.raises(ValueError, match="one schedule on every rank"):
         layer_timeline(inp, COSTS, "async_sf", launch="layer", guard=True)
+
+
+# ------------------------------------------------------------------------------------------------ seeds
+def test_a_rotated_trace_keeps_every_request_and_gap():
+    from tempo_jax.workloads.requests import load_request_trace
+
+    t = load_request_trace("mooncake_conversation", sample=True).head(50)
+    r = t.rotate(20)
+    assert len(r) == len(t) and r.arrival_s[0] == 0.0 and (np.diff(r.arrival_s) >= 0).all()
+    np.testing.assert_array_equal(r.input_len, np.concatenate([t.input_len[20:], t.input_len[:20]]))
+    np.testing.assert_allclose(np.diff(r.arrival_s[:30]), np.diff(t.arrival_s[20:]))
+    np.testing.assert_allclose(np.diff(r.arrival_s[30:]), np.diff(t.arrival_s[:20]))
+    for i, j in ((0, 20), (30, 0), (49, 19)):
+        np.testing.assert_array_equal(r.blocks(i), t.blocks(j))
+    assert t.rotate(0) is t and t.rotate(50) is t
+
+
+def test_a_seed_draws_a_workload_and_seed_0_is_the_recording():
+    from tempo_jax.sim.cascade import _routing_popularity, cascade_trace, workload_draw
+
+    base = CascadeConfig(trace="mooncake_sample", max_requests=40)
+    one, fixed = dataclasses.replace(base, seed=1), dataclasses.replace(base, seed=1, vary_workload=False)
+    assert workload_draw(0, num_requests=9, recorded_layers=8, layers=4, experts=16)["expert_perm"] is None
+    d1 = workload_draw(1, num_requests=1000, recorded_layers=8, layers=4, experts=16)
+    again = workload_draw(1, num_requests=1000, recorded_layers=8, layers=4, experts=16)
+    assert again["start"] == d1["start"] and np.array_equal(again["expert_perm"], d1["expert_perm"])
+    assert sorted(d1["expert_perm"][0]) == list(range(16)) and d1["start"] > 0
+    t0, t1, tf = (cascade_trace(c) for c in (base, one, fixed))
+    assert not np.array_equal(t0.input_len, t1.input_len) and np.array_equal(t0.input_len, tf.input_len)
+    p0, p1, pf = (_routing_popularity(c) for c in (base, one, fixed))
+    assert not np.allclose(p0, p1) and np.array_equal(p0, pf)
+    np.testing.assert_allclose(np.sort(p1, axis=1).sum(axis=1), 1.0)  # still one distribution per layer
+
+
+def test_orders_are_claimed_from_paired_differences():
+    from tempo_jax.sim.cascade_summary import ordering, paired_difference
+
+    rng = np.random.default_rng(0)
+    common = rng.normal(1.0, 0.3, 12)  # a workload effect shared by both modes, seed by seed
+    a, b = common + 0.01 + rng.normal(0, 0.002, 12), common
+    p = paired_difference(a, b)
+    assert p["order"] == ">" and p["wins"] == 12 and p["sign_p"] < 1e-3 and p["ci95"][0] > 0
+    assert paired_difference(b, a)["order"] == "<"
+    assert paired_difference(a[:5], b[:5])["order"] == "≈"  # 5 seeds: no sign test reaches p < 0.05
+    noisy = common + rng.normal(0, 0.02, 12)
+    assert paired_difference(noisy, b)["order"] == "≈"
+    summary = {m: {"ttft_mean_s": {"per_seed": list(v)}} for m, v in (("sync", a), ("async", b), ("async_sf", b))}
+    assert ordering(summary) == "Sync > Async ≈ Async+SF"
+    with pytest.raises(ValueError, match="one length"):
+        paired_difference([1.0, 2.0], [1.0])

@@ -43,6 +43,7 @@ CASCADE = {
     "synthetic_requests": (20, {"trace": "synthetic"}, {}),
     "synthetic_rate_rps": (20.0, {"trace": "synthetic"}, {}),
     "seed": (1, {}, {}),
+    "vary_workload": (False, {}, {"seed": 1}),  # seed 0 serves the trace and recording as they are
 }
 #: Options that choose an implementation, not a result: the run must come out the same (to float tolerance).
 CASCADE_SAME = {"timeline": "reference"}

@@ -10,7 +10,7 @@ import json
 from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_phase
 from ..sim.cascade import TIMELINES, cascade_trace, run_cascade_seeds
 from ..sim.cascade_layer import LAUNCHES, LAYER_MODES, LINKS
-from ..sim.cascade_summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, seed_summary
+from ..sim.cascade_summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, paired_difference, seed_summary
 from ..sim.phase import MODEL_SHAPES
 from ..sim.prefill import HARDWARE, MODELS
 from ..sim.runner import BACKENDS
@@ -166,10 +166,32 @@ def cmd_cascade(args: argparse.Namespace) -> int:
     title = (f"{cfg.model}, {cfg.placement}, links={cfg.links}, launch={cfg.launch}, {base.num_requests} requests at "
              f"{served_at}, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
     print(table(rows, heads, title))
+    per_seed = {m: summary[m]["ttft_mean_s"]["per_seed"] for m in modes}
+    pairs = zip(modes, modes[1:], strict=False) if len(seeds) > 1 else ()
+    paired = {f"{a}-{b}": paired_difference(per_seed[a], per_seed[b]) for a, b in pairs}
+    if paired:
+        print(
+            table(
+                [
+                    [
+                        f"{LABELS[k.split('-')[0]]} − {LABELS[k.split('-')[1]]}",
+                        f"{1e3 * p['value']:+.2f}",
+                        f"[{1e3 * p['ci95'][0]:+.2f}, {1e3 * p['ci95'][1]:+.2f}]",
+                        f"{p['wins']}/{p['n']}",
+                        f"{p['sign_p']:.3f}",
+                        p["order"],
+                    ]
+                    for k, p in paired.items()
+                ],
+                ["pair", "ΔTTFT avg ms", "paired 95% CI", "seeds a > b", "sign test p", "claimed"],
+                "paired per-seed differences (an order is claimed only where the CI excludes 0 and p < 0.05)",
+            )
+        )
     if out is not None:
         payload = {"config": cfg.acting(), "seeds": list(seeds),
                    "modes": {m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]}
-                                 for k in SEED_FIGURES} for m in modes}}  # fmt: skip
+                                 for k in SEED_FIGURES} for m in modes},
+                   "paired_ttft_mean_s": paired}  # fmt: skip
         out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {out}")
     if "cascade" in runs:

@@ -64,6 +64,7 @@ __all__ = [
     "cascade_trace",
     "run_cascade",
     "run_cascade_seeds",
+    "workload_draw",
     "step_batches",
     "trace_digest",
     "trace_file",
@@ -130,7 +131,12 @@ class CascadeConfig:
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
       synthetic_requests: requests of the synthetic trace.
       synthetic_rate_rps: the synthetic trace's Poisson arrival rate (requests per second).
-      seed: seeds routing draws, estimation noise and placement tie-breaks.
+      seed: seeds routing draws, estimation noise and placement tie-breaks, and — with ``vary_workload`` — the
+        workload itself (`workload_draw`): seed 0 serves the trace and recording as they are.
+      vary_workload: seed ≥ 1 also draws a workload: the window of the trace (read as a cycle: `RequestTrace.rotate`),
+        which recorded layer each model layer replays, and how the experts are laid out over the ranks (a
+        permutation of each layer's expert ids: another expert placement). False: seeds vary only the draws and
+        the noise on one workload (the earlier behaviour, whose per-request TTFTs correlate ~0.99 across seeds).
     """
 
     model: str = "deepseek_v4_flash"
@@ -158,6 +164,7 @@ class CascadeConfig:
     synthetic_requests: int = 1000
     synthetic_rate_rps: float = 5.0
     seed: int = 0
+    vary_workload: bool = True
 
     def __post_init__(self) -> None:
         plain_scalars(self)
@@ -246,15 +253,29 @@ class CascadeConfig:
 
 
 # ------------------------------------------------------------------------------------------------ routing
+def workload_draw(seed: int, *, num_requests: int, recorded_layers: int, layers: int, experts: int) -> dict:
+    """The workload seed ``seed`` ≥ 1 draws (`CascadeConfig.vary_workload`; each part from its own stream):
+    ``{"start": first request of the trace window (`RequestTrace.rotate`), "layer_shift": model layer l replays
+    recorded layer (l + shift) mod ``recorded_layers``, "expert_perm": [layers, experts] expert ids per layer (another
+    layout of the experts over the ranks)}``; seed 0 draws the identity (start 0, shift 0, ``expert_perm`` None)."""
+    if seed == 0:
+        return {"start": 0, "layer_shift": 0, "expert_perm": None}
+    start = int(np.random.default_rng([seed, 1]).integers(num_requests)) if num_requests else 0
+    shift = int(np.random.default_rng([seed, 2]).integers(max(recorded_layers, 1)))
+    perm = np.random.default_rng([seed, 3]).permuted(np.tile(np.arange(experts), (layers, 1)), axis=1)
+    return {"start": start, "layer_shift": shift, "expert_perm": perm}
+
+
 def _routing_popularity(config: CascadeConfig) -> np.ndarray:
     """``[L, E]`` expert popularity per model layer (each row sums to 1; computed once per process and key)."""
-    seed = config.seed if config.routing == "zipf" else 0
-    return _popularity(config.model, config.routing, float(config.skew), seed)
+    if config.routing == "zipf":  # the seed draws the popularity itself
+        return _popularity(config.model, config.routing, float(config.skew), config.seed, 0)
+    return _popularity(config.model, config.routing, 0.0, 0, config.seed if config.vary_workload else 0)
 
 
 @lru_cache(maxsize=8)
-def _popularity(model_name: str, routing: str, skew: float, seed: int) -> np.ndarray:
-    """`_routing_popularity` of one (model, routing, skew, seed) (read-only)."""
+def _popularity(model_name: str, routing: str, skew: float, seed: int, workload_seed: int) -> np.ndarray:
+    """`_routing_popularity` of one (model, routing, skew, seed, workload seed) (read-only)."""
     model = MODELS[model_name]
     L, E = model.layers, model.experts
     if routing == "zipf":
@@ -274,10 +295,13 @@ def _popularity(model_name: str, routing: str, skew: float, seed: int) -> np.nda
             f"routing {routing!r} records {trace.num_experts} experts, which do not divide the model's {E}"
         )
     split = E // trace.num_experts
+    draw = workload_draw(workload_seed, num_requests=0, recorded_layers=len(trace.layers), layers=L, experts=E)
     rows = []
     for layer in range(L):
-        load = trace.expert_load(trace.layers[layer % len(trace.layers)]).astype(np.float64)
+        load = trace.expert_load(trace.layers[(layer + draw["layer_shift"]) % len(trace.layers)]).astype(np.float64)
         p = np.repeat(load / load.sum(), split) / split
+        if draw["expert_perm"] is not None:  # another layout of the experts over the ranks
+            p = p[draw["expert_perm"][layer]]
         rows.append(p)
     out = np.stack(rows)
     out.setflags(write=False)
@@ -558,7 +582,11 @@ def cascade_trace(config: CascadeConfig) -> RequestTrace:
         f = trace_file(config)
         name = "mooncake_conversation" if config.trace == "mooncake" else Path(config.trace).stem
         stat = f.stat()
-        trace = _load_jsonl(str(f), config.max_requests, name, stat.st_mtime_ns, stat.st_size)
+        limit = None if config.vary_workload and config.seed else config.max_requests  # a window needs them all
+        trace = _load_jsonl(str(f), limit, name, stat.st_mtime_ns, stat.st_size)
+    if config.trace != "synthetic" and config.vary_workload and config.seed:  # the seed's window of the trace
+        start = workload_draw(config.seed, num_requests=len(trace), recorded_layers=0, layers=0, experts=0)["start"]
+        trace = trace.rotate(start)
     if config.max_requests is not None:
         trace = trace.head(min(config.max_requests, len(trace)))
     if config.rate_rps is not None:

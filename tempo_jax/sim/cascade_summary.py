@@ -19,10 +19,10 @@ __all__ = [
     "SEED_FIGURES",
     "ablation_rows",
     "capacity_rps",
-    "ci_separated",
     "layer_example",
     "oewf_rows",
     "ordering",
+    "paired_difference",
     "reduction_summary",
     "seed_summary",
 ]
@@ -72,21 +72,35 @@ def reduction_summary(by_seed: dict[int, dict[str, CascadeRun]], figure: str = "
 
 
 def ordering(summary: dict[str, dict], figure: str = "ttft_mean_s", modes=LAYER_MODES) -> str:
-    """``"Sync > Async ≈ Async+SF > CascadeEP"``: neighbouring modes of ``modes`` by ``figure`` (`seed_summary`),
-    ``>`` / ``<`` only where their 95% intervals separate, ``≈`` where they overlap."""
+    """``"Sync > Async ≈ Async+SF > CascadeEP"``: neighbouring modes of ``modes`` by ``figure`` (`seed_summary`,
+    the same seeds in the same order for every mode), ``>`` / ``<`` only where `paired_difference` claims it
+    (per-seed differences: their 95% interval excludes 0 and the sign test says p < 0.05), ``≈`` otherwise."""
     modes = [m for m in modes if m in summary]
     out = LABELS[modes[0]]
     for a, b in zip(modes, modes[1:], strict=False):
-        fa, fb = summary[a][figure], summary[b][figure]
-        sign = ">" if ci_separated(fa, fb) else "<" if ci_separated(fb, fa) else "≈"
-        out += f" {sign} {LABELS[b]}"
+        diff = paired_difference(summary[a][figure]["per_seed"], summary[b][figure]["per_seed"])
+        out += f" {diff['order']} {LABELS[b]}"
     return out
 
 
-def ci_separated(a: dict, b: dict) -> bool:
-    """True when figure ``a``'s 95% interval lies wholly above ``b``'s (``{"value", "ci95"}`` dicts): an ordering
-    a > b is claimed only then."""
-    return a["ci95"][0] > b["ci95"][1]
+def paired_difference(a, b, *, alpha: float = 0.05) -> dict:
+    """Paired statistics of one figure under two modes, seed by seed (``a``, ``b`` ``[n]``, the same seeds):
+    ``{"value": mean of a − b, "ci95": its 95% percentile bootstrap, "wins": seeds with a > b, "losses": a < b,
+    "n", "sign_p": two-sided sign test (ties dropped; `scipy.stats.binomtest`), "order": ">" / "<" when the
+    interval excludes 0 on that side *and* sign_p < ``alpha``, else "≈"}``. With fewer than 6 untied seeds no sign
+    test reaches p < 0.05, so no order is claimed."""
+    from scipy.stats import binomtest
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"paired_difference: a and b must be per-seed values of one length, got {a.shape}, {b.shape}")
+    d = a - b
+    lo, hi = bootstrap_ci(d)
+    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    p = float(binomtest(wins, wins + losses).pvalue) if wins + losses else 1.0
+    order = ">" if lo > 0 and p < alpha else "<" if hi < 0 and p < alpha else "≈"
+    return {"value": float(d.mean()), "ci95": [lo, hi], "wins": wins, "losses": losses, "n": int(d.size),
+            "sign_p": p, "order": order}  # fmt: skip
 
 
 LABELS = {"sync": "Sync", "async": "Async", "async_sf": "Async+SF", "cascade": "CascadeEP"}

@@ -201,6 +201,29 @@ class RequestTrace:
         """The first ``n`` requests."""
         return self.slice(0, check_int("n", n, minimum=0))
 
+    def rotate(self, start: int) -> RequestTrace:
+        """The same requests from request ``start`` on, wrapping around (a window of the trace read as a cycle):
+        arrivals re-based to 0, the wrapped part following the last request after the trace's mean inter-arrival
+        gap, every other gap unchanged. ``start`` is taken modulo the length; 0 returns the trace itself."""
+        n = len(self)
+        start = check_int("start", start, minimum=0) % max(n, 1)
+        if start == 0:
+            return self
+        a, b = self.slice(start), self.slice(0, start)
+        gap = self.duration_s / (n - 1)
+        ta = a.arrival_s - a.arrival_s[0]
+        tb = b.arrival_s - b.arrival_s[0] + ta[-1] + gap
+        return RequestTrace(
+            arrival_s=np.concatenate([ta, tb]),
+            input_len=np.concatenate([a.input_len, b.input_len]),
+            output_len=np.concatenate([a.output_len, b.output_len]),
+            block_offsets=np.concatenate([a.block_offsets, b.block_offsets[1:] + a.block_offsets[-1]]),
+            block_ids=np.concatenate([a.block_ids, b.block_ids]),
+            block_size=self.block_size,
+            name=f"{self.name}@{start}",
+            source=self.source,
+        )
+
     def window(self, t0_s: float, t1_s: float) -> RequestTrace:
         """Requests arriving in ``[t0_s, t1_s)`` seconds, arrival times unchanged."""
         t0 = check_real("t0_s", t0_s, allow_inf=True)
