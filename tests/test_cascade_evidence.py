@@ -184,3 +184,25 @@ def test_orders_are_claimed_from_paired_differences():
     assert ordering(summary) == "Sync > Async ≈ Async+SF"
     with pytest.raises(ValueError, match="one length"):
         paired_difference([1.0, 2.0], [1.0])
+
+
+# ------------------------------------------------------------------------------------------------ attribution
+def test_gain_attribution_replays_the_served_steps_with_the_same_inputs():
+    """The attribution replays each served step (same batches, noise and routing draws) under every variant, so
+    every variant runs at one utilisation: the Sync replay reproduces the Sync run's own layer times exactly, the
+    parts add up to CascadeEP's forward-time cut, and with a free combine there is no combine overlap to find."""
+    from tempo_jax.sim.cascade import run_cascade
+    from tempo_jax.sim.cascade_summary import layer_attribution
+
+    cfg = CascadeConfig(trace="mooncake_sample", max_requests=30, rate_rps=8.0)
+    sync = run_cascade(cfg, ("sync",), workers=1, cache_dir=None, progress=False)["sync"]
+    a = layer_attribution(sync)
+    assert a["steps"] == len(sync.records)
+    assert a["sync_us"] == pytest.approx(float(sync.layer_us.sum()), rel=1e-12)
+    parts = a["early_ffn"] + a["combine_overlap"] + a["oewf"]
+    assert parts == pytest.approx(1 - a["cascade_us"] / a["sync_us"], rel=1e-9, abs=1e-12)
+    assert a["combine_overlap"] > 0  # outputs travelling while later kernels run
+    free = run_cascade(dataclasses.replace(cfg, combine_scale=0.0), ("sync",), workers=1, cache_dir=None,
+                       progress=False)["sync"]  # fmt: skip
+    assert layer_attribution(free, steps=5)["combine_overlap"] == pytest.approx(0.0, abs=1e-12)
+    assert layer_attribution(free, steps=5)["steps"] == 5

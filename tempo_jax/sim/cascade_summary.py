@@ -14,11 +14,13 @@ from .cascade_layer import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
 from .runner import bootstrap_ci
 
 __all__ = [
+    "ATTRIBUTION",
     "LABELS",
     "PAPER",
     "SEED_FIGURES",
     "ablation_rows",
     "capacity_rps",
+    "layer_attribution",
     "layer_example",
     "oewf_rows",
     "ordering",
@@ -126,6 +128,43 @@ def capacity_rps(config: CascadeConfig, *, mode: str = "sync", **run_kw) -> tupl
     run = run_cascade(overloaded, (mode,), **run_kw)[mode]
     tps = run.prefill.prompt_throughput_tps
     return tps, tps / float(run.prefill.input_len.mean())
+
+
+#: `layer_attribution`'s parts of the forward-time cut against Sync (each a share of Sync's forward time).
+ATTRIBUTION = ("early_ffn", "combine_overlap", "oewf")
+
+
+def layer_attribution(run: CascadeRun, *, steps: int | None = None) -> dict[str, float]:
+    """Where CascadeEP's gain comes from, on per-layer time with the same inputs (no queueing feedback, so every
+    variant sees the same utilisation): every served step of ``run`` (any mode of a serving run; at most
+    ``steps``, evenly spaced) replayed through `StepModel` — the same batches, attention noise and routing draws
+    (step k draws from ``[seed, k]``) — under Sync and Async+SF with the combine as configured and free
+    (``combine_scale=0``), and under CascadeEP. Over the replayed steps' summed forward times T:
+
+    - ``early_ffn`` = (T_sync − T_sf) / T_sync with a free combine (what launching early gains on its own);
+    - ``combine_overlap`` = (T_sync − T_sf) / T_sync with the combine, minus ``early_ffn``;
+    - ``oewf`` = (T_sf − T_cascade) / T_sync;
+
+    and ``steps`` (how many were replayed), ``sync_us`` / ``cascade_us`` (T_sync, T_cascade). numpy only; a few ms
+    per step and variant."""
+    cfg = run.config
+    n = len(run.records)
+    picked = np.arange(n) if steps is None or steps >= n else np.unique(np.linspace(0, n - 1, steps).astype(int))
+    free = dataclasses.replace(cfg, combine_scale=0.0)
+    variants = {"sync": (cfg, "sync"), "sf": (cfg, "async_sf"), "cascade": (cfg, "cascade"),
+                "sync_free": (free, "sync"), "sf_free": (free, "async_sf")}  # fmt: skip
+    total = dict.fromkeys(variants, 0.0)
+    models = {k: StepModel(c, m) for k, (c, m) in variants.items()}
+    for k in picked:
+        batches = step_batches(run.prefill, int(k))
+        for name, model in models.items():
+            model.steps = int(k)
+            total[name] += float(model(batches)[1].layer_us.sum())
+    t = total["sync"]
+    early = (total["sync_free"] - total["sf_free"]) / t
+    return {"early_ffn": early, "combine_overlap": (t - total["sf"]) / t - early,
+            "oewf": (total["sf"] - total["cascade"]) / t, "steps": int(picked.size), "sync_us": t,
+            "cascade_us": total["cascade"]}  # fmt: skip
 
 
 def ablation_rows(throughput: dict[str, CascadeRun], latency: dict[str, CascadeRun]) -> list[dict]:
