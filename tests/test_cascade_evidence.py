@@ -206,3 +206,16 @@ def test_gain_attribution_replays_the_served_steps_with_the_same_inputs():
                        progress=False)["sync"]  # fmt: skip
     assert layer_attribution(free, steps=5)["combine_overlap"] == pytest.approx(0.0, abs=1e-12)
     assert layer_attribution(free, steps=5)["steps"] == 5
+
+
+def test_the_key_budget_sets_the_imbalance_between_sparse_and_dense():
+    """R_tail grows with sparse attention's key budget (the knob notebook 09 matches the paper's R_tail with); the
+    budget is refused with dense attention."""
+    from tempo_jax.sim.cascade import run_cascade
+
+    base = CascadeConfig(trace="mooncake_sample", max_requests=40, rate_rps=6.0, attention="sparse")
+    tails = [run_cascade(dataclasses.replace(base, key_budget=b), ("sync",), workers=1, cache_dir=None,
+                         progress=False)["sync"].tail_ratio for b in (256, 4096, 1 << 20)]  # fmt: skip
+    assert tails[0] < tails[1] < tails[2]
+    with pytest.raises(ValueError, match="key_budget=512 acts only with attention='sparse'"):
+        CascadeConfig(key_budget=512)

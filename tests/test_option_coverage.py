@@ -31,6 +31,7 @@ CASCADE = {
     "routing": ("zipf", {}, {}),
     "skew": (2.0, {"routing": "zipf"}, {}),
     "attention": ("sparse", {}, {}),
+    "key_budget": (256, {"attention": "sparse"}, {}),
     "replication": (1.25, {"timeline": "reference"}, {}),
     "dispatch": ("tempo", {"timeline": "reference", "replication": 1.25}, {}),
     "estimates": ("exact", {}, {}),
@@ -75,7 +76,7 @@ def shared_trace(tmp_path_factory) -> str:
 def test_each_cascade_option_changes_the_run_or_is_refused_without_what_it_needs(name, shared_trace):
     value, needs, shows = CASCADE[name]
     if needs:  # refused alone (it would be inert) ...
-        inert = ("skew", "synthetic_requests", "synthetic_rate_rps")
+        inert = ("skew", "synthetic_requests", "synthetic_rate_rps", "key_budget")
         with pytest.raises(ValueError, match=name if name in inert else "timeline|replication"):
             CascadeConfig(**{**BASE, name: value})
     kw = {**BASE, **needs, **shows}
@@ -97,12 +98,11 @@ def test_cascade_out_records_only_the_options_that_acted(tmp_path):
         main(["cascade", "--trace", "mooncake_sample", "--requests", "12", "--modes", "sync", "--out", str(out)]) == 0
     )
     recorded = json.loads(out.read_text())["config"]
-    assert not {"skew", "synthetic_requests", "synthetic_rate_rps"} & set(recorded)  # recorded routing, file trace
+    assert not {"skew", "synthetic_requests", "synthetic_rate_rps", "key_budget"} & set(recorded)  # recorded, dense
     assert recorded["trace"] == "mooncake_sample" and recorded["max_requests"] == 12
-    zipf = CascadeConfig(trace="synthetic", routing="zipf", skew=1.5, synthetic_requests=9).acting()
-    assert (
-        zipf["skew"] == 1.5 and zipf["synthetic_requests"] == 9 and set(zipf) == set(CASCADE) | {"timeline", "hardware"}
-    )
+    zipf = CascadeConfig(trace="synthetic", routing="zipf", skew=1.5, synthetic_requests=9, attention="sparse",
+                         key_budget=512).acting()  # fmt: skip
+    assert zipf["skew"] == 1.5 and zipf["key_budget"] == 512 and set(zipf) == set(CASCADE) | {"timeline", "hardware"}
 
 
 # ------------------------------------------------------------------------------------------------ ServeConfig

@@ -86,7 +86,7 @@ _SIZE_LIMITS = {"max_requests": 10**6, "synthetic_requests": 10**6, "max_batch_t
 
 #: Options that act only with another option's value: name → (that option, its value).
 _NEEDS = {"skew": ("routing", "zipf"), "synthetic_requests": ("trace", "synthetic"),
-          "synthetic_rate_rps": ("trace", "synthetic")}  # fmt: skip
+          "synthetic_rate_rps": ("trace", "synthetic"), "key_budget": ("attention", "sparse")}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +111,9 @@ class CascadeConfig:
         stage time grows with context length as in V4's compressed-attention layers that see every compressed
         token) or ``"sparse"`` (the model's per-query key budget in every layer, DSA-style: the stage time is
         then nearly proportional to new tokens). The two extremes bracket the paper's mixed CSA/HCA stack.
+      key_budget: sparse attention's per-query key budget (None: the model's, 2,048 for V4-Flash); between the two
+        extremes a larger budget sets the attention imbalance continuously (notebook 09 matches the paper's
+        R_tail with it: `cascade_summary.budget_for_tail_ratio`).
       replication: physical slots / experts (1.0 = no redundancy; > 1: EPLB per layer).
       dispatch: how tokens split over replicas (``"uniform"`` EPLB-even, ``"tempo"``); needs replication > 1
         to matter.
@@ -151,6 +154,7 @@ class CascadeConfig:
     routing: str = "flame_moe_290m"
     skew: float = 0.6
     attention: str = "dense"
+    key_budget: int | None = None
     replication: float = 1.0
     dispatch: str = "uniform"
     estimates: str = "paper"
@@ -188,6 +192,8 @@ class CascadeConfig:
         check_int("cache_blocks", self.cache_blocks, where=fn)
         check_real("skew", self.skew, where=fn, minimum=0.0)
         check_choice("attention", self.attention, ("sparse", "dense"), where=fn)
+        if self.key_budget is not None:
+            check_int("key_budget", self.key_budget, where=fn, minimum=1)
         check_real("replication", self.replication, where=fn, minimum=1.0)
         check_choice("dispatch", self.dispatch, _DISPATCH, where=fn)
         check_choice("estimates", self.estimates, _ESTIMATES, where=fn)
@@ -248,7 +254,7 @@ class CascadeConfig:
 
     def attention_truth(self) -> AttentionTruth:
         """The true attention model and the planners' fits (`tempo_jax.sim.attention_truth`)."""
-        budget = MODELS[self.model].key_budget if self.attention == "sparse" else None
+        budget = (self.key_budget or MODELS[self.model].key_budget) if self.attention == "sparse" else None
         return attention_truth(self.model, self.hardware, self.num_ranks, budget, float(self.attention_step_noise))
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "PAPER",
     "SEED_FIGURES",
     "ablation_rows",
+    "budget_for_tail_ratio",
     "capacity_rps",
     "layer_attribution",
     "layer_example",
@@ -165,6 +166,32 @@ def layer_attribution(run: CascadeRun, *, steps: int | None = None) -> dict[str,
     return {"early_ffn": early, "combine_overlap": (t - total["sf"]) / t - early,
             "oewf": (total["sf"] - total["cascade"]) / t, "steps": int(picked.size), "sync_us": t,
             "cascade_us": total["cascade"]}  # fmt: skip
+
+
+def budget_for_tail_ratio(config: CascadeConfig, target: float, *, load: float = 0.9, lo: int = 2048,
+                          hi: int = 1 << 20, iters: int = 10, **run_kw) -> tuple[int, float, float]:  # fmt: skip
+    """``(key_budget, R_tail, rate_rps)``: the sparse-attention key budget in ``[lo, hi]`` at which Sync's long-tail
+    ratio R_tail (App. A), served at ``load`` of its own capacity, is closest to ``target`` (e.g. the paper's 28%),
+    by bisection on log2 of the budget — R_tail grows with the budget, from the model's sparse attention towards
+    dense (the request rate cannot set it: measured, R_tail *falls* with the load, to about 33% overloaded). The
+    endpoint when the target lies outside; ``rate_rps`` is that load of the budget's Sync capacity."""
+
+    def tail(budget: int) -> tuple[float, float]:
+        cfg = dataclasses.replace(config, attention="sparse", key_budget=int(budget))
+        rate = load * capacity_rps(cfg, **run_kw)[1]
+        return run_cascade(dataclasses.replace(cfg, rate_rps=rate), ("sync",), **run_kw)["sync"].tail_ratio, rate
+
+    ends = {b: tail(b) for b in (lo, hi)}
+    best = min(ends, key=lambda b: abs(ends[b][0] - target))
+    if not min(ends[lo][0], ends[hi][0]) < target < max(ends[lo][0], ends[hi][0]):
+        return best, *ends[best]
+    rising, a, b, seen = ends[hi][0] > ends[lo][0], np.log2(lo), np.log2(hi), dict(ends)
+    for _ in range(iters):
+        mid = int(round(2 ** (0.5 * (a + b))))
+        seen[mid] = tail(mid)
+        a, b = (np.log2(mid), b) if (seen[mid][0] < target) == rising else (a, np.log2(mid))
+    best = min(seen, key=lambda k: abs(seen[k][0] - target))
+    return best, *seen[best]
 
 
 def ablation_rows(throughput: dict[str, CascadeRun], latency: dict[str, CascadeRun]) -> list[dict]:
