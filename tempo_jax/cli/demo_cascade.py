@@ -48,14 +48,14 @@ def _step_batches(requests: int = 24) -> tuple[StepBatch, ...]:
 
 def planned_layer():
     """The step's batches, the layer's `LayerInputs` and its Sync / CascadeEP `LayerResult`s (V4-Flash costs; the
-    planned schedule on the paper's uncontended links: what the JAX layer below executes)."""
+    rank-uniform schedule (launch="layer") on the paper's uncontended links: the kind the JAX layer below executes)."""
     model = StepModel(CascadeConfig(estimates="exact", timeline="reference"), "cascade")
     batches = _step_batches()
     x = model.step_inputs(batches, np.random.default_rng(0))
     layer = 1  # the second layer: OEWF's first
     inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer],
                          pairs=model.expert_pairs(layer, x["pairs"][layer]))  # fmt: skip
-    res = {m: layer_timeline(inputs, model.costs, m, links="paper", launch="planned") for m in ("sync", "cascade")}
+    res = {m: layer_timeline(inputs, model.costs, m, links="paper", launch="layer") for m in ("sync", "cascade")}
     return batches, inputs, res, model.costs
 
 

@@ -202,28 +202,30 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     (
         "Fig. 8 throughput vs Sync: Async 1.034, Async+SF 1.113, CascadeEP 1.166",
         "contention, reactive: {09/thr_c_r_async:.3f} / {09/thr_c_r_async_sf:.3f} / {09/thr_c_r_cascade:.3f}"
-        " [CascadeEP {09/thr_c_r_cascade_lo:.3f}, {09/thr_c_r_cascade_hi:.3f}]; contention, planned"
-        " {09/thr_c_p_async:.3f} / {09/thr_c_p_async_sf:.3f} / {09/thr_c_p_cascade:.3f}; paper links, reactive"
-        " {09/thr_p_r_async:.3f} / {09/thr_p_r_async_sf:.3f} / {09/thr_p_r_cascade:.3f}; paper links, planned"
-        " {09/thr_p_p_async:.3f} / {09/thr_p_p_async_sf:.3f} / {09/thr_p_p_cascade:.3f}",
+        " [CascadeEP {09/thr_c_r_cascade_lo:.3f}, {09/thr_c_r_cascade_hi:.3f}]; the layer's schedule"
+        " {09/thr_c_l_async:.3f} / {09/thr_c_l_async_sf:.3f} / {09/thr_c_l_cascade:.3f}; paper links, planned"
+        " {09/thr_p_p_async:.3f} / {09/thr_p_p_async_sf:.3f} / {09/thr_p_p_cascade:.3f} ({09/seeds} workload seeds)",
         "09",
     ),
     (
         "Fig. 8 CascadeEP TTFT mean / p95 reduction vs Sync: 23.1% / 26.0%",
-        "contention, reactive: {09/cut_c_r_90_cascade:.1%} [{09/cut_c_r_90_cascade_lo:.1%},"
-        " {09/cut_c_r_90_cascade_hi:.1%}] / {09/p95cut_c_r_90_cascade:.1%} ({09/order_c_r_90}); contention,"
-        " planned {09/cut_c_p_90_cascade:.1%} [{09/cut_c_p_90_cascade_lo:.1%}, {09/cut_c_p_90_cascade_hi:.1%}]"
-        " ({09/order_c_p_90}); paper links, reactive {09/cut_p_r_90_cascade:.1%} ({09/order_p_r_90}); paper links,"
-        " planned {09/cut_p_p_90_cascade:.1%} [{09/cut_p_p_90_cascade_lo:.1%}, {09/cut_p_p_90_cascade_hi:.1%}]"
-        " ({09/order_p_p_90}); at 0.6 of capacity {09/cut_c_r_60_cascade:.1%} / {09/cut_p_p_60_cascade:.1%}",
+        "contention, reactive, at the recorded rate / R_tail matched to 28% / 0.9 of capacity:"
+        " {09/cut_c_r_rec_cascade:.1%} ({09/order_c_r_rec}) / {09/cut_c_r_tail_cascade:.1%} ({09/order_c_r_tail}) /"
+        " {09/cut_c_r_90_cascade:.1%} [{09/cut_c_r_90_cascade_lo:.1%}, {09/cut_c_r_90_cascade_hi:.1%}], p95"
+        " {09/p95cut_c_r_90_cascade:.1%} ({09/order_c_r_90}); the layer's own schedule {09/cut_c_l_rec_cascade:.1%}"
+        " / {09/cut_c_l_tail_cascade:.1%} / {09/cut_c_l_90_cascade:.1%}; planned per destination"
+        " {09/cut_c_p_90_cascade:.1%}; paper links, planned {09/cut_p_p_90_cascade:.1%} ({09/order_p_p_90});"
+        " orderings from paired per-seed differences",
         "09",
     ),
     (
         "Where the gains come from (not separated in the paper)",
-        "early FFN {09/attr_early:.1%} [{09/attr_early_lo:.1%}, {09/attr_early_hi:.1%}], combine overlap"
-        " {09/attr_combine:.1%} [{09/attr_combine_lo:.1%}, {09/attr_combine_hi:.1%}], OEWF {09/attr_oewf:.1%}"
-        " [{09/attr_oewf_lo:.1%}, {09/attr_oewf_hi:.1%}] of Sync's mean TTFT (contention, reactive); paper links,"
-        " reactive: {09/plinks_attr_early:.1%} / {09/plinks_attr_combine:.1%} / {09/plinks_attr_oewf:.1%}",
+        "on per-layer time with the same inputs, shares of Sync's forward time at 0.9 of capacity: early FFN"
+        " {09/attr_early_ffn_90:.2%} [{09/attr_early_ffn_90_lo:.2%}, {09/attr_early_ffn_90_hi:.2%}], combine overlap"
+        " {09/attr_combine_overlap_90:.2%} [{09/attr_combine_overlap_90_lo:.2%}, {09/attr_combine_overlap_90_hi:.2%}],"
+        " OEWF {09/attr_oewf_90:.2%} [{09/attr_oewf_90_lo:.2%}, {09/attr_oewf_90_hi:.2%}] (contention, reactive);"
+        " paper links {09/plinks_attr_early_ffn_90:.2%} / {09/plinks_attr_combine_overlap_90:.2%} /"
+        " {09/plinks_attr_oewf_90:.2%}",
         "09",
     ),
     (
@@ -237,9 +239,10 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         "Fig. 9: layer forwards cut ≥ 1% / ≥ 5% by OEWF, largest cut: 77.4% / 23.1% / 10.87%; OEWF never lengthens a"
         " layer (App. E, exact estimates)",
         "contention {09/fig9_c_r_ge1:.1%} / {09/fig9_c_r_ge5:.1%} / {09/fig9_c_r_max:.2%}, {09/longer_c_r} layer"
-        " forwards made longer ({09/longer_share_c_r:.1%} of those OEWF changed; {09/dropped_c_r} of"
-        " {09/moves_c_r} moves dropped); paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} /"
-        " {09/fig9_p_r_max:.2%}, {09/longer_p_p} made longer (planned)",
+        " forwards made longer with protected transfers ({09/longer_share_c_r:.1%} of those OEWF changed;"
+        " {09/dropped_c_r} of {09/moves_c_r} moves dropped), {09/longer_f_r} ({09/longer_share_f_r:.1%}) with FIFO"
+        " fetches; paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} / {09/fig9_p_r_max:.2%},"
+        " {09/longer_p_p} made longer (planned)",
         "09",
     ),
     (
@@ -253,15 +256,16 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         "Trace sizes (200, 1,000, all 12,031 requests), recorded rate / 0.9 of capacity",
         "CascadeEP's mean-TTFT cut {09/size0_cut:.1%} / {09/size1_cut:.1%} ({09/size0_n}),"
         " {09/size2_cut:.1%} / {09/size3_cut:.1%} ({09/size2_n}), {09/size4_cut:.1%} [{09/size4_cut_lo:.1%},"
-        " {09/size4_cut_hi:.1%}] / {09/size5_cut:.1%} ({09/size4_n}: {09/size4_order}); paper links"
+        " {09/size4_cut_hi:.1%}] ({09/size4_n} as recorded: {09/size4_order}); paper links"
         " {09/plinks_size0_cut:.1%} / {09/plinks_size1_cut:.1%}, {09/plinks_size2_cut:.1%} /"
-        " {09/plinks_size3_cut:.1%}, {09/plinks_size4_cut:.1%} / {09/plinks_size5_cut:.1%}",
+        " {09/plinks_size3_cut:.1%}",
         "09",
     ),
     (
         "R_tail 28%; estimators 90.3% (attention) / 85.9% (token counts); streamFFN efficiency 97.3%",
-        "{09/r_tail:.1%}; {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) / {09/token_accuracy:.1%};"
-        " {09/ffn_efficiency:.1%} (paper links: R_tail {09/plinks_r_tail:.1%}, streamFFN"
+        "{09/r_tail:.1%} at 0.9 of capacity ({09/tail_found:.1%} at the matched point: sparse attention, key budget"
+        " {09/tail_budget}); {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) /"
+        " {09/token_accuracy:.1%}; {09/ffn_efficiency:.1%} (paper links: R_tail {09/plinks_r_tail:.1%}, streamFFN"
         " {09/plinks_ffn_efficiency:.1%})",
         "09",
     ),
