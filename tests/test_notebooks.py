@@ -153,7 +153,7 @@ def _check_09(d):
                 lo, mid, hi = (v[f"{pre}attr_{part}_{point}{s}"] for s in ("_lo", "", "_hi"))
                 assert lo <= mid <= hi
         assert v[f"{pre}sparse_cut_lo"] <= v[f"{pre}sparse_cut"] <= v[f"{pre}sparse_cut_hi"]
-    assert v["seeds"] >= (3 if d["small"] else 10)
+    assert v["seeds"] >= (2 if d["small"] else 10)
     assert 0 < v["tail_found"] < 1 and v["tail_budget"] >= 1
 
 

@@ -62,7 +62,7 @@ def test_pack_exchange_return_move_every_row_with_its_slot(mesh, dtype):
 def test_slot_ids_survive_16_bit_rows_exactly():
     ids = jnp.arange(0, 2**16, 257, dtype=jnp.int32)
     for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
-        np.testing.assert_array_equal(stages._unpack_slots(stages._slot_lanes(ids, dtype)), ids)
+        np.testing.assert_array_equal(stages.unpack_slots(stages.slot_lanes(ids, dtype)), ids)
 
 
 def test_expert_ffn_skips_padding_rows():

@@ -19,8 +19,9 @@ OEWF's fetched slots), W = H + slot lanes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from . import stages
 from .exchange import return_blocks, send_blocks
 
-__all__ = ["PairOrder", "exchange_ffn_rounds", "order_pairs"]
+__all__ = ["PairOrder", "RoundsStatic", "exchange_ffn_rounds", "order_pairs"]
 
 
 class PairOrder(NamedTuple):
@@ -65,7 +66,7 @@ def _send(x, po, r, *, C, top_k, dtype, axis, impl, hidden, slots_total):
     pair [D, C], valid [D, C])``."""
     pair, valid, counts = _round_pairs(po, r, C)
     rows = jnp.where(valid[..., None], x.astype(dtype)[pair // top_k], 0)  # [D, C, H]
-    lanes = stages._slot_lanes(po.local[pair].reshape(-1), dtype).reshape(*pair.shape, -1)
+    lanes = stages.slot_lanes(po.local[pair].reshape(-1), dtype).reshape(*pair.shape, -1)
     buf = jnp.concatenate([rows, jnp.where(valid[..., None], lanes, 0)], axis=-1)
     recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
     got = stages.received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_total)
@@ -85,7 +86,7 @@ def _rounds(x, weights, po, static):
 
 
 def _ffn(static):
-    mm = dict(expert=static["expert"], gmm_impl=static["gmm_impl"], interpret=static["interpret"])
+    mm = dict(expert=static.expert, gmm_impl=static.gmm_impl, interpret=static.interpret)
     return lambda rows, slots, weights: stages.expert_ffn(rows, slots, weights, **mm)
 
 
@@ -97,11 +98,11 @@ def _rounds_fwd(x, weights, po, static):
 
 def _forward(x, weights, po, static, *, keep_first: bool):
     s = static
-    send = functools.partial(_send, C=s["C"], top_k=s["top_k"], dtype=s["dtype"], axis=s["axis"], impl=s["impl"],
-                             hidden=s["hidden"], slots_total=s["slots_total"])  # fmt: skip
+    send = functools.partial(_send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl,
+                             hidden=s.hidden, slots_total=s.slots_total)  # fmt: skip
     ffn = _ffn(s)
-    D, C, H = s["num_ranks"], s["C"], s["hidden"]
-    R = num_rounds(po.wanted, C, s["axis"])
+    D, C, H = s.num_ranks, s.C, s.hidden
+    R = num_rounds(po.wanted, C, s.axis)
     n_pairs = po.order.shape[0]
 
     def scatter(y_pairs, back, pair, valid):
@@ -114,12 +115,12 @@ def _forward(x, weights, po, static, *, keep_first: bool):
             y, vjp, gs = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
         else:
             (y, gs), vjp = ffn(rows, slots, weights), None
-        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s["axis"], impl=s["impl"])
+        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s.axis, impl=s.impl)
         return scatter(y_pairs, back, pair, valid), sizes + gs, vjp
 
     # Step 1 (under differentiation): round 0 on its own, its FFN's VJP kept for the backward pass.
-    y_pairs = jnp.zeros((n_pairs, H), s["dtype"])
-    sizes = jnp.zeros((s["slots_total"],), jnp.int32)
+    y_pairs = jnp.zeros((n_pairs, H), s.dtype)
+    sizes = jnp.zeros((s.slots_total,), jnp.int32)
     vjp0, first = None, 0
     if keep_first:
         y_pairs, sizes, vjp0 = one_round(0, y_pairs, sizes, True)
@@ -139,18 +140,18 @@ def _rounds_bwd(static, res, cotangents):
     s = static
     x, weights, po, vjp0, R = res
     dy_pairs = cotangents[0]
-    send = functools.partial(_send, C=s["C"], top_k=s["top_k"], dtype=s["dtype"], axis=s["axis"], impl=s["impl"],
-                             hidden=s["hidden"], slots_total=s["slots_total"])  # fmt: skip
+    send = functools.partial(_send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl,
+                             hidden=s.hidden, slots_total=s.slots_total)  # fmt: skip
     ffn = _ffn(s)
-    D, C, H, K = s["num_ranks"], s["C"], s["hidden"], s["top_k"]
+    D, C, H, K = s.num_ranks, s.C, s.hidden, s.top_k
 
     def back_round(r, vjp, dx, dw):
         """The VJP of round r: result cotangents go where the rows were computed, row cotangents come back."""
         pair, valid, counts = _round_pairs(po, r, C)
-        dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(s["dtype"])  # [D, C, H] at the source
-        drecv, drecv_counts = send_blocks(dback, counts, axis=s["axis"], impl=s["impl"])  # transpose of return
-        drows, dweights = vjp(drecv.reshape(-1, H).astype(s["dtype"]))
-        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s["axis"], impl=s["impl"])
+        dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(s.dtype)  # [D, C, H] at the source
+        drecv, drecv_counts = send_blocks(dback, counts, axis=s.axis, impl=s.impl)  # transpose of return
+        drows, dweights = vjp(drecv.reshape(-1, H).astype(s.dtype))
+        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s.axis, impl=s.impl)
         token = jnp.where(valid, pair // K, x.shape[0]).reshape(-1)
         dx = dx.at[token].add(dbuf.reshape(-1, H).astype(dx.dtype), mode="drop")
         dw = jax.tree.map(lambda a, b: a + b.astype(a.dtype), dw, dweights)
@@ -192,24 +193,26 @@ def exchange_ffn_rounds(x: jax.Array, weights: dict, po: PairOrder, *, capacity:
       ``(y_pairs [T·K, H], group_sizes [S], rounds)``: each pair's expert output (pair order), the rows each
       local slot computed over all rounds, and R.
     """
-    static = dict(C=int(capacity), top_k=top_k, dtype=dtype, axis=axis, impl=impl, hidden=hidden,
-                  slots_total=slots_total, expert=expert, gmm_impl=gmm_impl, interpret=interpret,
-                  num_ranks=po.wanted.shape[0])  # fmt: skip
-    return _rounds(x, weights, po, _Static(static))
+    static = RoundsStatic(C=int(capacity), top_k=top_k, dtype=dtype, axis=axis, impl=impl, hidden=hidden,
+                          slots_total=slots_total, expert=expert, gmm_impl=gmm_impl, interpret=interpret,
+                          num_ranks=po.wanted.shape[0])  # fmt: skip
+    return _rounds(x, weights, po, static)
 
 
-class _Static:
-    """Hashable wrapper of the rounds' static configuration (a custom_vjp nondiff argument)."""
+@dataclasses.dataclass(frozen=True)
+class RoundsStatic:
+    """The rounds' static configuration (a hashable custom_vjp nondiff argument): C rows per block per round, K,
+    the expert dtype, the ``ep`` axis, the exchange implementation, H, the slots a rank addresses, the expert
+    variant, the grouped-GEMM implementation, interpret mode and D."""
 
-    def __init__(self, items: dict):
-        self.items = items
-        self._key = tuple(sorted((k, repr(v)) for k, v in items.items()))
-
-    def __getitem__(self, k):
-        return self.items[k]
-
-    def __hash__(self):
-        return hash(self._key)
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and self._key == other._key
+    C: int
+    top_k: int
+    dtype: Any
+    axis: str
+    impl: str
+    hidden: int
+    slots_total: int
+    expert: Any
+    gmm_impl: str
+    interpret: bool
+    num_ranks: int

@@ -42,8 +42,10 @@ __all__ = [
     "received",
     "return_rows",
     "route",
+    "slot_lanes",
     "split_slots",
     "unpack_rows",
+    "unpack_slots",
 ]
 
 
@@ -112,7 +114,7 @@ def split_slots(slot: jax.Array, slots_per_rank: int, num_ranks: int) -> tuple[j
     return jnp.where(slot < 0, num_ranks, slot // slots_per_rank), jnp.where(slot < 0, 0, slot % slots_per_rank)
 
 
-def _slot_lanes(slots: jax.Array, dtype) -> jax.Array:
+def slot_lanes(slots: jax.Array, dtype) -> jax.Array:
     """``slots [M]`` int32 (0 ≤ slot < 2^16) as exact small numbers of the row ``dtype``: ``[M, 1]`` for 32-bit rows,
     ``[M, 2]`` (slot // 256, slot % 256) for 16-bit rows, whose 8-bit mantissa holds integers up to 256 exactly.
 
@@ -125,8 +127,8 @@ def _slot_lanes(slots: jax.Array, dtype) -> jax.Array:
     raise ValueError(f"pack: rows of dtype {dtype} are not supported (32- or 16-bit floats)")
 
 
-def _unpack_slots(lanes: jax.Array) -> jax.Array:
-    """Inverse of `_slot_lanes`: ``[..., lanes]`` of the row dtype → ``[...]`` int32."""
+def unpack_slots(lanes: jax.Array) -> jax.Array:
+    """Inverse of `slot_lanes`: ``[..., lanes]`` of the row dtype → ``[...]`` int32."""
     v = jnp.round(lanes.astype(jnp.float32)).astype(jnp.int32)
     return v[..., 0] if lanes.shape[-1] == 1 else v[..., 0] * 256 + v[..., 1]
 
@@ -143,7 +145,7 @@ def pack(x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ran
     start = jnp.cumsum(wanted) - wanted
     pos = jnp.arange(dest.shape[0], dtype=jnp.int32) - start[dest_sorted].astype(jnp.int32)
     rows = x.astype(dtype)[order // top_k]
-    payload = jnp.concatenate([rows, _slot_lanes(local[order].astype(jnp.int32), dtype)], axis=1)
+    payload = jnp.concatenate([rows, slot_lanes(local[order].astype(jnp.int32), dtype)], axis=1)
     buf = jnp.zeros((D, C, payload.shape[1]), dtype)
     buf = buf.at[jnp.where(pos < C, dest_sorted, D), pos].set(payload, mode="drop")
     return Packed(buf, jnp.minimum(wanted, C), wanted, order, dest_sorted, pos)
@@ -161,7 +163,7 @@ def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_
     C = recv.shape[1]
     valid = jnp.arange(C)[None, :] < recv_counts[:, None]
     # The slot lanes are ids, not activations: no gradient flows through them.
-    slots = jnp.where(valid, _unpack_slots(jax.lax.stop_gradient(recv[..., hidden:])), slots_per_rank)
+    slots = jnp.where(valid, unpack_slots(jax.lax.stop_gradient(recv[..., hidden:])), slots_per_rank)
     return Received(recv[..., :hidden], slots, recv_counts)
 
 

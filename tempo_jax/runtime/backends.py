@@ -7,10 +7,10 @@
   numpy, scipy, OR-Tools and `solvers` only, plus an idle spare; a supervisor thread collects results, notices
   a dead or hung worker, swaps in the spare (or starts a fresh worker) and starts a new spare.
 
-Every backend solves with `solvers.worker.solve_window` and reports to its host, the `DispatchController`,
-through three calls made without holding the host's lock: ``host._finish(job, weights, info)`` for a result,
-``host._lose_inflight(kind, message)`` (under the lock) when the solver holding the in-flight job is gone, and
-``host._event(kind, message)`` for a fault.
+Every backend solves with `solvers.worker.solve_window` and reports to its host through the small public
+`BackendHost` protocol (the `DispatchController` hands each backend one): ``host.finish(job, weights, info)`` for a
+result (without holding the lock), ``host.lose_inflight(kind, message)`` (under ``host.lock``) when the solver
+holding the in-flight job is gone, ``host.event(kind, message)`` for a fault, ``host.count(name)`` for a counter.
 """
 
 from __future__ import annotations
@@ -25,7 +25,31 @@ from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve
 
 from .accumulator import Window
 
-__all__ = ["BACKENDS", "InlineBackend", "Job", "ProcessBackend", "SolverBackend", "ThreadBackend", "make_backend"]
+__all__ = ["BACKENDS", "BackendHost", "InlineBackend", "Job", "ProcessBackend", "SolverBackend", "ThreadBackend",
+           "make_backend"]  # fmt: skip
+
+
+class BackendHost(Protocol):
+    """What a backend may use of its host (the `DispatchController`'s side of the seam)."""
+
+    lock: threading.RLock  # guards the host's in-flight job and counters
+    log: object  # a `logging.Logger`
+
+    @property
+    def inflight(self) -> Job | None: ...  # the job a solver holds now (read under ``lock``)
+
+    @property
+    def closed(self) -> bool: ...
+
+    def finish(self, job: Job, weights, info: dict) -> None: ...  # a result (or ``{"error": ...}``) arrived
+
+    def lose_inflight(self, kind: str, message: str) -> None: ...  # under ``lock``: the solver is gone
+
+    def event(self, kind: str, message: str) -> None: ...  # a fault, logged and recorded
+
+    def count(self, name: str) -> None: ...  # under ``lock``: one more ``restarts`` / ``late_results``
+
+    def check_runtime(self) -> None: ...  # the supervisor's periodic check (staleness, hangs)
 
 
 @dataclass
@@ -56,7 +80,7 @@ class SolverBackend(Protocol):
         """Start background work (the process backend's supervisor); called once the host holds the backend."""
 
     def submit(self, job: Job) -> BaseException | None:
-        """Start solving ``job``; the result reaches ``host._finish``. Inline: returns what the solver raised."""
+        """Start solving ``job``; the result reaches ``host.finish``. Inline: returns what the solver raised."""
 
     def check(self, now: float) -> None:
         """Housekeeping: notice a hung solve."""
@@ -95,9 +119,9 @@ class InlineBackend:
         try:
             weights, info = solve_window(self.config, job.window.counts, fault)
         except Exception as err:
-            self.host._finish(job, None, {"error": f"{type(err).__name__}: {err}"})
+            self.host.finish(job, None, {"error": f"{type(err).__name__}: {err}"})
             return err
-        self.host._finish(job, weights, info)
+        self.host.finish(job, weights, info)
         return None
 
     def submit(self, job: Job) -> BaseException | None:
@@ -131,11 +155,11 @@ class ThreadBackend(InlineBackend):
 
     def check(self, now: float) -> None:
         host = self.host
-        with host._lock:
-            job = host._inflight
+        with host.lock:
+            job = host.inflight
             if job is not None and now - job.submitted_at > self.hang_s:
-                host._lose_inflight("hung", f"no result after {self.hang_s:g} s: the solver thread is abandoned")
-                host._n["restarts"] += 1
+                host.lose_inflight("hung", f"no result after {self.hang_s:g} s: the solver thread is abandoned")
+                host.count("restarts")
 
 
 class ProcessBackend:
@@ -170,8 +194,8 @@ class ProcessBackend:
 
     def submit(self, job: Job) -> None:
         host = self.host
-        with host._lock:
-            if host._inflight is not job or not self._ready:
+        with host.lock:
+            if host.inflight is not job or not self._ready:
                 return None  # lost meanwhile (the supervisor counted it)
             try:
                 self.worker.submit(job.seq, job.window.counts)
@@ -183,15 +207,15 @@ class ProcessBackend:
         pass  # the supervisor watches for hangs
 
     def inject(self, kind: str, seconds: float) -> None:
-        with self.host._lock:
+        with self.host.lock:
             try:
                 self.worker.inject(kind, seconds)
             except WorkerLost as err:
-                self.host._event("worker_lost", f"could not inject a fault: {err}")
+                self.host.event("worker_lost", f"could not inject a fault: {err}")
 
     def kill_worker(self) -> int:
         """SIGKILL the worker process: the supervisor notices and restarts it. Returns the killed pid."""
-        with self.host._lock:
+        with self.host.lock:
             pid = self.worker.pid
             if self.worker.proc is not None and self.worker.proc.poll() is None:
                 self.worker.proc.kill()
@@ -200,7 +224,7 @@ class ProcessBackend:
     def probe(self, timeout: float = 30.0) -> dict:
         """What the worker process has imported, asked when idle (the supervisor files the reply)."""
         self._probe_event.clear()
-        with self.host._lock:
+        with self.host.lock:
             self.worker.send(("probe",))
         if not self._probe_event.wait(timeout):
             raise TimeoutError(f"DispatchController.worker_probe: the worker did not answer within {timeout:g} s")
@@ -208,7 +232,7 @@ class ProcessBackend:
 
     def reconfigure(self, config: WorkerConfig) -> None:
         """The worker and the spare solve with ``config`` from now on (and restart with it): a message, no restart."""
-        with self.host._lock:
+        with self.host.lock:
             self.config = config
             for w in (self.worker, self._spare):
                 if w is None:
@@ -225,7 +249,7 @@ class ProcessBackend:
 
     def close(self) -> None:
         self._supervisor.join(timeout=10.0)  # the host is closed: the supervisor returns within a poll
-        with self.host._lock:
+        with self.host.lock:
             workers = [w for w in (self.worker, self._spare) if w is not None]
             self._spare = None
         for w in workers:
@@ -236,40 +260,40 @@ class ProcessBackend:
         """Collect results, notice a dead or hung worker, restart it. Runs until the host closes."""
         host = self.host
         while True:
-            with host._lock:
-                if host._closed:
+            with host.lock:
+                if host.closed:
                     return
-                worker, job = self.worker, host._inflight
+                worker, job = self.worker, host.inflight
             try:
                 msg = worker.recv(0.02)
             except WorkerLost as err:
-                with host._lock:
+                with host.lock:
                     self._ready = False
-                    host._lose_inflight("died", str(err))
+                    host.lose_inflight("died", str(err))
                 self._restart()
                 continue
             if msg is not None and msg[0] == "result":
-                with host._lock:
-                    current = host._inflight
+                with host.lock:
+                    current = host.inflight
                 if current is not None and current.seq == msg[1]:
-                    host._finish(current, msg[2], msg[3])
+                    host.finish(current, msg[2], msg[3])
                 else:
-                    with host._lock:
-                        host._n["late_results"] += 1
+                    with host.lock:
+                        host.count("late_results")
                 continue
             if msg is not None and msg[0] == "probe":
                 self._probe_reply = msg[1]
                 self._probe_event.set()
                 continue
             if job is not None and time.monotonic() - job.submitted_at > self.hang_s:
-                with host._lock:
-                    if host._inflight is not job:
+                with host.lock:
+                    if host.inflight is not job:
                         continue
                     self._ready = False
-                    host._lose_inflight("hung", f"no result after {self.hang_s:g} s: killing the worker")
+                    host.lose_inflight("hung", f"no result after {self.hang_s:g} s: killing the worker")
                 worker.kill()
                 self._restart()
-            host._check_runtime()
+            host.check_runtime()
 
     def _start_spare(self) -> None:
         """Start a spare worker on a helper thread (when ``spare``)."""
@@ -281,11 +305,11 @@ class ProcessBackend:
             try:
                 spare = SolverWorker(self.config, start_timeout_s=self._start_timeout_s).start()
             except Exception as err:
-                with host._lock:
-                    host._event("spare_failed", f"{type(err).__name__}: {err}")
+                with host.lock:
+                    host.event("spare_failed", f"{type(err).__name__}: {err}")
                 return
-            with host._lock:
-                if not host._closed and self._spare is None:
+            with host.lock:
+                if not host.closed and self._spare is None:
                     if spare.config is not self.config:  # reconfigured while it started
                         spare.config = self.config
                         try:
@@ -302,34 +326,34 @@ class ProcessBackend:
         """Replace the lost worker: swap in the spare when one is ready, else start a fresh one here (outside the
         lock: it takes a second or more), retrying with back-off until it works or the host closes."""
         host = self.host
-        with host._lock:
+        with host.lock:
             spare, self._spare = self._spare, None
         if spare is not None and spare.alive:
-            with host._lock:
+            with host.lock:
                 old, self.worker = self.worker, spare
                 self._ready = True
-                host._n["restarts"] += 1
+                host.count("restarts")
             old.kill()
-            host._log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
+            host.log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
             self._start_spare()
             return
         delay = 0.1
         while True:
-            with host._lock:
-                if host._closed:
+            with host.lock:
+                if host.closed:
                     return
             try:
                 self.worker.kill()
                 self.worker.start()
             except Exception as err:  # e.g. the machine is out of processes: back off and retry
-                host._event("restart_failed", f"{type(err).__name__}: {err}")
+                host.event("restart_failed", f"{type(err).__name__}: {err}")
                 time.sleep(delay)
                 delay = min(2 * delay, 5.0)
                 continue
-            with host._lock:
+            with host.lock:
                 self._ready = True
-                host._n["restarts"] += 1
-            host._log.warning("dispatch runtime: solver worker restarted (pid %s)", self.worker.pid)
+                host.count("restarts")
+            host.log.warning("dispatch runtime: solver worker restarted (pid %s)", self.worker.pid)
             self._start_spare()
             return
 

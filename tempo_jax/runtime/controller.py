@@ -200,7 +200,7 @@ class DispatchController:
         self._load = np.zeros(self.config.window_shape[:-2] + self.config.window_shape[-1:])  # [(L,) E] since placed
         self._proposal = None
         self._placements = {"proposed": 0, "applied": 0, "dismissed": 0, "windows_since": 0}
-        self._backend = make_backend(self.solver_mode, self.config, self, hang_s=self.hang_s,
+        self._backend = make_backend(self.solver_mode, self.config, _Host(self), hang_s=self.hang_s,
                                      start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
         self._backend.start()
 
@@ -477,8 +477,8 @@ class DispatchController:
                 f"{w['closed']}: ok {w['published']} empty {w['empty']}{' ' + drops if drops else ''} | rejected "
                 f"{m['rejected']} | restarts {m['restarts']} | fallback {fallback}")  # fmt: skip
 
-    # ------------------------------------------------------------------ internals (backends call _finish,
-    # _lose_inflight, _event and _check_runtime)
+    # ------------------------------------------------------------------ internals (backends reach them through
+    # `_Host`, the `backends.BackendHost` this controller hands them)
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"DispatchController.{what}: the controller is closed; make a new one")
@@ -559,3 +559,35 @@ class DispatchController:
             if age is not None:
                 self._event("stale", f"tables are {age:.2f} s old > {self._publisher.staleness_s:g} s: "
                             f"publishing the {self.fallback!r} fallback")  # fmt: skip
+
+
+class _Host:
+    """The `backends.BackendHost` a `DispatchController` hands its backend: the few things a backend may use."""
+
+    def __init__(self, controller: DispatchController):
+        self._c = controller
+        self.lock = controller._lock
+        self.log = log
+
+    @property
+    def inflight(self) -> Job | None:
+        return self._c._inflight
+
+    @property
+    def closed(self) -> bool:
+        return self._c._closed
+
+    def finish(self, job: Job, weights, info: dict) -> None:
+        self._c._finish(job, weights, info)
+
+    def lose_inflight(self, kind: str, message: str) -> None:
+        self._c._lose_inflight(kind, message)
+
+    def event(self, kind: str, message: str) -> None:
+        self._c._event(kind, message)
+
+    def count(self, name: str) -> None:
+        self._c._n[name] += 1
+
+    def check_runtime(self) -> None:
+        self._c._check_runtime()

@@ -544,7 +544,7 @@ def trace_file(config: CascadeConfig) -> Path | None:
     Raises ``FileNotFoundError`` saying where to put the full Mooncake trace (``trace="mooncake"``) when it is
     missing: a missing trace is an error, never a silent fallback to the bundled sample.
     """
-    from tempo_jax.workloads.requests import MOONCAKE_SAMPLE_PATH, _resolve_mooncake
+    from tempo_jax.workloads.requests import MOONCAKE_SAMPLE_PATH, resolve_mooncake
 
     if config.trace == "synthetic":
         return None
@@ -552,7 +552,7 @@ def trace_file(config: CascadeConfig) -> Path | None:
         return MOONCAKE_SAMPLE_PATH
     if config.trace == "mooncake":
         try:
-            return _resolve_mooncake(None)
+            return resolve_mooncake(None)
         except FileNotFoundError as err:
             raise FileNotFoundError(f"{err} Or run on the bundled sample: trace='mooncake_sample'.") from None
     return Path(config.trace).expanduser()

@@ -23,12 +23,10 @@ import numpy as np
 
 from solvers.checks import check_choice
 
-from .cascade_layer import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS
+from .cascade_layer import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 from .prefill import PrefillCosts
 
 __all__ = ["StepInputs", "StepTimes", "step_timeline", "top_shares"]
-
-_RULE = {"sync": "sync", "async": "async", "async_sf": "stream", "cascade": "stream"}
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -427,7 +425,7 @@ def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: 
         raise ValueError(f"{fn}: needs StepInputs with D = {costs.num_ranks} ranks")
     L = inputs.attention_us.shape[0]
     theta = float(costs.threshold)
-    rule = _RULE[mode]
+    rule = MODE_POLICIES[mode][-1]
 
     def net_of(costs, inputs, run_oewf):
         if links == "paper":

@@ -93,9 +93,11 @@ __all__ = [
     "LAUNCHES",
     "LAYER_MODES",
     "LINKS",
+    "MODE_POLICIES",
     "LayerInputs",
     "LayerResult",
     "SideKernel",
+    "idle_fill",
     "layer_timeline",
 ]
 
@@ -107,8 +109,9 @@ LAUNCHES = ("reactive", "planned", "layer")
 #: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
 #: matched-work FFN throughput): the helper's reassigned kernel lasts F(N_trans) / this under ``links="contention"``.
 HELPER_STREAM_EFFICIENCY = 0.973
-# Launch policies a rank may pick in each mode: the mode's own last (guard=False keeps only that one).
-_POLICIES = {
+#: Launch policies a rank may pick in each mode: the mode's own rule last (guard=False keeps only that one; the fast
+#: timeline runs that one: ``MODE_POLICIES[mode][-1]``).
+MODE_POLICIES = {
     "sync": ("sync",),
     "async": ("sync", "async"),
     "async_sf": ("sync", "async", "stream"),
@@ -521,7 +524,7 @@ def layer_timeline(
         )
     if inputs.num_ranks != costs.num_ranks:
         raise ValueError(f"{fn}: inputs have {inputs.num_ranks} ranks but costs were derived for {costs.num_ranks}")
-    allowed = _POLICIES[mode] if guard else _POLICIES[mode][-1:]
+    allowed = MODE_POLICIES[mode] if guard else MODE_POLICIES[mode][-1:]
     theta = float(costs.threshold)
     if pricing == "tempo" and cost is None:
         cost = costs.tempo_cost_model()

@@ -52,6 +52,7 @@ __all__ = [
     "load_mooncake",
     "load_mooncake_sample",
     "load_request_trace",
+    "resolve_mooncake",
     "synthetic_requests",
 ]
 
@@ -298,7 +299,9 @@ def _parse_line(raw: bytes, where: str) -> tuple[float, int, int, list[int]]:
     return float(ts), ilen, olen, ids
 
 
-def _resolve_mooncake(path: str | os.PathLike | None) -> Path:
+def resolve_mooncake(path: str | os.PathLike | None = None) -> Path:
+    """The Mooncake conversation trace's file: ``path`` (the ``.jsonl`` or its folder) or the default under the traces
+    root; ``FileNotFoundError`` says where to put it (`load_mooncake_sample` works without it)."""
     return resolve_trace_path(path, MOONCAKE_RELPATH, "Mooncake trace", holding="mooncake/",
                               fallback="load_mooncake_sample() works without it.", in_folder=True)  # fmt: skip
 
@@ -317,7 +320,7 @@ def load_mooncake(
     ``arrival_s`` = (timestamp − first timestamp) / 1000. Raises ``ValueError("<file>:<line>: ...")`` on a bad line
     (see the module docstring for what is checked) and ``FileNotFoundError`` naming the expected path.
     """
-    file = check_input_file(_resolve_mooncake(path), "Mooncake trace")  # devices and huge files refused
+    file = check_input_file(resolve_mooncake(path), "Mooncake trace")  # devices and huge files refused
     if limit is not None:
         limit = check_int("limit", limit, minimum=1)
     ts: list[float] = []
@@ -361,7 +364,7 @@ def build_mooncake_sample(
     out: str | os.PathLike | None = None, *, path: str | os.PathLike | None = None, lines: int = MOONCAKE_SAMPLE_LINES
 ) -> Path:
     """Copy the first ``lines`` lines of the Mooncake trace byte-for-byte to ``out`` (default: the bundled sample)."""
-    src = _resolve_mooncake(path)
+    src = resolve_mooncake(path)
     lines = check_int("lines", lines)
     dst = Path(out) if out is not None else MOONCAKE_SAMPLE_PATH
     dst.parent.mkdir(parents=True, exist_ok=True)
