@@ -60,8 +60,10 @@ t_start = time.perf_counter()
 
 # %%
 toy = worked_example()
-rows = [[r["label"], r["G"].tolist(), r["N"].round(0).tolist(), r["t"].round(1).tolist(), r["makespan"], r["paper"]]
-        for r in toy]  # fmt: skip
+rows = [
+    [r["label"], r["G"].tolist(), r["N"].round(0).tolist(), r["t"].round(1).tolist(), r["makespan"], r["paper"]]
+    for r in toy
+]
 print(table(rows, ["dispatch", "G per GPU", "N per GPU", "t per GPU (µs)", "makespan (µs)", "paper (µs)"], "Fig. 1b"))
 ratio = toy[0]["makespan"] / toy[2]["makespan"]
 print(f"lower bound {toy[0]['lower_bound']:.0f} µs; token balancing / optimal = {ratio:.2f}× (paper: 1.75×)")
@@ -91,8 +93,9 @@ ax = axes[1]
 for k, r in enumerate(toy):
     left = np.zeros(2)
     for e in range(r["x"].shape[0]):
-        ax.barh([k - 0.18, k + 0.18], r["x"][e], 0.34, left=left, color="C1" if e == 0 else "C2",
-                edgecolor="white", lw=0.6)  # fmt: skip
+        ax.barh(
+            [k - 0.18, k + 0.18], r["x"][e], 0.34, left=left, color="C1" if e == 0 else "C2", edgecolor="white", lw=0.6
+        )
         left += r["x"][e]
 ax.set_yticks([k + d for k in range(3) for d in (-0.18, 0.18)], [f"{r['policy']} GPU{g}" for r in toy for g in (0, 1)])
 ax.invert_yaxis()
@@ -116,8 +119,14 @@ for k, preset in enumerate(("dsv3_bf16_offline", "dsv3_fp8_offline", "dsv2_lite_
     ax.plot(n, expert_profile(cost, n), color=f"C{k}", label=f"{preset} (b={cost.b:g}, β={cost.beta:g})")
     ax.axvline(cost.inflection, color=f"C{k}", ls=":", lw=1)
     ax.plot([cost.inflection], [cost.b], "o", color=f"C{k}")
-    ax.annotate(f"n*≈{cost.inflection:.0f}", (cost.inflection, cost.b), textcoords="offset points", xytext=(4, -12),
-                fontsize=8, color=f"C{k}")  # fmt: skip
+    ax.annotate(
+        f"n*≈{cost.inflection:.0f}",
+        (cost.inflection, cost.b),
+        textcoords="offset points",
+        xytext=(4, -12),
+        fontsize=8,
+        color=f"C{k}",
+    )
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("tokens per expert n")
@@ -134,18 +143,37 @@ for k, (label, prof) in enumerate(measured.items()):
     shown.append(label)
     for j, g in enumerate(sorted(set(prof["G"].tolist()))):
         sel = prof["G"] == g
-        ax.plot(prof["per_expert_tokens"][sel], prof["t"][sel] / g, "os^D"[j % 4], color=f"C{k}", mfc="none",
-                label=f"{label}, G = {g:g}")  # fmt: skip
+        ax.plot(
+            prof["per_expert_tokens"][sel],
+            prof["t"][sel] / g,
+            "os^D"[j % 4],
+            color=f"C{k}",
+            mfc="none",
+            label=f"{label}, G = {g:g}",
+        )
     fit = prof["fitted"]
-    ax.plot(n, fit.gpu_times(np.ones_like(n), n), "-", color=f"C{k}", lw=1,
-            label=f"fit: n* ≈ {fit.inflection:.0f}, error {prof['report'].mean_rel_error:.1%}")  # fmt: skip
+    ax.plot(
+        n,
+        fit.gpu_times(np.ones_like(n), n),
+        "-",
+        color=f"C{k}",
+        lw=1,
+        label=f"fit: n* ≈ {fit.inflection:.0f}, error {prof['report'].mean_rel_error:.1%}",
+    )
 if shown:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.legend(fontsize=7)
 else:
-    ax.text(0.5, 0.5, "no measured profile committed yet:\n" + "\n".join(str(p) for p in PROFILE_CSVS.values()),
-            ha="center", va="center", fontsize=8, transform=ax.transAxes)  # fmt: skip
+    ax.text(
+        0.5,
+        0.5,
+        "no measured profile committed yet:\n" + "\n".join(str(p) for p in PROFILE_CSVS.values()),
+        ha="center",
+        va="center",
+        fontsize=8,
+        transform=ax.transAxes,
+    )
 ax.set_xlabel("tokens per expert N/G")
 ax.set_ylabel("measured time per expert t/G (µs)")
 ax.set_title("(b) measured expert-FFN profiles (G,N,T,t CSVs)")
@@ -158,8 +186,14 @@ REC.update(measured_profiles=len(shown), measured_profiles_text=", ".join(shown)
 for label, prof in measured.items():
     if prof is not None:
         key = "gpu" if label.startswith("GPU") else "cpu"
-        REC.update(**{f"{key}_fit_n_star": prof["fitted"].inflection, f"{key}_fit_error": prof["report"].mean_rel_error,
-                      f"{key}_fit_b": prof["fitted"].b, f"{key}_fit_beta": prof["fitted"].beta})  # fmt: skip
+        REC.update(
+            **{
+                f"{key}_fit_n_star": prof["fitted"].inflection,
+                f"{key}_fit_error": prof["report"].mean_rel_error,
+                f"{key}_fit_b": prof["fitted"].b,
+                f"{key}_fit_beta": prof["fitted"].beta,
+            }
+        )
 
 # %%
 rows = [[r["preset"], r["b"], r["beta"], f"{r['n_star']:.1f}", f"≈{r['paper']:.0f}"] for r in inflection_rows()]
@@ -176,8 +210,11 @@ REC.update(**{f"paper_n_star_{r['preset']}": r["paper"] for r in inflection_rows
 
 # %%
 cals = {noise: calibration_demo("dsv3_a_gemm_refit", noise=noise, seed=0) for noise in NOISES}
-rows = [[f"{noise:.0%}", r["param"], r["true"], r["fitted"], f"{100 * r['rel_error']:.2f}%"]
-        for noise, c in cals.items() for r in c.rows()]  # fmt: skip
+rows = [
+    [f"{noise:.0%}", r["param"], r["true"], r["fitted"], f"{100 * r['rel_error']:.2f}%"]
+    for noise, c in cals.items()
+    for r in c.rows()
+]
 print(table(rows, ["noise", "param", "true", "fitted", "rel. error"], "fit_max_affine recovers the preset"))
 for noise, c in cals.items():
     print(f"noise {noise:.0%}: mean relative fit error {c.report.mean_rel_error:.2%} (paper's real fits: 4–8%)")
@@ -185,8 +222,12 @@ REC.update(noise_lo=0.02, noise_hi=0.05)
 REC.table("calibration", [{"noise": noise, **r} for noise, c in cals.items() for r in c.rows()])
 for noise, c in cals.items():
     pct = f"{round(100 * noise):02d}"
-    REC.update(**{f"fit_error_noise{pct}": c.report.mean_rel_error,
-                  f"n_star_error_noise{pct}": abs(c.fitted.inflection / c.true.inflection - 1)})  # fmt: skip
+    REC.update(
+        **{
+            f"fit_error_noise{pct}": c.report.mean_rel_error,
+            f"n_star_error_noise{pct}": abs(c.fitted.inflection / c.true.inflection - 1),
+        }
+    )
 
 # %%
 c = cals[0.05]
@@ -224,8 +265,10 @@ TILE_B = {
     "tokens": (4096, 16384) if SMALL else (4096, 8192, 16384),
     "pairs": (512, 2048) if SMALL else (512, 1024, 2048),
 }
-SOURCES = {"flame": dict(source="flame_moe_290m", preset="qwen3_235b_b_tile"),
-           "zipf": dict(source="synthetic", preset="dsv3_b_tile")}  # fmt: skip
+SOURCES = {
+    "flame": dict(source="flame_moe_290m", preset="qwen3_235b_b_tile"),
+    "zipf": dict(source="synthetic", preset="dsv3_b_tile"),
+}
 tiles = []
 for reading, bs in TILE_B.items():
     for name, src in SOURCES.items():
@@ -233,22 +276,63 @@ for reading, bs in TILE_B.items():
         for row in tile_summary(run_tile_study(cfg, workers=1 if SMALL else 2, progress=not SMALL)):
             tiles.append({"source": name, "reading": reading, **row})
             key = f"tile_{name}_{row['B']}"
-            REC.update(**{f"{key}_changed": row["changed"], f"{key}_cut": row["cut_median"],
-                          f"{key}_cut_p95": row["cut_p95"], f"{key}_extra": row["uniform_extra_tiles"]})  # fmt: skip
+            REC.update(
+                **{
+                    f"{key}_changed": row["changed"],
+                    f"{key}_cut": row["cut_median"],
+                    f"{key}_cut_p95": row["cut_p95"],
+                    f"{key}_extra": row["uniform_extra_tiles"],
+                }
+            )
 REC.table("tiles", tiles)
-print(table([[t["source"], t["reading"], t["B"], t["batches"], f"{t['changed']:.0%}", f"{t['cut_median']:+.2%}",
-              f"{t['cut_p95']:+.2%}", f"{t['uniform_extra_tiles']:.1%}"] for t in tiles],
-            ["routing", "reading", "B (tokens/GPU)", "batches", "solution changed", "cut (median)", "cut (p95)",
-             "uniform extra tiles"], "tile-aware vs tile-blind TEMPO under Eq. 2"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                t["source"],
+                t["reading"],
+                t["B"],
+                t["batches"],
+                f"{t['changed']:.0%}",
+                f"{t['cut_median']:+.2%}",
+                f"{t['cut_p95']:+.2%}",
+                f"{t['uniform_extra_tiles']:.1%}",
+            ]
+            for t in tiles
+        ],
+        [
+            "routing",
+            "reading",
+            "B (tokens/GPU)",
+            "batches",
+            "solution changed",
+            "cut (median)",
+            "cut (p95)",
+            "uniform extra tiles",
+        ],
+        "tile-aware vs tile-blind TEMPO under Eq. 2",
+    )
+)
 lo_b, hi_b = TILE_B["pairs"][0], TILE_B["pairs"][-1]
 REC.update(tile_lo_b=lo_b, tile_hi_b=hi_b, tile_lo_tokens=TILE_B["tokens"][0], tile_hi_tokens=TILE_B["tokens"][-1])
 REC.claim("tile_same_plan_where_tokens_bind", all(t["changed"] == 0.0 for t in tiles if t["reading"] == "tokens"))
-REC.claim("tile_zipf_pairs_always_change",
-          all(t["changed"] == 1.0 for t in tiles if t["reading"] == "pairs" and t["source"] == "zipf"))  # fmt: skip
-REC.claim("tile_cut_small_in_token_reading",
-          all(abs(t["cut_median"]) < 0.01 for t in tiles if t["reading"] == "tokens"))  # fmt: skip
-REC.update(paper_tile_cut_lo=0.045, paper_tile_cut_hi=0.06, paper_tile_changed_lo=0.97, paper_tile_changed_hi=0.99,
-           paper_tile_extra_lo=0.03, paper_tile_extra_hi=0.10, paper_fit_lo=0.04, paper_fit_hi=0.08)  # fmt: skip
+REC.claim(
+    "tile_zipf_pairs_always_change",
+    all(t["changed"] == 1.0 for t in tiles if t["reading"] == "pairs" and t["source"] == "zipf"),
+)
+REC.claim(
+    "tile_cut_small_in_token_reading", all(abs(t["cut_median"]) < 0.01 for t in tiles if t["reading"] == "tokens")
+)
+REC.update(
+    paper_tile_cut_lo=0.045,
+    paper_tile_cut_hi=0.06,
+    paper_tile_changed_lo=0.97,
+    paper_tile_changed_hi=0.99,
+    paper_tile_extra_lo=0.03,
+    paper_tile_extra_hi=0.10,
+    paper_fit_lo=0.04,
+    paper_fit_hi=0.08,
+)
 
 # %%
 REC.reading("""

@@ -97,8 +97,10 @@ REC.update(
     zipf12_b_linear=n_star / (share * K * 8),
     zipf12_b_linear_first=n_star / (first * K * 8),
 )
-print(f"hottest expert at B = {LADDER[0]}: {share * LADDER[0] * K * 8:.0f} pairs expected (pair share {share:.3f}; "
-      f"first-draw {first:.3f} would give {first * LADDER[0] * K * 8:.0f}); n* = {n_star:.0f}")  # fmt: skip
+print(
+    f"hottest expert at B = {LADDER[0]}: {share * LADDER[0] * K * 8:.0f} pairs expected (pair share {share:.3f}; "
+    f"first-draw {first:.3f} would give {first * LADDER[0] * K * 8:.0f}); n* = {n_star:.0f}"
+)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 5.0), sharey=True)
@@ -111,8 +113,18 @@ for ax, curves, title in ((axes[0], real, "(a) recorded traces"), (axes[1], zipf
         label = f"{c.label} (D={c.num_ranks})"
         if ok.sum() < len(ok):
             label += f", B ≤ {int(c.tokens_per_gpu[ok].max())} only"
-        ax.plot(c.tokens_per_gpu[ok], 100 * c.mixed[ok], "-", marker=MARKERS[k % len(MARKERS)], mfc="none", ms=7,
-                mew=1.5, color=f"C{k}", label=label, zorder=3 + (len(ok) - ok.sum()))  # fmt: skip
+        ax.plot(
+            c.tokens_per_gpu[ok],
+            100 * c.mixed[ok],
+            "-",
+            marker=MARKERS[k % len(MARKERS)],
+            mfc="none",
+            ms=7,
+            mew=1.5,
+            color=f"C{k}",
+            label=label,
+            zorder=3 + (len(ok) - ok.sum()),
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(LADDER, [str(b) for b in LADDER])
     ax.axvspan(128, 512, color="0.9", zorder=0)
@@ -137,8 +149,10 @@ for c in real:
     lo, hi = (float(np.min(c.mixed[sel])), float(np.max(c.mixed[sel]))) if sel.any() else (np.nan, np.nan)
     decode[c.label] = (lo, hi)
     REC.update(**{f"mixed_lo_{c.label}": lo, f"mixed_hi_{c.label}": hi})
-REC.claim("zipf12_smallest_b_not_mixed_because_hot_expert_flat",
-          REC.values["zipf12_hot_pairs_b_min"] < n_star < REC.values["zipf12_hot_pairs_first_b_min"])  # fmt: skip
+REC.claim(
+    "zipf12_smallest_b_not_mixed_because_hot_expert_flat",
+    REC.values["zipf12_hot_pairs_b_min"] < n_star < REC.values["zipf12_hot_pairs_first_b_min"],
+)
 full_from = next(int(b) for i, b in enumerate(z12.tokens_per_gpu) if np.all(z12.mixed[i:] == 1.0))
 below = [f"{m:.0%} at B = {b}" for b, m in zip(z12.tokens_per_gpu, z12.mixed, strict=True) if b < full_from]
 REC.update(zipf12_full_from_b=full_from, zipf12_below_text=", ".join(reversed(below)) or "none")

@@ -138,8 +138,10 @@ REC.table("boundary", bounds)
 values = phase_values(fig6, bounds)
 REC.update(**values)
 for preset, x in SHORT.items():
-    print(f"{preset}: in band {values[f'in_band_{x}']}/{values[f'columns_{x}']} (first-draw p "
-          f"{values[f'in_band_first_{x}']}, refined {values[f'in_band_ref_{x}']})")  # fmt: skip
+    print(
+        f"{preset}: in band {values[f'in_band_{x}']}/{values[f'columns_{x}']} (first-draw p "
+        f"{values[f'in_band_first_{x}']}, refined {values[f'in_band_ref_{x}']})"
+    )
 
 # %% [markdown]
 # ## The flip on a fine ladder
@@ -152,11 +154,20 @@ for preset, x in SHORT.items():
 # %%
 fine = scan_rows(scan)
 rows = [
-    [f["preset"], f["replication"], f["skew"], f"[{_fmt_b(f['lo'])}, {_fmt_b(f['hi'])}]", _fmt_b(f["b_star"]),
-     _fmt_b(f["b_ref"]), f"{f['e_eff_per_gpu']:.1f}", f"{f['a_lp']:.1f} / {f['a_lp_measured']:.1f}",
-     f"{f['rho_m']:.2f} / {f['rho_m_measured']:.2f}", f"{_yes(f['agree'])}/{_yes(f['agree_ref'])}"]
+    [
+        f["preset"],
+        f["replication"],
+        f["skew"],
+        f"[{_fmt_b(f['lo'])}, {_fmt_b(f['hi'])}]",
+        _fmt_b(f["b_star"]),
+        _fmt_b(f["b_ref"]),
+        f"{f['e_eff_per_gpu']:.1f}",
+        f"{f['a_lp']:.1f} / {f['a_lp_measured']:.1f}",
+        f"{f['rho_m']:.2f} / {f['rho_m_measured']:.2f}",
+        f"{_yes(f['agree'])}/{_yes(f['agree_ref'])}",
+    ]
     for f in fine
-]  # fmt: skip
+]
 heads = ["preset", "repl", "s", "fine band", "B*", "B*_LM", "E_eff/G", "A_LP est / meas", "ρ_M est / meas", "in band"]
 print(table(rows, heads, "fine ladder: flip band vs the paper's B* and the refined B*_LM"))
 REC.table("fine", fine)
@@ -179,9 +190,13 @@ for preset, x in SHORT.items():
     for repl in SCAN.replications:
         low = [f for f in fine if f["preset"] == preset and f["replication"] == repl and f["skew"] <= 0.6]
         r = f"{repl:g}".replace(".", "")
-        REC.update(**{f"fine_a_lp_lo_{x}_{r}": min(f["a_lp_measured"] for f in low),
-                      f"fine_a_lp_hi_{x}_{r}": max(f["a_lp_measured"] for f in low),
-                      f"fine_e_eff_{x}_{r}": float(np.mean([f["e_eff_per_gpu"] for f in low]))})  # fmt: skip
+        REC.update(
+            **{
+                f"fine_a_lp_lo_{x}_{r}": min(f["a_lp_measured"] for f in low),
+                f"fine_a_lp_hi_{x}_{r}": max(f["a_lp_measured"] for f in low),
+                f"fine_e_eff_{x}_{r}": float(np.mean([f["e_eff_per_gpu"] for f in low])),
+            }
+        )
 REC.claim(
     "refined_closer_on_fine_grid",
     all(REC.values[f"fine_err_ref_{x}"] < REC.values[f"fine_err_{x}"] for x in SHORT.values()),
@@ -228,8 +243,15 @@ def draw_panel(ax, res, preset, ep, repl, bounds, norm):
     for i, s in enumerate(ss):
         for j, b in enumerate(bs):
             dark = abs(norm(gain[i, j]) - 0.5) > 0.35
-            ax.text(b, s, f"{win[i, j]}\n{gain[i, j]:.1f}", ha="center", va="center", fontsize=7,
-                    color="white" if dark else "black")  # fmt: skip
+            ax.text(
+                b,
+                s,
+                f"{win[i, j]}\n{gain[i, j]:.1f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "black",
+            )
     col = [b for b in bounds if b["preset"] == preset and b["ep"] == ep and b["replication"] == repl]
     bstar = np.clip([b["b_star"] for b in col], xe[0], xe[-1])
     ax.plot(bstar, [b["skew"] for b in col], "k--", lw=1.6, marker="D", ms=4, label="paper B*")
@@ -288,9 +310,16 @@ for name, (cfg, cell) in picks.items():
     mech.append({"name": name, **cell._asdict(), **d})
 REC.table("mechanisms", mech)
 keys = ["gain", "gain_matching", "metro_acts", "tempo_acts", "matching_acts", "metro_rho", "gain_token_ties"]
-print(table([[m["name"], m["preset"], m["ep"], m["replication"], m["skew"], m["tokens_per_gpu"]]
-             + [f"{m[k]:.3f}" for k in keys] for m in mech],
-            ["cell", "preset", "EP", "repl", "s", "B", *keys]))  # fmt: skip
+print(
+    table(
+        [
+            [m["name"], m["preset"], m["ep"], m["replication"], m["skew"], m["tokens_per_gpu"]]
+            + [f"{m[k]:.3f}" for k in keys]
+            for m in mech
+        ],
+        ["cell", "preset", "EP", "repl", "s", "B", *keys],
+    )
+)
 for m in mech:
     REC.update(**{f"mech_{m['name']}_{k}": m[k] for k in keys})
 worst = next(m for m in mech if m["name"] == "metro_worst")
@@ -311,23 +340,38 @@ REC.claim(
 )
 REC.claim(
     "max_gains_above_paper",
-    all(values[f"max_gain_{x}_{r}"] > paper / 100 for x, paper in (("dsv3", 8.5), ("qwen3", 10.2), ("dsv2", 11.8))
-        for r in ("125", "15")),
-)  # fmt: skip
+    all(
+        values[f"max_gain_{x}_{r}"] > paper / 100
+        for x, paper in (("dsv3", 8.5), ("qwen3", 10.2), ("dsv2", 11.8))
+        for r in ("125", "15")
+    ),
+)
 REC.claim(  # against the activation optimum, each shape's largest gain loses more than half its excess over the paper
     "max_gains_mostly_activation_greedy",
-    all(max(values[f"max_gain_vs_matching_{x}_{r}"] for r in ("125", "15")) - paper / 100
+    all(
+        max(values[f"max_gain_vs_matching_{x}_{r}"] for r in ("125", "15")) - paper / 100
         < (max(values[f"max_gain_{x}_{r}"] for r in ("125", "15")) - paper / 100) / 2
-        for x, paper in (("dsv3", 8.5), ("qwen3", 10.2), ("dsv2", 11.8))),
-)  # fmt: skip
+        for x, paper in (("dsv3", 8.5), ("qwen3", 10.2), ("dsv2", 11.8))
+    ),
+)
 
 # %% [markdown]
 # ## Fig. 12: scale extrapolation, DSv3 shape, 1.25× replication
 
 # %%
 bounds12 = boundary_rows(fig12)
-rows = [[b["ep"], b["skew"], b["winners"], f"[{_fmt_b(b['lo'])}, {_fmt_b(b['hi'])}]", _fmt_b(b["b_star"]),
-         _fmt_b(b["b_ref"]), f"{_yes(b['agree'])}/{_yes(b['agree_ref'])}"] for b in bounds12]  # fmt: skip
+rows = [
+    [
+        b["ep"],
+        b["skew"],
+        b["winners"],
+        f"[{_fmt_b(b['lo'])}, {_fmt_b(b['hi'])}]",
+        _fmt_b(b["b_star"]),
+        _fmt_b(b["b_ref"]),
+        f"{_yes(b['agree'])}/{_yes(b['agree_ref'])}",
+    ]
+    for b in bounds12
+]
 print(table(rows, ["EP", "s", "winners by B", "flip band", "B*", "B*_LM", "in band"], "Fig. 12 columns"))
 REC.update(
     in_band12=sum(b["agree"] for b in bounds12),
@@ -371,21 +415,37 @@ plt.show()
 
 # %%
 st = scale_stats(fig12, "dsv3_fp8_offline", 1.25)
-rows = [[s["ep"], s["skew"], f"{100 * s['mean_gain']:.2f}%", f"{100 * s['max_gain']:.2f}%", s["argmax_B"],
-         f"{100 * s['mean_gain_vs_matching']:.2f}%"] for s in st]  # fmt: skip
+rows = [
+    [
+        s["ep"],
+        s["skew"],
+        f"{100 * s['mean_gain']:.2f}%",
+        f"{100 * s['max_gain']:.2f}%",
+        s["argmax_B"],
+        f"{100 * s['mean_gain_vs_matching']:.2f}%",
+    ]
+    for s in st
+]
 print(table(rows, ["EP", "s", "mean gain over B", "max gain", "at B", "mean vs activation optimum"], "Fig. 12"))
 scale = scale_values(fig12, fig12_comm)
 REC.update(**scale)
 fig12_rows = REC.table("fig12", scale_rows(scale))
 REC.update(comm_c2=FIG12_COMM.comm_floor, comm_gamma=FIG12_COMM.comm_slope)
-REC.claim("s0_scale_gain_is_activation_greedy",
-          max(scale["scale_mean_s0_ep32_vs_matching"], scale["scale_mean_s0_ep64_vs_matching"]) < 0.01)  # fmt: skip
+REC.claim(
+    "s0_scale_gain_is_activation_greedy",
+    max(scale["scale_mean_s0_ep32_vs_matching"], scale["scale_mean_s0_ep64_vs_matching"]) < 0.01,
+)
 REC.claim("comm_small_on_average_not_per_cell", abs(scale["comm_dgain_mean"]) < 0.01 < scale["comm_dgain_max"])
 print(table([list(r.values()) for r in fig12_rows], ["quantity", "paper", "here"], "Fig. 12 / §3.3: paper vs here"))
 REC.update(
-    paper_max_gain_dsv3=8.5, paper_max_gain_qwen3=10.2, paper_max_gain_dsv2=11.8, paper_metro_worst=2.8,
-    paper_scale_max=15.5, paper_lp_lo=5, paper_lp_hi=17,
-)  # fmt: skip
+    paper_max_gain_dsv3=8.5,
+    paper_max_gain_qwen3=10.2,
+    paper_max_gain_dsv2=11.8,
+    paper_metro_worst=2.8,
+    paper_scale_max=15.5,
+    paper_lp_lo=5,
+    paper_lp_hi=17,
+)
 
 # %%
 REC.reading("""

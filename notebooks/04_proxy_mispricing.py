@@ -80,8 +80,15 @@ labels = list(SOURCES)
 rows = []
 for i, t in enumerate(tables[labels[0]]):
     other = tables[labels[1]][i]
-    rows.append([t["B"], t["policy"], fmt(t["paper_median"], t["paper_p95"]), fmt(t["median"], t["p95"]),
-                 fmt(other["median"], other["p95"])])  # fmt: skip
+    rows.append(
+        [
+            t["B"],
+            t["policy"],
+            fmt(t["paper_median"], t["paper_p95"]),
+            fmt(t["median"], t["p95"]),
+            fmt(other["median"], other["p95"]),
+        ]
+    )
 print(table(rows, ["B", "proxy / TEMPO", "paper", labels[0], labels[1]], "Table 1 (median/p95): paper vs here"))
 for label, key in zip(labels, ("flame", "zipf"), strict=True):
     REC.table(f"table1_{key}", tables[label])
@@ -136,30 +143,50 @@ ORACLE = {
 gaps = []
 for (src, preset), over in ORACLE.items():
     policies = ("uniform", "token_lp", "metro", "tempo")
-    cfg = PolicyConfig(tokens_per_step=ORACLE_B, drifts=(0,), preset=preset, policies=policies,
-                       max_windows=2 if SMALL else 16, **over)  # fmt: skip
+    cfg = PolicyConfig(
+        tokens_per_step=ORACLE_B, drifts=(0,), preset=preset, policies=policies, max_windows=2 if SMALL else 16, **over
+    )
     for g in oracle_gap_table(run_policies(cfg, workers=WORKERS, progress=not SMALL)):
         gaps.append({"source": src, "preset": preset, **g})
 REC.table("oracle_gap", gaps)
-print(table([[g["source"], g["preset"], g["B"], g["windows"], g["oracle"], f"{g['gap']:+.1%}"] for g in gaps],
-            ["routing", "cost model", "B", "windows", "oracle", "TEMPO gain over the oracle"], "§5.4"))  # fmt: skip
+print(
+    table(
+        [[g["source"], g["preset"], g["B"], g["windows"], g["oracle"], f"{g['gap']:+.1%}"] for g in gaps],
+        ["routing", "cost model", "B", "windows", "oracle", "TEMPO gain over the oracle"],
+        "§5.4",
+    )
+)
 for src in ("flame", "switch"):
     calibrated = [g["gap"] for g in gaps if g["source"] == src and g["preset"] != "dsv3_fp8_offline"]
     dsv3 = [g["gap"] for g in gaps if g["source"] == src and g["preset"] == "dsv3_fp8_offline"]
-    REC.update(**{f"oracle_{src}_lo": min(calibrated), f"oracle_{src}_hi": max(calibrated),
-                  f"oracle_{src}_dsv3_lo": min(dsv3), f"oracle_{src}_dsv3_hi": max(dsv3)})  # fmt: skip
+    REC.update(
+        **{
+            f"oracle_{src}_lo": min(calibrated),
+            f"oracle_{src}_hi": max(calibrated),
+            f"oracle_{src}_dsv3_lo": min(dsv3),
+            f"oracle_{src}_dsv3_hi": max(dsv3),
+        }
+    )
 REC.update(paper_oracle=PAPER["oracle_gap"][0], paper_oracle_dsv3=PAPER["oracle_gap"][1])
 REC.claim("tempo_never_worse_than_oracle_beyond_tau", all(g["gap"] >= -0.0102 for g in gaps))
 
 # %%
 zipf_metro = [REC.values[f"t1_zipf_{B}_metro"] for B in (512, 1024)]
 flame_static = [REC.values[f"t1_flame_{B}_static"] for B in (512, 1024)]
-REC.update(zipf_metro_lo=min(zipf_metro), zipf_metro_hi=max(zipf_metro), flame_static_lo=min(flame_static),
-           flame_static_hi=max(flame_static))  # fmt: skip
-REC.claim("static_as_costly_as_uniform_at_128",
-          abs(REC.values["t1_flame_128_static"] - REC.values["t1_flame_128_uniform"]) < 0.05)  # fmt: skip
-REC.claim("token_lp_optimal_at_large_B", all(REC.values[f"t1_{k}_{B}_token_lp"] < 1.005 for k in ("flame", "zipf")
-                                             for B in (512, 1024)))  # fmt: skip
+REC.update(
+    zipf_metro_lo=min(zipf_metro),
+    zipf_metro_hi=max(zipf_metro),
+    flame_static_lo=min(flame_static),
+    flame_static_hi=max(flame_static),
+)
+REC.claim(
+    "static_as_costly_as_uniform_at_128",
+    abs(REC.values["t1_flame_128_static"] - REC.values["t1_flame_128_uniform"]) < 0.05,
+)
+REC.claim(
+    "token_lp_optimal_at_large_B",
+    all(REC.values[f"t1_{k}_{B}_token_lp"] < 1.005 for k in ("flame", "zipf") for B in (512, 1024)),
+)
 REC.reading("""
 **Reading.** The regime flip is what Table 1 is about: in the floor regime (B = 128, ≈ 96 pairs per GPU) the
 policies that split experts pay activation floors while METRO keeps experts whole (FLAME

@@ -100,24 +100,43 @@ def _pp(c):
     )
 
 
-rows = [[c["variant"], _pp(c), c["paper_where"], f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]]
-        for c in comp]  # fmt: skip
-print(table(rows, ["variant", "paper mean/p95/max %", "paper: max at", "here mean/p95/max %", "here: max at"],
-            "Table 2: degradation vs full tempo_fast, paper vs here"))  # fmt: skip
+rows = [
+    [c["variant"], _pp(c), c["paper_where"], f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]]
+    for c in comp
+]
+print(
+    table(
+        rows,
+        ["variant", "paper mean/p95/max %", "paper: max at", "here mean/p95/max %", "here: max at"],
+        "Table 2: degradation vs full tempo_fast, paper vs here",
+    )
+)
 
 # The paper's tempo_fast truncates augmenting chains at 2 steps; ours searches full paths by default. The same
 # ablation with the paper's truncation in every solve:
 ablations2 = [component_ablation(cfg, chain_depth=2, workers=WORKERS, progress=not SMALL) for cfg in (PHASE, SCALE)]
 comp2 = component_table(summarize(ablations2))
 rows = [[c["variant"], _pp(c), f"{c['mean']:.1f} / {c['p95']:.1f} / {c['max']:.1f}", c["where"]] for c in comp2]
-print(table(rows, ["variant", "paper mean/p95/max %", "here mean/p95/max %", "here: max at"],
-            "Table 2 with depth-2 chains (the paper's truncation)"))  # fmt: skip
+print(
+    table(
+        rows,
+        ["variant", "paper mean/p95/max %", "here mean/p95/max %", "here: max at"],
+        "Table 2 with depth-2 chains (the paper's truncation)",
+    )
+)
 for prefix, tab in (("t2", comp), ("t2d2", comp2)):
     REC.table(prefix, tab)
     for c in tab:
         k = f"{prefix}_{KEYS[c['variant']]}"
-        REC.update(**{f"{k}_mean": c["mean"] / 100, f"{k}_p95": c["p95"] / 100, f"{k}_max": c["max"] / 100,
-                      f"{k}_where": c["where"], f"{k}_winner": c["winner"]})  # fmt: skip
+        REC.update(
+            **{
+                f"{k}_mean": c["mean"] / 100,
+                f"{k}_p95": c["p95"] / 100,
+                f"{k}_max": c["max"] / 100,
+                f"{k}_where": c["where"],
+                f"{k}_winner": c["winner"],
+            }
+        )
         if prefix == "t2" and np.isfinite(c["paper_max"]):
             REC.update(**{f"paper_{k}_max": c["paper_max"] / 100, f"paper_{k}_where": c["paper_where"]})
 
@@ -169,16 +188,21 @@ def _side_by_side(key, variants, bs, title):
     for v in variants:
         for B in bs:
             here = [next(t for t in results[lab + key] if t["variant"] == v and t["B"] == B) for lab in SOURCES]
-            out.append([LABELS[v], B, _fmt(here[0]["paper"]), *[_fmt(h["median"]) for h in here],
-                        f"{here[0]['ms']:.1f}"])  # fmt: skip
+            out.append(
+                [LABELS[v], B, _fmt(here[0]["paper"]), *[_fmt(h["median"]) for h in here], f"{here[0]['ms']:.1f}"]
+            )
     print(table(out, ["variant", "B", "paper", *[f"here {s}" for s in SOURCES], "ms (FLAME)"], title))
 
 
 _side_by_side("", STAGES, PAPER["table8_B"], "Table 8: median makespan / static, cumulative stages (drift-16)")
 print(f"paper solve ms at B=1024: { {LABELS[k]: v[3] for k, v in PAPER['table8'].items()} }")
 print()
-_side_by_side("/t9", ("+ensemble", "drop_traffic", "drop_floor"), PAPER["table9_B"],
-              "Table 9: median makespan / static, solve with terms deleted, score with the full model")  # fmt: skip
+_side_by_side(
+    "/t9",
+    ("+ensemble", "drop_traffic", "drop_floor"),
+    PAPER["table9_B"],
+    "Table 9: median makespan / static, solve with terms deleted, score with the full model",
+)
 for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
     REC.table(f"t8_{key}", results[lab])
     REC.table(f"t9_{key}", results[lab + "/t9"])
@@ -197,8 +221,9 @@ for ax, (key, variants, tab) in zip(axes, PANELS, strict=True):
     for k, v in enumerate(variants):
         for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):
             t = [r for r in results[lab + key] if r["variant"] == v]
-            ax.plot([r["B"] for r in t], [r["median"] for r in t], style, color=f"C{k}", ms=4,
-                    label=f"{LABELS[v]} ({lab})")  # fmt: skip
+            ax.plot(
+                [r["B"] for r in t], [r["median"] for r in t], style, color=f"C{k}", ms=4, label=f"{LABELS[v]} ({lab})"
+            )
         if v in PAPER[tab]:
             ax.plot(PAPER[f"{tab}_B"], PAPER[tab][v][: len(PAPER[f"{tab}_B"])], "D", color=f"C{k}", mfc="none", ms=8)
     ax.axhline(1.0, color="0.4", lw=0.8)
@@ -228,8 +253,10 @@ plt.show()
 # %%
 t0 = time.perf_counter()
 if SMALL:
-    T2 = (EpsilonConfig(traces=(("flame_moe_290m", 8),), synthetic=((256, 8, 8, 1.2),), max_batches=2),
-          ProbeConfig(gpus=(2, 8), experts=(16, 64), tokens_per_gpu=(128,), seeds=1))  # fmt: skip
+    T2 = (
+        EpsilonConfig(traces=(("flame_moe_290m", 8),), synthetic=((256, 8, 8, 1.2),), max_batches=2),
+        ProbeConfig(gpus=(2, 8), experts=(16, 64), tokens_per_gpu=(128,), seeds=1),
+    )
 else:
     T2 = (EpsilonConfig(), ProbeConfig())
 t2 = run_theorem2(*T2, workers=WORKERS, progress=not SMALL)
@@ -243,12 +270,21 @@ REC.update(**{f"paper_thm2_{k}": x for k, x in THM2_PAPER.items()})
 # %%
 v = REC.values
 REC.claim("table2_each_component_helps_somewhere", all(v[f"t2_{k}_max"] > 0 for k in ("partial", "chains", "ensemble")))
-REC.claim("chains_never_worse_than_seed", all(v[f"t8_{s}_chains_{B}"] <= v[f"t8_{s}_seed_{B}"] + 1e-9
-                                              for s in ("flame", "zipf") for B in REPLAY.tokens_per_step))  # fmt: skip
+REC.claim(
+    "chains_never_worse_than_seed",
+    all(
+        v[f"t8_{s}_chains_{B}"] <= v[f"t8_{s}_seed_{B}"] + 1e-9
+        for s in ("flame", "zipf")
+        for B in REPLAY.tokens_per_step
+    ),
+)
 REC.claim("seed_only_differs_at_128", abs(v["t8_flame_seed_128"] - v["paper_t8_seed_128"]) > 0.05)
-REC.claim("drop_floor_exact_above_floor_regime",
-          all(abs(v[f"t8_{s}_drop_floor_{B}"] - v[f"t8_{s}_full_{B}"]) < 0.01 for s in ("flame", "zipf")
-              for B in (1024, 2048)))  # fmt: skip
+REC.claim(
+    "drop_floor_exact_above_floor_regime",
+    all(
+        abs(v[f"t8_{s}_drop_floor_{B}"] - v[f"t8_{s}_full_{B}"]) < 0.01 for s in ("flame", "zipf") for B in (1024, 2048)
+    ),
+)
 REC.claim("thm2_proof_inequality_everywhere", v["thm2_theorem_holds"] == v["thm2_instances"])
 REC.claim("thm2_floor_dominates_our_recordings", v["thm2_token_share"] < 0.5)
 REC.claim("thm2_additive_term_tight", v["thm2_tight_high"] > 0.99 and v["thm2_delta_used"] >= 0.9)

@@ -133,10 +133,22 @@ for lab in SOURCES:
     for R in GRID.redundants:
         for K in GRID.drifts:
             sel = {t["policy"]: t for t in grid[lab] if t["redundant"] == R and t["drift"] == K}
-            rows.append([lab, R, K, *[f"{sel[p]['vs_static']:.3f}" for p in POLICIES[1:]],
-                         f"{sel['static']['vs_fresh_static']:.3f}"])  # fmt: skip
-print(table(rows, ["routing", "R", "K", *[LABELS[p] for p in POLICIES[1:]], "static / fresh static"],
-            "median makespan / static (same placement); last column: what the drift costs static"))  # fmt: skip
+            rows.append(
+                [
+                    lab,
+                    R,
+                    K,
+                    *[f"{sel[p]['vs_static']:.3f}" for p in POLICIES[1:]],
+                    f"{sel['static']['vs_fresh_static']:.3f}",
+                ]
+            )
+print(
+    table(
+        rows,
+        ["routing", "R", "K", *[LABELS[p] for p in POLICIES[1:]], "static / fresh static"],
+        "median makespan / static (same placement); last column: what the drift costs static",
+    )
+)
 for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
     REC.table(f"grid_{key}", grid[lab])
     collapse = [
@@ -152,40 +164,79 @@ for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
 # that sets TEMPO's bottleneck GPU in most windows, TEMPO's mean activations per GPU G, and `N*` at that G.
 
 # %%
-A2A = PolicyConfig(tokens_per_step=(128, 512, 1024) if SMALL else (32, 64, 128, 256, 384, 512, 768, 1024),
-                   drifts=(16,), policies=("static", "tempo"), max_windows=1 if SMALL else None)  # fmt: skip
+A2A = PolicyConfig(
+    tokens_per_step=(128, 512, 1024) if SMALL else (32, 64, 128, 256, 384, 512, 768, 1024),
+    drifts=(16,),
+    policies=("static", "tempo"),
+    max_windows=1 if SMALL else None,
+)
 cost = PRESETS[A2A.preset]
 a2a = {}
 for label, over in SOURCES.items():
     a2a[label] = a2a_table(run_policies(dataclasses.replace(A2A, **over), workers=WORKERS, progress=not SMALL), cost)
-rows = [[lab, t["B"], f"{0.75 * t['B']:.0f}", t["term"], f"{t['term_share']:.0%}", f"{t['G']:.1f}",
-         f"{t['n_star']:.0f}", f"{t['median']:.3f}", t["paper_term"], f"{t['paper_ratio']:.3f}"]
-        for lab in SOURCES for t in a2a[lab]]  # fmt: skip
-print(table(rows, ["routing", "B", "pairs/GPU", "TEMPO's bottleneck term", "share", "G", "N*", "TEMPO / static",
-                   "paper regime", "paper ratio"], "Table 3 / §5.13"))  # fmt: skip
+rows = [
+    [
+        lab,
+        t["B"],
+        f"{0.75 * t['B']:.0f}",
+        t["term"],
+        f"{t['term_share']:.0%}",
+        f"{t['G']:.1f}",
+        f"{t['n_star']:.0f}",
+        f"{t['median']:.3f}",
+        t["paper_term"],
+        f"{t['paper_ratio']:.3f}",
+    ]
+    for lab in SOURCES
+    for t in a2a[lab]
+]
+print(
+    table(
+        rows,
+        [
+            "routing",
+            "B",
+            "pairs/GPU",
+            "TEMPO's bottleneck term",
+            "share",
+            "G",
+            "N*",
+            "TEMPO / static",
+            "paper regime",
+            "paper ratio",
+        ],
+        "Table 3 / §5.13",
+    )
+)
 for lab, key in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
     REC.table(f"table3_{key}", a2a[lab])
     REC.update(**{f"t3_{key}_{t['B']}": t["median"] for t in a2a[lab]})
     REC.update(**{f"t3_{key}_{t['B']}_term": t["term"] for t in a2a[lab]})
     floor = [t for t in a2a[lab] if t["term"] == "floor"]
     traffic = [t for t in a2a[lab] if t["term"] == "traffic"]
-    REC.update(**{
-        f"a2a_{key}_last_floor_b": max((t["B"] for t in floor), default=0),
-        f"a2a_{key}_first_traffic_b": min((t["B"] for t in traffic), default=0),
-        f"a2a_{key}_g": float(np.mean([t["G"] for t in a2a[lab]])),
-        f"a2a_{key}_n_star": float(np.mean([t["n_star"] for t in a2a[lab]])),
-    })  # fmt: skip
+    REC.update(
+        **{
+            f"a2a_{key}_last_floor_b": max((t["B"] for t in floor), default=0),
+            f"a2a_{key}_first_traffic_b": min((t["B"] for t in traffic), default=0),
+            f"a2a_{key}_g": float(np.mean([t["G"] for t in a2a[lab]])),
+            f"a2a_{key}_n_star": float(np.mean([t["n_star"] for t in a2a[lab]])),
+        }
+    )
 REC.update(pairs_per_token_per_gpu=6 / 8)
-REC.update(paper_a2a_g=PAPER["a2a"]["G"], paper_a2a_n_star=PAPER["a2a"]["N_star"],
-           a2a_paper_check=(cost.a + cost.b * PAPER["a2a"]["G"] - cost.c2) / cost.gamma)  # fmt: skip
+REC.update(
+    paper_a2a_g=PAPER["a2a"]["G"],
+    paper_a2a_n_star=PAPER["a2a"]["N_star"],
+    a2a_paper_check=(cost.a + cost.b * PAPER["a2a"]["G"] - cost.c2) / cost.gamma,
+)
 for B, (_term, ratio) in PAPER["table3"].items():
     REC.update(**{f"paper_t3_{B}": ratio})
 
 # %%
 v = REC.values
-REC.claim("tempo_best_or_tied_every_column_zipf",
-          all(v[f"t4_zipf_tempo_{k}"] <= min(v[f"t4_zipf_{p}_{k}"] for p in POLICIES) + 0.005
-              for k in SCALE_KEYS.values()))  # fmt: skip
+REC.claim(
+    "tempo_best_or_tied_every_column_zipf",
+    all(v[f"t4_zipf_tempo_{k}"] <= min(v[f"t4_zipf_{p}_{k}"] for p in POLICIES) + 0.005 for k in SCALE_KEYS.values()),
+)
 REC.claim("collapse_at_r16_k16_zipf", v["grid_zipf_r16_k16_hi"] < 1.03)
 REC.claim("modelled_gain_persists_past_n_star", all(v[f"t3_{k}_1024"] < 0.99 for k in ("flame", "zipf")))
 REC.reading("""

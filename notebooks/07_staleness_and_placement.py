@@ -99,8 +99,13 @@ for lab in SOURCES:
         kept = f"{100 * sel['stale']['retained']:.0f}% / {100 * sel['frozen']['retained']:.0f}%"
         rows.append([lab, *key, *cells, kept])
 rows.append(["paper", 64, "1–4", "?", "decode", "0.78 (0.80)", "0.85", "0.89", "1.09", "75–85% / 70–80%"])
-print(table(rows, ["routing", "R", "scale", "K", "B", "exact", "stale-1", "frozen", "uniform",
-                   "gain kept stale/frozen"], "§5.5: makespan / static, mean (median) over windows t ≥ 1"))  # fmt: skip
+print(
+    table(
+        rows,
+        ["routing", "R", "scale", "K", "B", "exact", "stale-1", "frozen", "uniform", "gain kept stale/frozen"],
+        "§5.5: makespan / static, mean (median) over windows t ≥ 1",
+    )
+)
 for lab, src in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
     REC.table(f"info_{src}", info[lab])
     for t in info[lab]:
@@ -132,8 +137,9 @@ for ax, lab in zip(axes, SOURCES, strict=True):
     keys = list(dict.fromkeys(tuple(t[k] for k in KEY) for t in info[lab]))
     x = np.arange(len(keys))
     for k, reg in enumerate(regimes):
-        vals = [next(t for t in info[lab] if tuple(t[c] for c in KEY) == key and t["regime"] == reg)["mean"]
-                for key in keys]  # fmt: skip
+        vals = [
+            next(t for t in info[lab] if tuple(t[c] for c in KEY) == key and t["regime"] == reg)["mean"] for key in keys
+        ]
         ax.bar(x + (k - 1.5) * 0.2, vals, 0.19, color=f"C{k}", label=reg)
         ax.axhline(PAPER["information"][reg], color=f"C{k}", ls=":", lw=1)
     ax.axhline(1.0, color="0.3", lw=0.8)
@@ -172,8 +178,12 @@ print(table(rows, heads, "drift-K (R = 64): median makespan vs same-placement st
 for lab, src in (("FLAME", "flame"), ("Zipf1.2", "zipf")):
     REC.table(f"drift_{src}", drift[lab])
     st = [t for t in drift[lab] if t["policy"] == "static" and t["drift"] > 0]
-    REC.update(**{f"drift_{src}_static_max": max(t["vs_fresh_static"] for t in st),
-                  f"drift_{src}_static_max_b": max(st, key=lambda t: t["vs_fresh_static"])["B"]})  # fmt: skip
+    REC.update(
+        **{
+            f"drift_{src}_static_max": max(t["vs_fresh_static"] for t in st),
+            f"drift_{src}_static_max_b": max(st, key=lambda t: t["vs_fresh_static"])["B"],
+        }
+    )
     for t in drift[lab]:
         REC.value(f"drift_{src}_{t['policy']}_k{t['drift']}_b{t['B']}", t["vs_fresh_static"])
 
@@ -183,8 +193,13 @@ for ax, B in zip(axes, DRIFT.tokens_per_step, strict=True):
     for k, p in enumerate(DRIFT.policies):
         for lab, style in zip(SOURCES, ("-o", "--s"), strict=True):
             t = [s for s in drift[lab] if s["policy"] == p and s["B"] == B]
-            ax.plot([s["drift"] for s in t], [s["vs_fresh_static"] for s in t], style, color=f"C{k}",
-                    label=f"{LABELS[p]} ({lab})")  # fmt: skip
+            ax.plot(
+                [s["drift"] for s in t],
+                [s["vs_fresh_static"] for s in t],
+                style,
+                color=f"C{k}",
+                label=f"{LABELS[p]} ({lab})",
+            )
     ax.axhline(1.0, color="0.3", lw=0.8)
     ax.set_xticks(DRIFT.drifts)
     ax.set_xlabel("drift K (hot experts swapped)")
@@ -229,8 +244,14 @@ for ax, B in zip(axes, REFRESH.tokens_per_step, strict=True):
     x = np.arange(len(order))
     t = [next(s for s in ref if s["B"] == B and s["policy"] == c) for c in order]
     ax.bar(x - 0.2, [s["median"] for s in t], 0.38, color="C0", label="here: median")
-    ax.errorbar(x - 0.2, [s["median"] for s in t], yerr=[np.zeros(len(t)), [s["p95"] - s["median"] for s in t]],
-                fmt="none", ecolor="k", lw=0.8)  # fmt: skip
+    ax.errorbar(
+        x - 0.2,
+        [s["median"] for s in t],
+        yerr=[np.zeros(len(t)), [s["p95"] - s["median"] for s in t]],
+        fmt="none",
+        ecolor="k",
+        lw=0.8,
+    )
     ax.bar(x + 0.2, [s["paper_median"] for s in t], 0.38, color="C1", alpha=0.7, label="paper: median")
     ax.axhline(1.0, color="0.3", lw=0.8)
     ax.set_xticks(x, order, rotation=40, ha="right", fontsize=8)
@@ -245,12 +266,18 @@ plt.show()
 
 # %%
 v = REC.values
-REC.claim("stale_keeps_most_at_decode_little_when_traffic_bound_fresh",
-          v["info_zipf_traffic_fresh_kept_hi"] < 0.5 < v["info_zipf_decode_kept_lo"])  # fmt: skip
+REC.claim(
+    "stale_keeps_most_at_decode_little_when_traffic_bound_fresh",
+    v["info_zipf_traffic_fresh_kept_hi"] < 0.5 < v["info_zipf_decode_kept_lo"],
+)
 REC.claim("refresh_alone_helps_at_512", v["t10_512_uniform_cum16"] < 1.0)
-REC.claim("tempo_on_refreshed_best_at_512",
-          min(v["t10_512_tempo_cum16"], v["t10_512_tempo_w4"]) <= min(v[f"t10_512_{k}"] for k in
-          ("static_never", "uniform_never", "uniform_cum16", "static_cum16", "tempo_never")))  # fmt: skip
+REC.claim(
+    "tempo_on_refreshed_best_at_512",
+    min(v["t10_512_tempo_cum16"], v["t10_512_tempo_w4"])
+    <= min(
+        v[f"t10_512_{k}"] for k in ("static_never", "uniform_never", "uniform_cum16", "static_cum16", "tempo_never")
+    ),
+)
 REC.claim("refresh_does_not_help_static_at_128", v["t10_128_static_cum16"] >= 1.0)
 REC.reading("""
 **Reading.** The paper's setting (decode scale, R = 64, drift-16) is closest to our Zipf(1.2) rows with R = 64,

@@ -50,8 +50,19 @@ CONFIG = TopologyConfig(batches=1 if SMALL else 8)
 # %%
 rows = topology_replay(CONFIG)
 summary = topology_summary(rows)
-out = [[s["layout"], s["B"], f"{s['flat']:.3f}", f"{s['topology']:.3f}", f"{100 * s['saving']:.1f}%",
-        f"{s['static']:.3f}", f"{s['static_vs_tempo']:.2f}", f"{s['makespan_gap']:.1e}"] for s in summary]  # fmt: skip
+out = [
+    [
+        s["layout"],
+        s["B"],
+        f"{s['flat']:.3f}",
+        f"{s['topology']:.3f}",
+        f"{100 * s['saving']:.1f}%",
+        f"{s['static']:.3f}",
+        f"{s['static_vs_tempo']:.2f}",
+        f"{s['makespan_gap']:.1e}",
+    ]
+    for s in summary
+]
 heads = ["layout", "B", "flat", "topology-aware", "saved", "static", "static makespan / TEMPO", "max |Δ makespan| µs"]
 print(table(out, heads, "fraction of token–expert pairs crossing nodes (2-node EP16, Zipf 1.2)"))
 print("\npaper vs here")
@@ -63,11 +74,21 @@ hier = " / ".join(f"{s['topology']:.2f}" for s in h.values())
 REC.table("summary", summary)
 for x in summary:
     k = f"{x['layout'][:4]}_{x['B']}"
-    REC.update(**{f"{k}_flat": x["flat"], f"{k}_topo": x["topology"], f"{k}_static": x["static"],
-                  f"{k}_saving": x["saving"], f"{k}_static_vs_tempo": x["static_vs_tempo"]})  # fmt: skip
-REC.update(makespan_gap=gap, flat_mean=float(np.mean([x["flat"] for x in g.values()])),
-           static_vs_tempo_lo=min(x["static_vs_tempo"] for x in summary),
-           static_vs_tempo_hi=max(x["static_vs_tempo"] for x in summary))  # fmt: skip
+    REC.update(
+        **{
+            f"{k}_flat": x["flat"],
+            f"{k}_topo": x["topology"],
+            f"{k}_static": x["static"],
+            f"{k}_saving": x["saving"],
+            f"{k}_static_vs_tempo": x["static_vs_tempo"],
+        }
+    )
+REC.update(
+    makespan_gap=gap,
+    flat_mean=float(np.mean([x["flat"] for x in g.values()])),
+    static_vs_tempo_lo=min(x["static_vs_tempo"] for x in summary),
+    static_vs_tempo_hi=max(x["static_vs_tempo"] for x in summary),
+)
 REC.update(paper_e2e_flat="−3.5%", paper_e2e_topo="+4.1%")
 REC.claim("topology_never_crosses_more", all(x["topology"] <= x["flat"] + 1e-12 for x in summary))
 REC.claim("hierarchical_no_saving", all(abs(x["saving"]) < 1e-9 for x in h.values()))

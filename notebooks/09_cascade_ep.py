@@ -99,17 +99,37 @@ TARGET_R_TAIL = PAPER["tail_ratio"][0]
 POINTS = ("rec", "tail", "90")  # the recorded rate, the paper's R_tail matched, 0.9 of Sync's capacity
 POINT_LABEL = {"rec": "recorded rate", "tail": "R_tail matched", "90": "0.9 × capacity"}
 MODES = ("sync", "async", "async_sf", "cascade")
-COMBOS = {"c_r": ("contention", "reactive"), "c_p": ("contention", "planned"), "c_l": ("contention", "layer"),
-          "f_r": ("fifo", "reactive"), "p_r": ("paper", "reactive"), "p_p": ("paper", "planned")}  # fmt: skip
+COMBOS = {
+    "c_r": ("contention", "reactive"),
+    "c_p": ("contention", "planned"),
+    "c_l": ("contention", "layer"),
+    "f_r": ("fifo", "reactive"),
+    "p_r": ("paper", "reactive"),
+    "p_p": ("paper", "planned"),
+}
 MODELS = ("deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3")
 LINKS = ("contention", "paper")  # the sections after Fig. 8: both link models (reactive launching)
 PRE = {"contention": "", "paper": "plinks_"}  # recorded-value prefix of each link model
 REACTIVE = {"contention": "c_r", "paper": "p_r"}  # each link model's reactive cell of the Fig. 8 grid
 ATTR_STEPS = 30 if SMALL else 120  # served steps replayed per seed for the attribution
 #: The previous run's figures (commit d589e47, before issue 39's modelling changes), quoted in the reading.
-PREVIOUS = {"cut": 0.275, "cut_lo": 0.265, "cut_hi": 0.286, "order": "Sync > Async > Async+SF > CascadeEP",
-            "cut_planned": 0.279, "thr": 1.145, "early": 0.018, "combine": 0.218, "oewf": 0.038, "longer": 2238,
-            "longer_share": 0.108, "r_tail": 0.419, "oewf_alone": 0.050, "size_all": 0.068, "seeds": 5}  # fmt: skip
+PREVIOUS = {
+    "cut": 0.275,
+    "cut_lo": 0.265,
+    "cut_hi": 0.286,
+    "order": "Sync > Async > Async+SF > CascadeEP",
+    "cut_planned": 0.279,
+    "thr": 1.145,
+    "early": 0.018,
+    "combine": 0.218,
+    "oewf": 0.038,
+    "longer": 2238,
+    "longer_share": 0.108,
+    "r_tail": 0.419,
+    "oewf_alone": 0.050,
+    "size_all": 0.068,
+    "seeds": 5,
+}
 run = dict(workers=WORKERS, progress=not SMALL)
 
 
@@ -134,17 +154,26 @@ rows = []
 for name in MODELS:
     c = prefill_costs(name)
     m = c.model
-    rows.append([name, f"{m.experts} × {m.top_k}, {m.hidden}, {m.expert_dim}, {m.layers}",
-                 f"{c.fixed_us:.0f} µs + N / {c.peak_tokens_per_us:.1f}", c.threshold,
-                 f"{c.expert_bytes / 1e6:.1f} MB"])  # fmt: skip
+    rows.append(
+        [
+            name,
+            f"{m.experts} × {m.top_k}, {m.hidden}, {m.expert_dim}, {m.layers}",
+            f"{c.fixed_us:.0f} µs + N / {c.peak_tokens_per_us:.1f}",
+            c.threshold,
+            f"{c.expert_bytes / 1e6:.1f} MB",
+        ]
+    )
 print(table(rows, ["model", "E × K, H, F, L", "F(N)", "θ (ρ = 0.9)", "one expert"], "B200, D = 8 (θ: Fig. 4)"))
 costs = BASE.costs()
 truth = BASE.attention_truth()
 tempo_cost = costs.tempo_cost_model()
-REC.update(theta=costs.threshold, n_star=tempo_cost.b / tempo_cost.beta,
-           pairs_per_expert=BASE.max_batch_tokens * BASE.num_ranks * costs.model.top_k / costs.model.experts,
-           fit_profile_accuracy=float(np.mean([r.accuracy for r in truth.reports])),
-           attention_classes=truth.classes)  # fmt: skip
+REC.update(
+    theta=costs.threshold,
+    n_star=tempo_cost.b / tempo_cost.beta,
+    pairs_per_expert=BASE.max_batch_tokens * BASE.num_ranks * costs.model.top_k / costs.model.experts,
+    fit_profile_accuracy=float(np.mean([r.accuracy for r in truth.reports])),
+    attention_classes=truth.classes,
+)
 REC.claim("prefill_far_above_n_star", REC.values["pairs_per_expert"] > 10 * REC.values["n_star"])
 
 # %% [markdown]
@@ -157,16 +186,21 @@ REC.claim("prefill_far_above_n_star", REC.values["pairs_per_expert"] > 10 * REC.
 # %%
 t0 = time.perf_counter()
 cap_tps, cap_rps = capacity_rps(BASE, **run)
-budget, tail_found, tail_rate = budget_for_tail_ratio(BASE, TARGET_R_TAIL, load=LOAD, iters=4 if SMALL else 10,
-                                                      **run)  # fmt: skip
+budget, tail_found, tail_rate = budget_for_tail_ratio(BASE, TARGET_R_TAIL, load=LOAD, iters=4 if SMALL else 10, **run)
 MATCHED = dataclasses.replace(BASE, attention="sparse", key_budget=budget)
-POINT_CFG = {"rec": dataclasses.replace(BASE, rate_rps=None), "tail": dataclasses.replace(MATCHED, rate_rps=tail_rate),
-             "90": dataclasses.replace(BASE, rate_rps=LOAD * cap_rps)}  # fmt: skip
-REC.update(capacity_rps=cap_rps, tail_budget=budget, tail_found=tail_found, tail_rate=tail_rate,
-           target_r_tail=TARGET_R_TAIL)  # fmt: skip
-print(f"Sync capacity {cap_tps / 1e3:.0f} ktok/s = {cap_rps:.2f} req/s; R_tail {tail_found:.1%} (target "
-      f"{TARGET_R_TAIL:.0%}) with a key budget of {budget:,} at {tail_rate:.2f} req/s — "
-      f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+POINT_CFG = {
+    "rec": dataclasses.replace(BASE, rate_rps=None),
+    "tail": dataclasses.replace(MATCHED, rate_rps=tail_rate),
+    "90": dataclasses.replace(BASE, rate_rps=LOAD * cap_rps),
+}
+REC.update(
+    capacity_rps=cap_rps, tail_budget=budget, tail_found=tail_found, tail_rate=tail_rate, target_r_tail=TARGET_R_TAIL
+)
+print(
+    f"Sync capacity {cap_tps / 1e3:.0f} ktok/s = {cap_rps:.2f} req/s; R_tail {tail_found:.1%} (target "
+    f"{TARGET_R_TAIL:.0%}) with a key budget of {budget:,} at {tail_rate:.2f} req/s — "
+    f"{time.perf_counter() - t0:.0f} s"
+)
 
 # %% [markdown]
 # ## Fig. 8: the incremental ablation under every link and launch model, at the three operating points
@@ -190,54 +224,110 @@ for key, (links, launch) in COMBOS.items():
         cut, cut95 = reduction_summary(grid[key, point]), reduction_summary(grid[key, point], "ttft_p95_s")
         for mode in MODES:
             f, c, c95, g = summ[mode]["ttft_mean_s"], cut[mode], cut95[mode], gain[mode]
-            abl.append({"links": links, "launch": launch, "point": point, "mode": mode,
-                        "ttft_mean_s": f["value"], "ttft_mean_lo": f["ci95"][0], "ttft_mean_hi": f["ci95"][1],
-                        "ttft_p95_s": summ[mode]["ttft_p95_s"]["value"],
-                        "ttft_cut": c["value"], "ttft_cut_lo": c["ci95"][0], "ttft_cut_hi": c["ci95"][1],
-                        "p95_cut": c95["value"], "p95_cut_lo": c95["ci95"][0], "p95_cut_hi": c95["ci95"][1],
-                        "thr_ratio": 1 + g["value"], "thr_lo": 1 + g["ci95"][0],
-                        "thr_hi": 1 + g["ci95"][1]})  # fmt: skip
+            abl.append(
+                {
+                    "links": links,
+                    "launch": launch,
+                    "point": point,
+                    "mode": mode,
+                    "ttft_mean_s": f["value"],
+                    "ttft_mean_lo": f["ci95"][0],
+                    "ttft_mean_hi": f["ci95"][1],
+                    "ttft_p95_s": summ[mode]["ttft_p95_s"]["value"],
+                    "ttft_cut": c["value"],
+                    "ttft_cut_lo": c["ci95"][0],
+                    "ttft_cut_hi": c["ci95"][1],
+                    "p95_cut": c95["value"],
+                    "p95_cut_lo": c95["ci95"][0],
+                    "p95_cut_hi": c95["ci95"][1],
+                    "thr_ratio": 1 + g["value"],
+                    "thr_lo": 1 + g["ci95"][0],
+                    "thr_hi": 1 + g["ci95"][1],
+                }
+            )
             tag = f"{key}_{point}_{mode}"
-            REC.update(**{f"cut_{tag}": c["value"], f"cut_{tag}_lo": c["ci95"][0], f"cut_{tag}_hi": c["ci95"][1],
-                          f"p95cut_{tag}": c95["value"]})  # fmt: skip
+            REC.update(
+                **{
+                    f"cut_{tag}": c["value"],
+                    f"cut_{tag}_lo": c["ci95"][0],
+                    f"cut_{tag}_hi": c["ci95"][1],
+                    f"p95cut_{tag}": c95["value"],
+                }
+            )
             if point == "90":
-                REC.update(**{f"thr_{key}_{mode}": 1 + g["value"], f"thr_{key}_{mode}_lo": 1 + g["ci95"][0],
-                              f"thr_{key}_{mode}_hi": 1 + g["ci95"][1]})  # fmt: skip
+                REC.update(
+                    **{
+                        f"thr_{key}_{mode}": 1 + g["value"],
+                        f"thr_{key}_{mode}_lo": 1 + g["ci95"][0],
+                        f"thr_{key}_{mode}_hi": 1 + g["ci95"][1],
+                    }
+                )
         REC.update(**{f"order_{key}_{point}": ordering(summ)})
-        sf_vs_async = paired_difference(summ["async"]["ttft_mean_s"]["per_seed"],
-                                        summ["async_sf"]["ttft_mean_s"]["per_seed"])  # fmt: skip
-        REC.update(**{f"async_minus_sf_{key}_{point}": sf_vs_async["value"],
-                      f"async_minus_sf_{key}_{point}_lo": sf_vs_async["ci95"][0],
-                      f"async_minus_sf_{key}_{point}_hi": sf_vs_async["ci95"][1],
-                      f"async_minus_sf_{key}_{point}_p": sf_vs_async["sign_p"]})  # fmt: skip
+        sf_vs_async = paired_difference(
+            summ["async"]["ttft_mean_s"]["per_seed"], summ["async_sf"]["ttft_mean_s"]["per_seed"]
+        )
+        REC.update(
+            **{
+                f"async_minus_sf_{key}_{point}": sf_vs_async["value"],
+                f"async_minus_sf_{key}_{point}_lo": sf_vs_async["ci95"][0],
+                f"async_minus_sf_{key}_{point}_hi": sf_vs_async["ci95"][1],
+                f"async_minus_sf_{key}_{point}_p": sf_vs_async["sign_p"],
+            }
+        )
     REC.update(**{f"thr_order_{key}": ordering(seed_summary(thr[key]), "throughput_tps")})
 # The previous seeding (5 seeds of one workload) under today's model, at 0.9: separates the model's changes from
 # the seeds'.
 fixed = run_cascade_seeds(dataclasses.replace(POINT_CFG["90"], vary_workload=False), MODES, seeds=SEEDS[:5], **run)
 fixed_cut = reduction_summary(fixed)["cascade"]
-REC.update(fixed_cut=fixed_cut["value"], fixed_cut_lo=fixed_cut["ci95"][0], fixed_cut_hi=fixed_cut["ci95"][1],
-           fixed_order=ordering(seed_summary(fixed)), fixed_seeds=len(SEEDS[:5]),
-           model_shift=PREVIOUS["cut"] - fixed_cut["value"],
-           seed_shift=fixed_cut["value"] - REC.values["cut_c_r_90_cascade"])  # fmt: skip
+REC.update(
+    fixed_cut=fixed_cut["value"],
+    fixed_cut_lo=fixed_cut["ci95"][0],
+    fixed_cut_hi=fixed_cut["ci95"][1],
+    fixed_order=ordering(seed_summary(fixed)),
+    fixed_seeds=len(SEEDS[:5]),
+    model_shift=PREVIOUS["cut"] - fixed_cut["value"],
+    seed_shift=fixed_cut["value"] - REC.values["cut_c_r_90_cascade"],
+)
 REC.table("ablation", abl)
-print(table([[r["links"], r["launch"], POINT_LABEL[r["point"]], LABELS[r["mode"]],
-              f"{r['thr_ratio']:.3f} [{r['thr_lo']:.3f}, {r['thr_hi']:.3f}]",
-              f"{r['ttft_mean_s']:.3f} [{r['ttft_mean_lo']:.3f}, {r['ttft_mean_hi']:.3f}]",
-              f"{100 * r['ttft_cut']:.1f}% [{100 * r['ttft_cut_lo']:.1f}, {100 * r['ttft_cut_hi']:.1f}]",
-              f"{100 * r['p95_cut']:.1f}% [{100 * r['p95_cut_lo']:.1f}, {100 * r['p95_cut_hi']:.1f}]"] for r in abl],
-            ["links", "launch", "operating point", "mode", "throughput vs Sync", "TTFT avg s", "avg cut", "p95 cut"],
-            f"DeepSeek-V4-Flash, {BASE.max_requests} requests, mean [95% CI] over {len(SEEDS)} seeds"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                r["links"],
+                r["launch"],
+                POINT_LABEL[r["point"]],
+                LABELS[r["mode"]],
+                f"{r['thr_ratio']:.3f} [{r['thr_lo']:.3f}, {r['thr_hi']:.3f}]",
+                f"{r['ttft_mean_s']:.3f} [{r['ttft_mean_lo']:.3f}, {r['ttft_mean_hi']:.3f}]",
+                f"{100 * r['ttft_cut']:.1f}% [{100 * r['ttft_cut_lo']:.1f}, {100 * r['ttft_cut_hi']:.1f}]",
+                f"{100 * r['p95_cut']:.1f}% [{100 * r['p95_cut_lo']:.1f}, {100 * r['p95_cut_hi']:.1f}]",
+            ]
+            for r in abl
+        ],
+        ["links", "launch", "operating point", "mode", "throughput vs Sync", "TTFT avg s", "avg cut", "p95 cut"],
+        f"DeepSeek-V4-Flash, {BASE.max_requests} requests, mean [95% CI] over {len(SEEDS)} seeds",
+    )
+)
 for key in COMBOS:
-    print(key, " | ".join(f"{POINT_LABEL[p]}: {REC.values[f'order_{key}_{p}']}" for p in POINTS),
-          "| throughput:", REC.values[f"thr_order_{key}"])  # fmt: skip
-REC.update(load_fraction=LOAD, seeds=len(SEEDS), requests=BASE.max_requests or 0,
-           paper_thr_async=PAPER["throughput_ktok_s"]["async"] / PAPER["throughput_ktok_s"]["sync"],
-           paper_thr_async_sf=PAPER["throughput_ktok_s"]["async_sf"] / PAPER["throughput_ktok_s"]["sync"],
-           paper_thr_cascade=PAPER["throughput_ktok_s"]["cascade"] / PAPER["throughput_ktok_s"]["sync"],
-           paper_ttft_mean_cut=PAPER["ttft_reduction"]["mean"], paper_ttft_p95_cut=PAPER["ttft_reduction"]["p95"],
-           paper_oewf_alone_mean=PAPER["oewf_only_reduction"]["mean"],
-           paper_oewf_alone_p95=PAPER["oewf_only_reduction"]["p95"],
-           **{f"prev_{k}": v for k, v in PREVIOUS.items()})  # fmt: skip
+    print(
+        key,
+        " | ".join(f"{POINT_LABEL[p]}: {REC.values[f'order_{key}_{p}']}" for p in POINTS),
+        "| throughput:",
+        REC.values[f"thr_order_{key}"],
+    )
+REC.update(
+    load_fraction=LOAD,
+    seeds=len(SEEDS),
+    requests=BASE.max_requests or 0,
+    paper_thr_async=PAPER["throughput_ktok_s"]["async"] / PAPER["throughput_ktok_s"]["sync"],
+    paper_thr_async_sf=PAPER["throughput_ktok_s"]["async_sf"] / PAPER["throughput_ktok_s"]["sync"],
+    paper_thr_cascade=PAPER["throughput_ktok_s"]["cascade"] / PAPER["throughput_ktok_s"]["sync"],
+    paper_ttft_mean_cut=PAPER["ttft_reduction"]["mean"],
+    paper_ttft_p95_cut=PAPER["ttft_reduction"]["p95"],
+    paper_oewf_alone_mean=PAPER["oewf_only_reduction"]["mean"],
+    paper_oewf_alone_p95=PAPER["oewf_only_reduction"]["p95"],
+    **{f"prev_{k}": v for k, v in PREVIOUS.items()},
+)
 
 # %% [markdown]
 # ## Where the gains come from: early FFN, combine overlap, OEWF — on per-layer time with the same inputs
@@ -258,32 +348,63 @@ for links in LINKS:
         for part in ATTRIBUTION:
             vals = [a[part] for a in per_seed]
             lo, hi = bootstrap_ci(vals)
-            attr_rows.append({"links": links, "point": point, "part": part, "value": float(np.mean(vals)),
-                              "lo": lo, "hi": hi})  # fmt: skip
-            REC.update(**{f"{pre}attr_{part}_{point}": float(np.mean(vals)), f"{pre}attr_{part}_{point}_lo": lo,
-                          f"{pre}attr_{part}_{point}_hi": hi})  # fmt: skip
+            attr_rows.append(
+                {"links": links, "point": point, "part": part, "value": float(np.mean(vals)), "lo": lo, "hi": hi}
+            )
+            REC.update(
+                **{
+                    f"{pre}attr_{part}_{point}": float(np.mean(vals)),
+                    f"{pre}attr_{part}_{point}_lo": lo,
+                    f"{pre}attr_{part}_{point}_hi": hi,
+                }
+            )
     loaded = POINT_CFG["90"]
     exact = seeds(dataclasses.replace(loaded, links=links, estimates="exact"), ("async_sf", "cascade"))
     ex = reduction_summary(exact, base="async_sf")["cascade"]
     sf_base = reduction_summary(grid[key, "90"], base="async_sf")["cascade"]
     sf95 = reduction_summary(grid[key, "90"], "ttft_p95_s", base="async_sf")["cascade"]
-    REC.update(**{f"{pre}oewf_alone_exact": ex["value"], f"{pre}oewf_alone_exact_lo": ex["ci95"][0],
-                  f"{pre}oewf_alone_exact_hi": ex["ci95"][1], f"{pre}oewf_alone_mean": sf_base["value"],
-                  f"{pre}oewf_alone_mean_lo": sf_base["ci95"][0], f"{pre}oewf_alone_mean_hi": sf_base["ci95"][1],
-                  f"{pre}oewf_alone_p95": sf95["value"]})  # fmt: skip
+    REC.update(
+        **{
+            f"{pre}oewf_alone_exact": ex["value"],
+            f"{pre}oewf_alone_exact_lo": ex["ci95"][0],
+            f"{pre}oewf_alone_exact_hi": ex["ci95"][1],
+            f"{pre}oewf_alone_mean": sf_base["value"],
+            f"{pre}oewf_alone_mean_lo": sf_base["ci95"][0],
+            f"{pre}oewf_alone_mean_hi": sf_base["ci95"][1],
+            f"{pre}oewf_alone_p95": sf95["value"],
+        }
+    )
 REC.table("attribution", attr_rows)
-print(table([[r["links"], POINT_LABEL[r["point"]], r["part"],
-              f"{100 * r['value']:.2f}% [{100 * r['lo']:.2f}, {100 * r['hi']:.2f}]"] for r in attr_rows],
-            ["links", "operating point", "part", "share of Sync's forward time: mean [95% CI]"],
-            f"attribution on {ATTR_STEPS} replayed steps per seed — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                r["links"],
+                POINT_LABEL[r["point"]],
+                r["part"],
+                f"{100 * r['value']:.2f}% [{100 * r['lo']:.2f}, {100 * r['hi']:.2f}]",
+            ]
+            for r in attr_rows
+        ],
+        ["links", "operating point", "part", "share of Sync's forward time: mean [95% CI]"],
+        f"attribution on {ATTR_STEPS} replayed steps per seed — {time.perf_counter() - t0:.0f} s",
+    )
+)
 fig, ax = plt.subplots(figsize=(7, 3.4))
 width = 0.38
 for k, links in enumerate(LINKS):
     bottom = np.zeros(len(POINTS))
     for part, color in zip(ATTRIBUTION, ("C2", "C0", "C3"), strict=True):
         v = np.array([100 * REC.values[f"{PRE[links]}attr_{part}_{p}"] for p in POINTS])
-        ax.bar(np.arange(len(POINTS)) + (k - 0.5) * width, v, width, bottom=bottom, color=color, alpha=1 - 0.4 * k,
-               label=f"{part.replace('_', ' ')} ({links})")  # fmt: skip
+        ax.bar(
+            np.arange(len(POINTS)) + (k - 0.5) * width,
+            v,
+            width,
+            bottom=bottom,
+            color=color,
+            alpha=1 - 0.4 * k,
+            label=f"{part.replace('_', ' ')} ({links})",
+        )
         bottom += v
 ax.set_xticks(np.arange(len(POINTS)), [POINT_LABEL[p] for p in POINTS])
 ax.set_ylabel("cut of Sync's forward time (%)")
@@ -304,26 +425,73 @@ for key in COMBOS:
     longer = [r.oewf_longer for r in runs_c]
     layers = sum(x["layers"] for x in o)
     moves = sum(x[1] for x in longer)
-    row = {"links": COMBOS[key][0], "launch": COMBOS[key][1],
-           "ge_1pct": float(np.mean([x["ge_1pct"] for x in o])), "ge_5pct": float(np.mean([x["ge_5pct"] for x in o])),
-           "max": float(max(x["max"] for x in o)), "layers": layers, "moves": moves,
-           "longer_layers": sum(x[0] for x in longer), "dropped": sum(x[2] for x in longer)}  # fmt: skip
+    row = {
+        "links": COMBOS[key][0],
+        "launch": COMBOS[key][1],
+        "ge_1pct": float(np.mean([x["ge_1pct"] for x in o])),
+        "ge_5pct": float(np.mean([x["ge_5pct"] for x in o])),
+        "max": float(max(x["max"] for x in o)),
+        "layers": layers,
+        "moves": moves,
+        "longer_layers": sum(x[0] for x in longer),
+        "dropped": sum(x[2] for x in longer),
+    }
     row["longer_share"] = row["longer_layers"] / max(1, sum(int((r.oewf_reduction != 0).sum()) for r in runs_c))
     orows.append(row)
     ofig[key] = row
-    REC.update(**{f"fig9_{key}_ge1": row["ge_1pct"], f"fig9_{key}_ge5": row["ge_5pct"], f"fig9_{key}_max": row["max"],
-                  f"longer_{key}": row["longer_layers"], f"moves_{key}": moves, f"dropped_{key}": row["dropped"],
-                  f"layers_{key}": layers, f"longer_share_{key}": row["longer_share"]})  # fmt: skip
+    REC.update(
+        **{
+            f"fig9_{key}_ge1": row["ge_1pct"],
+            f"fig9_{key}_ge5": row["ge_5pct"],
+            f"fig9_{key}_max": row["max"],
+            f"longer_{key}": row["longer_layers"],
+            f"moves_{key}": moves,
+            f"dropped_{key}": row["dropped"],
+            f"layers_{key}": layers,
+            f"longer_share_{key}": row["longer_share"],
+        }
+    )
 REC.table("oewf", orows)
-REC.update(fig9_threshold=0.01, ci_level=0.95, alpha=0.05, paper_fig9_ge1=PAPER["oewf_layers"]["ge_1pct"],
-           paper_fig9_ge5=PAPER["oewf_layers"]["ge_5pct"],
-           paper_fig9_max=PAPER["oewf_layers"]["max"])  # fmt: skip
-print(table([[r["links"], r["launch"], f"{100 * r['ge_1pct']:.1f}%", f"{100 * r['ge_5pct']:.1f}%",
-              f"{100 * r['max']:.2f}%", r["moves"], r["longer_layers"], f"{100 * r['longer_share']:.1f}%",
-              r["dropped"], r["layers"]] for r in orows],
-            ["links", "launch", "cut ≥ 1%", "cut ≥ 5%", "max cut", "accepted moves", "layers made longer",
-             "of layers OEWF changed", "dropped", "layer forwards"],
-            "OEWF per layer forward (paper: 77.4% / 23.1% / 10.87%)"))  # fmt: skip
+REC.update(
+    fig9_threshold=0.01,
+    ci_level=0.95,
+    alpha=0.05,
+    paper_fig9_ge1=PAPER["oewf_layers"]["ge_1pct"],
+    paper_fig9_ge5=PAPER["oewf_layers"]["ge_5pct"],
+    paper_fig9_max=PAPER["oewf_layers"]["max"],
+)
+print(
+    table(
+        [
+            [
+                r["links"],
+                r["launch"],
+                f"{100 * r['ge_1pct']:.1f}%",
+                f"{100 * r['ge_5pct']:.1f}%",
+                f"{100 * r['max']:.2f}%",
+                r["moves"],
+                r["longer_layers"],
+                f"{100 * r['longer_share']:.1f}%",
+                r["dropped"],
+                r["layers"],
+            ]
+            for r in orows
+        ],
+        [
+            "links",
+            "launch",
+            "cut ≥ 1%",
+            "cut ≥ 5%",
+            "max cut",
+            "accepted moves",
+            "layers made longer",
+            "of layers OEWF changed",
+            "dropped",
+            "layer forwards",
+        ],
+        "OEWF per layer forward (paper: 77.4% / 23.1% / 10.87%)",
+    )
+)
 fig, ax = plt.subplots(figsize=(6, 3.6))
 for key, color in (("c_r", "C3"), ("f_r", "C1"), ("p_r", "C0")):
     red = np.sort(100 * grid[key, "90"][SEEDS[0]]["cascade"].oewf_reduction)
@@ -343,9 +511,12 @@ plt.show()
 # %%
 example = layer_example(grid["c_r", "90"][SEEDS[0]]["sync"], layer=1)
 ex_sync = example["sync"]
-REC.update(fig1_layer_ms=ex_sync.end_us / 1e3, fig1_straggler_ms=ex_sync.ready_us.max() / 1e3,
-           fig1_movable_share=1 - ex_sync.ready_us.max() / ex_sync.end_us,
-           fig1_cascade_cut=1 - example["cascade"].end_us / ex_sync.end_us)  # fmt: skip
+REC.update(
+    fig1_layer_ms=ex_sync.end_us / 1e3,
+    fig1_straggler_ms=ex_sync.ready_us.max() / 1e3,
+    fig1_movable_share=1 - ex_sync.ready_us.max() / ex_sync.end_us,
+    fig1_cascade_cut=1 - example["cascade"].end_us / ex_sync.end_us,
+)
 REC.claim("fig1_cut_within_movable_share", REC.values["fig1_cascade_cut"] <= REC.values["fig1_movable_share"])
 fig, axes = plt.subplots(len(MODES), 1, figsize=(11, 2.2 * len(MODES)), sharex=True)
 for ax, mode in zip(axes, MODES, strict=True):
@@ -361,8 +532,10 @@ for ax, mode in zip(axes, MODES, strict=True):
     ax.axvline(res.end_us, color="k", lw=1)
     ax.set_title(f"{LABELS[mode]}: layer ends at {res.end_us:.0f} µs", fontsize=9, loc="left")
     ax.set_ylabel("rank")
-axes[-1].set_xlabel("µs from layer start (grey: attention + dispatch, blue: FFN kernels, green: combine tail, "
-                    "red: OEWF reassigned kernel)")  # fmt: skip
+axes[-1].set_xlabel(
+    "µs from layer start (grey: attention + dispatch, blue: FFN kernels, green: combine tail, "
+    "red: OEWF reassigned kernel)"
+)
 fig.tight_layout()
 fig.savefig(FIGURES / "cascade_fig1_timeline.png", dpi=120)
 plt.show()
@@ -386,24 +559,58 @@ for n in SIZES:
             res = seeds(dataclasses.replace(cfg, rate_rps=rate))
             summ, cut = seed_summary(res), reduction_summary(res)
             served = res[SEEDS[0]]["sync"].prefill.num_requests
-            size_rows.append({"requests": served, "links": links, "load": label, "order": ordering(summ),
-                              **{f"ttft_{m}": summ[m]["ttft_mean_s"]["value"] for m in MODES},
-                              **{f"cut_{m}": cut[m]["value"] for m in MODES},
-                              **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
-                              **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
+            size_rows.append(
+                {
+                    "requests": served,
+                    "links": links,
+                    "load": label,
+                    "order": ordering(summ),
+                    **{f"ttft_{m}": summ[m]["ttft_mean_s"]["value"] for m in MODES},
+                    **{f"cut_{m}": cut[m]["value"] for m in MODES},
+                    **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
+                    **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES},
+                }
+            )
 REC.table("sizes", size_rows)
-print(table([[r["requests"], r["links"], r["load"], *(f"{r[f'ttft_{m}']:.3f}" for m in MODES),
-              *(f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
-                for m in MODES[1:]), r["order"]] for r in size_rows],
-            ["requests", "links", "load", *(f"{LABELS[m]} TTFT s" for m in MODES),
-             *(f"{LABELS[m]} cut" for m in MODES[1:]), "ordering (paired)"],
-            f"trace sizes, reactive launching — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                r["requests"],
+                r["links"],
+                r["load"],
+                *(f"{r[f'ttft_{m}']:.3f}" for m in MODES),
+                *(
+                    f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
+                    for m in MODES[1:]
+                ),
+                r["order"],
+            ]
+            for r in size_rows
+        ],
+        [
+            "requests",
+            "links",
+            "load",
+            *(f"{LABELS[m]} TTFT s" for m in MODES),
+            *(f"{LABELS[m]} cut" for m in MODES[1:]),
+            "ordering (paired)",
+        ],
+        f"trace sizes, reactive launching — {time.perf_counter() - t0:.0f} s",
+    )
+)
 for links in LINKS:  # size0..: (200, 1,000) × (recorded, 0.9 × capacity), then all at the recorded rate
     pre = PRE[links]
     for i, r in enumerate(r for r in size_rows if r["links"] == links):
-        REC.update(**{f"{pre}size{i}_n": r["requests"], f"{pre}size{i}_order": r["order"],
-                      f"{pre}size{i}_cut": r["cut_cascade"], f"{pre}size{i}_cut_lo": r["cut_cascade_lo"],
-                      f"{pre}size{i}_cut_hi": r["cut_cascade_hi"]})  # fmt: skip
+        REC.update(
+            **{
+                f"{pre}size{i}_n": r["requests"],
+                f"{pre}size{i}_order": r["order"],
+                f"{pre}size{i}_cut": r["cut_cascade"],
+                f"{pre}size{i}_cut_lo": r["cut_cascade_lo"],
+                f"{pre}size{i}_cut_hi": r["cut_cascade_hi"],
+            }
+        )
 
 # %% [markdown]
 # ## Models: DeepSeek-V4-Flash, DeepSeek-V4-Pro, GLM-5.3 (shapes from the model-family presets)
@@ -418,19 +625,46 @@ for name in MODELS:
         cfg = dataclasses.replace(cfg_m, links=links, rate_rps=LOAD * cap_m)
         res = grid[key, "90"] if name == BASE.model else seeds(cfg)
         summ, cut = seed_summary(res), reduction_summary(res)
-        model_rows.append({"model": name, "links": links, "capacity_rps": cap_m, "order": ordering(summ),
-                           **{f"cut_{m}": cut[m]["value"] for m in MODES},
-                           **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
-                           **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES}})  # fmt: skip
-        REC.update(**{f"{pre}{name}_cut": cut["cascade"]["value"], f"{pre}{name}_cut_lo": cut["cascade"]["ci95"][0],
-                      f"{pre}{name}_cut_hi": cut["cascade"]["ci95"][1], f"{pre}{name}_sf_cut": cut["async_sf"]["value"],
-                      f"{pre}{name}_order": ordering(summ)})  # fmt: skip
+        model_rows.append(
+            {
+                "model": name,
+                "links": links,
+                "capacity_rps": cap_m,
+                "order": ordering(summ),
+                **{f"cut_{m}": cut[m]["value"] for m in MODES},
+                **{f"cut_{m}_lo": cut[m]["ci95"][0] for m in MODES},
+                **{f"cut_{m}_hi": cut[m]["ci95"][1] for m in MODES},
+            }
+        )
+        REC.update(
+            **{
+                f"{pre}{name}_cut": cut["cascade"]["value"],
+                f"{pre}{name}_cut_lo": cut["cascade"]["ci95"][0],
+                f"{pre}{name}_cut_hi": cut["cascade"]["ci95"][1],
+                f"{pre}{name}_sf_cut": cut["async_sf"]["value"],
+                f"{pre}{name}_order": ordering(summ),
+            }
+        )
 REC.table("models", model_rows)
-print(table([[r["model"], r["links"], f"{r['capacity_rps']:.2f}",
-              *(f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
-                for m in MODES[1:]), r["order"]] for r in model_rows],
-            ["model", "links", "Sync capacity req/s", *(f"{LABELS[m]} avg cut" for m in MODES[1:]), "ordering (CIs)"],
-            f"{BASE.max_requests} requests at 0.9 of each model's Sync capacity (contention), reactive"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                r["model"],
+                r["links"],
+                f"{r['capacity_rps']:.2f}",
+                *(
+                    f"{100 * r[f'cut_{m}']:.1f}% [{100 * r[f'cut_{m}_lo']:.1f}, {100 * r[f'cut_{m}_hi']:.1f}]"
+                    for m in MODES[1:]
+                ),
+                r["order"],
+            ]
+            for r in model_rows
+        ],
+        ["model", "links", "Sync capacity req/s", *(f"{LABELS[m]} avg cut" for m in MODES[1:]), "ordering (CIs)"],
+        f"{BASE.max_requests} requests at 0.9 of each model's Sync capacity (contention), reactive",
+    )
+)
 
 # %% [markdown]
 # ## Fig. 6 shape: p95 TTFT speedup of CascadeEP over Sync vs load, per placement policy
@@ -441,32 +675,62 @@ sweep = []
 for links in LINKS:
     for policy in PLACEMENT_POLICIES:
         for load in SWEEP_LOADS:
-            cfg = dataclasses.replace(BASE, links=links, placement=policy, max_requests=SWEEP_REQUESTS,
-                                      rate_rps=load * cap_rps)  # fmt: skip
+            cfg = dataclasses.replace(
+                BASE, links=links, placement=policy, max_requests=SWEEP_REQUESTS, rate_rps=load * cap_rps
+            )
             res = seeds(cfg, ("sync", "cascade"))
             sp = [res[s]["sync"].prefill.ttft_p95_s / res[s]["cascade"].prefill.ttft_p95_s for s in SEEDS]
             lo, hi = bootstrap_ci(sp)
             top = res[SEEDS[0]]["sync"].prefill
-            sweep.append({"links": links, "placement": policy, "load": load, "p95_speedup": float(np.mean(sp)),
-                          "lo": lo, "hi": hi, "cache_hit": top.cache_hit_rate, "alb": top.alb_mean})  # fmt: skip
+            sweep.append(
+                {
+                    "links": links,
+                    "placement": policy,
+                    "load": load,
+                    "p95_speedup": float(np.mean(sp)),
+                    "lo": lo,
+                    "hi": hi,
+                    "cache_hit": top.cache_hit_rate,
+                    "alb": top.alb_mean,
+                }
+            )
 REC.table("sweep", sweep)
 for links in LINKS:
     pre = PRE[links]
     for p in PLACEMENT_POLICIES:
         rs = [r for r in sweep if r["placement"] == p and r["links"] == links]
         REC.update(**{f"{pre}sweep_{p}_lo": rs[0]["p95_speedup"], f"{pre}sweep_{p}_hi": rs[-1]["p95_speedup"]})
-print(table([[r["links"], r["placement"], r["load"], f"{r['p95_speedup']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]",
-              f"{100 * r['cache_hit']:.0f}%", f"{r['alb']:.2f}"] for r in sweep],
-            ["links", "placement", "load", "p95 speedup Sync / CascadeEP", "cache hit", "ALB"],
-            f"{SWEEP_REQUESTS} requests — {time.perf_counter() - t0:.0f} s"))  # fmt: skip
+print(
+    table(
+        [
+            [
+                r["links"],
+                r["placement"],
+                r["load"],
+                f"{r['p95_speedup']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]",
+                f"{100 * r['cache_hit']:.0f}%",
+                f"{r['alb']:.2f}",
+            ]
+            for r in sweep
+        ],
+        ["links", "placement", "load", "p95 speedup Sync / CascadeEP", "cache hit", "ALB"],
+        f"{SWEEP_REQUESTS} requests — {time.perf_counter() - t0:.0f} s",
+    )
+)
 REC.update(load_lo=SWEEP_LOADS[0], load_hi=SWEEP_LOADS[-1])
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for links, style in (("contention", "o-"), ("paper", "s--")):
     for k, policy in enumerate(PLACEMENT_POLICIES):
         rs = [r for r in sweep if r["placement"] == policy and r["links"] == links]
-        ax.errorbar([r["load"] for r in rs], [r["p95_speedup"] for r in rs],
-                    yerr=[[r["p95_speedup"] - r["lo"] for r in rs], [r["hi"] - r["p95_speedup"] for r in rs]],
-                    fmt=style, color=f"C{k}", label=f"{policy} ({links})", capsize=3)  # fmt: skip
+        ax.errorbar(
+            [r["load"] for r in rs],
+            [r["p95_speedup"] for r in rs],
+            yerr=[[r["p95_speedup"] - r["lo"] for r in rs], [r["hi"] - r["p95_speedup"] for r in rs]],
+            fmt=style,
+            color=f"C{k}",
+            label=f"{policy} ({links})",
+            capsize=3,
+        )
 ax.axhline(1, color="k", lw=0.8)
 ax.set_xlabel("load (fraction of Sync capacity)")
 ax.set_ylabel("p95 TTFT speedup (Sync / CascadeEP)")
@@ -485,39 +749,71 @@ _, cap_sparse = capacity_rps(dataclasses.replace(BASE, attention="sparse"), **ru
 for links in LINKS:
     pre, key = PRE[links], REACTIVE[links]
     runs0 = [grid[key, "90"][s] for s in SEEDS]
-    REC.update(**{f"{pre}r_tail": float(np.mean([r["sync"].tail_ratio for r in runs0])),
-                  f"{pre}attention_accuracy": float(np.mean([r["cascade"].attention_accuracy for r in runs0])),
-                  f"{pre}token_accuracy": float(np.mean([r["cascade"].token_accuracy for r in runs0])),
-                  f"{pre}ffn_efficiency": float(np.mean([r["async_sf"].ffn_efficiency for r in runs0])),
-                  f"{pre}alb_sync": float(np.mean([r["sync"].prefill.alb_mean for r in runs0]))})  # fmt: skip
+    REC.update(
+        **{
+            f"{pre}r_tail": float(np.mean([r["sync"].tail_ratio for r in runs0])),
+            f"{pre}attention_accuracy": float(np.mean([r["cascade"].attention_accuracy for r in runs0])),
+            f"{pre}token_accuracy": float(np.mean([r["cascade"].token_accuracy for r in runs0])),
+            f"{pre}ffn_efficiency": float(np.mean([r["async_sf"].ffn_efficiency for r in runs0])),
+            f"{pre}alb_sync": float(np.mean([r["sync"].prefill.alb_mean for r in runs0])),
+        }
+    )
     sparse_cfg = dataclasses.replace(BASE, links=links, attention="sparse")
     sparse_runs = seeds(dataclasses.replace(sparse_cfg, rate_rps=LOAD * cap_sparse))
     sparse = reduction_summary(sparse_runs)
     sparse_tail = float(np.mean([sparse_runs[k]["sync"].tail_ratio for k in SEEDS]))
-    REC.update(**{f"{pre}sparse_cut": sparse["cascade"]["value"], f"{pre}sparse_cut_lo": sparse["cascade"]["ci95"][0],
-                  f"{pre}sparse_cut_hi": sparse["cascade"]["ci95"][1], f"{pre}sparse_r_tail": sparse_tail})  # fmt: skip
-REC.update(paper_r_tail=PAPER["tail_ratio"][0], paper_attention_accuracy=PAPER["attention_accuracy"],
-           paper_token_accuracy=PAPER["token_accuracy"], paper_ffn_efficiency=PAPER["ffn_efficiency"])  # fmt: skip
+    REC.update(
+        **{
+            f"{pre}sparse_cut": sparse["cascade"]["value"],
+            f"{pre}sparse_cut_lo": sparse["cascade"]["ci95"][0],
+            f"{pre}sparse_cut_hi": sparse["cascade"]["ci95"][1],
+            f"{pre}sparse_r_tail": sparse_tail,
+        }
+    )
+REC.update(
+    paper_r_tail=PAPER["tail_ratio"][0],
+    paper_attention_accuracy=PAPER["attention_accuracy"],
+    paper_token_accuracy=PAPER["token_accuracy"],
+    paper_ffn_efficiency=PAPER["ffn_efficiency"],
+)
 v = REC.values
 paper_rows = [
-    ["throughput vs Sync: Async / Async+SF / CascadeEP (contention, reactive)", "1.034 / 1.113 / 1.166",
-     " / ".join(f"{v[f'thr_c_r_{m}']:.3f}" for m in MODES[1:])],
-    ["the same, paper links, planned", "1.034 / 1.113 / 1.166",
-     " / ".join(f"{v[f'thr_p_p_{m}']:.3f}" for m in MODES[1:])],
-    ["CascadeEP TTFT avg / p95 cut vs Sync (contention, reactive)", "23.1% / 26.0%",
-     f"{100 * v['cut_c_r_90_cascade']:.1f}% / {100 * v['p95cut_c_r_90_cascade']:.1f}%"],
-    ["the same, paper links, planned", "23.1% / 26.0%",
-     f"{100 * v['cut_p_p_90_cascade']:.1f}% / {100 * v['p95cut_p_p_90_cascade']:.1f}%"],
-    ["OEWF alone (CascadeEP vs Async+SF) avg / p95", "7.8% / 6.2%",
-     f"{100 * v['oewf_alone_mean']:.1f}% / {100 * v['oewf_alone_p95']:.1f}%"],
-    ["Fig. 9 cut ≥ 1% / ≥ 5% / max (contention; paper links)", "77.4% / 23.1% / 10.87%",
-     f"{100 * v['fig9_c_r_ge1']:.1f}% / {100 * v['fig9_c_r_ge5']:.1f}% / {100 * v['fig9_c_r_max']:.2f}%; "
-     f"{100 * v['fig9_p_r_ge1']:.1f}% / {100 * v['fig9_p_r_ge5']:.1f}% / {100 * v['fig9_p_r_max']:.2f}%"],
+    [
+        "throughput vs Sync: Async / Async+SF / CascadeEP (contention, reactive)",
+        "1.034 / 1.113 / 1.166",
+        " / ".join(f"{v[f'thr_c_r_{m}']:.3f}" for m in MODES[1:]),
+    ],
+    [
+        "the same, paper links, planned",
+        "1.034 / 1.113 / 1.166",
+        " / ".join(f"{v[f'thr_p_p_{m}']:.3f}" for m in MODES[1:]),
+    ],
+    [
+        "CascadeEP TTFT avg / p95 cut vs Sync (contention, reactive)",
+        "23.1% / 26.0%",
+        f"{100 * v['cut_c_r_90_cascade']:.1f}% / {100 * v['p95cut_c_r_90_cascade']:.1f}%",
+    ],
+    [
+        "the same, paper links, planned",
+        "23.1% / 26.0%",
+        f"{100 * v['cut_p_p_90_cascade']:.1f}% / {100 * v['p95cut_p_p_90_cascade']:.1f}%",
+    ],
+    [
+        "OEWF alone (CascadeEP vs Async+SF) avg / p95",
+        "7.8% / 6.2%",
+        f"{100 * v['oewf_alone_mean']:.1f}% / {100 * v['oewf_alone_p95']:.1f}%",
+    ],
+    [
+        "Fig. 9 cut ≥ 1% / ≥ 5% / max (contention; paper links)",
+        "77.4% / 23.1% / 10.87%",
+        f"{100 * v['fig9_c_r_ge1']:.1f}% / {100 * v['fig9_c_r_ge5']:.1f}% / {100 * v['fig9_c_r_max']:.2f}%; "
+        f"{100 * v['fig9_p_r_ge1']:.1f}% / {100 * v['fig9_p_r_ge5']:.1f}% / {100 * v['fig9_p_r_max']:.2f}%",
+    ],
     ["long-tail ratio R_tail (Sync)", "28.0% / 28.86%", f"{100 * v['r_tail']:.1f}%"],
     ["attention estimator accuracy (online; fit on App. B's grid)", "90.3%", f"{100 * v['attention_accuracy']:.1f}%"],
     ["token-count estimator accuracy (previous layer)", "85.9%", f"{100 * v['token_accuracy']:.1f}%"],
     ["streamFFN matched-work FFN efficiency", "97.3%", f"{100 * v['ffn_efficiency']:.1f}%"],
-]  # fmt: skip
+]
 REC.table("paper", [{"quantity": q, "paper": p, "here": h} for q, p, h in paper_rows])
 print(table(paper_rows, ["quantity", "paper", "here"], "paper vs here (load 0.9, mean over seeds)"))
 

@@ -84,29 +84,56 @@ print(f"bench: {time.perf_counter() - t0:.0f} s")
 SUITES = [s for s in ("issue", "scale", "recorded") if s in bench["suites"]]
 POLICIES = ("relief", "token_lp", "metro")
 quality = [dict(suite=s, policy=p, **bench["suites"][s]["summary"][p]) for s in SUITES for p in POLICIES]
-print(table([[q["suite"], q["policy"], q["n"], f"{q['mean']:.4f}", f"{q['p95']:.4f}", f"{q['max']:.4f}"]
-             for q in quality], ["suite", "policy", "instances", "mean", "p95", "max"],
-            "modelled makespan / tempo's (goal for relief: mean ≤ 1.02, p95 ≤ 1.05)"))  # fmt: skip
+print(
+    table(
+        [[q["suite"], q["policy"], q["n"], f"{q['mean']:.4f}", f"{q['p95']:.4f}", f"{q['max']:.4f}"] for q in quality],
+        ["suite", "policy", "instances", "mean", "p95", "max"],
+        "modelled makespan / tempo's (goal for relief: mean ≤ 1.02, p95 ≤ 1.05)",
+    )
+)
 REC.table("quality", quality)
 for q in quality:
     REC.update(**{f"{q['suite']}_{q['policy']}_{k}": q[k] for k in ("mean", "p95", "max")})
 REC.update(n_quality=sum(bench["suites"][s]["summary"]["relief"]["n"] for s in SUITES))
-REC.claim("relief_meets_quality_goal", all(q["mean"] <= 1.02 and q["p95"] <= 1.05 for q in quality
-                                           if q["policy"] == "relief"))  # fmt: skip
-REC.claim("relief_beats_token_lp_and_metro", all(
-    bench["suites"][s]["summary"]["relief"]["mean"] < min(bench["suites"][s]["summary"][p]["mean"]
-                                                          for p in ("token_lp", "metro")) for s in SUITES))  # fmt: skip
+REC.claim(
+    "relief_meets_quality_goal", all(q["mean"] <= 1.02 and q["p95"] <= 1.05 for q in quality if q["policy"] == "relief")
+)
+REC.claim(
+    "relief_beats_token_lp_and_metro",
+    all(
+        bench["suites"][s]["summary"]["relief"]["mean"]
+        < min(bench["suites"][s]["summary"][p]["mean"] for p in ("token_lp", "metro"))
+        for s in SUITES
+    ),
+)
 cost = bench["suites"]["cost"]["rows"]
 REC.table("cost", cost)
-print(table([[c["experts"], c["tokens_per_device"], f"{c['fixed_ms']:.1f}", f"{c['ingraph_ms']:.1f}",
-              f"{c['ratio']:.2f}×", f"{c['plan_ms_cpu']:.1f}", f"{c['plan_flops'] / 1e6:.1f}",
-              f"{c['plan_bytes'] / 1e6:.0f}"] for c in cost],
-            ["E", "tokens/device", "fixed ms", "in-graph ms", "ratio", "plan ms (CPU)", "plan MFLOP ≤", "plan MB ≤"],
-            "cost: nnx.jit layer, 8 fake CPU devices (goal ≤ 1.10×)"))  # fmt: skip
-REC.update(cost_ratio_max=max(c["ratio"] for c in cost), cost_ratio_min=min(c["ratio"] for c in cost),
-           plan_mflop_max=max(c["plan_flops"] for c in cost) / 1e6,
-           plan_mb_max=max(c["plan_bytes"] for c in cost) / 1e6,
-           plan_ms_max=max(c["plan_ms_cpu"] for c in cost))  # fmt: skip
+print(
+    table(
+        [
+            [
+                c["experts"],
+                c["tokens_per_device"],
+                f"{c['fixed_ms']:.1f}",
+                f"{c['ingraph_ms']:.1f}",
+                f"{c['ratio']:.2f}×",
+                f"{c['plan_ms_cpu']:.1f}",
+                f"{c['plan_flops'] / 1e6:.1f}",
+                f"{c['plan_bytes'] / 1e6:.0f}",
+            ]
+            for c in cost
+        ],
+        ["E", "tokens/device", "fixed ms", "in-graph ms", "ratio", "plan ms (CPU)", "plan MFLOP ≤", "plan MB ≤"],
+        "cost: nnx.jit layer, 8 fake CPU devices (goal ≤ 1.10×)",
+    )
+)
+REC.update(
+    cost_ratio_max=max(c["ratio"] for c in cost),
+    cost_ratio_min=min(c["ratio"] for c in cost),
+    plan_mflop_max=max(c["plan_flops"] for c in cost) / 1e6,
+    plan_mb_max=max(c["plan_bytes"] for c in cost) / 1e6,
+    plan_ms_max=max(c["plan_ms_cpu"] for c in cost),
+)
 
 # %% [markdown]
 # ## 2. Freshness: the information replay with per-batch plans
@@ -127,25 +154,57 @@ for lab in SOURCES:
         sel = {t["regime"]: t["mean"] for t in info[lab] if tuple(t[k] for k in KEY) == key}
         where = dict(zip(KEY, key, strict=True))
         scale = "decode" if (where["B"], where["scale"]) == (INFO.tokens_per_step[0], 1.0) else "traffic-bound"
-        fresh.append(dict(routing=lab, **where, scale_class=scale, **{r: sel[r] for r in REGIMES},
-                          relief_vs_stale=sel["fresh_relief"] / sel["stale"]))  # fmt: skip
+        fresh.append(
+            dict(
+                routing=lab,
+                **where,
+                scale_class=scale,
+                **{r: sel[r] for r in REGIMES},
+                relief_vs_stale=sel["fresh_relief"] / sel["stale"],
+            )
+        )
         rows.append([lab, *key, scale, *(f"{sel[r]:.3f}" for r in REGIMES), f"{fresh[-1]['relief_vs_stale']:.3f}"])
-print(table(rows, ["routing", "R", "scale", "K", "B", "class", "tempo exact", "tempo stale-1", "tempo frozen",
-                   "in-graph fresh", "token-LP fresh", "in-graph / stale-1"],
-            "makespan / static, mean over windows t ≥ 1"))  # fmt: skip
+print(
+    table(
+        rows,
+        [
+            "routing",
+            "R",
+            "scale",
+            "K",
+            "B",
+            "class",
+            "tempo exact",
+            "tempo stale-1",
+            "tempo frozen",
+            "in-graph fresh",
+            "token-LP fresh",
+            "in-graph / stale-1",
+        ],
+        "makespan / static, mean over windows t ≥ 1",
+    )
+)
 REC.table("freshness", fresh)
 COSTLY = 0.01  # staleness "costs" where stale-1 is more than this above exact
 costs = [f for f in fresh if f["stale"] > (1 + COSTLY) * f["exact"]]
-REC.update(fresh_configs=len(fresh), fresh_costly=len(costs), costly=COSTLY,
-           fresh_vs_stale_max=max(f["relief_vs_stale"] for f in fresh),
-           fresh_vs_stale_min=min(f["relief_vs_stale"] for f in fresh),
-           fresh_vs_exact_max=max(f["fresh_relief"] / f["exact"] for f in fresh),
-           token_lp_vs_relief_max=max(f["fresh_token_lp"] / f["fresh_relief"] for f in fresh))  # fmt: skip
+REC.update(
+    fresh_configs=len(fresh),
+    fresh_costly=len(costs),
+    costly=COSTLY,
+    fresh_vs_stale_max=max(f["relief_vs_stale"] for f in fresh),
+    fresh_vs_stale_min=min(f["relief_vs_stale"] for f in fresh),
+    fresh_vs_exact_max=max(f["fresh_relief"] / f["exact"] for f in fresh),
+    token_lp_vs_relief_max=max(f["fresh_token_lp"] / f["fresh_relief"] for f in fresh),
+)
 for cls in ("decode", "traffic-bound"):
     sel = [f for f in fresh if f["scale_class"] == cls]
     tag = cls.split("-")[0]
-    REC.update(**{f"{tag}_relief_vs_stale_lo": min(f["relief_vs_stale"] for f in sel),
-                  f"{tag}_relief_vs_stale_hi": max(f["relief_vs_stale"] for f in sel)})  # fmt: skip
+    REC.update(
+        **{
+            f"{tag}_relief_vs_stale_lo": min(f["relief_vs_stale"] for f in sel),
+            f"{tag}_relief_vs_stale_hi": max(f["relief_vs_stale"] for f in sel),
+        }
+    )
 REC.claim("fresh_beats_stale_where_staleness_costs", all(f["fresh_relief"] < f["stale"] for f in costs))
 REC.claim("fresh_never_loses_more_than_1pct", all(f["relief_vs_stale"] <= 1 + COSTLY for f in fresh))
 
@@ -155,8 +214,14 @@ ax = axes[0]
 for k, p in enumerate(POLICIES):
     for i, s in enumerate(SUITES):
         r = [row[p] / row["tempo"] for row in bench["suites"][s]["rows"]]
-        ax.scatter(np.full(len(r), i + (k - 1) * 0.25) + np.random.default_rng(k).uniform(-0.08, 0.08, len(r)), r,
-                   s=6, color=f"C{k}", alpha=0.5, label=p if i == 0 else None)  # fmt: skip
+        ax.scatter(
+            np.full(len(r), i + (k - 1) * 0.25) + np.random.default_rng(k).uniform(-0.08, 0.08, len(r)),
+            r,
+            s=6,
+            color=f"C{k}",
+            alpha=0.5,
+            label=p if i == 0 else None,
+        )
 ax.set_yscale("log")
 ax.axhline(1.0, color="0.3", lw=0.8)
 ax.set_xticks(range(len(SUITES)), SUITES)
@@ -166,14 +231,22 @@ ax.legend(fontsize=8)
 ax.grid(axis="y", alpha=0.3)
 ax = axes[1]
 cut = np.array([f["stale"] / f["exact"] for f in fresh])
-for name, col, mark, lab in (("fresh_relief", "C0", "o", "in-graph fresh (relief)"),
-                             ("fresh_token_lp", "C1", "x", "token-LP fresh (LPLB-style)"),
-                             ("exact", "0.4", ".", "tempo exact (the oracle)")):  # fmt: skip
+for name, col, mark, lab in (
+    ("fresh_relief", "C0", "o", "in-graph fresh (relief)"),
+    ("fresh_token_lp", "C1", "x", "token-LP fresh (LPLB-style)"),
+    ("exact", "0.4", ".", "tempo exact (the oracle)"),
+):
     for cls, face in (("decode", "none"), ("traffic-bound", col)):
         sel = [i for i, f in enumerate(fresh) if f["scale_class"] == cls]
-        ax.scatter(cut[sel], [fresh[i][name] / fresh[i]["stale"] for i in sel], marker=mark, s=30,
-                   facecolors=face if mark == "o" else col, edgecolors=col,
-                   label=f"{lab}, {cls}" if name != "exact" or cls == "decode" else None)  # fmt: skip
+        ax.scatter(
+            cut[sel],
+            [fresh[i][name] / fresh[i]["stale"] for i in sel],
+            marker=mark,
+            s=30,
+            facecolors=face if mark == "o" else col,
+            edgecolors=col,
+            label=f"{lab}, {cls}" if name != "exact" or cls == "decode" else None,
+        )
 ax.axhline(1.0, color="0.3", lw=0.8)
 ax.axhline(1.01, color="0.3", lw=0.8, ls=":")
 ax.axvline(1.01, color="0.6", lw=0.8, ls=":")

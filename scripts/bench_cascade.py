@@ -75,9 +75,20 @@ def attention_stand_in(mesh, iters: np.ndarray, width: int):
     return lambda x: f(x, n, a)
 
 
-def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ffn: int, requests: int,
-            max_iters: int, repeats: int, gmm_impl: str = "auto", interpret: bool = False,
-            preset: str | None = None) -> dict:  # fmt: skip
+def measure(
+    *,
+    tokens_per_device: int,
+    experts: int,
+    top_k: int,
+    hidden: int,
+    ffn: int,
+    requests: int,
+    max_iters: int,
+    repeats: int,
+    gmm_impl: str = "auto",
+    interpret: bool = False,
+    preset: str | None = None,
+) -> dict:
     """Run every mode on the same inputs; returns ``{"meta": ..., "results": [...], "equal_outputs": bool}``.
     ``preset``: a `tempo_jax.layer.presets` name whose block (router, experts, shared experts) the layer runs, at
     the given experts / top_k / hidden / ffn."""
@@ -85,8 +96,16 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
     D, E, B = jax.device_count(), experts, tokens_per_device
     rng = np.random.default_rng(0)
     placement = Placement.from_eplb(rng.zipf(1.6, E).astype(float), slots_for(E, D, 1.25), D)
-    kw = dict(hidden=hidden, ffn=ffn, experts=E, top_k=top_k, slots_per_rank=placement.slots_per_rank,
-              dispatch_mode="quota", gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+    kw = dict(
+        hidden=hidden,
+        ffn=ffn,
+        experts=E,
+        top_k=top_k,
+        slots_per_rank=placement.slots_per_rank,
+        dispatch_mode="quota",
+        gmm_impl=gmm_impl,
+        interpret=interpret,
+    )
     base = moe_preset(preset, **kw) if preset else MoEConfig(**kw)
     mesh = make_ep_mesh(D)
     params = init_params(jax.random.key(0), base, placement, mesh=mesh)
@@ -101,9 +120,17 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
     costs = prefill_costs("deepseek_v4_flash", num_ranks=8)
     arrival = iters * US_PER_ITER
     sf = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
-    plan = oewf_at_dispatch(arrival, arrival, np.zeros(D), pairs.sum(axis=(0, 2)), pairs,
-                            expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
-                            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve)  # fmt: skip
+    plan = oewf_at_dispatch(
+        arrival,
+        arrival,
+        np.zeros(D),
+        pairs.sum(axis=(0, 2)),
+        pairs,
+        expert_bytes=costs.expert_bytes,
+        budget_bytes=costs.helper_budget_bytes,
+        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
+        curve=costs.curve,
+    )
     fetches = fetches_from_plan(plan)
     async_ = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="async")
     configs = {
@@ -116,8 +143,9 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
     # Step 3: every mode, same inputs; compile separately, then the median step.
     results, outs = [], {}
     for mode, cfg in configs.items():
-        step = jax.jit(lambda p, x, c=cfg: moe_forward(p, attend(x), mesh=mesh, placement_arrays=pa,
-                                                       tables=tables, config=c).out)  # fmt: skip
+        step = jax.jit(
+            lambda p, x, c=cfg: moe_forward(p, attend(x), mesh=mesh, placement_arrays=pa, tables=tables, config=c).out
+        )
         t0 = time.perf_counter()
         compiled = step.lower(params, x).compile()
         compile_s = time.perf_counter() - t0
@@ -128,14 +156,25 @@ def measure(*, tokens_per_device: int, experts: int, top_k: int, hidden: int, ff
             jax.block_until_ready(compiled(params, x))
             times.append(time.perf_counter() - t0)
         groups = len(cfg.schedule.groups) if cfg.schedule != "sync" else 1
-        results.append(dict(mode=mode, step_ms=float(np.median(times)) * 1e3, compile_s=compile_s,
-                            max_abs_diff_vs_sync=float(np.abs(outs[mode] - outs["sync"]).max()),
-                            launch_groups=groups, fetches=len(cfg.fetches),
-                            fetch_bytes=fetch_bytes(cfg.fetches, hidden, ffn, cfg.dtype)))  # fmt: skip
+        results.append(
+            dict(
+                mode=mode,
+                step_ms=float(np.median(times)) * 1e3,
+                compile_s=compile_s,
+                max_abs_diff_vs_sync=float(np.abs(outs[mode] - outs["sync"]).max()),
+                launch_groups=groups,
+                fetches=len(cfg.fetches),
+                fetch_bytes=fetch_bytes(cfg.fetches, hidden, ffn, cfg.dtype),
+            )
+        )
         print(f"  {mode}: {results[-1]['step_ms']:.1f} ms (compile {compile_s:.1f} s)", flush=True)
-    meta = dict(devices=D, backend=jax.default_backend(), iterations=iters.tolist(),
-                schedule_groups=[list(g) for g in sf.groups],
-                fetches=[dataclasses.asdict(f) for f in fetches])  # fmt: skip
+    meta = dict(
+        devices=D,
+        backend=jax.default_backend(),
+        iterations=iters.tolist(),
+        schedule_groups=[list(g) for g in sf.groups],
+        fetches=[dataclasses.asdict(f) for f in fetches],
+    )
     ok = all(r["max_abs_diff_vs_sync"] < 1e-3 for r in results)
     return {"meta": meta, "results": results, "equal_outputs": ok}
 
@@ -147,8 +186,12 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=128)
-    ap.add_argument("--preset", choices=MOE_PRESETS, default=None,
-                    help="run this model's MoE block (router, experts, shared experts) at the sizes above")  # fmt: skip
+    ap.add_argument(
+        "--preset",
+        choices=MOE_PRESETS,
+        default=None,
+        help="run this model's MoE block (router, experts, shared experts) at the sizes above",
+    )
     ap.add_argument("--requests", type=int, default=64, help="Mooncake requests setting the per-replica imbalance")
     ap.add_argument("--max-iters", type=int, default=40, help="stand-in matmuls of the busiest replica")
     ap.add_argument("--repeats", type=int, default=5)
@@ -160,20 +203,36 @@ def main(argv=None) -> int:
     kw = {k: v for k, v in vars(args).items() if k not in ("quick", "out")}
     res = measure(**kw)
     results, D, iters = res["results"], res["meta"]["devices"], res["meta"]["iterations"]
-    rows = [(r["mode"], f"{r['step_ms']:.1f}", f"{r['step_ms'] / results[0]['step_ms']:.2f}", f"{r['compile_s']:.1f}",
-             f"{r['max_abs_diff_vs_sync']:.1e}", r["launch_groups"], r["fetches"], f"{r['fetch_bytes'] / 1e3:.0f}")
-            for r in results]  # fmt: skip
+    rows = [
+        (
+            r["mode"],
+            f"{r['step_ms']:.1f}",
+            f"{r['step_ms'] / results[0]['step_ms']:.2f}",
+            f"{r['compile_s']:.1f}",
+            f"{r['max_abs_diff_vs_sync']:.1e}",
+            r["launch_groups"],
+            r["fetches"],
+            f"{r['fetch_bytes'] / 1e3:.0f}",
+        )
+        for r in results
+    ]
     heads = ["mode", "step ms", "vs Sync", "compile s", "max |Δ| vs Sync", "groups", "fetches", "fetched KB"]
-    title = (f"\nattention stand-in iterations per rank {iters}; {jax.default_backend()} ({D} devices)"
-             " — CPU collectives do not overlap")  # fmt: skip
+    title = (
+        f"\nattention stand-in iterations per rank {iters}; {jax.default_backend()} ({D} devices)"
+        " — CPU collectives do not overlap"
+    )
     print(table(rows, heads, title=title))
     print("every mode computes the synchronous layer's output:", res["equal_outputs"])
 
     # JSON and a figure.
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    res["meta"] |= dict(command="python " + " ".join(sys.argv), machine=platform.processor() or platform.machine(),
-                        cpus=os.cpu_count(), args=vars(args))  # fmt: skip
+    res["meta"] |= dict(
+        command="python " + " ".join(sys.argv),
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        args=vars(args),
+    )
     out.write_text(json.dumps(res, indent=1))
     import matplotlib
 

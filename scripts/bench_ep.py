@@ -101,8 +101,13 @@ def _layer(cfg, placement, mesh, capacity, logical):
     import dataclasses
 
     own = to_physical(logical, placement, mesh=mesh)
-    return MoE(dataclasses.replace(cfg, capacity=capacity), placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1),
-               params=own)  # fmt: skip
+    return MoE(
+        dataclasses.replace(cfg, capacity=capacity),
+        placement,
+        mesh=mesh,
+        rngs=nnx.Rngs(params=0, dispatch=1),
+        params=own,
+    )
 
 
 def _hot(cfg: MoEConfig, D: int):
@@ -121,8 +126,10 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     x = jax.random.normal(jax.random.key(B), (B * D, H)) + jnp.asarray(rng.normal(size=(1, H)))
     one = jax.devices()[0]
     p1, x1 = jax.device_put(params, one), jax.device_put(x, one)
-    base_fns = {"sorted gmm": jax.jit(lambda p, x: sorted_moe(p, x, cfg)), "dense bound": jax.jit(
-        lambda p, x: dense_bound(p, x, cfg))}  # fmt: skip
+    base_fns = {
+        "sorted gmm": jax.jit(lambda p, x: sorted_moe(p, x, cfg)),
+        "dense bound": jax.jit(lambda p, x: dense_bound(p, x, cfg)),
+    }
     worst = B * cfg.top_k
     fixed = auto_capacity(cfg, B, D)  # the same C as auto, one exchange, overflow dropped (and counted)
     layers = {
@@ -130,8 +137,9 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
         "worst": _layer(cfg, placement, mesh, None, params),
         "fixed": _layer(cfg, placement, mesh, fixed, params),
     }
-    hot_params = dict(params, router=jnp.asarray(np.where(np.arange(cfg.experts) < 2, 5.0, -5.0)[None].repeat(H, 0),
-                                                 jnp.float32))  # fmt: skip
+    hot_params = dict(
+        params, router=jnp.asarray(np.where(np.arange(cfg.experts) < 2, 5.0, -5.0)[None].repeat(H, 0), jnp.float32)
+    )
     hot = _layer(cfg, _hot(cfg, D), mesh, "auto", hot_params)
     xh = jnp.abs(x)
     step = nnx.jit(lambda m, x: m(x))
@@ -156,14 +164,20 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     for name in fns:
         m = {"worst": layers["worst"], "fixed": layers["fixed"], "one rank": hot}
         mod = next((m[k] for k in m if k in name), layers["auto"] if "auto" in name else None)
-        rec = dict(tokens_per_device=B, variant=name, step_ms=ms[name], compile_s=compile_s[name],
-                   vs_sorted_gmm=ms[name] / base,
-                   rounds=int(mod.rounds.get_value()[0]) if mod is not None else None,
-                   drops=int(mod.drops.get_value().sum()) if mod is not None else None,
-                   capacity=next((v for k, v in capacity.items() if k in name), None))  # fmt: skip
+        rec = dict(
+            tokens_per_device=B,
+            variant=name,
+            step_ms=ms[name],
+            compile_s=compile_s[name],
+            vs_sorted_gmm=ms[name] / base,
+            rounds=int(mod.rounds.get_value()[0]) if mod is not None else None,
+            drops=int(mod.drops.get_value().sum()) if mod is not None else None,
+            capacity=next((v for k, v in capacity.items() if k in name), None),
+        )
         rows.append(rec)
-        print(f"  B={B} {name}: {ms[name]:.1f} ms ({ms[name] / base:.2f}×), compile {compile_s[name]:.1f} s",
-              flush=True)  # fmt: skip
+        print(
+            f"  B={B} {name}: {ms[name]:.1f} ms ({ms[name] / base:.2f}×), compile {compile_s[name]:.1f} s", flush=True
+        )
     return rows
 
 
@@ -220,26 +234,44 @@ def memory_child(tokens: int, capacity: str, cfg_kw: dict) -> None:
     """One jitted forward at ``tokens`` tokens (the parent measures this process's peak RSS)."""
     D = jax.device_count()
     cfg = MoEConfig(**cfg_kw, capacity=None if capacity == "worst" else "auto")
-    placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, cfg.experts).astype(float),
-                                    D * cfg.slots_per_rank, D)  # fmt: skip
+    placement = Placement.from_eplb(
+        np.random.default_rng(0).zipf(1.6, cfg.experts).astype(float), D * cfg.slots_per_rank, D
+    )
     moe = MoE(cfg, placement, mesh=make_ep_mesh(D), rngs=nnx.Rngs(params=0, dispatch=1))
     x = jax.random.normal(jax.random.key(0), (tokens, cfg.hidden))
     t0 = time.perf_counter()
     y = jax.block_until_ready(nnx.jit(lambda m, x: m(x), donate_argnums=0)(moe, x))
-    print(json.dumps({"first_call_s": time.perf_counter() - t0, "rounds": int(moe.rounds.get_value()[0]),
-                      "drops": int(moe.drops.get_value().sum()), "finite": bool(jnp.isfinite(y).all())}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "first_call_s": time.perf_counter() - t0,
+                "rounds": int(moe.rounds.get_value()[0]),
+                "drops": int(moe.drops.get_value().sum()),
+                "finite": bool(jnp.isfinite(y).all()),
+            }
+        )
+    )
 
 
 def memory(tokens: int, cfg_kw: dict) -> list[dict]:
     """Peak RSS (``/usr/bin/time -v``) of a fresh process running `memory_child` per capacity."""
     out = []
     for capacity in ("auto", "worst"):
-        cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--memory-child", str(tokens), capacity,
-               json.dumps(cfg_kw)]  # fmt: skip
+        cmd = [
+            "/usr/bin/time",
+            "-v",
+            sys.executable,
+            __file__,
+            "--memory-child",
+            str(tokens),
+            capacity,
+            json.dumps(cfg_kw),
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr)
-        rec = dict(tokens=tokens, capacity=capacity, peak_rss_gb=int(m.group(1)) / 1e6 if m else None,
-                   ok=r.returncode == 0)  # fmt: skip
+        rec = dict(
+            tokens=tokens, capacity=capacity, peak_rss_gb=int(m.group(1)) / 1e6 if m else None, ok=r.returncode == 0
+        )
         if r.returncode == 0:
             rec.update(json.loads(r.stdout.strip().splitlines()[-1]))
         else:
@@ -260,11 +292,16 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=128)
-    ap.add_argument("--preset", choices=MOE_PRESETS, default=None,
-                    help="run this model's MoE block (router, experts, shared experts) at the sizes above")  # fmt: skip
+    ap.add_argument(
+        "--preset",
+        choices=MOE_PRESETS,
+        default=None,
+        help="run this model's MoE block (router, experts, shared experts) at the sizes above",
+    )
     ap.add_argument("--replication", type=float, default=1.25)
-    ap.add_argument("--capacity-factor", type=float, default=MoEConfig.capacity_factor,
-                    help="C of capacity='auto' in mean blocks")  # fmt: skip
+    ap.add_argument(
+        "--capacity-factor", type=float, default=MoEConfig.capacity_factor, help="C of capacity='auto' in mean blocks"
+    )
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--memory", action="store_true", help="also the peak RSS at T = 65,536 (fresh processes)")
     ap.add_argument("--ep-memory", action="store_true", help="also qwen3_30b_a3b at its real size (bench_ep_memory)")
@@ -277,16 +314,27 @@ def main(argv=None) -> int:
 
     D = jax.device_count()
     E = args.experts
-    placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float),
-                                    slots_for(E, D, args.replication), D)  # fmt: skip
-    kw = dict(hidden=args.hidden, ffn=args.ffn, experts=E, top_k=args.top_k, slots_per_rank=placement.slots_per_rank,
-              dispatch_mode="quota", capacity_factor=args.capacity_factor)  # fmt: skip
+    placement = Placement.from_eplb(
+        np.random.default_rng(0).zipf(1.6, E).astype(float), slots_for(E, D, args.replication), D
+    )
+    kw = dict(
+        hidden=args.hidden,
+        ffn=args.ffn,
+        experts=E,
+        top_k=args.top_k,
+        slots_per_rank=placement.slots_per_rank,
+        dispatch_mode="quota",
+        capacity_factor=args.capacity_factor,
+    )
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
     mesh = make_ep_mesh(D)
     params = init_logical_params(jax.random.key(0), cfg)  # the baseline's experts; the layers lay them out
     load0 = os.getloadavg()
-    print(f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
-          f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}", flush=True)  # fmt: skip
+    print(
+        f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
+        f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}",
+        flush=True,
+    )
     results = []
     for B in [int(b) for b in args.tokens_per_device.split(",")]:
         results += bench(B, cfg, placement, params, mesh, args.repeats)
@@ -295,30 +343,65 @@ def main(argv=None) -> int:
     for k, v in empty.items():
         print(f"  {k}: {v:.2f} ms", flush=True)
     comm = training_collectives(cfg, placement, params, mesh, 128)
-    print(table([(c["kind"], ", ".join(c["shapes"])[:90], f"{c['bytes']:,}") for c in comm],
-                ["collective", "operands (per device)", "bytes"],
-                title=f"\nCollectives of the compiled training step (Adam, E={E}, P={placement.num_slots}: "
-                      f"R = P − E = {placement.num_slots - E} replica rows)"))  # fmt: skip
+    print(
+        table(
+            [(c["kind"], ", ".join(c["shapes"])[:90], f"{c['bytes']:,}") for c in comm],
+            ["collective", "operands (per device)", "bytes"],
+            title=f"\nCollectives of the compiled training step (Adam, E={E}, P={placement.num_slots}: "
+            f"R = P − E = {placement.num_slots - E} replica rows)",
+        )
+    )
     ep_mem = {}
     if args.ep_memory:
         import bench_ep_memory
 
         ep_mem = bench_ep_memory.run()
-    rows = [(r["tokens_per_device"], r["variant"], r["capacity"] or "", f"{r['step_ms']:.1f}",
-             f"{r['vs_sorted_gmm']:.2f}", "" if r["rounds"] is None else r["rounds"],
-             "" if r["drops"] is None else r["drops"], f"{r['compile_s']:.1f}") for r in results]  # fmt: skip
+    rows = [
+        (
+            r["tokens_per_device"],
+            r["variant"],
+            r["capacity"] or "",
+            f"{r['step_ms']:.1f}",
+            f"{r['vs_sorted_gmm']:.2f}",
+            "" if r["rounds"] is None else r["rounds"],
+            "" if r["drops"] is None else r["drops"],
+            f"{r['compile_s']:.1f}",
+        )
+        for r in results
+    ]
     heads = ["B/dev", "variant", "capacity", "ms", "vs sorted gmm", "rounds", "drops", "compile s"]
     print(table(rows, heads, title="\nEP MoE layer (forward, median) vs the one-device sorted-gmm baseline"))
     if mem:
-        print(table([(m["tokens"], m["capacity"], m["peak_rss_gb"], m.get("rounds"), m.get("drops"),
-                      f"{m.get('first_call_s', float('nan')):.1f}") for m in mem],
-                    ["T", "capacity", "peak RSS GB", "rounds", "drops", "first call s"],
-                    title="\nPeak memory of one jitted forward (fresh process, /usr/bin/time -v)"))  # fmt: skip
+        print(
+            table(
+                [
+                    (
+                        m["tokens"],
+                        m["capacity"],
+                        m["peak_rss_gb"],
+                        m.get("rounds"),
+                        m.get("drops"),
+                        f"{m.get('first_call_s', float('nan')):.1f}",
+                    )
+                    for m in mem
+                ],
+                ["T", "capacity", "peak RSS GB", "rounds", "drops", "first call s"],
+                title="\nPeak memory of one jitted forward (fresh process, /usr/bin/time -v)",
+            )
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(command="python scripts/bench_ep.py " + " ".join(argv), devices=D, backend=jax.default_backend(),
-                processes=jax.process_count(), machine=platform.processor() or platform.machine(),
-                cpus=os.cpu_count(), args=vars(args), loadavg_start=load0, loadavg_end=os.getloadavg())  # fmt: skip
+    meta = dict(
+        command="python scripts/bench_ep.py " + " ".join(argv),
+        devices=D,
+        backend=jax.default_backend(),
+        processes=jax.process_count(),
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        args=vars(args),
+        loadavg_start=load0,
+        loadavg_end=os.getloadavg(),
+    )
     out.write_text(
         json.dumps(
             {

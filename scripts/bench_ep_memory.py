@@ -95,30 +95,44 @@ def child(layout: str, preset: str, slots: int, tokens_per_device: int, ram_gb: 
 
         t0 = time.perf_counter()
         jax.block_until_ready(step(moe, opt, x))
-        moments = [v.get_value() for _, v in nnx.iter_graph(opt) if isinstance(v, nnx.Variable)
-                   and v.get_metadata().get("slot_layout") == moe.slot_layout]  # fmt: skip
+        moments = [
+            v.get_value()
+            for _, v in nnx.iter_graph(opt)
+            if isinstance(v, nnx.Variable) and v.get_metadata().get("slot_layout") == moe.slot_layout
+        ]
         say("adam step", expert_bytes_device0=_device0_bytes(experts() + moments), seconds=time.perf_counter() - t0)
         return
     # replicated: logical arrays on every device, slots gathered in every forward (the layout before issue 35)
     logical = init_logical_params(jax.random.key(0), cfg)
     home = {k: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) for k in logical}
     logical = jax.block_until_ready(jax.tree.map(lambda a, s: jax.device_put(a, s), logical, home))
-    say("construct", expert_bytes_device0=_device0_bytes([logical[k] for k in logical if k in EXPERT_KEYS]),
-        seconds=time.perf_counter() - t0)  # fmt: skip
+    say(
+        "construct",
+        expert_bytes_device0=_device0_bytes([logical[k] for k in logical if k in EXPERT_KEYS]),
+        seconds=time.perf_counter() - t0,
+    )
 
     @jax.jit
     def fwd(logical, x):
-        return moe_forward(to_physical(logical, placement), x, mesh=mesh, placement_arrays=pa, tables=tables,
-                           config=cfg).out  # fmt: skip
+        return moe_forward(
+            to_physical(logical, placement), x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg
+        ).out
 
     t0 = time.perf_counter()
     jax.block_until_ready(fwd(logical, x))
-    say("forward", expert_bytes_device0=_device0_bytes([logical[k] for k in logical if k in EXPERT_KEYS]),
-        seconds=time.perf_counter() - t0)  # fmt: skip
+    say(
+        "forward",
+        expert_bytes_device0=_device0_bytes([logical[k] for k in logical if k in EXPERT_KEYS]),
+        seconds=time.perf_counter() - t0,
+    )
     need = cfg.experts * slot * (1 + 2 * 4 / jnp.dtype(cfg.dtype).itemsize)  # weights + two float32 moments
     if need * D / GB > 0.8 * ram_gb:
-        say("adam step", expert_bytes_device0=int(need), seconds=None,
-            skipped=f"needs {need * D / GB:.0f} GB for {D} devices > {ram_gb:.0f} GB of this machine")  # fmt: skip
+        say(
+            "adam step",
+            expert_bytes_device0=int(need),
+            seconds=None,
+            skipped=f"needs {need * D / GB:.0f} GB for {D} devices > {ram_gb:.0f} GB of this machine",
+        )
 
 
 def layouts(preset: str = "qwen3_30b_a3b", slots: int = 20, tokens_per_device: int = 128) -> list[dict]:
@@ -132,9 +146,12 @@ def layouts(preset: str = "qwen3_30b_a3b", slots: int = 20, tokens_per_device: i
         if r.returncode != 0:
             recs.append({"layout": layout, "phase": "error", "error": r.stderr[-800:]})
         for rec in recs:
-            print(f"  {layout:10s} {rec['phase']:9s} device-0 expert bytes "
-                  f"{rec.get('expert_bytes_device0', 0) / GB:.3f} GB, peak RSS {rec.get('rss_gb', 0):.2f} GB"
-                  + (f" ({rec['skipped']})" if "skipped" in rec else ""), flush=True)  # fmt: skip
+            print(
+                f"  {layout:10s} {rec['phase']:9s} device-0 expert bytes "
+                f"{rec.get('expert_bytes_device0', 0) / GB:.3f} GB, peak RSS {rec.get('rss_gb', 0):.2f} GB"
+                + (f" ({rec['skipped']})" if "skipped" in rec else ""),
+                flush=True,
+            )
         out += recs
     return out
 
@@ -172,10 +189,12 @@ def replacements(preset: str = "qwen3_30b_a3b", slots: int = 20, fractions=(0.1,
             rep = moe.set_placement(new, optimizer=opt if with_opt else None)
             rec = {"fraction": fraction, "with_adam": with_opt, "slots": D * slots, **rep.as_dict()}
             out.append(rec)
-            print(f"  re-place {fraction:.0%} of {D * slots} slots{' + Adam moments' if with_opt else ''}: "
-                  f"{rep.moved_slots} moved, {rep.bytes_moved / GB:.3f} GB ({rep.wire_bytes / GB:.3f} GB padded "
-                  f"all-to-all buffers) in {rep.seconds * 1e3:.0f} ms (compile {rep.compile_seconds:.2f} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"  re-place {fraction:.0%} of {D * slots} slots{' + Adam moments' if with_opt else ''}: "
+                f"{rep.moved_slots} moved, {rep.bytes_moved / GB:.3f} GB ({rep.wire_bytes / GB:.3f} GB padded "
+                f"all-to-all buffers) in {rep.seconds * 1e3:.0f} ms (compile {rep.compile_seconds:.2f} s)",
+                flush=True,
+            )
             current = new
     return out
 
@@ -183,8 +202,9 @@ def replacements(preset: str = "qwen3_30b_a3b", slots: int = 20, fractions=(0.1,
 def run(preset: str = "qwen3_30b_a3b", slots: int = 20) -> dict:
     """Both measurements, each in fresh processes (the re-placements too: this process stays small)."""
     out = {"preset": preset, "slots_per_rank": slots, "layouts": layouts(preset, slots)}
-    r = subprocess.run([sys.executable, __file__, "--replacements", preset, str(slots)], capture_output=True,
-                       text=True, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, __file__, "--replacements", preset, str(slots)], capture_output=True, text=True, check=False
+    )
     print("\n".join(line for line in r.stdout.splitlines() if line.startswith("  ")), flush=True)
     last = [line for line in r.stdout.splitlines() if line.startswith("[")]
     out["replacements"] = json.loads(last[-1]) if r.returncode == 0 and last else {"error": r.stderr[-800:]}

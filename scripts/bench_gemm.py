@@ -532,8 +532,9 @@ def check_gpu(plan: GpuPlan) -> dict:
     for mode in ("sample", "quota"):
         name = f"dispatch {mode}"
         try:
-            a = dispatch(ids, valid, table, l2p, ctr, mode=mode, uniforms=u, implementation="pallas",
-                         interpret=plan.interpret)  # fmt: skip
+            a = dispatch(
+                ids, valid, table, l2p, ctr, mode=mode, uniforms=u, implementation="pallas", interpret=plan.interpret
+            )
             b = dispatch_reference(ids, valid, table, l2p, ctr, mode=mode, uniforms=u)
         except Exception as exc:
             results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "ok": False}
@@ -550,18 +551,28 @@ def main() -> int:
     p.add_argument("--out", default="results/bench_gemm.json", help="JSON output path")
     p.add_argument("--iters", type=int, default=None, help="timed calls (rounds) per case; best and median kept")
     p.add_argument("--check", action="store_true", help="only check the Pallas kernels against the references")
-    p.add_argument("--smoke", action="store_true",
-                   help="run the GPU code paths with tiny shapes, Pallas in interpret mode (works on CPU)")  # fmt: skip
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run the GPU code paths with tiny shapes, Pallas in interpret mode (works on CPU)",
+    )
     p.add_argument("--rows", type=int, default=None, help="GPU: rows (token-expert pairs) per GPU")
     p.add_argument("--local-experts", type=int, default=None, help="GPU: experts per GPU (groups)")
     p.add_argument("--profile-csv", default=None, help="GPU: also write the expert-FFN profile as G,N,T,t (µs)")
-    p.add_argument("--presets", default=None, help="GPU: comma-separated MoE presets whose expert shapes to run "
-                   f"(default {','.join(GPU_PRESETS)})")  # fmt: skip
+    p.add_argument(
+        "--presets",
+        default=None,
+        help=f"GPU: comma-separated MoE presets whose expert shapes to run (default {','.join(GPU_PRESETS)})",
+    )
     args = p.parse_args()
     backend = jax.default_backend()
     plan = GpuPlan.smoke() if args.smoke else GpuPlan()
-    overrides = {"iters": args.iters, "rows": args.rows, "local_experts": args.local_experts,
-                 "shapes": preset_shapes(args.presets.split(",")) if args.presets else None}  # fmt: skip
+    overrides = {
+        "iters": args.iters,
+        "rows": args.rows,
+        "local_experts": args.local_experts,
+        "shapes": preset_shapes(args.presets.split(",")) if args.presets else None,
+    }
     plan = dataclasses.replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     meta = {
         "backend": backend,

@@ -64,8 +64,12 @@ def grid(suite: str, args) -> list[tuple[dict, DispatchProblem]]:
     if suite == "issue":
         cells = [(8, 256, 8, 1.25, s, B) for s in args.issue_skews for B in args.issue_b]
     else:
-        cells = [(ep, E, K, rep, s, B) for ep, E, K, rep in args.scale_configs for s in args.scale_skews
-                 for B in args.scale_b]  # fmt: skip
+        cells = [
+            (ep, E, K, rep, s, B)
+            for ep, E, K, rep in args.scale_configs
+            for s in args.scale_skews
+            for B in args.scale_b
+        ]
     out = []
     for ep, E, K, rep, s, B in cells:
         routing = SyntheticRouting(num_experts=E, top_k=K, s=s, kappa=math.inf, seed=0)
@@ -94,8 +98,13 @@ def summary(rows: list[dict]) -> dict:
     out = {}
     for p in COMPARED:
         r = np.array([row[p] / row["tempo"] for row in rows])
-        out[p] = dict(n=len(r), mean=float(r.mean()), p95=float(np.percentile(r, 95)), max=float(r.max()),
-                      at_tempo=float(np.mean(r <= 1.001)))  # fmt: skip
+        out[p] = dict(
+            n=len(r),
+            mean=float(r.mean()),
+            p95=float(np.percentile(r, 95)),
+            max=float(r.max()),
+            at_tempo=float(np.mean(r <= 1.001)),
+        )
     return out
 
 
@@ -112,8 +121,10 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     params = init_params(jax.random.key(0), base, pl, mesh=mesh)
     rng = np.random.default_rng(tokens)
     x = jax.random.normal(jax.random.key(tokens), (tokens * D, H)) + jnp.asarray(rng.normal(size=(1, H)))
-    layers = {name: tempo_jax.MoE(cfg, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
-              for name, cfg in (("fixed tables", base), ("in-graph", fresh))}  # fmt: skip
+    layers = {
+        name: tempo_jax.MoE(cfg, pl, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+        for name, cfg in (("fixed tables", base), ("in-graph", fresh))
+    }
     step = nnx.jit(lambda m, x: m(x))
     fns = {name: (lambda m=m: step(m, x)) for name, m in layers.items()}
     for f in fns.values():  # compile, then one warm call
@@ -137,15 +148,29 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     plan = jax.jit(lambda c, l2p: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=COST, rounds=rounds))
     jax.block_until_ready(plan(counts, log2phy))
     plan_ms = median_ms({"plan": lambda: plan(counts, log2phy)}, repeats)["plan"]
-    row = dict(experts=experts, slots_per_rank=S, tokens_per_device=tokens, rounds=rounds,
-               fixed_ms=ms["fixed tables"], ingraph_ms=ms["in-graph"], ratio=ms["in-graph"] / ms["fixed tables"],
-               plan_ms_cpu=plan_ms, plan_flops=work["flops"], plan_bytes=work["bytes accessed"],
-               round_flops=once["flops"] - none["flops"], round_bytes=once["bytes accessed"] - none["bytes accessed"],
-               move_candidates=int(relief.move_pairs(jnp.asarray(relief.replica_ranks(jnp.asarray(pl.log2phy), S)),
-                                                     D * S, D)[0].shape[0]))  # fmt: skip
-    print(f"  E={experts} B={tokens}/device: fixed {row['fixed_ms']:.1f} ms, in-graph {row['ingraph_ms']:.1f} ms "
-          f"({row['ratio']:.2f}×); plan alone {plan_ms:.1f} ms, {row['plan_flops'] / 1e6:.1f} MFLOP, "
-          f"{row['plan_bytes'] / 1e6:.1f} MB", flush=True)  # fmt: skip
+    row = dict(
+        experts=experts,
+        slots_per_rank=S,
+        tokens_per_device=tokens,
+        rounds=rounds,
+        fixed_ms=ms["fixed tables"],
+        ingraph_ms=ms["in-graph"],
+        ratio=ms["in-graph"] / ms["fixed tables"],
+        plan_ms_cpu=plan_ms,
+        plan_flops=work["flops"],
+        plan_bytes=work["bytes accessed"],
+        round_flops=once["flops"] - none["flops"],
+        round_bytes=once["bytes accessed"] - none["bytes accessed"],
+        move_candidates=int(
+            relief.move_pairs(jnp.asarray(relief.replica_ranks(jnp.asarray(pl.log2phy), S)), D * S, D)[0].shape[0]
+        ),
+    )
+    print(
+        f"  E={experts} B={tokens}/device: fixed {row['fixed_ms']:.1f} ms, in-graph {row['ingraph_ms']:.1f} ms "
+        f"({row['ratio']:.2f}×); plan alone {plan_ms:.1f} ms, {row['plan_flops'] / 1e6:.1f} MFLOP, "
+        f"{row['plan_bytes'] / 1e6:.1f} MB",
+        flush=True,
+    )
     return row
 
 
@@ -172,27 +197,58 @@ def main(argv=None) -> int:
         args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS[:1], (1.2,), (256,)
         args.repeats, cost_cells = 3, [(64, 128)]
     t0 = time.time()
-    results: dict = dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__,
-                                      loadavg=os.getloadavg()), args=vars(args) | {"scale_configs": None},
-                         suites={})  # fmt: skip
+    results: dict = dict(
+        machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, loadavg=os.getloadavg()),
+        args=vars(args) | {"scale_configs": None},
+        suites={},
+    )
     for suite in [s for s in suites if s != "cost"]:
         rows = quality(grid(suite, args), progress=True)
         summ = summary(rows)
         results["suites"][suite] = dict(summary=summ, rows=rows)
-        cells = [[p, s["n"], f"{s['mean']:.4f}", f"{s['p95']:.4f}", f"{s['max']:.4f}", f"{100 * s['at_tempo']:.0f}%"]
-                 for p, s in summ.items()]  # fmt: skip
-        print(table(cells, ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"],
-                    f"{suite}: modelled makespan / tempo's"))  # fmt: skip
+        cells = [
+            [p, s["n"], f"{s['mean']:.4f}", f"{s['p95']:.4f}", f"{s['max']:.4f}", f"{100 * s['at_tempo']:.0f}%"]
+            for p, s in summ.items()
+        ]
+        print(
+            table(
+                cells,
+                ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"],
+                f"{suite}: modelled makespan / tempo's",
+            )
+        )
     if "cost" in suites:
         print("cost: nnx.jit layer, 8 fake CPU devices, in-graph against fixed tables (interleaved, median)")
         rows = [cost(e, b, args.repeats, args.rounds) for e, b in cost_cells]
         results["suites"]["cost"] = dict(rows=rows, ratio_max=max(r["ratio"] for r in rows), goal=1.10)
-        print(table([[r["experts"], r["tokens_per_device"], f"{r['fixed_ms']:.1f}", f"{r['ingraph_ms']:.1f}",
-                      f"{r['ratio']:.2f}×", f"{r['plan_flops'] / 1e6:.1f}", f"{r['plan_bytes'] / 1e6:.1f}",
-                      r["move_candidates"]] for r in rows],
-                    ["E", "tokens/device", "fixed ms", "in-graph ms", "ratio (goal ≤ 1.10×)", "plan MFLOP (≤)",
-                     "plan MB (≤)",
-                     "K moves"], "cost of the in-graph dispatch"))  # fmt: skip
+        print(
+            table(
+                [
+                    [
+                        r["experts"],
+                        r["tokens_per_device"],
+                        f"{r['fixed_ms']:.1f}",
+                        f"{r['ingraph_ms']:.1f}",
+                        f"{r['ratio']:.2f}×",
+                        f"{r['plan_flops'] / 1e6:.1f}",
+                        f"{r['plan_bytes'] / 1e6:.1f}",
+                        r["move_candidates"],
+                    ]
+                    for r in rows
+                ],
+                [
+                    "E",
+                    "tokens/device",
+                    "fixed ms",
+                    "in-graph ms",
+                    "ratio (goal ≤ 1.10×)",
+                    "plan MFLOP (≤)",
+                    "plan MB (≤)",
+                    "K moves",
+                ],
+                "cost of the in-graph dispatch",
+            )
+        )
     results["wall_s"] = time.time() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,15 +58,29 @@ def main(argv=None) -> int:
         r = refresh_time(repeats=repeats, policy=args.policy, **kw)
         results[name] = r
         s = r["solve_ms"]
-        rows.append((name, r["layers"], f"{s['median']:.1f}", f"{s['p90']:.1f}", f"{r['per_layer_ms']:.2f}",
-                     f"{r['roundtrip_ms']['median']:.1f}", f"{s['median'] / BUDGET_MS:.2f}"))  # fmt: skip
+        rows.append(
+            (
+                name,
+                r["layers"],
+                f"{s['median']:.1f}",
+                f"{s['p90']:.1f}",
+                f"{r['per_layer_ms']:.2f}",
+                f"{r['roundtrip_ms']['median']:.1f}",
+                f"{s['median'] / BUDGET_MS:.2f}",
+            )
+        )
         print(f"  {name}: {s['median']:.1f} ms per refresh ({s['median'] / BUDGET_MS:.2f} of the budget)", flush=True)
     heads = ["model", "layers", "refresh ms", "p90 ms", "per layer ms", "round trip ms", "/ 200 ms"]
     print(table(rows, heads, title=f"\nSolver worker, every layer per refresh ({args.policy}, process mode)"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(command="python scripts/bench_refresh.py " + " ".join(argv or sys.argv[1:]), budget_ms=BUDGET_MS,
-                loadavg_start=load0, loadavg_end=os.getloadavg(), cpus=os.cpu_count())  # fmt: skip
+    meta = dict(
+        command="python scripts/bench_refresh.py " + " ".join(argv or sys.argv[1:]),
+        budget_ms=BUDGET_MS,
+        loadavg_start=load0,
+        loadavg_end=os.getloadavg(),
+        cpus=os.cpu_count(),
+    )
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
     return 0

@@ -56,26 +56,44 @@ def reference_speedup(requests: int) -> list[dict]:
         b = _serve_mode(ref, mode)
         t2 = time.perf_counter()
         diff = float(np.max(np.abs(a.layer_us - b.layer_us) / b.layer_us))
-        rows.append({"mode": mode, "steps": a.prefill.num_steps, "fast_s": t1 - t0, "reference_s": t2 - t1,
-                     "speedup": (t2 - t1) / (t1 - t0), "max_rel_diff": diff})  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "steps": a.prefill.num_steps,
+                "fast_s": t1 - t0,
+                "reference_s": t2 - t1,
+                "speedup": (t2 - t1) / (t1 - t0),
+                "max_rel_diff": diff,
+            }
+        )
     return rows
 
 
 def whole_trace(config: CascadeConfig, workers: int) -> dict:
     """Part 2: the four modes of ``config`` as parallel jobs: wall seconds and each job's own time."""
     t0 = time.perf_counter()
-    out = run_jobs(_timed, [(config, m) for m in ("cascade", "sync", "async", "async_sf")], workers=workers,
-                   desc="whole trace", progress=False)  # fmt: skip
+    out = run_jobs(
+        _timed,
+        [(config, m) for m in ("cascade", "sync", "async", "async_sf")],
+        workers=workers,
+        desc="whole trace",
+        progress=False,
+    )
     wall = time.perf_counter() - t0
     modes = dict(zip(("cascade", "sync", "async", "async_sf"), out, strict=True))
     cpu = sorted((c for _, c, _, _ in out), reverse=True)
     bins = [0.0] * workers  # the jobs' CPU time packed on `workers` dedicated cores (longest first)
     for c in cpu:
         bins[bins.index(min(bins))] += c
-    return {"wall_s": wall, "goal_s": GOAL_S, "workers": workers, "trace": str(trace_file(config)),
-            "cpu_s": sum(cpu), "dedicated_cores_wall_s": max(bins),
-            "modes": {m: {"seconds": s, "cpu_s": c, "steps": n, "ttft_mean_s": t}
-                      for m, (s, c, n, t) in modes.items()}}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "goal_s": GOAL_S,
+        "workers": workers,
+        "trace": str(trace_file(config)),
+        "cpu_s": sum(cpu),
+        "dedicated_cores_wall_s": max(bins),
+        "modes": {m: {"seconds": s, "cpu_s": c, "steps": n, "ttft_mean_s": t} for m, (s, c, n, t) in modes.items()},
+    }
 
 
 def main(argv=None) -> int:
@@ -89,24 +107,51 @@ def main(argv=None) -> int:
     # Part 1: fast vs reference.
     ref_requests = args.ref_requests or (24 if args.quick else 200)
     rows = reference_speedup(ref_requests)
-    print(table([[r["mode"], r["steps"], f"{r['fast_s']:.2f}", f"{r['reference_s']:.2f}", f"{r['speedup']:.1f}×",
-                  f"{r['max_rel_diff']:.1e}"] for r in rows],
-                ["mode", "steps", "fast s", "reference s", "speed-up", "max rel diff"],
-                f"fast vs reference timeline, first {ref_requests} requests of the bundled sample"))  # fmt: skip
+    print(
+        table(
+            [
+                [
+                    r["mode"],
+                    r["steps"],
+                    f"{r['fast_s']:.2f}",
+                    f"{r['reference_s']:.2f}",
+                    f"{r['speedup']:.1f}×",
+                    f"{r['max_rel_diff']:.1e}",
+                ]
+                for r in rows
+            ],
+            ["mode", "steps", "fast s", "reference s", "speed-up", "max rel diff"],
+            f"fast vs reference timeline, first {ref_requests} requests of the bundled sample",
+        )
+    )
     # Part 2: the whole trace, four modes, one seed.
     cfg = CascadeConfig(trace="mooncake_sample", max_requests=None) if args.quick else CascadeConfig(max_requests=None)
     whole = whole_trace(cfg, args.workers)
     load1 = os.getloadavg()
     what = "bundled sample" if args.quick else "whole 1-hour trace"
-    print(table([[m, v["steps"], f"{v['seconds']:.1f}", f"{v['cpu_s']:.1f}", f"{v['ttft_mean_s']:.3f}"]
-                 for m, v in whole["modes"].items()],
-                ["mode", "steps", "own wall s", "own CPU s", "TTFT avg s"],
-                f"{what}, 4 modes on {args.workers} processes: {whole['wall_s']:.1f} s wall (goal {GOAL_S:.0f} s), "
-                f"{whole['cpu_s']:.1f} CPU s = {whole['dedicated_cores_wall_s']:.1f} s on {args.workers} dedicated "
-                f"cores; load average {load0[0]:.1f} → {load1[0]:.1f}"))  # fmt: skip
-    record = {"reference": rows, "whole_trace": whole, "quick": args.quick, "loadavg_before": load0,
-              "loadavg_after": load1, "cpus": os.cpu_count(), "python": sys.version.split()[0],
-              "platform": platform.platform(), "config": dataclasses.asdict(cfg)}  # fmt: skip
+    print(
+        table(
+            [
+                [m, v["steps"], f"{v['seconds']:.1f}", f"{v['cpu_s']:.1f}", f"{v['ttft_mean_s']:.3f}"]
+                for m, v in whole["modes"].items()
+            ],
+            ["mode", "steps", "own wall s", "own CPU s", "TTFT avg s"],
+            f"{what}, 4 modes on {args.workers} processes: {whole['wall_s']:.1f} s wall (goal {GOAL_S:.0f} s), "
+            f"{whole['cpu_s']:.1f} CPU s = {whole['dedicated_cores_wall_s']:.1f} s on {args.workers} dedicated "
+            f"cores; load average {load0[0]:.1f} → {load1[0]:.1f}",
+        )
+    )
+    record = {
+        "reference": rows,
+        "whole_trace": whole,
+        "quick": args.quick,
+        "loadavg_before": load0,
+        "loadavg_after": load1,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "config": dataclasses.asdict(cfg),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")

@@ -447,8 +447,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=float))
-    print(f"\nwrote {out} in {results['wall_s']:.0f} s (load average {results['load_start'].get('loadavg')} → "
-          f"{results['load_end'].get('loadavg')})")  # fmt: skip
+    print(
+        f"\nwrote {out} in {results['wall_s']:.0f} s (load average {results['load_start'].get('loadavg')} → "
+        f"{results['load_end'].get('loadavg')})"
+    )
     return 0
 
 

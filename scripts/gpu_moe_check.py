@@ -54,12 +54,21 @@ def check_layer(*, smoke: bool) -> dict:
     for exchange in exchanges:
         for gmm_impl in impls:
             name = f"{exchange}/{gmm_impl}"
-            cfg = MoEConfig(hidden=hidden, ffn=ffn, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank,
-                            exchange=exchange, gmm_impl=gmm_impl, interpret=smoke)  # fmt: skip
+            cfg = MoEConfig(
+                hidden=hidden,
+                ffn=ffn,
+                experts=E,
+                top_k=2,
+                slots_per_rank=placement.slots_per_rank,
+                exchange=exchange,
+                gmm_impl=gmm_impl,
+                interpret=smoke,
+            )
             try:
                 params = init_params(jax.random.key(1), cfg, placement, mesh=mesh)
-                fwd = jax.jit(lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
-                                                                config=c))  # fmt: skip
+                fwd = jax.jit(
+                    lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c)
+                )
                 res = fwd(params, x)
                 err = float(jnp.abs(res.out - moe_reference(to_logical(params, placement), x, cfg)).max())
                 drops = int(res.stats.drops.sum())
@@ -82,21 +91,36 @@ def check_presets(names, *, smoke: bool) -> dict:
         try:
             small = dict(experts=16, hidden=32, ffn=16) if smoke else dict(experts=32)
             slots = -(-2 * small["experts"] // D)  # ~2 replicas per expert
-            cfg = moe_preset(name, slots_per_rank=slots, dtype=jnp.float32 if smoke else jnp.bfloat16,
-                             interpret=smoke, gmm_impl="chunked" if smoke else "auto", **small)  # fmt: skip
+            cfg = moe_preset(
+                name,
+                slots_per_rank=slots,
+                dtype=jnp.float32 if smoke else jnp.bfloat16,
+                interpret=smoke,
+                gmm_impl="chunked" if smoke else "auto",
+                **small,
+            )
             placement = Placement.from_eplb(np.arange(cfg.experts) + 1.0, slots * D, D)
             pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
             params = init_params(jax.random.key(3), cfg, placement, mesh=mesh)
             x = jax.random.normal(jax.random.key(4), (D * (16 if smoke else 256), cfg.hidden))
-            run = jax.jit(lambda p, x, c=cfg, pa=pa, t=tables: moe_forward(p, x, mesh=mesh, placement_arrays=pa,
-                                                                             tables=t, config=c))  # fmt: skip
+            run = jax.jit(
+                lambda p, x, c=cfg, pa=pa, t=tables: moe_forward(
+                    p, x, mesh=mesh, placement_arrays=pa, tables=t, config=c
+                )
+            )
             res = run(params, x)
             ref = moe_reference(to_logical(params, placement), x, cfg)
             err = float(jnp.abs(res.out.astype(jnp.float32) - ref.astype(jnp.float32)).max())
             scale = float(jnp.abs(ref.astype(jnp.float32)).max())
             tol = 1e-4 if smoke else 5e-2  # bf16 experts on GPU: relative to the output's scale
-            out[name] = dict(hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts, max_abs_err=err, scale=scale,
-                             ok=bool(np.isfinite(err) and err <= tol * max(scale, 1.0)))  # fmt: skip
+            out[name] = dict(
+                hidden=cfg.hidden,
+                ffn=cfg.ffn,
+                experts=cfg.experts,
+                max_abs_err=err,
+                scale=scale,
+                ok=bool(np.isfinite(err) and err <= tol * max(scale, 1.0)),
+            )
         except Exception as e:  # recorded, and the other presets still run
             out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
         r = out[name]
@@ -113,11 +137,15 @@ def check_cascade(*, smoke: bool) -> dict:
         return dict(ok=True, ran=False, reason=f"{D} device(s): launch schedules need at least 2")
     import bench_cascade
 
-    shape = dict(tokens_per_device=32, experts=16, hidden=32, ffn=16, max_iters=4, repeats=1) if smoke else dict(
-        tokens_per_device=512, experts=64, hidden=1024, ffn=512, max_iters=40, repeats=5)  # fmt: skip
+    shape = (
+        dict(tokens_per_device=32, experts=16, hidden=32, ffn=16, max_iters=4, repeats=1)
+        if smoke
+        else dict(tokens_per_device=512, experts=64, hidden=1024, ffn=512, max_iters=40, repeats=5)
+    )
     try:
-        res = bench_cascade.measure(top_k=2 if smoke else 6, requests=64, interpret=smoke,
-                                    gmm_impl="chunked" if smoke else "auto", **shape)  # fmt: skip
+        res = bench_cascade.measure(
+            top_k=2 if smoke else 6, requests=64, interpret=smoke, gmm_impl="chunked" if smoke else "auto", **shape
+        )
     except Exception as e:  # recorded, like the other cases
         return dict(ok=False, ran=True, error=f"{type(e).__name__}: {str(e)[:300]}")
     flags = os.environ.get("XLA_FLAGS", "")

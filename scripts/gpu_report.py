@@ -103,7 +103,7 @@ def report(folder: Path) -> str:
                     r.get("gb_per_s", float("nan")),
                     r.get("vs_dense", float("nan")),
                     r.get("vs_bound", float("nan")),
-                ]  # fmt: skip
+                ]
                 for r in s["rows"]
             ]
             out += [f"## {shape}: K = {s['k']}, N = {s['n']}, {gpu['rows']} rows, {gpu['local_experts']} groups\n"]
@@ -133,7 +133,7 @@ def report(folder: Path) -> str:
                 r.get("max_abs_err", float("nan")),
                 r.get("drops", "—"),
                 r.get("error", ""),
-            ]  # fmt: skip
+            ]
             for name, r in moe["results"].items()
         ]
         out += [f"## MoE layer on {moe['devices']} device(s) ({moe['backend']})\n"]

@@ -26,8 +26,12 @@ def main(argv=None) -> int:
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--dispatch-mode", default="sample", choices=["sample", "quota"])
-    ap.add_argument("--dispatch", default="tables", choices=["tables", "ingraph"],
-                    help="ingraph: each batch's plan computed in the step (needs --dispatch-mode quota)")  # fmt: skip
+    ap.add_argument(
+        "--dispatch",
+        default="tables",
+        choices=["tables", "ingraph"],
+        help="ingraph: each batch's plan computed in the step (needs --dispatch-mode quota)",
+    )
     ap.add_argument("--checkpoint", help="a Hugging Face checkpoint folder: load the first MoE layer from it")
     args = ap.parse_args(argv)
 
@@ -111,14 +115,24 @@ def main(argv=None) -> int:
     counts = multihost_utils.process_allgather(counts, tiled=True)
     gpu_tokens = np.asarray(multihost_utils.process_allgather(res.stats.gpu_tokens, tiled=True))  # a collective
     counter = host_counter(res.counter)  # what the refresher reads: a collective when spread over processes
-    experts = {k: np.asarray(multihost_utils.process_allgather(params[k], tiled=True)) for k in EXPERT_KEYS
-               if k in params}  # fmt: skip
+    experts = {
+        k: np.asarray(multihost_utils.process_allgather(params[k], tiled=True)) for k in EXPERT_KEYS if k in params
+    }
     if args.checkpoint:
         Path(f"{args.out}.reads{jax.process_index()}.json").write_text(json.dumps(sorted(reads)))
     if jax.process_index() == 0:
-        np.savez(args.out, out=np.asarray(out), counts=np.asarray(counts), counter=counter,
-                 addressable=res.counter.is_fully_addressable, processes=jax.process_count(), devices=D,
-                 phy2log=placement.phy2log, gpu_tokens=gpu_tokens, **experts)  # fmt: skip
+        np.savez(
+            args.out,
+            out=np.asarray(out),
+            counts=np.asarray(counts),
+            counter=counter,
+            addressable=res.counter.is_fully_addressable,
+            processes=jax.process_count(),
+            devices=D,
+            phy2log=placement.phy2log,
+            gpu_tokens=gpu_tokens,
+            **experts,
+        )
         print(f"process 0 of {jax.process_count()}: {D} devices, wrote {args.out}")
     return 0
 

@@ -31,8 +31,15 @@ import numpy as np
 
 from .checks import check_array, check_int
 
-__all__ = ["MAX_REPLICAS", "MAX_SLOTS", "MAX_WORK", "balanced_packing", "check_size", "replicate_experts",
-           "rebalance_experts"]  # fmt: skip
+__all__ = [
+    "MAX_REPLICAS",
+    "MAX_SLOTS",
+    "MAX_WORK",
+    "balanced_packing",
+    "check_size",
+    "replicate_experts",
+    "rebalance_experts",
+]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -49,16 +56,22 @@ def check_size(layers: int, experts: int, num_replicas: int, num_gpus: int, *, w
     """ValueError, before any work, for a layout beyond `MAX_SLOTS`, `MAX_REPLICAS` or `MAX_WORK`."""
     fix = "call it per layer group or with fewer replicas"
     if layers * num_replicas > MAX_SLOTS:  # every slot is walked in Python: refuse before hours of work
-        raise ValueError(f"{where}: layers × num_replicas = {layers:,} × {num_replicas:,} exceeds the supported "
-                         f"{MAX_SLOTS:,} slots; {fix}")  # fmt: skip
+        raise ValueError(
+            f"{where}: layers × num_replicas = {layers:,} × {num_replicas:,} exceeds the supported "
+            f"{MAX_SLOTS:,} slots; {fix}"
+        )
     if num_replicas > MAX_REPLICAS:
-        raise ValueError(f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_REPLICAS:,} slots per "
-                         "layer (EPLB places slots one at a time)")  # fmt: skip
+        raise ValueError(
+            f"{where}: num_replicas={num_replicas:,} exceeds the supported {MAX_REPLICAS:,} slots per "
+            "layer (EPLB places slots one at a time)"
+        )
     work = layers * ((num_replicas - experts) * experts + num_replicas * num_gpus)
     if work > MAX_WORK:
-        raise ValueError(f"{where}: {layers:,} layer(s) × ((P − E)·E + P·D) with E={experts:,}, "
-                         f"P={num_replicas:,}, D={num_gpus:,} is {work:.2e} steps, over the {MAX_WORK:.2e} that run "
-                         f"in seconds; {fix}")  # fmt: skip
+        raise ValueError(
+            f"{where}: {layers:,} layer(s) × ((P − E)·E + P·D) with E={experts:,}, "
+            f"P={num_replicas:,}, D={num_gpus:,} is {work:.2e} steps, over the {MAX_WORK:.2e} that run "
+            f"in seconds; {fix}"
+        )
 
 
 def _as_float(weight: np.ndarray) -> np.ndarray:

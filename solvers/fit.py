@@ -243,8 +243,9 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
     return model, report
 
 
-def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int = 1000, level: float = 0.95,
-                         seed: int = 0, iters: int = 50) -> dict:  # fmt: skip
+def bootstrap_max_affine(
+    G, N, t, *, clusters=None, tiles=None, replicates: int = 1000, level: float = 0.95, seed: int = 0, iters: int = 50
+) -> dict:
     """Cluster bootstrap of `fit_max_affine` (TEMPO App. B, §5.2): confidence intervals, not only point fits.
 
     Whole clusters of samples (e.g. one cell of the measurement grid, or one run) are drawn with replacement
@@ -296,15 +297,23 @@ def bootstrap_max_affine(G, N, t, *, clusters=None, tiles=None, replicates: int 
         draws.append(params(model))
     arr = np.asarray(draws, dtype=np.float64).reshape(-1, len(names))
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
-    ci = {k: tuple(float(v) for v in np.nanpercentile(arr[:, i], q)) if arr.size else (math.nan, math.nan)
-          for i, k in enumerate(names)}  # fmt: skip
+    ci = {
+        k: tuple(float(v) for v in np.nanpercentile(arr[:, i], q)) if arr.size else (math.nan, math.nan)
+        for i, k in enumerate(names)
+    }
     corr = (
         float(np.corrcoef(arr[:, 0], arr[:, 1])[0, 1])
         if arr.shape[0] > 2 and arr[:, :2].std(axis=0).all()
         else math.nan
     )
-    return {"fit": dict(zip(names, params(point), strict=True)), "ci": ci, "corr_ab": corr,
-            "replicates": replicates, "failed": failed, "level": level}  # fmt: skip
+    return {
+        "fit": dict(zip(names, params(point), strict=True)),
+        "ci": ci,
+        "corr_ab": corr,
+        "replicates": replicates,
+        "failed": failed,
+        "level": level,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ samples
@@ -331,8 +340,10 @@ def read_samples(path) -> dict[str, np.ndarray]:
     unknown = [c for c in header if c not in CSV_COLUMNS]
     if unknown:  # never ignored: a misspelt "T" would silently drop the tile term
         hint = " (the M-tile column is named T)" if any(c.lower().startswith("tile") for c in unknown) else ""
-        raise ValueError(f"{path}:{rows[0][0]}: unknown columns {unknown}{hint}; the columns are "
-                         f"{', '.join(f'{k} ({v})' for k, v in CSV_COLUMNS.items())}")  # fmt: skip
+        raise ValueError(
+            f"{path}:{rows[0][0]}: unknown columns {unknown}{hint}; the columns are "
+            f"{', '.join(f'{k} ({v})' for k, v in CSV_COLUMNS.items())}"
+        )
     wanted = {c: header.index(c) for c in CSV_COLUMNS if c in header}
     values = {c: [] for c in wanted}
     for n, row in rows[1:]:

@@ -671,9 +671,15 @@ def oewf_at_dispatch(
     """
     fn = "oewf_at_dispatch"
     # Step 1: validate once (the per-helper states below are built from these checked arrays).
-    base = OEWFState(attention_us=attention_est_us, dispatch_us=dispatch_us, tokens=tokens_est,
-                     pair_tokens=pair_tokens, expert_bytes=np.broadcast_to(expert_bytes, np.shape(pair_tokens)[2:]),
-                     budget_bytes=budget_bytes, fetch_bytes_per_us=fetch_bytes_per_us)  # fmt: skip
+    base = OEWFState(
+        attention_us=attention_est_us,
+        dispatch_us=dispatch_us,
+        tokens=tokens_est,
+        pair_tokens=pair_tokens,
+        expert_bytes=np.broadcast_to(expert_bytes, np.shape(pair_tokens)[2:]),
+        budget_bytes=budget_bytes,
+        fetch_bytes_per_us=fetch_bytes_per_us,
+    )
     D = base.num_ranks
     ready = check_array("ready_us", ready_us, where=fn, shape=(D,), nonnegative=True)
     pairs, n_hat, floor_abs = base.pair_tokens.copy(), base.tokens.copy(), np.zeros(D)

@@ -155,8 +155,10 @@ class Placement:
         S = _positive("slots_per_rank", slots_per_rank, "Placement.spread")
         _check_pairs(E, D, "Placement.spread")
         if D * S < E:
-            raise ValueError(f"Placement.spread: {D} ranks × {S} slots = {D * S} slots cannot hold {E} experts; "
-                             f"use slots_per_rank ≥ ⌈E / D⌉ = {-(-E // D)}")  # fmt: skip
+            raise ValueError(
+                f"Placement.spread: {D} ranks × {S} slots = {D * S} slots cannot hold {E} experts; "
+                f"use slots_per_rank ≥ ⌈E / D⌉ = {-(-E // D)}"
+            )
         return cls.from_phy2log(np.arange(D * S) % E, D, gpus_per_node, E)
 
     @classmethod

@@ -63,9 +63,11 @@ def check_relief_cost(cost: CostModel, where: str = "relief") -> None:
     if not isinstance(cost, CostModel):
         raise ValueError(f"{where}: cost must be a solvers.CostModel, got {type(cost).__name__}")
     if cost.has_tiles:
-        raise ValueError(f"{where}: the cost model has a tile term (b2 = {cost.b2}); pairwise relief prices Eq. 1 and "
-                         "the traffic piece of Eq. 4, not tiles: use CostModel.kernel_only() without b2, or the "
-                         "'tempo' policy with tile_aware=True")  # fmt: skip
+        raise ValueError(
+            f"{where}: the cost model has a tile term (b2 = {cost.b2}); pairwise relief prices Eq. 1 and "
+            "the traffic piece of Eq. 4, not tiles: use CostModel.kernel_only() without b2, or the "
+            "'tempo' policy with tile_aware=True"
+        )
 
 
 def replica_ranks(log2phy: np.ndarray, slots_per_rank: int) -> np.ndarray:
@@ -233,8 +235,12 @@ def _price(xi, new_h, G, N, t, F, g, h, cost) -> dict:
             before = np.maximum(before, np.where(has & ~swap, t[F["m"]], -np.inf))
 
         def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
-            return np.maximum(np.maximum(_times(cost, Gg - frees + g_act, Ng - share + back),
-                                         _times(cost, Gh + h_act, Nh + share - y)), third)  # fmt: skip
+            return np.maximum(
+                np.maximum(
+                    _times(cost, Gg - frees + g_act, Ng - share + back), _times(cost, Gh + h_act, Nh + share - y)
+                ),
+                third,
+            )
 
         whole = after(xi, 1.0)
         shift = (y + back) if chain else 0.0

@@ -119,14 +119,21 @@ def plan_weights(plan, placement: Placement | None = None, *, source_gpus=None) 
             return _normalise(valid[None].astype(np.float64), valid)
         slots = static_map(placement, source_gpus)  # [Gs, E]
         return (placement.log2phy[None, :, :] == slots[:, :, None]).astype(np.float64)
-    y = check_array("plan", plan, where=where, ndims=(2, 3), nonnegative=True,
-                    hint="a flat dispatch [E, D] or a per-source-group split [Gs, E, D]")  # fmt: skip
+    y = check_array(
+        "plan",
+        plan,
+        where=where,
+        ndims=(2, 3),
+        nonnegative=True,
+        hint="a flat dispatch [E, D] or a per-source-group split [Gs, E, D]",
+    )
     if y.ndim == 2:
         y = y[None]
     Gs, D = y.shape[0], placement.num_gpus
     if Gs < 1 or D % Gs:
-        raise ValueError(f"{where}: a split needs Gs source groups dividing D = {D} (rank d reads group d·Gs // D), "
-                         f"got Gs = {Gs}")  # fmt: skip
+        raise ValueError(
+            f"{where}: a split needs Gs source groups dividing D = {D} (rank d reads group d·Gs // D), got Gs = {Gs}"
+        )
     return _split_weights(y, placement, "plan", where)
 
 
@@ -148,8 +155,9 @@ def expected_dispatch(weights, counts, placement: Placement) -> np.ndarray:
     w = check_array("weights", weights, where=where, ndims=(2, 3), nonnegative=True)
     w = w[None] if w.ndim == 2 else w
     if w.shape[1:] != placement.log2phy.shape or D % w.shape[0]:
-        raise ValueError(f"{where}: weights must be [Gs, E, R] = [Gs | D={D}, {E}, {placement.log2phy.shape[1]}], "
-                         f"got {w.shape}")  # fmt: skip
+        raise ValueError(
+            f"{where}: weights must be [Gs, E, R] = [Gs | D={D}, {E}, {placement.log2phy.shape[1]}], got {w.shape}"
+        )
     c = check_array("counts", counts, where=where, ndims=(1, 2), nonnegative=True)
     if c.ndim == 1:
         if w.shape[0] != 1:
@@ -168,8 +176,9 @@ def expected_dispatch(weights, counts, placement: Placement) -> np.ndarray:
     return x
 
 
-def solve_weights(problem: DispatchProblem, policy: str, *, per_node: bool = False,
-                  options: dict | None = None) -> tuple[np.ndarray, Dispatch]:  # fmt: skip
+def solve_weights(
+    problem: DispatchProblem, policy: str, *, per_node: bool = False, options: dict | None = None
+) -> tuple[np.ndarray, Dispatch]:
     """Solve one batch with ``policy`` and convert its plan: ``(weights [Gs, E, R], dispatch)``.
 
     ``per_node``: split a flat plan over source nodes with the topology-aware rule (`topology_split`; needs

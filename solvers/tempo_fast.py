@@ -334,8 +334,9 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
             for t_cap, proof in ((bound.lb, False), (t_top, True)):
                 wall = clock.deadline - time.perf_counter()
                 # no hint: a level-partition start slowed CP-SAT down on the batches tried
-                res = level_search(problem, k, _token_cap(cost, t_cap), round_up=proof, work_limit=opts.level_work,
-                                   wall_limit=wall)  # fmt: skip
+                res = level_search(
+                    problem, k, _token_cap(cost, t_cap), round_up=proof, work_limit=opts.level_work, wall_limit=wall
+                )
                 searches.append(f"k={k}@{t_cap:.6g}:{res.status}")
                 if res.x is not None and offer("level_search", res.x):
                     break

@@ -454,8 +454,9 @@ def local_search(
             if es.size == 0:
                 continue
             base_s = (acts[src], tiles[src], toks[src])
-            amount, worst = _score(st, base_s, (acts[hs], tiles[hs], toks[hs]), st.x[es, src], st.x[es, hs],
-                                   tile_aware, partial)  # fmt: skip
+            amount, worst = _score(
+                st, base_s, (acts[hs], tiles[hs], toks[hs]), st.x[es, src], st.x[es, hs], tile_aware, partial
+            )
             k = int(np.argmin(worst))
             if worst[k] < top - _EPS:
                 st.move(int(es[k]), src, int(hs[k]), float(amount[k]))

@@ -130,8 +130,12 @@ def solve_window(config: WorkerConfig, counts: np.ndarray, fault: tuple[str, flo
     if fault is not None and fault[0] == "nan":
         for w in out:
             w[...] = np.nan
-    info = {"solve_ms": (time.perf_counter() - t0) * 1e3, "policy_ms": sum(r[2] for r in results),
-            "makespan": max(r[1] for r in results), "pairs": sum(r[3] for r in results)}  # fmt: skip
+    info = {
+        "solve_ms": (time.perf_counter() - t0) * 1e3,
+        "policy_ms": sum(r[2] for r in results),
+        "makespan": max(r[1] for r in results),
+        "pairs": sum(r[3] for r in results),
+    }
     if not config.layered:
         return out[0], info
     return out, {**info, "layers": len(out), "layer_ms": [r[4] for r in results], "makespans": [r[1] for r in results]}
@@ -144,8 +148,15 @@ def _solve_layers(config: WorkerConfig, layers, windows) -> list[tuple]:
         t_layer = time.perf_counter()
         problem = DispatchProblem(window, config.placements[layer], config.cost)
         weights, d = solve_weights(problem, config.policy, per_node=config.per_node, options=config.options)
-        out.append((weights.astype(np.float32), d.makespan, d.info["solve_time_s"] * 1e3, float(problem.n.sum()),
-                    (time.perf_counter() - t_layer) * 1e3))  # fmt: skip
+        out.append(
+            (
+                weights.astype(np.float32),
+                d.makespan,
+                d.info["solve_time_s"] * 1e3,
+                float(problem.n.sum()),
+                (time.perf_counter() - t_layer) * 1e3,
+            )
+        )
     return out
 
 
@@ -175,8 +186,10 @@ def _pool_solve(config: WorkerConfig, windows: np.ndarray) -> list[tuple]:
         if _POOL is not None:
             _POOL[1].shutdown(cancel_futures=True)
         ctx = multiprocessing.get_context("spawn")
-        _POOL = (config, ProcessPoolExecutor(config.processes, mp_context=ctx, initializer=_pool_init,
-                                             initargs=(config,)))  # fmt: skip
+        _POOL = (
+            config,
+            ProcessPoolExecutor(config.processes, mp_context=ctx, initializer=_pool_init, initargs=(config,)),
+        )
     chunks = [c for c in np.array_split(np.arange(len(config.placements)), config.processes) if c.size]
     try:
         futures = [_POOL[1].submit(_pool_task, c.tolist(), windows[c]) for c in chunks]
@@ -269,8 +282,9 @@ class SolverWorker:
         if not isinstance(config, WorkerConfig):
             raise ValueError(f"SolverWorker: config must be a solvers.worker.WorkerConfig, got {type(config).__name__}")
         self.config = config
-        self.start_timeout_s = check_real("start_timeout_s", start_timeout_s, minimum=0, strict=True,
-                                          where="SolverWorker")  # fmt: skip
+        self.start_timeout_s = check_real(
+            "start_timeout_s", start_timeout_s, minimum=0, strict=True, where="SolverWorker"
+        )
         self.proc = None
         self.starts = 0
         self.start_s: list[float] = []  # wall time of every start, spawn → ready

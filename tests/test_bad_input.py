@@ -157,25 +157,25 @@ API_CASES = [
         lambda: rebalance_experts(np.array([[1e39, 1, 1, 1]]), 8, 1, 1, 2),
         ValueError,
         "beyond float32",
-    ),  # fmt: skip
+    ),
     (
         "eplb_sum_overflow",
         lambda: rebalance_experts(np.array([[3e38, 3e38, 1, 1]]), 8, 1, 1, 2),
         ValueError,
         "sums to 6e+38",
-    ),  # fmt: skip
+    ),
     (
         "eplb_gpus_float",
         lambda: rebalance_experts(np.ones((1, 4)), 8, 1, 1, 2.0),
         TypeError,
         "rebalance_experts: num_gpus must be an integer >= 1, got 2.0",
-    ),  # fmt: skip
+    ),
     (
         "eplb_replicas_per_layer",
         lambda: rebalance_experts(np.ones((1, 8)), 2**17, 1, 1, 8),
         ValueError,
         "slots per layer",
-    ),  # fmt: skip
+    ),
     ("eplb_work", lambda: Placement.from_eplb(np.ones(2**14), 2**16, 64), ValueError, "that run in seconds"),
     # CostModel / DispatchProblem: a model pricing nothing, or times beyond float64 arithmetic.
     ("cost_no_slope", lambda: CostModel(a=5.0, b=0.0, beta=0.0), ValueError, "prices no load"),
@@ -184,33 +184,33 @@ API_CASES = [
         lambda: _problem(cost=CostModel(b=1e308, beta=1e308)),
         ValueError,
         "check the model's units",
-    ),  # fmt: skip
+    ),
     # Calibration that cannot determine the model.
     (
         "fit_identical_rows",
         lambda: fit_max_affine([4] * 8, [100] * 8, [50] * 8),
         ValueError,
         "cannot determine the model",
-    ),  # fmt: skip
+    ),
     (
         "fit_one_n",
         lambda: fit_max_affine([1, 2, 3, 4, 5], [9] * 5, [1, 2, 3, 4, 5]),
         ValueError,
         "piece in N undetermined",
-    ),  # fmt: skip
+    ),
     (
         "fit_nothing_rises",
         lambda: fit_max_affine([1, 2, 4, 8, 16], [10, 20, 40, 80, 160], [9, 8, 7, 6, 5]),
         ValueError,
         "contradict the model",
-    ),  # fmt: skip
+    ),
     # Sizes checked before any allocation.
     (
         "sample_topk_huge",
         lambda: sample_topk(np.ones(8), 2**27, 1, np.random.default_rng(0)),
         ValueError,
         "exceed the limit of 67,108,864",
-    ),  # fmt: skip
+    ),
     ("phase_huge_batch", lambda: PhaseConfig(tokens_per_gpu=(10**9,)), ValueError, "lower tokens_per_gpu"),
     ("serve_huge_batch", lambda: ServeConfig(tokens_per_rank=10**9), ValueError, "1 GiB of float32"),
     # Options that would be ignored are refused.
@@ -220,7 +220,7 @@ API_CASES = [
         lambda: ServeConfig(model="layer", trace="mixtral_8x7b"),
         ValueError,
         "only read by model='layer' with routing='recorded'",
-    ),  # fmt: skip
+    ),
     # MoEConfig: types and dtypes at construction, not deep inside jax.
     ("moe_hidden_fraction", lambda: _moe_config(hidden=8.5), TypeError, "MoEConfig.hidden must be an integer"),
     ("moe_hidden_nan", lambda: _moe_config(hidden=math.nan), TypeError, "got nan"),
@@ -459,9 +459,7 @@ def files(tmp_path):
         "cost_huge": json.dumps({"b": 1e308, "beta": 1e308}),
         "cost_flat": json.dumps({"a": 5, "b": 0, "beta": 0}),
         "good": "G,N,t\n"
-        + "\n".join(
-            f"{g:g},{n:g},{max(20 + 5 * g, 0.05 * n):g}" for g in (1, 2, 4, 8) for n in (10, 1000, 8000)
-        ),  # fmt: skip
+        + "\n".join(f"{g:g},{n:g},{max(20 + 5 * g, 0.05 * n):g}" for g in (1, 2, 4, 8) for n in (10, 1000, 8000)),
     }
     csv = ("one_row", "non_numeric", "short_row", "no_t", "falling", "good", "identical")
     paths = {}
@@ -548,7 +546,7 @@ CLI_CASES = [
         ["serve", "--cost", "dsv3_b_tile", "--cost-json", "{cost_nobeta}"],
         2,
         "give cost (a preset) or cost_json (a file), not both",
-    ),  # fmt: skip
+    ),
     ("serve_trace_synthetic", ["serve", "--trace", "mixtral_8x7b"], 2, "only read by model='layer'"),
     (
         "serve_lm_ignores_skew",
@@ -616,8 +614,10 @@ def test_cli_runtime_failure_is_one_line_exit_1(files, capsys, monkeypatch):
     monkeypatch.setattr(solve_command, "solve", broken)
     assert main(["solve", "--counts", str(files["counts"])]) == 1
     err = capsys.readouterr().err
-    assert err.strip() == "error: RuntimeError: solver crashed with details (internal failure; rerun with --debug " \
-        "for the traceback)"  # fmt: skip
+    assert (
+        err.strip() == "error: RuntimeError: solver crashed with details (internal failure; rerun with --debug "
+        "for the traceback)"
+    )
 
 
 def test_cli_out_creates_missing_folders_before_the_work(files, capsys):

@@ -289,8 +289,13 @@ CLI_SOLVE_OPTIONS = {
     "--batch": ["0", "1"],
     "--tokens-per-rank": ["8", "64"],
 }
-CLI_BATCHES = [["--counts", "counts.json"], ["--counts", "counts2d.json"], ["--counts", "bad_counts.json"],
-               ["--trace", "flame_moe_290m"], ["--trace", "mixtral_8x7b"]]  # fmt: skip
+CLI_BATCHES = [
+    ["--counts", "counts.json"],
+    ["--counts", "counts2d.json"],
+    ["--counts", "bad_counts.json"],
+    ["--trace", "flame_moe_290m"],
+    ["--trace", "mixtral_8x7b"],
+]
 
 
 @st.composite

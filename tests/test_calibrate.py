@@ -46,8 +46,16 @@ def test_committed_cpu_profile():
 
 def test_profile_round_trip(tmp_path):
     a = np.array([1, 2])
-    prof = Profile(a, a * 4, a * a * 4, a, np.array([10.0, 20.0]), np.array([11.0, 21.0]), np.array([12.0, 25.0]),
-                   {"backend": "cpu", "hidden": 8})  # fmt: skip
+    prof = Profile(
+        a,
+        a * 4,
+        a * a * 4,
+        a,
+        np.array([10.0, 20.0]),
+        np.array([11.0, 21.0]),
+        np.array([12.0, 25.0]),
+        {"backend": "cpu", "hidden": 8},
+    )
     back = load_profile(prof.save(tmp_path / "p.csv"))
     np.testing.assert_array_equal(back.N, prof.N)
     np.testing.assert_allclose(back.t_max_us, prof.t_max_us)
@@ -59,8 +67,9 @@ def test_profile_round_trip(tmp_path):
 @pytest.mark.slow  # profiles a real FFN for ~40 s; `make test-all`
 def test_calibrate_measure_cli_quick(tmp_path, capsys):
     report, model, csv = tmp_path / "cal.json", tmp_path / "model.json", tmp_path / "prof.csv"
-    rc = cli.main(["calibrate", "--measure", "--quick", "--report", str(report), "--out", str(model),
-                   "--profile-csv", str(csv)])  # fmt: skip
+    rc = cli.main(
+        ["calibrate", "--measure", "--quick", "--report", str(report), "--out", str(model), "--profile-csv", str(csv)]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "fit (Eq. 1)" in text and "b vs roofline" in text and "ranking agreement (§5.2)" in text

@@ -129,8 +129,10 @@ def test_the_layers_own_schedule_is_one_partition_shared_by_every_rank():
         for d in range(inp.num_ranks):
             got = tuple(tuple(k.sources) for k in layer.kernels[d])
             assert got == tuple(tuple(g) for g in want.groups if inp.pairs[list(g), d].sum() > 0), (seed, d)
-        differs += any(tuple(k.sources for k in planned.kernels[d]) != tuple(k.sources for k in layer.kernels[d])
-                       for d in range(inp.num_ranks))  # fmt: skip
+        differs += any(
+            tuple(k.sources for k in planned.kernels[d]) != tuple(k.sources for k in layer.kernels[d])
+            for d in range(inp.num_ranks)
+        )
     assert differs > 0
     with pytest.raises(ValueError, match="one schedule on every rank"):
         layer_timeline(inp, COSTS, "async_sf", launch="layer", guard=True)
@@ -202,8 +204,9 @@ def test_gain_attribution_replays_the_served_steps_with_the_same_inputs():
     parts = a["early_ffn"] + a["combine_overlap"] + a["oewf"]
     assert parts == pytest.approx(1 - a["cascade_us"] / a["sync_us"], rel=1e-9, abs=1e-12)
     assert a["combine_overlap"] > 0  # outputs travelling while later kernels run
-    free = run_cascade(dataclasses.replace(cfg, combine_scale=0.0), ("sync",), workers=1, cache_dir=None,
-                       progress=False)["sync"]  # fmt: skip
+    free = run_cascade(
+        dataclasses.replace(cfg, combine_scale=0.0), ("sync",), workers=1, cache_dir=None, progress=False
+    )["sync"]
     assert layer_attribution(free, steps=5)["combine_overlap"] == pytest.approx(0.0, abs=1e-12)
     assert layer_attribution(free, steps=5)["steps"] == 5
 
@@ -214,8 +217,12 @@ def test_the_key_budget_sets_the_imbalance_between_sparse_and_dense():
     from tempo_jax.sim.cascade import run_cascade
 
     base = CascadeConfig(trace="mooncake_sample", max_requests=40, rate_rps=6.0, attention="sparse")
-    tails = [run_cascade(dataclasses.replace(base, key_budget=b), ("sync",), workers=1, cache_dir=None,
-                         progress=False)["sync"].tail_ratio for b in (256, 4096, 1 << 20)]  # fmt: skip
+    tails = [
+        run_cascade(dataclasses.replace(base, key_budget=b), ("sync",), workers=1, cache_dir=None, progress=False)[
+            "sync"
+        ].tail_ratio
+        for b in (256, 4096, 1 << 20)
+    ]
     assert tails[0] < tails[1] < tails[2]
     with pytest.raises(ValueError, match="key_budget=512 acts only with attention='sparse'"):
         CascadeConfig(key_budget=512)

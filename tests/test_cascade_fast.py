@@ -46,8 +46,14 @@ def _assert_same(a, b):
     assert a.ffn_kernel_us == pytest.approx(b.ffn_kernel_us, rel=RTOL)
 
 
-LINK_LAUNCH = [("contention", "reactive"), ("contention", "planned"), ("contention", "layer"), ("fifo", "reactive"),
-               ("paper", "reactive"), ("paper", "planned")]  # fmt: skip
+LINK_LAUNCH = [
+    ("contention", "reactive"),
+    ("contention", "planned"),
+    ("contention", "layer"),
+    ("fifo", "reactive"),
+    ("paper", "reactive"),
+    ("paper", "planned"),
+]
 
 
 @pytest.mark.parametrize("links, launch", LINK_LAUNCH)
@@ -69,8 +75,7 @@ def test_fast_timeline_equals_the_reference_on_more_steps(links, estimates):
 
 def _served_equal(cfg: CascadeConfig, modes):
     fast = run_cascade(cfg, modes, workers=1, cache_dir=None, progress=False)
-    ref = run_cascade(dataclasses.replace(cfg, timeline="reference"), modes, workers=1, cache_dir=None,
-                      progress=False)  # fmt: skip
+    ref = run_cascade(dataclasses.replace(cfg, timeline="reference"), modes, workers=1, cache_dir=None, progress=False)
     for m in modes:
         np.testing.assert_allclose(fast[m].layer_us, ref[m].layer_us, rtol=RTOL)
         np.testing.assert_allclose(fast[m].prefill.ttft_s, ref[m].prefill.ttft_s, rtol=RTOL)
@@ -152,8 +157,23 @@ def test_seeds_and_the_cli_json(tmp_path, capsys):
         assert fig["per_seed"] == [by_seed[s][m].prefill.ttft_mean_s for s in (0, 1)]
         assert fig["ci95"][0] <= fig["value"] <= fig["ci95"][1]
     out = tmp_path / "o.json"
-    argv = ["cascade", "--trace", str(f), "--requests", "none", "--rate", "4", "--seeds", "2", "--modes",
-            "sync,cascade", "--workers", "1", "--out", str(out)]  # fmt: skip
+    argv = [
+        "cascade",
+        "--trace",
+        str(f),
+        "--requests",
+        "none",
+        "--rate",
+        "4",
+        "--seeds",
+        "2",
+        "--modes",
+        "sync,cascade",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data["config"]["trace"] == str(f) and data["seeds"] == [0, 1]
@@ -176,7 +196,12 @@ def test_dask_backend_on_a_local_cluster_equals_the_local_run():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
         with distributed.Client(lc):
             assert run_jobs(_square, [(i,) for i in range(5)], workers=2, backend="dask", progress=False) == [
-                0, 1, 4, 9, 16]  # fmt: skip
+                0,
+                1,
+                4,
+                9,
+                16,
+            ]
             remote = run_cascade(cfg, ("sync", "cascade"), workers=2, cache_dir=None, progress=False, backend="dask")
     for m in ("sync", "cascade"):
         np.testing.assert_array_equal(local[m].layer_us, remote[m].layer_us)

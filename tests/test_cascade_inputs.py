@@ -32,26 +32,36 @@ def test_a_prefix_block_repeated_inside_one_request_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"t\.jsonl:1: hash_id 7 repeats inside one request"):
         load_mooncake(p)
     with pytest.raises(ValueError, match="request 1 repeats prefix block 5"):
-        RequestTrace(arrival_s=[0.0, 1.0], input_len=[512, 1024], output_len=[1, 1], block_offsets=[0, 1, 3],
-                     block_ids=[5, 5, 5])  # fmt: skip
-    ok = RequestTrace(arrival_s=[0.0, 1.0], input_len=[512, 1024], output_len=[1, 1], block_offsets=[0, 1, 3],
-                      block_ids=[5, 5, 6])  # fmt: skip
+        RequestTrace(
+            arrival_s=[0.0, 1.0], input_len=[512, 1024], output_len=[1, 1], block_offsets=[0, 1, 3], block_ids=[5, 5, 5]
+        )
+    ok = RequestTrace(
+        arrival_s=[0.0, 1.0], input_len=[512, 1024], output_len=[1, 1], block_offsets=[0, 1, 3], block_ids=[5, 5, 6]
+    )
     assert len(ok) == 2  # the same block in two requests is what a prefix cache is for
 
 
 @pytest.mark.parametrize(
     "raw, fragment",
     [
-        ('{"timestamp": 0, "input_length": 512, "output_length": 1' + "0" * 30 + ', "hash_ids": [1]}',
-         "output_length must be an integer in"),
-        ('{"timestamp": 1' + "0" * 400 + ', "input_length": 512, "output_length": 1, "hash_ids": [1]}',
-         "timestamp must be a finite number of ms within"),
-        ('{"timestamp": 1e400, "input_length": 512, "output_length": 1, "hash_ids": [1]}',
-         "timestamp must be a finite number"),
-        ('{"timestamp": 0, "input_length": 1' + "0" * 20 + ', "output_length": 1, "hash_ids": [1]}',
-         "input_length must be an integer in"),
+        (
+            '{"timestamp": 0, "input_length": 512, "output_length": 1' + "0" * 30 + ', "hash_ids": [1]}',
+            "output_length must be an integer in",
+        ),
+        (
+            '{"timestamp": 1' + "0" * 400 + ', "input_length": 512, "output_length": 1, "hash_ids": [1]}',
+            "timestamp must be a finite number of ms within",
+        ),
+        (
+            '{"timestamp": 1e400, "input_length": 512, "output_length": 1, "hash_ids": [1]}',
+            "timestamp must be a finite number",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1' + "0" * 20 + ', "output_length": 1, "hash_ids": [1]}',
+            "input_length must be an integer in",
+        ),
     ],
-)  # fmt: skip
+)
 def test_numbers_no_float_or_int64_holds_are_refused_at_their_line(tmp_path, raw, fragment, capsys):
     """JSON integers are unbounded: 1e30 output tokens or a 400-digit timestamp crashed with OverflowError
     ("internal failure"); now a usage error naming the file, line and key."""

@@ -43,16 +43,21 @@ def _run(setup, config, tables=None, params=None):
     placement, _, p, x, mesh = setup
     pa = dispatch_tables.placement_arrays(placement)
     tables = tables or dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=3)
-    return moe_forward(params or p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
-                       key=jax.random.key(5))  # fmt: skip
+    return moe_forward(
+        params or p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config, key=jax.random.key(5)
+    )
 
 
 # ----------------------------------------------------------------------------------------------- invariant
 @pytest.mark.parametrize(
     ("seed", "mode"),
-    [(0, "sample"), pytest.param(0, "quota", marks=pytest.mark.slow), pytest.param(1, "sample", marks=pytest.mark.slow),
-     pytest.param(1, "quota", marks=pytest.mark.slow)],
-)  # fmt: skip
+    [
+        (0, "sample"),
+        pytest.param(0, "quota", marks=pytest.mark.slow),
+        pytest.param(1, "sample", marks=pytest.mark.slow),
+        pytest.param(1, "quota", marks=pytest.mark.slow),
+    ],
+)
 def test_launch_schedules_compute_the_synchronous_layer(setup, mode, seed):
     placement, config, params, x, _ = setup
     sync_cfg = dataclasses.replace(config, dispatch_mode=mode)
@@ -112,8 +117,9 @@ def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
     sched = LaunchSchedule(num_ranks=D, order=(3, 1, 0, 7, 2, 5, 4, 6), groups=((3, 1), (0, 7, 2), (5,), (4, 6)))
     cfg = dataclasses.replace(config, schedule=sched)
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
-    jaxpr = jax.make_jaxpr(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables,
-                                                    config=cfg))(params, x)  # fmt: skip
+    jaxpr = jax.make_jaxpr(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg))(
+        params, x
+    )
     body = _shard_map_body(jaxpr.jaxpr)
     scope = lambda e: str(e.source_info.name_stack)  # noqa: E731
     for g in range(len(sched.groups)):
@@ -161,8 +167,17 @@ def test_planned_pipeline_from_the_layers_own_routing(setup):
     np.testing.assert_array_equal(pairs.sum(axis=(1, 2)), np.full(D, TOKENS // D * config.top_k))
     arrival = np.array([10.0, 12, 11, 13, 14, 200, 220, 15])  # ranks 5 and 6 straggle
     curve = ThroughputCurve(tokens=(1, 1000), time_us=(1.0, 1000.0))  # one token per µs
-    plan = oewf_at_dispatch(arrival, arrival, np.zeros(D), pairs.sum(axis=(0, 2)), pairs, expert_bytes=1.0,
-                            budget_bytes=8.0, fetch_bytes_per_us=1.0, curve=curve)  # fmt: skip
+    plan = oewf_at_dispatch(
+        arrival,
+        arrival,
+        np.zeros(D),
+        pairs.sum(axis=(0, 2)),
+        pairs,
+        expert_bytes=1.0,
+        budget_bytes=8.0,
+        fetch_bytes_per_us=1.0,
+        curve=curve,
+    )
     fetches = fetches_from_plan(plan)
     assert fetches and {f.donor for f in fetches} <= {5, 6}
     schedule = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D)
@@ -170,9 +185,15 @@ def test_planned_pipeline_from_the_layers_own_routing(setup):
     f32_close(out.out, first.out)
     assert int(out.stats.drops.sum()) == 0
     # The static planner's plan converts the same way.
-    state = OEWFState(attention_us=np.where(arrival > 100, arrival, 0.0), dispatch_us=np.zeros(D),
-                      tokens=pairs.sum(axis=(0, 2)), pair_tokens=pairs, expert_bytes=np.ones(E),
-                      budget_bytes=8.0, fetch_bytes_per_us=1.0)  # fmt: skip
+    state = OEWFState(
+        attention_us=np.where(arrival > 100, arrival, 0.0),
+        dispatch_us=np.zeros(D),
+        tokens=pairs.sum(axis=(0, 2)),
+        pair_tokens=pairs,
+        expert_bytes=np.ones(E),
+        budget_bytes=8.0,
+        fetch_bytes_per_us=1.0,
+    )
     static = oewf_plan(state, curve=curve)
     assert static.accepted
     assert [(f.helper, f.donor) for f in fetches_from_plan(static)] == [(r.helper, r.donor) for r in static.accepted]

@@ -531,8 +531,17 @@ def test_oewf_at_dispatch_decides_in_readiness_order_and_moves_only_helper_pairs
     att = np.array([100.0, 2500.0, 400.0, 3000.0])
     disp = np.full(D, 50.0)
     curve = ThroughputCurve.from_profile([1, 1024, 65536], [80.0, 100.0, 1300.0])
-    res = oewf_at_dispatch(att + disp, att, disp, pairs.sum(axis=(0, 2)), pairs, expert_bytes=1e6,
-                           budget_bytes=4e6, fetch_bytes_per_us=1e4, curve=curve)  # fmt: skip
+    res = oewf_at_dispatch(
+        att + disp,
+        att,
+        disp,
+        pairs.sum(axis=(0, 2)),
+        pairs,
+        expert_bytes=1e6,
+        budget_bytes=4e6,
+        fetch_bytes_per_us=1e4,
+        curve=curve,
+    )
     assert res.accepted, "the early ranks should help the two stragglers"
     times = [a.decided_us for a in res.accepted]
     assert times == sorted(times) and all(a.start_us > a.decided_us for a in res.accepted)

@@ -120,8 +120,14 @@ def test_unguarded_modes_are_the_paper_launch_rules():
         r = layer_timeline(inp, COSTS, mode, guard=False, links="paper")
         assert set(r.policy) == {rule}
         for d in range(D):  # the rank's kernels are exactly launch_groups with the true arrivals
-            want = launch_groups(inp.ready_us, inp.pairs[:, d].sum(axis=1), COSTS.curve, mode=rule,
-                                 threshold=COSTS.threshold, start_us=inp.ready_us[d])  # fmt: skip
+            want = launch_groups(
+                inp.ready_us,
+                inp.pairs[:, d].sum(axis=1),
+                COSTS.curve,
+                mode=rule,
+                threshold=COSTS.threshold,
+                start_us=inp.ready_us[d],
+            )
             assert [(k.sources, k.tokens) for k in r.kernels[d]] == [(k.sources, k.tokens) for k in want]
     # The first layer has no OEWF (§3.3): cascade = async_sf.
     first = _inputs(3, oewf=False)

@@ -28,9 +28,11 @@ def test_readme_is_short():
 def _tiny_deepseek_v3_checkpoint(folder: Path) -> Path:
     """A DeepSeek-V3-architecture checkpoint with tiny dimensions (the docs' `checkpoint`)."""
     config = FAMILY_CONFIGS["deepseek_v3"]
-    tensors = {f"model.layers.{layer}.mlp.{k}": v.astype("float32")
-               for layer in range(config["first_k_dense_replace"], config["num_hidden_layers"])
-               for k, v in hf_state("deepseek_v3", config, seed=layer).items()}  # fmt: skip
+    tensors = {
+        f"model.layers.{layer}.mlp.{k}": v.astype("float32")
+        for layer in range(config["first_k_dense_replace"], config["num_hidden_layers"])
+        for k, v in hf_state("deepseek_v3", config, seed=layer).items()
+    }
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(config))
     return folder
@@ -70,8 +72,13 @@ def test_readme_layout_table_matches_the_tree():
     text = README.read_text()
     table = text[text.index("## Layout") : text.index("## Glossary")]
     named = set(re.findall(r"^\| `([^`]+)` \|", table, re.M))
-    rooms = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name in {
-        "solvers", "pallas_kernels", "scripts", "notebooks", "docs", "tests"}}  # fmt: skip
+    rooms = {
+        f"{p.name}/"
+        for p in ROOT.iterdir()
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and p.name in {"solvers", "pallas_kernels", "scripts", "notebooks", "docs", "tests"}
+    }
     rooms |= {f"tempo_jax/{p.name}/" for p in (ROOT / "tempo_jax").iterdir() if (p / "__init__.py").exists()}
     rooms |= {f"tempo_jax/{p.name}" for p in (ROOT / "tempo_jax").glob("*.py") if not p.name.startswith("__")}
     assert named == rooms, f"README layout table vs the tree: missing {rooms - named}, stale {named - rooms}"

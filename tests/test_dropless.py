@@ -48,8 +48,10 @@ def test_functional_auto_rounds_equal_the_worst_case_under_jit_and_grad(mesh):
     assert int(auto.stats.drops.sum()) == 0 and int(auto.stats.max_block.max()) == 64 * K
     assert_close(auto.out, worst.out)  # two programs (rounds of C rows, one worst-case exchange)
     cot = jax.random.normal(jax.random.key(2), auto.out.shape)
-    grads = {c: jax.jit(jax.grad(lambda p, x, c=c: jnp.sum(run(p, x, c).out * cot), argnums=(0, 1)))(params, x)
-             for c in ("auto", None)}  # fmt: skip
+    grads = {
+        c: jax.jit(jax.grad(lambda p, x, c=c: jnp.sum(run(p, x, c).out * cot), argnums=(0, 1)))(params, x)
+        for c in ("auto", None)
+    }
     assert_trees_close(grads["auto"], grads[None])
 
 

@@ -57,8 +57,10 @@ def _x(seed: int = 2):
 
 def _identical_replicas(array, placement: Placement) -> bool:
     a = np.asarray(array)
-    return all((a[np.flatnonzero(placement.phy2log == e)] == a[np.flatnonzero(placement.phy2log == e)[0]]).all()
-               for e in range(placement.num_experts))  # fmt: skip
+    return all(
+        (a[np.flatnonzero(placement.phy2log == e)] == a[np.flatnonzero(placement.phy2log == e)[0]]).all()
+        for e in range(placement.num_experts)
+    )
 
 
 # ------------------------------------------------------------------------------------------------ storage
@@ -91,8 +93,14 @@ def test_init_params_and_to_physical_lay_out_identical_replicas(mesh):
     for k in params:
         np.testing.assert_array_equal(np.asarray(to_physical(back, placement)[k]), np.asarray(params[k]))
     with pytest.raises(ValueError, match=r"logical layout \[E=12, \.\.\.\]; the layer takes the physical layout"):
-        moe_forward(logical, _x(), mesh=mesh, placement_arrays=dispatch_tables.placement_arrays(placement),
-                    tables=dispatch_tables.uniform(placement), config=_config())  # fmt: skip
+        moe_forward(
+            logical,
+            _x(),
+            mesh=mesh,
+            placement_arrays=dispatch_tables.placement_arrays(placement),
+            tables=dispatch_tables.uniform(placement),
+            config=_config(),
+        )
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -238,13 +246,24 @@ def test_output_does_not_depend_on_the_placement(mesh, path):
             routing = (jnp.asarray(ids), jnp.full(ids.shape, 0.5, jnp.float32))
         if path == "cascade":
             donor = 5
-            cfg = dataclasses.replace(cfg, schedule=LaunchSchedule.stragglers(D, late=(donor, 7)), fetches=(
-                WeightFetch(helper=1, donor=donor, experts=(int(placement.phy2log[donor * 2]),)),))  # fmt: skip
+            cfg = dataclasses.replace(
+                cfg,
+                schedule=LaunchSchedule.stragglers(D, late=(donor, 7)),
+                fetches=(WeightFetch(helper=1, donor=donor, experts=(int(placement.phy2log[donor * 2]),)),),
+            )
         params = to_physical(logical, placement, mesh=mesh)
         pa = dispatch_tables.placement_arrays(placement)
-        run = jax.jit(lambda p, x, pa=pa, cfg=cfg, placement=placement, routing=routing: moe_forward(
-            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg,
-            routing=routing))  # fmt: skip
+        run = jax.jit(
+            lambda p, x, pa=pa, cfg=cfg, placement=placement, routing=routing: moe_forward(
+                p,
+                x,
+                mesh=mesh,
+                placement_arrays=pa,
+                tables=dispatch_tables.uniform(placement),
+                config=cfg,
+                routing=routing,
+            )
+        )
         res = run(params, x)
         if path == "rounds":
             assert int(res.stats.rounds.max()) > 1
@@ -266,5 +285,7 @@ def test_tiny_lm_output_and_gradients_do_not_depend_on_the_placement(mesh):
     lb, gb = nnx.value_and_grad(loss)(b)
     assert_close(la, lb)
     ga_moe, gb_moe = ga["blocks"][0]["moe"], gb["blocks"][0]["moe"]
-    assert_trees_close(to_logical({k: ga_moe[k].get_value() for k in EXPERT_KEYS[:3]}, _placement(13)),
-                       to_logical({k: gb_moe[k].get_value() for k in EXPERT_KEYS[:3]}, _placement(14)))  # fmt: skip
+    assert_trees_close(
+        to_logical({k: ga_moe[k].get_value() for k in EXPERT_KEYS[:3]}, _placement(13)),
+        to_logical({k: gb_moe[k].get_value() for k in EXPERT_KEYS[:3]}, _placement(14)),
+    )

@@ -59,8 +59,15 @@ def _x(H: int, seed: int = 1) -> np.ndarray:
 def _layer(mesh, cfg, params, placement, x, tables=None, key=0):
     pa = dispatch_tables.placement_arrays(placement)
     tables = dispatch_tables.uniform(placement) if tables is None else tables
-    return moe_forward(params, jnp.asarray(x, jnp.float32), mesh=mesh, placement_arrays=pa, tables=tables,
-                       config=cfg, key=jax.random.key(key))  # fmt: skip
+    return moe_forward(
+        params,
+        jnp.asarray(x, jnp.float32),
+        mesh=mesh,
+        placement_arrays=pa,
+        tables=tables,
+        config=cfg,
+        key=jax.random.key(key),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ import
@@ -102,8 +109,15 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
 
     @jax.jit
     def run(params, x, table):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
-                           config=cfg, key=jax.random.key(3)).out  # fmt: skip
+        return moe_forward(
+            params,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.keyed(table, pa),
+            config=cfg,
+            key=jax.random.key(3),
+        ).out
 
     xj = jnp.asarray(x, jnp.float32)
     uniform = dispatch_tables.uniform(placement)
@@ -131,8 +145,10 @@ def test_layer_matches_hf_reference_forward_and_gradients(family, mesh):
 # qwen2_moe adds the gated shared expert, which runs beside the exchange (no table touches it): make test-all.
 # gpt_oss: make test-all too (the fast suite keeps deepseek_v3; tests/test_option_coverage_layer.py checks every
 # schedule, fetch and dispatch option keeps the output on the plain layer).
-@pytest.mark.parametrize("family", ["deepseek_v3", pytest.param("gpt_oss", marks=pytest.mark.slow),
-                                    pytest.param("qwen2_moe", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "family",
+    ["deepseek_v3", pytest.param("gpt_oss", marks=pytest.mark.slow), pytest.param("qwen2_moe", marks=pytest.mark.slow)],
+)
 def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
     config = FAMILY_CONFIGS[family]
     st = hf_state(family, config, seed=2)
@@ -140,15 +156,22 @@ def test_every_mode_table_and_cascade_schedule_keeps_the_output(family, mesh):
     cfg, params, _ = moe_from_hf(config, st, placement=placement, mesh=mesh)
     x = _x(cfg.hidden, seed=4)
     want = hf_block(family, config, st, x)
-    quota = _layer(mesh, dataclasses.replace(cfg, dispatch_mode="quota"), params, placement, x,
-                   tables=dispatch_tables.static(placement)).out  # fmt: skip
+    quota = _layer(
+        mesh,
+        dataclasses.replace(cfg, dispatch_mode="quota"),
+        params,
+        placement,
+        x,
+        tables=dispatch_tables.static(placement),
+    ).out
     assert rel_err(quota, want) < 1e-5
     # CascadeEP: two launch groups and a weight fetch (biases and the score bias travel with the weights)
     donor = 5
     held = [int(e) for e in placement.phy2log[donor * S : (donor + 1) * S]]
     schedule = LaunchSchedule.stragglers(D, late=(donor, 7))
-    cascade = dataclasses.replace(cfg, schedule=schedule, fetches=(WeightFetch(helper=1, donor=donor,
-                                                                               experts=tuple(held[:1])),))  # fmt: skip
+    cascade = dataclasses.replace(
+        cfg, schedule=schedule, fetches=(WeightFetch(helper=1, donor=donor, experts=tuple(held[:1])),)
+    )
     out = _layer(mesh, cascade, params, placement, x).out
     assert len(schedule.groups) > 1 and rel_err(out, want) < 1e-5
 
@@ -201,8 +224,9 @@ def test_import_refuses_what_the_layer_cannot_express():
         moe_config_from_hf({**ds, "n_group": 3}, slots_per_rank=S)
     # DeepSeek-V4's hash-routed first layers are not MoE layers the layer can express
     assert moe_layer_ids(FAMILY_CONFIGS["deepseek_v4"]) == [1, 2]
-    assert moe_layer_ids({**FAMILY_CONFIGS["qwen3_moe"], "decoder_sparse_step": 2, "num_hidden_layers": 6,
-                          "mlp_only_layers": [3]}) == [1, 5]  # fmt: skip
+    assert moe_layer_ids(
+        {**FAMILY_CONFIGS["qwen3_moe"], "decoder_sparse_step": 2, "num_hidden_layers": 6, "mlp_only_layers": [3]}
+    ) == [1, 5]
     assert moe_layer_ids(FAMILY_CONFIGS["deepseek_v3"]) == [1, 2]
 
 
@@ -223,16 +247,18 @@ def test_load_moe_layers_round_trips_a_sharded_checkpoint(tmp_path):
     family = "qwen2_moe"
     config = {**FAMILY_CONFIGS[family], "num_hidden_layers": 3, "mlp_only_layers": [1]}
     states = {layer: hf_state(family, config, seed=layer) for layer in (0, 2)}
-    tensors = {f"model.layers.{layer}.mlp.{k}": v.astype(np.float32) for layer, st in states.items()
-               for k, v in st.items()}  # fmt: skip
+    tensors = {
+        f"model.layers.{layer}.mlp.{k}": v.astype(np.float32) for layer, st in states.items() for k, v in st.items()
+    }
     tensors["model.embed_tokens.weight"] = np.ones((32, 16), np.float32)  # not an MoE tensor: never read
     tensors["model.layers.1.mlp.gate_proj.weight"] = np.ones((8, 16), np.float32)  # the dense layer
     names = sorted(tensors)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for fname, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, str(tmp_path / fname))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))  # fmt: skip
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}})
+    )
     (tmp_path / "config.json").write_text(json.dumps(config))
     layers = load_moe_layers(tmp_path)
     assert sorted(layers) == [0, 2]
@@ -248,8 +274,9 @@ def test_load_moe_layers_round_trips_a_sharded_checkpoint(tmp_path):
         want = moe_from_hf(config, states[layer], placement=pl).params
         assert placement is pl and cfg.slots_per_rank == S
         for k in want:
-            assert params[k].sharding.spec == (jax.sharding.PartitionSpec("ep") if k.startswith("w_") else
-                                               jax.sharding.PartitionSpec()), k  # fmt: skip
+            assert params[k].sharding.spec == (
+                jax.sharding.PartitionSpec("ep") if k.startswith("w_") else jax.sharding.PartitionSpec()
+            ), k
             np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(want[k]))
     assert sorted(load_moe_layers(tmp_path, layers=[2])) == [2]
     with pytest.raises(ValueError, match=r"layers \[1\] are not MoE layers"):
@@ -262,8 +289,17 @@ def test_load_moe_layers_round_trips_a_sharded_checkpoint(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ presets
 def test_presets_have_real_dimensions_and_sources():
-    assert set(MOE_PRESETS) >= {"deepseek_v3", "deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3", "qwen3_30b_a3b",
-                                "qwen3_235b_a22b", "mixtral_8x7b", "gpt_oss_20b", "gpt_oss_120b"}  # fmt: skip
+    assert set(MOE_PRESETS) >= {
+        "deepseek_v3",
+        "deepseek_v4_flash",
+        "deepseek_v4_pro",
+        "glm_5_3",
+        "qwen3_30b_a3b",
+        "qwen3_235b_a22b",
+        "mixtral_8x7b",
+        "gpt_oss_20b",
+        "gpt_oss_120b",
+    }
     v3 = moe_preset("deepseek_v3", slots_per_rank=40)
     assert (v3.hidden, v3.ffn, v3.experts, v3.top_k) == (7168, 2048, 256, 8)
     assert (v3.router.n_group, v3.router.topk_group, v3.router.scaling, v3.shared.width) == (8, 4, 2.5, 2048)
@@ -286,8 +322,7 @@ def test_presets_have_real_dimensions_and_sources():
         ({"router": RouterConfig(scoring="tanh")}, "unknown scoring 'tanh'"),
         ({"router": RouterConfig(n_group=3)}, "n_group=3 does not divide experts=8"),
         ({"router": RouterConfig(n_group=4, topk_group=5)}, "topk_group=5 exceeds n_group=4"),
-        ({"router": RouterConfig(n_group=4, topk_group=1), "top_k": 3},
-         "top_k=3 exceeds the 1 kept groups' 2 experts"),
+        ({"router": RouterConfig(n_group=4, topk_group=1), "top_k": 3}, "top_k=3 exceeds the 1 kept groups' 2 experts"),
         ({"router": RouterConfig(balance_rate=0.1)}, "set score_bias=True"),
         ({"router": RouterConfig(scaling=0.0)}, "scaling must be > 0"),
         ({"router": RouterConfig(renorm_eps=float("nan"))}, "renorm_eps must be a finite"),
@@ -301,7 +336,7 @@ def test_presets_have_real_dimensions_and_sources():
         ({"shared": SharedConfig(count=0, ffn=4)}, "SharedConfig.count must be"),
         ({"shared": 2}, "MoEConfig.shared must be a SharedConfig or None"),
     ],
-)  # fmt: skip
+)
 def test_family_options_are_validated_at_the_config(kw, match):
     base = dict(hidden=16, ffn=8, experts=8, top_k=2, slots_per_rank=2)
     with pytest.raises(ValueError, match=match):

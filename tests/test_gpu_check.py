@@ -54,8 +54,11 @@ def test_gpu_check_smoke(tmp_path):
     moe = json.loads((tmp_path / "moe_check.json").read_text())
     assert moe["devices"] == 8 and set(moe["results"]) == {"padded/chunked", "padded/pallas"}
     cascade = moe["cascade"]  # CascadeEP schedules and OEWF against the synchronous layer
-    assert cascade["ran"] and cascade["ok"] and [r["mode"] for r in cascade["results"]] == [
-        "sync", "async", "async_sf", "cascade"]  # fmt: skip
+    assert (
+        cascade["ran"]
+        and cascade["ok"]
+        and [r["mode"] for r in cascade["results"]] == ["sync", "async", "async_sf", "cascade"]
+    )
     assert max(r["max_abs_diff_vs_sync"] for r in cascade["results"]) < 1e-3
     assert all(r["ok"] and r["max_abs_err"] < 1e-4 for r in moe["results"].values())
     # The profile is what `tempo-jax calibrate` fits: G, N, tiles T and t (µs), all positive.
@@ -65,10 +68,18 @@ def test_gpu_check_smoke(tmp_path):
     G, N, T, t = (np.array([float(r[c]) for r in rows]) for c in ("G", "N", "T", "t"))
     assert G.tolist() == [1] * 3 + [2] * 3 and N.tolist() == [1, 8, 24, 2, 16, 48] and (t > 0).all()
     assert {k: v.tolist() for k, v in read_samples(tmp_path / "profile.csv").items()} == {
-        "G": G.tolist(), "N": N.tolist(), "T": T.tolist(), "t": t.tolist()}  # fmt: skip
+        "G": G.tolist(),
+        "N": N.tolist(),
+        "T": T.tolist(),
+        "t": t.tolist(),
+    }
     # Six smoke cells cannot determine the tile model (two values of G): calibrate fits or refuses in one line.
-    fit = subprocess.run([sys.executable, "-m", "tempo_jax", "calibrate", str(tmp_path / "profile.csv")], cwd=ROOT,
-                         capture_output=True, text=True)  # fmt: skip
+    fit = subprocess.run(
+        [sys.executable, "-m", "tempo_jax", "calibrate", str(tmp_path / "profile.csv")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert fit.returncode in (0, 2) and "Traceback" not in fit.stderr, fit.stderr
     assert "summary" in proc.stdout and "calibrate:" in proc.stdout
     # The report a GPU session commits: tables for every step and the profile figure.

@@ -84,8 +84,9 @@ def test_every_family_loads_from_bf16_files(name, tmp_path):
     for shard in dst.glob("*.safetensors"):
         f = SafetensorsFile(shard)
         arrays = {k: np.asarray(f.array(k)) for k in f.names()}
-        save_file({k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in arrays.items()},
-                  str(shard))  # fmt: skip
+        save_file(
+            {k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in arrays.items()}, str(shard)
+        )
     z, layer = _fixture(name)
     cfg, params, placement = load_moe_layers(dst, layers=[layer], dtype=jnp.bfloat16)[layer]
     assert params["w_gate"].dtype == jnp.bfloat16 and params["router"].dtype == jnp.float32
@@ -144,8 +145,9 @@ def test_the_layer_on_8_devices_equals_transformers(name):
     x = jnp.asarray(z["x"], jnp.float32)
 
     def run(p, x):
-        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement),
-                           config=cfg).out  # fmt: skip
+        return moe_forward(
+            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg
+        ).out
 
     assert _rel(jax.jit(run)(params, x), z["out"]) < 1e-5
     if name in ("deepseek_v4", "llama4_text"):
@@ -195,8 +197,12 @@ def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
     one tensor at a time into float32, equal to the format's reference dequantization."""
     src = ROOT / "deepseek_v3" / "hub"
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [4, 8]}  # fmt: skip
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [4, 8],
+    }
     z, layer = _fixture("deepseek_v3")
     prefix = f"model.layers.{layer}.mlp."
     tensors, reference = {}, {}
@@ -254,17 +260,28 @@ def test_mxfp4_gpt_oss_experts_are_dequantized_on_load():
     assert [float(v) for v in FP4_E2M1[:8]] == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     E, H, F = 4, 64, 32
     rng = np.random.default_rng(0)
-    config = {"model_type": "gpt_oss", "hidden_size": H, "intermediate_size": F, "num_local_experts": E,
-              "num_experts_per_tok": 2, "num_hidden_layers": 1}  # fmt: skip
+    config = {
+        "model_type": "gpt_oss",
+        "hidden_size": H,
+        "intermediate_size": F,
+        "num_local_experts": E,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 1,
+    }
     codes = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)  # noqa: E731
     exps = lambda *shape: rng.integers(120, 130, shape, dtype=np.uint8)  # noqa: E731  (scales 2^-7 … 2^2)
     gub, gus = codes(E, 2 * F, H // 32, 16), exps(E, 2 * F, H // 32)
     dnb, dns = codes(E, H, F // 32, 16), exps(E, H, F // 32)
-    state = {"router.weight": rng.normal(size=(E, H)).astype(np.float32), "router.bias": np.zeros(E, np.float32),
-             "experts.gate_up_proj_blocks": gub, "experts.gate_up_proj_scales": gus,
-             "experts.down_proj_blocks": dnb, "experts.down_proj_scales": dns,
-             "experts.gate_up_proj_bias": rng.normal(size=(E, 2 * F)).astype(np.float32),
-             "experts.down_proj_bias": rng.normal(size=(E, H)).astype(np.float32)}  # fmt: skip
+    state = {
+        "router.weight": rng.normal(size=(E, H)).astype(np.float32),
+        "router.bias": np.zeros(E, np.float32),
+        "experts.gate_up_proj_blocks": gub,
+        "experts.gate_up_proj_scales": gus,
+        "experts.down_proj_blocks": dnb,
+        "experts.down_proj_scales": dns,
+        "experts.gate_up_proj_bias": rng.normal(size=(E, 2 * F)).astype(np.float32),
+        "experts.down_proj_bias": rng.normal(size=(E, H)).astype(np.float32),
+    }
     cfg, params, placement = moe_from_hf(config, state)
     logical = to_logical(params, placement)
     gate_up = _mxfp4_reference(gub, gus)  # [E, 2F, H]: rows gate / up interleaved
@@ -288,10 +305,16 @@ def test_the_module_imports_and_derives_the_slots():
 
 @pytest.mark.parametrize(
     "name, change, key",
-    [("phimoe", {"input_jitter_noise": 0.01}, "input_jitter_noise"), ("mixtral", {"router_jitter_noise": 0.1},
-     "router_jitter_noise"), ("dbrx", {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 2, "ffn_hidden_size": 8,
-                                                      "moe_jitter_eps": 0.01}}, "moe_jitter_eps")],
-)  # fmt: skip
+    [
+        ("phimoe", {"input_jitter_noise": 0.01}, "input_jitter_noise"),
+        ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
+        (
+            "dbrx",
+            {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 2, "ffn_hidden_size": 8, "moe_jitter_eps": 0.01}},
+            "moe_jitter_eps",
+        ),
+    ],
+)
 def test_training_time_noise_is_said_not_dropped_silently(name, change, key):
     """Jitter transformers applies only in training mode: the layer computes the eval-mode block and warns."""
     config = {**json.loads((ROOT / name / "hub" / "config.json").read_text()), **change}
@@ -302,14 +325,24 @@ def test_training_time_noise_is_said_not_dropped_silently(name, change, key):
 @pytest.mark.parametrize(
     "name, change, fragment",
     [
-        ("dbrx", {"ffn_config": {"moe_normalize_expert_weights": 2.0, "moe_num_experts": 8, "moe_top_k": 2,
-                                 "ffn_hidden_size": 8}}, "an L2.0 renormalisation"),
+        (
+            "dbrx",
+            {
+                "ffn_config": {
+                    "moe_normalize_expert_weights": 2.0,
+                    "moe_num_experts": 8,
+                    "moe_top_k": 2,
+                    "ffn_hidden_size": 8,
+                }
+            },
+            "an L2.0 renormalisation",
+        ),
         ("deepseek_v2", {"topk_method": "noaux_tc"}, "implements only greedy and group_limited_greedy"),
         ("deepseek_v2", {"mlp_bias": True}, "shared experts have biases"),
         ("ernie4_5_moe", {"use_bias": True}, "shared experts have biases"),
         ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ],
-)  # fmt: skip
+)
 def test_family_options_the_layer_cannot_express_are_refused(name, change, fragment):
     config = {**json.loads((ROOT / name / "hub" / "config.json").read_text()), **change}
     with pytest.raises(ValueError, match=fragment):

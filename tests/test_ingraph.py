@@ -62,8 +62,9 @@ def test_relief_is_near_tempo_and_exact_in_tokens(s, B):
     assert d.makespan <= 1.05 * solve(problem, "tempo").makespan
 
 
-@pytest.mark.parametrize("s, B", [pytest.param(0.6, 32, marks=pytest.mark.slow), (1.2, 256),
-                                  pytest.param(2.0, 2048, marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize(
+    "s, B", [pytest.param(0.6, 32, marks=pytest.mark.slow), (1.2, 256), pytest.param(2.0, 2048, marks=pytest.mark.slow)]
+)
 def test_in_graph_relief_equals_its_numpy_twin(s, B):
     """The jitted float32 relief and the numpy float64 twin: the same makespan (their shares may differ where two
     moves tie to the last bit)."""
@@ -75,8 +76,9 @@ def test_in_graph_relief_equals_its_numpy_twin(s, B):
     got = np.asarray(run(jnp.asarray(problem.n, jnp.float32), jnp.asarray(ranks, jnp.int32)), np.float64)
     np.testing.assert_array_equal(got.sum(axis=1), problem.n)
     np.testing.assert_array_equal(relief.replica_ranks(jnp.asarray(pl.log2phy), pl.slots_per_rank), ranks)
-    assert _makespan(got, ranks, COST, pl.num_gpus) == pytest.approx(_makespan(want, ranks, COST, pl.num_gpus),
-                                                                     rel=1e-6)  # fmt: skip
+    assert _makespan(got, ranks, COST, pl.num_gpus) == pytest.approx(
+        _makespan(want, ranks, COST, pl.num_gpus), rel=1e-6
+    )
 
 
 @given(st.lists(st.lists(st.integers(0, 40), min_size=5, max_size=5), min_size=1, max_size=4), st.data())
@@ -184,8 +186,10 @@ def test_with_a_dispatch_controller_both_timescales(setup):
     with pytest.raises(ValueError, match="computes each call's tables in the step"):
         fresh.set_tables(dispatch_tables.uniform(pl))
     moved = 0
-    with (DispatchController(pl, COST, policy="relief") as ctl_tables,
-          DispatchController(pl, COST, policy="relief", rebalance_every=2) as ctl_place):  # fmt: skip
+    with (
+        DispatchController(pl, COST, policy="relief") as ctl_tables,
+        DispatchController(pl, COST, policy="relief", rebalance_every=2) as ctl_place,
+    ):
         for i in range(3):
             xi = x * (1.0 + 0.1 * i)
             want = step(ref, xi)

@@ -99,8 +99,9 @@ def test_gradients_match_dense_reference(setup):
     rp = to_physical(rp, placement)
     for name in params:
         f32_close(gp[name], rp[name], atol=1e-4, rtol=1e-4)
-        assert gp[name].sharding.spec == (jax.sharding.PartitionSpec("ep") if name != "router" else
-                                          jax.sharding.PartitionSpec()), name  # fmt: skip
+        assert gp[name].sharding.spec == (
+            jax.sharding.PartitionSpec("ep") if name != "router" else jax.sharding.PartitionSpec()
+        ), name
 
 
 def test_quota_mode_realises_the_plan(setup):

@@ -28,8 +28,12 @@ def test_two_processes_match_one(tmp_path):
     )
     r = subprocess.run(
         ["bash", "scripts/launch_multihost.sh", "2", "4", str(mh)],
-        cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     a, b = np.load(mh), np.load(ref)
     assert int(a["processes"]) == 2 and int(b["processes"]) == 1 and int(a["devices"]) == int(b["devices"]) == 8
@@ -57,17 +61,42 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     names = sorted(state)
-    save_file({f"model.layers.0.mlp.{k}": state[k].astype(np.float32) for k in names[::2]},
-              str(ckpt / "model-00001-of-00002.safetensors"))  # fmt: skip
-    save_file({f"model.layers.0.mlp.{k}": state[k].astype(np.float32) for k in names[1::2]},
-              str(ckpt / "model-00002-of-00002.safetensors"))  # fmt: skip
+    save_file(
+        {f"model.layers.0.mlp.{k}": state[k].astype(np.float32) for k in names[::2]},
+        str(ckpt / "model-00001-of-00002.safetensors"),
+    )
+    save_file(
+        {f"model.layers.0.mlp.{k}": state[k].astype(np.float32) for k in names[1::2]},
+        str(ckpt / "model-00002-of-00002.safetensors"),
+    )
     (ckpt / "config.json").write_text(json.dumps(config))
     ref, mh = tmp_path / "ref.npz", tmp_path / "mh.npz"
     fresh = ["--dispatch", "ingraph"]
-    subprocess.run([sys.executable, "scripts/multihost_moe.py", "--out", str(ref), "--checkpoint", str(ckpt),
-                    "--dispatch-mode", "quota", *fresh], cwd=ROOT, env=_env(8), check=True, timeout=300)  # fmt: skip
-    r = subprocess.run(["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), "quota", "--checkpoint", str(ckpt),
-                        *fresh], cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/multihost_moe.py",
+            "--out",
+            str(ref),
+            "--checkpoint",
+            str(ckpt),
+            "--dispatch-mode",
+            "quota",
+            *fresh,
+        ],
+        cwd=ROOT,
+        env=_env(8),
+        check=True,
+        timeout=300,
+    )
+    r = subprocess.run(
+        ["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), "quota", "--checkpoint", str(ckpt), *fresh],
+        cwd=ROOT,
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     a, b = np.load(mh), np.load(ref)
     assert int(a["processes"]) == 2 and int(b["processes"]) == 1

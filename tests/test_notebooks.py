@@ -122,8 +122,14 @@ def _check_08(d):
 
 def _check_09(d):
     v = d["values"]
-    combos = {"c_r": ("contention", "reactive"), "c_p": ("contention", "planned"), "c_l": ("contention", "layer"),
-              "f_r": ("fifo", "reactive"), "p_r": ("paper", "reactive"), "p_p": ("paper", "planned")}  # fmt: skip
+    combos = {
+        "c_r": ("contention", "reactive"),
+        "c_p": ("contention", "planned"),
+        "c_l": ("contention", "layer"),
+        "f_r": ("fifo", "reactive"),
+        "p_r": ("paper", "reactive"),
+        "p_p": ("paper", "planned"),
+    }
     for key in combos:  # every link × launch model at the three operating points, intervals around the means
         assert v[f"thr_{key}_sync"] == 1.0
         for point in ("rec", "tail", "90"):

@@ -67,8 +67,15 @@ def test_every_cascade_option_has_an_entry():
 @pytest.fixture(scope="module")
 def shared_trace(tmp_path_factory) -> str:
     p = tmp_path_factory.mktemp("traces") / "shared.jsonl"
-    p.write_text("\n".join(json.dumps({"timestamp": 100 * i, "input_length": 512 * 9, "output_length": 1,
-                                       "hash_ids": [*range(1, 9), 100 + i]}) for i in range(12)) + "\n")  # fmt: skip
+    p.write_text(
+        "\n".join(
+            json.dumps(
+                {"timestamp": 100 * i, "input_length": 512 * 9, "output_length": 1, "hash_ids": [*range(1, 9), 100 + i]}
+            )
+            for i in range(12)
+        )
+        + "\n"
+    )
     return str(p)
 
 
@@ -100,8 +107,9 @@ def test_cascade_out_records_only_the_options_that_acted(tmp_path):
     recorded = json.loads(out.read_text())["config"]
     assert not {"skew", "synthetic_requests", "synthetic_rate_rps", "key_budget"} & set(recorded)  # recorded, dense
     assert recorded["trace"] == "mooncake_sample" and recorded["max_requests"] == 12
-    zipf = CascadeConfig(trace="synthetic", routing="zipf", skew=1.5, synthetic_requests=9, attention="sparse",
-                         key_budget=512).acting()  # fmt: skip
+    zipf = CascadeConfig(
+        trace="synthetic", routing="zipf", skew=1.5, synthetic_requests=9, attention="sparse", key_budget=512
+    ).acting()
     assert zipf["skew"] == 1.5 and zipf["key_budget"] == 512 and set(zipf) == set(CASCADE) | {"timeline", "hardware"}
 
 

@@ -80,9 +80,13 @@ def _inputs(cfg: MoEConfig) -> tuple[dict, jax.Array]:
     """Logical parameters with every array random (the score bias too; router arrays float32, the rest in the
     config's dtype) and the batch ``x [T, H]``: numpy draws, so no config compiles an initialiser."""
     rng = np.random.default_rng(1)
-    logical = {n: jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[-2] if len(shape) > 1 else 4),
-                              jnp.float32 if n.startswith(("router", "score")) else cfg.dtype)
-               for n, shape in sorted(param_shapes(cfg).items())}  # fmt: skip
+    logical = {
+        n: jnp.asarray(
+            rng.normal(size=shape) / np.sqrt(shape[-2] if len(shape) > 1 else 4),
+            jnp.float32 if n.startswith(("router", "score")) else cfg.dtype,
+        )
+        for n, shape in sorted(param_shapes(cfg).items())
+    }
     return logical, jnp.asarray(rng.normal(size=(T, cfg.hidden)), jnp.float32)
 
 
@@ -115,8 +119,16 @@ def _run(cfg: MoEConfig):
     params = to_physical(logical, placement, mesh=mesh, axis=cfg.axis)
     pa = dispatch_tables.placement_arrays(placement)
     tables = None if cfg.dispatch == "ingraph" else dispatch_tables.uniform(placement)
-    res = moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, key=jax.random.key(4),
-                      routing=_hot_routing(cfg))  # fmt: skip
+    res = moe_forward(
+        params,
+        x,
+        mesh=mesh,
+        placement_arrays=pa,
+        tables=tables,
+        config=cfg,
+        key=jax.random.key(4),
+        routing=_hot_routing(cfg),
+    )
     stats = {k: np.asarray(v) for k, v in res.stats._asdict().items() if k not in ("topk_ids",)}
     return np.asarray(res.out, np.float32), stats
 

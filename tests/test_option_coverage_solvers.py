@@ -75,8 +75,13 @@ def tempo_fingerprint():
         stage = getattr(tempo_fast, name)
 
         def recorded(*args, **kw):
-            calls.append((name, tuple(a for a in args if isinstance(a, scalars)),
-                          tuple(sorted((k, v) for k, v in kw.items() if isinstance(v, scalars)))))  # fmt: skip
+            calls.append(
+                (
+                    name,
+                    tuple(a for a in args if isinstance(a, scalars)),
+                    tuple(sorted((k, v) for k, v in kw.items() if isinstance(v, scalars))),
+                )
+            )
             return stage(*args, **kw)
 
         return recorded
@@ -88,8 +93,13 @@ def tempo_fingerprint():
         def fingerprint(**opts):
             calls.clear()
             d = solve(problem, "tempo", **opts)
-            info = tuple(sorted((k, v) for k, v in d.info.items() if k not in ("elapsed_ms", "solve_time_s")
-                                and isinstance(v, scalars)))  # fmt: skip
+            info = tuple(
+                sorted(
+                    (k, v)
+                    for k, v in d.info.items()
+                    if k not in ("elapsed_ms", "solve_time_s") and isinstance(v, scalars)
+                )
+            )
             return d.x.round(6).tobytes(), info, tuple(calls)
 
         yield fingerprint
@@ -106,8 +116,15 @@ def test_each_tempo_option_changes_the_solve(name, tempo_fingerprint):
 
 
 # ------------------------------------------------------------------------------------------------ PhaseConfig
-PHASE_BASE = dict(presets=("dsv2_lite_offline",), eps=(8,), replications=(1.25,), skews=(1.2,), tokens_per_gpu=(64,),
-                  batches=1, placement_draws=4)  # fmt: skip
+PHASE_BASE = dict(
+    presets=("dsv2_lite_offline",),
+    eps=(8,),
+    replications=(1.25,),
+    skews=(1.2,),
+    tokens_per_gpu=(64,),
+    batches=1,
+    placement_draws=4,
+)
 #: field → (another value, the options both runs share, the options it is refused without or None).
 PHASE = {
     "presets": (("qwen3_30b_offline",), {}, None),
@@ -143,8 +160,9 @@ def test_each_phase_option_changes_the_sweep_or_is_refused_without_what_it_needs
 
 
 # ------------------------------------------------------------------------------------------------ replay configs
-REPLAY_BASE = dict(source="synthetic", synthetic=SyntheticStreams(streams=1, windows=4), tokens_per_step=(256,),
-                   max_windows=3)  # fmt: skip
+REPLAY_BASE = dict(
+    source="synthetic", synthetic=SyntheticStreams(streams=1, windows=4), tokens_per_step=(256,), max_windows=3
+)
 #: `ReplayConfig` field → (another value, the options both runs share, the options it is refused without or None);
 #: run through `run_policies` (the other protocols share these fields and how they are read).
 REPLAY = {
@@ -187,14 +205,23 @@ def test_each_replay_option_changes_the_rows_or_is_refused_without_what_it_needs
     value, context, needs = REPLAY[name]
     if needs is not None:
         with pytest.raises(ValueError, match=name):
-            PolicyConfig(**{**REPLAY_BASE, **{k: v for k, v in context.items() if k not in needs},
-                            "source": "flame_moe_290m", name: value})  # fmt: skip
+            PolicyConfig(
+                **{
+                    **REPLAY_BASE,
+                    **{k: v for k, v in context.items() if k not in needs},
+                    "source": "flame_moe_290m",
+                    name: value,
+                }
+            )
     base = {**REPLAY_BASE, "policies": ("static", "tempo")}
     assert _changes(lambda **kw: _rows(run_policies, PolicyConfig, **kw), base, name, value, context), name
 
 
-@pytest.mark.parametrize(("kind", "name"), [(k, n) for k in PROTOCOLS for n in sorted(PROTOCOLS[k][1])],
-                         ids=lambda v: getattr(v, "__name__", v))  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [(k, n) for k in PROTOCOLS for n in sorted(PROTOCOLS[k][1])],
+    ids=lambda v: getattr(v, "__name__", v),
+)
 def test_each_protocol_option_changes_the_rows(kind, name):
     run, own = PROTOCOLS[kind]
     value, context = own[name]
@@ -205,53 +232,64 @@ def test_each_protocol_option_changes_the_rows(kind, name):
 def _options(command: str) -> set[str]:
     """The long option strings of one sub-command (help excluded)."""
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    return {max(a.option_strings, key=len) for a in sub._actions
-            if a.option_strings and not isinstance(a, argparse._HelpAction)} | {
-           a.dest for a in sub._actions if not a.option_strings}  # fmt: skip
+    return {
+        max(a.option_strings, key=len)
+        for a in sub._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction)
+    } | {a.dest for a in sub._actions if not a.option_strings}
 
 
 #: command → its base argv and, per option, (argv that adds it, what shows it: "out" = stdout or the written
 #: files change, "refused" = refused without the option named by the third element, which then makes it act).
 SOLVE_BASE = ["solve", "--trace", "flame_moe_290m", "--policy", "token_lp"]
 CLI = {
-    "solve": (SOLVE_BASE, {
-        "--counts": (["--counts", "{counts}"], "out"),  # replaces --trace (exactly one of them)
-        "--trace": (["--trace", "olmoe_1b_7b"], "out"),
-        "--layer": (["--layer", "3"], "out"),
-        "--batch": (["--batch", "1"], "out"),
-        "--tokens-per-rank": (["--tokens-per-rank", "32"], "out"),
-        "--gpus": (["--gpus", "4"], "out"),
-        "--placement": (["--placement", "{placement}"], "out"),
-        "--replicas": (["--replicas", "80"], "out"),
-        "--cost": (["--cost", "qwen3_30b_offline"], "out"),
-        "--cost-json": (["--cost-json", "{cost}"], "out"),
-        "--policy": (["--policy", "metro"], "out"),
-        "--options": (["--policy", "tempo", "--options", '{{"max_iters": 0, "chains": false}}'], "out"),
-        "--out": (["--out", "{out}"], "out"),
-        "--debug": (["--gpus", "0", "--debug"], "out"),  # an error's traceback
-    }),
-    "phase": (["phase", "--skews", "1.2", "--tokens-per-gpu", "64", "--batches", "1", "--workers", "1"], {
-        "--preset": (["--preset", "dsv2_lite_offline"], "out"),
-        "--ep": (["--ep", "4"], "out"),
-        "--replication": (["--replication", "1.5"], "out"),
-        "--skews": (["--skews", "0.3"], "out"),
-        "--tokens-per-gpu": (["--tokens-per-gpu", "16"], "out"),
-        "--batches": (["--batches", "2"], "out"),
-        "--workers": (["--workers", "2"], "same"),  # the numbers do not depend on it
-        "--debug": (["--ep", "0", "--debug"], "out"),
-    }),
-    "calibrate": (["calibrate", "{csv}"], {
-        "csv": (["{csv_tiles}"], "out"),
-        "--iters": (["--iters", "1"], "out"),
-        "--out": (["--out", "{out}"], "out"),
-        "--measure": (["--measure"], "refused", None),  # profiles this backend: no CSV (test_calibrate runs it)
-        "--quick": (["--quick"], "refused", "--measure"),
-        "--bootstrap": (["--bootstrap", "5"], "refused", "--measure"),
-        "--profile-csv": (["--profile-csv", "{out}"], "refused", "--measure"),
-        "--report": (["--report", "{out}"], "refused", "--measure"),
-        "--debug": (["--iters", "0", "--debug"], "out"),
-    }),
-}  # fmt: skip
+    "solve": (
+        SOLVE_BASE,
+        {
+            "--counts": (["--counts", "{counts}"], "out"),  # replaces --trace (exactly one of them)
+            "--trace": (["--trace", "olmoe_1b_7b"], "out"),
+            "--layer": (["--layer", "3"], "out"),
+            "--batch": (["--batch", "1"], "out"),
+            "--tokens-per-rank": (["--tokens-per-rank", "32"], "out"),
+            "--gpus": (["--gpus", "4"], "out"),
+            "--placement": (["--placement", "{placement}"], "out"),
+            "--replicas": (["--replicas", "80"], "out"),
+            "--cost": (["--cost", "qwen3_30b_offline"], "out"),
+            "--cost-json": (["--cost-json", "{cost}"], "out"),
+            "--policy": (["--policy", "metro"], "out"),
+            "--options": (["--policy", "tempo", "--options", '{{"max_iters": 0, "chains": false}}'], "out"),
+            "--out": (["--out", "{out}"], "out"),
+            "--debug": (["--gpus", "0", "--debug"], "out"),  # an error's traceback
+        },
+    ),
+    "phase": (
+        ["phase", "--skews", "1.2", "--tokens-per-gpu", "64", "--batches", "1", "--workers", "1"],
+        {
+            "--preset": (["--preset", "dsv2_lite_offline"], "out"),
+            "--ep": (["--ep", "4"], "out"),
+            "--replication": (["--replication", "1.5"], "out"),
+            "--skews": (["--skews", "0.3"], "out"),
+            "--tokens-per-gpu": (["--tokens-per-gpu", "16"], "out"),
+            "--batches": (["--batches", "2"], "out"),
+            "--workers": (["--workers", "2"], "same"),  # the numbers do not depend on it
+            "--debug": (["--ep", "0", "--debug"], "out"),
+        },
+    ),
+    "calibrate": (
+        ["calibrate", "{csv}"],
+        {
+            "csv": (["{csv_tiles}"], "out"),
+            "--iters": (["--iters", "1"], "out"),
+            "--out": (["--out", "{out}"], "out"),
+            "--measure": (["--measure"], "refused", None),  # profiles this backend: no CSV (test_calibrate runs it)
+            "--quick": (["--quick"], "refused", "--measure"),
+            "--bootstrap": (["--bootstrap", "5"], "refused", "--measure"),
+            "--profile-csv": (["--profile-csv", "{out}"], "refused", "--measure"),
+            "--report": (["--report", "{out}"], "refused", "--measure"),
+            "--debug": (["--iters", "0", "--debug"], "out"),
+        },
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -266,10 +304,17 @@ def files(tmp_path_factory) -> dict:
     t = np.maximum(10 + 14 * G, 3 + 0.09 * N)
     tiles = G + N // 128
     (d / "s.csv").write_text("G,N,t\n" + "\n".join(f"{g},{n},{x}" for g, n, x in zip(G, N, t, strict=True)))
-    (d / "st.csv").write_text("G,N,T,t\n" + "\n".join(f"{g},{n},{k},{x + 2 * (k - g)}"
-                                                      for g, n, k, x in zip(G, N, tiles, t, strict=True)))  # fmt: skip
-    return {"counts": d / "counts.json", "placement": d / "placement.json", "cost": d / "cost.json",
-            "csv": d / "s.csv", "csv_tiles": d / "st.csv", "out": d / "out.json"}  # fmt: skip
+    (d / "st.csv").write_text(
+        "G,N,T,t\n" + "\n".join(f"{g},{n},{k},{x + 2 * (k - g)}" for g, n, k, x in zip(G, N, tiles, t, strict=True))
+    )
+    return {
+        "counts": d / "counts.json",
+        "placement": d / "placement.json",
+        "cost": d / "cost.json",
+        "csv": d / "s.csv",
+        "csv_tiles": d / "st.csv",
+        "out": d / "out.json",
+    }
 
 
 def _cli(argv: list[str], files: dict, capsys) -> tuple[int, str, str]:

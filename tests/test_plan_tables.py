@@ -137,8 +137,9 @@ def layer(two_node):
 
     @jax.jit
     def run(table):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
-                           config=config)  # fmt: skip
+        return moe_forward(
+            params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy), config=config
+        )
 
     return run, np.asarray(moe_reference(to_logical(params, pl), x, config)), config
 

@@ -50,22 +50,22 @@ def layer():
             np.ones((D, H), np.float32),
             {"routing": (np.zeros((D, K), np.float32), np.ones((D, K), np.float32))},
             "routing ids must be integers",
-        ),  # fmt: skip
+        ),
         (
             np.ones((D, H), np.float32),
             {"routing": (np.zeros((D, K), np.int32), np.ones((D, K), np.int32))},
             "routing weights must be floating point",
-        ),  # fmt: skip
+        ),
         (
             np.ones((D, H), np.float32),
             {"routing": (np.zeros((D, 1), np.int32), np.ones((D, 1), np.float32))},
             r"routing must be \(ids, weights\) of shape \[T=8, K=2\]",
-        ),  # fmt: skip
+        ),
         (
             np.ones((D, H), np.float32),
             {"counter": np.zeros((D, E + 1), np.uint32)},
             r"counter must be the \[D=8, E=8\]",
-        ),  # fmt: skip
+        ),
         (np.ones((D, H), np.float32), {"counter": np.zeros((D, E), np.int32)}, "dtype int32"),
     ],
 )
@@ -138,7 +138,7 @@ def test_a_refused_window_is_dropped_and_later_windows_publish(placement):
                     np.array([["a"] * 16] * D),
                     np.full((D, 16), True),
                 ]
-            ),  # fmt: skip
+            ),
         ),
         max_size=6,
     )

@@ -50,8 +50,15 @@ def test_out_of_range_replayed_ids_under_jit_contribute_nothing_and_are_counted(
 
     @jax.jit
     def run(ids):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement),
-                           config=cfg, routing=(ids, w))  # fmt: skip
+        return moe_forward(
+            params,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.uniform(placement),
+            config=cfg,
+            routing=(ids, w),
+        )
 
     got = run(jnp.asarray(bad))
     keep = np.ones((T, K), bool)
@@ -61,8 +68,15 @@ def test_out_of_range_replayed_ids_under_jit_contribute_nothing_and_are_counted(
     assert int(got.stats.invalid_ids.sum()) == 2 and int(got.stats.drops.sum()) == 0
     assert int(got.counts.sum()) == T * K - 2  # counted nowhere else
     with pytest.raises(ValueError, match=r"routing ids must lie in \[0, 8\)"):
-        moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg,
-                    routing=(jnp.asarray(bad), w))  # fmt: skip
+        moe_forward(
+            params,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.uniform(placement),
+            config=cfg,
+            routing=(jnp.asarray(bad), w),
+        )
 
 
 def test_numpy_scalars_in_configs_behave_as_python_numbers(layer):
@@ -77,14 +91,15 @@ def test_numpy_scalars_in_configs_behave_as_python_numbers(layer):
         moe(x)
     assert moe.total_drops > 0
     built = [
-        MoEConfig(hidden=np.int64(8), ffn=np.int32(4), experts=8, top_k=2, slots_per_rank=1,
-                  capacity_factor=np.float32(1.5)),
+        MoEConfig(
+            hidden=np.int64(8), ffn=np.int32(4), experts=8, top_k=2, slots_per_rank=1, capacity_factor=np.float32(1.5)
+        ),
         RouterConfig(balance_rate=np.float64(0.1), score_bias=np.bool_(True)),
         CostModel(b=np.float64(14.0), beta=np.float32(0.1), tile=np.int64(128)),
         ServeConfig(steps=np.int64(10)),
         CascadeConfig(max_requests=np.int64(12)),
         PhaseConfig(seed=np.int64(1)),
-    ]  # fmt: skip
+    ]
     for c in built:
         for f in dataclasses.fields(c):
             assert not isinstance(getattr(c, f.name), np.generic), (type(c).__name__, f.name)

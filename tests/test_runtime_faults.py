@@ -41,8 +41,16 @@ def setup():
 
     @jax.jit
     def step(x, table, counter, key):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.Tables(table, pa.log2phy),
-                           config=config, counter=counter, key=key)  # fmt: skip
+        return moe_forward(
+            params,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.Tables(table, pa.log2phy),
+            config=config,
+            counter=counter,
+            key=key,
+        )
 
     logical = to_logical(params, pl)
     reference = jax.jit(lambda x: moe_reference(logical, x, config))
@@ -152,8 +160,15 @@ def test_faults_in_a_serving_loop(setup):
     m = ctl.metrics()
     ctl.close()
     w, p = m["windows"], m["pairs"]
-    assert w["dropped"] == {"busy": 0, "over_budget": 1, "error": 1, "bad_result": 1, "worker_lost": 3,
-                            "worker_down": 0, "replaced": 0}  # fmt: skip
+    assert w["dropped"] == {
+        "busy": 0,
+        "over_budget": 1,
+        "error": 1,
+        "bad_result": 1,
+        "worker_lost": 3,
+        "worker_down": 0,
+        "replaced": 0,
+    }
     assert m["worker_lost"] == {"died": 2, "hung": 1} and m["restarts"] == 3 and len(pids) == 4
     assert w["published"] == 11 - 6 and m["version"] == 5
     assert m["counter"] == {"baselines": 1, "wrapped": int((cum >= 5).sum()), "restarts": 1}
@@ -181,8 +196,11 @@ def test_torn_tables_change_nothing(setup, mode):
     config = dataclasses.replace(config, dispatch_mode=mode)
     pa = dispatch_tables.placement_arrays(pl)
     x = jax.random.normal(jax.random.key(7), (TOKENS, H))
-    run = jax.jit(lambda table: moe_forward(params, x, mesh=mesh, placement_arrays=pa,
-                                            tables=dispatch_tables.keyed(table, pa), config=config))  # fmt: skip
+    run = jax.jit(
+        lambda table: moe_forward(
+            params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa), config=config
+        )
+    )
     counts = np.asarray(run(dispatch_tables.uniform(pl).table).counts)
     old = np.asarray(dispatch_tables.static(pl).table)  # [D, E, R] one-hot per source rank
     new = np.broadcast_to(

@@ -13,9 +13,33 @@ from tempo_jax.workloads import drifting_stream, recorded_stream
 
 
 def test_serve_layer_cli_small(tmp_path, capsys):
-    rc = cli.main(["serve", "--model", "layer", "--steps", "12", "--tokens-per-rank", "128", "--experts", "16",
-                   "--top-k", "2", "--skew", "1.5", "--every-steps", "2", "--block", "3", "--kill-worker-at", "5",
-                   "--rebalance-every", "2", "--out", str(tmp_path)])  # fmt: skip
+    rc = cli.main(
+        [
+            "serve",
+            "--model",
+            "layer",
+            "--steps",
+            "12",
+            "--tokens-per-rank",
+            "128",
+            "--experts",
+            "16",
+            "--top-k",
+            "2",
+            "--skew",
+            "1.5",
+            "--every-steps",
+            "2",
+            "--block",
+            "3",
+            "--kill-worker-at",
+            "5",
+            "--rebalance-every",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "step    0 [on ]" in text and "step    3 [off]" in text and "killed the solver worker" in text
@@ -42,8 +66,9 @@ def test_serve_layer_cli_small(tmp_path, capsys):
 
 
 def test_routing_streams():
-    E, K, ids_fn, load = drifting_stream(experts=16, top_k=2, skew=1.0, drift=0.5, kappa=500.0, tokens_per_step=64,
-                                         seed=0)  # fmt: skip
+    E, K, ids_fn, load = drifting_stream(
+        experts=16, top_k=2, skew=1.0, drift=0.5, kappa=500.0, tokens_per_step=64, seed=0
+    )
     a, b = ids_fn(0), ids_fn(5)
     assert a.shape == (64, 2) and a.dtype == np.int32 and (a[:, 0] != a[:, 1]).all()
     np.testing.assert_array_equal(ids_fn(0), a)  # reproducible per step
@@ -59,10 +84,38 @@ def test_routing_streams():
 def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
     """The tiny LM served: prefill and decode steps, one worker refreshing every (phase, layer)'s tables per
     window, the worker killed mid-run; every layer picks the new tables up."""
-    rc = cli.main(["serve", "--steps", "10", "--tokens-per-rank", "16", "--experts", "16", "--top-k", "2",
-                   "--hidden", "32", "--ffn", "32", "--every-steps", "2", "--block", "0", "--decode-steps", "2",
-                   "--train-steps", "0", "--kill-worker-at", "4", "--rebalance-every", "1", "--out", str(tmp_path),
-                   "--no-figure"])  # fmt: skip
+    rc = cli.main(
+        [
+            "serve",
+            "--steps",
+            "10",
+            "--tokens-per-rank",
+            "16",
+            "--experts",
+            "16",
+            "--top-k",
+            "2",
+            "--hidden",
+            "32",
+            "--ffn",
+            "32",
+            "--every-steps",
+            "2",
+            "--block",
+            "0",
+            "--decode-steps",
+            "2",
+            "--train-steps",
+            "0",
+            "--kill-worker-at",
+            "4",
+            "--rebalance-every",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-figure",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "tiny MoE LM, 2 MoE layers" in text and "prefill" in text and "decode" in text
@@ -81,8 +134,9 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
         assert (mv["makespan_after_us"] <= mv["makespan_before_us"]) == mv["applied"]
     applied = [mv["step"] for mv in moves if mv["applied"]]
     assert all(r["first_after_move"] == (r["step"] - 1 in applied) for r in rep["steps"])
-    assert m["pairs"]["in"] == pytest.approx(m["pairs"]["published"] + sum(m["pairs"]["dropped"].values())
-                                             + m["pairs"]["pending"])  # fmt: skip
+    assert m["pairs"]["in"] == pytest.approx(
+        m["pairs"]["published"] + sum(m["pairs"]["dropped"].values()) + m["pairs"]["pending"]
+    )
 
 
 def test_layered_controller_solves_every_layer_per_window():

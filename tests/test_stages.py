@@ -159,7 +159,7 @@ def _other_placement():
                 "tables": dispatch_tables.Tables(jnp.zeros((0, E, k["tables"].log2phy.shape[1])), k["tables"].log2phy),
             },
             "Gs ≥ 1|Gs >= 1",
-        ),  # fmt: skip
+        ),
         (lambda k: {**k, "config": dataclasses.replace(k["config"], axis="tp")}, "axis 'tp' is not in the mesh"),
         (lambda k: {**k, "capacity": -3}, "capacity must be .auto., a positive int"),
     ],

@@ -139,8 +139,9 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
     mesh, pa = make_ep_mesh(8), dispatch_tables.placement_arrays(placement)
 
     def run(tables):
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config,
-                           routing=(ids, weights))  # fmt: skip
+        return moe_forward(
+            params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config, routing=(ids, weights)
+        )
 
     out, counts, _, aux, _ = run(dispatch_tables.from_dispatch(plan))
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one

@@ -44,8 +44,9 @@ def test_probe_counts_carry_every_pair(family):
 
 def test_tiny_grid_paper_vs_here():
     eps_cfg = EpsilonConfig(traces=(("flame_moe_290m", 8),), synthetic=((256, 8, 8, 1.2),), max_batches=1)
-    probe_cfg = ProbeConfig(gpus=(2, 4), experts=(16,), families=("zipf1.2", "giant_gpu", "single"),
-                            tokens_per_gpu=(64,), seeds=1)  # fmt: skip
+    probe_cfg = ProbeConfig(
+        gpus=(2, 4), experts=(16,), families=("zipf1.2", "giant_gpu", "single"), tokens_per_gpu=(64,), seeds=1
+    )
     res = run_theorem2(eps_cfg, probe_cfg, workers=1, progress=False, cache_dir=None)
     assert len(res.probes) == 6 and all(r["theorem_holds"] for r in res.probes)
     for r in res.probes:

@@ -113,8 +113,9 @@ _VIRTUAL_ROOTS = ("/proc", "/sys", "/dev")  # kernel file systems: nothing a run
 def _not_virtual(out: Path, option: str, path: str) -> None:
     real = str(out.resolve())
     if any(real == r or real.startswith(r + "/") for r in _VIRTUAL_ROOTS):
-        raise UsageError(f"{option} {path}: {real} is on a kernel file system ({', '.join(_VIRTUAL_ROOTS)}); give a "
-                         "file on disk")  # fmt: skip
+        raise UsageError(
+            f"{option} {path}: {real} is on a kernel file system ({', '.join(_VIRTUAL_ROOTS)}); give a file on disk"
+        )
 
 
 def _probe_write(folder: Path, option: str, path: str) -> None:
@@ -258,15 +259,23 @@ def _parser_of(kind: type, optional: bool):
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got "
-                                             f"{text!r}{' (or none)' if optional else ''}") from None  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if kind is int else 'a number'}, got {text!r}{' (or none)' if optional else ''}"
+            ) from None
 
     parse.__name__ = kind.__name__
     return parse
 
 
-def config_options(parser: argparse.ArgumentParser, cls: type, *, skip=(), aliases: dict | None = None,
-                   choices: dict | None = None, title: str | None = None) -> list[str]:  # fmt: skip
+def config_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    skip=(),
+    aliases: dict | None = None,
+    choices: dict | None = None,
+    title: str | None = None,
+) -> list[str]:
     """Add an option per field of the dataclass ``cls`` (see the module); returns the field names added.
 
     Args:
@@ -289,12 +298,23 @@ def config_options(parser: argparse.ArgumentParser, cls: type, *, skip=(), alias
         if f.name in choices:
             text += f" One of: {', '.join(map(str, choices[f.name]))}."
         if kind is bool:
-            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                               help=f"{text} (default {default})".strip())  # fmt: skip
+            group.add_argument(
+                *flags,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{text} (default {default})".strip(),
+            )
         elif kind in (int, float, str):
             shown = "none" if default is None else default
-            group.add_argument(*flags, dest=f.name, type=_parser_of(kind, optional), default=default,
-                               metavar=kind.__name__.upper(), help=f"{text} (default {shown})".strip())  # fmt: skip
+            group.add_argument(
+                *flags,
+                dest=f.name,
+                type=_parser_of(kind, optional),
+                default=default,
+                metavar=kind.__name__.upper(),
+                help=f"{text} (default {shown})".strip(),
+            )
         else:
             raise TypeError(f"config_options: {cls.__name__}.{f.name} has type {kind}, which has no option type")
         added.append(f.name)

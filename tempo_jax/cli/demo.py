@@ -140,8 +140,14 @@ def layer_demo(out_dir: Path, tokens_per_rank: int = 128) -> tuple[str, list[dic
     counts = trace.batch_counts(layer, tokens_per_rank, EP, 0)
     placement = eplb_placement(trace.expert_load(layer))
     cost = PRESETS[COST]
-    cfg = MoEConfig(hidden=64, ffn=32, experts=trace.num_experts, top_k=trace.top_k,
-                    slots_per_rank=placement.slots_per_rank, dispatch_mode="quota")  # fmt: skip
+    cfg = MoEConfig(
+        hidden=64,
+        ffn=32,
+        experts=trace.num_experts,
+        top_k=trace.top_k,
+        slots_per_rank=placement.slots_per_rank,
+        dispatch_mode="quota",
+    )
     mesh = make_ep_mesh(EP)
     params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)  # physical: each rank its own slots
     x = jax.random.normal(jax.random.key(1), (ids.shape[0], cfg.hidden))

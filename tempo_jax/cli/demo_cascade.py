@@ -53,8 +53,11 @@ def planned_layer():
     batches = _step_batches()
     x = model.step_inputs(batches, np.random.default_rng(0))
     layer = 1  # the second layer: OEWF's first
-    inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer],
-                         pairs=model.expert_pairs(layer, x["pairs"][layer]))  # fmt: skip
+    inputs = LayerInputs(
+        attention_us=x["att"][layer],
+        dispatch_us=x["dispatch"][layer],
+        pairs=model.expert_pairs(layer, x["pairs"][layer]),
+    )
     res = {m: layer_timeline(inputs, model.costs, m, links="paper", launch="layer") for m in ("sync", "cascade")}
     return batches, inputs, res, model.costs
 
@@ -80,8 +83,12 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     cols = (inputs.attention_us, inputs.ready_us, sync.rank_end_us, cas.rank_end_us)
     rows = [(d, batches[d].new_tokens, *(f"{c[d]:.0f}" for c in cols), moves.get(d, "")) for d in range(D)]
     heads = ["rank", "new tokens", "attention µs", "ready µs", "Sync done µs", "CascadeEP done µs", "OEWF helper"]
-    text = table(rows, heads, title=f"CascadeEP planner, one layer of a Mooncake prefill step (V4-Flash, DP{D}+EP{D}):"
-                 f" Sync {sync.end_us:.0f} µs → CascadeEP {cas.end_us:.0f} µs")  # fmt: skip
+    text = table(
+        rows,
+        heads,
+        title=f"CascadeEP planner, one layer of a Mooncake prefill step (V4-Flash, DP{D}+EP{D}):"
+        f" Sync {sync.end_us:.0f} µs → CascadeEP {cas.end_us:.0f} µs",
+    )
 
     # Step 2: the JAX layer under that schedule and OEWF plan (its own routing, the planner's arrival times).
     E, K = 64, 6
@@ -93,28 +100,41 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
     params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
     x = jax.random.normal(jax.random.key(1), (D * 64, cfg.hidden))
-    run = jax.jit(lambda p, x, c: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c),
-                  static_argnums=2)  # fmt: skip
+    run = jax.jit(
+        lambda p, x, c: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c), static_argnums=2
+    )
     first = run(params, x, cfg)
     pairs = pair_tokens(first.stats.replica_counts, placement)  # [D, D, E]
     arrival = inputs.ready_us
     schedule = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
-    plan = oewf_at_dispatch(arrival, inputs.attention_us, inputs.dispatch_us, pairs.sum(axis=(0, 2)), pairs,
-                            expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
-                            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve)  # fmt: skip
+    plan = oewf_at_dispatch(
+        arrival,
+        inputs.attention_us,
+        inputs.dispatch_us,
+        pairs.sum(axis=(0, 2)),
+        pairs,
+        expert_bytes=costs.expert_bytes,
+        budget_bytes=costs.helper_budget_bytes,
+        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
+        curve=costs.curve,
+    )
     fetches = fetches_from_plan(plan)
     import dataclasses
 
     outs = {"sync": np.asarray(first.out)}
-    for name, c in (("schedule", dataclasses.replace(cfg, schedule=schedule)),
-                    ("schedule + OEWF", dataclasses.replace(cfg, schedule=schedule, fetches=fetches))):  # fmt: skip
+    for name, c in (
+        ("schedule", dataclasses.replace(cfg, schedule=schedule)),
+        ("schedule + OEWF", dataclasses.replace(cfg, schedule=schedule, fetches=fetches)),
+    ):
         outs[name] = np.asarray(run(params, x, c).out)
     diff = {k: float(np.abs(v - outs["sync"]).max()) for k, v in outs.items()}
-    text += (f"\n\nThe JAX layer ({D} devices, E = {E}, top-{K}) under the planned schedule: launch groups "
-             f"{[list(g) for g in schedule.groups]}, {len(fetches)} OEWF fetches "
-             f"({fetch_bytes(fetches, cfg.hidden, cfg.ffn, cfg.dtype) / 1e3:.0f} KB of weights); "
-             f"max |out − Sync| = {max(diff.values()):.1e} (schedule {diff['schedule']:.1e}, "
-             f"+ OEWF {diff['schedule + OEWF']:.1e})")  # fmt: skip
+    text += (
+        f"\n\nThe JAX layer ({D} devices, E = {E}, top-{K}) under the planned schedule: launch groups "
+        f"{[list(g) for g in schedule.groups]}, {len(fetches)} OEWF fetches "
+        f"({fetch_bytes(fetches, cfg.hidden, cfg.ffn, cfg.dtype) / 1e3:.0f} KB of weights); "
+        f"max |out − Sync| = {max(diff.values()):.1e} (schedule {diff['schedule']:.1e}, "
+        f"+ OEWF {diff['schedule + OEWF']:.1e})"
+    )
 
     # Step 3: figure — the planner's per-rank timelines.
     fig, axes = plt.subplots(2, 1, figsize=(10, 5.4), sharex=True)
@@ -133,6 +153,11 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     path = Path(out_dir) / "demo_cascade.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    record = dict(sync_us=sync.end_us, cascade_us=cas.end_us, groups=[list(g) for g in schedule.groups],
-                  fetches=len(fetches), max_abs_diff=max(diff.values()))  # fmt: skip
+    record = dict(
+        sync_us=sync.end_us,
+        cascade_us=cas.end_us,
+        groups=[list(g) for g in schedule.groups],
+        fetches=len(fetches),
+        max_abs_diff=max(diff.values()),
+    )
     return text + f"\nwrote {path}", record

@@ -29,8 +29,13 @@ def register(add) -> None:
     p = add("reproduce", help="execute the figure notebooks headless (nbclient)")
     p.add_argument("names", nargs="*", help="notebook names or numbers (default: all)")
     p.add_argument("--small", action="store_true", help="CI-sized grids (SMALL=1)")
-    p.add_argument("--docs", "--readme", dest="docs", action="store_true",
-                   help="only rewrite docs/reproduced.md's tables from results/notebooks/*.json")  # fmt: skip
+    p.add_argument(
+        "--docs",
+        "--readme",
+        dest="docs",
+        action="store_true",
+        help="only rewrite docs/reproduced.md's tables from results/notebooks/*.json",
+    )
     p.set_defaults(fn=cmd_reproduce)
 
 

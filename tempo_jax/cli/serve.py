@@ -20,9 +20,19 @@ __all__ = ["cmd_serve", "register"]
 def register(add) -> None:
     """Add ``serve`` to the command line (``add(name, **kw)`` makes a subparser)."""
     p = add("serve", help="serve a routing stream through the MoE layer with live tables from the worker")
-    config_options(p, ServeConfig, choices={"routing": ROUTINGS, "trace": TRACES, "dispatch_mode": ("sample", "quota"),
-                                            "policy": POLICIES, "cost": sorted(PRESETS), "solver_mode": SOLVER_MODES,
-                                            "fallback": FALLBACKS})  # fmt: skip
+    config_options(
+        p,
+        ServeConfig,
+        choices={
+            "routing": ROUTINGS,
+            "trace": TRACES,
+            "dispatch_mode": ("sample", "quota"),
+            "policy": POLICIES,
+            "cost": sorted(PRESETS),
+            "solver_mode": SOLVER_MODES,
+            "fallback": FALLBACKS,
+        },
+    )
     out = p.add_argument_group("output")
     out.add_argument("--out", default="results", help="folder for serve.json and serve.png")
     out.add_argument("--no-figure", action="store_true", help="do not write serve.png")

@@ -72,22 +72,37 @@ def register(add) -> None:
         p,
         CascadeConfig,
         aliases={"max_requests": ["--requests"], "rate_rps": ["--rate"]},
-        choices={"model": sorted(MODELS), "hardware": sorted(HARDWARE), "placement": PLACEMENT_POLICIES,
-                 "attention": ("dense", "sparse"), "dispatch": ("uniform", "tempo"), "estimates": ("paper", "exact"),
-                 "pricing": ("paper", "tempo"), "routing": (*TRACES, "zipf"), "links": LINKS, "launch": LAUNCHES,
-                 "timeline": TIMELINES},
-    )  # fmt: skip
+        choices={
+            "model": sorted(MODELS),
+            "hardware": sorted(HARDWARE),
+            "placement": PLACEMENT_POLICIES,
+            "attention": ("dense", "sparse"),
+            "dispatch": ("uniform", "tempo"),
+            "estimates": ("paper", "exact"),
+            "pricing": ("paper", "tempo"),
+            "routing": (*TRACES, "zipf"),
+            "links": LINKS,
+            "launch": LAUNCHES,
+            "timeline": TIMELINES,
+        },
+    )
     run = p.add_argument_group("run")
-    run.add_argument("--load", type=real(0.0), default=None,
-                     help="without --rate-rps: the rate as a fraction of Sync capacity (default 0.9)")  # fmt: skip
+    run.add_argument(
+        "--load",
+        type=real(0.0),
+        default=None,
+        help="without --rate-rps: the rate as a fraction of Sync capacity (default 0.9)",
+    )
     run.add_argument("--modes", default="sync,async,async_sf,cascade", help="comma-separated layer modes")
     seeds_help = "run seeds seed, seed+1, …, seed+K−1; figures are their mean with a 95%% bootstrap CI"
     run.add_argument("--seeds", type=positive, default=1, help=seeds_help)
     out_help = "write per mode ttft_mean_s, ttft_p95_s, throughput_tps ({value, ci95}) and the config"
     run.add_argument("--out", default=None, metavar="FILE.json", help=out_help)
     run.add_argument("--workers", type=positive, default=2, help="worker processes (default 2)")
-    backend_help = ("where the jobs run: loky (local processes) or dask (a dask.distributed cluster: "
-                    "$TEMPO_JAX_DASK_SCHEDULER or the running client); default $TEMPO_JAX_BACKEND or loky")  # fmt: skip
+    backend_help = (
+        "where the jobs run: loky (local processes) or dask (a dask.distributed cluster: "
+        "$TEMPO_JAX_DASK_SCHEDULER or the running client); default $TEMPO_JAX_BACKEND or loky"
+    )
     run.add_argument("--backend", choices=BACKENDS, default=None, help=backend_help)
     p.set_defaults(fn=cmd_cascade)
 
@@ -126,19 +141,24 @@ def cmd_cascade(args: argparse.Namespace) -> int:
             f"--modes: unknown mode(s) {bad or modes}; use a comma-separated subset of {list(LAYER_MODES)}"
         )
     if args.seeds > MAX_SEEDS:
-        raise UsageError(f"--seeds {args.seeds:,} exceeds {MAX_SEEDS:,} (each seed is a whole serving run per mode); "
-                         "lower it")  # fmt: skip
+        raise UsageError(
+            f"--seeds {args.seeds:,} exceeds {MAX_SEEDS:,} (each seed is a whole serving run per mode); lower it"
+        )
     run_kw = dict(workers=args.workers, progress=True, backend=args.backend)
     if cfg.rate_rps is not None and args.load is not None:
-        raise UsageError(f"--rate {cfg.rate_rps:g} and --load {args.load:g} exclude each other: --load sets the rate "
-                         "as a fraction of Sync capacity; give one")  # fmt: skip
+        raise UsageError(
+            f"--rate {cfg.rate_rps:g} and --load {args.load:g} exclude each other: --load sets the rate "
+            "as a fraction of Sync capacity; give one"
+        )
     served = cascade_trace(dataclasses.replace(cfg, rate_rps=None))
     if served.duration_s <= 0:  # one instant: nothing to scale
         given = "--rate" if cfg.rate_rps is not None else "--load" if args.load is not None else None
         if given:
-            raise UsageError(f"{given}: the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so "
-                             f"there are no inter-arrival times to scale; drop {given} to serve them as one burst, or "
-                             "raise --requests so that the arrivals span time")  # fmt: skip
+            raise UsageError(
+                f"{given}: the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so "
+                f"there are no inter-arrival times to scale; drop {given} to serve them as one burst, or "
+                "raise --requests so that the arrivals span time"
+            )
         rate = None
         print(f"the {len(served)} request(s) all arrive at t = 0 s: served as one burst (no rate to scale to a load)")
     elif cfg.rate_rps is None:
@@ -158,13 +178,23 @@ def cmd_cascade(args: argparse.Namespace) -> int:
     for mode, r in runs.items():
         s, f = r.summary(), summary[mode]
         rows.append(
-            [LABELS[mode], _ci(f["throughput_tps"], 1e-3, 1), _ci(f["ttft_mean_s"], 1, 3), _ci(f["ttft_p95_s"], 1, 3),
-             f"{100 * s['tail_ratio']:.1f}%", f"{s['alb']:.2f}", s["oewf_moves"], s["oewf_longer_layers"]]
-        )  # fmt: skip
+            [
+                LABELS[mode],
+                _ci(f["throughput_tps"], 1e-3, 1),
+                _ci(f["ttft_mean_s"], 1, 3),
+                _ci(f["ttft_p95_s"], 1, 3),
+                f"{100 * s['tail_ratio']:.1f}%",
+                f"{s['alb']:.2f}",
+                s["oewf_moves"],
+                s["oewf_longer_layers"],
+            ]
+        )
     heads = ["mode", "ktok/s", "TTFT avg s", "p95 s", "R_tail", "ALB", "OEWF moves", "OEWF longer layers"]
     served_at = "one burst" if rate is None else f"{rate:.2f} req/s"
-    title = (f"{cfg.model}, {cfg.placement}, links={cfg.links}, launch={cfg.launch}, {base.num_requests} requests at "
-             f"{served_at}, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})")  # fmt: skip
+    title = (
+        f"{cfg.model}, {cfg.placement}, links={cfg.links}, launch={cfg.launch}, {base.num_requests} requests at "
+        f"{served_at}, {len(seeds)} seed(s) (mean [95% CI]; R_tail … of seed {seeds[0]})"
+    )
     print(table(rows, heads, title))
     per_seed = {m: summary[m]["ttft_mean_s"]["per_seed"] for m in modes}
     pairs = zip(modes, modes[1:], strict=False) if len(seeds) > 1 else ()
@@ -188,14 +218,21 @@ def cmd_cascade(args: argparse.Namespace) -> int:
             )
         )
     if out is not None:
-        payload = {"config": cfg.acting(), "seeds": list(seeds),
-                   "modes": {m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]}
-                                 for k in SEED_FIGURES} for m in modes},
-                   "paired_ttft_mean_s": paired}  # fmt: skip
+        payload = {
+            "config": cfg.acting(),
+            "seeds": list(seeds),
+            "modes": {
+                m: {k: {"value": summary[m][k]["value"], "ci95": summary[m][k]["ci95"]} for k in SEED_FIGURES}
+                for m in modes
+            },
+            "paired_ttft_mean_s": paired,
+        }
         out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {out}")
     if "cascade" in runs:
         o = oewf_rows(runs["cascade"])
-        print(f"OEWF: cuts ≥ 1% of the layer in {100 * o['ge_1pct']:.1f}% of layer forwards, ≥ 5% in "
-              f"{100 * o['ge_5pct']:.1f}%, max {100 * o['max']:.2f}%")  # fmt: skip
+        print(
+            f"OEWF: cuts ≥ 1% of the layer in {100 * o['ge_1pct']:.1f}% of layer forwards, ≥ 5% in "
+            f"{100 * o['ge_5pct']:.1f}%, max {100 * o['max']:.2f}%"
+        )
     return 0

@@ -115,8 +115,11 @@ def problem_from_args(args: argparse.Namespace):
     if args.placement and args.replicas is not None:
         raise UsageError("--replicas and --placement exclude each other: the placement file fixes the replicas")
     if args.counts:
-        given = [o for o, v in (("--layer", args.layer), ("--batch", args.batch), ("--tokens-per-rank",
-                 args.tokens_per_rank)) if v is not None]  # fmt: skip
+        given = [
+            o
+            for o, v in (("--layer", args.layer), ("--batch", args.batch), ("--tokens-per-rank", args.tokens_per_rank))
+            if v is not None
+        ]
         if given:
             raise UsageError(f"{', '.join(given)}: only with --trace (they pick its batch); --counts gives the batch")
     gpus = 8 if args.gpus is None else args.gpus
@@ -148,8 +151,10 @@ def problem_from_args(args: argparse.Namespace):
         except ValueError as err:
             raise UsageError(f"--counts {args.counts}: {err}") from None
         if counts.size == 0:
-            raise UsageError(f"--counts {args.counts}: no counts (shape {counts.shape}); give token counts [E] or "
-                             "[D, E] with E >= 1 experts")  # fmt: skip
+            raise UsageError(
+                f"--counts {args.counts}: no counts (shape {counts.shape}); give token counts [E] or "
+                "[D, E] with E >= 1 experts"
+            )
         load = counts if counts.ndim == 1 else counts.sum(axis=0)
     # Step 4: the placement.
     if args.placement:
@@ -201,8 +206,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return cmd_calibrate_measure(args)
     if args.csv is None:
         raise UsageError("give a CSV of G,N,t[,T] samples, or --measure to profile this backend")
-    given = [o for o, v in (("--quick", args.quick), ("--bootstrap", args.bootstrap), ("--profile-csv",
-             args.profile_csv), ("--report", args.report)) if v not in (None, False)]  # fmt: skip
+    given = [
+        o
+        for o, v in (
+            ("--quick", args.quick),
+            ("--bootstrap", args.bootstrap),
+            ("--profile-csv", args.profile_csv),
+            ("--report", args.report),
+        )
+        if v not in (None, False)
+    ]
     if given:
         raise UsageError(f"{', '.join(given)}: only with --measure (fitting {args.csv} would ignore them)")
     out = prepare_out(args.out)

@@ -70,8 +70,18 @@ def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: st
     return dest, local, weights
 
 
-def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weights: dict, *, axis: str, hidden: int,
-                           slots_total: int, expert, gmm_impl: str, interpret: bool):  # fmt: skip
+def scheduled_exchange_ffn(
+    packed: stages.Packed,
+    schedule: LaunchSchedule,
+    weights: dict,
+    *,
+    axis: str,
+    hidden: int,
+    slots_total: int,
+    expert,
+    gmm_impl: str,
+    interpret: bool,
+):
     """Exchange and expert FFN round by round, one grouped GEMM per launch group (see the module doc).
 
     Args:
@@ -113,8 +123,14 @@ def scheduled_exchange_ffn(packed: stages.Packed, schedule: LaunchSchedule, weig
         recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
         # Step 3: one grouped GEMM over g's rows.
         with jax.named_scope(f"cascade_group_{g}"):
-            y, gs = stages.expert_ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), weights, expert=expert,
-                                      gmm_impl=gmm_impl, interpret=interpret)  # fmt: skip
+            y, gs = stages.expert_ffn(
+                recv.rows.reshape(-1, hidden),
+                recv.slots.reshape(-1),
+                weights,
+                expert=expert,
+                gmm_impl=gmm_impl,
+                interpret=interpret,
+            )
         sizes = sizes + gs
         # Step 4: reverse rounds: results for source (me − k) mod D go back to it.
         per_round = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))

@@ -45,8 +45,10 @@ def pair_tokens(replica_counts, placement) -> np.ndarray:
     rc = np.asarray(replica_counts, np.float64)
     D, E, R = rc.shape
     if E != placement.num_experts or D != placement.num_gpus:
-        raise ValueError(f"pair_tokens: replica_counts has shape {rc.shape}, the placement has "
-                         f"D = {placement.num_gpus}, E = {placement.num_experts}")  # fmt: skip
+        raise ValueError(
+            f"pair_tokens: replica_counts has shape {rc.shape}, the placement has "
+            f"D = {placement.num_gpus}, E = {placement.num_experts}"
+        )
     out = np.zeros((D, D, E))
     for e in range(E):
         for r in range(int(placement.logcnt[e])):

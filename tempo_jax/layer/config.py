@@ -99,13 +99,15 @@ class MoEConfig:
         check_instance("MoEConfig.axis", self.axis, str)
         check_instance("MoEConfig.interpret", self.interpret, bool)
         if self.slots_per_rank >= 2**16:
-            raise ValueError(f"MoEConfig.slots_per_rank must be < 65536 (slot ids travel in 16 bits), got "
-                             f"{self.slots_per_rank}")  # fmt: skip
+            raise ValueError(
+                f"MoEConfig.slots_per_rank must be < 65536 (slot ids travel in 16 bits), got {self.slots_per_rank}"
+            )
         if self.top_k > self.experts:
             raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}")
         if self.dispatch_mode not in DISPATCH_MODES:
-            raise ValueError(f"MoEConfig.dispatch_mode must be one of {list(DISPATCH_MODES)}, got "
-                             f"{self.dispatch_mode!r}")  # fmt: skip
+            raise ValueError(
+                f"MoEConfig.dispatch_mode must be one of {list(DISPATCH_MODES)}, got {self.dispatch_mode!r}"
+            )
         self._check_dispatch()
         EXCHANGE.validate(self.exchange)
         GMM.validate(self.gmm_impl)
@@ -140,17 +142,23 @@ class MoEConfig:
         check_int(f"{w}.dispatch_rounds", self.dispatch_rounds)
         if self.dispatch == "tables":
             if self.cost is not None or self.dispatch_rounds != ROUNDS:
-                raise ValueError(f"{w}: cost and dispatch_rounds are used only by dispatch='ingraph' (with "
-                                 "dispatch='tables' the tables come from outside the step); set dispatch='ingraph' "
-                                 "or leave them out")  # fmt: skip
+                raise ValueError(
+                    f"{w}: cost and dispatch_rounds are used only by dispatch='ingraph' (with "
+                    "dispatch='tables' the tables come from outside the step); set dispatch='ingraph' "
+                    "or leave them out"
+                )
             return
         if self.cost is None:
-            raise ValueError(f"{w}: dispatch='ingraph' minimises a cost model's makespan: give cost=solvers.CostModel"
-                             "(...) (e.g. solvers.PRESETS['dsv3_fp8_offline'])")  # fmt: skip
+            raise ValueError(
+                f"{w}: dispatch='ingraph' minimises a cost model's makespan: give cost=solvers.CostModel"
+                "(...) (e.g. solvers.PRESETS['dsv3_fp8_offline'])"
+            )
         check_relief_cost(self.cost, where=f"{w}.cost")
         if self.dispatch_mode != "quota":
-            raise ValueError(f"{w}: dispatch='ingraph' realises its plan token for token in dispatch_mode='quota'; "
-                             f"set dispatch_mode='quota' (got {self.dispatch_mode!r})")  # fmt: skip
+            raise ValueError(
+                f"{w}: dispatch='ingraph' realises its plan token for token in dispatch_mode='quota'; "
+                f"set dispatch_mode='quota' (got {self.dispatch_mode!r})"
+            )
 
 
 def capacity_bucket(rows: int, *, floor: int = 16, cap: int | None = None) -> int:

@@ -71,14 +71,17 @@ class ExpertConfig:
             raise ValueError(f"{w}.bias must be True or False, got {self.bias!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 < self.alpha < 1e30:
             raise ValueError(f"{w}.alpha must be a finite number > 0, got {self.alpha!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int | float)
-                                       or not 0 < self.limit < float("inf")):  # fmt: skip
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int | float) or not 0 < self.limit < float("inf")
+        ):
             raise ValueError(f"{w}.limit must be None or a finite number > 0, got {self.limit!r}")
         if self.activation == "swiglu" and self.limit is not None:
             raise ValueError(f"{w}: activation 'swiglu' has no clamp; use 'swiglu_clamp' for limit={self.limit}")
         if self.activation == "swiglu_clamp" and self.limit is None:
-            raise ValueError(f"{w}: activation 'swiglu_clamp' without a limit is plain 'swiglu'; give limit= (the "
-                             "swiglu_limit) or use activation='swiglu'")  # fmt: skip
+            raise ValueError(
+                f"{w}: activation 'swiglu_clamp' without a limit is plain 'swiglu'; give limit= (the "
+                "swiglu_limit) or use activation='swiglu'"
+            )
         if self.activation != "gpt_oss" and self.alpha != ExpertConfig.alpha:
             raise ValueError(
                 f"{w}.alpha={self.alpha} is the sigmoid slope of activation 'gpt_oss' only; "
@@ -118,8 +121,9 @@ class SharedConfig:
                 raise ValueError(f"SharedConfig.{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.gated, bool):
             raise ValueError(f"SharedConfig.gated must be True or False, got {self.gated!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int | float)
-                                       or not 0 < self.limit < float("inf")):  # fmt: skip
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int | float) or not 0 < self.limit < float("inf")
+        ):
             raise ValueError(f"SharedConfig.limit must be None or a finite number > 0, got {self.limit!r}")
 
     @property
@@ -150,6 +154,10 @@ def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype) -> jax.A
     h = jax.nn.silu(g) * u
     y = jnp.dot(h, params["shared_w_down"], precision=hp, preferred_element_type=jnp.float32)
     if config.gated:
-        y = y * jax.nn.sigmoid(jnp.dot(x.astype(jnp.float32), params["shared_gate"].astype(jnp.float32),
-                                       precision=hp))[:, None]  # fmt: skip
+        y = (
+            y
+            * jax.nn.sigmoid(jnp.dot(x.astype(jnp.float32), params["shared_gate"].astype(jnp.float32), precision=hp))[
+                :, None
+            ]
+        )
     return y

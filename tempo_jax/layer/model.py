@@ -109,18 +109,28 @@ class TinyMoELM(nnx.Module):
     ``model(tokens [B, 1], decode=True)`` is one decode step through the attention's KV cache.
     """
 
-    def __init__(self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False,
-                 placements: list[Placement] | None = None):  # fmt: skip
+    def __init__(
+        self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False, placements: list[Placement] | None = None
+    ):
         D = mesh.shape["ep"]
         if placements is None:
             placements = [Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)] * cfg.layers
         if len(placements) != cfg.layers:
             raise ValueError(f"TinyMoELM: {len(placements)} placements for {cfg.layers} layers")
         router = RouterConfig(score_bias=cfg.balance_rate > 0, balance_rate=cfg.balance_rate)
-        moe_cfgs = [MoEConfig(hidden=cfg.dim, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
-                              slots_per_rank=p.slots_per_rank, dispatch_mode=cfg.dispatch_mode, router=router,
-                              capacity=cfg.capacity)
-                    for p in placements]  # fmt: skip
+        moe_cfgs = [
+            MoEConfig(
+                hidden=cfg.dim,
+                ffn=cfg.ffn,
+                experts=cfg.experts,
+                top_k=cfg.top_k,
+                slots_per_rank=p.slots_per_rank,
+                dispatch_mode=cfg.dispatch_mode,
+                router=router,
+                capacity=cfg.capacity,
+            )
+            for p in placements
+        ]
         self.cfg = cfg
         self.placements = tuple(placements)
         self.embed = nnx.Embed(256, cfg.dim, rngs=rngs)

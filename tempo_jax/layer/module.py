@@ -97,8 +97,11 @@ def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep")
     else replicated on ``mesh``. Without this, the second call of a jitted step sees differently placed inputs
     and compiles again."""
     state = nnx.state(module)
-    placed = jax.tree.map(lambda v: v.replace(_put(v.get_value(), _home(v, mesh, axis))), state,
-                          is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip
+    placed = jax.tree.map(
+        lambda v: v.replace(_put(v.get_value(), _home(v, mesh, axis))),
+        state,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
     nnx.update(module, placed)
 
 
@@ -296,21 +299,26 @@ class MoE(nnx.Module):
         if isinstance(self.counter.get_value(), jax.core.Tracer):
             raise ValueError("MoE.set_placement is a host operation: call it outside jit (it compiles its own move)")
         if tables is not None and self.config.dispatch == "ingraph":
-            raise ValueError("MoE.set_placement: this layer computes each call's tables in the step "
-                             "(MoEConfig(dispatch='ingraph')); pass no tables (they would never be read)")  # fmt: skip
+            raise ValueError(
+                "MoE.set_placement: this layer computes each call's tables in the step "
+                "(MoEConfig(dispatch='ingraph')); pass no tables (they would never be read)"
+            )
         plan = plan_migration(self.placement, placement)
         pa = placement_arrays(placement)
         new_tables = uniform(placement) if tables is None else tables
         check_tables(new_tables, pa, where="MoE.set_placement")
         variables = [getattr(self, k) for k in self.param_names if k in EXPERT_KEYS]
         if any(v.get_value().ndim > v.get_metadata()[SLOT_RANK] for v in variables):
-            raise ValueError("MoE.set_placement: this layer is a stack of layers (nnx.vmap / nnx.scan) sharing one "
-                             "placement; re-place layers built one by one (each its own MoE)")  # fmt: skip
+            raise ValueError(
+                "MoE.set_placement: this layer is a stack of layers (nnx.vmap / nnx.scan) sharing one "
+                "placement; re-place layers built one by one (each its own MoE)"
+            )
         if optimizer is not None:
             variables += self._optimizer_slots(optimizer)
         per_slot = sum(_row_bytes(v.get_value()) for v in variables)
-        moved, seconds, compile_s = migrate([v.get_value() for v in variables], plan, mesh=self.mesh,
-                                            axis=self.config.axis)  # fmt: skip
+        moved, seconds, compile_s = migrate(
+            [v.get_value() for v in variables], plan, mesh=self.mesh, axis=self.config.axis
+        )
         for v, a in zip(variables, moved, strict=True):
             v.set_value(a)
         home = NamedSharding(self.mesh, P())
@@ -320,18 +328,28 @@ class MoE(nnx.Module):
         self.table.set_value(jax.device_put(jnp.asarray(new_tables.table, jnp.float32), home))
         D = placement.num_gpus
         return MigrationReport(
-            moved_slots=plan.moved, local_slots=plan.local, kept_slots=plan.kept, slot_bytes=per_slot,
-            bytes_moved=plan.transfers * per_slot, wire_bytes=D * D * plan.block * per_slot, seconds=seconds,
+            moved_slots=plan.moved,
+            local_slots=plan.local,
+            kept_slots=plan.kept,
+            slot_bytes=per_slot,
+            bytes_moved=plan.transfers * per_slot,
+            wire_bytes=D * D * plan.block * per_slot,
+            seconds=seconds,
             compile_seconds=compile_s,
-        )  # fmt: skip
+        )
 
     def _optimizer_slots(self, optimizer) -> list:
         """The optimizer's variables laid out over this layer's slots (Adam's moments of the expert arrays)."""
-        found = [v for _, v in nnx.iter_graph(optimizer)
-                 if isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout]  # fmt: skip
+        found = [
+            v
+            for _, v in nnx.iter_graph(optimizer)
+            if isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout
+        ]
         if not found:
-            raise ValueError("MoE.set_placement: the optimizer holds no state of this layer's expert arrays; pass the "
-                             "nnx.Optimizer built over the model that contains this layer")  # fmt: skip
+            raise ValueError(
+                "MoE.set_placement: the optimizer holds no state of this layer's expert arrays; pass the "
+                "nnx.Optimizer built over the model that contains this layer"
+            )
         return found
 
     def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
@@ -395,8 +413,10 @@ class MoE(nnx.Module):
         deterministic = self.deterministic if deterministic is None else bool(deterministic)
         lead, H = x.shape[:-1], x.shape[-1]
         if mask is not None and (jnp.shape(mask) != lead or jnp.result_type(mask) != jnp.bool_):
-            raise ValueError(f"MoE: mask must be bool with x's leading shape {list(lead)} (True: a real token), got "
-                             f"{jnp.result_type(mask)}{list(jnp.shape(mask))}")  # fmt: skip
+            raise ValueError(
+                f"MoE: mask must be bool with x's leading shape {list(lead)} (True: a real token), got "
+                f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
+            )
         key = self.rngs() if self.rngs is not None else jax.random.key(0)
         tokens = x.reshape(-1, H)
 

@@ -175,8 +175,7 @@ class MoEOutput(NamedTuple):
     aux: MoEAux
 
 
-def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, top_k: int,
-         losses: bool) -> MoEAux:  # fmt: skip
+def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, top_k: int, losses: bool) -> MoEAux:
     """`MoEAux` from this rank's routing, pair counts ``[E]`` and real tokens ``valid [T]``, reduced over the
     ``ep`` axis (``losses=False``: the load only)."""
     load = jax.lax.psum(counts.astype(jnp.float32), axis)
@@ -192,8 +191,16 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, 
     return MoEAux(lb, z, load)
 
 
-def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-               capacity: tuple[str, int], aux_losses: bool) -> MoEOutput:  # fmt: skip
+def _local_moe(
+    inp: RankInputs,
+    *,
+    config: MoEConfig,
+    impl: str,
+    groups: int,
+    given_routing: bool,
+    capacity: tuple[str, int],
+    aux_losses: bool,
+) -> MoEOutput:
     """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
     schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
     axis, K, S = config.axis, config.top_k, config.slots_per_rank
@@ -212,9 +219,16 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         table = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
     else:
         table = inp.table[(d * groups) // D]
-    dp = stages.dispatch_pairs(rt, table, inp.log2phy, inp.counter[0],
-                               mode=config.dispatch_mode, uniforms=uniforms, interpret=config.interpret,
-                               valid=inp.valid)  # fmt: skip
+    dp = stages.dispatch_pairs(
+        rt,
+        table,
+        inp.log2phy,
+        inp.counter[0],
+        mode=config.dispatch_mode,
+        uniforms=uniforms,
+        interpret=config.interpret,
+        valid=inp.valid,
+    )
     dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
     real = jnp.repeat(inp.valid, K)
     invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
@@ -239,13 +253,32 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
         # Steps 3–6 in rounds of C rows per block until every pair is computed (dropless, bounded memory).
         po = rounds.order_pairs(dest, local, D)
         y_pairs, group_sizes, n_rounds = rounds.exchange_ffn_rounds(
-            x_rows, weights, po, capacity=C, top_k=k_rows, dtype=config.dtype, axis=axis, impl=impl,
-            hidden=config.hidden, slots_total=slots_total, **mm)  # fmt: skip
+            x_rows,
+            weights,
+            po,
+            capacity=C,
+            top_k=k_rows,
+            dtype=config.dtype,
+            axis=axis,
+            impl=impl,
+            hidden=config.hidden,
+            slots_total=slots_total,
+            **mm,
+        )
         wanted, sent = po.wanted, po.wanted
     else:
-        y_pairs, group_sizes, wanted, sent = _exchange_ffn(x_rows, dest, local, weights, config=config, impl=impl,
-                                                           capacity=C, slots_total=slots_total, mm=mm,
-                                                           top_k=k_rows)  # fmt: skip
+        y_pairs, group_sizes, wanted, sent = _exchange_ffn(
+            x_rows,
+            dest,
+            local,
+            weights,
+            config=config,
+            impl=impl,
+            capacity=C,
+            slots_total=slots_total,
+            mm=mm,
+            top_k=k_rows,
+        )
         n_rounds = jnp.int32(1)
     # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
     out = stages.combine(y_pairs, combine_gate, jnp.float32)
@@ -266,25 +299,34 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, impl: str, groups: int, gi
     return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
 
 
-def _ingraph_table(ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int,
-                   rank: jax.Array) -> jax.Array:  # fmt: skip
+def _ingraph_table(
+    ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int, rank: jax.Array
+) -> jax.Array:
     """This rank's in-graph table ``[E, R]`` (`tempo_jax.layer.relief`): its valid pair counts all-gathered over the
     axis ``[D, E]``, pairwise relief of the totals (the same plan on every rank), and this source's quota row."""
     E = config.experts
     ok = valid[:, None] & (ids >= 0) & (ids < E)
-    counts = jax.ops.segment_sum(ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1),
-                                 num_segments=E + 1)[:E]  # fmt: skip
+    counts = jax.ops.segment_sum(
+        ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1), num_segments=E + 1
+    )[:E]
     every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
     ranks = relief.replica_ranks(log2phy, config.slots_per_rank)
-    x = relief.relief(jnp.sum(every, axis=0), ranks, config.cost, num_ranks, config.dispatch_rounds,
-                      num_slots=num_ranks * config.slots_per_rank)  # fmt: skip
+    x = relief.relief(
+        jnp.sum(every, axis=0),
+        ranks,
+        config.cost,
+        num_ranks,
+        config.dispatch_rounds,
+        num_slots=num_ranks * config.slots_per_rank,
+    )
     mine = jax.lax.dynamic_slice_in_dim(every, rank, 1, axis=0)  # [1, E]
     before = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < rank, every, 0), axis=0)[None]  # sources before
     return relief.quotas(jnp.concatenate([before, mine]), x)[1]
 
 
-def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm,
-                  top_k: int):  # fmt: skip
+def _exchange_ffn(
+    x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm, top_k: int
+):
     """Steps 3–6 in one exchange of capacity C (the dropless worst case, or a fixed C that drops the rest), or
     by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``. ``x`` holds
     one row per token (``top_k`` = K pairs each) or, weights on the input, one row per pair (``top_k`` = 1)."""
@@ -306,20 +348,34 @@ def _exchange_ffn(x, dest, local, weights, *, config: MoEConfig, impl: str, capa
 
 
 @functools.lru_cache(maxsize=64)
-def _program(mesh: jax.sharding.Mesh, config: MoEConfig, impl: str, groups: int, given_routing: bool,
-             capacity: tuple[str, int], aux_losses: bool):  # fmt: skip
+def _program(
+    mesh: jax.sharding.Mesh,
+    config: MoEConfig,
+    impl: str,
+    groups: int,
+    given_routing: bool,
+    capacity: tuple[str, int],
+    aux_losses: bool,
+):
     """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
     per-rank inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`) is
     one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
     (sharded over the axis: each rank reads its own slots)."""
     axis, K, E = config.axis, config.top_k, config.experts
     D = mesh.shape[axis]
-    body = functools.partial(_local_moe, config=config, impl=impl, groups=groups, given_routing=given_routing,
-                             capacity=capacity, aux_losses=aux_losses)  # fmt: skip
-    out_specs = MoEOutput(P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)),
-                          MoEAux(P(), P(), P()))  # fmt: skip
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs,
-                            check_vma=False)  # fmt: skip
+    body = functools.partial(
+        _local_moe,
+        config=config,
+        impl=impl,
+        groups=groups,
+        given_routing=given_routing,
+        capacity=capacity,
+        aux_losses=aux_losses,
+    )
+    out_specs = MoEOutput(
+        P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)), MoEAux(P(), P(), P())
+    )
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs, check_vma=False)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
     def run(params, x, table, log2phy, phy2log, counter, key, routing, mask):
@@ -369,23 +425,30 @@ def _check_inputs(
     E, S, K = config.experts, config.slots_per_rank, config.top_k
     # Step 1: shapes and dtypes.
     if jnp.ndim(x) != 2:
-        raise ValueError(f"x must be [T, H] (tokens × hidden), got shape {jnp.shape(x)}; flatten batch and "
-                         "sequence axes first, e.g. x.reshape(-1, H)")  # fmt: skip
+        raise ValueError(
+            f"x must be [T, H] (tokens × hidden), got shape {jnp.shape(x)}; flatten batch and "
+            "sequence axes first, e.g. x.reshape(-1, H)"
+        )
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x must be a floating-point array (float32, bfloat16, ...), got dtype {x.dtype}; "
-                         "cast the activations, e.g. x.astype(jnp.float32)")  # fmt: skip
+        raise ValueError(
+            f"x must be a floating-point array (float32, bfloat16, ...), got dtype {x.dtype}; "
+            "cast the activations, e.g. x.astype(jnp.float32)"
+        )
     T, H = x.shape
     if T == 0:
         raise ValueError("x has no tokens (T = 0); call the layer with at least one token")
     if H != config.hidden:
         raise ValueError(f"x [T, H={H}] does not match config (H={config.hidden})")
     if mask is not None and (jnp.shape(mask) != (T,) or jnp.result_type(mask) != jnp.bool_):
-        raise ValueError(f"mask must be bool [T={T}] (True: a real token, False: padding), got "
-                         f"{jnp.result_type(mask)}{list(jnp.shape(mask))}")  # fmt: skip
+        raise ValueError(
+            f"mask must be bool [T={T}] (True: a real token, False: padding), got "
+            f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
+        )
     Tp = -(-T // D) * D  # rows per rank after padding to a multiple of D
     if placement_arrays.phy2log.shape[0] != D * S:
-        raise ValueError(f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = "
-                         f"{D}·{S} = {D * S}")  # fmt: skip
+        raise ValueError(
+            f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}"
+        )
     check_params(params, config, num_slots=D * S, where="moe_forward")
     if placement_arrays.log2phy.shape[0] != E:
         raise ValueError(f"placement log2phy {placement_arrays.log2phy.shape} does not match E={E}")
@@ -413,8 +476,10 @@ def _check_inputs(
     if counter is not None:
         got = (jnp.shape(counter), jnp.result_type(counter))
         if got != ((D, E), COUNTER_DTYPE):
-            raise ValueError(f"counter must be the [D={D}, E={E}] uint32 cumulative counter (MoEOutput.counter of "
-                             f"the previous call), got shape {got[0]} dtype {got[1]}")  # fmt: skip
+            raise ValueError(
+                f"counter must be the [D={D}, E={E}] uint32 cumulative counter (MoEOutput.counter of "
+                f"the previous call), got shape {got[0]} dtype {got[1]}"
+            )
     # Step 3: capacity (rows per block): at most the worst case T/D·K.
     worst = (Tp // D) * K
     if capacity is None:
@@ -437,11 +502,14 @@ def _check_routing(routing, T: int, E: int, K: int) -> None:
         raise ValueError("routing must be a pair (topk_ids [T, K], weights [T, K])")
     ids, weights = routing
     if jnp.shape(ids) != (T, K) or jnp.shape(weights) != (T, K):
-        raise ValueError(f"routing must be (ids, weights) of shape [T={T}, K={K}], got {jnp.shape(ids)} and "
-                         f"{jnp.shape(weights)}")  # fmt: skip
+        raise ValueError(
+            f"routing must be (ids, weights) of shape [T={T}, K={K}], got {jnp.shape(ids)} and {jnp.shape(weights)}"
+        )
     if not jnp.issubdtype(jnp.result_type(ids), jnp.integer):
-        raise ValueError(f"routing ids must be integers (expert ids), got dtype {jnp.result_type(ids)}; a float "
-                         "id would be truncated — pass the router's top-k indices as int32")  # fmt: skip
+        raise ValueError(
+            f"routing ids must be integers (expert ids), got dtype {jnp.result_type(ids)}; a float "
+            "id would be truncated — pass the router's top-k indices as int32"
+        )
     if not jnp.issubdtype(jnp.result_type(weights), jnp.floating):
         raise ValueError(f"routing weights must be floating point, got dtype {jnp.result_type(weights)}")
     if not isinstance(ids, jax.core.Tracer):
@@ -505,7 +573,8 @@ def moe_forward(
         table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)
     else:
         table, log2phy = tables.table, tables.log2phy
-    run = _program(mesh, config, EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C,
-                   bool(aux_losses))  # fmt: skip
+    run = _program(
+        mesh, config, EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses)
+    )
     mask = None if mask is None else jnp.asarray(mask)
     return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)

@@ -97,13 +97,17 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
     shapes = param_shapes(config, num_slots)
     missing = [k for k in shapes if k not in params]
     if missing:
-        raise ValueError(f"{where}: params lack {', '.join(f'{k} {list(shapes[k])}' for k in missing)} that this "
-                         "config needs; build them with init_params(key, config, placement) or "
-                         "tempo_jax.hf.moe_from_hf")  # fmt: skip
+        raise ValueError(
+            f"{where}: params lack {', '.join(f'{k} {list(shapes[k])}' for k in missing)} that this "
+            "config needs; build them with init_params(key, config, placement) or "
+            "tempo_jax.hf.moe_from_hf"
+        )
     unused = sorted(set(params) - set(shapes))
     if unused:
-        raise ValueError(f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-                         "expert.bias / shared); refusing to ignore them")  # fmt: skip
+        raise ValueError(
+            f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
+            "expert.bias / shared); refusing to ignore them"
+        )
     E = config.experts
     for k, shape in shapes.items():
         got = tuple(jnp.shape(params[k]))

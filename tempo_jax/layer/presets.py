@@ -31,8 +31,16 @@ def preset_spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-def moe_preset(name: str, *, slots_per_rank: int, experts: int | None = None, top_k: int | None = None,
-               hidden: int | None = None, ffn: int | None = None, **overrides) -> MoEConfig:  # fmt: skip
+def moe_preset(
+    name: str,
+    *,
+    slots_per_rank: int,
+    experts: int | None = None,
+    top_k: int | None = None,
+    hidden: int | None = None,
+    ffn: int | None = None,
+    **overrides,
+) -> MoEConfig:
     """The `MoEConfig` of preset ``name`` (`MOE_PRESETS`) with ``slots_per_rank`` slots per rank.
 
     Args:
@@ -58,11 +66,20 @@ def moe_preset(name: str, *, slots_per_rank: int, experts: int | None = None, to
     if spec.shared is not None:
         width = spec.shared["ffn"] if ffn is None else F
         shared = SharedConfig(count=spec.shared["count"], ffn=width, gated=spec.shared.get("gated", False))
-    fields = dict(hidden=spec.hidden if hidden is None else hidden, ffn=F, experts=E,
-                  top_k=spec.top_k if top_k is None else top_k, slots_per_rank=slots_per_rank, router=router,
-                  expert=ExpertConfig(**{**spec.expert, **on_expert}), shared=shared)  # fmt: skip
+    fields = dict(
+        hidden=spec.hidden if hidden is None else hidden,
+        ffn=F,
+        experts=E,
+        top_k=spec.top_k if top_k is None else top_k,
+        slots_per_rank=slots_per_rank,
+        router=router,
+        expert=ExpertConfig(**{**spec.expert, **on_expert}),
+        shared=shared,
+    )
     unknown = set(overrides) - config_fields
     if unknown:
-        raise ValueError(f"moe_preset({name!r}): unknown fields {sorted(unknown)}; give MoEConfig, RouterConfig or "
-                         "ExpertConfig fields")  # fmt: skip
+        raise ValueError(
+            f"moe_preset({name!r}): unknown fields {sorted(unknown)}; give MoEConfig, RouterConfig or "
+            "ExpertConfig fields"
+        )
     return MoEConfig(**{**fields, **overrides})

@@ -131,8 +131,12 @@ def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
             before = jnp.maximum(before, jnp.where(has & ~swap, t[F["m"]], -jnp.inf))
 
         def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
-            return jnp.maximum(jnp.maximum(_times(cost, Gg - frees + g_act, Ng - share + back),
-                                           _times(cost, Gh + h_act, Nh + share - y)), third)  # fmt: skip
+            return jnp.maximum(
+                jnp.maximum(
+                    _times(cost, Gg - frees + g_act, Ng - share + back), _times(cost, Gh + h_act, Nh + share - y)
+                ),
+                third,
+            )
 
         whole = after(xi, 1.0)
         shift = (y + back) if chain else 0.0
@@ -156,8 +160,11 @@ def _select(gain, sender_time, g, h, m, D: int):
     accepted = accepted & ~receives[g]
     mm = jnp.where(m >= 0, m, D)
     one = accepted.astype(jnp.int32)
-    used = (jax.ops.segment_sum(one, g, num_segments=D + 1) + jax.ops.segment_sum(one, h, num_segments=D + 1)
-            + jax.ops.segment_sum(one, mm, num_segments=D + 1))  # fmt: skip
+    used = (
+        jax.ops.segment_sum(one, g, num_segments=D + 1)
+        + jax.ops.segment_sum(one, h, num_segments=D + 1)
+        + jax.ops.segment_sum(one, mm, num_segments=D + 1)
+    )
     return accepted & ((m < 0) | (used[mm] == 1))
 
 
@@ -216,8 +223,15 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
     return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms)
 
 
-def relief(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, rounds: int = ROUNDS, *,
-           num_slots: int | None = None) -> jax.Array:  # fmt: skip
+def relief(
+    n: jax.Array,
+    ranks: jax.Array,
+    cost: CostModel,
+    num_ranks: int,
+    rounds: int = ROUNDS,
+    *,
+    num_slots: int | None = None,
+) -> jax.Array:
     """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
     (`solvers.relief.relief`, step for step; its two starts run side by side under `jax.vmap`); ``num_slots`` P
     bounds the candidate moves (default: E·R)."""
@@ -241,8 +255,9 @@ def quotas(counts: jax.Array, x: jax.Array) -> jax.Array:
     return jnp.maximum(0.0, jnp.minimum(c_hi[:, :, None], x_hi[None]) - jnp.maximum(c_lo[:, :, None], x_lo[None]))
 
 
-def plan(counts: jax.Array, log2phy: jax.Array, *, slots_per_rank: int, num_ranks: int, cost: CostModel,
-         rounds: int = ROUNDS) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+def plan(
+    counts: jax.Array, log2phy: jax.Array, *, slots_per_rank: int, num_ranks: int, cost: CostModel, rounds: int = ROUNDS
+) -> tuple[jax.Array, jax.Array]:
     """The in-graph dispatch of one batch: per-source counts ``[Ds, E]`` and the placement's ``log2phy [E, R]`` →
     ``(x [E, R] per replica column, q [Ds, E, R] per source)``."""
     ranks = replica_ranks(log2phy, slots_per_rank)

@@ -84,8 +84,7 @@ def tie_replicas(weights: dict, phy2log: jax.Array, *, axis: str, slots_per_rank
     if rows == 0:
         return weights
     me = jax.lax.axis_index(axis)
-    groups = jax.lax.dynamic_slice_in_dim(_slot_groups(phy2log, num_experts, rows), me * slots_per_rank,
-                                          slots_per_rank)  # fmt: skip
+    groups = jax.lax.dynamic_slice_in_dim(_slot_groups(phy2log, num_experts, rows), me * slots_per_rank, slots_per_rank)
     return _tie(weights, groups, axis, rows)
 
 
@@ -237,8 +236,9 @@ def _migrator(mesh: jax.sharding.Mesh, axis: str, block: int, n: int):
     return jax.jit(f, out_shardings=(sharded,) * n, donate_argnums=tuple(range(3, 3 + n)))
 
 
-def migrate(arrays: list, plan: MigrationPlan, *, mesh: jax.sharding.Mesh, axis: str = "ep",
-            donate: bool = True) -> tuple[list, float, float]:  # fmt: skip
+def migrate(
+    arrays: list, plan: MigrationPlan, *, mesh: jax.sharding.Mesh, axis: str = "ep", donate: bool = True
+) -> tuple[list, float, float]:
     """Apply ``plan`` to slot-sharded arrays ``[P, ...]`` (weights, biases, optimizer moments): one all-to-all per
     array, the arrays one after another (so the exchange buffers of one array are alive at a time; arrays of one
     shape and dtype share a compiled program). Returns ``(new arrays, seconds, compile_seconds)``; the inputs are

@@ -98,8 +98,9 @@ def _rounds_fwd(x, weights, po, static):
 
 def _forward(x, weights, po, static, *, keep_first: bool):
     s = static
-    send = functools.partial(_send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl,
-                             hidden=s.hidden, slots_total=s.slots_total)  # fmt: skip
+    send = functools.partial(
+        _send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl, hidden=s.hidden, slots_total=s.slots_total
+    )
     ffn = _ffn(s)
     D, C, H = s.num_ranks, s.C, s.hidden
     R = num_rounds(po.wanted, C, s.axis)
@@ -140,8 +141,9 @@ def _rounds_bwd(static, res, cotangents):
     s = static
     x, weights, po, vjp0, R = res
     dy_pairs = cotangents[0]
-    send = functools.partial(_send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl,
-                             hidden=s.hidden, slots_total=s.slots_total)  # fmt: skip
+    send = functools.partial(
+        _send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl, hidden=s.hidden, slots_total=s.slots_total
+    )
     ffn = _ffn(s)
     D, C, H, K = s.num_ranks, s.C, s.hidden, s.top_k
 
@@ -178,9 +180,22 @@ def _rounds_bwd(static, res, cotangents):
 _rounds.defvjp(_rounds_fwd, _rounds_bwd)
 
 
-def exchange_ffn_rounds(x: jax.Array, weights: dict, po: PairOrder, *, capacity: int, top_k: int, dtype, axis: str,
-                        impl: str, hidden: int, slots_total: int, expert, gmm_impl: str,
-                        interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+def exchange_ffn_rounds(
+    x: jax.Array,
+    weights: dict,
+    po: PairOrder,
+    *,
+    capacity: int,
+    top_k: int,
+    dtype,
+    axis: str,
+    impl: str,
+    hidden: int,
+    slots_total: int,
+    expert,
+    gmm_impl: str,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Every pair of this rank through the expert FFN of its destination, in rounds of ``capacity`` rows per block
     (see the module).
 
@@ -193,9 +208,19 @@ def exchange_ffn_rounds(x: jax.Array, weights: dict, po: PairOrder, *, capacity:
       ``(y_pairs [T·K, H], group_sizes [S], rounds)``: each pair's expert output (pair order), the rows each
       local slot computed over all rounds, and R.
     """
-    static = RoundsStatic(C=int(capacity), top_k=top_k, dtype=dtype, axis=axis, impl=impl, hidden=hidden,
-                          slots_total=slots_total, expert=expert, gmm_impl=gmm_impl, interpret=interpret,
-                          num_ranks=po.wanted.shape[0])  # fmt: skip
+    static = RoundsStatic(
+        C=int(capacity),
+        top_k=top_k,
+        dtype=dtype,
+        axis=axis,
+        impl=impl,
+        hidden=hidden,
+        slots_total=slots_total,
+        expert=expert,
+        gmm_impl=gmm_impl,
+        interpret=interpret,
+        num_ranks=po.wanted.shape[0],
+    )
     return _rounds(x, weights, po, static)
 
 

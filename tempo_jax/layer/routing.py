@@ -97,8 +97,10 @@ class RouterConfig:
         if self.n_group > 1 and self.group_score == "top2" and experts // self.n_group < 2:
             raise ValueError(f"{w}: a group's score sums its two best experts; {experts // self.n_group} per group")
         if top_k > self.topk_group * (experts // self.n_group):
-            raise ValueError(f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
-                             f"{self.topk_group * (experts // self.n_group)} experts")  # fmt: skip
+            raise ValueError(
+                f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
+                f"{self.topk_group * (experts // self.n_group)} experts"
+            )
         for name in ("renorm_eps", "scaling", "balance_rate", "mixer_eps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v < float("inf")):
@@ -106,18 +108,23 @@ class RouterConfig:
         if self.scaling == 0:
             raise ValueError(f"{w}.scaling must be > 0 (every routed output would be 0)")
         if self.scoring == "softmax_topk" and self.renorm_eps:
-            raise ValueError(f"{w}: softmax_topk weights sum to 1 already; renorm_eps={self.renorm_eps} would be "
-                             "ignored")  # fmt: skip
+            raise ValueError(
+                f"{w}: softmax_topk weights sum to 1 already; renorm_eps={self.renorm_eps} would be ignored"
+            )
         if self.scoring == "sparsemixer" and (self.score_bias or self.n_group > 1):
-            raise ValueError(f"{w}: sparsemixer chooses on the raw logits; a score bias or group-limited choice "
-                             "(score_bias, n_group) is not defined with it")  # fmt: skip
+            raise ValueError(
+                f"{w}: sparsemixer chooses on the raw logits; a score bias or group-limited choice "
+                "(score_bias, n_group) is not defined with it"
+            )
         if self.balance_rate and not self.score_bias:
             raise ValueError(f"{w}: balance_rate > 0 moves the score bias; set score_bias=True")
         if self.group_score not in ("top2", "max"):
             raise ValueError(f"{w}.group_score must be 'top2' or 'max', got {self.group_score!r}")
         if self.n_group == 1 and self.group_score != RouterConfig.group_score:
-            raise ValueError(f"{w}.group_score={self.group_score!r} scores expert groups; with n_group=1 there is no "
-                             "group choice to score (set n_group > 1 or leave group_score out)")  # fmt: skip
+            raise ValueError(
+                f"{w}.group_score={self.group_score!r} scores expert groups; with n_group=1 there is no "
+                "group choice to score (set n_group > 1 or leave group_score out)"
+            )
         if not self.renormalize and self.renorm_eps:
             raise ValueError(
                 f"{w}.renorm_eps={self.renorm_eps} is added to the renormalising sum; with "

@@ -95,16 +95,22 @@ def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int) -> Routi
 
 
 def dispatch_pairs(
-    routing: Routing, table: jax.Array, log2phy: jax.Array, counter: jax.Array, *, mode: str,
-    uniforms: jax.Array | None, interpret: bool, valid: jax.Array | None = None,
-) -> Dispatched:  # fmt: skip
+    routing: Routing,
+    table: jax.Array,
+    log2phy: jax.Array,
+    counter: jax.Array,
+    *,
+    mode: str,
+    uniforms: jax.Array | None,
+    interpret: bool,
+    valid: jax.Array | None = None,
+) -> Dispatched:
     """The fused dispatch + count kernel: a physical slot per (token, k) pair through ``table [E, R]`` over the
     replica columns ``log2phy [E, R]``; ``counter [E]`` cumulative; ``uniforms [T, K]`` for sample mode;
     ``valid [T]`` False for padding rows, whose pairs get slot −1 and count nowhere (nor do ids outside [0, E))."""
     T = routing.ids.shape[0]
     valid = jnp.ones((T,), bool) if valid is None else valid
-    res = dispatch(routing.ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms,
-                   interpret=interpret)  # fmt: skip
+    res = dispatch(routing.ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms, interpret=interpret)
     return Dispatched(res.slots.reshape(-1), res.counts, res.counter, res.replica_counts)
 
 
@@ -133,8 +139,9 @@ def unpack_slots(lanes: jax.Array) -> jax.Array:
     return v[..., 0] if lanes.shape[-1] == 1 else v[..., 0] * 256 + v[..., 1]
 
 
-def pack(x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ranks: int, capacity: int,
-         dtype) -> Packed:  # fmt: skip
+def pack(
+    x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ranks: int, capacity: int, dtype
+) -> Packed:
     """Sort this rank's (token, k) pairs by destination rank and pack them, with their local slot ids, into
     ``[D, C, W]``: ``x [T, H]``, ``dest [T·K]`` destination rank and ``local [T·K]`` slot there of each pair
     (row-major over ``[T, K]``); rows past ``capacity`` per block are dropped (counted in ``wanted − counts``)."""
@@ -167,8 +174,9 @@ def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_
     return Received(recv[..., :hidden], slots, recv_counts)
 
 
-def expert_ffn(rows: jax.Array, slots: jax.Array, weights: dict, *, expert: ExpertConfig, gmm_impl: str,
-               interpret: bool) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+def expert_ffn(
+    rows: jax.Array, slots: jax.Array, weights: dict, *, expert: ExpertConfig, gmm_impl: str, interpret: bool
+) -> tuple[jax.Array, jax.Array]:
     """The routed experts' FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this
     rank's ``weights``: ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]`` (+ ``b_gate / b_up [S, F]``, ``b_down
     [S, H]`` when ``expert.bias``): sort by slot, two grouped GEMMs (gate and up fused), the activation of

@@ -192,8 +192,10 @@ def check_tables(tables: Tables, pa: PlacementArrays, *, where: str) -> None:
         placement, or (hand-made tables) negative / NaN / infinite weights.
     """
     if not isinstance(tables, Tables):
-        raise ValueError(f"{where}: tables must be a tempo_jax.layer.tables.Tables (build one with uniform, static, "
-                         f"from_plan, from_weights, from_split), got {type(tables).__name__}")  # fmt: skip
+        raise ValueError(
+            f"{where}: tables must be a tempo_jax.layer.tables.Tables (build one with uniform, static, "
+            f"from_plan, from_weights, from_split), got {type(tables).__name__}"
+        )
     shape, l2p_shape = tuple(jnp.shape(tables.table)), tuple(jnp.shape(pa.log2phy))
     if len(shape) != 3 or shape[0] < 1 or shape[1:] != l2p_shape or tuple(jnp.shape(tables.log2phy)) != l2p_shape:
         raise ValueError(
@@ -205,13 +207,15 @@ def check_tables(tables: Tables, pa: PlacementArrays, *, where: str) -> None:
     keys = (tables.placement_key, pa.placement_key)
     if None not in keys:
         if keys[0] != keys[1]:
-            raise ValueError(f"{where}: tables were built for another placement (a different placement key: "
-                             f"{keys[0]}, this placement has {keys[1]}); build them from this placement")  # fmt: skip
+            raise ValueError(
+                f"{where}: tables were built for another placement (a different placement key: "
+                f"{keys[0]}, this placement has {keys[1]}); build them from this placement"
+            )
         return
-    if _concrete(tables.log2phy, pa.log2phy) and not np.array_equal(np.asarray(tables.log2phy),
-                                                                    np.asarray(pa.log2phy)):  # fmt: skip
-        raise ValueError(f"{where}: tables.log2phy differs from the placement's log2phy: tables built for another "
-                         "placement")  # fmt: skip
+    if _concrete(tables.log2phy, pa.log2phy) and not np.array_equal(np.asarray(tables.log2phy), np.asarray(pa.log2phy)):
+        raise ValueError(
+            f"{where}: tables.log2phy differs from the placement's log2phy: tables built for another placement"
+        )
     if tables.placement_key is None:
         check_weights("table", tables.table, where=where)
 
@@ -259,8 +263,10 @@ def from_weights(weights, placement: Placement) -> Tables:
     """Tables from weights ``[Gs, E, R]`` (e.g. published by the solver worker), checked and copied once."""
     w = np.asarray(weights)
     if w.ndim != 3 or w.shape[1:] != placement.log2phy.shape or w.shape[0] < 1:
-        raise ValueError(f"tables.from_weights: weights must be [Gs, E, R] = [Gs, {placement.num_experts}, "
-                         f"{placement.log2phy.shape[1]}], got {w.shape}")  # fmt: skip
+        raise ValueError(
+            f"tables.from_weights: weights must be [Gs, E, R] = [Gs, {placement.num_experts}, "
+            f"{placement.log2phy.shape[1]}], got {w.shape}"
+        )
     return _tables(w, placement, "tables.from_weights")
 
 

@@ -14,8 +14,18 @@ from pathlib import Path
 
 from .report import RESULTS_DIR, load_results, render
 
-__all__ = ["BEGIN", "BLOCKS", "CASCADE_BEGIN", "CASCADE_END", "CASCADE_ROWS", "END", "PAGE", "ROWS", "results_block",
-           "update_page"]  # fmt: skip
+__all__ = [
+    "BEGIN",
+    "BLOCKS",
+    "CASCADE_BEGIN",
+    "CASCADE_END",
+    "CASCADE_ROWS",
+    "END",
+    "PAGE",
+    "ROWS",
+    "results_block",
+    "update_page",
+]
 
 #: The page that holds the generated tables.
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reproduced.md"

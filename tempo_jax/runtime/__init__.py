@@ -11,5 +11,12 @@ from .controller import DROP_REASONS, SOLVER_MODES, DispatchController
 from .counters import COUNTER_RANGE, CounterWindows, host_counter
 from .refresher import Refresher
 
-__all__ = ["COUNTER_RANGE", "DROP_REASONS", "SOLVER_MODES", "CounterWindows", "DispatchController", "Refresher",
-           "host_counter"]  # fmt: skip
+__all__ = [
+    "COUNTER_RANGE",
+    "DROP_REASONS",
+    "SOLVER_MODES",
+    "CounterWindows",
+    "DispatchController",
+    "Refresher",
+    "host_counter",
+]

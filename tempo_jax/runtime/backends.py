@@ -25,8 +25,16 @@ from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve
 
 from .accumulator import Window
 
-__all__ = ["BACKENDS", "BackendHost", "InlineBackend", "Job", "ProcessBackend", "SolverBackend", "ThreadBackend",
-           "make_backend"]  # fmt: skip
+__all__ = [
+    "BACKENDS",
+    "BackendHost",
+    "InlineBackend",
+    "Job",
+    "ProcessBackend",
+    "SolverBackend",
+    "ThreadBackend",
+    "make_backend",
+]
 
 
 class BackendHost(Protocol):
@@ -132,8 +140,10 @@ class InlineBackend:
 
     def inject(self, kind: str, seconds: float) -> None:
         if kind == "exit":
-            raise ValueError(f"DispatchController.inject_fault: 'exit' needs solver_mode='process' (it would end "
-                             f"this process), not {self.name!r}")  # fmt: skip
+            raise ValueError(
+                f"DispatchController.inject_fault: 'exit' needs solver_mode='process' (it would end "
+                f"this process), not {self.name!r}"
+            )
         self._fault = (kind, float(seconds))
 
     def close(self) -> None:
@@ -244,8 +254,13 @@ class ProcessBackend:
                     pass  # the supervisor restarts it, with the new config
 
     def metrics(self) -> dict:
-        return {"pid": self.worker.pid, "alive": self.worker.alive, "ready": self._ready,
-                "start_s": list(self.worker.start_s), "spare_ready": self.spare_ready}  # fmt: skip
+        return {
+            "pid": self.worker.pid,
+            "alive": self.worker.alive,
+            "ready": self._ready,
+            "start_s": list(self.worker.start_s),
+            "spare_ready": self.spare_ready,
+        }
 
     def close(self) -> None:
         self._supervisor.join(timeout=10.0)  # the host is closed: the supervisor returns within a poll
@@ -362,8 +377,9 @@ class ProcessBackend:
 BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
 
 
-def make_backend(solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float,
-                 spare: bool) -> SolverBackend:  # fmt: skip
+def make_backend(
+    solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool
+) -> SolverBackend:
     """The backend of ``solver_mode`` (`BACKENDS`)."""
     check_choice("solver_mode", solver_mode, tuple(BACKENDS), where="DispatchController")
     if solver_mode == "process":

@@ -99,8 +99,17 @@ class MeasureConfig:
     def __post_init__(self):
         plain_scalars(self)
         w = "MeasureConfig"
-        for name in ("hidden", "ffn", "slots", "repeats", "bootstrap", "rank_experts", "rank_ranks", "rank_top_k",
-                     "rank_repeats"):  # fmt: skip
+        for name in (
+            "hidden",
+            "ffn",
+            "slots",
+            "repeats",
+            "bootstrap",
+            "rank_experts",
+            "rank_ranks",
+            "rank_top_k",
+            "rank_repeats",
+        ):
             check_int(name, getattr(self, name), where=w)
         for name in ("groups", "tokens", "rank_tokens"):
             for v in getattr(self, name):
@@ -112,8 +121,19 @@ class MeasureConfig:
     @classmethod
     def quick(cls) -> MeasureConfig:
         """A CI-sized run (seconds): small shapes, few cells, few bootstrap draws."""
-        return cls(hidden=64, ffn=64, groups=(1, 2, 4), tokens=(1, 16, 2048, 8192), slots=8, repeats=3, bootstrap=50,
-                   rank_experts=16, rank_tokens=(16, 128), rank_seeds=(0,), rank_repeats=2)  # fmt: skip
+        return cls(
+            hidden=64,
+            ffn=64,
+            groups=(1, 2, 4),
+            tokens=(1, 16, 2048, 8192),
+            slots=8,
+            repeats=3,
+            bootstrap=50,
+            rank_experts=16,
+            rank_tokens=(16, 128),
+            rank_seeds=(0,),
+            rank_repeats=2,
+        )
 
 
 # -------------------------------------------------------------------------------------------- profile data
@@ -191,8 +211,11 @@ class _ExpertFFN:
         self.chunk = GmmTiling().chunk
         k = jax.random.split(jax.random.key(cfg.seed), 3)
         S, H, F = cfg.slots, cfg.hidden, cfg.ffn
-        self.w = (jax.random.normal(k[0], (S, H, F)) * H**-0.5, jax.random.normal(k[1], (S, H, F)) * H**-0.5,
-                  jax.random.normal(k[2], (S, F, H)) * F**-0.5)  # fmt: skip
+        self.w = (
+            jax.random.normal(k[0], (S, H, F)) * H**-0.5,
+            jax.random.normal(k[1], (S, H, F)) * H**-0.5,
+            jax.random.normal(k[2], (S, F, H)) * F**-0.5,
+        )
 
         def ffn(rows, slots, wg, wu, wd):
             weights = {"w_gate": wg, "w_up": wu, "w_down": wd}
@@ -269,12 +292,21 @@ def measure_profile(cfg: MeasureConfig, ffn: _ExpertFFN | None = None, progress=
         if progress:
             progress(f"  G={G:3d} n={n:5d}: {min(ts):10.1f} µs (median {statistics.median(ts):.1f})")
     a = np.asarray(rows, dtype=np.float64)
-    meta = {"backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
-            "machine": platform.processor() or platform.machine(), "hidden": cfg.hidden, "ffn": cfg.ffn,
-            "dtype": "float32", "chunk": ffn.chunk, "slots": cfg.slots, "repeats": cfg.repeats,
-            "date": time.strftime("%Y-%m-%d"), "command": "tempo-jax calibrate --measure",
-            "t_us": "fastest of `repeats` calls (µs) of tempo_jax.layer.stages.expert_ffn (gmm auto) over G groups "
-                    "of n rows; cells timed round-robin (the machine is shared)"}  # fmt: skip
+    meta = {
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
+        "machine": platform.processor() or platform.machine(),
+        "hidden": cfg.hidden,
+        "ffn": cfg.ffn,
+        "dtype": "float32",
+        "chunk": ffn.chunk,
+        "slots": cfg.slots,
+        "repeats": cfg.repeats,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "tempo-jax calibrate --measure",
+        "t_us": "fastest of `repeats` calls (µs) of tempo_jax.layer.stages.expert_ffn (gmm auto) over G groups "
+        "of n rows; cells timed round-robin (the machine is shared)",
+    }
     return Profile(*(a[:, i].astype(np.int64) for i in range(4)), a[:, 4], a[:, 5], a[:, 6], meta)
 
 
@@ -329,22 +361,38 @@ def ranking_agreement(model: CostModel, cfg: MeasureConfig, ffn: _ExpertFFN | No
                 model_ties += int(dp == dq)  # the model cannot tell them apart: counted as a disagreement
                 agree += int((mp < mq) == (dp < dq) and dp != dq)
         if progress:
-            progress(f"  ranking B={row['tokens_per_rank']} seed={row['seed']} (model/measured µs): " + ", ".join(
-                f"{p} {v['model_us']:.0f}/{v['measured_us']:.0f}" for p, v in pol.items()))  # fmt: skip
-    return {"agree": agree, "pairs": total, "ties": ties, "model_ties": model_ties,
-            "agreement": agree / total if total else math.nan, "noise_band": cfg.noise_band, "batches": batches,
-            "placement": placement.to_dict()}  # fmt: skip
+            progress(
+                f"  ranking B={row['tokens_per_rank']} seed={row['seed']} (model/measured µs): "
+                + ", ".join(f"{p} {v['model_us']:.0f}/{v['measured_us']:.0f}" for p, v in pol.items())
+            )
+    return {
+        "agree": agree,
+        "pairs": total,
+        "ties": ties,
+        "model_ties": model_ties,
+        "agreement": agree / total if total else math.nan,
+        "noise_band": cfg.noise_band,
+        "batches": batches,
+        "placement": placement.to_dict(),
+    }
 
 
-def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | None = None,
-            out_json: str | Path | None = None, progress=print) -> dict:  # fmt: skip
+def measure(
+    cfg: MeasureConfig = MeasureConfig(),
+    *,
+    profile_csv: str | Path | None = None,
+    out_json: str | Path | None = None,
+    progress=print,
+) -> dict:
     """Profile, fit with CIs, roofline and ranking agreement (the module's steps 1–4); returns the report."""
     say = progress or (lambda *a: None)
     t0 = time.perf_counter()
     ffn = _ExpertFFN(cfg)
     roof = _bandwidth_and_peak(cfg)
-    say(f"calibrate --measure: expert FFN H={cfg.hidden} F={cfg.ffn} float32, chunk {ffn.chunk}; "
-        f"read bandwidth {roof['bandwidth_GBps']:.1f} GB/s, matmul {roof['matmul_GFLOPs']:.0f} GFLOP/s")  # fmt: skip
+    say(
+        f"calibrate --measure: expert FFN H={cfg.hidden} F={cfg.ffn} float32, chunk {ffn.chunk}; "
+        f"read bandwidth {roof['bandwidth_GBps']:.1f} GB/s, matmul {roof['matmul_GFLOPs']:.0f} GFLOP/s"
+    )
     # Step 1: profile.
     prof = measure_profile(cfg, ffn, progress=say)
     # Step 2: fit with cluster-bootstrap CIs (one cluster per grid cell).
@@ -352,8 +400,10 @@ def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | N
         warnings.simplefilter("ignore", UndeterminedFitWarning)  # said below, in the run's own words
         model, rep = prof.fit()
     if rep.undetermined:
-        say(f"WARNING: the fit is undetermined: the profile cannot determine {', '.join(rep.undetermined)} (their "
-            "values are arbitrary); measure a wider grid (more tokens per expert), not --quick")  # fmt: skip
+        say(
+            f"WARNING: the fit is undetermined: the profile cannot determine {', '.join(rep.undetermined)} (their "
+            "values are arbitrary); measure a wider grid (more tokens per expert), not --quick"
+        )
     model = dataclasses.replace(model, source=f"tempo-jax calibrate --measure ({prof.meta['backend']})")
     boot = bootstrap_max_affine(prof.G, prof.N, prof.t_us, replicates=cfg.bootstrap, seed=cfg.seed)
     # Step 3: roofline readings of b.
@@ -372,7 +422,7 @@ def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | N
             "converged": rep.converged,
             "undetermined": list(rep.undetermined),
             "n_star": model.inflection,
-        },  # fmt: skip
+        },
         "bootstrap": boot,
         "roofline": {
             **roof,
@@ -381,22 +431,28 @@ def measure(cfg: MeasureConfig = MeasureConfig(), *, profile_csv: str | Path | N
             "b_over_streaming_bound": model.b / b_stream,
             "chunk_compute_us": chunk_us,
             "b_over_chunk_compute": model.b / chunk_us,
-        },  # fmt: skip
+        },
         "ranking": ranking,
         "seconds": time.perf_counter() - t0,
     }
     ci = boot["ci"]
-    say(f"fit (Eq. 1): a={model.a:.1f} [{ci['a'][0]:.1f}, {ci['a'][1]:.1f}] b={model.b:.1f} [{ci['b'][0]:.1f}, "
+    say(
+        f"fit (Eq. 1): a={model.a:.1f} [{ci['a'][0]:.1f}, {ci['a'][1]:.1f}] b={model.b:.1f} [{ci['b'][0]:.1f}, "
         f"{ci['b'][1]:.1f}] c={model.c:.1f} [{ci['c'][0]:.1f}, {ci['c'][1]:.1f}] β={model.beta:.4f} "
         f"[{ci['beta'][0]:.4f}, {ci['beta'][1]:.4f}] µs; n*={model.inflection:.0f} [{ci['n_star'][0]:.0f}, "
         f"{ci['n_star'][1]:.0f}]; mean rel. error {rep.mean_rel_error:.1%}; corr(a, b) {boot['corr_ab']:.2f}; "
-        f"{cfg.bootstrap} cluster-bootstrap draws, 95% CIs")  # fmt: skip
-    say(f"b vs roofline: weight streaming {weight_bytes / 1e6:.2f} MB / {roof['bandwidth_GBps']:.1f} GB/s = "
+        f"{cfg.bootstrap} cluster-bootstrap draws, 95% CIs"
+    )
+    say(
+        f"b vs roofline: weight streaming {weight_bytes / 1e6:.2f} MB / {roof['bandwidth_GBps']:.1f} GB/s = "
         f"{b_stream:.1f} µs (b is {model.b / b_stream:.1f}×); one {ffn.chunk}-row chunk of the FFN at the matmul "
-        f"peak = {chunk_us:.1f} µs (b is {model.b / chunk_us:.2f}×)")  # fmt: skip
-    say(f"ranking agreement (§5.2): {ranking['agree']}/{ranking['pairs']} policy pairs outside the "
+        f"peak = {chunk_us:.1f} µs (b is {model.b / chunk_us:.2f}×)"
+    )
+    say(
+        f"ranking agreement (§5.2): {ranking['agree']}/{ranking['pairs']} policy pairs outside the "
         f"{cfg.noise_band:.0%} noise band ({ranking['agreement']:.0%}; {ranking['model_ties']} of the misses are "
-        f"model ties); {ranking['ties']} pairs within the band")  # fmt: skip
+        f"model ties); {ranking['ties']} pairs within the band"
+    )
     if profile_csv is not None:
         say(f"wrote {prof.save(profile_csv)}")
     if out_json is not None:

@@ -83,8 +83,13 @@ def _dist(values) -> dict:
     v = np.asarray(list(values), dtype=np.float64)
     if not v.size:
         return {"n": 0, "p50": None, "p95": None, "max": None, "last": None}
-    return {"n": int(v.size), "p50": float(np.median(v)), "p95": float(np.percentile(v, 95)),
-            "max": float(v.max()), "last": float(v[-1])}  # fmt: skip
+    return {
+        "n": int(v.size),
+        "p50": float(np.median(v)),
+        "p95": float(np.percentile(v, 95)),
+        "max": float(v.max()),
+        "last": float(v[-1]),
+    }
 
 
 class DispatchController:
@@ -141,8 +146,9 @@ class DispatchController:
         if isinstance(placement, list | tuple):
             placement = tuple(placement)
             if not placement or not all(isinstance(p, Placement) for p in placement):
-                raise ValueError(f"{where}: placement must be a solvers.Placement or a non-empty sequence of them "
-                                 "(one per layer)")  # fmt: skip
+                raise ValueError(
+                    f"{where}: placement must be a solvers.Placement or a non-empty sequence of them (one per layer)"
+                )
             shapes = {(p.num_gpus, p.num_experts) for p in placement}
             if len(shapes) > 1:
                 raise ValueError(f"{where}: every layer's placement needs the same D and E, got {sorted(shapes)}")
@@ -166,16 +172,20 @@ class DispatchController:
         self.window = window
         solver_processes = check_int("solver_processes", solver_processes, where=where)
         if solver_processes > 1 and (self.solver_mode != "process" or not isinstance(placement, tuple)):
-            raise ValueError(f"{where}: solver_processes={solver_processes} splits a window's layers over processes: "
-                             "it needs solver_mode='process' and one placement per layer")  # fmt: skip
+            raise ValueError(
+                f"{where}: solver_processes={solver_processes} splits a window's layers over processes: "
+                "it needs solver_mode='process' and one placement per layer"
+            )
         self.config = WorkerConfig(placement, cost, policy, options, per_node, solver_processes)
         # Step 2: a trial solve catches bad option values here rather than in the first window.
         if policy != "milp":
             try:
                 solve_window(self.config, np.ones(self.config.window_shape))
             except Exception as err:
-                raise ValueError(f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
-                                 f"{type(err).__name__}: {err}") from None  # fmt: skip
+                raise ValueError(
+                    f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
+                    f"{type(err).__name__}: {err}"
+                ) from None
         if rebalance_every is not None:
             rebalance_every = check_int("rebalance_every", rebalance_every, where=where)
         self.rebalance_every = rebalance_every
@@ -200,8 +210,14 @@ class DispatchController:
         self._load = np.zeros(self.config.window_shape[:-2] + self.config.window_shape[-1:])  # [(L,) E] since placed
         self._proposal = None
         self._placements = {"proposed": 0, "applied": 0, "dismissed": 0, "windows_since": 0}
-        self._backend = make_backend(self.solver_mode, self.config, _Host(self), hang_s=self.hang_s,
-                                     start_timeout_s=worker_start_timeout_s, spare=spare_worker)  # fmt: skip
+        self._backend = make_backend(
+            self.solver_mode,
+            self.config,
+            _Host(self),
+            hang_s=self.hang_s,
+            start_timeout_s=worker_start_timeout_s,
+            spare=spare_worker,
+        )
         self._backend.start()
 
     # ------------------------------------------------------------------ public API
@@ -280,8 +296,10 @@ class DispatchController:
         with self._lock:
             window, restarted = self._windows.difference(now)
             if restarted:
-                self._event("counter_restart", f"counter rows {restarted} went down: restarted; their window is the "
-                            "count since the restart")  # fmt: skip
+                self._event(
+                    "counter_restart",
+                    f"counter rows {restarted} went down: restarted; their window is the count since the restart",
+                )
         if window is None:
             return self.latest
         return self.observe(window)
@@ -317,8 +335,10 @@ class DispatchController:
             raise ValueError(f"DispatchController.set_placement: give {what}, shaped like the placement served")
         for p, q in zip(new, old, strict=True):
             if (p.num_gpus, p.num_experts) != (q.num_gpus, q.num_experts):
-                raise ValueError(f"DispatchController.set_placement: a placement of D={p.num_gpus}, E={p.num_experts}"
-                                 f" for a runtime of D={q.num_gpus}, E={q.num_experts}")  # fmt: skip
+                raise ValueError(
+                    f"DispatchController.set_placement: a placement of D={p.num_gpus}, E={p.num_experts}"
+                    f" for a runtime of D={q.num_gpus}, E={q.num_experts}"
+                )
         placement = new if isinstance(self.placement, tuple) else new[0]
         config = dataclasses.replace(self.config, placement=placement)
         with self._lock:
@@ -354,8 +374,9 @@ class DispatchController:
         made: dict[int, Placement] = {}
         for p in placements:
             if id(p) not in made:
-                made[id(p)] = Placement.from_eplb(pooled[id(p)], p.num_slots, p.num_gpus, spread_idle=True,
-                                                  num_nodes=p.num_nodes)  # fmt: skip
+                made[id(p)] = Placement.from_eplb(
+                    pooled[id(p)], p.num_slots, p.num_gpus, spread_idle=True, num_nodes=p.num_nodes
+                )
         proposal = tuple(made[id(p)] for p in placements)
         self._proposal = proposal if isinstance(self.placement, tuple) else proposal[0]
         self._placements["proposed"] += 1
@@ -473,9 +494,11 @@ class DispatchController:
         lat = f"solve {s['last']:.1f} ms (p95 {s['p95']:.1f})" if s["n"] else "solve -"
         drops = " ".join(f"{k} {v}" for k, v in w["dropped"].items() if v)
         fallback = "ON" if m["in_fallback"] else "off"
-        return (f"{self.policy}/{self.solver_mode} v{m['version']} | {lat} | age {m['age_s']:.2f} s | windows "
-                f"{w['closed']}: ok {w['published']} empty {w['empty']}{' ' + drops if drops else ''} | rejected "
-                f"{m['rejected']} | restarts {m['restarts']} | fallback {fallback}")  # fmt: skip
+        return (
+            f"{self.policy}/{self.solver_mode} v{m['version']} | {lat} | age {m['age_s']:.2f} s | windows "
+            f"{w['closed']}: ok {w['published']} empty {w['empty']}{' ' + drops if drops else ''} | rejected "
+            f"{m['rejected']} | restarts {m['restarts']} | fallback {fallback}"
+        )
 
     # ------------------------------------------------------------------ internals (backends reach them through
     # `_Host`, the `backends.BackendHost` this controller hands them)
@@ -534,11 +557,19 @@ class DispatchController:
                 self._event("bad_result", f"window {job.seq}: worker weights rejected: {bad}")
             elif rt > self.budget_s:
                 self._drop("over_budget", job.pairs)
-                self._event("over_budget", f"window {job.seq}: result after {rt * 1e3:.1f} ms > budget "
-                            f"{self.budget_s * 1e3:.0f} ms; not published")  # fmt: skip
+                self._event(
+                    "over_budget",
+                    f"window {job.seq}: result after {rt * 1e3:.1f} ms > budget "
+                    f"{self.budget_s * 1e3:.0f} ms; not published",
+                )
             else:
-                record = {"seq": job.seq, "step": self._windows.steps, "pairs": job.pairs, "roundtrip_ms": rt * 1e3,
-                          **info}  # fmt: skip
+                record = {
+                    "seq": job.seq,
+                    "step": self._windows.steps,
+                    "pairs": job.pairs,
+                    "roundtrip_ms": rt * 1e3,
+                    **info,
+                }
                 if self._publisher.publish(tables, closed_at=job.window.closed_at, pairs=job.pairs, record=record):
                     log.info("dispatch runtime: fresh tables published; fallback off")
 
@@ -557,8 +588,11 @@ class DispatchController:
         with self._lock:
             age = self._publisher.check_staleness(now)
             if age is not None:
-                self._event("stale", f"tables are {age:.2f} s old > {self._publisher.staleness_s:g} s: "
-                            f"publishing the {self.fallback!r} fallback")  # fmt: skip
+                self._event(
+                    "stale",
+                    f"tables are {age:.2f} s old > {self._publisher.staleness_s:g} s: "
+                    f"publishing the {self.fallback!r} fallback",
+                )
 
 
 class _Host:

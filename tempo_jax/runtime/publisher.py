@@ -33,8 +33,14 @@ class Publisher:
       history_size: publications kept in ``history``.
     """
 
-    def __init__(self, placement: Placement | tuple[Placement, ...], *, fallback: str, staleness_s: float | None,
-                 history_size: int):  # fmt: skip
+    def __init__(
+        self,
+        placement: Placement | tuple[Placement, ...],
+        *,
+        fallback: str,
+        staleness_s: float | None,
+        history_size: int,
+    ):
         self.placement = placement
         self.fallback = fallback
         self.staleness_s = staleness_s

@@ -42,8 +42,9 @@ class Refresher:
         thread). Use it when snapshots must line up with steps (multi-process gathers, reproducible tests).
     """
 
-    def __init__(self, controller, read_counter: Callable[[], object], *, period_s: float = 0.2,
-                 every_steps: int | None = None):  # fmt: skip
+    def __init__(
+        self, controller, read_counter: Callable[[], object], *, period_s: float = 0.2, every_steps: int | None = None
+    ):
         if not callable(read_counter):
             raise ValueError(f"Refresher: read_counter must be a callable returning the counter, got {read_counter!r}")
         self.controller = controller

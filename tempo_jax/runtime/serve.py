@@ -169,17 +169,23 @@ class ServeConfig:
         ignored = [f"{n}={getattr(self, n)!r}" for n in _ONLY[other] if getattr(self, n) != _DEFAULTS[n]]
         if ignored:  # nothing set is silently unused
             verb, them = ("applies", "it") if len(ignored) == 1 else ("apply", "them")
-            raise ValueError(f"{w}: {', '.join(ignored)} only {verb} to model={other!r}; model={self.model!r} would "
-                             f"ignore {them}: drop {them} or set model={other!r}")  # fmt: skip
+            raise ValueError(
+                f"{w}: {', '.join(ignored)} only {verb} to model={other!r}; model={self.model!r} would "
+                f"ignore {them}: drop {them} or set model={other!r}"
+            )
         check_choice("dispatch_mode", self.dispatch_mode, ("sample", "quota"), where=w)
         if self.cost is not None and self.cost_json is not None:
-            raise ValueError(f"{w}: give cost (a preset) or cost_json (a file), not both: cost_json would override "
-                             f"cost={self.cost!r}")  # fmt: skip
+            raise ValueError(
+                f"{w}: give cost (a preset) or cost_json (a file), not both: cost_json would override "
+                f"cost={self.cost!r}"
+            )
         if self.cost_json is None:
             object.__setattr__(self, "cost", check_choice("cost", self.cost or DEFAULT_COST, tuple(PRESETS), where=w))
         if self.trace is not None and (self.model != "layer" or self.routing != "recorded"):
-            raise ValueError(f"{w}: trace={self.trace!r} is only read by model='layer' with routing='recorded' (got "
-                             f"model={self.model!r}, routing={self.routing!r}); drop it or set both")  # fmt: skip
+            raise ValueError(
+                f"{w}: trace={self.trace!r} is only read by model='layer' with routing='recorded' (got "
+                f"model={self.model!r}, routing={self.routing!r}); drop it or set both"
+            )
         if self.routing == "recorded":
             object.__setattr__(self, "trace", check_choice("trace", self.trace or DEFAULT_TRACE, TRACES, where=w))
         check_real("replication", self.replication, minimum=1.0, where=w)
@@ -202,23 +208,29 @@ class ServeConfig:
             if self.solver_mode != "process":
                 raise ValueError(f"{w}: kill_worker_at needs solver_mode='process' (got {self.solver_mode!r})")
             if self.kill_worker_at >= self.steps:
-                raise ValueError(f"{w}: kill_worker_at={self.kill_worker_at} is past the last step ({self.steps - 1}): "
-                                 "the worker would never be killed; give a step below steps")  # fmt: skip
+                raise ValueError(
+                    f"{w}: kill_worker_at={self.kill_worker_at} is past the last step ({self.steps - 1}): "
+                    "the worker would never be killed; give a step below steps"
+                )
         # Step 2: options that another one makes inert are refused, never silently unused.
         if self.routing == "recorded":
             unused = [f"{n}={getattr(self, n)!r}" for n in _SYNTHETIC_ONLY if getattr(self, n) != _DEFAULTS[n]]
             if unused:
-                raise ValueError(f"{w}: {', '.join(unused)} shape the synthetic stream; routing='recorded' replays "
-                                 f"the trace's own experts, top-k and popularity: drop them or use "
-                                 "routing='synthetic'")  # fmt: skip
+                raise ValueError(
+                    f"{w}: {', '.join(unused)} shape the synthetic stream; routing='recorded' replays "
+                    f"the trace's own experts, top-k and popularity: drop them or use "
+                    "routing='synthetic'"
+                )
         if self.every_steps is not None and self.period_s != _DEFAULTS["period_s"]:
             raise ValueError(
                 f"{w}: period_s={self.period_s} and every_steps={self.every_steps}: the refresher runs by steps when "
                 "every_steps is set, so period_s would never act; give one of them"
             )
         if self.fallback != _DEFAULTS["fallback"] and self.staleness_s is None:
-            raise ValueError(f"{w}: fallback={self.fallback!r} with staleness_s=None: the fallback is published only "
-                             "when tables grow older than staleness_s; set staleness_s or drop fallback")  # fmt: skip
+            raise ValueError(
+                f"{w}: fallback={self.fallback!r} with staleness_s=None: the fallback is published only "
+                "when tables grow older than staleness_s; set staleness_s or drop fallback"
+            )
 
     #: The options only one of the two served models reads (the rest apply to both).
 
@@ -234,8 +246,10 @@ class ServeConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
 
 
-_ONLY = {"layer": ("routing", "skew", "drift", "kappa", "check_every"),  # trace: its own check names both needs
-         "lm": ("layers", "seq_len", "decode_steps", "train_steps")}  # fmt: skip
+_ONLY = {
+    "layer": ("routing", "skew", "drift", "kappa", "check_every"),  # trace: its own check names both needs
+    "lm": ("layers", "seq_len", "decode_steps", "train_steps"),
+}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
 #: The options that shape the synthetic routing stream only.
 _SYNTHETIC_ONLY = ("experts", "top_k", "skew", "drift", "kappa")
@@ -244,13 +258,25 @@ _SYNTHETIC_ONLY = ("experts", "top_k", "skew", "drift", "kappa")
 def _stream(cfg: ServeConfig, num_ranks: int) -> RoutingStream:
     if cfg.routing == "recorded":
         return recorded_stream(cfg.trace, tokens_per_rank=cfg.tokens_per_rank, num_ranks=num_ranks)
-    return drifting_stream(experts=cfg.experts, top_k=cfg.top_k, skew=cfg.skew, drift=cfg.drift, kappa=cfg.kappa,
-                           tokens_per_step=cfg.tokens_per_rank * num_ranks, seed=cfg.seed)  # fmt: skip
+    return drifting_stream(
+        experts=cfg.experts,
+        top_k=cfg.top_k,
+        skew=cfg.skew,
+        drift=cfg.drift,
+        kappa=cfg.kappa,
+        tokens_per_step=cfg.tokens_per_rank * num_ranks,
+        seed=cfg.seed,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ serving
-def serve(cfg: ServeConfig = ServeConfig(), *, out_dir: str | Path | None = "results", quiet: bool = False,
-          figure: bool = True) -> dict:  # fmt: skip
+def serve(
+    cfg: ServeConfig = ServeConfig(),
+    *,
+    out_dir: str | Path | None = "results",
+    quiet: bool = False,
+    figure: bool = True,
+) -> dict:
     """Run the serving loop: the tiny MoE LM (``cfg.model="lm"``, `tempo_jax.runtime.serve_lm.serve_lm`) or the bare
     layer (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
     if cfg.model == "lm":
@@ -267,8 +293,14 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     E, K, ids_fn, load = _stream(cfg, D)
     placement = Placement.from_eplb(load, slots_for(E, D, cfg.replication), D, spread_idle=True)
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
-    mcfg = MoEConfig(hidden=cfg.hidden, ffn=cfg.ffn, experts=E, top_k=K, slots_per_rank=placement.slots_per_rank,
-                     dispatch_mode=cfg.dispatch_mode)  # fmt: skip
+    mcfg = MoEConfig(
+        hidden=cfg.hidden,
+        ffn=cfg.ffn,
+        experts=E,
+        top_k=K,
+        slots_per_rank=placement.slots_per_rank,
+        dispatch_mode=cfg.dispatch_mode,
+    )
     Tn = cfg.tokens_per_rank * D
     gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
 
@@ -277,16 +309,27 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         # The placement is an argument (its arrays checked where they were built, the table by the controller
         # against it): one program for every placement of the same shape, so a re-placement compiles nothing.
         pa = dispatch_tables.PlacementArrays(phy2log, log2phy, "serve")
-        return moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.keyed(table, pa),
-                           config=mcfg, key=key, counter=counter, routing=(ids, gate))  # fmt: skip
+        return moe_forward(
+            params,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.keyed(table, pa),
+            config=mcfg,
+            key=key,
+            counter=counter,
+            routing=(ids, gate),
+        )
 
     def make_step(pa):
         return lambda *a: step(state["params"], pa.phy2log, pa.log2phy, *a)
 
     # The counter lives where the layer returns it (sharded over ep): one program for every step. The physical
     # parameters live sharded over ep too, each rank its own slots.
-    state = {"counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep"))),
-             "params": init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh)}  # fmt: skip
+    state = {
+        "counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep"))),
+        "params": init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh),
+    }
     step_fn = make_step(dispatch_tables.placement_arrays(placement))
     say(
         f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {D} {jax.default_backend()} devices, "
@@ -303,11 +346,19 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
     compile_s = time.perf_counter() - t0
     # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
-    ctl = DispatchController(placement, cost, policy=cfg.policy, solver_mode=cfg.solver_mode, budget_s=cfg.budget_s,
-                             staleness_s=cfg.staleness_s, fallback=cfg.fallback,
-                             rebalance_every=cfg.rebalance_every)  # fmt: skip
-    refresher = Refresher(ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s,
-                          every_steps=cfg.every_steps)  # fmt: skip
+    ctl = DispatchController(
+        placement,
+        cost,
+        policy=cfg.policy,
+        solver_mode=cfg.solver_mode,
+        budget_s=cfg.budget_s,
+        staleness_s=cfg.staleness_s,
+        fallback=cfg.fallback,
+        rebalance_every=cfg.rebalance_every,
+    )
+    refresher = Refresher(
+        ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s, every_steps=cfg.every_steps
+    )
     # Step 4: the loop.
     uniform_w = plan_weights("uniform", placement)
     logical = to_logical(state["params"], placement)  # the function every placement computes
@@ -337,10 +388,23 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
             uniform = cost.makespan(expected_dispatch(uniform_w, counts, placement))
             m = ctl.metrics()
-            rows.append(dict(step=s, on=on, step_ms=step_ms, version=version, live_us=live, uniform_us=uniform,
-                             age_s=m["age_s"], solve_ms=m["solve_ms"]["last"], restarts=m["restarts"],
-                             fallback=m["in_fallback"], counts=counts, placement=placement,
-                             first_after_move=after_move is not None))  # fmt: skip
+            rows.append(
+                dict(
+                    step=s,
+                    on=on,
+                    step_ms=step_ms,
+                    version=version,
+                    live_us=live,
+                    uniform_us=uniform,
+                    age_s=m["age_s"],
+                    solve_ms=m["solve_ms"]["last"],
+                    restarts=m["restarts"],
+                    fallback=m["in_fallback"],
+                    counts=counts,
+                    placement=placement,
+                    first_after_move=after_move is not None,
+                )
+            )
             if after_move is not None:
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             new = ctl.proposal
@@ -360,9 +424,11 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             if cfg.check_every and s % cfg.check_every == 0:
                 ref = reference(x, ids)
                 max_diff = max(max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
-            status(f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
+            status(
+                f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
                 f"uniform {uniform:7.1f} µs | v{version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
-                f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}")  # fmt: skip
+                f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}"
+            )
             if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
                 pid = ctl.kill_worker()
                 status(f"step {s:4d} killed the solver worker (pid {pid})")
@@ -400,9 +466,15 @@ def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) ->
     moved, seconds, compile_s = migrate([params[k] for k in keys], plan, mesh=mesh)
     state["params"] = {**params, **dict(zip(keys, moved, strict=True))}
     per_slot = slot_bytes(state["params"])
-    return {"step": step, "moved_slots": plan.moved, "bytes_moved": plan.transfers * per_slot,
-            "wire_bytes": mesh.shape["ep"] ** 2 * plan.block * per_slot, "seconds": seconds,
-            "compile_seconds": compile_s, "next_step_ms": None}  # fmt: skip
+    return {
+        "step": step,
+        "moved_slots": plan.moved,
+        "bytes_moved": plan.transfers * per_slot,
+        "wire_bytes": mesh.shape["ep"] ** 2 * plan.block * per_slot,
+        "seconds": seconds,
+        "compile_seconds": compile_s,
+        "next_step_ms": None,
+    }
 
 
 def _move_text(mv: dict) -> str:
@@ -421,8 +493,13 @@ def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slo
         counts, placement = r.pop("counts"), r.pop("placement")
         static_w = plan_weights("static", placement)
         problem = DispatchProblem(counts, placement, cost)
-        per_step.append({**r, "static_us": cost.makespan(expected_dispatch(static_w, counts, placement)),
-                         "oracle_us": solve(problem, cfg.policy).makespan})  # fmt: skip
+        per_step.append(
+            {
+                **r,
+                "static_us": cost.makespan(expected_dispatch(static_w, counts, placement)),
+                "oracle_us": solve(problem, cfg.policy).makespan,
+            }
+        )
     kept = [r for r in per_step if not r["first_after_move"]]  # the first step after a move compiles
     step_ms = np.array([r["step_ms"] for r in kept])
     is_on = np.array([r["on"] for r in kept], dtype=bool)
@@ -457,33 +534,44 @@ def _summary_text(rep: dict) -> str:
     if rep.get("max_abs_diff_vs_reference") is not None:
         lines.append(f"  layer output vs the dense reference: max |Δ| = {rep['max_abs_diff_vs_reference']:.2e}")
     if t["on"] and t["off"]:
-        lines.append(f"  step time, median (p90): worker on {t['on']['median']:.1f} ({t['on']['p90']:.1f}) ms over "
-                     f"{t['on']['n']} steps, off {t['off']['median']:.1f} ({t['off']['p90']:.1f}) ms over "
-                     f"{t['off']['n']} steps: on/off = {t['on_over_off']:.3f}")  # fmt: skip
+        lines.append(
+            f"  step time, median (p90): worker on {t['on']['median']:.1f} ({t['on']['p90']:.1f}) ms over "
+            f"{t['on']['n']} steps, off {t['off']['median']:.1f} ({t['off']['p90']:.1f}) ms over "
+            f"{t['off']['n']} steps: on/off = {t['on_over_off']:.3f}"
+        )
     elif t["on"]:
         lines.append(f"  step time, median (p90): {t['on']['median']:.1f} ({t['on']['p90']:.1f}) ms")
-    lines.append(f"  modelled makespan, mean over steps (µs): live {mk['live_us']:.1f}, EPLB-even "
-                 f"{mk['uniform_us']:.1f}, static {mk['static_us']:.1f}, oracle {mk['oracle_us']:.1f} (live/uniform "
-                 f"{rep['live_over_uniform']:.3f}, live/oracle {rep['live_over_oracle']:.3f})")  # fmt: skip
+    lines.append(
+        f"  modelled makespan, mean over steps (µs): live {mk['live_us']:.1f}, EPLB-even "
+        f"{mk['uniform_us']:.1f}, static {mk['static_us']:.1f}, oracle {mk['oracle_us']:.1f} (live/uniform "
+        f"{rep['live_over_uniform']:.3f}, live/oracle {rep['live_over_oracle']:.3f})"
+    )
     s = m["solve_ms"]
     if s["n"]:
-        lines.append(f"  solve (worker clock): p50 {s['p50']:.2f} ms, p95 {s['p95']:.2f} ms, max {s['max']:.2f} ms "
-                     f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms")  # fmt: skip
+        lines.append(
+            f"  solve (worker clock): p50 {s['p50']:.2f} ms, p95 {s['p95']:.2f} ms, max {s['max']:.2f} ms "
+            f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms"
+        )
     for mv in rep.get("replacements", []):
         nxt = mv.get("next_step_ms")
         lines.append("  " + _move_text(mv) + (f"; next step {nxt:.0f} ms" if nxt else ""))
     more = " …" if len(rep["publish_steps"]) > 20 else ""
-    lines.append(f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "
-                 f"{m['fallbacks']}, compile {rep['compile_s']:.1f} s")  # fmt: skip
+    lines.append(
+        f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "
+        f"{m['fallbacks']}, compile {rep['compile_s']:.1f} s"
+    )
     return "\n".join(lines)
 
 
 def _figure(rep: dict, path: Path) -> None:
     steps = rep["steps"]
     fig, ax, bx, s = figure_axes(rep)
-    for key, label, style in (("live_us", f"live ({rep['config']['policy']}, worker)", "-"),
-                              ("uniform_us", "EPLB-even", "--"), ("static_us", "static", ":"),
-                              ("oracle_us", "oracle (solved on the step itself)", "-.")):  # fmt: skip
+    for key, label, style in (
+        ("live_us", f"live ({rep['config']['policy']}, worker)", "-"),
+        ("uniform_us", "EPLB-even", "--"),
+        ("static_us", "static", ":"),
+        ("oracle_us", "oracle (solved on the step itself)", "-."),
+    ):
         ax.plot(s, [r[key] for r in steps], style, label=label)
     kill = rep["config"]["kill_worker_at"]
     if kill is not None:
@@ -493,8 +581,10 @@ def _figure(rep: dict, path: Path) -> None:
     ax.set_ylabel("modelled makespan (µs)")
     ax.legend(fontsize=8, ncol=3)
     shape = rep["shape"]
-    ax.set_title(f"tempo-jax serve: {rep['config']['routing']} routing, E={shape['E']}, top-{shape['K']}, "
-                 f"EP{shape['D']}, {rep['config'].get('cost_json') or rep['config'].get('cost')}")  # fmt: skip
+    ax.set_title(
+        f"tempo-jax serve: {rep['config']['routing']} routing, E={shape['E']}, top-{shape['K']}, "
+        f"EP{shape['D']}, {rep['config'].get('cost_json') or rep['config'].get('cost')}"
+    )
     ms = np.array([r["step_ms"] for r in steps])
     on = np.array([r["on"] for r in steps])
     bx.scatter(s[on], ms[on], s=10, label="worker on")

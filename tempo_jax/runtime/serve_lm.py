@@ -94,9 +94,17 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     T = cfg.tokens_per_rank * D
     if T % cfg.seq_len:
         raise ValueError(f"serve: tokens_per_rank × D = {T} is not a multiple of seq_len={cfg.seq_len}")
-    lm = LMConfig(dim=cfg.hidden, layers=cfg.layers, ffn=cfg.ffn, experts=cfg.experts, top_k=cfg.top_k,
-                  seq_len=cfg.seq_len, batch=8, dispatch_mode=cfg.dispatch_mode,
-                  slots_per_rank=-(-cfg.experts // D))  # fmt: skip
+    lm = LMConfig(
+        dim=cfg.hidden,
+        layers=cfg.layers,
+        ffn=cfg.ffn,
+        experts=cfg.experts,
+        top_k=cfg.top_k,
+        seq_len=cfg.seq_len,
+        batch=8,
+        dispatch_mode=cfg.dispatch_mode,
+        slots_per_rank=-(-cfg.experts // D),
+    )
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
     prefill = nnx.jit(lambda m, tokens: m(tokens))
     decode = nnx.jit(lambda m, tokens: m(tokens, decode=True))
@@ -129,17 +137,26 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
             last = sample(next(keys), decode(model, last))
     jax.block_until_ready(last)
     setup_s = time.perf_counter() - t0
-    say(f"serve: tiny MoE LM, {L} MoE layers × E={cfg.experts}, top-{cfg.top_k}, {T} tokens/step on {D} "
+    say(
+        f"serve: tiny MoE LM, {L} MoE layers × E={cfg.experts}, top-{cfg.top_k}, {T} tokens/step on {D} "
         f"{jax.default_backend()} devices ({slots} slots per layer); prefill [{T // cfg.seq_len}, {cfg.seq_len}] "
         f"+ {cfg.decode_steps} decode steps [{B_dec}, 1]; policy {cfg.policy} in solver_mode "
-        f"{cfg.solver_mode}")  # fmt: skip
+        f"{cfg.solver_mode}"
+    )
     # Step 3: the runtime: one controller (one worker) for every (phase, layer): prefill and decode batches route
     # differently (text windows vs one new byte per sequence), so each phase gets its own windows and tables
     # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
     phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
-    ctl = DispatchController(placements * len(phases), cost, policy=cfg.policy, solver_mode=cfg.solver_mode,
-                             budget_s=cfg.budget_s, staleness_s=cfg.staleness_s, fallback=cfg.fallback,
-                             rebalance_every=cfg.rebalance_every)  # fmt: skip
+    ctl = DispatchController(
+        placements * len(phases),
+        cost,
+        policy=cfg.policy,
+        solver_mode=cfg.solver_mode,
+        budget_s=cfg.budget_s,
+        staleness_s=cfg.staleness_s,
+        fallback=cfg.fallback,
+        rebalance_every=cfg.rebalance_every,
+    )
     cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
     refresher = Refresher(ctl, lambda: cumulative["counters"], period_s=cfg.period_s, every_steps=cfg.every_steps)
     uniform_w = [plan_weights("uniform", p) for p in placements]
@@ -175,14 +192,27 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 refresher.step()
             live, uniform = [], []
             for block, placement, uw, c in zip(model.blocks, placements, uniform_w, counts, strict=True):
-                acts, toks = np.asarray(block.moe.gpu_activations.get_value()), np.asarray(
-                    block.moe.gpu_tokens.get_value())  # fmt: skip
+                acts, toks = (
+                    np.asarray(block.moe.gpu_activations.get_value()),
+                    np.asarray(block.moe.gpu_tokens.get_value()),
+                )
                 live.append(float(cost.gpu_times(acts, toks).max()))
                 uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
             m = ctl.metrics()
-            rows.append(dict(step=s, kind=kind, on=on, step_ms=step_ms, version=installed, live_us=live,
-                             uniform_us=uniform, age_s=m["age_s"], solve_ms=m["solve_ms"]["last"],
-                             first_after_move=after_move is not None))  # fmt: skip
+            rows.append(
+                dict(
+                    step=s,
+                    kind=kind,
+                    on=on,
+                    step_ms=step_ms,
+                    version=installed,
+                    live_us=live,
+                    uniform_us=uniform,
+                    age_s=m["age_s"],
+                    solve_ms=m["solve_ms"]["last"],
+                    first_after_move=after_move is not None,
+                )
+            )
             if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             if kind == "prefill":
@@ -201,9 +231,11 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                     ctl.dismiss_proposal()
                 status(_move_text(moves[-1]))
             solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
-            status(f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
-                   f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
-                   f"age {m['age_s']:.2f} s | refresh {solve}")  # fmt: skip
+            status(
+                f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
+                f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
+                f"age {m['age_s']:.2f} s | refresh {solve}"
+            )
             if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
                 status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
         ctl.wait(timeout=120.0, raise_errors=False)
@@ -229,8 +261,9 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
 def _priced(counts, placements, cost, policy: str) -> float:
     """The policy's modelled makespan of ``counts [L, D, E]`` (the last prefill batch) on ``placements``, mean over
     layers."""
-    return float(np.mean([solve(DispatchProblem(c, p, cost), policy).makespan
-                          for c, p in zip(counts, placements, strict=True)]))  # fmt: skip
+    return float(
+        np.mean([solve(DispatchProblem(c, p, cost), policy).makespan for c, p in zip(counts, placements, strict=True)])
+    )
 
 
 def _priced_entry(before: float, after: float, applied: bool) -> dict:
@@ -241,10 +274,15 @@ def _replace(model, new, step: int) -> dict:
     """Move every layer's experts to the ``new`` placements (`tempo_jax.MoE.set_placement`)."""
     reports = [block.moe.set_placement(p) for block, p in zip(model.blocks, new, strict=True)]
     model.placements = tuple(new)
-    return {"step": step, "moved_slots": sum(r.moved_slots for r in reports),
-            "bytes_moved": sum(r.bytes_moved for r in reports), "wire_bytes": sum(r.wire_bytes for r in reports),
-            "seconds": sum(r.seconds for r in reports), "compile_seconds": sum(r.compile_seconds for r in reports),
-            "next_step_ms": None}  # fmt: skip
+    return {
+        "step": step,
+        "moved_slots": sum(r.moved_slots for r in reports),
+        "bytes_moved": sum(r.bytes_moved for r in reports),
+        "wire_bytes": sum(r.wire_bytes for r in reports),
+        "seconds": sum(r.seconds for r in reports),
+        "compile_seconds": sum(r.compile_seconds for r in reports),
+        "next_step_ms": None,
+    }
 
 
 def _move_text(mv: dict) -> str:
@@ -302,20 +340,28 @@ def _summary(rep: dict) -> str:
         lines.append("  " + _move_text(mv))
     for key, s in rep["step_ms"].items():
         if s:
-            lines.append(f"  step time {key.replace('_', ', worker ')}: median {s['median']:.1f} ms (p90 "
-                         f"{s['p90']:.1f}) over {s['n']} steps")  # fmt: skip
+            lines.append(
+                f"  step time {key.replace('_', ', worker ')}: median {s['median']:.1f} ms (p90 "
+                f"{s['p90']:.1f}) over {s['n']} steps"
+            )
     r = rep["refresh_ms"]
     if r:
         shape = rep["shape"]
-        lines.append(f"  refresh ({len(shape['phases'])} phases × {shape['layers']} layers' tables, worker clock): "
-                     f"median {r['median']:.2f} ms, "
-                     f"p90 {r['p90']:.2f} ms over {r['n']} refreshes")  # fmt: skip
+        lines.append(
+            f"  refresh ({len(shape['phases'])} phases × {shape['layers']} layers' tables, worker clock): "
+            f"median {r['median']:.2f} ms, "
+            f"p90 {r['p90']:.2f} ms over {r['n']} refreshes"
+        )
     mk = rep["makespan_mean_us"]
-    lines.append(f"  modelled makespan, mean over steps and layers: live {mk['live']:.1f} µs vs EPLB-even "
-                 f"{mk['uniform']:.1f} µs ({rep['live_over_uniform']:.3f})")  # fmt: skip
+    lines.append(
+        f"  modelled makespan, mean over steps and layers: live {mk['live']:.1f} µs vs EPLB-even "
+        f"{mk['uniform']:.1f} µs ({rep['live_over_uniform']:.3f})"
+    )
     for kind, v in rep["makespan_by_phase_us"].items():
-        lines.append(f"    {kind}: live {v['live']:.1f} µs vs {v['uniform']:.1f} µs ({v['live_over_uniform']:.3f}) "
-                     f"over {v['steps']} steps")  # fmt: skip
+        lines.append(
+            f"    {kind}: live {v['live']:.1f} µs vs {v['uniform']:.1f} µs ({v['live_over_uniform']:.3f}) "
+            f"over {v['steps']} steps"
+        )
     return "\n".join(lines)
 
 
@@ -354,8 +400,9 @@ def _figure(rep: dict, path: Path) -> None:
     ax.set_ylabel("modelled makespan (µs),\nmean over layers")
     ax.legend(fontsize=8)
     shape = rep["shape"]
-    ax.set_title(f"tempo-jax serve: tiny MoE LM, {shape['layers']} layers × E={shape['E']}, top-{shape['K']}, "
-                 f"EP{shape['D']}")  # fmt: skip
+    ax.set_title(
+        f"tempo-jax serve: tiny MoE LM, {shape['layers']} layers × E={shape['E']}, top-{shape['K']}, EP{shape['D']}"
+    )
     for i, mv in enumerate(m for m in rep.get("replacements", []) if m["applied"]):
         ax.axvline(mv["step"], color="C3", lw=1.2, ls=":", label="experts re-placed" if i == 0 else None)
     ax.legend(fontsize=8)
@@ -366,28 +413,52 @@ def _figure(rep: dict, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ refresh time
-def refresh_time(*, layers: int = 58, experts: int = 256, redundant: int = 32, num_ranks: int = 8,
-                 tokens_per_rank: int = 128, top_k: int = 8, policy: str = "tempo", repeats: int = 10,
-                 cost: str = "dsv3_fp8_offline", solver_mode: str = "process", processes: int = 1,
-                 seed: int = 0) -> dict:  # fmt: skip
+def refresh_time(
+    *,
+    layers: int = 58,
+    experts: int = 256,
+    redundant: int = 32,
+    num_ranks: int = 8,
+    tokens_per_rank: int = 128,
+    top_k: int = 8,
+    policy: str = "tempo",
+    repeats: int = 10,
+    cost: str = "dsv3_fp8_offline",
+    solver_mode: str = "process",
+    processes: int = 1,
+    seed: int = 0,
+) -> dict:
     """The worker's time per refresh of a layered controller for a synthetic model: ``layers`` MoE layers of
     ``experts`` experts (+ ``redundant`` replicas, EPLB from each layer's Zipf popularity), ``num_ranks`` ranks,
     one window of ``tokens_per_rank`` tokens per rank per layer, the layers split over ``processes`` solver
     processes. Returns the worker-clock solve times (ms) of ``repeats`` refreshes and the round trips."""
-    routings = [SyntheticRouting(num_experts=experts, top_k=top_k, s=1.0, kappa=2000.0, seed=seed + layer)
-                for layer in range(layers)]  # fmt: skip
+    routings = [
+        SyntheticRouting(num_experts=experts, top_k=top_k, s=1.0, kappa=2000.0, seed=seed + layer)
+        for layer in range(layers)
+    ]
     placements = [Placement.from_eplb(r.popularity, experts + redundant, num_ranks, spread_idle=True) for r in routings]
-    windows = [np.stack([r.batch(tokens_per_rank, num_ranks, 1000 * rep + 1) for r in routings])
-               for rep in range(repeats)]  # fmt: skip
+    windows = [
+        np.stack([r.batch(tokens_per_rank, num_ranks, 1000 * rep + 1) for r in routings]) for rep in range(repeats)
+    ]
     solve_window(WorkerConfig(tuple(placements), PRESETS[cost], policy), windows[0])  # this process warmed up too
-    with DispatchController(placements, PRESETS[cost], policy=policy, solver_mode=solver_mode, budget_s=5.0,
-                            solver_processes=processes) as ctl:  # fmt: skip
+    with DispatchController(
+        placements, PRESETS[cost], policy=policy, solver_mode=solver_mode, budget_s=5.0, solver_processes=processes
+    ) as ctl:
         for w in windows:
             ctl.observe(w)
             ctl.wait()
         history = list(ctl.history)
     solve = [h["solve_ms"] for h in history]
-    return {"layers": layers, "experts": experts, "redundant": redundant, "num_ranks": num_ranks,
-            "tokens_per_rank": tokens_per_rank, "policy": policy, "solver_mode": solver_mode, "processes": processes,
-            "solve_ms": _stats(solve), "roundtrip_ms": _stats([h["roundtrip_ms"] for h in history]),
-            "per_layer_ms": float(np.median(solve)) / layers if solve else None}  # fmt: skip
+    return {
+        "layers": layers,
+        "experts": experts,
+        "redundant": redundant,
+        "num_ranks": num_ranks,
+        "tokens_per_rank": tokens_per_rank,
+        "policy": policy,
+        "solver_mode": solver_mode,
+        "processes": processes,
+        "solve_ms": _stats(solve),
+        "roundtrip_ms": _stats([h["roundtrip_ms"] for h in history]),
+        "per_layer_ms": float(np.median(solve)) / layers if solve else None,
+    }

@@ -101,8 +101,16 @@ def _profile(key_budget: int | None, max_tokens: int) -> tuple[np.ndarray, np.nd
 
 
 @lru_cache(maxsize=32)
-def attention_truth(model: str, hardware: str, num_ranks: int, key_budget: int | None, step_noise: float,
-                    *, max_profile_tokens: int = 1 << 20, seed: int = 0) -> AttentionTruth:  # fmt: skip
+def attention_truth(
+    model: str,
+    hardware: str,
+    num_ranks: int,
+    key_budget: int | None,
+    step_noise: float,
+    *,
+    max_profile_tokens: int = 1 << 20,
+    seed: int = 0,
+) -> AttentionTruth:
     """The truth of one deployment and its planners' fits (see the module doc); cached per arguments.
 
     Args:
@@ -114,14 +122,20 @@ def attention_truth(model: str, hardware: str, num_ranks: int, key_budget: int |
     """
     costs = prefill_costs(model, hardware, num_ranks)
     kappa = _V4_KAPPA if costs.model.name.startswith("deepseek_v4") else (1.0,)
-    truth = AttentionTruth(base=costs.attention, kappa=kappa, step_noise=float(step_noise), fitted=(), reports=(),
-                           key_budget=key_budget)  # fmt: skip
+    truth = AttentionTruth(
+        base=costs.attention, kappa=kappa, step_noise=float(step_noise), fitted=(), reports=(), key_budget=key_budget
+    )
     # Step 1: the profile (App. B's grid) timed by the truth, with the step noise.
     Q, Pi, B = _profile(key_budget, max_profile_tokens)
     rng = np.random.default_rng([seed, 7])
     times = truth.mean_us(Q, Pi, B) * np.exp(step_noise * rng.standard_normal((truth.classes, Q.size)))
     # Step 2: one weighted least-squares fit per class (App. B).
     fits = [fit_attention(Q, Pi, times[c]) for c in range(truth.classes)]
-    return AttentionTruth(base=costs.attention, kappa=kappa, step_noise=float(step_noise),
-                          fitted=tuple(f[0] for f in fits), reports=tuple(f[1] for f in fits),
-                          key_budget=key_budget)  # fmt: skip
+    return AttentionTruth(
+        base=costs.attention,
+        kappa=kappa,
+        step_noise=float(step_noise),
+        fitted=tuple(f[0] for f in fits),
+        reports=tuple(f[1] for f in fits),
+        key_budget=key_budget,
+    )

@@ -80,13 +80,22 @@ TIMELINES = ("fast", "reference")
 
 #: Largest values of the size fields (each sizes arrays of the simulation: per-request state, the prefix cache,
 #: per-step token buffers, per-rank timelines).
-_SIZE_LIMITS = {"max_requests": 10**6, "synthetic_requests": 10**6, "max_batch_tokens": 2**22, "cache_blocks": 2**24,
-                "num_ranks": 1024}  # fmt: skip
+_SIZE_LIMITS = {
+    "max_requests": 10**6,
+    "synthetic_requests": 10**6,
+    "max_batch_tokens": 2**22,
+    "cache_blocks": 2**24,
+    "num_ranks": 1024,
+}
 
 
 #: Options that act only with another option's value: name → (that option, its value).
-_NEEDS = {"skew": ("routing", "zipf"), "synthetic_requests": ("trace", "synthetic"),
-          "synthetic_rate_rps": ("trace", "synthetic"), "key_budget": ("attention", "sparse")}  # fmt: skip
+_NEEDS = {
+    "skew": ("routing", "zipf"),
+    "synthetic_requests": ("trace", "synthetic"),
+    "synthetic_rate_rps": ("trace", "synthetic"),
+    "key_budget": ("attention", "sparse"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,19 +212,31 @@ class CascadeConfig:
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
         if self.timeline == "fast":
-            slow = [f"{k}={v!r}" for k, v, ok in (("guard", self.guard, not self.guard),
+            slow = [
+                f"{k}={v!r}"
+                for k, v, ok in (
+                    ("guard", self.guard, not self.guard),
                     ("pricing", self.pricing, self.pricing == "paper"),
-                    ("replication", self.replication, self.replication == 1.0)) if not ok]  # fmt: skip
+                    ("replication", self.replication, self.replication == 1.0),
+                )
+                if not ok
+            ]
             if slow:
-                raise ValueError(f"{fn}: timeline='fast' runs the paper's launch rules and pricing without redundant "
-                                 f"replicas; {', '.join(slow)} needs timeline='reference'")  # fmt: skip
+                raise ValueError(
+                    f"{fn}: timeline='fast' runs the paper's launch rules and pricing without redundant "
+                    f"replicas; {', '.join(slow)} needs timeline='reference'"
+                )
         check_choice("pricing", self.pricing, _PRICING, where=fn)
         if self.guard and self.launch == "layer":
-            raise ValueError(f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a launch "
-                             "policy per rank (use launch='planned' or 'reactive' with the guard)")  # fmt: skip
+            raise ValueError(
+                f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a launch "
+                "policy per rank (use launch='planned' or 'reactive' with the guard)"
+            )
         if self.dispatch == "tempo" and self.replication == 1.0:
-            raise ValueError(f"{fn}: dispatch='tempo' needs replication > 1 (with one replica per expert every "
-                             "dispatch is the same, so it would be ignored); set replication, e.g. 1.25")  # fmt: skip
+            raise ValueError(
+                f"{fn}: dispatch='tempo' needs replication > 1 (with one replica per expert every "
+                "dispatch is the same, so it would be ignored); set replication, e.g. 1.25"
+            )
         check_int("synthetic_requests", self.synthetic_requests, where=fn)
         for name, limit in _SIZE_LIMITS.items():  # sizes that drive allocations, checked before any work
             value = getattr(self, name)
@@ -231,19 +252,27 @@ class CascadeConfig:
             check_choice("routing", self.routing, (*TRACES, "zipf"), where=fn)
         # Options another option makes inert are refused, never ignored.
         default = {f.name: f.default for f in dataclasses.fields(self)}
-        inert = [(name, f"{key}={value!r}") for name, (key, value) in _NEEDS.items()
-                 if getattr(self, key) != value and getattr(self, name) != default[name]]  # fmt: skip
+        inert = [
+            (name, f"{key}={value!r}")
+            for name, (key, value) in _NEEDS.items()
+            if getattr(self, key) != value and getattr(self, name) != default[name]
+        ]
         if inert:
             name, why = inert[0]
-            raise ValueError(f"{fn}: {name}={getattr(self, name)!r} acts only with {why} (here routing="
-                             f"{self.routing!r}, trace={self.trace!r}); drop {name} or set {why}")  # fmt: skip
+            raise ValueError(
+                f"{fn}: {name}={getattr(self, name)!r} acts only with {why} (here routing="
+                f"{self.routing!r}, trace={self.trace!r}); drop {name} or set {why}"
+            )
 
     def acting(self) -> dict:
         """The options that act in this config, as a dict (what a run's JSON records): every field but those another
         option makes inert (``skew`` without ``routing="zipf"``, the synthetic trace's sizes without
         ``trace="synthetic"``)."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in _NEEDS or getattr(self, _NEEDS[k][0]) == _NEEDS[k][1]}  # fmt: skip
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if k not in _NEEDS or getattr(self, _NEEDS[k][0]) == _NEEDS[k][1]
+        }
 
     def costs(self) -> PrefillCosts:
         """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``)."""
@@ -381,8 +410,9 @@ class StepModel:
         pop = self.popularity.reshape(L, D, E // D)
         self.rank_share = pop.sum(axis=2)  # [L, D]
         self.expert_share = pop / np.where(self.rank_share > 0, self.rank_share, 1.0)[..., None]  # [L, D, S]
-        self.top_share, self.fetch_experts = top_shares(self.expert_share, self.costs.expert_bytes,
-                                                        self.costs.helper_budget_bytes)  # fmt: skip
+        self.top_share, self.fetch_experts = top_shares(
+            self.expert_share, self.costs.expert_bytes, self.costs.helper_budget_bytes
+        )
         self.layer_class = np.arange(L) % self.truth.classes
         self.key_budget = self.truth.key_budget
         self.steps = 0
@@ -397,8 +427,9 @@ class StepModel:
         m = np.array([b.num_chunks for b in batches], dtype=np.float64)
         P = np.concatenate([b.P for b in batches])
         I = P + np.concatenate([b.q for b in batches])
-        Q, Pi = attention_features(I, P, self.key_budget, batch=np.repeat(np.arange(D), m.astype(np.int64)),
-                                   num_batches=D)  # fmt: skip
+        Q, Pi = attention_features(
+            I, P, self.key_budget, batch=np.repeat(np.arange(D), m.astype(np.int64)), num_batches=D
+        )
         Q, Pi = Q.astype(np.float64), Pi.astype(np.float64)
         idle = Q == 0
         mean = self.truth.mean_us(Q, Pi, m)[self.layer_class]  # [L, D]
@@ -479,8 +510,18 @@ class StepModel:
             token_err = np.abs(tokens_est[1:][live] - recv[1:][live]) / recv[1:][live]
         else:
             tokens_est, pairs_est, sent_est, token_err = recv, pairs, sent, np.empty(0)
-        return dict(att=att, att_est=att_est, pairs=pairs, pairs_est=pairs_est, sent=sent, sent_est=sent_est,
-                    tokens_est=tokens_est, dispatch=dispatch, token_err=token_err, recv=recv)  # fmt: skip
+        return dict(
+            att=att,
+            att_est=att_est,
+            pairs=pairs,
+            pairs_est=pairs_est,
+            sent=sent,
+            sent_est=sent_est,
+            tokens_est=tokens_est,
+            dispatch=dispatch,
+            token_err=token_err,
+            recv=recv,
+        )
 
     # -------------------------------------------------------------------------------------------- step
     def __call__(self, batches: tuple[StepBatch, ...]) -> tuple[float, StepRecord]:
@@ -494,9 +535,17 @@ class StepModel:
         tokens_est = x["tokens_est"]
         # Step 2: the layers' timelines.
         if cfg.timeline == "fast":
-            inputs = StepInputs(attention_us=att, attention_est_us=att_est, dispatch_us=dispatch, sent=x["sent"],
-                                sent_est=x["sent_est"], tokens_est=tokens_est, top_share=self.top_share,
-                                fetch_experts=self.fetch_experts, oewf=np.arange(L) > 0)  # fmt: skip
+            inputs = StepInputs(
+                attention_us=att,
+                attention_est_us=att_est,
+                dispatch_us=dispatch,
+                sent=x["sent"],
+                sent_est=x["sent_est"],
+                tokens_est=tokens_est,
+                top_share=self.top_share,
+                fetch_experts=self.fetch_experts,
+                oewf=np.arange(L) > 0,
+            )
             t = step_timeline(inputs, costs, self.mode, links=cfg.links, launch=cfg.launch)
             layer_us, base_us, ready = t.end_us, t.base_us, t.ready_us
             moves, moved, dropped, kernel_us = t.moves.sum(), t.moved_tokens.sum(), t.dropped.sum(), t.kernel_us.sum()
@@ -506,14 +555,17 @@ class StepModel:
             for layer in range(L):
                 full = self.placements is None
                 inp = LayerInputs(
-                    attention_us=att[layer], dispatch_us=dispatch[layer],
+                    attention_us=att[layer],
+                    dispatch_us=dispatch[layer],
                     pairs=self.expert_pairs(layer, pairs[layer]) if full else pairs[layer],
                     attention_est_us=att_est[layer],
                     pairs_est=self.expert_pairs(layer, pairs_est[layer]) if full else pairs_est[layer],
-                    tokens_est=tokens_est[layer], oewf=layer > 0,
-                )  # fmt: skip
-                res = layer_timeline(inp, costs, self.mode, links=cfg.links, launch=cfg.launch, guard=cfg.guard,
-                                     pricing=cfg.pricing)  # fmt: skip
+                    tokens_est=tokens_est[layer],
+                    oewf=layer > 0,
+                )
+                res = layer_timeline(
+                    inp, costs, self.mode, links=cfg.links, launch=cfg.launch, guard=cfg.guard, pricing=cfg.pricing
+                )
                 layer_us[layer], base_us[layer], ready[layer] = res.end_us, res.base_end_us, res.ready_us
                 moves += len(res.accepted)
                 moved += float(sum(r.n_trans for r in res.accepted))
@@ -640,8 +692,11 @@ class CascadeRun:
     @property
     def oewf_longer(self) -> tuple[int, int, int]:
         """(layer forwards OEWF made longer, accepted moves, moves dropped at execution) over the run."""
-        return (sum(r.oewf_longer for r in self.records), sum(r.oewf_moves for r in self.records),
-                sum(r.oewf_dropped for r in self.records))  # fmt: skip
+        return (
+            sum(r.oewf_longer for r in self.records),
+            sum(r.oewf_moves for r in self.records),
+            sum(r.oewf_dropped for r in self.records),
+        )
 
     @property
     def oewf_reduction(self) -> np.ndarray:
@@ -737,8 +792,9 @@ def run_cascade(
     Returns:
       ``{mode: CascadeRun}`` in ``modes`` order.
     """
-    return run_cascade_seeds(config, modes, seeds=(config.seed,), workers=workers, cache_dir=cache_dir,
-                             progress=progress, backend=backend)[config.seed]  # fmt: skip
+    return run_cascade_seeds(
+        config, modes, seeds=(config.seed,), workers=workers, cache_dir=cache_dir, progress=progress, backend=backend
+    )[config.seed]
 
 
 def run_cascade_seeds(
@@ -759,8 +815,9 @@ def run_cascade_seeds(
     digest = trace_digest(config)
     cfgs = {s: dataclasses.replace(config, seed=int(s)) for s in seeds}
     jobs = [(cfgs[s], m, cache_dir, digest) for s in seeds for m in modes]
-    runs = run_jobs(_cached_mode, jobs, workers=workers, desc=f"cascade {config.placement}", progress=progress,
-                    backend=backend)  # fmt: skip
+    runs = run_jobs(
+        _cached_mode, jobs, workers=workers, desc=f"cascade {config.placement}", progress=progress, backend=backend
+    )
     it = iter(runs)
     return {s: {m: next(it) for m in modes} for s in seeds}
 
@@ -772,6 +829,7 @@ def step_batches(result: PrefillResult, step: int) -> tuple[StepBatch, ...]:
     for d in range(result.num_replicas):
         m = sel & (result.chunk_replica == d)
         rid = result.chunk_request[m]
-        out.append(StepBatch(replica=d, request_ids=rid, q=result.chunk_q[m], P=result.chunk_P[m],
-                             I=result.input_len[rid]))  # fmt: skip
+        out.append(
+            StepBatch(replica=d, request_ids=rid, q=result.chunk_q[m], P=result.chunk_P[m], I=result.input_len[rid])
+        )
     return tuple(out)

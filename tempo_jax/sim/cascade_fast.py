@@ -57,8 +57,16 @@ class StepInputs:
 
     def __post_init__(self) -> None:
         L, D = np.shape(self.attention_us)
-        want = {"attention_est_us": (L, D), "dispatch_us": (L, D), "sent": (L, D, D), "sent_est": (L, D, D),
-                "tokens_est": (L, D), "top_share": (L, D), "fetch_experts": (L, D), "oewf": (L,)}  # fmt: skip
+        want = {
+            "attention_est_us": (L, D),
+            "dispatch_us": (L, D),
+            "sent": (L, D, D),
+            "sent_est": (L, D, D),
+            "tokens_est": (L, D),
+            "top_share": (L, D),
+            "fetch_experts": (L, D),
+            "oewf": (L,),
+        }
         for name, shape in want.items():
             if np.shape(getattr(self, name)) != shape:
                 raise ValueError(f"StepInputs: {name} must be {list(shape)}, got {list(np.shape(getattr(self, name)))}")
@@ -185,8 +193,9 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
             t = _take(ready, h)
             ok, d, n, _, start, end = _decide(costs, inp, h, t, run_oewf & (t < last), n_hat, floor_abs, None)
             moves.append((ok, h, d, n, start, end, start))
-    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, recv_free=ready,
-                moves=moves)  # fmt: skip
+    return _Net(
+        ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, recv_free=ready, moves=moves
+    )
 
 
 def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
@@ -405,8 +414,9 @@ def _combine_receipts(costs, order, left_at, sent_by, remote_tokens, net: _Net) 
     return got
 
 
-def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: str = "contention",
-                  launch: str = "reactive") -> StepTimes:  # fmt: skip
+def step_timeline(
+    inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: str = "contention", launch: str = "reactive"
+) -> StepTimes:
     """Every layer of one step under ``mode`` (the rules of `layer_timeline` with ``guard=False``, paper pricing).
 
     Args:
@@ -438,12 +448,26 @@ def step_timeline(inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: 
     base = done.max(axis=1)
     zeros = np.zeros(L)
     if mode != "cascade" or not inputs.oewf.any():
-        return StepTimes(end_us=base, base_us=base, ready_us=base_net.ready, moves=zeros, dropped=zeros,
-                         moved_tokens=zeros, kernel_us=kernel_us)  # fmt: skip
+        return StepTimes(
+            end_us=base,
+            base_us=base,
+            ready_us=base_net.ready,
+            moves=zeros,
+            dropped=zeros,
+            moved_tokens=zeros,
+            kernel_us=kernel_us,
+        )
     # Step 2: with OEWF where it runs.
     net = net_of(costs, inputs, inputs.oewf.astype(bool))
     done, kernel_us2, moves, dropped, moved = _ranks(costs, inputs, net, rule, links, launch, theta, True)
     end = np.where(inputs.oewf, done.max(axis=1), base)
     ready = np.where(inputs.oewf[:, None], net.ready, base_net.ready)
-    return StepTimes(end_us=end, base_us=base, ready_us=ready, moves=moves, dropped=dropped, moved_tokens=moved,
-                     kernel_us=np.where(inputs.oewf, kernel_us2, kernel_us))  # fmt: skip
+    return StepTimes(
+        end_us=end,
+        base_us=base,
+        ready_us=ready,
+        moves=moves,
+        dropped=dropped,
+        moved_tokens=moved,
+        kernel_us=np.where(inputs.oewf, kernel_us2, kernel_us),
+    )

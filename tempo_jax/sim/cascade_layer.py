@@ -150,19 +150,22 @@ class LayerInputs:
         pairs = check_array("pairs", self.pairs, where=fn, ndims=(3,), nonnegative=True)
         if pairs.shape[:2] != (D, D):
             raise ValueError(f"{fn}: pairs must be [D, D, E] with D = {D}, got {pairs.shape}")
-        est_p = pairs if self.pairs_est is None else check_array("pairs_est", self.pairs_est, where=fn,
-                                                                 shape=pairs.shape, nonnegative=True)  # fmt: skip
+        est_p = (
+            pairs
+            if self.pairs_est is None
+            else check_array("pairs_est", self.pairs_est, where=fn, shape=pairs.shape, nonnegative=True)
+        )
         fields = {
             "attention_us": a,
             "dispatch_us": check_array("dispatch_us", self.dispatch_us, **vec),
             "pairs": pairs,
             "attention_est_us": a
             if self.attention_est_us is None
-            else check_array("attention_est_us", self.attention_est_us, **vec),  # fmt: skip
+            else check_array("attention_est_us", self.attention_est_us, **vec),
             "pairs_est": est_p,
             "tokens_est": pairs.sum(axis=(0, 2))
             if self.tokens_est is None
-            else check_array("tokens_est", self.tokens_est, **vec),  # fmt: skip
+            else check_array("tokens_est", self.tokens_est, **vec),
         }
         for name, v in fields.items():
             object.__setattr__(self, name, v)
@@ -241,13 +244,27 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
     moves, rejected = [], 0
     if run_oewf:
         res = oewf_at_dispatch(
-            ready, inp.attention_est_us, inp.dispatch_us, inp.tokens_est, inp.pairs,
-            expert_bytes=costs.expert_bytes, budget_bytes=costs.helper_budget_bytes,
-            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us, curve=costs.curve, pricing=pricing, cost=cost,
-        )  # fmt: skip
+            ready,
+            inp.attention_est_us,
+            inp.dispatch_us,
+            inp.tokens_est,
+            inp.pairs,
+            expert_bytes=costs.expert_bytes,
+            budget_bytes=costs.helper_budget_bytes,
+            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
+            curve=costs.curve,
+            pricing=pricing,
+            cost=cost,
+        )
         moves, rejected = [(a, a.start_us) for a in res.accepted], res.rejected
-    return _Links(ready=ready, arrival=np.repeat(ready[:, None], D, axis=1), send_free=ready.copy(),
-                  recv_free=ready.copy(), moves=moves, rejected=rejected)  # fmt: skip
+    return _Links(
+        ready=ready,
+        arrival=np.repeat(ready[:, None], D, axis=1),
+        send_free=ready.copy(),
+        recv_free=ready.copy(),
+        moves=moves,
+        rejected=rejected,
+    )
 
 
 def idle_fill(start: float, occupancy: float, busy) -> float:
@@ -266,8 +283,9 @@ def idle_fill(start: float, occupancy: float, busy) -> float:
     return cur + left
 
 
-def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost,
-                     protected: bool) -> _Links:  # fmt: skip
+def _contended_links(
+    costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost, protected: bool
+) -> _Links:
     """Serialised ports (module doc): dispatches and OEWF fetches in the order they are issued, then arrivals;
     ``protected``: fetches yield to the dispatches (App. E), else FIFO by issue time."""
     hw = costs.hardware
@@ -283,10 +301,19 @@ def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool,
     start, ready = np.full(D, np.nan), np.full(D, np.nan)
     after = np.zeros(D)  # send port: end of fetches served after its dispatch
     pending = np.ones(D, dtype=bool)
-    base = OEWFState(attention_us=inp.attention_est_us, dispatch_us=inp.dispatch_us, tokens=inp.tokens_est,
-                     pair_tokens=pairs, expert_bytes=np.broadcast_to(costs.expert_bytes, pairs.shape[2:]),
-                     budget_bytes=costs.helper_budget_bytes,
-                     fetch_bytes_per_us=hw.fetch_bytes_per_us) if run_oewf else None  # fmt: skip
+    base = (
+        OEWFState(
+            attention_us=inp.attention_est_us,
+            dispatch_us=inp.dispatch_us,
+            tokens=inp.tokens_est,
+            pair_tokens=pairs,
+            expert_bytes=np.broadcast_to(costs.expert_bytes, pairs.shape[2:]),
+            budget_bytes=costs.helper_budget_bytes,
+            fetch_bytes_per_us=hw.fetch_bytes_per_us,
+        )
+        if run_oewf
+        else None
+    )
     books = (pairs.copy(), inp.tokens_est.astype(np.float64).copy(), np.zeros(D))
     last_attention = float(inp.attention_est_us.max())
     fetches = []  # (move, donor send end)
@@ -343,8 +370,14 @@ def _contended_links(costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool,
             got = idle_fill(float(ready[d]), fetch_at[d][0].reassignment.bytes / bw, busy)
             delivered[d] = max(got, fetch_at[d][1]) + lat
     moves = [(m, delivered[m.reassignment.helper]) for m, _ in fetches]
-    return _Links(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), recv_free=recv_free, moves=moves,
-                  rejected=rejected)  # fmt: skip
+    return _Links(
+        ready=ready,
+        arrival=arrival,
+        send_free=np.maximum(ready, after),
+        recv_free=recv_free,
+        moves=moves,
+        rejected=rejected,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ ranks
@@ -359,9 +392,19 @@ def _partition(costs, inp: LayerInputs, d: int, allowed, theta, arrival, tokens,
     best = None
     for p in allowed:
         groups = partition_sources(ready_est, tokens_est, p, theta)
-        done = _paper_done(costs, run_partition(groups, ready_est, tokens_est, costs.curve.ffn_time_unchecked,
-                                                start_us=float(ready_est[d])), tokens_est, d, float(ready_est[d])) \
-            if len(allowed) > 1 else 0.0  # fmt: skip
+        done = (
+            _paper_done(
+                costs,
+                run_partition(
+                    groups, ready_est, tokens_est, costs.curve.ffn_time_unchecked, start_us=float(ready_est[d])
+                ),
+                tokens_est,
+                d,
+                float(ready_est[d]),
+            )
+            if len(allowed) > 1
+            else 0.0
+        )
         if best is None or done < best[0]:
             best = (done, p, groups)
     if launch == "reactive":
@@ -391,8 +434,11 @@ def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, 
             s0 = max(k.end_us, port)
             port = s0 + remote * per_pair / hw.link_bytes_per_us
             done = max(done, port + hw.link_latency_us)
-            sends += [(s, s0, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us, d)
-                      for s in k.sources if s != d and tokens[s] > 0]  # fmt: skip
+            sends += [
+                (s, s0, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us, d)
+                for s in k.sources
+                if s != d and tokens[s] > 0
+            ]
         else:
             done = max(done, k.end_us)
     return done
@@ -425,8 +471,15 @@ def _run_rank(costs, groups, arrival, tokens, d: int, start: float, side=None):
             s0 = max(s_ready, gpu)
             span, gpu = (s0, s0 + s_dur), s0 + s_dur
         k0 = max(k.ready_us, gpu)
-        out.append(LaunchGroup(sources=k.sources, tokens=k.tokens, ready_us=k.ready_us, start_us=k0,
-                               end_us=k0 + (k.end_us - k.start_us)))  # fmt: skip
+        out.append(
+            LaunchGroup(
+                sources=k.sources,
+                tokens=k.tokens,
+                ready_us=k.ready_us,
+                start_us=k0,
+                end_us=k0 + (k.end_us - k.start_us),
+            )
+        )
         gpu = k0 + (k.end_us - k.start_us)
     if span is None:
         s0 = max(s_ready, gpu)
@@ -516,8 +569,10 @@ def layer_timeline(
     links = check_choice("links", links, LINKS, where=fn)
     launch = check_choice("launch", launch, LAUNCHES, where=fn)
     if guard and launch == "layer":
-        raise ValueError(f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a policy per "
-                         "rank (use launch='planned' with the guard)")  # fmt: skip
+        raise ValueError(
+            f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a policy per "
+            "rank (use launch='planned' with the guard)"
+        )
     if not isinstance(inputs, LayerInputs) or not isinstance(costs, PrefillCosts):
         raise ValueError(
             f"{fn}: needs LayerInputs and PrefillCosts, got {type(inputs).__name__}, {type(costs).__name__}"
@@ -532,11 +587,20 @@ def layer_timeline(
     done, policy, kernels, _, net, _ = _timeline(costs, inputs, allowed, theta, links, launch, False, pricing, cost)
     base = float(done.max())
     if mode != "cascade" or not inputs.oewf:
-        return LayerResult(mode=mode, end_us=base, rank_end_us=done, ready_us=net.ready, arrival_us=net.arrival,
-                           policy=policy, kernels=kernels, base_end_us=base)  # fmt: skip
+        return LayerResult(
+            mode=mode,
+            end_us=base,
+            rank_end_us=done,
+            ready_us=net.ready,
+            arrival_us=net.arrival,
+            policy=policy,
+            kernels=kernels,
+            base_end_us=base,
+        )
     # Step 2: OEWF on top, decided on the predictions, run on the truth.
-    done, policy, kernels, side, net, dropped = _timeline(costs, inputs, allowed, theta, links, launch, True,
-                                                          pricing, cost)  # fmt: skip
+    done, policy, kernels, side, net, dropped = _timeline(
+        costs, inputs, allowed, theta, links, launch, True, pricing, cost
+    )
     return LayerResult(
         mode=mode,
         end_us=float(done.max()),

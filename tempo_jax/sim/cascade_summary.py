@@ -53,15 +53,19 @@ def seed_summary(by_seed: dict[int, dict[str, CascadeRun]], extra=None) -> dict[
     for m in modes:
         rows = [{**_figures(by_seed[s][m]), **(extra(by_seed[s][m]) if extra else {})} for s in seeds]
         out[m] = {
-            k: {"value": float(np.mean([r[k] for r in rows])), "ci95": list(bootstrap_ci([r[k] for r in rows])),
-                "per_seed": [float(r[k]) for r in rows]}
+            k: {
+                "value": float(np.mean([r[k] for r in rows])),
+                "ci95": list(bootstrap_ci([r[k] for r in rows])),
+                "per_seed": [float(r[k]) for r in rows],
+            }
             for k in rows[0]
-        }  # fmt: skip
+        }
     return out
 
 
-def reduction_summary(by_seed: dict[int, dict[str, CascadeRun]], figure: str = "ttft_mean_s",
-                      base: str = "sync") -> dict[str, dict]:  # fmt: skip
+def reduction_summary(
+    by_seed: dict[int, dict[str, CascadeRun]], figure: str = "ttft_mean_s", base: str = "sync"
+) -> dict[str, dict]:
     """Per mode, ``1 − figure / figure(base)`` paired per seed: ``{"value": mean, "ci95": [lo, hi], "per_seed"}``
     (for throughput, ``figure / figure(base) − 1``: a gain is positive either way)."""
     out = {}
@@ -102,8 +106,15 @@ def paired_difference(a, b, *, alpha: float = 0.05) -> dict:
     wins, losses = int((d > 0).sum()), int((d < 0).sum())
     p = float(binomtest(wins, wins + losses).pvalue) if wins + losses else 1.0
     order = ">" if lo > 0 and p < alpha else "<" if hi < 0 and p < alpha else "≈"
-    return {"value": float(d.mean()), "ci95": [lo, hi], "wins": wins, "losses": losses, "n": int(d.size),
-            "sign_p": p, "order": order}  # fmt: skip
+    return {
+        "value": float(d.mean()),
+        "ci95": [lo, hi],
+        "wins": wins,
+        "losses": losses,
+        "n": int(d.size),
+        "sign_p": p,
+        "order": order,
+    }
 
 
 LABELS = {"sync": "Sync", "async": "Async", "async_sf": "Async+SF", "cascade": "CascadeEP"}
@@ -152,8 +163,13 @@ def layer_attribution(run: CascadeRun, *, steps: int | None = None) -> dict[str,
     n = len(run.records)
     picked = np.arange(n) if steps is None or steps >= n else np.unique(np.linspace(0, n - 1, steps).astype(int))
     free = dataclasses.replace(cfg, combine_scale=0.0)
-    variants = {"sync": (cfg, "sync"), "sf": (cfg, "async_sf"), "cascade": (cfg, "cascade"),
-                "sync_free": (free, "sync"), "sf_free": (free, "async_sf")}  # fmt: skip
+    variants = {
+        "sync": (cfg, "sync"),
+        "sf": (cfg, "async_sf"),
+        "cascade": (cfg, "cascade"),
+        "sync_free": (free, "sync"),
+        "sf_free": (free, "async_sf"),
+    }
     total = dict.fromkeys(variants, 0.0)
     models = {k: StepModel(c, m) for k, (c, m) in variants.items()}
     for k in picked:
@@ -163,13 +179,26 @@ def layer_attribution(run: CascadeRun, *, steps: int | None = None) -> dict[str,
             total[name] += float(model(batches)[1].layer_us.sum())
     t = total["sync"]
     early = (total["sync_free"] - total["sf_free"]) / t
-    return {"early_ffn": early, "combine_overlap": (t - total["sf"]) / t - early,
-            "oewf": (total["sf"] - total["cascade"]) / t, "steps": int(picked.size), "sync_us": t,
-            "cascade_us": total["cascade"]}  # fmt: skip
+    return {
+        "early_ffn": early,
+        "combine_overlap": (t - total["sf"]) / t - early,
+        "oewf": (total["sf"] - total["cascade"]) / t,
+        "steps": int(picked.size),
+        "sync_us": t,
+        "cascade_us": total["cascade"],
+    }
 
 
-def budget_for_tail_ratio(config: CascadeConfig, target: float, *, load: float = 0.9, lo: int = 2048,
-                          hi: int = 1 << 20, iters: int = 10, **run_kw) -> tuple[int, float, float]:  # fmt: skip
+def budget_for_tail_ratio(
+    config: CascadeConfig,
+    target: float,
+    *,
+    load: float = 0.9,
+    lo: int = 2048,
+    hi: int = 1 << 20,
+    iters: int = 10,
+    **run_kw,
+) -> tuple[int, float, float]:
     """``(key_budget, R_tail, rate_rps)``: the sparse-attention key budget in ``[lo, hi]`` at which Sync's long-tail
     ratio R_tail (App. A), served at ``load`` of its own capacity, is closest to ``target`` (e.g. the paper's 28%),
     by bisection on log2 of the budget — R_tail grows with the budget, from the model's sparse attention towards
@@ -251,7 +280,10 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
     pairs = x["pairs"][layer]
     if model.placements is None:
         pairs = model.expert_pairs(layer, pairs)
-    inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs,
-                         oewf=layer > 0)  # fmt: skip
-    return {m: layer_timeline(inputs, model.costs, m, links=exact.links, launch=exact.launch, guard=exact.guard,
-                              pricing=exact.pricing) for m in LAYER_MODES}  # fmt: skip
+    inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs, oewf=layer > 0)
+    return {
+        m: layer_timeline(
+            inputs, model.costs, m, links=exact.links, launch=exact.launch, guard=exact.guard, pricing=exact.pricing
+        )
+        for m in LAYER_MODES
+    }

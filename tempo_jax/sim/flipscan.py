@@ -101,8 +101,9 @@ class FlipScan:
 def _compute_scan(config: PhaseConfig, *, workers: int, progress: bool) -> np.ndarray:
     cells = config.cells()
     order = cells_by_work(cells)
-    out = run_jobs(_scan_cell, [(config, cells[i]) for i in order], workers=workers, desc="flip scan",
-                   progress=progress)  # fmt: skip
+    out = run_jobs(
+        _scan_cell, [(config, cells[i]) for i in order], workers=workers, desc="flip scan", progress=progress
+    )
     data = np.empty((len(cells), config.batches, len(FIXED_POLICIES) + 2))
     for i, d in zip(order, out, strict=True):
         data[i] = d

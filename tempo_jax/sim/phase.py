@@ -139,8 +139,12 @@ class PhaseConfig:
                 "comm_slope (γ) there is no traffic piece: set comm_slope too or leave comm_floor out"
             )
         top_k = max(MODEL_SHAPES[p][1] for p in self.presets)  # the largest batch, checked before any work
-        check_sampled_pairs(max(self.eps) * max(self.tokens_per_gpu), top_k, where="PhaseConfig",
-                            fix="lower tokens_per_gpu (--tokens-per-gpu) or eps (--ep)")  # fmt: skip
+        check_sampled_pairs(
+            max(self.eps) * max(self.tokens_per_gpu),
+            top_k,
+            where="PhaseConfig",
+            fix="lower tokens_per_gpu (--tokens-per-gpu) or eps (--ep)",
+        )
 
     def cells(self) -> list[Cell]:
         """Every cell, column-major (preset, ep, replication, skew, tokens_per_gpu)."""
@@ -321,8 +325,14 @@ def cells_by_work(cells) -> list[int]:
 def _compute_phase(config: PhaseConfig, *, workers: int, progress: bool, backend: str | None = None) -> PhaseResult:
     cells = config.cells()
     order = cells_by_work(cells)
-    out = run_jobs(_solve_cell, [(config, cells[i]) for i in order], workers=workers, desc="phase cells",
-                   progress=progress, backend=backend)  # fmt: skip
+    out = run_jobs(
+        _solve_cell,
+        [(config, cells[i]) for i in order],
+        workers=workers,
+        desc="phase cells",
+        progress=progress,
+        backend=backend,
+    )
     makespan = np.empty((len(cells), config.batches, len(COLUMNS)))
     solve_time = np.empty((len(cells), len(PHASE_POLICIES)))
     for i, (ms, st) in zip(order, out, strict=True):
@@ -351,6 +361,7 @@ def run_phase(
     Returns:
       A :class:`PhaseResult` (``from_cache`` tells whether anything was solved).
     """
-    result, hit = cached(_compute_phase, config, cache_dir=cache_dir, workers=workers, progress=progress,
-                         backend=backend)  # fmt: skip
+    result, hit = cached(
+        _compute_phase, config, cache_dir=cache_dir, workers=workers, progress=progress, backend=backend
+    )
     return dataclasses.replace(result, from_cache=hit)

@@ -103,11 +103,17 @@ _SPARSE_ATTENTION = ("deepseek_v4_flash", "deepseek_v4_pro", "glm_5_3")
 
 def _shape(spec) -> ModelShape:
     wb, precision = _WEIGHT_BYTES.get(spec.name, _FP8)
-    return ModelShape(name=spec.name, layers=spec.moe_layers, experts=spec.experts, top_k=spec.top_k,
-                      hidden=spec.hidden, expert_dim=spec.ffn, weight_bytes=wb,
-                      key_budget=2048 if spec.name in _SPARSE_ATTENTION else None,
-                      source=f"MoE preset {spec.name} ({spec.total_params} / {spec.active_params}, {precision}): "
-                             f"{spec.source}")  # fmt: skip
+    return ModelShape(
+        name=spec.name,
+        layers=spec.moe_layers,
+        experts=spec.experts,
+        top_k=spec.top_k,
+        hidden=spec.hidden,
+        expert_dim=spec.ffn,
+        weight_bytes=wb,
+        key_budget=2048 if spec.name in _SPARSE_ATTENTION else None,
+        source=f"MoE preset {spec.name} ({spec.total_params} / {spec.active_params}, {precision}): {spec.source}",
+    )
 
 
 #: Every MoE preset (`tempo_jax.workloads.models`: CascadeEP's Table 1 models and the TEMPO ones), by name.
@@ -251,8 +257,9 @@ class PrefillCosts:
         )
 
 
-def prefill_costs(model: str | ModelShape = "deepseek_v4_flash", hardware: str | Hardware = "b200",
-                  num_ranks: int = 8) -> PrefillCosts:  # fmt: skip
+def prefill_costs(
+    model: str | ModelShape = "deepseek_v4_flash", hardware: str | Hardware = "b200", num_ranks: int = 8
+) -> PrefillCosts:
     """Derive the per-layer costs of ``model`` on ``num_ranks`` GPUs of ``hardware`` (see the module doc)."""
     if isinstance(model, str):
         model = MODELS[check_choice("model", model, MODELS, where="prefill_costs")]

@@ -179,8 +179,9 @@ def stats(values: Iterable[float]) -> dict:
     }
 
 
-def bootstrap_ci(values: Iterable[float], *, confidence: float = 0.95, resamples: int = 10_000,
-                 seed: int = 0) -> tuple[float, float]:  # fmt: skip
+def bootstrap_ci(
+    values: Iterable[float], *, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap interval of the mean of ``values [n]`` (n ≥ 1; e.g. one figure per seed).
 
     Resamples the n values with replacement ``resamples`` times (seeded, so the interval is reproducible) and

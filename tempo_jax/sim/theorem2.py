@@ -127,16 +127,36 @@ def epsilon_rows(config: EpsilonConfig) -> list[dict]:
                     for i in range(nb):
                         n = trace.batch_counts(layer, B * scale, ep, batch=i).sum(axis=0)
                         eps, token = epsilon(cost, n, ep)
-                        rows.append(dict(source="recorded", trace=name, layer=layer, B=B, scale=scale, batch=i,
-                                         eps=eps, token_term=token))  # fmt: skip
+                        rows.append(
+                            dict(
+                                source="recorded",
+                                trace=name,
+                                layer=layer,
+                                B=B,
+                                scale=scale,
+                                batch=i,
+                                eps=eps,
+                                token_term=token,
+                            )
+                        )
     for E, K, ep, skew in config.synthetic:
         routing = SyntheticRouting(num_experts=E, top_k=K, s=skew, kappa=math.inf, seed=0)
         for B in config.tokens_per_rank:
             for scale in (1, config.scale):
                 for i in range(config.max_batches):
                     eps, token = epsilon(cost, routing.batch(B * scale, ep, i).sum(axis=0), ep)
-                    rows.append(dict(source="synthetic", trace=f"zipf{skew:g} E={E} K={K} EP{ep}", layer=0, B=B,
-                                     scale=scale, batch=i, eps=eps, token_term=token))  # fmt: skip
+                    rows.append(
+                        dict(
+                            source="synthetic",
+                            trace=f"zipf{skew:g} E={E} K={K} EP{ep}",
+                            layer=0,
+                            B=B,
+                            scale=scale,
+                            batch=i,
+                            eps=eps,
+                            token_term=token,
+                        )
+                    )
     return rows
 
 
@@ -225,12 +245,24 @@ def _probe(config: ProbeConfig, family: str, E: int, g: int, B: int, seed: int) 
     delta = additive_term(cost, n)
     full_lb = cost.lower_bound(n.astype(np.float64), g)
     return dict(
-        family=family, E=E, g=g, B=B, seed=seed, a3=a3, opt_upper=upper, opt_lower=lower, proven=bool(proven),
-        how=how if proven else "bracket", delta=delta, token_term=bool(cost.beta * n.max() >= delta - 1e-12),
-        ratio_low=a3 / (upper + delta), ratio_high=a3 / (lower + delta), a3_over_opt=a3 / upper,
+        family=family,
+        E=E,
+        g=g,
+        B=B,
+        seed=seed,
+        a3=a3,
+        opt_upper=upper,
+        opt_lower=lower,
+        proven=bool(proven),
+        how=how if proven else "bracket",
+        delta=delta,
+        token_term=bool(cost.beta * n.max() >= delta - 1e-12),
+        ratio_low=a3 / (upper + delta),
+        ratio_high=a3 / (lower + delta),
+        a3_over_opt=a3 / upper,
         delta_used=(a3 - upper) / delta if delta > 0 else 0.0,
         theorem_holds=bool(a3 <= full_lb + delta + 1e-9 * a3),
-    )  # fmt: skip
+    )
 
 
 def _compute_probes(config: ProbeConfig, *, workers: int, progress: bool) -> list[dict]:
@@ -291,16 +323,29 @@ def theorem2_values(result: Theorem2Result) -> dict:
 
     return {
         "scale": scale,
-        "eps_median": s1["median"], "eps_max": s1["max"], "eps_n": s1["n"],
-        "eps_median_4x": s4["median"], "eps_max_4x": s4["max"],
+        "eps_median": s1["median"],
+        "eps_max": s1["max"],
+        "eps_n": s1["n"],
+        "eps_median_4x": s4["median"],
+        "eps_max_4x": s4["max"],
         "token_share": float(np.mean(rec)) if rec else math.nan,
-        "syn_eps_median": y1["median"], "syn_eps_max": y1["max"], "syn_eps_n": y1["n"], "syn_eps_max_4x": y4["max"],
-        "tight_low": worst_low["ratio_low"], "tight_high": worst["ratio_high"], "tight_where": where(worst),
-        "a3_over_opt": giant["a3_over_opt"], "a3_over_opt_where": where(giant), "a3_over_opt_g": giant["g"],
-        "delta_used": used["delta_used"], "delta_used_where": where(used), "delta_used_g": used["g"],
-        "instances": len(probes), "proven": sum(r["proven"] for r in probes),
+        "syn_eps_median": y1["median"],
+        "syn_eps_max": y1["max"],
+        "syn_eps_n": y1["n"],
+        "syn_eps_max_4x": y4["max"],
+        "tight_low": worst_low["ratio_low"],
+        "tight_high": worst["ratio_high"],
+        "tight_where": where(worst),
+        "a3_over_opt": giant["a3_over_opt"],
+        "a3_over_opt_where": where(giant),
+        "a3_over_opt_g": giant["g"],
+        "delta_used": used["delta_used"],
+        "delta_used_where": where(used),
+        "delta_used_g": used["g"],
+        "instances": len(probes),
+        "proven": sum(r["proven"] for r in probes),
         "theorem_holds": sum(r["theorem_holds"] for r in probes),
-    }  # fmt: skip
+    }
 
 
 def theorem2_table(result: Theorem2Result) -> list[list]:
@@ -312,22 +357,34 @@ def theorem2_table(result: Theorem2Result) -> list[list]:
         return f"{100 * x:.1f}%"
 
     return [
-        ["ε = Δ/LB median, recorded decode batches", pct(PAPER["eps_median"]),
-         f"{pct(v['eps_median'])} ({v['eps_n']} batches)"],
+        [
+            "ε = Δ/LB median, recorded decode batches",
+            pct(PAPER["eps_median"]),
+            f"{pct(v['eps_median'])} ({v['eps_n']} batches)",
+        ],
         ["ε max, recorded decode batches", pct(PAPER["eps_max"]), pct(v["eps_max"])],
-        [f"ε max at {scale}× tokens, recorded", pct(PAPER["eps_max_4x"]),
-         f"{pct(v['eps_max_4x'])} (median {pct(v['eps_median_4x'])})"],
+        [
+            f"ε max at {scale}× tokens, recorded",
+            pct(PAPER["eps_max_4x"]),
+            f"{pct(v['eps_max_4x'])} (median {pct(v['eps_median_4x'])})",
+        ],
         ["Δ = β·n_max on the recorded decode batches", "all", pct(v["token_share"])],
-        ["ε median / max, DSv3-shape synthetic (E = 256, EP8)", f"{pct(PAPER['eps_median'])} / {pct(PAPER['eps_max'])}",
-         f"{pct(v['syn_eps_median'])} / {pct(v['syn_eps_max'])} ({v['syn_eps_n']} batches)"],
+        [
+            "ε median / max, DSv3-shape synthetic (E = 256, EP8)",
+            f"{pct(PAPER['eps_median'])} / {pct(PAPER['eps_max'])}",
+            f"{pct(v['syn_eps_median'])} / {pct(v['syn_eps_max'])} ({v['syn_eps_n']} batches)",
+        ],
         [f"ε max at {scale}× tokens, DSv3-shape synthetic", pct(PAPER["eps_max_4x"]), pct(v["syn_eps_max_4x"])],
-        ["worst M(A3)/(OPT + Δ)", f"{PAPER['tightness']:.3f}",
-         f"{v['tight_low']:.4f}–{v['tight_high']:.4f} ({v['tight_where']})"],
+        [
+            "worst M(A3)/(OPT + Δ)",
+            f"{PAPER['tightness']:.3f}",
+            f"{v['tight_low']:.4f}–{v['tight_high']:.4f} ({v['tight_where']})",
+        ],
         ["max M(A3)/OPT", f"{PAPER['a3_over_opt_max']:.1f}", f"{v['a3_over_opt']:.1f} ({v['a3_over_opt_where']})"],
         ["max (M(A3) − OPT)/Δ: share of Δ needed", "≈ 1 − 1/g", f"{v['delta_used']:.3f} ({v['delta_used_where']})"],
         ["instances (OPT proven)", "1296", f"{v['instances']} ({v['proven']})"],
         ["M(A3) ≤ LB + Δ (the proof's inequality)", "always", f"{v['theorem_holds']}/{v['instances']}"],
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

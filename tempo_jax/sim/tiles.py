@@ -129,8 +129,9 @@ def _study(config: TileStudyConfig, tokens_per_gpu: int) -> list[dict]:
 
 
 def _compute(config: TileStudyConfig, *, workers: int, progress: bool) -> list[dict]:
-    out = run_jobs(_study, [(config, B) for B in config.tokens_per_gpu], workers=workers, desc="tile study",
-                   progress=progress)  # fmt: skip
+    out = run_jobs(
+        _study, [(config, B) for B in config.tokens_per_gpu], workers=workers, desc="tile study", progress=progress
+    )
     return [r for rows in out for r in rows]
 
 

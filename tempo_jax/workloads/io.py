@@ -155,8 +155,10 @@ def load_array(path, key: str, option: str = "--counts") -> np.ndarray:
     data = read_json(p, option)
     if isinstance(data, dict):
         if key not in data:
-            raise ValueError(f"{option} {path}: JSON object without a {key!r} key (keys: {sorted(data)}); give "
-                             f"{{\"{key}\": [...]}} or a bare list")  # fmt: skip
+            raise ValueError(
+                f"{option} {path}: JSON object without a {key!r} key (keys: {sorted(data)}); give "
+                f'{{"{key}": [...]}} or a bare list'
+            )
         data = data[key]
     try:
         return np.asarray(data)

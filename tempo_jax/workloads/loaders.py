@@ -116,8 +116,13 @@ def resolve_trace_path(
 
 
 def _resolve(path: str | os.PathLike | None, rel: str, what: str, name: str) -> Path:
-    return resolve_trace_path(path, rel, what, holding="flame_moe_290m/, mixtral_8x7b/ and harmoeny/",
-                              fallback=f"load_sample({name!r}) works without the recordings.")  # fmt: skip
+    return resolve_trace_path(
+        path,
+        rel,
+        what,
+        holding="flame_moe_290m/, mixtral_8x7b/ and harmoeny/",
+        fallback=f"load_sample({name!r}) works without the recordings.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- FLAME-MoE
@@ -191,8 +196,10 @@ def _check_flame_ids(file: Path, layer: int, line_no: np.ndarray, layer_id: np.n
     distinct whole ``token_id``s ≥ 0; errors name the file and line."""
     bad = np.flatnonzero((layer_id != layer_id[0]) | ~np.isin(layer_id, (0, layer)))
     if bad.size:
-        raise ValueError(f"{file}:{line_no[bad[0]]}: layer_id = {layer_id[bad[0]]:g}, but the file is layer {layer} "
-                         f"(rows must all carry 0, as the recordings do, or {layer})")  # fmt: skip
+        raise ValueError(
+            f"{file}:{line_no[bad[0]]}: layer_id = {layer_id[bad[0]]:g}, but the file is layer {layer} "
+            f"(rows must all carry 0, as the recordings do, or {layer})"
+        )
     bad = np.flatnonzero((token_id < 0) | (token_id != np.round(token_id)))
     if bad.size:
         raise ValueError(f"{file}:{line_no[bad[0]]}: token_id must be a whole number >= 0, got {token_id[bad[0]]:g}")

@@ -140,8 +140,10 @@ class RequestTrace:
         r, b = req[order], self.block_ids[order]
         dup = np.flatnonzero((r[1:] == r[:-1]) & (b[1:] == b[:-1]))
         if dup.size:
-            raise ValueError(f"RequestTrace: request {r[dup[0]]} repeats prefix block {b[dup[0]]}; each block of a "
-                             "prompt is a distinct prefix block")  # fmt: skip
+            raise ValueError(
+                f"RequestTrace: request {r[dup[0]]} repeats prefix block {b[dup[0]]}; each block of a "
+                "prompt is a distinct prefix block"
+            )
 
     # ------------------------------------------------------------------------------------------- access
     def __len__(self) -> int:
@@ -294,16 +296,24 @@ def _parse_line(raw: bytes, where: str) -> tuple[float, int, int, list[int]]:
     if len(set(ids)) != len(ids):
         seen: set[int] = set()
         dup = next(h for h in ids if h in seen or seen.add(h))
-        raise ValueError(f"{where}: hash_id {dup} repeats inside one request; each block of a prompt is a "
-                         "distinct prefix block (a repeat lets the cache hit more than was computed)")  # fmt: skip
+        raise ValueError(
+            f"{where}: hash_id {dup} repeats inside one request; each block of a prompt is a "
+            "distinct prefix block (a repeat lets the cache hit more than was computed)"
+        )
     return float(ts), ilen, olen, ids
 
 
 def resolve_mooncake(path: str | os.PathLike | None = None) -> Path:
     """The Mooncake conversation trace's file: ``path`` (the ``.jsonl`` or its folder) or the default under the traces
     root; ``FileNotFoundError`` says where to put it (`load_mooncake_sample` works without it)."""
-    return resolve_trace_path(path, MOONCAKE_RELPATH, "Mooncake trace", holding="mooncake/",
-                              fallback="load_mooncake_sample() works without it.", in_folder=True)  # fmt: skip
+    return resolve_trace_path(
+        path,
+        MOONCAKE_RELPATH,
+        "Mooncake trace",
+        holding="mooncake/",
+        fallback="load_mooncake_sample() works without it.",
+        in_folder=True,
+    )
 
 
 def load_mooncake(

@@ -34,8 +34,9 @@ class RoutingStream(NamedTuple):
     load: np.ndarray
 
 
-def drifting_stream(*, experts: int, top_k: int, skew: float, drift: float, kappa: float, tokens_per_step: int,
-                    seed: int) -> RoutingStream:  # fmt: skip
+def drifting_stream(
+    *, experts: int, top_k: int, skew: float, drift: float, kappa: float, tokens_per_step: int, seed: int
+) -> RoutingStream:
     """Zipf(``skew``) popularity over E experts whose log follows ``0.98·prev + drift·N(0, 1)`` per step; each step
     draws its batch mix from Dirichlet(``kappa``·p) (``kappa = inf``: p itself); ``ids`` is reproducible per step."""
     p0 = zipf_popularity(experts, skew, seed)

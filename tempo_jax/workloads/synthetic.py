@@ -24,8 +24,15 @@ import numpy as np
 
 from solvers.checks import check_int, check_real
 
-__all__ = ["MAX_SAMPLED_PAIRS", "SyntheticRouting", "check_sampled_pairs", "pair_share", "sample_topk",
-           "topk_inclusion", "zipf_popularity"]  # fmt: skip
+__all__ = [
+    "MAX_SAMPLED_PAIRS",
+    "SyntheticRouting",
+    "check_sampled_pairs",
+    "pair_share",
+    "sample_topk",
+    "topk_inclusion",
+    "zipf_popularity",
+]
 
 #: Most token–expert pairs one batch may draw (T·K): 2^26 int64 ids = 512 MiB, a few seconds of sampling.
 MAX_SAMPLED_PAIRS = 2**26

@@ -18,5 +18,15 @@ from .export import moe_to_hf, save_moe_layers
 from .families import FAMILIES, TrainingNoiseWarning, moe_config_from_hf, moe_layer_ids
 from .load import HFBlock, load_moe_layers, moe_from_hf, resolve_placement
 
-__all__ = ["FAMILIES", "HFBlock", "TrainingNoiseWarning", "load_moe_layers", "moe_config_from_hf", "moe_from_hf",
-           "moe_layer_ids", "moe_to_hf", "resolve_placement", "save_moe_layers"]  # fmt: skip
+__all__ = [
+    "FAMILIES",
+    "HFBlock",
+    "TrainingNoiseWarning",
+    "load_moe_layers",
+    "moe_config_from_hf",
+    "moe_from_hf",
+    "moe_layer_ids",
+    "moe_to_hf",
+    "resolve_placement",
+    "save_moe_layers",
+]

@@ -51,20 +51,38 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.nd
         gu[..., 0::2], gu[..., 1::2] = g, u
         gub = np.empty((E, 2 * F), np.float32)
         gub[:, 0::2], gub[:, 1::2] = p["b_gate"], p["b_up"]
-        out.update({"experts.gate_up_proj": gu, "experts.down_proj": d, "experts.gate_up_proj_bias": gub,
-                    "experts.down_proj_bias": p["b_down"]})  # fmt: skip
+        out.update(
+            {
+                "experts.gate_up_proj": gu,
+                "experts.down_proj": d,
+                "experts.gate_up_proj_bias": gub,
+                "experts.down_proj_bias": p["b_down"],
+            }
+        )
     elif n.fused == "dbrx":
-        out.update({"experts.mlp.w1": g.transpose(0, 2, 1).reshape(E * F, -1),
-                    "experts.mlp.v1": u.transpose(0, 2, 1).reshape(E * F, -1),
-                    "experts.mlp.w2": d.reshape(E * F, -1)})  # fmt: skip
+        out.update(
+            {
+                "experts.mlp.w1": g.transpose(0, 2, 1).reshape(E * F, -1),
+                "experts.mlp.v1": u.transpose(0, 2, 1).reshape(E * F, -1),
+                "experts.mlp.w2": d.reshape(E * F, -1),
+            }
+        )
     elif n.fused == "input_linear":
-        out.update({"input_linear.weight": np.concatenate([g, u], axis=2).transpose(0, 2, 1),
-                    "output_linear.weight": d.transpose(0, 2, 1)})  # fmt: skip
+        out.update(
+            {
+                "input_linear.weight": np.concatenate([g, u], axis=2).transpose(0, 2, 1),
+                "output_linear.weight": d.transpose(0, 2, 1),
+            }
+        )
     elif mt in ("llama4", "llama4_text"):  # fused, [E, H, 2F] / [E, F, H]
         out.update({"experts.gate_up_proj": np.concatenate([g, u], axis=2), "experts.down_proj": d})
     elif mt == "qwen3_vl_moe":  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
-        out.update({"experts.gate_up_proj": np.concatenate([g, u], axis=2).transpose(0, 2, 1),
-                    "experts.down_proj": d.transpose(0, 2, 1)})  # fmt: skip
+        out.update(
+            {
+                "experts.gate_up_proj": np.concatenate([g, u], axis=2).transpose(0, 2, 1),
+                "experts.down_proj": d.transpose(0, 2, 1),
+            }
+        )
     else:  # per expert, torch Linear [out, in]
         gn, un, dn = n.experts
         for e in range(E):

@@ -92,8 +92,10 @@ class Cfg:
             if k in self.config and self.config[k] is not None:
                 return self._typed(k, self.config[k], kind)
         if default is ...:
-            raise ValueError(f"moe_from_hf: config.json of {self.where!r} lacks {keys[0]!r}"
-                             + (f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else ""))  # fmt: skip
+            raise ValueError(
+                f"moe_from_hf: config.json of {self.where!r} lacks {keys[0]!r}"
+                + (f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else "")
+            )
         return default
 
     def _typed(self, key: str, v, kind):
@@ -103,8 +105,9 @@ class Cfg:
             raise ValueError(f"moe_from_hf: config[{key!r}] must be a number, got {v!r}")
         if kind is bool and not isinstance(v, bool):
             raise ValueError(f"moe_from_hf: config[{key!r}] must be true or false, got {v!r}")
-        if kind is list and (not isinstance(v, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                                         for i in v)):  # fmt: skip
+        if kind is list and (
+            not isinstance(v, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        ):
             raise ValueError(f"moe_from_hf: config[{key!r}] must be a list of integer layer ids, got {v!r}")
         if kind is int and key.startswith(("num_hidden_layers", "n_layers")) and not 1 <= v <= MAX_LAYERS:
             raise ValueError(f"moe_from_hf: config[{key!r}] = {v} layers; it must lie in [1, {MAX_LAYERS:,}]")
@@ -136,8 +139,9 @@ def _qwen_layers(c: Cfg) -> list[int]:
 
 
 def _from(first_dense_default: int):
-    return lambda c: list(range(min(c.get("first_k_dense_replace", default=first_dense_default), c.num_layers()),
-                                c.num_layers()))  # fmt: skip
+    return lambda c: list(
+        range(min(c.get("first_k_dense_replace", default=first_dense_default), c.num_layers()), c.num_layers())
+    )
 
 
 def _all_layers(c: Cfg) -> list[int]:
@@ -153,8 +157,13 @@ def _simple(E: tuple, F: tuple, renorm, shared=None, **router_kw):
 
     def fields(c: Cfg) -> dict:
         on = renorm if isinstance(renorm, bool) else c.get(renorm[0], default=renorm[1], kind=bool)
-        return dict(experts=c.get(*E), top_k=c.get("num_experts_per_tok"), ffn=c.get(*F),
-                    router=_softmax(on, **router_kw), shared=shared(c) if shared else None)  # fmt: skip
+        return dict(
+            experts=c.get(*E),
+            top_k=c.get("num_experts_per_tok"),
+            ffn=c.get(*F),
+            router=_softmax(on, **router_kw),
+            shared=shared(c) if shared else None,
+        )
 
     return fields
 
@@ -171,22 +180,42 @@ def _deepseek(c: Cfg, *, scaling: float, groups: tuple[int, int], renorm_default
     F = c.get("moe_intermediate_size")
     n_shared = c.get("n_shared_experts", default=1)
     renormalize = c.get("norm_topk_prob", default=renorm_default, kind=bool)
-    router = RouterConfig(scoring="sigmoid", score_bias=True, n_group=c.get("n_group", default=groups[0]),
-                          topk_group=c.get("topk_group", default=groups[1]),
-                          renormalize=renormalize, renorm_eps=1e-20 if renormalize else 0.0,
-                          scaling=float(c.get("routed_scaling_factor", default=scaling, kind=float)))  # fmt: skip
-    return dict(experts=c.get("n_routed_experts", "num_local_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
-                router=router, shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        n_group=c.get("n_group", default=groups[0]),
+        topk_group=c.get("topk_group", default=groups[1]),
+        renormalize=renormalize,
+        renorm_eps=1e-20 if renormalize else 0.0,
+        scaling=float(c.get("routed_scaling_factor", default=scaling, kind=float)),
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+    )
 
 
 def _v4(c: Cfg) -> dict:
     F = c.get("moe_intermediate_size", "intermediate_size")
     limit = float(c.get("swiglu_limit", default=10.0, kind=float))
-    router = RouterConfig(scoring="sqrt_softplus", score_bias=True, renormalize=True, renorm_eps=1e-20,
-                          scaling=float(c.get("routed_scaling_factor", default=1.5, kind=float)))  # fmt: skip
-    return dict(experts=c.get("n_routed_experts", "num_local_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
-                router=router, expert=ExpertConfig(activation="swiglu_clamp", limit=limit),
-                shared=SharedConfig(count=1, ffn=F, limit=limit))  # fmt: skip
+    router = RouterConfig(
+        scoring="sqrt_softplus",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-20,
+        scaling=float(c.get("routed_scaling_factor", default=1.5, kind=float)),
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        expert=ExpertConfig(activation="swiglu_clamp", limit=limit),
+        shared=SharedConfig(count=1, ffn=F, limit=limit),
+    )
 
 
 def _v4_layers(c: Cfg) -> list[int]:
@@ -207,20 +236,31 @@ def _v4_refuse(c: Cfg) -> str | None:
 
 
 def _gpt_oss(c: Cfg) -> dict:
-    expert = ExpertConfig(activation="gpt_oss", bias=True, alpha=float(c.get("swiglu_alpha", default=1.702,
-                                                                             kind=float)),
-                          limit=float(c.get("swiglu_limit", default=7.0, kind=float)))  # fmt: skip
-    return dict(experts=c.get("num_local_experts", "num_experts"),
-                top_k=c.get("num_experts_per_tok", "experts_per_token"), ffn=c.get("intermediate_size"),
-                router=RouterConfig(scoring="softmax_topk", bias=True, renormalize=False), expert=expert)  # fmt: skip
+    expert = ExpertConfig(
+        activation="gpt_oss",
+        bias=True,
+        alpha=float(c.get("swiglu_alpha", default=1.702, kind=float)),
+        limit=float(c.get("swiglu_limit", default=7.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok", "experts_per_token"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="softmax_topk", bias=True, renormalize=False),
+        expert=expert,
+    )
 
 
 def _dbrx(c: Cfg) -> dict:
     f = Cfg(c.config.get("ffn_config") or {}, "dbrx ffn_config")
     p = f.config.get("moe_normalize_expert_weights", 1.0)
-    return dict(hidden=c.get("d_model", "hidden_size"), experts=f.get("moe_num_experts", default=4),
-                top_k=f.get("moe_top_k", default=1), ffn=f.get("ffn_hidden_size", default=3584),
-                router=_softmax(p is not None))  # fmt: skip
+    return dict(
+        hidden=c.get("d_model", "hidden_size"),
+        experts=f.get("moe_num_experts", default=4),
+        top_k=f.get("moe_top_k", default=1),
+        ffn=f.get("ffn_hidden_size", default=3584),
+        router=_softmax(p is not None),
+    )
 
 
 def _dbrx_refuse(c: Cfg) -> str | None:
@@ -252,8 +292,13 @@ def _v2(c: Cfg) -> dict:
         group_score="max" if n_group > 1 else "top2",  # a group scores its best expert (unused without groups)
         scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
     )
-    return dict(experts=c.get("n_routed_experts", "num_experts"), top_k=c.get("num_experts_per_tok"), ffn=F,
-                router=router, shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+    return dict(
+        experts=c.get("n_routed_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+    )
 
 
 def _v2_refuse(c: Cfg) -> str | None:
@@ -268,9 +313,13 @@ def _v2_refuse(c: Cfg) -> str | None:
 def _ernie(c: Cfg) -> dict:
     F = c.get("moe_intermediate_size")
     n_shared = c.get("moe_num_shared_experts", default=2)
-    return dict(experts=c.get("moe_num_experts", "num_experts"), top_k=c.get("moe_k", "num_experts_per_tok"), ffn=F,
-                router=_softmax(True, score_bias=True),
-                shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None)  # fmt: skip
+    return dict(
+        experts=c.get("moe_num_experts", "num_experts"),
+        top_k=c.get("moe_k", "num_experts_per_tok"),
+        ffn=F,
+        router=_softmax(True, score_bias=True),
+        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+    )
 
 
 def _ernie_layers(c: Cfg) -> list[int]:
@@ -284,25 +333,38 @@ def _ernie_layers(c: Cfg) -> list[int]:
 def _hunyuan(c: Cfg) -> dict:
     F = c.get("intermediate_size")
     k = c.config.get("moe_topk", c.config.get("num_experts_per_tok", 1))
-    return dict(experts=c.get("num_experts", "num_local_experts"), top_k=k, ffn=F, router=_softmax(True),
-                shared=SharedConfig(count=1, ffn=F))  # fmt: skip
+    return dict(
+        experts=c.get("num_experts", "num_local_experts"),
+        top_k=k,
+        ffn=F,
+        router=_softmax(True),
+        shared=SharedConfig(count=1, ffn=F),
+    )
 
 
 def _granite(shared: bool):
     def fields(c: Cfg) -> dict:
         fs = c.get("shared_intermediate_size", default=0) if shared else 0
-        return dict(experts=c.get("num_local_experts"), top_k=c.get("num_experts_per_tok"),
-                    ffn=c.get("intermediate_size"), router=RouterConfig(scoring="softmax_topk", renormalize=False),
-                    shared=SharedConfig(count=1, ffn=fs) if fs else None)  # fmt: skip
+        return dict(
+            experts=c.get("num_local_experts"),
+            top_k=c.get("num_experts_per_tok"),
+            ffn=c.get("intermediate_size"),
+            router=RouterConfig(scoring="softmax_topk", renormalize=False),
+            shared=SharedConfig(count=1, ffn=fs) if fs else None,
+        )
 
     return fields
 
 
 def _llama4(c: Cfg) -> dict:
     F = c.get("intermediate_size")
-    return dict(experts=c.get("num_local_experts"), top_k=c.get("num_experts_per_tok", default=1), ffn=F,
-                router=RouterConfig(scoring="sigmoid", renormalize=False, weight_on="input"),
-                shared=SharedConfig(count=1, ffn=F))  # fmt: skip
+    return dict(
+        experts=c.get("num_local_experts"),
+        top_k=c.get("num_experts_per_tok", default=1),
+        ffn=F,
+        router=RouterConfig(scoring="sigmoid", renormalize=False, weight_on="input"),
+        shared=SharedConfig(count=1, ffn=F),
+    )
 
 
 def _llama4_layers(c: Cfg) -> list[int]:
@@ -320,9 +382,12 @@ def _noise(*keys: str):
 
 def _phimoe(c: Cfg) -> dict:
     eps = float(c.get("router_jitter_noise", default=0.01, kind=float))
-    return dict(experts=c.get("num_local_experts", "num_experts"), top_k=c.get("num_experts_per_tok"),
-                ffn=c.get("intermediate_size"),
-                router=RouterConfig(scoring="sparsemixer", renormalize=False, mixer_eps=eps))  # fmt: skip
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="sparsemixer", renormalize=False, mixer_eps=eps),
+    )
 
 
 _MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
@@ -330,66 +395,160 @@ _MIXTRAL_PREFIXES = ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp."
 _DS = dict(refuse=_swiglu_only)
 
 FAMILIES: dict[str, Family] = {
-    "mixtral": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
-                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, noise=_noise("router_jitter_noise"), **_DS),
-    "minimax": Family(_simple(("num_local_experts", "num_experts"), ("intermediate_size",), True), _all_layers,
-                      _MIXTRAL_PREFIXES, names=_MIXTRAL_NAMES, noise=_noise("router_jitter_noise"), **_DS),
-    "phimoe": Family(_phimoe, _all_layers, _MIXTRAL_PREFIXES, noise=_noise("input_jitter_noise"), **_DS,
-                     names=TensorNames(router=("gate.weight", "router.weight"), experts=("w1", "w3", "w2"))),
-    "qwen2_moe": Family(_simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",),
-                                ("norm_topk_prob", False), shared=_qwen_shared(5632)), _qwen_layers,
-                        names=TensorNames(shared=("shared_expert.",)), **_DS),
-    "qwen3_moe": Family(_simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",),
-                                ("norm_topk_prob", False)), _qwen_layers, **_DS),
-    "qwen3_next": Family(_simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",),
-                                 ("norm_topk_prob", True), shared=_qwen_shared(512)), _qwen_layers,
-                         names=TensorNames(shared=("shared_expert.",)), **_DS),
-    "qwen3_vl_moe": Family(_simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), True),
-                           _qwen_layers, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
-                           names=TensorNames(transposed=None), nested="text_config", **_DS),
-    "olmoe": Family(_simple(("num_experts", "num_local_experts"), ("intermediate_size",), ("norm_topk_prob", False)),
-                    _all_layers, **_DS),
+    "mixtral": Family(
+        _simple(("num_local_experts", "num_experts"), ("intermediate_size",), True),
+        _all_layers,
+        _MIXTRAL_PREFIXES,
+        names=_MIXTRAL_NAMES,
+        noise=_noise("router_jitter_noise"),
+        **_DS,
+    ),
+    "minimax": Family(
+        _simple(("num_local_experts", "num_experts"), ("intermediate_size",), True),
+        _all_layers,
+        _MIXTRAL_PREFIXES,
+        names=_MIXTRAL_NAMES,
+        noise=_noise("router_jitter_noise"),
+        **_DS,
+    ),
+    "phimoe": Family(
+        _phimoe,
+        _all_layers,
+        _MIXTRAL_PREFIXES,
+        noise=_noise("input_jitter_noise"),
+        **_DS,
+        names=TensorNames(router=("gate.weight", "router.weight"), experts=("w1", "w3", "w2")),
+    ),
+    "qwen2_moe": Family(
+        _simple(
+            ("num_experts", "num_local_experts"),
+            ("moe_intermediate_size",),
+            ("norm_topk_prob", False),
+            shared=_qwen_shared(5632),
+        ),
+        _qwen_layers,
+        names=TensorNames(shared=("shared_expert.",)),
+        **_DS,
+    ),
+    "qwen3_moe": Family(
+        _simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), ("norm_topk_prob", False)),
+        _qwen_layers,
+        **_DS,
+    ),
+    "qwen3_next": Family(
+        _simple(
+            ("num_experts", "num_local_experts"),
+            ("moe_intermediate_size",),
+            ("norm_topk_prob", True),
+            shared=_qwen_shared(512),
+        ),
+        _qwen_layers,
+        names=TensorNames(shared=("shared_expert.",)),
+        **_DS,
+    ),
+    "qwen3_vl_moe": Family(
+        _simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), True),
+        _qwen_layers,
+        ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+        names=TensorNames(transposed=None),
+        nested="text_config",
+        **_DS,
+    ),
+    "olmoe": Family(
+        _simple(("num_experts", "num_local_experts"), ("intermediate_size",), ("norm_topk_prob", False)),
+        _all_layers,
+        **_DS,
+    ),
     "deepseek_v3": Family(lambda c: _deepseek(c, scaling=2.5, groups=(8, 4)), _from(3), **_DS),
     "glm4_moe": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1)), _from(1), **_DS),
-    "glm_moe_dsa": Family(lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)),
-                          lambda c: [i for i, t in enumerate(c.get("mlp_layer_types", default=None, kind=None)
-                                                             or ["dense"] * 3 + ["sparse"] * (c.num_layers() - 3))
-                                     if t == "sparse"], **_DS),
+    "glm_moe_dsa": Family(
+        lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)),
+        lambda c: [
+            i
+            for i, t in enumerate(
+                c.get("mlp_layer_types", default=None, kind=None) or ["dense"] * 3 + ["sparse"] * (c.num_layers() - 3)
+            )
+            if t == "sparse"
+        ],
+        **_DS,
+    ),
     "dots1": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1), renorm_default=False), _from(0), **_DS),
-    "deepseek_v4": Family(_v4, _v4_layers, ("model.layers.{}.ffn.", "model.layers.{}.mlp."),
-                          names=TensorNames(experts=("w1", "w3", "w2"),
-                                            score_bias=("gate.bias", "gate.e_score_correction_bias"),
-                                            shared_names=("w1", "w3", "w2")), refuse=_v4_refuse),
-    "gpt_oss": Family(_gpt_oss, _all_layers, names=TensorNames(router=("router.weight",), router_bias="router.bias",
-                                                               fused="interleaved", transposed=True)),
-    "dbrx": Family(_dbrx, lambda c: list(range(c.get("n_layers", "num_hidden_layers"))),
-                   ("transformer.blocks.{}.ffn.",), names=TensorNames(router=("router.layer.weight",), fused="dbrx"),
-                   refuse=_dbrx_refuse, noise=lambda c: {k: v for k, v in (c.config.get("ffn_config") or {}).items()
-                                                         if k == "moe_jitter_eps" and v}),
-    "jamba": Family(_simple(("num_experts", "num_local_experts"), ("intermediate_size",), False), _jamba_layers,
-                    ("model.layers.{}.feed_forward.",), names=TensorNames(router=("router.weight",)), **_DS),
+    "deepseek_v4": Family(
+        _v4,
+        _v4_layers,
+        ("model.layers.{}.ffn.", "model.layers.{}.mlp."),
+        names=TensorNames(
+            experts=("w1", "w3", "w2"),
+            score_bias=("gate.bias", "gate.e_score_correction_bias"),
+            shared_names=("w1", "w3", "w2"),
+        ),
+        refuse=_v4_refuse,
+    ),
+    "gpt_oss": Family(
+        _gpt_oss,
+        _all_layers,
+        names=TensorNames(router=("router.weight",), router_bias="router.bias", fused="interleaved", transposed=True),
+    ),
+    "dbrx": Family(
+        _dbrx,
+        lambda c: list(range(c.get("n_layers", "num_hidden_layers"))),
+        ("transformer.blocks.{}.ffn.",),
+        names=TensorNames(router=("router.layer.weight",), fused="dbrx"),
+        refuse=_dbrx_refuse,
+        noise=lambda c: {k: v for k, v in (c.config.get("ffn_config") or {}).items() if k == "moe_jitter_eps" and v},
+    ),
+    "jamba": Family(
+        _simple(("num_experts", "num_local_experts"), ("intermediate_size",), False),
+        _jamba_layers,
+        ("model.layers.{}.feed_forward.",),
+        names=TensorNames(router=("router.weight",)),
+        **_DS,
+    ),
     "deepseek_v2": Family(_v2, _from(0), refuse=_v2_refuse),
-    "ernie4_5_moe": Family(_ernie, _ernie_layers,
-                           names=TensorNames(score_bias=("moe_statics.e_score_correction_bias",
-                                                         "gate.moe_statics.e_score_correction_bias")),
-                           refuse=lambda c: ("ernie4_5_moe use_bias=true: the shared experts have biases, which the "
-                                             "layer's shared experts lack") if c.config.get("use_bias")
-                           else _swiglu_only(c)),  # fmt: skip
-    "hunyuan_v1_moe": Family(_hunyuan, _all_layers,
-                             names=TensorNames(router=("gate.wg.weight",), shared=("shared_mlp.",)), **_DS),
-    "granitemoe": Family(_granite(False), _all_layers, ("model.layers.{}.block_sparse_moe.",),
-                         names=TensorNames(router=("router.layer.weight", "router.weight"), fused="input_linear"),
-                         **_DS),
-    "granitemoeshared": Family(_granite(True), _all_layers, ("model.layers.{}.block_sparse_moe.",),
-                               siblings=(("model.layers.{}.shared_mlp.", "shared_mlp."),),
-                               names=TensorNames(router=("router.layer.weight", "router.weight"),
-                                                 fused="input_linear", shared=("shared_mlp.",), shared_fused=True),
-                               **_DS),
-    "llama4": Family(_llama4, _llama4_layers, ("language_model.model.layers.{}.feed_forward.",
-                                               "model.layers.{}.feed_forward."),
-                     names=TensorNames(router=("router.weight",), transposed=True, shared=("shared_expert.",)),
-                     nested="text_config", **_DS),
-}  # fmt: skip
+    "ernie4_5_moe": Family(
+        _ernie,
+        _ernie_layers,
+        names=TensorNames(
+            score_bias=("moe_statics.e_score_correction_bias", "gate.moe_statics.e_score_correction_bias")
+        ),
+        refuse=lambda c: (
+            ("ernie4_5_moe use_bias=true: the shared experts have biases, which the layer's shared experts lack")
+            if c.config.get("use_bias")
+            else _swiglu_only(c)
+        ),
+    ),
+    "hunyuan_v1_moe": Family(
+        _hunyuan, _all_layers, names=TensorNames(router=("gate.wg.weight",), shared=("shared_mlp.",)), **_DS
+    ),
+    "granitemoe": Family(
+        _granite(False),
+        _all_layers,
+        ("model.layers.{}.block_sparse_moe.",),
+        names=TensorNames(router=("router.layer.weight", "router.weight"), fused="input_linear"),
+        **_DS,
+    ),
+    "granitemoeshared": Family(
+        _granite(True),
+        _all_layers,
+        ("model.layers.{}.block_sparse_moe.",),
+        siblings=(("model.layers.{}.shared_mlp.", "shared_mlp."),),
+        names=TensorNames(
+            router=("router.layer.weight", "router.weight"),
+            fused="input_linear",
+            shared=("shared_mlp.",),
+            shared_fused=True,
+        ),
+        **_DS,
+    ),
+    "llama4": Family(
+        _llama4,
+        _llama4_layers,
+        ("language_model.model.layers.{}.feed_forward.", "model.layers.{}.feed_forward."),
+        names=TensorNames(router=("router.weight",), transposed=True, shared=("shared_expert.",)),
+        nested="text_config",
+        **_DS,
+    ),
+}
 FAMILIES["llama4_text"] = dataclasses.replace(FAMILIES["llama4"], nested=None)
 
 
@@ -400,8 +559,9 @@ def family(config) -> tuple[str, Family, Cfg]:
         raise ValueError(f"moe_from_hf: config must be the model's config.json as a dict, got {type(config).__name__}")
     mt = config.get("model_type")
     if mt not in FAMILIES:
-        raise ValueError(f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of "
-                         f"{sorted(FAMILIES)}")  # fmt: skip
+        raise ValueError(
+            f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of {sorted(FAMILIES)}"
+        )
     fam = FAMILIES[mt]
     inner = config
     if fam.nested is not None:
@@ -411,8 +571,9 @@ def family(config) -> tuple[str, Family, Cfg]:
     return mt, fam, Cfg(inner, mt)
 
 
-def moe_config_from_hf(config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, layer: int | None = None,
-                       **overrides) -> MoEConfig:  # fmt: skip
+def moe_config_from_hf(
+    config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, layer: int | None = None, **overrides
+) -> MoEConfig:
     """The `MoEConfig` of one MoE block of the model ``config`` (a config.json dict), see the module's table;
     ``layer``: the decoder layer, for a family whose top-k is a per-layer list (HunYuan's ``moe_topk``).
 
@@ -424,9 +585,12 @@ def moe_config_from_hf(config: Mapping, *, slots_per_rank: int, dtype=jnp.float3
     if why:
         raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {why}")
     for key, value in fam.noise(c).items():
-        warnings.warn(f"moe_from_hf: {mt} {key}={value} is training-time noise; the layer computes the block as "
-                      "transformers does in eval mode (without it), in training too", TrainingNoiseWarning,
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"moe_from_hf: {mt} {key}={value} is training-time noise; the layer computes the block as "
+            "transformers does in eval mode (without it), in training too",
+            TrainingNoiseWarning,
+            stacklevel=3,
+        )
     fields = {"hidden": c.get("hidden_size", "d_model"), **fam.fields(c)}
     k = fields["top_k"]
     if isinstance(k, list | tuple):

@@ -47,8 +47,9 @@ class HFBlock(NamedTuple):
     placement: Placement
 
 
-def resolve_placement(num_experts: int, *, placement: Placement | None, mesh, slots_per_rank: int | None,
-                      axis: str = "ep", where: str) -> Placement:  # fmt: skip
+def resolve_placement(
+    num_experts: int, *, placement: Placement | None, mesh, slots_per_rank: int | None, axis: str = "ep", where: str
+) -> Placement:
     """The placement an import lays its experts over: ``placement`` when given (checked against E, the mesh and
     ``slots_per_rank``), else `Placement.spread` over D = ``mesh.shape[axis]`` (1 without a mesh) and S =
     ``slots_per_rank`` or ⌈E / D⌉."""
@@ -63,8 +64,10 @@ def resolve_placement(num_experts: int, *, placement: Placement | None, mesh, sl
         if mesh is not None and placement.num_gpus != D:
             raise ValueError(f"{where}: the placement spans {placement.num_gpus} ranks, the mesh's {axis!r} axis {D}")
         if slots_per_rank is not None and slots_per_rank != placement.slots_per_rank:
-            raise ValueError(f"{where}: slots_per_rank={slots_per_rank} but the placement has "
-                             f"{placement.slots_per_rank} per rank; give one of them")  # fmt: skip
+            raise ValueError(
+                f"{where}: slots_per_rank={slots_per_rank} but the placement has "
+                f"{placement.slots_per_rank} per rank; give one of them"
+            )
         return placement
     S = math.ceil(num_experts / D) if slots_per_rank is None else slots_per_rank
     if isinstance(S, bool) or not isinstance(S, int | np.integer) or D * S < num_experts:
@@ -111,21 +114,40 @@ def fp8_block(config: Mapping) -> tuple[int, int]:
     return int(b[0]), int(b[1])
 
 
-def _block(config: Mapping, src: TensorSource, *, placement, mesh, slots_per_rank, dtype, where: str,
-           overrides: dict, layer: int | None = None) -> HFBlock:  # fmt: skip
+def _block(
+    config: Mapping,
+    src: TensorSource,
+    *,
+    placement,
+    mesh,
+    slots_per_rank,
+    dtype,
+    where: str,
+    overrides: dict,
+    layer: int | None = None,
+) -> HFBlock:
     mt, fam, _ = family(config)
     kw = dict(dtype=dtype, layer=layer, **overrides)
     probe = moe_config_from_hf(config, slots_per_rank=1, **kw)  # E, before the placement
-    placement = resolve_placement(probe.experts, placement=placement, mesh=mesh, slots_per_rank=slots_per_rank,
-                                  axis=probe.axis, where=where)  # fmt: skip
+    placement = resolve_placement(
+        probe.experts, placement=placement, mesh=mesh, slots_per_rank=slots_per_rank, axis=probe.axis, where=where
+    )
     cfg = moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, **kw)
     src.block = fp8_block(config)
     readers = block_readers(cfg, fam.names, src, mt)
     return HFBlock(cfg, _assemble(readers, cfg, placement, mesh, dtype), placement)
 
 
-def moe_from_hf(config: Mapping, state: Mapping, *, placement: Placement | None = None, mesh=None,
-                slots_per_rank: int | None = None, dtype=jnp.float32, **overrides) -> HFBlock:  # fmt: skip
+def moe_from_hf(
+    config: Mapping,
+    state: Mapping,
+    *,
+    placement: Placement | None = None,
+    mesh=None,
+    slots_per_rank: int | None = None,
+    dtype=jnp.float32,
+    **overrides,
+) -> HFBlock:
     """One HF MoE block → `HFBlock` ``(config, params, placement)`` for `moe_forward` / `tempo_jax.MoE`.
 
     Args:
@@ -143,8 +165,16 @@ def moe_from_hf(config: Mapping, state: Mapping, *, placement: Placement | None 
     """
     if not isinstance(state, Mapping):
         raise ValueError(f"moe_from_hf: state must be a mapping of tensor names to arrays, got {type(state).__name__}")
-    return _block(config, MemorySource(state), placement=placement, mesh=mesh, slots_per_rank=slots_per_rank,
-                  dtype=dtype, where="moe_from_hf", overrides=overrides)  # fmt: skip
+    return _block(
+        config,
+        MemorySource(state),
+        placement=placement,
+        mesh=mesh,
+        slots_per_rank=slots_per_rank,
+        dtype=dtype,
+        where="moe_from_hf",
+        overrides=overrides,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
@@ -159,8 +189,9 @@ def _weight_map(folder: Path) -> dict[str, Path]:
             raise ValueError(f"{index}: expected a JSON object with a 'weight_map' of tensor name → shard file")
         bad = [(k, v) for k, v in wm.items() if not isinstance(v, str) or not v or "/" in v or v.startswith(".")]
         if bad:
-            raise ValueError(f"{index}: weight_map values must be shard file names in the folder, got "
-                             f"{bad[0][0]!r}: {bad[0][1]!r}")  # fmt: skip
+            raise ValueError(
+                f"{index}: weight_map values must be shard file names in the folder, got {bad[0][0]!r}: {bad[0][1]!r}"
+            )
         files = {name: folder / f for name, f in wm.items()}
         missing = sorted({str(p) for p in files.values() if not p.exists()})
         if missing:
@@ -173,16 +204,25 @@ def _weight_map(folder: Path) -> dict[str, Path]:
     for shard in shards:
         for name in SafetensorsFile(shard).names():
             if name in out:
-                raise ValueError(f"{folder}: tensor {name!r} is in both {out[name].name} and {shard.name} and no "
-                                 "model.safetensors.index.json says which to read; remove one or write the "
-                                 "index")  # fmt: skip
+                raise ValueError(
+                    f"{folder}: tensor {name!r} is in both {out[name].name} and {shard.name} and no "
+                    "model.safetensors.index.json says which to read; remove one or write the "
+                    "index"
+                )
             out[name] = shard
     return out
 
 
-def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | None = None, mesh=None,
-                    slots_per_rank: int | None = None, dtype=jnp.float32, layers=None,
-                    **overrides) -> dict[int, HFBlock]:  # fmt: skip
+def load_moe_layers(
+    path,
+    *,
+    placement: Placement | Mapping[int, Placement] | None = None,
+    mesh=None,
+    slots_per_rank: int | None = None,
+    dtype=jnp.float32,
+    layers=None,
+    **overrides,
+) -> dict[int, HFBlock]:
     """Every MoE layer of a local checkpoint folder (``config.json`` + ``*.safetensors``, sharded with
     ``model.safetensors.index.json`` or not) as ``{layer: HFBlock}``, reading only the MoE blocks' tensors — with a
     mesh only the experts of this process's slots (see the module).
@@ -217,11 +257,14 @@ def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | No
     opened: dict = {}  # shard → its header, read once for every layer
     out = {}
     for layer in ids:
-        prefix = next((p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in files)),
-                      None)  # fmt: skip
+        prefix = next(
+            (p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in files)), None
+        )
         if prefix is None:
-            raise ValueError(f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
-                             f"({' or '.join(p.format(layer) + '*' for p in fam.prefixes)})")  # fmt: skip
+            raise ValueError(
+                f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
+                f"({' or '.join(p.format(layer) + '*' for p in fam.prefixes)})"
+            )
         block = {k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix)}
         for outside, inside in fam.siblings:  # parts of the MoE unit beside the block (Granite's shared MLP)
             p = outside.format(layer)
@@ -229,9 +272,17 @@ def load_moe_layers(path, *, placement: Placement | Mapping[int, Placement] | No
         src = FileSource(block, opened=opened)
         where = f"load_moe_layers: layer {layer}"
         try:
-            out[layer] = _block(config, src, placement=placement.get(layer) if isinstance(placement, Mapping)
-                                else placement, mesh=mesh, slots_per_rank=slots_per_rank, dtype=dtype, where=where,
-                                overrides=overrides, layer=layer)  # fmt: skip
+            out[layer] = _block(
+                config,
+                src,
+                placement=placement.get(layer) if isinstance(placement, Mapping) else placement,
+                mesh=mesh,
+                slots_per_rank=slots_per_rank,
+                dtype=dtype,
+                where=where,
+                overrides=overrides,
+                layer=layer,
+            )
         except ValueError as err:
             msg = str(err)
             raise ValueError(msg if msg.startswith(where) else f"{where}: {err}") from None

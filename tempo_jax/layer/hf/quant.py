@@ -26,8 +26,9 @@ import numpy as np
 __all__ = ["FP4_E2M1", "SafetensorsFile", "dequant_fp8", "dequant_mxfp4", "e8m0"]
 
 #: The e2m1 value of each 4-bit code (OCP MX: sign bit, two exponent bits, one mantissa bit).
-FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                    np.float32)  # fmt: skip
+FP4_E2M1 = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32
+)
 
 _DTYPES = {
     "F64": np.float64,
@@ -47,9 +48,19 @@ _DTYPES = {
 }
 if hasattr(ml_dtypes, "float8_e8m0fnu"):
     _DTYPES["F8_E8M0"] = ml_dtypes.float8_e8m0fnu
-_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-          "float8_e5m2": "F8_E5M2", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32",
-          "int64": "I64"}  # fmt: skip
+_NAMES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+}
 
 
 def e8m0(scale: np.ndarray) -> np.ndarray:
@@ -70,8 +81,10 @@ def dequant_fp8(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] = 
     b0, b1 = block
     want = (-(-out // b0), -(-inn // b1))
     if s.shape[-2:] != want or s.shape[:-2] != w.shape[:-2]:
-        raise ValueError(f"FP8 block scales of shape {list(s.shape)} do not cover a weight {list(w.shape)} in "
-                         f"{b0}×{b1} blocks (expected {list(w.shape[:-2]) + list(want)})")  # fmt: skip
+        raise ValueError(
+            f"FP8 block scales of shape {list(s.shape)} do not cover a weight {list(w.shape)} in "
+            f"{b0}×{b1} blocks (expected {list(w.shape[:-2]) + list(want)})"
+        )
     full = np.repeat(np.repeat(s, b0, axis=-2), b1, axis=-1)[..., :out, :inn]
     return w * full
 
@@ -83,8 +96,9 @@ def dequant_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     if b.dtype != np.uint8:
         b = b.view(np.uint8)
     if b.shape[-1] != 16 or np.shape(scales) != b.shape[:-1]:
-        raise ValueError(f"MXFP4 blocks {list(b.shape)} and scales {list(np.shape(scales))}: expected [..., G, 16] "
-                         "and [..., G]")  # fmt: skip
+        raise ValueError(
+            f"MXFP4 blocks {list(b.shape)} and scales {list(np.shape(scales))}: expected [..., G, 16] and [..., G]"
+        )
     vals = np.empty(b.shape[:-1] + (32,), np.float32)
     vals[..., 0::2] = FP4_E2M1[b & 0x0F]
     vals[..., 1::2] = FP4_E2M1[b >> 4]
@@ -124,8 +138,9 @@ class SafetensorsFile:
             if b - a != int(np.prod(shape, dtype=object)) * np.dtype(_DTYPES[dtype]).itemsize:
                 raise ValueError(f"{self.path}: tensor {name!r}: {b - a} bytes for shape {list(shape)} of {dtype}")
             if self._base + b > size:
-                raise ValueError(f"{self.path}: truncated: tensor {name!r} ends at byte {self._base + b:,} of a "
-                                 f"{size:,}-byte file")  # fmt: skip
+                raise ValueError(
+                    f"{self.path}: truncated: tensor {name!r} ends at byte {self._base + b:,} of a {size:,}-byte file"
+                )
             self._tensors[name] = (dtype, shape, a)
 
     def names(self) -> list[str]:

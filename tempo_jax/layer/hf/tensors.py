@@ -95,8 +95,9 @@ class MemorySource(TensorSource):
 class FileSource(TensorSource):
     """Tensors of one block in safetensors shards: ``files`` maps each block-relative key to (shard, full name)."""
 
-    def __init__(self, files: Mapping[str, tuple[Path, str]], block: tuple[int, int] = (128, 128),
-                 opened: dict | None = None):  # fmt: skip
+    def __init__(
+        self, files: Mapping[str, tuple[Path, str]], block: tuple[int, int] = (128, 128), opened: dict | None = None
+    ):
         self._files, self.block = dict(files), block
         self._open: dict[Path, SafetensorsFile] = {} if opened is None else opened
 
@@ -146,8 +147,10 @@ class _Checked:
         if dt.startswith("float8") and scale in self.keys:
             self.used.add(scale)  # FP8 with block scales: dequantized on read
         elif dt not in _FLOATS and not (quantized and dt in _QUANT):
-            raise ValueError(f"moe_from_hf: state[{key!r}] has dtype {dt}: an integer or quantized tensor without "
-                             "the scales that would dequantize it")  # fmt: skip
+            raise ValueError(
+                f"moe_from_hf: state[{key!r}] has dtype {dt}: an integer or quantized tensor without "
+                "the scales that would dequantize it"
+            )
         if shape is not None and tuple(got) != tuple(shape):
             raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(got)}, expected {list(shape)}")
         self.used.add(key)
@@ -213,11 +216,15 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
         scales = [k for k in extra if k.endswith(("_scale_inv", "_scales", "_blocks"))]
         hint = ""
         if scales:
-            hint = (f" ({scales[:3]} are quantized tensors' scales or blocks beside weights that are not FP8 / "
-                    "MXFP4: give the checkpoint's own quantized weights with them, or dequantized weights without "
-                    "them)")  # fmt: skip
-        raise ValueError(f"moe_from_hf: unexpected tensors for a {where} MoE block: {extra[:8]}{more}{hint}; give "
-                         "only the block's tensors (keys relative to it)")  # fmt: skip
+            hint = (
+                f" ({scales[:3]} are quantized tensors' scales or blocks beside weights that are not FP8 / "
+                "MXFP4: give the checkpoint's own quantized weights with them, or dequantized weights without "
+                "them)"
+            )
+        raise ValueError(
+            f"moe_from_hf: unexpected tensors for a {where} MoE block: {extra[:8]}{more}{hint}; give "
+            "only the block's tensors (keys relative to it)"
+        )
     return out
 
 
@@ -226,8 +233,10 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     H, F, E = cfg.hidden, cfg.ffn, cfg.experts
     g, u, d = names.experts
     if f"experts.0.{g}.weight" in c.keys or (not _fused_present(c) and names.fused != "dbrx"):
-        per = {n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
-               for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))}  # fmt: skip
+        per = {
+            n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
+            for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))
+        }
         for n, keys in per.items():
             stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
         return
@@ -245,9 +254,15 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         return
     if names.fused == "interleaved":
         if "experts.gate_up_proj_blocks" in c.keys:  # MXFP4 (gpt-oss's official files)
-            blk = [c.need(f"experts.{n}", s, quantized=True) for n, s in (
-                ("gate_up_proj_blocks", (E, 2 * F, H // 32, 16)), ("gate_up_proj_scales", (E, 2 * F, H // 32)),
-                ("down_proj_blocks", (E, H, F // 32, 16)), ("down_proj_scales", (E, H, F // 32)))]  # fmt: skip
+            blk = [
+                c.need(f"experts.{n}", s, quantized=True)
+                for n, s in (
+                    ("gate_up_proj_blocks", (E, 2 * F, H // 32, 16)),
+                    ("gate_up_proj_scales", (E, 2 * F, H // 32)),
+                    ("down_proj_blocks", (E, H, F // 32, 16)),
+                    ("down_proj_scales", (E, H, F // 32)),
+                )
+            ]
             gu = lambda e: dequant_mxfp4(src._raw(blk[0], e), src._raw(blk[1], e)).T  # noqa: E731  [H, 2F]
             dn = lambda e: dequant_mxfp4(src._raw(blk[2], e), src._raw(blk[3], e)).T  # noqa: E731  [F, H]
         else:
