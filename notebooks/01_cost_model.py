@@ -18,13 +18,13 @@
 # n* = b/β (weight streaming from HBM dominates, cost attaches to activated replicas), linear above it.
 #
 # 1. **Fig. 1b toy**: one hot expert (600 tokens), six cold ones (30 each), two fully replicated GPUs,
-#    `t_g = max(15·G_g, 0.1·N_g)`, dispatched three ways (`tempo_jax.sim.cost_demo.worked_example`).
+#    `t_g = max(15·G_g, 0.1·N_g)`, dispatched three ways (`tempo_jax.sim.tempo.cost_demo.worked_example`).
 # 2. **Fig. 2 profile**: one expert's time vs its tokens for the calibrated presets, n* marked.
 # 3. **Table 6**: n* per preset.
 # 4. **Calibration**: noisy samples of a preset on the paper's grid (G ∈ 1..40 × tokens per expert on a log
 #    ladder 1..4096) refitted by alternating assignment (`solvers.fit_max_affine`).
 # 5. **Tile-aware dispatch at prefill scale (Eq. 2, §2.2)**: does pricing 128-token M-tiles change TEMPO's
-#    solution, and by how much (`tempo_jax.sim.tiles`)?
+#    solution, and by how much (`tempo_jax.sim.tempo.tiles`)?
 #
 # The numbers quoted below are recorded in `results/notebooks/01_cost_model.json`. `SMALL=1` shortens the
 # calibration's noise sweep and the tile study.
@@ -38,7 +38,7 @@ import numpy as np
 
 from solvers import PRESETS
 from tempo_jax.repro import Recorder, figures_dir
-from tempo_jax.sim.cost_demo import (
+from tempo_jax.sim.tempo.cost_demo import (
     PROFILE_CSVS,
     calibration_demo,
     expert_profile,
@@ -46,7 +46,7 @@ from tempo_jax.sim.cost_demo import (
     measured_profile,
     worked_example,
 )
-from tempo_jax.sim.tiles import TileStudyConfig, run_tile_study, tile_summary
+from tempo_jax.sim.tempo.tiles import TileStudyConfig, run_tile_study, tile_summary
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

@@ -21,7 +21,7 @@
 #
 # The paper's real traces (Qwen3-30B, DSv2-Lite × wikitext/GSM8K) are not public; ours are FLAME-MoE-290M,
 # Mixtral-8x7B, switch-base-128 and Qwen1.5-MoE recordings, classified with the n* of the nearest calibrated
-# shape (`tempo_jax.sim.regimes.TRACE_PRESETS`). The numbers quoted below are recorded in
+# shape (`tempo_jax.sim.tempo.regime_map.TRACE_PRESETS`). The numbers quoted below are recorded in
 # `results/notebooks/02_mixed_regimes.json`. `SMALL=1` shrinks the ladders for CI.
 
 # %%
@@ -34,7 +34,7 @@ import numpy as np
 from solvers import PRESETS
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import MODEL_SHAPES, synthetic_regime_curve, trace_regime_curve
-from tempo_jax.sim.summary import regime_rows
+from tempo_jax.sim.tempo.phase_summary import regime_rows
 from tempo_jax.text import table
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 

@@ -24,7 +24,7 @@
 # pairs — what loads GPUs, what EPLB sees and what the boundary's p_e counts — is capped near 1/K, far below a
 # hot expert's first-draw popularity (`tempo_jax.workloads.pair_share`). Both the placement and the boundary
 # use the realised pair shares. The analytic boundary is shown two ways: the paper's
-# `B* = min(B*_avg, B*_hot)` and our refined `B*_LM` (`tempo_jax.sim.boundary.flip_boundary_refined`: METRO's
+# `B* = min(B*_avg, B*_hot)` and our refined `B*_LM` (`tempo_jax.sim.tempo.boundary.flip_boundary_refined`: METRO's
 # busiest GPU's token piece meets token-LP's floor, with both loads estimated without simulating a batch), both
 # against the coarse Fig. 6 ladder and a fine ladder (2^(1/8) steps) around the flip.
 #
@@ -42,10 +42,10 @@ from matplotlib.colors import TwoSlopeNorm
 
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PhaseConfig, run_phase
-from tempo_jax.sim.diagnose import cell_diagnostics
-from tempo_jax.sim.flipscan import fine_ladder, run_flip_scan
-from tempo_jax.sim.phase import MODEL_SHAPES
-from tempo_jax.sim.summary import (
+from tempo_jax.sim.tempo.diagnose import cell_diagnostics
+from tempo_jax.sim.tempo.flipscan import fine_ladder, run_flip_scan
+from tempo_jax.sim.tempo.phase import MODEL_SHAPES
+from tempo_jax.sim.tempo.phase_summary import (
     SHORT,
     boundary_rows,
     phase_rows,
@@ -146,7 +146,7 @@ for preset, x in SHORT.items():
 # %% [markdown]
 # ## The flip on a fine ladder
 #
-# Only the fixed policies, on a ladder with ratio 2^(1/8) (`tempo_jax.sim.flipscan`), on the same columns. Also
+# Only the fixed policies, on a ladder with ratio 2^(1/8) (`tempo_jax.sim.tempo.flipscan`), on the same columns. Also
 # measured at the first compute-regime win: token-LP's activations on its busiest GPU (the paper's formula
 # assumes E_eff/G) and METRO's busiest-GPU tokens over the mean (the paper assumes 1, or p_1·G for the hot
 # expert); the refined boundary's estimates of both are printed beside them.
@@ -290,7 +290,7 @@ print(table([list(r.values()) for r in fig6_rows], ["quantity", "paper", "here"]
 # %% [markdown]
 # ## What binds in the largest-gain cells and in METRO's worst cell
 #
-# Per selected cell, re-solved batch by batch (`tempo_jax.sim.diagnose.cell_diagnostics`): the busiest GPU's
+# Per selected cell, re-solved batch by batch (`tempo_jax.sim.tempo.diagnose.cell_diagnostics`): the busiest GPU's
 # activations under METRO, TEMPO and the activation-balancing optimum (semi-matching), METRO's busiest-GPU
 # tokens over the mean, and TEMPO's gain over the best fixed policy and over the best of those and the
 # optimum. Our METRO is a greedy (descending tokens, fewest activations, ties to the lower rank).

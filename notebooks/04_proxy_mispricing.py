@@ -25,7 +25,7 @@
 # per layer, 8 layers, one stream per layer) and (b) synthetic Zipf(1.2) streams of the same shape with slowly
 # drifting popularity. **B = tokens per step** across the EP group (serving concurrency, §5.13), so a GPU
 # receives ≈ 0.75·B token–expert pairs; FLAME gives 16 / 4 / 2 windows per layer at B = 128 / 512 / 1024.
-# See `tempo_jax.sim.replay` for the stream definitions.
+# See `tempo_jax.sim.tempo.replay` for the stream definitions.
 #
 # Second part (§5.4): TEMPO's gap to a per-cell oracle — the best fixed policy of each batch size, chosen after
 # the fact — on recorded routing under the calibrated offline models. The numbers quoted below are recorded in
@@ -41,7 +41,7 @@ import numpy as np
 
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
-from tempo_jax.sim.replay_summary import PAPER, mispricing_table, oracle_gap_table
+from tempo_jax.sim.tempo.replay_summary import PAPER, mispricing_table, oracle_gap_table
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

@@ -18,7 +18,7 @@
 #   eight B, B = tokens per GPU as in the phase diagram) and the scale grid (DSv3, 1.25×, EP16–64), each batch
 #   is solved by full TEMPO and with one component off — partial moves, augmenting chains, the ensemble, and our
 #   target repair (beyond the paper). Degradation of a cell = `mean(variant)/mean(baseline) − 1` over its batches
-#   (`tempo_jax.sim.ablation`); the baseline is full TEMPO, except for "no ensemble": the repair runs inside the
+#   (`tempo_jax.sim.tempo.ablation`); the baseline is full TEMPO, except for "no ensemble": the repair runs inside the
 #   ensemble step, so switching the ensemble off switches the repair off too, and that row is measured against
 #   full TEMPO without the repair (the ensemble's own share); the "no repair" row charges the repair. Each cell
 #   also carries its winning fixed policy (M: memory regime, L/E: compute regime).
@@ -26,11 +26,11 @@
 #   three-term model; placement and static map built from a recording whose top-16 experts' loads were swapped
 #   with random cold ones), median makespan / static over windows. Stage switches are tempo_fast's options; a
 #   term ablation solves under the model with the term deleted (traffic: c2 = γ = 0; floor: a = b = 0, i.e.
-#   tokens only) and scores under the full model (`tempo_jax.sim.protocols.run_variants`). B = tokens per step
+#   tokens only) and scores under the full model (`tempo_jax.sim.tempo.protocols.run_variants`). B = tokens per step
 #   (see notebook 04); routing: FLAME-MoE-290M layers (recorded) and synthetic Zipf(1.2) streams.
 #
 # - **Theorem 2**: A3's additive gap ε = Δ/LB on recorded decode batches and its tightness over a 1296-instance
-#   probe suite (`tempo_jax.sim.theorem2`; also `python -m tempo_jax.sim.theorem2`).
+#   probe suite (`tempo_jax.sim.tempo.theorem2`; also `python -m tempo_jax.sim.tempo.theorem2`).
 #
 # Our tempo_fast runs full-depth augmenting chains by default (the paper truncates at 2 steps). `SMALL=1`
 # shrinks every grid; full-size results are cached in `results/cache/`, and the numbers quoted below are recorded
@@ -46,11 +46,11 @@ import numpy as np
 
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PhaseConfig, SyntheticStreams, VariantConfig, component_ablation, run_variants
-from tempo_jax.sim.ablation import summarize
-from tempo_jax.sim.replay_summary import LABELS, PAPER, component_table, variant_table
-from tempo_jax.sim.theorem2 import PAPER as THM2_PAPER
-from tempo_jax.sim.theorem2 import EpsilonConfig, ProbeConfig, run_theorem2, theorem2_table, theorem2_values
-from tempo_jax.sim.variants import COMPONENTS, STAGES, TERMS
+from tempo_jax.sim.tempo.ablation import summarize
+from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, component_table, variant_table
+from tempo_jax.sim.tempo.theorem2 import PAPER as THM2_PAPER
+from tempo_jax.sim.tempo.theorem2 import EpsilonConfig, ProbeConfig, run_theorem2, theorem2_table, theorem2_values
+from tempo_jax.sim.tempo.variants import COMPONENTS, STAGES, TERMS
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -248,7 +248,7 @@ plt.show()
 # reading (the grid is not in the paper): recorded = our FLAME-MoE / HarMoEny recordings at B = 16–64 tokens per
 # rank (and 4× that), plus DeepSeek-V3-shaped synthetic batches (E = 256 at EP8, issue 15's generator); the probe
 # grid is g ∈ {2, 4, 8, 16} × E ∈ {16, 64, 256, 512} × 9 token families × B ∈ {32, 128, 512} × 3 seeds
-# (`tempo_jax.sim.theorem2` docstring). OPT is tempo's certified optimum, else the MILP's, else a bracket.
+# (`tempo_jax.sim.tempo.theorem2` docstring). OPT is tempo's certified optimum, else the MILP's, else a bracket.
 
 # %%
 t0 = time.perf_counter()

@@ -18,7 +18,7 @@
 # uniform (EPLB-even), token-LP (LPLB / UltraEP quota), METRO (activation balancing), LLEP-R (least-loaded
 # spill restricted to replicas) and TEMPO, relative to the static map, on the drift-16 scenario (EP8, R = 64,
 # proxy three-term model). Columns are token scales of the same windows — every count multiplied by 0.25, 1
-# or 4 (`tempo_jax.sim.replay.scale_counts`: binomial thinning below 1) — spanning the floor-bound, mixed and
+# or 4 (`tempo_jax.sim.tempo.replay.scale_counts`: binomial thinning below 1) — spanning the floor-bound, mixed and
 # token-bound phases. Base windows: B = 256 tokens per step (≈ 192 pairs per GPU, below B*_a2a ≈ 300).
 # Routing: FLAME-MoE-290M layers (recorded) and synthetic Zipf(1.2) streams (see notebook 04).
 #
@@ -41,7 +41,7 @@ import numpy as np
 from solvers import PRESETS
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
-from tempo_jax.sim.replay_summary import LABELS, PAPER, a2a_table, drift_table, landscape_table
+from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, a2a_table, drift_table, landscape_table
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

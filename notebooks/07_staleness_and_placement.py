@@ -19,7 +19,7 @@
 # 1. **Information regimes (§5.5).** The theory solves the current batch; the deployment solves the previous
 #    window's counts. TEMPO with *exact* (current), *stale-1* (previous window) and *frozen* (first window)
 #    counts — a stale solution's per-expert split fractions applied to the true counts
-#    (`tempo_jax.sim.replay.apply_split`) — against *uniform* (no information: EPLB-even), all relative to
+#    (`tempo_jax.sim.tempo.replay.apply_split`) — against *uniform* (no information: EPLB-even), all relative to
 #    static on the same window. Fresh and drift-16 placements, R = 16 and 64, token scales 1× and 4× (§5.5's
 #    "stable across R and 1–4× scale").
 # 2. **Drift-K (§5.12, §5.15).** Placement and static map built from a recording whose top-K hot experts'
@@ -50,7 +50,7 @@ from tempo_jax.sim import (
     run_policies,
     run_refresh,
 )
-from tempo_jax.sim.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
+from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

@@ -38,7 +38,7 @@ import numpy as np
 
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import TopologyConfig, topology_replay
-from tempo_jax.sim.traffic import topology_summary
+from tempo_jax.sim.tempo.traffic import topology_summary
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

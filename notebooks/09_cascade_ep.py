@@ -66,7 +66,7 @@ import numpy as np
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PLACEMENT_POLICIES, CascadeConfig, prefill_costs
 from tempo_jax.sim.cascade import run_cascade_seeds
-from tempo_jax.sim.cascade_summary import (
+from tempo_jax.sim.cascade.summary import (
     ATTRIBUTION,
     LABELS,
     PAPER,
@@ -147,7 +147,7 @@ def ci(fig, pct=False, digits=3):
 
 
 # %% [markdown]
-# ## The deployments' costs (derived, see `tempo_jax.sim.prefill`)
+# ## The deployments' costs (derived, see `tempo_jax.sim.cascade.costs`)
 
 # %%
 rows = []

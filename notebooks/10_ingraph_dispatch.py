@@ -47,7 +47,7 @@ import numpy as np
 import tempo_jax
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import InformationConfig, SyntheticStreams, run_information
-from tempo_jax.sim.replay_summary import information_table
+from tempo_jax.sim.tempo.replay_summary import information_table
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tempo_jax.sim.cascade import CascadeConfig, _serve_mode, trace_file
-from tempo_jax.sim.cascade_layer import LAYER_MODES
+from tempo_jax.sim.cascade import CascadeConfig, serve_mode, trace_file
+from tempo_jax.sim.cascade.reference_timeline import LAYER_MODES
 from tempo_jax.sim.runner import run_jobs
 from tempo_jax.text import table
 
@@ -40,7 +40,7 @@ GOAL_S = 60.0
 def _timed(config: CascadeConfig, mode: str) -> tuple[float, float, int, float]:
     """(wall seconds, CPU seconds, steps, mean TTFT) of one uncached mode run (a module-level job for `run_jobs`)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    run = _serve_mode(config, mode)
+    run = serve_mode(config, mode)
     return time.perf_counter() - t0, time.process_time() - c0, run.prefill.num_steps, run.prefill.ttft_mean_s
 
 
@@ -51,9 +51,9 @@ def reference_speedup(requests: int) -> list[dict]:
     rows = []
     for mode in LAYER_MODES:
         t0 = time.perf_counter()
-        a = _serve_mode(fast, mode)
+        a = serve_mode(fast, mode)
         t1 = time.perf_counter()
-        b = _serve_mode(ref, mode)
+        b = serve_mode(ref, mode)
         t2 = time.perf_counter()
         diff = float(np.max(np.abs(a.layer_us - b.layer_us) / b.layer_us))
         rows.append(

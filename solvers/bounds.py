@@ -17,7 +17,14 @@ import numpy as np
 
 from .limits import semi_matching_value, token_flow, token_lp_shares
 
-__all__ = ["certified_lower_bound", "forced_lower_bound", "level_lower_bound", "problem_lower_bound"]
+__all__ = [
+    "certified_lower_bound",
+    "forced_lower_bound",
+    "level_lower_bound",
+    "problem_lower_bound",
+    "time_of_cap",
+    "token_cap",
+]
 
 
 def forced_lower_bound(problem) -> float:
@@ -60,7 +67,7 @@ def problem_lower_bound(problem) -> float:
     return float(lb)
 
 
-def _token_cap(cost, t: float) -> float:
+def token_cap(cost, t: float) -> float:
     """Most tokens one rank may hold and still finish by ``t`` (every token piece ≤ t); inf without one."""
     caps = [(t - cost.c) / cost.beta if cost.beta > 0 else math.inf]
     if cost.gamma:
@@ -68,7 +75,7 @@ def _token_cap(cost, t: float) -> float:
     return min(caps)
 
 
-def _time_of_cap(cost, cap: float) -> float:
+def time_of_cap(cost, cap: float) -> float:
     """The least time at which a rank holding ``cap`` tokens meets every token piece."""
     t = cost.c + cost.beta * cap
     return max(t, cost.c2 + cost.gamma * cap) if cost.gamma else t
@@ -177,7 +184,7 @@ def level_lower_bound(problem, lower: float, upper: float, *, bisections: int = 
     # Step 1: climb the levels that cannot hold the batch.
     while True:
         t_next = min(cost.a + cost.b * (k + 1), upper)
-        if not test.feasible(k, _token_cap(cost, t_next), matching=True):
+        if not test.feasible(k, token_cap(cost, t_next), matching=True):
             lb = max(lb, t_next)
             if t_next >= upper:
                 return float(lb)
@@ -185,7 +192,7 @@ def level_lower_bound(problem, lower: float, upper: float, *, bisections: int = 
             continue
         break
     # Step 2: bisect the token cap on the first feasible level.
-    lo, hi = _token_cap(cost, lb), _token_cap(cost, t_next)
+    lo, hi = token_cap(cost, lb), token_cap(cost, t_next)
     if not math.isfinite(hi) or test.feasible(k, lo):
         return float(lb)
     for _ in range(bisections):
@@ -194,7 +201,7 @@ def level_lower_bound(problem, lower: float, upper: float, *, bisections: int = 
             hi = mid
         else:
             lo = mid
-    return float(max(lb, _time_of_cap(cost, lo)))
+    return float(max(lb, time_of_cap(cost, lo)))
 
 
 def certified_lower_bound(problem, upper: float = math.inf, *, lower: float | None = None) -> tuple[float, dict]:
@@ -217,7 +224,7 @@ def certified_lower_bound(problem, upper: float = math.inf, *, lower: float | No
     if upper > lb and not problem.placement.is_full and min(cost.beta, cost.gamma or 0.0) >= 0:
         tf = token_flow(problem.n, problem.mask)
         parts["flow"], parts["tokens"] = tf, tf.bound
-        lb = max(lb, _time_of_cap(cost, tf.bound))
+        lb = max(lb, time_of_cap(cost, tf.bound))
     parts["token_flow"] = lb
     lb = level_lower_bound(problem, lb, upper)
     parts["level"] = lb

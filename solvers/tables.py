@@ -36,9 +36,9 @@ from .cost import ACTIVE_EPS
 from .placement import Placement, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import solve
-from .topology import _array as topology_array
-from .topology import _node_onehot as node_onehot
 from .topology import node_counts_from_sources, topology_split
+from .topology import node_onehot as node_onehot
+from .topology import nonneg_array as topology_array
 
 __all__ = ["PLAN_NAMES", "expected_dispatch", "plan_weights", "solve_weights", "split_tables"]
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from .problem import DispatchProblem
 
-__all__ = ["target_repair"]
+__all__ = ["route_flow", "target_repair"]
 
 
 def _caps(problem: DispatchProblem, target: float) -> tuple[int, int] | None:
@@ -165,7 +165,7 @@ class _Scorer:
         return fixed + sum(sum(row.values()) for row in into), x
 
 
-def _route(n: np.ndarray, pattern: np.ndarray, cap: int) -> tuple[int, np.ndarray]:
+def route_flow(n: np.ndarray, pattern: np.ndarray, cap: int) -> tuple[int, np.ndarray]:
     """(tokens routed, flow [E, D]): the maximum flow of `n [E]` over `pattern [E, D]` into GPUs of `cap`."""
     return _Scorer(n, pattern, cap).route()
 
@@ -328,7 +328,7 @@ def target_repair(
                 best = (v, edits)
         if best is None:
             return None
-        return (*_route(n, _apply(pattern, best[1]), cap), best[1])
+        return (*route_flow(n, _apply(pattern, best[1]), cap), best[1])
 
     # Step 2: activation shedding along chains, best chain first (the one that leaves the most routable tokens).
     for _ in range(max_rounds):
@@ -344,7 +344,7 @@ def target_repair(
         return None
     # Step 3: token routing. While supply is stuck, apply the pattern edit that routes the most tokens.
     total = int(n.sum())
-    value, xr = _route(n, pattern, cap)
+    value, xr = route_flow(n, pattern, cap)
     for _ in range(max_rounds):
         if value >= total:
             break

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bounds import _time_of_cap, _token_cap, certified_lower_bound, forced_lower_bound
+from .bounds import certified_lower_bound, forced_lower_bound, time_of_cap, token_cap
 from .level_search import level_search
 from .limits import token_flow
 from .policies import metro, round_robin, token_lp
@@ -129,7 +129,7 @@ class _Bound:
 
     def __init__(self, lb: float, cost, stop_gap: float, tokens: float | None = None):
         self.lb, self.stop_gap = float(lb), stop_gap
-        self.integer = _time_of_cap(cost, math.ceil(tokens - 1e-9)) if tokens is not None else -math.inf
+        self.integer = time_of_cap(cost, math.ceil(tokens - 1e-9)) if tokens is not None else -math.inf
 
     @property
     def stop(self) -> float:
@@ -318,7 +318,7 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
     levels = cost.b > 0 and not cost.has_tiles  # both level stages count activations, not tiles
     if levels:
         k = math.floor((bound.lb - cost.a) / cost.b + 1e-9)
-        points["level"] = level_partition(problem, k, _token_cap(cost, bound.lb))
+        points["level"] = level_partition(problem, k, token_cap(cost, bound.lb))
         if points["level"] is not None and offer("level", points["level"]):
             return best
     # Step 4c (beyond the paper): the exact search at the bound's level (`level_search`, CP-SAT on the flexible
@@ -335,7 +335,7 @@ def _ensemble(problem, opts, info, clock, improve, x_h, flow, bound: _Bound):
                 wall = clock.deadline - time.perf_counter()
                 # no hint: a level-partition start slowed CP-SAT down on the batches tried
                 res = level_search(
-                    problem, k, _token_cap(cost, t_cap), round_up=proof, work_limit=opts.level_work, wall_limit=wall
+                    problem, k, token_cap(cost, t_cap), round_up=proof, work_limit=opts.level_work, wall_limit=wall
                 )
                 searches.append(f"k={k}@{t_cap:.6g}:{res.status}")
                 if res.x is not None and offer("level_search", res.x):

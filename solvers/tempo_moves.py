@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from .problem import DispatchProblem
-from .target_repair import _route
+from .target_repair import route_flow
 
 __all__ = ["State", "chains", "local_search", "seed"]
 
@@ -652,7 +652,7 @@ def level_partition(problem: DispatchProblem, k: int, cap: float, max_swaps: int
     full = np.zeros((E, D), dtype=bool)
     full[forced, sole[forced]] = True
     full[flex] = pattern
-    _, x = _route(np.round(n).astype(np.int64), full, cap)
+    _, x = route_flow(np.round(n).astype(np.int64), full, cap)
     short = n - x.sum(axis=1)
     for e in np.flatnonzero(short > 0.5).tolist():
         x[e, int(np.flatnonzero(full[e])[0])] += short[e]

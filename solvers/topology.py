@@ -23,12 +23,19 @@ import numpy as np
 from .checks import check_array
 from .placement import Placement
 
-__all__ = ["topology_split", "flat_split", "inter_node_tokens", "node_counts_from_sources"]
+__all__ = [
+    "topology_split",
+    "flat_split",
+    "inter_node_tokens",
+    "node_counts_from_sources",
+    "node_onehot",
+    "nonneg_array",
+]
 
 _RTOL = 1e-6
 
 
-def _array(name: str, a, ndim: int) -> np.ndarray:
+def nonneg_array(name: str, a, ndim: int) -> np.ndarray:
     """float64 copy of ``a`` with ``ndim`` axes, finite and non-negative, or ValueError."""
     a = getattr(a, "x", a) if name == "x" else a  # a solvers.Dispatch is accepted for x
     return check_array(name, a, ndims=(ndim,), nonnegative=True)
@@ -52,7 +59,7 @@ def _check_marginals(x: np.ndarray, node_counts: np.ndarray) -> np.ndarray:
     return n
 
 
-def _node_onehot(placement: Placement, num_nodes: int) -> np.ndarray:
+def node_onehot(placement: Placement, num_nodes: int) -> np.ndarray:
     """``[Nn, D]`` bool, GPU g lies on node m; ValueError when Nn differs from the placement's node count."""
     if not isinstance(placement, Placement):
         raise ValueError(f"placement must be a solvers.Placement, got {type(placement).__name__}")
@@ -83,15 +90,15 @@ def topology_split(x, node_counts, placement: Placement) -> np.ndarray:
         a node count that differs from the placement's.
     """
     # Step 1: validate; rescale node_counts so its column sums equal x's row sums exactly.
-    x = _array("x", x, 2)
-    counts = _array("node_counts", node_counts, 2)
+    x = nonneg_array("x", x, 2)
+    counts = nonneg_array("node_counts", node_counts, 2)
     if x.shape != placement.replica_mask.shape:
         raise ValueError(f"x must be [E, D] = {list(placement.replica_mask.shape)}, got {list(x.shape)}")
     off = np.flatnonzero(((x > 0) & ~placement.replica_mask).any(axis=1))
     if off.size:
         raise ValueError(f"x puts tokens on GPUs without a replica for experts {off[:10].tolist()}")
     n = _check_marginals(x, counts)
-    onehot = _node_onehot(placement, counts.shape[0])  # [Nn, D]
+    onehot = node_onehot(placement, counts.shape[0])  # [Nn, D]
     total = counts.sum(axis=0)
     counts = counts * np.divide(n, total, out=np.zeros_like(n), where=total > 0)
 
@@ -119,8 +126,8 @@ def flat_split(x, node_counts) -> np.ndarray:
       x: ``[E, D]`` flat dispatch (or a `Dispatch`); node_counts: ``[Nn, E]`` with column sums = x's row sums.
     """
     # Step 1: validate.
-    x = _array("x", x, 2)
-    counts = _array("node_counts", node_counts, 2)
+    x = nonneg_array("x", x, 2)
+    counts = nonneg_array("node_counts", node_counts, 2)
     n = _check_marginals(x, counts)
     # Step 2: every source node splits each expert like the flat row x[e] / n_e.
     row = np.divide(x, n[:, None], out=np.zeros_like(x), where=n[:, None] > 0)
@@ -129,10 +136,10 @@ def flat_split(x, node_counts) -> np.ndarray:
 
 def inter_node_tokens(y, placement: Placement) -> float:
     """Tokens of ``y [Nn, E, D]`` sent from source node m to a GPU on another node."""
-    y = _array("y", y, 3)
+    y = nonneg_array("y", y, 3)
     if y.shape[2] != placement.num_gpus:
         raise ValueError(f"y must be [Nn, E, D] with D = {placement.num_gpus}, got shape {y.shape}")
-    onehot = _node_onehot(placement, y.shape[0])
+    onehot = node_onehot(placement, y.shape[0])
     return float(y.sum() - np.einsum("meg,mg->", y, onehot.astype(np.float64)))
 
 
@@ -145,7 +152,7 @@ def node_counts_from_sources(counts, placement: Placement, source_gpus=None) -> 
       source_gpus: ``[Gs]`` rank of each source (default: source s on rank s, which needs Gs = D).
     """
     # Step 1: validate.
-    counts = _array("counts", counts, 2)
+    counts = nonneg_array("counts", counts, 2)
     Gs, D = counts.shape[0], placement.num_gpus
     if counts.shape[1] != placement.num_experts:
         raise ValueError(f"counts must be [Gs, E] with E = {placement.num_experts}, got shape {counts.shape}")

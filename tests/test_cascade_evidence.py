@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from test_cascade_sim import COSTS, _inputs
 
 from tempo_jax.sim.cascade import CascadeConfig
-from tempo_jax.sim.cascade_layer import LayerInputs, idle_fill, layer_timeline
+from tempo_jax.sim.cascade.reference_timeline import LayerInputs, idle_fill, layer_timeline
 
 
 def _brute_fill(start: float, occupancy: float, busy, step: float = 1e-3) -> float:
@@ -154,7 +154,8 @@ def test_a_rotated_trace_keeps_every_request_and_gap():
 
 
 def test_a_seed_draws_a_workload_and_seed_0_is_the_recording():
-    from tempo_jax.sim.cascade import _routing_popularity, cascade_trace, workload_draw
+    from tempo_jax.sim.cascade import cascade_trace, workload_draw
+    from tempo_jax.sim.cascade.step_model import _routing_popularity
 
     base = CascadeConfig(trace="mooncake_sample", max_requests=40)
     one, fixed = dataclasses.replace(base, seed=1), dataclasses.replace(base, seed=1, vary_workload=False)
@@ -171,7 +172,7 @@ def test_a_seed_draws_a_workload_and_seed_0_is_the_recording():
 
 
 def test_orders_are_claimed_from_paired_differences():
-    from tempo_jax.sim.cascade_summary import ordering, paired_difference
+    from tempo_jax.sim.cascade.summary import ordering, paired_difference
 
     rng = np.random.default_rng(0)
     common = rng.normal(1.0, 0.3, 12)  # a workload effect shared by both modes, seed by seed
@@ -194,7 +195,7 @@ def test_gain_attribution_replays_the_served_steps_with_the_same_inputs():
     every variant runs at one utilisation: the Sync replay reproduces the Sync run's own layer times exactly, the
     parts add up to CascadeEP's forward-time cut, and with a free combine there is no combine overlap to find."""
     from tempo_jax.sim.cascade import run_cascade
-    from tempo_jax.sim.cascade_summary import layer_attribution
+    from tempo_jax.sim.cascade.summary import layer_attribution
 
     cfg = CascadeConfig(trace="mooncake_sample", max_requests=30, rate_rps=8.0)
     sync = run_cascade(cfg, ("sync",), workers=1, cache_dir=None, progress=False)["sync"]

@@ -1,4 +1,4 @@
-"""CascadeEP prefill simulator (tempo_jax.sim.prefill / cascade_layer / cascade): costs, layer timelines, runs."""
+"""CascadeEP prefill simulator (`tempo_jax.sim.cascade`): costs, layer timelines, runs."""
 
 import dataclasses
 
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from solvers import launch_groups
 from tempo_jax.sim.cascade import CascadeConfig, StepModel, run_cascade, step_batches
-from tempo_jax.sim.cascade_layer import HELPER_STREAM_EFFICIENCY, LAYER_MODES, LayerInputs, layer_timeline
-from tempo_jax.sim.cascade_summary import ablation_rows, layer_example, oewf_rows
-from tempo_jax.sim.prefill import MODELS, prefill_costs
+from tempo_jax.sim.cascade.costs import MODELS, prefill_costs
+from tempo_jax.sim.cascade.reference_timeline import HELPER_STREAM_EFFICIENCY, LAYER_MODES, LayerInputs, layer_timeline
+from tempo_jax.sim.cascade.summary import ablation_rows, layer_example, oewf_rows
 
 COSTS = prefill_costs()
 D, E = 8, 256

@@ -104,3 +104,97 @@ def test_imports_are_resolved_to_modules():
 def test_no_import_cycle_lazy_imports_included():
     cycle = find_cycle({name: inner for name, (inner, _) in GRAPH.items()})
     assert cycle is None, f"import cycle: {' → '.join(cycle)}"
+
+
+#: The rooms of ``tempo_jax`` and the rooms each may import besides itself (docs/architecture.md: cli → repro →
+#: runtime, sim → layer → workloads → text; runtime and sim never import each other, sim never imports layer).
+ROOMS = {
+    "text": set(),
+    "workloads": {"text"},
+    "layer": {"workloads", "text"},
+    "sim": {"workloads", "text"},
+    "runtime": {"layer", "workloads", "text"},
+    "hf": {"layer"},
+    "repro": {"runtime", "sim", "layer", "workloads", "text"},
+    "cli": {"repro", "runtime", "sim", "layer", "hf", "workloads", "text"},
+    "__main__": {"cli"},
+}
+
+
+def _room(module: str) -> str:
+    return module.split(".")[1] if module.startswith("tempo_jax.") else module.split(".")[0]
+
+
+def test_every_room_is_named():
+    rooms = {_room(n) for n in MODULES if n.startswith("tempo_jax.")}
+    assert rooms == set(ROOMS), f"rooms not in ROOMS (add them where they belong): {sorted(rooms ^ set(ROOMS))}"
+
+
+def test_rooms_import_only_downward():
+    up = {
+        n: sorted(m for m in inner if m.startswith("tempo_jax.") and _room(m) not in ROOMS[_room(n)] | {_room(n)})
+        for n, (inner, _) in GRAPH.items()
+        if n.startswith("tempo_jax.")
+    }
+    assert not {n: u for n, u in up.items() if u}, f"imports ROOMS does not allow: {up}"
+
+
+def test_simulators_stay_numpy_and_their_paper_rooms_apart():
+    sims = {n: GRAPH[n] for n in MODULES if n.startswith("tempo_jax.sim")}
+    assert {"tempo_jax.sim.tempo", "tempo_jax.sim.cascade", "tempo_jax.sim.runner"} <= set(sims)
+    for n, (inner, top) in sims.items():
+        assert not top & {"jax", "jaxlib", "flax", "optax", "pallas_kernels"}, (n, top)
+        for room, other in (("tempo", "cascade"), ("cascade", "tempo")):
+            if n.startswith(f"tempo_jax.sim.{room}"):
+                assert not {m for m in inner if m.startswith(f"tempo_jax.sim.{other}")}, f"{n} imports the {other} room"
+    assert not {m for m in sims["tempo_jax.sim.runner"][0] if m.startswith("tempo_jax.sim.")}
+
+
+def private_imports(name: str, path: Path) -> list[str]:
+    """Private names (``_x``) ``name`` takes from another project module: ``from m import _x`` or ``m._x`` on a module
+    it imported."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    modules, bad = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] not in PACKAGES:
+                continue
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    modules[a.asname or a.name] = f"{base}.{a.name}"
+                elif a.name.startswith("_") and base != name:
+                    bad.append(f"from {base} import {a.name}")
+        elif isinstance(node, ast.Import):
+            modules.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            bad.append(f"{modules[node.value.id]}.{node.attr}")
+    return bad
+
+
+def test_private_imports_are_found(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from tempo_jax.layer import stages\nfrom solvers.bounds import _x\nstages._y(1)\n")
+    assert private_imports("tempo_jax.other", f) == ["from solvers.bounds import _x", "tempo_jax.layer.stages._y"]
+
+
+def test_no_private_name_imported_across_modules():
+    bad = {n: b for n, path in MODULES.items() if (b := private_imports(n, path))}
+    assert not bad, f"private names used across modules (make them public where two modules need them): {bad}"
+
+
+@pytest.mark.parametrize("folder", ["scripts", "notebooks"])
+def test_scripts_and_notebooks_use_only_public_names(folder):
+    bad = {f.name: b for f in sorted((ROOT / folder).rglob("*.py")) if (b := private_imports(f"{folder}.{f.stem}", f))}
+    assert not bad, f"{folder} reach into private names: {bad}"

@@ -12,7 +12,7 @@ from tempo_jax.cli import main
 from tempo_jax.runtime.serve import ServeConfig
 from tempo_jax.sim import CascadeConfig
 from tempo_jax.sim.cascade import run_cascade
-from tempo_jax.sim.prefill import HARDWARE
+from tempo_jax.sim.cascade.costs import HARDWARE
 
 # ------------------------------------------------------------------------------------------------ CascadeConfig
 BASE = dict(trace="mooncake_sample", max_requests=12)

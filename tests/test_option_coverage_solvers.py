@@ -18,8 +18,8 @@ from solvers import solve
 from solvers.tempo_fast import TempoOptions
 from tempo_jax.cli import main
 from tempo_jax.cli.main import build_parser
-from tempo_jax.sim.phase import PhaseConfig, run_phase
-from tempo_jax.sim.protocols import (
+from tempo_jax.sim.tempo.phase import PhaseConfig, run_phase
+from tempo_jax.sim.tempo.protocols import (
     InformationConfig,
     PolicyConfig,
     RefreshConfig,
@@ -30,7 +30,7 @@ from tempo_jax.sim.protocols import (
     run_refresh,
     run_variants,
 )
-from tempo_jax.sim.replay import SyntheticStreams
+from tempo_jax.sim.tempo.replay import SyntheticStreams
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from test_target_repair import _dsv3_ep8  # noqa: E402  (DeepSeek-V3, EP8, B = 512: every stage of tempo runs)

@@ -10,8 +10,8 @@ from scipy.optimize import brentq
 from solvers import PRESETS, DispatchProblem, Placement, gpu_loads, slots_for
 from solvers.limits import semi_matching_value
 from tempo_jax.sim import PhaseConfig, flip_boundary, run_phase, trace_regime_curve
-from tempo_jax.sim import phase as phase_mod
-from tempo_jax.sim.boundary import (
+from tempo_jax.sim.tempo import phase as phase_mod
+from tempo_jax.sim.tempo.boundary import (
     b_star_avg,
     b_star_hot,
     effective_experts,
@@ -22,11 +22,10 @@ from tempo_jax.sim.boundary import (
     lp_activations,
     metro_imbalance,
 )
-from tempo_jax.sim.diagnose import cell_diagnostics, metro_token_ties
-from tempo_jax.sim.flipscan import fine_ladder, run_flip_scan
-from tempo_jax.sim.phase import COLUMNS, column_setup, matching_dispatch
-from tempo_jax.sim.regimes import regime_curve
-from tempo_jax.sim.summary import (
+from tempo_jax.sim.tempo.diagnose import cell_diagnostics, metro_token_ties
+from tempo_jax.sim.tempo.flipscan import fine_ladder, run_flip_scan
+from tempo_jax.sim.tempo.phase import COLUMNS, column_setup, matching_dispatch
+from tempo_jax.sim.tempo.phase_summary import (
     boundary_rows,
     phase_rows,
     phase_values,
@@ -34,6 +33,7 @@ from tempo_jax.sim.summary import (
     scale_values,
     scan_rows,
 )
+from tempo_jax.sim.tempo.regime_map import regime_curve
 from tempo_jax.workloads import RoutingTrace
 
 TINY = PhaseConfig(
@@ -193,7 +193,9 @@ def test_simulators_do_not_import_jax():
     import subprocess
     import sys
 
-    code = "import sys, tempo_jax.sim, tempo_jax.sim.summary; assert 'jax' not in sys.modules, 'jax imported'"
+    code = (
+        "import sys, tempo_jax.sim, tempo_jax.sim.tempo.phase_summary; assert 'jax' not in sys.modules, 'jax imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

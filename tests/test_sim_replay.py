@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from solvers import PRESETS, DispatchProblem, Placement, drift_corrupt, solve
-from tempo_jax.sim.ablation import component_ablation, summarize
-from tempo_jax.sim.cost_demo import (
+from tempo_jax.sim.tempo.ablation import component_ablation, summarize
+from tempo_jax.sim.tempo.cost_demo import (
     TOY_DISPATCHES,
     calibration_demo,
     expert_profile,
     measured_profile,
     worked_example,
 )
-from tempo_jax.sim.phase import PhaseConfig
-from tempo_jax.sim.protocols import (
+from tempo_jax.sim.tempo.phase import PhaseConfig
+from tempo_jax.sim.tempo.protocols import (
     InformationConfig,
     PolicyConfig,
     RefreshConfig,
@@ -26,7 +26,7 @@ from tempo_jax.sim.protocols import (
     run_policies,
     run_refresh,
 )
-from tempo_jax.sim.replay import (
+from tempo_jax.sim.tempo.replay import (
     Stream,
     SyntheticStreams,
     apply_split,
@@ -35,10 +35,10 @@ from tempo_jax.sim.replay import (
     scale_counts,
     synthetic_stream,
 )
-from tempo_jax.sim.replay_summary import landscape_table, mispricing_table, refresh_table
-from tempo_jax.sim.tiles import TileStudyConfig, run_tile_study, tile_summary
-from tempo_jax.sim.traffic import TopologyConfig, topology_replay
-from tempo_jax.sim.variants import COMPONENT_BASELINES, COMPONENTS, STAGES, TEMPO_VARIANTS
+from tempo_jax.sim.tempo.replay_summary import landscape_table, mispricing_table, refresh_table
+from tempo_jax.sim.tempo.tiles import TileStudyConfig, run_tile_study, tile_summary
+from tempo_jax.sim.tempo.traffic import TopologyConfig, topology_replay
+from tempo_jax.sim.tempo.variants import COMPONENT_BASELINES, COMPONENTS, STAGES, TEMPO_VARIANTS
 
 COST = PRESETS["proxy_serving_3term"]
 SMALL_SYN = SyntheticStreams(streams=1, windows=4)
@@ -60,8 +60,9 @@ def placements(stream):
 # ------------------------------------------------------------------------------------------------ building blocks
 def test_import_does_not_pull_jax():
     code = (
-        "import sys, tempo_jax.sim, tempo_jax.sim.replay, tempo_jax.sim.protocols, tempo_jax.sim.traffic, "
-        "tempo_jax.sim.ablation, tempo_jax.sim.cost_demo, tempo_jax.sim.replay_summary; "
+        "import sys, tempo_jax.sim, tempo_jax.sim.tempo.replay, tempo_jax.sim.tempo.protocols, "
+        "tempo_jax.sim.tempo.traffic, "
+        "tempo_jax.sim.tempo.ablation, tempo_jax.sim.tempo.cost_demo, tempo_jax.sim.tempo.replay_summary; "
         "print('jax' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

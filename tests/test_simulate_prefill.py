@@ -1,4 +1,4 @@
-"""tempo_jax.sim.requests: prefix caches, placement policies, chunked-prefill batches, `simulate_prefill`."""
+"""tempo_jax.sim.cascade.serving: prefix caches, placement policies, chunked-prefill batches, `simulate_prefill`."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tempo_jax.sim import PLACEMENT_POLICIES, PrefillResult, StepBatch, simulate_prefill
-from tempo_jax.sim.requests import PrefixCache, Router, ToyStepTime
+from tempo_jax.sim.cascade.serving import PrefixCache, Router, ToyStepTime
 from tempo_jax.workloads import RequestTrace, load_mooncake_sample, synthetic_requests
 
 TOY = ToyStepTime(alpha0_s=2e-3, alpha1_s=2e-5, alpha2_s=1e-9, ffn_s_per_token=2e-5)

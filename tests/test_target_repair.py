@@ -11,7 +11,7 @@ from test_policies import problems
 
 from solvers import PRESETS, CostModel, Dispatch, DispatchProblem, Placement, solve
 from solvers.bounds import forced_lower_bound
-from solvers.target_repair import _apply, _route, _Scorer, _transport, target_repair
+from solvers.target_repair import _apply, _Scorer, _transport, route_flow, target_repair
 from tempo_jax.workloads import SyntheticRouting
 
 
@@ -53,7 +53,7 @@ def test_scorer_agrees_with_full_routing(problem, data):
     cap = data.draw(st.integers(0, int(n.sum()) + 1))
     pairs = list(zip(*np.nonzero(mask), strict=True))
     edits = [(int(e), int(g), data.draw(st.booleans())) for e, g in data.draw(st.lists(st.sampled_from(pairs)))]
-    assert _Scorer(n, pattern, cap).routed(edits) == _route(n, _apply(pattern, edits), cap)[0]
+    assert _Scorer(n, pattern, cap).routed(edits) == route_flow(n, _apply(pattern, edits), cap)[0]
 
 
 @given(problems(), st.floats(0.7, 1.3))

@@ -1,10 +1,10 @@
-"""Theorem 2 (tempo_jax.sim.theorem2): A3's additive term, ε, and the tightness probes on a tiny grid."""
+"""Theorem 2 (tempo_jax.sim.tempo.theorem2): A3's additive term, ε, and the tightness probes on a tiny grid."""
 
 import numpy as np
 import pytest
 
 from solvers import CostModel, DispatchProblem, Placement, solve
-from tempo_jax.sim.theorem2 import (
+from tempo_jax.sim.tempo.theorem2 import (
     FAMILIES,
     PAPER,
     EpsilonConfig,

@@ -2,7 +2,7 @@
 planned asynchronous schedule (+ OEWF) with the synchronous layer's output.
 
 1. Twenty-four requests of the bundled Mooncake sample, placed round-robin on 8 replicas, form one prefill step
-   (first chunk of each, up to 16,384 new tokens per replica). DeepSeek-V4-Flash costs (`tempo_jax.sim.prefill`):
+   (first chunk of each, up to 16,384 new tokens per replica). DeepSeek-V4-Flash costs (`tempo_jax.sim.cascade.costs`):
    per-replica attention, dispatch, and one MoE layer's timeline under Sync and CascadeEP (exact estimates).
 2. The demo's small JAX layer (E = 64, top-6, 8 devices) gets the launch schedule (streamFFN groups in the
    predicted arrival order) and the OEWF fetches planned for its own routing at those arrival times, and
@@ -19,8 +19,8 @@ import numpy as np
 from solvers import LaunchSchedule, oewf_at_dispatch
 
 from ..sim.cascade import CascadeConfig, StepModel
-from ..sim.cascade_layer import LayerInputs, layer_timeline
-from ..sim.requests import StepBatch
+from ..sim.cascade.reference_timeline import LayerInputs, layer_timeline
+from ..sim.cascade.serving import StepBatch
 from ..text import table
 from ..workloads.requests import load_mooncake_sample
 

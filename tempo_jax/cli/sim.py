@@ -9,11 +9,11 @@ import json
 
 from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_phase
 from ..sim.cascade import TIMELINES, cascade_trace, run_cascade_seeds
-from ..sim.cascade_layer import LAUNCHES, LAYER_MODES, LINKS
-from ..sim.cascade_summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, paired_difference, seed_summary
-from ..sim.phase import MODEL_SHAPES
-from ..sim.prefill import HARDWARE, MODELS
+from ..sim.cascade.costs import HARDWARE, MODELS
+from ..sim.cascade.reference_timeline import LAUNCHES, LAYER_MODES, LINKS
+from ..sim.cascade.summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, paired_difference, seed_summary
 from ..sim.runner import BACKENDS
+from ..sim.tempo.phase import MODEL_SHAPES
 from ..text import table
 from ..workloads import TRACES
 from .args import UsageError, config_from_args, config_options, int_at_least, number_list, prepare_out, real

@@ -42,8 +42,8 @@ import numpy as np
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, solve
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
-from ..text import table
-from .runner import CACHE_DIR, cached, run_jobs, stats
+from ...text import table
+from ..runner import CACHE_DIR, cached, run_jobs, stats
 
 __all__ = [
     "FAMILIES",
@@ -388,7 +388,7 @@ def theorem2_table(result: Theorem2Result) -> list[list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tempo_jax.sim.theorem2 [--small] [--workers N]``: print the paper-vs-here table."""
+    """``python -m tempo_jax.sim.tempo.theorem2 [--small] [--workers N]``: print the paper-vs-here table."""
     import argparse
 
     ap = argparse.ArgumentParser(description="TEMPO Theorem 2: A3's additive gap ε and its tightness")

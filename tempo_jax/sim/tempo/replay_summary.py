@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .runner import stats
+from ..runner import stats
 
 __all__ = [
     "PAPER",

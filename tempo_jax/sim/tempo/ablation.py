@@ -23,8 +23,8 @@ import numpy as np
 
 from solvers import DispatchProblem, solve
 
+from ..runner import CACHE_DIR, cached, run_jobs, stats
 from .phase import FIXED_POLICIES, LETTERS, Cell, PhaseConfig, cell_setup, cells_by_work
-from .runner import CACHE_DIR, cached, run_jobs, stats
 from .variants import COMPONENT_BASELINES, COMPONENTS, TEMPO_VARIANTS
 
 __all__ = ["AblationResult", "component_ablation", "summarize"]

@@ -39,8 +39,8 @@ from solvers import (
 )
 from tempo_jax.workloads import SyntheticRouting, pair_share
 
+from ..runner import stats
 from .phase import MODEL_SHAPES
-from .runner import stats
 
 __all__ = ["LAYOUTS", "TopologyConfig", "topology_placement", "topology_replay", "topology_summary"]
 

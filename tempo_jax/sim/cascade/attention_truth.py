@@ -32,7 +32,7 @@ import numpy as np
 
 from solvers import AttentionFitReport, AttentionModel, attention_features, fit_attention
 
-from .prefill import prefill_costs
+from .costs import prefill_costs
 
 __all__ = ["PROFILE_GRID", "AttentionTruth", "attention_truth"]
 

@@ -154,7 +154,7 @@ def calibration_demo(preset: str = "dsv3_a_gemm_refit", *, noise: float = 0.05, 
     return Calibration(true, fitted, report, G, N, t)
 
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 #: Measured expert-FFN profiles Fig. 2 overlays when present: label → CSV (either format `measured_profile` reads).
 PROFILE_CSVS: dict[str, Path] = {
     "GPU (scripts/gpu_check.sh)": _ROOT / "results" / "gpu" / "profile.csv",

@@ -23,7 +23,7 @@ import numpy as np
 from .boundary import flip_band, flip_boundary, flip_boundary_refined, in_band
 from .flipscan import FlipScan
 from .phase import PhaseResult, column_setup
-from .regimes import RegimeCurve
+from .regime_map import RegimeCurve
 
 __all__ = [
     "PAPER",

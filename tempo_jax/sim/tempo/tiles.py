@@ -29,7 +29,7 @@ import numpy as np
 from solvers import PRESETS, DispatchProblem, Placement, gpu_loads, slots_for, solve
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
-from .runner import CACHE_DIR, cached, run_jobs, stats
+from ..runner import CACHE_DIR, cached, run_jobs, stats
 
 __all__ = ["TileStudyConfig", "run_tile_study", "tile_summary"]
 

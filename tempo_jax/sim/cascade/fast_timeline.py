@@ -1,10 +1,10 @@
 """The fast layer timeline: every MoE layer of one forward step at once (the same numbers as `layer_timeline`).
 
 `step_timeline(inputs, costs, mode, links=..., launch=...)` computes, for all L layers of a step together, what
-`tempo_jax.sim.cascade_layer.layer_timeline` computes one layer at a time — the same rules (read that module's
-doc), in numpy arrays ``[L, D]`` / ``[L, D, D]`` with loops only over the D ranks' positions (source arrival order,
-helper decision order, port queues). It is tested equal to the reference to 1e-9 relative on random layers and on
-served runs (`tests/test_cascade_sim.py`).
+`tempo_jax.sim.cascade.reference_timeline.layer_timeline` computes one layer at a time — the same rules (read that
+module's doc), in numpy arrays ``[L, D]`` / ``[L, D, D]`` with loops only over the D ranks' positions (source
+arrival order, helper decision order, port queues). It is tested equal to the reference to 1e-9 relative on random
+layers and on served runs (`tests/test_cascade_sim.py`).
 
 What it needs that the reference derives from ``pairs [D, D, E]``: the rank-level pairs ``sent [L, D, D]`` and, for
 OEWF, ``top_share [L, D]`` — the share of a (helper → donor) pair's tokens that the helper's buffer takes (the
@@ -23,8 +23,8 @@ import numpy as np
 
 from solvers.checks import check_choice
 
-from .cascade_layer import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
-from .prefill import PrefillCosts
+from .costs import PrefillCosts
+from .reference_timeline import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 
 __all__ = ["StepInputs", "StepTimes", "step_timeline", "top_shares"]
 
@@ -394,7 +394,7 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
 
 
 def _combine_receipts(costs, order, left_at, sent_by, remote_tokens, net: _Net) -> np.ndarray:
-    """``[L, D]`` when each rank has its outputs back (`cascade_layer._combine_receipts`, all layers at once): the
+    """``[L, D]`` when each rank has its outputs back (`reference_timeline._combine_receipts`, all layers at once): the
     combine chunk d → s (``[L, d, pos]`` arrays, ``order`` mapping positions to sources) crosses s's receive port in
     the order the chunks left their senders (ties: lower sender), delivered ``latency`` after both ports."""
     hw = costs.hardware

@@ -38,7 +38,7 @@ from solvers.checks import plain_scalars
 from solvers.limits import semi_matching
 from tempo_jax.workloads import SyntheticRouting, check_sampled_pairs, pair_share
 
-from .runner import CACHE_DIR, cached, run_jobs
+from ..runner import CACHE_DIR, cached, run_jobs
 
 __all__ = [
     "FIXED_POLICIES",

@@ -20,8 +20,8 @@ import numpy as np
 
 from solvers import DispatchProblem, gpu_loads, solve
 
+from ..runner import CACHE_DIR, cached, run_jobs
 from .phase import FIXED_POLICIES, LETTERS, Cell, PhaseConfig, cell_setup, cells_by_work
-from .runner import CACHE_DIR, cached, run_jobs
 
 __all__ = ["FlipScan", "fine_ladder", "run_flip_scan"]
 

@@ -1,7 +1,7 @@
 """One MoE layer of DEP prefill on D ranks under Sync / Async / Async+SF / CascadeEP (CascadeEP §3, Fig. 1).
 
 This is the **reference** (scalar) timeline: plain loops over ranks, one layer at a time, every step spelled out.
-`tempo_jax.sim.cascade_fast` computes the same numbers for all L layers of a step at once (tested equal to this
+`tempo_jax.sim.cascade.fast_timeline` computes the same numbers for all L layers of a step at once (tested equal to this
 one to 1e-9 relative); the serving runs use that one.
 
 Every rank d is one attention replica and one EP rank. Times are µs from the layer's start (all replicas start
@@ -86,7 +86,7 @@ from solvers import CostModel, LaunchGroup, OEWFState, Reassignment, oewf_at_dis
 from solvers.checks import check_array, check_choice
 from solvers.streamffn import partition_sources, run_partition
 
-from .prefill import PrefillCosts
+from .costs import PrefillCosts
 
 __all__ = [
     "HELPER_STREAM_EFFICIENCY",

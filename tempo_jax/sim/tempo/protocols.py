@@ -35,8 +35,8 @@ from solvers import PRESETS, CostModel, DispatchProblem, gpu_loads, solve
 from solvers.relief import check_relief_cost
 from solvers.solve import check_policy
 
+from ..runner import CACHE_DIR, cached, run_jobs
 from .replay import PROXY_PRESET, Stream, SyntheticStreams, apply_split, make_streams, replay_placement
-from .runner import CACHE_DIR, cached, run_jobs
 from .variants import STAGES, TEMPO_VARIANTS, variant_problem
 
 __all__ = [

@@ -9,9 +9,12 @@ import dataclasses
 
 import numpy as np
 
-from .cascade import CascadeConfig, CascadeRun, StepModel, cascade_trace, run_cascade, step_batches
-from .cascade_layer import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
-from .runner import bootstrap_ci
+from ..runner import bootstrap_ci
+from .config import CascadeConfig
+from .reference_timeline import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
+from .run import CascadeRun, run_cascade, step_batches
+from .step_model import StepModel
+from .workload import cascade_trace
 
 __all__ = [
     "ATTRIBUTION",
@@ -278,7 +281,7 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
     model = StepModel(exact, "sync")
     x = model.step_inputs(step_batches(res, step), np.random.default_rng([exact.seed, step]))
     pairs = x["pairs"][layer]
-    if model.placements is None:
+    if model.expert_placements is None:
         pairs = model.expert_pairs(layer, pairs)
     inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs, oewf=layer > 0)
     return {
