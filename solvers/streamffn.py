@@ -29,6 +29,7 @@ __all__ = [
     "LaunchGroup",
     "LaunchSchedule",
     "launch_groups",
+    "partition_ends",
     "partition_sources",
     "run_partition",
 ]
@@ -37,9 +38,39 @@ __all__ = [
 LAUNCH_MODES = ("sync", "async", "stream")
 
 
-def _arrival_order(arrival: np.ndarray) -> np.ndarray:
-    """Sources by arrival time, ties to the lower index."""
-    return np.argsort(arrival, kind="stable")
+def partition_ends(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The launch rule on many destinations at once: sources ``[..., S]`` → ``(order [..., S], ends [..., S])``.
+
+    Args:
+      arrival: ``[..., S]`` float arrival times; tokens: ``[..., S]`` tokens per source; mode: one of
+      `LAUNCH_MODES`; theta: the stream threshold in tokens (ignored by sync and async).
+
+    ``order`` lists the sources by arrival (ties to the lower index); ``ends[..., j]`` is True where the group
+    holding the j-th arrival launches (its last source). `partition_sources` reads one row as lists.
+    """
+    arrival, tokens = np.asarray(arrival, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    order = np.argsort(arrival, axis=-1, kind="stable")
+    S = arrival.shape[-1]
+    # Step 1: sync launches once, when the last source has arrived; async launches every source on its own.
+    if mode == "sync":
+        ends = np.zeros(arrival.shape, dtype=bool)
+        ends[..., S - 1 :] = True
+        return order, ends
+    if mode == "async":
+        return order, np.ones(arrival.shape, dtype=bool)
+    # Step 2: stream — walk the arrivals; sources of one instant join the pending group together.
+    a_sorted = np.take_along_axis(arrival, order, axis=-1)
+    t_sorted = np.take_along_axis(tokens, order, axis=-1)
+    instant_end = np.ones(arrival.shape, dtype=bool)
+    instant_end[..., :-1] = a_sorted[..., :-1] != a_sorted[..., 1:]
+    ends = np.zeros(arrival.shape, dtype=bool)
+    pending = np.zeros(arrival.shape[:-1])
+    for j in range(S):
+        pending = pending + t_sorted[..., j]
+        # Step 3: launch at θ, or flush when the last source has arrived.
+        ends[..., j] = instant_end[..., j] & ((pending >= theta) | (j == S - 1))
+        pending = np.where(ends[..., j], 0.0, pending)
+    return order, ends
 
 
 def partition_sources(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float) -> list[list[int]]:
@@ -49,32 +80,14 @@ def partition_sources(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta:
       arrival: ``[Gs]`` float arrival times; tokens: ``[Gs]`` tokens per source; mode: one of `LAUNCH_MODES`;
       theta: the stream threshold in tokens (ignored by sync and async).
 
-    Every source lands in exactly one group: the one pending when it arrives. `launch_groups` is the checked
-    entry point; simulators call this in their inner loops.
+    Every source lands in exactly one group: the one pending when it arrives (`partition_ends` on one row).
+    `launch_groups` is the checked entry point; simulators call this in their inner loops.
     """
-    order = _arrival_order(arrival)
-    # Step 1: sync waits for everyone; async launches every source on its own.
+    order, ends = partition_ends(arrival, tokens, mode, theta)
     if mode == "sync":
         return [[int(s) for s in order]]
-    if mode == "async":
-        return [[int(s)] for s in order]
-    # Step 2: stream — walk the arrival instants; sources of one instant join the pending group together.
-    groups: list[list[int]] = []
-    pending: list[int] = []
-    pending_tokens = 0.0
-    i = 0
-    while i < order.size:
-        j = i
-        while j < order.size and arrival[order[j]] == arrival[order[i]]:
-            pending.append(int(order[j]))
-            pending_tokens += float(tokens[order[j]])
-            j += 1
-        i = j
-        # Step 3: launch at θ, or flush when the last source has arrived.
-        if pending_tokens >= theta or i == order.size:
-            groups.append(pending)
-            pending, pending_tokens = [], 0.0
-    return groups
+    starts = np.concatenate([[0], np.flatnonzero(ends)[:-1] + 1]) if order.size else np.zeros(0, dtype=np.int64)
+    return [[int(s) for s in g] for g in np.split(order, starts[1:])] if order.size else []
 
 
 def _stream_theta(fn: str, curve, threshold, rho) -> float:

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers import (
@@ -550,3 +550,44 @@ def test_oewf_at_dispatch_decides_in_readiness_order_and_moves_only_helper_pairs
     for a in res.accepted:  # only the helper's own row towards its donor changes
         r = a.reassignment
         assert moved[r.helper, r.donor].sum() > 0 and att[r.helper] < att[r.donor]
+
+
+def _walk_groups(arrival, tokens, mode, theta):
+    """The launch rule walked source by source (the independent reference of `partition_ends`)."""
+    order = sorted(range(len(arrival)), key=lambda s: (arrival[s], s))
+    if mode == "sync":
+        return [order]
+    if mode == "async":
+        return [[s] for s in order]
+    groups, pending, total = [], [], 0.0
+    for i, s in enumerate(order):
+        pending.append(s)
+        total += tokens[s]
+        last_of_instant = i + 1 == len(order) or arrival[order[i + 1]] != arrival[s]
+        if last_of_instant and (total >= theta or i + 1 == len(order)):
+            groups.append(pending)
+            pending, total = [], 0.0
+    return groups
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(0, 7),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["sync", "async", "stream"]),
+    st.sampled_from([0.0, 25.0, 60.0, np.inf]),
+)
+def test_partition_ends_matches_the_walk_on_every_row(rows, S, seed, mode, theta):
+    from solvers.streamffn import partition_ends, partition_sources
+
+    rng = np.random.default_rng(seed)
+    arrival = rng.integers(0, 3, (rows, S)).astype(float)  # ties: sources of one instant join together
+    tokens = rng.integers(0, 40, (rows, S)).astype(float)
+    order, ends = partition_ends(arrival, tokens, mode, theta)
+    for r in range(rows):
+        want = _walk_groups(list(arrival[r]), list(tokens[r]), mode, theta)
+        assert partition_sources(arrival[r], tokens[r], mode, theta) == want
+        cuts = np.flatnonzero(ends[r]) + 1
+        got = [list(map(int, g)) for g in np.split(order[r], cuts[:-1])] if S else ([[]] if mode == "sync" else [])
+        assert got == want

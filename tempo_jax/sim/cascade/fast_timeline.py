@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.checks import check_choice
+from solvers.streamffn import partition_ends
 
 from .costs import PrefillCosts
 from .reference_timeline import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
@@ -278,30 +279,9 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
 
 
 def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """(order [L, d, pos], group ends [L, d, pos] bool) of `solvers.streamffn.partition_sources` per destination,
-    for arrivals / tokens ``[L, s, d]``."""
-    arr = np.swapaxes(part_arrival, 1, 2)  # [L, d, s]
-    tok = np.swapaxes(part_tokens, 1, 2)
-    L, D, _ = arr.shape
-    order = np.argsort(arr, axis=2, kind="stable")
-    if rule == "sync":
-        ends = np.zeros((L, D, D), dtype=bool)
-        ends[:, :, -1] = True
-        return order, ends
-    if rule == "async":
-        return order, np.ones((L, D, D), dtype=bool)
-    a_sorted = np.take_along_axis(arr, order, axis=2)
-    t_sorted = np.take_along_axis(tok, order, axis=2)  # [L, d, pos]
-    instant_end = np.ones((L, D, D), dtype=bool)
-    instant_end[:, :, :-1] = a_sorted[:, :, :-1] != a_sorted[:, :, 1:]
-    ends = np.zeros((L, D, D), dtype=bool)
-    pend = np.zeros((L, D))
-    for j in range(D):
-        pend = pend + t_sorted[:, :, j]
-        close = instant_end[:, :, j] & ((pend >= theta) | (j == D - 1))
-        ends[:, :, j] = close
-        pend = np.where(close, 0.0, pend)
-    return order, ends
+    """(order [L, d, pos], group ends [L, d, pos] bool): `solvers.streamffn.partition_ends` per destination, for
+    arrivals / tokens ``[L, s, d]``."""
+    return partition_ends(np.swapaxes(part_arrival, 1, 2), np.swapaxes(part_tokens, 1, 2), rule, theta)
 
 
 def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
