@@ -43,7 +43,7 @@ from .oewf import (
 from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
-from .streamffn import LAUNCH_MODES, ExchangeRound, LaunchGroup, LaunchSchedule, launch_groups
+from .streamffn import LAUNCH_MODES, ExchangeShift, LaunchGroup, LaunchSchedule, launch_groups
 from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights, split_tables
 from .tempo_fast import TempoOptions
 from .throughput import DEFAULT_TOKEN_LADDER, ThroughputCurve, stream_threshold
@@ -91,7 +91,7 @@ __all__ = [
     "ThroughputCurve",
     "stream_threshold",
     "LAUNCH_MODES",
-    "ExchangeRound",
+    "ExchangeShift",
     "LaunchGroup",
     "LaunchSchedule",
     "launch_groups",

@@ -5,7 +5,7 @@ Two views of the same rule:
 * `launch_groups` — per destination rank, with real arrival times: which source ranks' tokens each grouped
   FFN kernel covers, and when it runs on the rank's GPU. This is what a timeline simulator replays.
 * `LaunchSchedule` — rank-uniform: one grouping of the D source ranks (in predicted arrival order) used by
-  every destination, so the JAX layer compiles one program per structure: per-group exchange rounds, then
+  every destination, so the JAX layer compiles one program per structure: per-group shifted exchanges, then
   one grouped GEMM per group.
 
 streamFFN rule (§3.2): sources become ready in arrival order; ready tokens accumulate until they reach the
@@ -25,7 +25,7 @@ from .throughput import ThroughputCurve, stream_threshold
 
 __all__ = [
     "LAUNCH_MODES",
-    "ExchangeRound",
+    "ExchangeShift",
     "LaunchGroup",
     "LaunchSchedule",
     "launch_groups",
@@ -206,11 +206,11 @@ def run_partition(groups, arrival, tokens, ffn_time, *, start_us: float = 0.0, s
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExchangeRound:
-    """One partial permutation of the exchange: every listed source sends to ``(source + shift) mod D``.
+class ExchangeShift:
+    """One partial permutation of the exchange (a shift): every listed source sends to ``(source + shift) mod D``.
 
     Attributes:
-      group: index of the launch group whose sources this round carries.
+      group: index of the launch group whose sources this shift carries.
       shift: k in 0 … D−1 (k = 0 is the local block, source = destination).
       pairs: ``((source, destination), …)``, sources and destinations each distinct.
     """
@@ -334,16 +334,16 @@ class LaunchSchedule:
         return tuple(out)
 
     @property
-    def rounds(self) -> tuple[ExchangeRound, ...]:
+    def shifts(self) -> tuple[ExchangeShift, ...]:
         """The exchange as partial permutations, group by group, shift k = 0 … D−1 within a group.
 
-        Round (g, k) carries source s → destination (s + k) mod D for every s in group g, so the rounds
+        Shift (g, k) carries source s → destination (s + k) mod D for every s in group g, so the shifts
         cover every (source, destination) pair exactly once, and each is a partial permutation (a
         ``ppermute``). k = 0 is the local block.
         """
         D = self.num_ranks
         return tuple(
-            ExchangeRound(group=gi, shift=k, pairs=tuple((s, (s + k) % D) for s in g))
+            ExchangeShift(group=gi, shift=k, pairs=tuple((s, (s + k) % D) for s in g))
             for gi, g in enumerate(self.groups)
             for k in range(D)
         )

@@ -112,7 +112,7 @@ def _ancestors(body, roots):
     return [e for e in body.eqns if id(e) in seen]
 
 
-def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
+def test_each_launch_groups_gemm_depends_only_on_its_own_shifts(setup):
     placement, config, params, x, mesh = setup
     sched = LaunchSchedule(num_ranks=D, order=(3, 1, 0, 7, 2, 5, 4, 6), groups=((3, 1), (0, 7, 2), (5,), (4, 6)))
     cfg = dataclasses.replace(config, schedule=sched)
@@ -126,8 +126,8 @@ def test_each_launch_groups_gemm_depends_only_on_its_own_rounds(setup):
         gemms = [e for e in body.eqns if e.primitive.name == "custom_vjp_call" and f"cascade_group_{g}" in scope(e)]
         assert len(gemms) == 2  # gate+up (one GEMM of width 2F), down
         collectives = [e for e in _ancestors(body, gemms) if e.primitive.name == "ppermute"]
-        rounds = {re.search(r"cascade_(round|return)_(\d+)_(\d+)", scope(e)).groups() for e in collectives}
-        assert rounds == {("round", str(g), str(k)) for k in range(1, D)}, (g, sorted(rounds))
+        shifts = {re.search(r"cascade_(shift|return)_(\d+)_(\d+)", scope(e)).groups() for e in collectives}
+        assert shifts == {("shift", str(g), str(k)) for k in range(1, D)}, (g, sorted(shifts))
 
 
 # ----------------------------------------------------------------------------------------------- OEWF

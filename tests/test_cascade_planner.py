@@ -240,13 +240,13 @@ def test_schedule_partitions_and_rounds(seed, D, mode):
     s = LaunchSchedule.from_arrivals(arrival, tokens, CONCAVE, mode=mode, rho=0.5)
     assert sorted(r for g in s.groups for r in g) == list(range(D))
     assert list(s.order) == list(np.argsort(arrival, kind="stable"))
-    pairs = [p for r in s.rounds for p in r.pairs]
+    pairs = [p for r in s.shifts for p in r.pairs]
     assert sorted(pairs) == [(a, b) for a in range(D) for b in range(D)]  # every pair exactly once
-    for r in s.rounds:
+    for r in s.shifts:
         src, dst = zip(*r.pairs, strict=True)
         assert len(set(src)) == len(src) and len(set(dst)) == len(dst)  # partial permutation
         assert all(d == (a + r.shift) % D for a, d in r.pairs) and set(src) == set(s.groups[r.group])
-    assert len(s.rounds) == D * len(s.groups)
+    assert len(s.shifts) == D * len(s.groups)
     same = LaunchSchedule(num_ranks=D, order=s.order, groups=s.groups)
     assert same.key == s.key and hash(same.key) == hash(s.key) and same == s
     if mode == "sync":

@@ -122,3 +122,23 @@ def test_tiny_lm_trains_with_the_same_losses_as_the_worst_case_path(mesh):
     auto = train(base, steps=3, mesh=mesh)
     worst = train(dataclasses.replace(base, capacity=None), steps=3, mesh=mesh)
     assert_close(auto.losses, worst.losses)
+
+
+def test_rounds_differentiate_with_weights_stored_in_another_dtype(mesh):
+    """float32 weights with a bfloat16 exchange (`MoEConfig.dtype`): the rounds' VJP takes the results' cotangents
+    in the dtype they travel in (it raised a VJP type error before), and equals the single exchange's gradients."""
+    E, S, K = 16, 2, 2
+    placement = Placement.from_eplb(np.arange(1, E + 1, dtype=float), D * S, D)
+    cfg = MoEConfig(hidden=16, ffn=8, experts=E, top_k=K, slots_per_rank=S, dispatch_mode="quota")
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)  # float32
+    x = jax.random.normal(jax.random.key(1), (D * 16, 16))
+
+    def loss(p, x, capacity):
+        config = dataclasses.replace(cfg, capacity=capacity, dtype=jnp.bfloat16)
+        out = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config).out
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    grads = {c: jax.jit(jax.grad(lambda p, x, c=c: loss(p, x, c), argnums=(0, 1)))(params, x) for c in ("auto", None)}
+    assert jax.tree.map(lambda g: g.dtype, grads["auto"]) == jax.tree.map(lambda g: g.dtype, (params, x))
+    assert_trees_close(grads["auto"], grads[None], dtype=jnp.bfloat16)

@@ -1,14 +1,14 @@
-"""CascadeEP inside the `shard_map` layer: per-source exchange rounds, one expert FFN per launch group, OEWF.
+"""CascadeEP inside the `shard_map` layer: per-source shifted exchanges, one expert FFN per launch group, OEWF.
 
 `tempo_jax.layer.moe` calls these per-rank functions when `MoEConfig.schedule` is a `solvers.LaunchSchedule` or
 `MoEConfig.fetches` is non-empty; they compose the stages of `tempo_jax.layer.stages`. The host-side half (plans →
 `WeightFetch`es, pair counts for the planners) is `tempo_jax.layer.cascade_plan`.
 
 **Asynchronous launching** (`scheduled_exchange_ffn`). The synchronous all-to-all is decomposed into the
-schedule's rounds (`LaunchSchedule.rounds`): for launch group g and shift k, every source s of g sends its
+schedule's shifts (`LaunchSchedule.shifts`): for launch group g and shift k, every source s of g sends its
 block for rank (s + k) mod D with one `jax.lax.ppermute` (k = 0 is the local block, no collective). After
-group g's D rounds, each rank runs one grouped-GEMM SwiGLU over the blocks of g's sources only and returns
-their results with the reverse rounds. So group g's GEMM depends on g's rounds alone (checked on the jaxpr
+group g's D shifts, each rank runs one grouped-GEMM SwiGLU over the blocks of g's sources only and returns
+their results with the reverse shifts. So group g's GEMM depends on g's shifts alone (checked on the jaxpr
 in the tests): a scheduler (XLA's latency-hiding scheduler on GPU) can start it as soon as g's sources have
 sent, while later groups are still in attention. The arrival order is fixed at compile time, from the
 planner's predicted order; every row still goes through exactly one GEMM, so the output equals the
@@ -82,7 +82,7 @@ def scheduled_exchange_ffn(
     gmm_impl: str,
     interpret: bool,
 ):
-    """Exchange and expert FFN round by round, one grouped GEMM per launch group (see the module doc).
+    """Exchange and expert FFN shift by shift, one grouped GEMM per launch group (see the module doc).
 
     Args:
       packed: this rank's `stages.Packed` rows (``buffer [D, C, W]``, ``counts [D]``).
@@ -101,24 +101,24 @@ def scheduled_exchange_ffn(
     me = jax.lax.axis_index(axis)
     back = jnp.zeros((D, C, hidden), buf.dtype)
     sizes = jnp.zeros((slots_total,), jnp.int32)
-    rounds = schedule.rounds
+    shifts = schedule.shifts
     for g, group in enumerate(schedule.groups):
         src = jnp.asarray(group, jnp.int32)
         in_group = jnp.any(src == me)
-        # Step 1: g's rounds: source s sends its block for (s + k) mod D; round k delivers source (me − k) mod D.
+        # Step 1: g's shifts: source s sends its block for (s + k) mod D; shift k delivers source (me − k) mod D.
         got, got_counts = [], []
-        for r in (r for r in rounds if r.group == g):
+        for r in (r for r in shifts if r.group == g):
             block = jax.lax.dynamic_index_in_dim(buf, (me + r.shift) % D, keepdims=False)
             n = counts[(me + r.shift) % D]
             if r.shift == 0:
                 got.append(jnp.where(in_group, block, 0))
                 got_counts.append(jnp.where(in_group, n, 0))
                 continue
-            with jax.named_scope(f"cascade_round_{g}_{r.shift}"):
+            with jax.named_scope(f"cascade_shift_{g}_{r.shift}"):
                 got.append(jax.lax.ppermute(block, axis, perm=list(r.pairs)))
                 got_counts.append(jax.lax.ppermute(n, axis, perm=list(r.pairs)))
-        # Step 2: keep the m rounds that carried a source of g to this rank (static count, rank-dependent rounds).
-        ks = (me - src) % D  # [m] round of each source of g
+        # Step 2: keep the m shifts that carried a source of g to this rank (static count, rank-dependent shifts).
+        ks = (me - src) % D  # [m] shift of each source of g
         blocks = jnp.stack(got)[ks]  # [m, C, W]
         recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
         # Step 3: one grouped GEMM over g's rows.
@@ -132,13 +132,13 @@ def scheduled_exchange_ffn(
                 interpret=interpret,
             )
         sizes = sizes + gs
-        # Step 4: reverse rounds: results for source (me − k) mod D go back to it.
-        per_round = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))
-        for r in (r for r in rounds if r.group == g):
+        # Step 4: reverse shifts: results for source (me − k) mod D go back to it.
+        per_shift = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))
+        for r in (r for r in shifts if r.group == g):
             if r.shift == 0:
-                ret = jnp.where(in_group, per_round[0], 0)
+                ret = jnp.where(in_group, per_shift[0], 0)
             else:
                 with jax.named_scope(f"cascade_return_{g}_{r.shift}"):
-                    ret = jax.lax.ppermute(per_round[r.shift], axis, perm=[(d, s) for s, d in r.pairs])
+                    ret = jax.lax.ppermute(per_shift[r.shift], axis, perm=[(d, s) for s, d in r.pairs])
             back = back.at[(me + r.shift) % D].add(ret.astype(back.dtype))
     return back, sizes

@@ -5,7 +5,7 @@
 - `pair_tokens`: a layer run's per-replica counts → pairs per (source, destination, expert), what the planners
   take; `fetch_bytes`: the bytes a set of fetches moves; `check_fetches`: fetches against a placement.
 
-The in-graph half (exchange rounds per launch group, the weight copies) is `tempo_jax.layer.cascade_exec`.
+The in-graph half (shifted exchanges per launch group, the weight copies) is `tempo_jax.layer.cascade_exec`.
 
 Glossary: D ranks, E logical experts, R replica columns, S slots per rank, H hidden, F expert width.
 """

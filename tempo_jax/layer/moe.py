@@ -34,7 +34,7 @@ from solvers import LaunchSchedule
 from . import cascade_exec, relief, rounds, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
-from .exchange import EXCHANGE, return_blocks
+from .exchange import EXCHANGE
 from .experts import glu, shared_ffn
 from .params import EXPERT_KEYS, check_params
 from .replicas import tie_replicas
@@ -251,7 +251,7 @@ def _local_moe(
     how, C = capacity
     if how == "rounds":
         # Steps 3–6 in rounds of C rows per block until every pair is computed (dropless, bounded memory).
-        po = rounds.order_pairs(dest, local, D)
+        po = stages.order_pairs(dest, local, D)
         y_pairs, group_sizes, n_rounds = rounds.exchange_ffn_rounds(
             x_rows,
             weights,
@@ -339,12 +339,13 @@ def _exchange_ffn(
         recv = stages.exchange_rows(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
         rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
         y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
-        back = return_blocks(y.reshape(recv.rows.shape), recv.counts, packed.counts, axis=axis, impl=impl)
+        y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, impl=impl)
     else:
-        # Steps 4–6 by the launch schedule: rounds per group, one grouped GEMM per group (CascadeEP).
+        # Steps 4–6 by the launch schedule: shifted exchanges per group, one grouped GEMM per group (CascadeEP).
         run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)
         back, group_sizes = run(packed, config.schedule, weights, slots_total=slots_total)
-    return stages.unpack_rows(back, packed), group_sizes, packed.wanted, packed.counts
+        y_pairs = stages.unpack_rows(back, packed)
+    return y_pairs, group_sizes, packed.wanted, packed.counts
 
 
 @functools.lru_cache(maxsize=64)
@@ -487,7 +488,7 @@ def _check_inputs(
     if capacity is None:
         return "worst", worst
     if capacity == "auto":
-        if config.schedule != "sync":  # a launch schedule is one plan of exchange rounds: the worst case there
+        if config.schedule != "sync":  # a launch schedule is one plan of shifted exchanges: the worst case there
             return "worst", worst
         C = auto_capacity(config, Tp // D, D)
         return ("worst", worst) if C >= worst else ("rounds", C)

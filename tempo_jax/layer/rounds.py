@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,29 +29,10 @@ import jax.numpy as jnp
 from . import stages
 from .exchange import return_blocks, send_blocks
 
-__all__ = ["PairOrder", "RoundsStatic", "exchange_ffn_rounds", "order_pairs"]
+__all__ = ["RoundsStatic", "exchange_ffn_rounds"]
 
 
-class PairOrder(NamedTuple):
-    """This rank's pairs sorted by destination: ``order [T·K]`` pair index of each sorted pair, ``start [D]``
-    first sorted index of block j, ``wanted [D]`` pairs for destination j, ``local [T·K]`` local slot of each
-    pair (pair order)."""
-
-    order: jax.Array
-    start: jax.Array
-    wanted: jax.Array
-    local: jax.Array
-
-
-def order_pairs(dest: jax.Array, local: jax.Array, num_ranks: int) -> PairOrder:
-    """`PairOrder` of pairs with destination ranks ``dest [T·K]`` and local slots ``local [T·K]``."""
-    order = jnp.argsort(dest, stable=True).astype(jnp.int32)
-    wanted = jnp.bincount(dest, length=num_ranks).astype(jnp.int32)
-    start = (jnp.cumsum(wanted) - wanted).astype(jnp.int32)
-    return PairOrder(order, start, wanted, local.astype(jnp.int32))
-
-
-def _round_pairs(po: PairOrder, r, C: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _round_pairs(po: stages.PairOrder, r, C: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(pair [D, C], valid [D, C], counts [D])`` of round r: the pair at each row of each block (valid rows
     first; invalid rows point at pair 0)."""
     c = jnp.arange(C, dtype=jnp.int32)
@@ -65,9 +46,7 @@ def _send(x, po, r, *, C, top_k, dtype, axis, impl, hidden, slots_total):
     """Round r's rows to their destinations: ``(received rows [D·C, H], slots [D·C], recv counts [D], counts [D],
     pair [D, C], valid [D, C])``."""
     pair, valid, counts = _round_pairs(po, r, C)
-    rows = jnp.where(valid[..., None], x.astype(dtype)[pair // top_k], 0)  # [D, C, H]
-    lanes = stages.slot_lanes(po.local[pair].reshape(-1), dtype).reshape(*pair.shape, -1)
-    buf = jnp.concatenate([rows, jnp.where(valid[..., None], lanes, 0)], axis=-1)
+    buf = jnp.where(valid[..., None], stages.with_slots(x[pair // top_k], po.local[pair], dtype), 0)  # [D, C, W]
     recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
     got = stages.received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_total)
     return got.rows.reshape(-1, hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid
@@ -86,8 +65,15 @@ def _rounds(x, weights, po, static):
 
 
 def _ffn(static):
+    """The expert FFN of a round, its rows' results in the exchange dtype (weights stored in another dtype promote
+    the GEMM's output; the round's VJP takes cotangents in the dtype its results travel in)."""
     mm = dict(expert=static.expert, gmm_impl=static.gmm_impl, interpret=static.interpret)
-    return lambda rows, slots, weights: stages.expert_ffn(rows, slots, weights, **mm)
+
+    def ffn(rows, slots, weights):
+        y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
+        return y.astype(static.dtype), group_sizes
+
+    return ffn
 
 
 def _rounds_fwd(x, weights, po, static):
@@ -183,7 +169,7 @@ _rounds.defvjp(_rounds_fwd, _rounds_bwd)
 def exchange_ffn_rounds(
     x: jax.Array,
     weights: dict,
-    po: PairOrder,
+    po: stages.PairOrder,
     *,
     capacity: int,
     top_k: int,
@@ -201,7 +187,7 @@ def exchange_ffn_rounds(
 
     Args:
       x: ``[T, H]`` this rank's tokens. weights: its per-slot expert arrays (with OEWF's fetched slots).
-      po: the destination-sorted pairs (`order_pairs`).
+      po: the destination-sorted pairs (`stages.order_pairs`).
       capacity: C rows per block per round (static).
 
     Returns:

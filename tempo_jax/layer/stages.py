@@ -3,7 +3,7 @@
     route → dispatch → pack by destination → exchange → expert FFN → return → combine
 
 `tempo_jax.layer.moe` composes them into the synchronous layer; `tempo_jax.layer.cascade_exec` composes the same stages
-into CascadeEP's asynchronous schedule (exchange rounds per launch group, one expert FFN per group, OEWF).
+into CascadeEP's asynchronous schedule (shifted exchanges per launch group, one expert FFN per group, OEWF).
 Every stage takes and returns small NamedTuples of per-rank arrays, so a schedule can say "exchange these
 source blocks, then run the expert FFN on those rows" without copying code.
 
@@ -32,12 +32,14 @@ from .routing import route as route_tokens
 __all__ = [
     "Dispatched",
     "Packed",
+    "PairOrder",
     "Received",
     "Routing",
     "combine",
     "dispatch_pairs",
     "exchange_rows",
     "expert_ffn",
+    "order_pairs",
     "pack",
     "received",
     "return_rows",
@@ -46,6 +48,7 @@ __all__ = [
     "split_slots",
     "unpack_rows",
     "unpack_slots",
+    "with_slots",
 ]
 
 
@@ -139,6 +142,33 @@ def unpack_slots(lanes: jax.Array) -> jax.Array:
     return v[..., 0] if lanes.shape[-1] == 1 else v[..., 0] * 256 + v[..., 1]
 
 
+class PairOrder(NamedTuple):
+    """This rank's pairs sorted by destination: ``order [T·K]`` pair index of each sorted pair, ``start [D]``
+    first sorted index of block j, ``wanted [D]`` pairs for destination j, ``local [T·K]`` local slot of each
+    pair (pair order)."""
+
+    order: jax.Array
+    start: jax.Array
+    wanted: jax.Array
+    local: jax.Array
+
+
+def order_pairs(dest: jax.Array, local: jax.Array, num_ranks: int) -> PairOrder:
+    """`PairOrder` of pairs with destination ranks ``dest [T·K]`` (rank D: never sent) and local slots
+    ``local [T·K]``: a stable sort by destination (`pack` and the dropless rounds both start from it)."""
+    order = jnp.argsort(dest, stable=True).astype(jnp.int32)
+    wanted = jnp.bincount(dest, length=num_ranks).astype(jnp.int32)
+    start = (jnp.cumsum(wanted) - wanted).astype(jnp.int32)
+    return PairOrder(order, start, wanted, local.astype(jnp.int32))
+
+
+def with_slots(rows: jax.Array, slots: jax.Array, dtype) -> jax.Array:
+    """The payload that travels: ``rows [..., H]`` in ``dtype`` followed by their local ``slots [...]`` as
+    `slot_lanes` → ``[..., W]``."""
+    lanes = slot_lanes(slots.reshape(-1).astype(jnp.int32), dtype).reshape(*slots.shape, -1)
+    return jnp.concatenate([rows.astype(dtype), lanes], axis=-1)
+
+
 def pack(
     x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ranks: int, capacity: int, dtype
 ) -> Packed:
@@ -146,16 +176,13 @@ def pack(
     ``[D, C, W]``: ``x [T, H]``, ``dest [T·K]`` destination rank and ``local [T·K]`` slot there of each pair
     (row-major over ``[T, K]``); rows past ``capacity`` per block are dropped (counted in ``wanted − counts``)."""
     D, C = num_ranks, capacity
-    order = jnp.argsort(dest, stable=True).astype(jnp.int32)
-    dest_sorted = dest[order]
-    wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
-    start = jnp.cumsum(wanted) - wanted
-    pos = jnp.arange(dest.shape[0], dtype=jnp.int32) - start[dest_sorted].astype(jnp.int32)
-    rows = x.astype(dtype)[order // top_k]
-    payload = jnp.concatenate([rows, slot_lanes(local[order].astype(jnp.int32), dtype)], axis=1)
+    po = order_pairs(dest, local, D)
+    dest_sorted = dest[po.order]
+    pos = jnp.arange(dest.shape[0], dtype=jnp.int32) - po.start[dest_sorted]
+    payload = with_slots(x.astype(dtype)[po.order // top_k], po.local[po.order], dtype)
     buf = jnp.zeros((D, C, payload.shape[1]), dtype)
     buf = buf.at[jnp.where(pos < C, dest_sorted, D), pos].set(payload, mode="drop")
-    return Packed(buf, jnp.minimum(wanted, C), wanted, order, dest_sorted, pos)
+    return Packed(buf, jnp.minimum(po.wanted, C), po.wanted, po.order, dest_sorted, pos)
 
 
 def exchange_rows(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
