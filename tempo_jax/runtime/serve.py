@@ -28,7 +28,6 @@ Glossary: T tokens per step (all ranks), H hidden, F expert FFN width, E experts
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -51,7 +50,8 @@ from .controller import SOLVER_MODES, DispatchController
 from .counters import host_counter
 from .publisher import FALLBACKS
 from .refresher import Refresher
-from .serve_lm import figure_axes, save_figure, serve_lm
+from .serve_lm import serve_lm
+from .serve_report import figure_axes, move_text, priced, publish_steps, save_figure, step_stats, stop, write_report
 
 __all__ = ["ServeConfig", "serve"]
 
@@ -411,15 +411,15 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             if new is not None:  # the slow timescale: move the experts if the proposal models no worse
                 before, after = (solve(DispatchProblem(counts, p, cost), cfg.policy).makespan for p in (placement, new))
                 if after <= before:
-                    moves.append(_move_layer(state, placement, new, mesh, s) | _priced(before, after, True))
+                    moves.append(_move_layer(state, placement, new, mesh, s) | priced(before, after, True))
                     placement, uniform_w = new, plan_weights("uniform", new)
                     step_fn = make_step(dispatch_tables.placement_arrays(new))
                     ctl.set_placement(new)
                     after_move = s
                 else:
-                    moves.append({"step": s, **_priced(before, after, False)})
+                    moves.append({"step": s, **priced(before, after, False)})
                     ctl.dismiss_proposal()
-                status(_move_text(moves[-1]))
+                status(move_text(moves[-1]))
             solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             if cfg.check_every and s % cfg.check_every == 0:
                 ref = reference(x, ids)
@@ -434,28 +434,14 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
                 status(f"step {s:4d} killed the solver worker (pid {pid})")
         ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
     finally:
-        refresher.stop()
-        metrics = ctl.metrics()
-        status_text = ctl.status_line()
-        ctl.close()
+        metrics, status_text, _ = stop(ctl, refresher)
     # Step 5: off the clock: every step under static / uniform / oracle tables.
     report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, E, K, placement.num_slots)
     report["replacements"] = moves
     report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
     say(_summary_text(report))
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
-        if figure:
-            _figure(report, out / "serve.png")
-            report["figure"] = str(out / "serve.png")
-        say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
+    write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
-
-
-def _priced(before: float, after: float, applied: bool) -> dict:
-    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
 
 
 def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) -> dict:
@@ -477,16 +463,6 @@ def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) ->
     }
 
 
-def _move_text(mv: dict) -> str:
-    priced = f"modelled makespan {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
-    if not mv["applied"]:
-        return f"step {mv['step']:4d} placement proposal dismissed: {priced} (worse)"
-    return (
-        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
-        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced}"
-    )
-
-
 def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slots) -> dict:
     per_step = []
     for r in rows:
@@ -503,15 +479,11 @@ def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slo
     kept = [r for r in per_step if not r["first_after_move"]]  # the first step after a move compiles
     step_ms = np.array([r["step_ms"] for r in kept])
     is_on = np.array([r["on"] for r in kept], dtype=bool)
-
-    def stats(v):
-        return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
-
-    times = {"on": stats(step_ms[is_on]), "off": stats(step_ms[~is_on])}
+    times = {"on": step_stats(step_ms[is_on]), "off": step_stats(step_ms[~is_on])}
     if times["on"] and times["off"]:
         times["on_over_off"] = times["on"]["median"] / times["off"]["median"]
     mean = {k: float(np.mean([r[k] for r in per_step])) for k in ("live_us", "uniform_us", "static_us", "oracle_us")}
-    publishes = [r["step"] for i, r in enumerate(per_step) if i and r["version"] != per_step[i - 1]["version"]]
+    publishes = publish_steps(per_step)
     return {
         "config": cfg.acting(),
         "shape": {"D": D, "E": E, "K": K, "slots": slots},
@@ -553,8 +525,7 @@ def _summary_text(rep: dict) -> str:
             f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms"
         )
     for mv in rep.get("replacements", []):
-        nxt = mv.get("next_step_ms")
-        lines.append("  " + _move_text(mv) + (f"; next step {nxt:.0f} ms" if nxt else ""))
+        lines.append("  " + move_text(mv))
     more = " …" if len(rep["publish_steps"]) > 20 else ""
     lines.append(
         f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "

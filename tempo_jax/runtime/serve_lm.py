@@ -31,7 +31,6 @@ Glossary: L MoE layers, D ranks, E experts, K top-k, B sequences per step, T = B
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -49,6 +48,19 @@ from ..layer.params import EXPERT_KEYS
 from ..workloads import SyntheticRouting
 from .controller import DispatchController
 from .refresher import Refresher
+from .serve_report import (
+    figure_axes,
+    move_text,
+    priced,
+    publish_steps,
+    save_figure,
+    step_stats,
+    stop,
+    write_report,
+)
+
+#: How the LM labels a re-placement's price (every layer's makespan, averaged).
+_LAYERS_MEAN = "modelled makespan (mean of layers)"
 
 __all__ = ["refresh_time", "serve_lm"]
 
@@ -221,15 +233,15 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
             if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
                 before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
                 if after <= before:
-                    moves.append(_replace(model, proposal[:L], s) | _priced_entry(before, after, True))
+                    moves.append(_replace(model, proposal[:L], s) | priced(before, after, True))
                     placements = list(proposal[:L])
                     uniform_w = [plan_weights("uniform", p) for p in placements]
                     ctl.set_placement(tuple(placements) * len(phases))
                     after_move = s
                 else:
-                    moves.append({"step": s, **_priced_entry(before, after, False)})
+                    moves.append({"step": s, **priced(before, after, False)})
                     ctl.dismiss_proposal()
-                status(_move_text(moves[-1]))
+                status(move_text(moves[-1], _LAYERS_MEAN))
             solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             status(
                 f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
@@ -240,21 +252,11 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
         ctl.wait(timeout=120.0, raise_errors=False)
     finally:
-        refresher.stop()
-        metrics, status_text = ctl.metrics(), ctl.status_line()
-        history = list(ctl.history)
-        ctl.close()
+        metrics, status_text, history = stop(ctl, refresher)
     report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, L, phases)
     report["replacements"] = moves
     say(_summary(report))
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
-        if figure:
-            _figure(report, out / "serve.png")
-            report["figure"] = str(out / "serve.png")
-        say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
+    write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
 
 
@@ -264,10 +266,6 @@ def _priced(counts, placements, cost, policy: str) -> float:
     return float(
         np.mean([solve(DispatchProblem(c, p, cost), policy).makespan for c, p in zip(counts, placements, strict=True)])
     )
-
-
-def _priced_entry(before: float, after: float, applied: bool) -> dict:
-    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
 
 
 def _replace(model, new, step: int) -> dict:
@@ -285,28 +283,12 @@ def _replace(model, new, step: int) -> dict:
     }
 
 
-def _move_text(mv: dict) -> str:
-    priced = f"modelled makespan (mean of layers) {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
-    if not mv["applied"]:
-        return f"step {mv['step']:4d} placement proposal dismissed: {priced} (worse)"
-    nxt = f"; next step {mv['next_step_ms']:.0f} ms" if mv.get("next_step_ms") else ""
-    return (
-        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
-        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced}{nxt}"
-    )
-
-
-def _stats(v) -> dict | None:
-    v = np.asarray(v, dtype=np.float64)
-    return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
-
-
 def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phases) -> dict:
     step_ms = {}
     for kind in ("prefill", "decode"):
         for on in (True, False):  # the first step after a re-placement compiles: not a serving step time
             v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on and not r["first_after_move"]]
-            step_ms[f"{kind}_{'on' if on else 'off'}"] = _stats(v)
+            step_ms[f"{kind}_{'on' if on else 'off'}"] = step_stats(v)
     refresh = [h["solve_ms"] for h in history]
     live = float(np.mean([np.mean(r["live_us"]) for r in rows]))
     uniform = float(np.mean([np.mean(r["uniform_us"]) for r in rows]))
@@ -321,12 +303,12 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
         "shape": {"D": D, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
         "setup_s": setup_s,
         "step_ms": step_ms,
-        "refresh_ms": _stats(refresh),  # the worker's clock: every layer's window solved and converted
+        "refresh_ms": step_stats(refresh),  # the worker's clock: every layer's window solved and converted
         "tables_per_refresh": history[-1]["layers"] if history else 0,
         "makespan_mean_us": {"live": live, "uniform": uniform},
         "live_over_uniform": live / uniform,
         "makespan_by_phase_us": by_phase,
-        "publish_steps": [r["step"] for i, r in enumerate(rows) if i and r["version"] != rows[i - 1]["version"]],
+        "publish_steps": publish_steps(rows),
         "metrics": metrics,
         "status": status,
         "refresher": refresher.metrics(),
@@ -337,7 +319,7 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
 def _summary(rep: dict) -> str:
     lines = ["", "serve: final report (tiny MoE LM)", "  " + rep["status"]]
     for mv in rep.get("replacements", []):
-        lines.append("  " + _move_text(mv))
+        lines.append("  " + move_text(mv, _LAYERS_MEAN))
     for key, s in rep["step_ms"].items():
         if s:
             lines.append(
@@ -363,33 +345,6 @@ def _summary(rep: dict) -> str:
             f"over {v['steps']} steps"
         )
     return "\n".join(lines)
-
-
-def figure_axes(rep: dict):
-    """``(fig, ax, bx, steps [n])`` of a serving report's figure: modelled makespans above (publications marked),
-    step times below; `save_figure` finishes it. Shared by the LM and the bare-layer serving loops."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = np.array([r["step"] for r in rep["steps"]])
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    for i, p in enumerate(rep["publish_steps"]):
-        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
-    return fig, ax, bx, s
-
-
-def save_figure(fig, bx, path: Path) -> None:
-    """Label the step-time axis, write ``path`` and close the figure."""
-    import matplotlib.pyplot as plt
-
-    bx.set_ylabel("step time (ms)")
-    bx.set_xlabel("step")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _figure(rep: dict, path: Path) -> None:
@@ -458,7 +413,7 @@ def refresh_time(
         "policy": policy,
         "solver_mode": solver_mode,
         "processes": processes,
-        "solve_ms": _stats(solve),
-        "roundtrip_ms": _stats([h["roundtrip_ms"] for h in history]),
+        "solve_ms": step_stats(solve),
+        "roundtrip_ms": step_stats([h["roundtrip_ms"] for h in history]),
         "per_layer_ms": float(np.median(solve)) / layers if solve else None,
     }

@@ -1,0 +1,93 @@
+"""What the two serving loops share (`tempo_jax.runtime.serve`: the bare layer; `tempo_jax.runtime.serve_lm`: the
+tiny LM): stopping the runtime, pricing and describing a re-placement, step-time statistics, writing the report
+and the figure's frame."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["figure_axes", "move_text", "priced", "publish_steps", "save_figure", "step_stats", "stop", "write_report"]
+
+
+def stop(controller, refresher) -> tuple[dict, str, list]:
+    """Stop the refresher, then read the controller's ``(metrics, status line, history)`` and close it."""
+    refresher.stop()
+    metrics, status = controller.metrics(), controller.status_line()
+    history = list(controller.history)
+    controller.close()
+    return metrics, status, history
+
+
+def priced(before: float, after: float, applied: bool) -> dict:
+    """A placement proposal's modelled makespan under the old and the new placement, and whether it was applied."""
+    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
+
+
+def move_text(mv: dict, label: str = "modelled makespan") -> str:
+    """One line for a re-placement (or a dismissed proposal) ``mv``; the first step after it when known."""
+    priced_text = f"{label} {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
+    if not mv["applied"]:
+        return f"step {mv['step']:4d} placement proposal dismissed: {priced_text} (worse)"
+    nxt = f"; next step {mv['next_step_ms']:.0f} ms" if mv.get("next_step_ms") else ""
+    return (
+        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
+        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced_text}{nxt}"
+    )
+
+
+def step_stats(v) -> dict | None:
+    """``{"median", "p90", "n"}`` of step times ``v`` (ms), None when there are none."""
+    v = np.asarray(v, dtype=np.float64)
+    return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
+
+
+def publish_steps(rows: list[dict]) -> list[int]:
+    """The steps at which a new table version was in place (``rows``: per-step dicts with ``step`` and ``version``)."""
+    return [r["step"] for i, r in enumerate(rows) if i and r["version"] != rows[i - 1]["version"]]
+
+
+def write_report(
+    report: dict, out_dir, *, figure: bool, draw: Callable[[dict, Path], None], say: Callable[..., None]
+) -> None:
+    """``<out_dir>/serve.json`` and, with ``figure``, ``<out_dir>/serve.png`` drawn by ``draw`` (recorded in
+    ``report["figure"]``); nothing when ``out_dir`` is None."""
+    if out_dir is None:
+        return
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
+    if figure:
+        draw(report, out / "serve.png")
+        report["figure"] = str(out / "serve.png")
+    say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
+
+
+def figure_axes(rep: dict):
+    """``(fig, ax, bx, steps [n])`` of a serving report's figure: modelled makespans above (publications marked),
+    step times below; `save_figure` finishes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = np.array([r["step"] for r in rep["steps"]])
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    for i, p in enumerate(rep["publish_steps"]):
+        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
+    return fig, ax, bx, s
+
+
+def save_figure(fig, bx, path: Path) -> None:
+    """Label the step-time axis, write ``path`` and close the figure."""
+    import matplotlib.pyplot as plt
+
+    bx.set_ylabel("step time (ms)")
+    bx.set_xlabel("step")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
