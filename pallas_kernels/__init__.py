@@ -5,7 +5,7 @@
   Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes) with a wrapping uint32 cumulative
   counter; `dispatch_reference`.
-- `backends`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
+- `implementations`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
   rule that turns "auto" into a concrete implementation on each platform (`GMM`, `DISPATCH`).
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
   "auto" implementations fall back to `ragged_dot` / the jnp dispatch on GPU.
@@ -14,7 +14,6 @@ Glossary (the project's one glossary): T tokens, K top-k, E experts (or groups /
 columns, M rows of a grouped GEMM, H its contraction width, F its output width.
 """
 
-from pallas_kernels.backends import DISPATCH, GMM, DispatchImpl, GmmImpl, ImplementationTable, platform
 from pallas_kernels.dispatch import (
     COUNTER_DTYPE,
     DISPATCH_MODES,
@@ -26,6 +25,7 @@ from pallas_kernels.dispatch import (
 )
 from pallas_kernels.gmm import GmmTiling, gmm, gmm_reference, tgmm, tgmm_reference
 from pallas_kernels.gmm_metadata import GroupMetadata, make_group_metadata
+from pallas_kernels.implementations import DISPATCH, GMM, DispatchImpl, GmmImpl, ImplementationTable, platform
 
 __all__ = [
     "COUNTER_DTYPE",

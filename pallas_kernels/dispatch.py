@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_backend
-from pallas_kernels.backends import DISPATCH, DispatchImpl
+from pallas_kernels.implementations import DISPATCH, DispatchImpl
 
 __all__ = [
     "COUNTER_DTYPE",

@@ -9,7 +9,7 @@ Without `group_offset`, E_loc = E. Letters follow the project glossary: M rows, 
 width, E groups (experts or physical slots; `jax.lax.ragged_dot` calls these m, k, n, g); the down projection
 is the same call with H and F swapped.
 
-Implementations (`implementation=`, resolved per platform by `pallas_kernels.backends.GMM`):
+Implementations (`implementation=`, resolved per platform by `pallas_kernels.implementations.GMM`):
 - "pallas": the tiled kernel of `gmm_pallas` (Triton lowering on GPU; `interpret=True` runs it on CPU).
 - "chunked": the XLA CPU-fast path of `gmm_xla` (dense matmuls per row chunk of each group; chunk sizes from
   `GmmTiling.chunk` down to `GmmTiling.min_chunk`).
@@ -39,10 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.backends import GMM, GmmImpl
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
+from pallas_kernels.implementations import GMM, GmmImpl
 
 __all__ = ["GmmTiling", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

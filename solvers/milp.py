@@ -33,18 +33,18 @@ from .placement import Placement
 from .policies import llep, metro, round_robin, token_lp
 from .problem import OPTIMAL_RTOL, Dispatch, DispatchProblem
 
-__all__ = ["BACKENDS", "MAX_MODEL_MAGNITUDE", "WALL_GUARD", "milp", "partition_instance"]
+__all__ = ["MILP_BACKENDS", "MAX_MODEL_MAGNITUDE", "WALL_GUARD", "milp", "partition_instance"]
 
 #: Deterministic CP-SAT runs stop on their own clock; a wall-clock guard at this multiple of ``time_limit`` ends a
 #: run on a machine too slow or loaded for it (``info["wall_limited"]``: then not reproducible).
 WALL_GUARD = 2.0
 
-BACKENDS = ("cp_sat", "scip", "highs", "cbc", "math_opt_highs", "math_opt_scip")
+MILP_BACKENDS = ("cp_sat", "scip", "highs", "cbc", "math_opt_highs", "math_opt_scip")
 _PYWRAPLP = {"scip": "SCIP", "highs": "HIGHS", "cbc": "CBC"}
 _SLACK = 1e-9  # relative slack on UB-derived caps (float evaluation of the incumbent)
 # Largest coefficient × variable bound a model may hold (see `_check_size`): CP-SAT sums in int64 (2^63; 2^60
 # leaves headroom), the floating-point backends refuse or mistrust values above 1e15 (HiGHS: "|values| > 1e15").
-MAX_MODEL_MAGNITUDE = {"cp_sat": float(2**60)} | dict.fromkeys(BACKENDS[1:], 1e15)
+MAX_MODEL_MAGNITUDE = {"cp_sat": float(2**60)} | dict.fromkeys(MILP_BACKENDS[1:], 1e15)
 # CP-SAT deterministic seconds per wall second of one worker on the reference machine (measured on the 2-core
 # development box: 0.25–0.3 on DeepSeek-V3-shaped models). The deterministic limit of a `time_limit` run.
 _DET_PER_SECOND = 0.25
@@ -254,8 +254,8 @@ def milp(
 
     Args:
       problem: tokens ``[E]`` or ``[Gs, E]``, placement (mask ``[E, D]``) and cost model (non-negative slopes).
-      backend: one of `BACKENDS`: ``cp_sat`` (default), ``scip``, ``highs``, ``cbc`` (pywraplp), ``math_opt_highs``,
-        ``math_opt_scip``.
+      backend: one of `MILP_BACKENDS`: ``cp_sat`` (default), ``scip``, ``highs``, ``cbc`` (pywraplp),
+        ``math_opt_highs``, ``math_opt_scip``.
       time_limit: solver time limit in seconds (> 0). Wall clock, except for cp_sat with ``deterministic``.
       threads: solver threads / CP-SAT workers (default 1).
       deterministic: cp_sat only (the default backend): the same call gives the same x on every run. CP-SAT runs
@@ -290,8 +290,8 @@ def milp(
     """
     t0 = time.perf_counter()
     # Step 1: validate options.
-    if backend not in BACKENDS:
-        raise ValueError(f"milp: unknown backend {backend!r}; valid backends: {list(BACKENDS)}")
+    if backend not in MILP_BACKENDS:
+        raise ValueError(f"milp: unknown backend {backend!r}; valid backends: {list(MILP_BACKENDS)}")
     if (
         isinstance(time_limit, bool)
         or not isinstance(time_limit, int | float | np.number)

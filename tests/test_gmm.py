@@ -21,7 +21,7 @@ from lowering import lower_for_cuda
 from numeric import assert_close
 
 from pallas_kernels import GmmTiling, gmm, gmm_reference, make_group_metadata, tgmm, tgmm_reference
-from pallas_kernels.backends import GMM
+from pallas_kernels.implementations import GMM
 
 M, K, N, G = 100, 24, 40, 5  # tm=32 -> 4 M-tiles; tk=tn=16 -> K, N padded
 TILING = (32, 16, 16)

@@ -9,7 +9,7 @@ import pytest
 import solvers.milp as milp_mod
 from solvers.cost import CostModel
 from solvers.limits import semi_matching_value
-from solvers.milp import BACKENDS, milp, partition_instance
+from solvers.milp import MILP_BACKENDS, milp, partition_instance
 from solvers.placement import Placement
 from solvers.policies import llep, metro, round_robin, token_lp, uniform
 from solvers.problem import Dispatch, DispatchProblem
@@ -85,7 +85,7 @@ def test_backends_agree(cost, full):
         base = baselines(p)
         # Integer tokens: every backend solves the same model.
         ints = {}
-        for b in BACKENDS:
+        for b in MILP_BACKENDS:
             x, info = milp(p, backend=b, integer_tokens=True, **FAST)
             check(p, x, info)
             assert info["status"] == "optimal", (b, info)

@@ -12,7 +12,7 @@ from ..sim.cascade import TIMELINES, cascade_trace, run_cascade_seeds
 from ..sim.cascade.costs import HARDWARE, MODELS
 from ..sim.cascade.reference_timeline import LAUNCHES, LAYER_MODES, LINKS
 from ..sim.cascade.summary import LABELS, SEED_FIGURES, capacity_rps, oewf_rows, paired_difference, seed_summary
-from ..sim.runner import BACKENDS
+from ..sim.runner import JOB_BACKENDS
 from ..sim.tempo.phase import MODEL_SHAPES
 from ..text import table
 from ..workloads import TRACES
@@ -103,7 +103,7 @@ def register(add) -> None:
         "where the jobs run: loky (local processes) or dask (a dask.distributed cluster: "
         "$TEMPO_JAX_DASK_SCHEDULER or the running client); default $TEMPO_JAX_BACKEND or loky"
     )
-    run.add_argument("--backend", choices=BACKENDS, default=None, help=backend_help)
+    run.add_argument("--backend", choices=JOB_BACKENDS, default=None, help=backend_help)
     p.set_defaults(fn=cmd_cascade)
 
 

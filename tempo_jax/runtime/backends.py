@@ -26,7 +26,7 @@ from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve
 from .accumulator import Window
 
 __all__ = [
-    "BACKENDS",
+    "SOLVER_BACKENDS",
     "BackendHost",
     "InlineBackend",
     "Job",
@@ -374,17 +374,17 @@ class ProcessBackend:
 
 
 #: ``solver_mode`` → backend class.
-BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
+SOLVER_BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
 
 
 def make_backend(
     solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool
 ) -> SolverBackend:
-    """The backend of ``solver_mode`` (`BACKENDS`)."""
-    check_choice("solver_mode", solver_mode, tuple(BACKENDS), where="DispatchController")
+    """The backend of ``solver_mode`` (`SOLVER_BACKENDS`)."""
+    check_choice("solver_mode", solver_mode, tuple(SOLVER_BACKENDS), where="DispatchController")
     if solver_mode == "process":
         return ProcessBackend(config, host, hang_s=hang_s, start_timeout_s=start_timeout_s, spare=spare)
-    return BACKENDS[solver_mode](config, host, hang_s=hang_s)
+    return SOLVER_BACKENDS[solver_mode](config, host, hang_s=hang_s)
 
 
 def check_fault(kind: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BACKENDS", "CACHE_DIR", "bootstrap_ci", "cached", "default_backend", "fingerprint", "run_jobs", "stats"]
+__all__ = ["JOB_BACKENDS", "CACHE_DIR", "bootstrap_ci", "cached", "default_backend", "fingerprint", "run_jobs", "stats"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 #: Default cache folder: ``<repo>/results/cache`` (results/ is gitignored).
@@ -41,7 +41,7 @@ _SOURCES = ("solvers", "tempo_jax")
 _SKIP = ("__pycache__",)
 _UNKEYED = ("workers", "progress", "backend")
 #: `run_jobs` backends.
-BACKENDS = ("loky", "dask")
+JOB_BACKENDS = ("loky", "dask")
 BACKEND_ENV = "TEMPO_JAX_BACKEND"
 SCHEDULER_ENV = "TEMPO_JAX_DASK_SCHEDULER"
 
@@ -88,10 +88,10 @@ def _indexed(i: int, fn: Callable, job: tuple):
 
 
 def default_backend() -> str:
-    """``$TEMPO_JAX_BACKEND`` when set (one of `BACKENDS`), else ``"loky"``."""
+    """``$TEMPO_JAX_BACKEND`` when set (one of `JOB_BACKENDS`), else ``"loky"``."""
     value = os.environ.get(BACKEND_ENV, "loky")
-    if value not in BACKENDS:
-        raise ValueError(f"${BACKEND_ENV}={value!r} is not a run_jobs backend; use one of {list(BACKENDS)}")
+    if value not in JOB_BACKENDS:
+        raise ValueError(f"${BACKEND_ENV}={value!r} is not a run_jobs backend; use one of {list(JOB_BACKENDS)}")
     return value
 
 
@@ -138,8 +138,8 @@ def run_jobs(
     if int(workers) != workers or workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers!r}")
     backend = default_backend() if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"run_jobs: unknown backend {backend!r}; use one of {list(BACKENDS)}")
+    if backend not in JOB_BACKENDS:
+        raise ValueError(f"run_jobs: unknown backend {backend!r}; use one of {list(JOB_BACKENDS)}")
     out: list = [None] * len(jobs)
     with tqdm(total=len(jobs), desc=desc, disable=not progress) as bar:
         if backend == "loky" and (workers == 1 or len(jobs) <= 1):
