@@ -1,10 +1,11 @@
 """tempo-jax: makespan-aware MoE expert dispatch (TEMPO) and asynchronous expert execution (CascadeEP) in JAX.
 
-The rooms (imports point down only: cli → repro → runtime, sim → layer → workloads → text):
+The rooms (imports point down only: cli → repro → runtime → lm → layer → workloads → text; sim → workloads):
 
   layer/      the functional model: `MoEConfig`, `moe_forward`, `MoE`, stages, exchange, tables, CascadeEP execution
+  lm/         a tiny MoE language model on the layer and its training loop
   runtime/    the dispatch runtime: `DispatchController`, counters, `Refresher`, the serve loop, calibration
-  sim/        numpy simulators (phase diagram, replays, CascadeEP prefill)
+  sim/        numpy simulators, one room per paper: tempo/ (phase diagram, replays), cascade/ (CascadeEP prefill)
   workloads/  routing recordings, request traces, synthetic streams
   repro/      notebook `Recorder`, the rendered result tables, `reproduce`
   cli/        the `tempo-jax` command line and the demo

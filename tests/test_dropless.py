@@ -17,7 +17,7 @@ import tempo_jax
 from solvers import Placement
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
-from tempo_jax.layer.model import LMConfig, TinyMoELM, train
+from tempo_jax.lm.model import LMConfig, TinyMoELM, train
 
 D = 8
 

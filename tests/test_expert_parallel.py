@@ -272,7 +272,7 @@ def test_output_does_not_depend_on_the_placement(mesh, path):
 
 
 def test_tiny_lm_output_and_gradients_do_not_depend_on_the_placement(mesh):
-    from tempo_jax.layer.model import LMConfig, TinyMoELM
+    from tempo_jax.lm.model import LMConfig, TinyMoELM
 
     cfg = LMConfig(layers=1, experts=E, slots_per_rank=2, dispatch_mode="quota")
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 32)), jnp.int32)

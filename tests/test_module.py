@@ -111,7 +111,7 @@ def test_controller_windows_counter_and_per_node():
 
 @pytest.mark.slow  # fast twins: test_module_matches_reference_and_trains, test_serve's LM run; `make test-all`
 def test_tiny_lm_loss_falls_and_records_routing(tmp_path):
-    from tempo_jax.layer.model import LMConfig, corpus, train
+    from tempo_jax.lm.model import LMConfig, corpus, train
 
     assert corpus().size > 300_000
     result = train(LMConfig(), steps=30, record=True)
@@ -147,7 +147,7 @@ def test_aux_free_bias_steps_toward_under_loaded_experts(layer):
 def test_aux_free_balancing_evens_out_a_skewed_router():
     """DeepSeek-V3's auxiliary-loss-free balancing (the selection-only score bias moves by rate·sign(mean − load)
     after every step) evens out a router skewed toward two experts; without it the skew stays."""
-    from tempo_jax.layer.model import LMConfig, TinyMoELM, train
+    from tempo_jax.lm.model import LMConfig, TinyMoELM, train
 
     mesh = tempo_jax.make_ep_mesh(8)
     runs = {}

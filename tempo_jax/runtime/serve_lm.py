@@ -1,7 +1,7 @@
 """`tempo-jax serve` on the tiny MoE language model: every MoE layer with its own placement, counter and live
 tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every layer each window).
 
-1. The LM (`tempo_jax.layer.model.TinyMoELM`, optionally trained ``train_steps`` steps on the shipped corpus)
+1. The LM (`tempo_jax.lm.model.TinyMoELM`, optionally trained ``train_steps`` steps on the shipped corpus)
    routes a few warm-up batches of real text; each MoE layer gets an EPLB placement from its own expert load
    (``replication`` physical slots per expert).
 2. A serving copy with those placements and the same parameters runs jitted **prefill** steps (``[B, L]`` windows
@@ -43,8 +43,8 @@ from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dis
 from solvers.worker import WorkerConfig, solve_window
 
 from ..layer import make_ep_mesh
-from ..layer.model import LMConfig, TinyMoELM, corpus, train
 from ..layer.params import EXPERT_KEYS
+from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
 from .controller import DispatchController
 from .refresher import Refresher

@@ -30,10 +30,10 @@ from flax import nnx
 from solvers import Placement
 from solvers.checks import plain_scalars
 
+from ..layer.config import MoEConfig, make_ep_mesh
+from ..layer.module import MoE, aux_losses, place_on_mesh
+from ..layer.routing import RouterConfig
 from ..workloads import RoutingTrace
-from .config import MoEConfig, make_ep_mesh
-from .module import MoE, aux_losses, place_on_mesh
-from .routing import RouterConfig
 
 __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
 
@@ -222,11 +222,11 @@ def train(
     if record:
         trace = RoutingTrace(
             name="tiny_moe_lm",
-            model=f"tempo_jax.layer.model.TinyMoELM({cfg.layers}×{cfg.experts} experts, top-{cfg.top_k})",
+            model=f"tempo_jax.lm.model.TinyMoELM({cfg.layers}×{cfg.experts} experts, top-{cfg.top_k})",
             num_experts=cfg.experts,
             top_k=cfg.top_k,
             topk_ids={i: np.concatenate(v) for i, v in ids.items()},
-            source="recorded by tempo_jax.layer.model.train",
+            source="recorded by tempo_jax.lm.model.train",
             notes=f"{steps} training steps of {cfg.batch}×{cfg.seq_len} tokens; routing during training",
         )
     return TrainResult(np.array(losses), seconds, trace, model, np.array(imbalance))
