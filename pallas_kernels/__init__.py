@@ -10,8 +10,7 @@
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
   "auto" implementations fall back to `ragged_dot` / the jnp dispatch on GPU.
 
-Glossary (the project's one glossary): T tokens, K top-k, E experts (or groups / physical slots), R replica
-columns, M rows of a grouped GEMM, H its contraction width, F its output width.
+Shapes: the house's glossary (docs/architecture.md; E counts the GEMM's groups here).
 """
 
 from pallas_kernels.dispatch import (

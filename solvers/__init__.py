@@ -2,9 +2,7 @@
 
 This package must stay importable in a light numpy-only worker process (TEMPO §4.4).
 
-Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks
-(GPUs), S physical slots per rank, P = D·S, R replica columns, Gs source groups; per rank the paper's G_g
-activated experts, N_g tokens, T_g tiles.
+Shapes and letters: the one glossary of docs/architecture.md, for every package.
 
 Modules, bottom up (imports point down only): `checks` (argument checks), `cost` (max-affine models, presets),
 `eplb` → `placement` (layouts, slot budgets), `limits` (token LP by HiGHS and by max-flow, semi-matching) →

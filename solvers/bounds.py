@@ -2,7 +2,6 @@
 
 Functions take a `solvers.DispatchProblem` (they read its ``n``, ``placement``, ``cost``, ``mask`` and
 ``live``); this module imports only the cost model and the polynomial limits, so `solvers.problem` can use it.
-Glossary: E logical experts, D ranks; per rank the paper's G_g activations, N_g tokens, T_g tiles.
 
 Three tiers, cheapest first: `forced_lower_bound` (closed form, microseconds), `certified_lower_bound` (adds the
 token LP by max-flow and the activation-level test, well under a millisecond; what tempo_fast stops at) and

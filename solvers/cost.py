@@ -6,8 +6,7 @@ tokens on rank g:
     t_g = max(a + b·G_g + b2·(T_g − G_g),  c + β·N_g,  c2 + γ·N_g)
 
 The tile term (b2) and the traffic piece (c2, γ) are optional; without them this is Eq. 1. All times are in
-microseconds. Glossary: E logical experts, D ranks; shapes ``[...]`` broadcast. numpy only.
-"""
+microseconds. Glossary additions: shapes ``[...]`` broadcast. numpy only."""
 
 from __future__ import annotations
 

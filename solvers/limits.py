@@ -5,8 +5,7 @@
 - Lemma 2 (β → 0): the optimal semi-matching of live experts to replica ranks (`semi_matching`).
 
 Both are the building blocks of the lower bounds (`solvers.bounds`) and of policies (`solvers.policies`).
-Glossary: E logical experts, D EP ranks. numpy + scipy + ortools.
-"""
+numpy + scipy + ortools."""
 
 from __future__ import annotations
 

@@ -2,9 +2,7 @@
 
 Layout (deepseek-ai/EPLB): ``phy2log [P]`` names the logical expert held by physical slot p, and slot p
 lives on rank ``p // S`` (S = P / D slots per rank). Everything else (``log2phy``, ``logcnt``, the replica mask)
-is derived. Glossary: E logical experts, D ranks (GPUs), S slots per rank, P = D·S slots, R replica columns,
-Gs source groups. numpy only.
-"""
+is derived. numpy only."""
 
 from __future__ import annotations
 

@@ -2,9 +2,7 @@
 
 A `DispatchProblem` is one batch's token counts, a placement and a cost model. A `Dispatch` is a solution
 ``x [E, D]``: tokens of logical expert e processed on rank (GPU) d, non-zero only where e has a replica on d.
-Glossary: E logical experts, D EP ranks (GPUs), Gs source groups (ranks or nodes the tokens come from); per
-rank g the paper's G_g activated experts, N_g tokens, T_g tiles. numpy only.
-"""
+numpy only."""
 
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ chain, whole and part) and segment maxima over D ranks, at most ``2·rounds·K``
 64 redundant slots: K ≈ 130, 64 rounds); memory O(K + E·R). `source_quotas` then splits each expert's plan over the
 source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic dispatch realises it exactly.
 
-Glossary: E experts, R replica columns, D ranks, Ds source ranks.
-"""
+Glossary additions: Ds source ranks."""
 
 from __future__ import annotations
 

@@ -23,8 +23,6 @@ to the flat row (the sum over groups) and, when that is empty too, to uniform ov
 `expected_dispatch` goes the other way: the per-rank loads ``x [E, D]`` that tables produce from per-source
 counts (exactly in expectation in the layer's sample mode, within one token per source in its quota mode).
 `solve_weights` solves one batch with a policy and converts the plan: what the controller and the worker run.
-
-Glossary: E logical experts, D ranks (GPUs), R replica columns, Gs source groups of a table.
 """
 
 from __future__ import annotations

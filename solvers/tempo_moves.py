@@ -13,9 +13,7 @@ at a time. Hence: a certified bound stops the search (`solvers.bounds.certified_
 expert that cannot fit whole under the target, and the per-expert loops below are numpy expressions.
 
 Moves are accepted only when they lower the bottleneck rank's time and keep the receiving rank below it, so
-the sorted vector of rank times decreases lexicographically and every stage terminates. Glossary: E logical
-experts, D ranks; per rank the paper's G_g, N_g, T_g. numpy only.
-"""
+the sorted vector of rank times decreases lexicographically and every stage terminates. numpy only."""
 
 from __future__ import annotations
 

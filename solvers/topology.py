@@ -12,9 +12,7 @@ pairs and 1 otherwise, so inter-node tokens = n_e − same-node flow. Any split 
 ``min(node_counts[m, e], Σ_{g on m} x[e, g])`` same-node tokens from node m (its supply, and the capacity
 there), and the rule attains that bound for every m at once, hence inter-node traffic is minimal.
 
-Glossary (shapes): E experts, D ranks (GPUs), Nn nodes, Gs source ranks, R replica columns (``log2phy``).
-numpy only.
-"""
+numpy only."""
 
 from __future__ import annotations
 

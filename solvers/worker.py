@@ -21,8 +21,7 @@ Faults for tests and demos (`FAULTS`), applied to the next solve only: ``"hang"`
 ``"raise"`` (raise instead of solving), ``"nan"`` (return NaN weights), ``"exit"`` (the process exits mid-solve).
 Killing the process from outside is `SolverWorker.kill`.
 
-Glossary: E logical experts, D ranks, R replica columns, Gs source groups of a table. numpy only.
-"""
+numpy only."""
 
 from __future__ import annotations
 

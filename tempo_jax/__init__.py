@@ -30,10 +30,8 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   aux_losses                              the MoE layers' load-balancing and z losses of a model, summed over
                                           layers and calls (read them in the loss function)
 
-Glossary (every package): T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D EP ranks (GPUs),
-S physical slots per rank, P = D·S, R replica columns, Gs source groups of a table; per rank the paper's G_g
-activated experts, N_g tokens, T_g tiles. Batch sizes carry their unit (``tokens_per_gpu``, ``tokens_per_step``).
-"""
+Shapes and letters: the one glossary of docs/architecture.md, for every package. Batch sizes carry their unit
+(``tokens_per_gpu``, ``tokens_per_step``)."""
 
 import importlib
 

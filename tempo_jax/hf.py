@@ -1,28 +1,7 @@
 """Hugging Face MoE blocks and checkpoints in and out of the layer: ``import tempo_jax.hf`` / ``from tempo_jax.hf import
 load_moe_layers``. The code lives in `tempo_jax.layer.hf` (families, tensor layouts, FP8 / MXFP4, export)."""
 
-from .layer.hf import (
-    FAMILIES,
-    HFBlock,
-    TrainingNoiseWarning,
-    load_moe_layers,
-    moe_config_from_hf,
-    moe_from_hf,
-    moe_layer_ids,
-    moe_to_hf,
-    resolve_placement,
-    save_moe_layers,
-)
+from .layer import hf as _hf
+from .layer.hf import *  # noqa: F403  (the same public names)
 
-__all__ = [
-    "FAMILIES",
-    "HFBlock",
-    "TrainingNoiseWarning",
-    "load_moe_layers",
-    "moe_config_from_hf",
-    "moe_from_hf",
-    "moe_layer_ids",
-    "moe_to_hf",
-    "resolve_placement",
-    "save_moe_layers",
-]
+__all__ = list(_hf.__all__)

@@ -1,6 +1,7 @@
 """The README and docs/ pages: their Python examples run as written, the results tables are what the committed
 JSON renders, and the README's layout table names the rooms of the tree."""
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -99,3 +100,53 @@ def test_links_resolve():
     for page in PAGES:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def _house_letters() -> set[str]:
+    """The letters of docs/architecture.md's glossary table (first and third columns)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("## Glossary") :].split("\n\n")[2]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    return {row[i] for row in rows for i in (0, 2)}
+
+
+def _glossary_symbols(doc: str) -> list[str] | None:
+    """The symbols a ``Glossary additions: a …, b …`` paragraph defines (None: the paragraph has another form)."""
+    para = " ".join(doc[doc.index("Glossary") :].split("\n\n")[0].split())
+    if not para.startswith("Glossary additions: "):
+        return None
+    body, depth, items, cur = para[len("Glossary additions: ") :], 0, [], ""
+    for i, ch in enumerate(body):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and ch == "." and (i + 1 == len(body) or body[i + 1] == " "):
+            break
+        if depth == 0 and ch in ",;":
+            items, cur = items + [cur], ""
+        else:
+            cur += ch
+    return [item.split()[0] for item in items + [cur] if item.strip()]
+
+
+def test_one_glossary_modules_list_only_their_additions():
+    house = _house_letters()
+    assert {"T", "D", "E", "K", "R", "C", "G_g", "Nn"} <= house, house
+    bad = {}
+    for pkg in ("solvers", "pallas_kernels", "tempo_jax"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(f.read_text())) or ""
+            if "Glossary" not in doc:
+                continue
+            symbols = _glossary_symbols(doc)
+            if symbols is None or set(symbols) & house:
+                bad[str(f.relative_to(ROOT))] = symbols
+    assert not bad, f"module glossaries that restate or reuse the house's letters (docs/architecture.md): {bad}"
+
+
+def test_glossary_symbols_are_read():
+    assert _glossary_symbols("x\n\nGlossary additions: nb batches, s Zipf skew (a; b), B tokens. numpy.") == [
+        "nb",
+        "s",
+        "B",
+    ]
+    assert _glossary_symbols("Glossary: T tokens.") is None

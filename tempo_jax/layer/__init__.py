@@ -11,9 +11,6 @@
 - `moe`: `moe_forward` (the `shard_map` core) and `moe_reference` (dense, one device).
 - `module`: `MoE`, the flax nnx module (bucketed dropless capacity, drop counting).
 - `cascade_exec` (in-graph) and `cascade_plan` (host-side, numpy): CascadeEP launch groups and OEWF fetches.
-
-Glossary: T tokens, H hidden, F expert FFN width, E logical experts, K top-k, D ranks, S slots per rank,
-P = D·S, R replica columns, Gs source groups.
 """
 
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh

@@ -20,9 +20,7 @@ attention) into extra local slots S, S+1, … of every rank (zeros where unused)
 experts on d are redirected to its extra slots and computed locally; d receives fewer rows. Gradients of the
 fetched weights flow back through the ppermute to the donor's replica, hence once to the logical weights.
 
-Glossary: T tokens on this rank, K top-k, H hidden, F expert width, D ranks, S slots per rank, C rows per
-block, W = H + slot lanes; m sources in a launch group.
-"""
+Glossary additions: m sources in a launch group."""
 
 from __future__ import annotations
 

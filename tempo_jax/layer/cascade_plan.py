@@ -6,8 +6,6 @@
   take; `fetch_bytes`: the bytes a set of fetches moves; `check_fetches`: fetches against a placement.
 
 The in-graph half (shifted exchanges per launch group, the weight copies) is `tempo_jax.layer.cascade_exec`.
-
-Glossary: D ranks, E logical experts, R replica columns, S slots per rank, H hidden, F expert width.
 """
 
 from __future__ import annotations

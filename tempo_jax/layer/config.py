@@ -1,9 +1,6 @@
 """The MoE layer's configuration: `MoEConfig`, `make_ep_mesh`, `auto_capacity` (C of the default dropless rounds)
 and `capacity_bucket` (a block size rounded up to a power of two). The parameters and their two layouts (logical
 ``[E, ...]``, physical ``[P, ...]`` sharded over ``ep``) are `tempo_jax.layer.params`.
-
-Glossary: H hidden, F expert FFN width, E logical experts, K top-k, D ranks on the ``ep`` axis, S physical slots
-per rank, P = D·S physical slots.
 """
 
 from __future__ import annotations

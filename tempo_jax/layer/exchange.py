@@ -8,8 +8,6 @@ and return, on every rank, the blocks it received: block s holds what source s s
 - "ragged": `jax.lax.ragged_all_to_all` (GPU/TPU; not implemented on XLA:CPU). Same result.
 - "auto": resolved by `EXCHANGE` (`pallas_kernels.implementations.ImplementationTable`): ragged on GPU/TPU, padded
   elsewhere.
-
-Glossary: D ranks on the axis, C rows per (source, destination) block, W features per row.
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ With ``bias`` every projection has a per-expert bias (gpt-oss): ``b_gate``, ``b_
 Shared experts (`SharedConfig`) run on every token of the rank that holds it, beside the routed ones (no
 exchange): ``count`` experts of width ``ffn`` as one SwiGLU of width ``count·ffn`` (DeepSeek, GLM), optionally
 scaled per token by ``sigmoid(x · shared_gate)`` (Qwen2-MoE).
-
-Glossary: M rows, H hidden, F expert width, Fs = count·ffn shared width, S slots.
 """
 
 from __future__ import annotations

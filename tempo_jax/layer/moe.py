@@ -12,9 +12,6 @@ result is one type (`MoEOutput`: out, counts, counter, stats).
 Replicas hold identical weights, so the output does not depend on the dispatch table, the policy or the mode:
 every choice computes the same function as `moe_reference` (up to float reassociation). That is the project's
 central invariant.
-
-Glossary: T tokens (global; T/D per rank), H hidden, F expert FFN width, E logical experts, K top-k, D ranks
-on the ``ep`` axis, S physical slots per rank, P = D·S physical slots, R replica columns, Gs source groups.
 """
 
 from __future__ import annotations

@@ -19,9 +19,6 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
 | ``shared_gate`` | [H] | same | ``shared.gated`` (Qwen2-MoE) |
-
-Glossary: H hidden, F expert FFN width, E logical experts, D ranks on the ``ep`` axis, S physical slots per rank,
-P = D·S physical slots, Fs shared width.
 """
 
 from __future__ import annotations

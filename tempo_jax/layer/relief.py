@@ -12,8 +12,6 @@
 
 The output does not depend on it (replicas hold identical weights); only where each pair is computed changes.
 `plan` is the same computation outside the layer (benchmarks, tests against the twin).
-
-Glossary: E experts, R replica columns, D ranks, S slots per rank.
 """
 
 from __future__ import annotations

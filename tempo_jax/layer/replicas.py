@@ -4,21 +4,20 @@
 ``[S, ...]`` of the physical expert arrays. In the backward pass the gradient of each slot whose expert has
 several replicas becomes the sum over the expert's replica group, so every replica receives the logical
 expert's gradient and the same optimizer update: replicas stay bit-identical for any number of steps. Only the
-groups exchange: one ``psum`` (all-reduce over ``ep``) of a ``[R, ...]`` float32 buffer, R = min(E, P − E) ≥ the
+groups exchange: one ``psum`` (all-reduce over ``ep``) of a ``[Rb, ...]`` float32 buffer, Rb = min(E, P − E) ≥ the
 number of replicated experts — its bytes grow with the redundant slots, never with E. Without redundancy
 (P = E) nothing is exchanged: expert gradients never leave their rank. The groups are computed in-graph from
 ``phy2log`` (no host data, so a new placement is new data, not a new program).
 
 **Migration** (`plan_migration` on the host, `migrate` in-graph). A placement change moves exactly the slots whose
 expert is not already on their rank: each such slot's rows come from one rank that held the expert before, in one
-``all_to_all`` per array of ``[D, M, ...]`` blocks (M = the most slots one rank sends another, rounded up to a
+``all_to_all`` per array of ``[D, Mb, ...]`` blocks (Mb = the most slots one rank sends another, rounded up to a
 power of two so few programs compile); slots whose expert was already on the rank are local copies. Only the K
 changed slots of a rank are written, in place (the arrays are donated): the move's memory traffic follows the
 slots that change, not S. The same plan moves any array laid out like the weights (Adam's moments), so the
 optimizer state follows its weights.
 
-Glossary: E experts, D ranks, S slots per rank, P = D·S, R tied groups' buffer rows, M rows per migration block.
-"""
+Glossary additions: Rb tied groups' buffer rows, Mb rows per migration block."""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ __all__ = ["MigrationPlan", "MigrationReport", "migrate", "plan_migration", "tie
 
 # ------------------------------------------------------------------------------------------------ tied replicas
 def tie_buffer_rows(num_experts: int, num_slots: int) -> int:
-    """R: rows of the replica-sum buffer, an upper bound on the experts with more than one replica."""
+    """Rb: rows of the replica-sum buffer, an upper bound on the experts with more than one replica."""
     return max(0, min(num_experts, num_slots - num_experts))
 
 
@@ -94,12 +93,12 @@ class MigrationPlan:
     """How to turn arrays laid out over ``old``'s slots into arrays over ``new``'s.
 
     Attributes:
-      send: ``[D, D, M]`` int32: on source rank s, the local slot whose rows go to rank d at position m (0 where
+      send: ``[D, D, Mb]`` int32: on source rank s, the local slot whose rows go to rank d at position m (0 where
         unused).
       dst: ``[D, K]`` int32: on rank d, the local slots that change (K = the most changed slots of a rank, rounded
         up to a power of two; the pads repeat a rank's first pair, or rewrite slot 0 with itself).
       src: ``[D, K]`` int32: where each changed slot's rows come from: ``< S`` a local slot of the old layout, else
-        position ``src − S = s·M + m`` of the rows received from rank s.
+        position ``src − S = s·Mb + m`` of the rows received from rank s.
       moved: new slots whose rows cross ranks; local: slots filled from another local slot; kept: slots unchanged.
       transfers: rows sent (≤ moved: two new replicas of one expert on one rank share a transfer).
     """
@@ -114,7 +113,7 @@ class MigrationPlan:
 
     @property
     def block(self) -> int:
-        """M: rows per (source, destination) block of the all-to-all (0: nothing crosses ranks)."""
+        """Mb: rows per (source, destination) block of the all-to-all (0: nothing crosses ranks)."""
         return int(self.send.shape[2])
 
 
@@ -122,7 +121,7 @@ class MigrationPlan:
 class MigrationReport:
     """What a placement change did: slots moved across ranks, filled locally and kept; ``bytes_moved`` = rows sent
     (`MigrationPlan.transfers`) × ``slot_bytes``, the bytes of one slot of every migrated array (weights, and the
-    optimizer moments when given); ``wire_bytes`` the all-to-all's padded buffers (D·D·M rows); ``seconds`` the
+    optimizer moments when given); ``wire_bytes`` the all-to-all's padded buffers (D·D·Mb rows); ``seconds`` the
     in-graph step (compile excluded: ``compile_seconds``)."""
 
     moved_slots: int
@@ -180,7 +179,7 @@ def plan_migration(old: Placement, new: Placement) -> MigrationPlan:
             busy[src] += 1
         fetched.append((d, j, src, sent_at[key]))
     moved = len(fetched)
-    # Step 3: blocks of M rows (a power of two), and where each fetched slot's rows land in the pool.
+    # Step 3: blocks of Mb rows (a power of two), and where each fetched slot's rows land in the pool.
     widest = max((len(v) for v in sends.values()), default=0)
     M = 0 if widest == 0 else 1 << (widest - 1).bit_length()
     send = np.zeros((D, D, M), np.int32)

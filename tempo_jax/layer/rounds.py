@@ -3,7 +3,7 @@
 A rank's token–expert pairs, sorted by destination, fill blocks of ``C`` rows per destination (C: twice the mean
 block by default, `tempo_jax.layer.config.auto_capacity`, fixed at trace time from the shapes). Round r sends
 the rows at positions ``[r·C, (r+1)·C)`` of every block: exchange, expert FFN, return, scatter into the pairs'
-results. The ``ep`` group runs ``R = ⌈max block / C⌉`` rounds, the largest block anywhere (``pmax`` over the axis)
+results. The ``ep`` group runs ``nr = ⌈max block / C⌉`` rounds, the largest block anywhere (``pmax`` over the axis)
 deciding, so every pair is computed — dropless — while every buffer stays ``[D, C, ·]``, whatever the routing: a
 batch that sends every token to one rank takes more rounds, not more memory, and nothing recompiles.
 
@@ -13,9 +13,7 @@ further round, as rematerialisation would, then runs its VJP (cotangents of the 
 cotangents of the rows the return direction). The rounds run in a `jax.lax.while_loop`, so they work under
 `jax.jit`, `nnx.jit`, `nnx.scan` over layers and across processes (the round count is one collective).
 
-Glossary: T tokens on this rank, K top-k, H hidden, D ranks, C rows per block per round, R rounds, S slots (with
-OEWF's fetched slots), W = H + slot lanes.
-"""
+Glossary additions: nr rounds."""
 
 from __future__ import annotations
 
@@ -192,7 +190,7 @@ def exchange_ffn_rounds(
 
     Returns:
       ``(y_pairs [T·K, H], group_sizes [S], rounds)``: each pair's expert output (pair order), the rows each
-      local slot computed over all rounds, and R.
+      local slot computed over all rounds, and nr.
     """
     static = RoundsStatic(
         C=int(capacity),

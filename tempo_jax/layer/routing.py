@@ -22,8 +22,6 @@ Training (returned by the layer, `MoEAux`): the Switch / GShard load-balancing l
 router probabilities P (the scores normalised over experts) and the layer's pair fractions f, the router
 z-loss ``mean(logsumexp(logits)²)``, and DeepSeek-V3's auxiliary-loss-free balancing (`balance_update`: the
 score bias moves by ``rate·sign(mean load − load)``, outside the gradient).
-
-Glossary: T tokens on this rank, H hidden, E experts, K top-k.
 """
 
 from __future__ import annotations

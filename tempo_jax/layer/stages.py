@@ -10,9 +10,6 @@ source blocks, then run the expert FFN on those rows" without copying code.
 The packed layout is a capacity-padded buffer ``[D, C, W]``: block j holds the rows this rank sends to rank j
 (valid rows first), each row's hidden vector followed by its local slot id written as exact small numbers of
 the row dtype (so the slot id travels with its row in one collective: 1 lane for 32-bit rows, 2 for 16-bit).
-
-Glossary: T tokens on this rank, H hidden, F expert width, E logical experts, K top-k, D ranks on the axis,
-S physical slots per rank, R replica columns, C rows per (source, destination) block, W = H + slot lanes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ Balancing (each optional, `LMConfig`): the Switch / GShard load-balancing loss (
 router z-loss (``z_loss``) and DeepSeek-V3's auxiliary-loss-free balancing (``balance_rate``: the router's
 selection-only score bias moves by balance_rate·sign(mean load − load) after every step, outside the gradient).
 
-Glossary: B batch, L sequence length, V vocabulary (256 bytes), H model width, T = B·L tokens.
-"""
+Glossary additions: B batch, Q sequence length, V vocabulary (256 bytes)."""
 
 from __future__ import annotations
 

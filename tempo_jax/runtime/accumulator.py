@@ -5,8 +5,6 @@ Each step adds its per-source counts ``[D, E]``; after ``window`` steps the accu
 modulo 2^32, a baseline first, restarted rows). The accumulator also keeps the pair accounting's inflow.
 
 Not thread-safe by itself: the `DispatchController` calls it under its lock.
-
-Glossary: D ranks (source rows), E logical experts.
 """
 
 from __future__ import annotations

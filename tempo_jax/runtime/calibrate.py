@@ -28,8 +28,7 @@ notebook 01 Fig. 2 can plot its G = 1 rows as measured points beside the model):
     one = prof.G == 1
     ax.scatter(prof.n[one], prof.t_us[one]); model, _ = prof.fit()
 
-Glossary: G experts per rank, n tokens per expert, N = G·n tokens per rank, H hidden, F expert FFN width.
-"""
+Glossary additions: G experts per rank, n tokens per expert, N = G·n tokens per rank."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ The MoE layer keeps a cumulative per-(source rank, expert) pair counter ``[D, E]
 it back into counts: `CounterWindows` (differencing, baselines, restarts) and `host_counter` (a snapshot on the
 host, gathered across processes).
 
-Glossary: D ranks (source rows of the counter), E logical experts. numpy only (jax only inside `host_counter`).
-"""
+numpy only (jax only inside `host_counter`)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,6 @@ when ``latest`` does. When the published data grow older than ``staleness_s`` th
 (uniform or static) are published until a fresh solve arrives.
 
 `prepare` runs outside the controller's lock (it copies to the device); every other method is called under it.
-
-Glossary: Gs source groups, E logical experts, R replica columns.
 """
 
 from __future__ import annotations

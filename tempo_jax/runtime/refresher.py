@@ -11,8 +11,6 @@ The MoE layer keeps a cumulative per-(source rank, expert) pair counter ``[D, E]
     for step in ...:
         out = layer(..., tables=ctl.latest, counter=state.counter); state.counter = out.counter
     refresher.stop(); ctl.close()
-
-Glossary: D ranks (source rows of the counter), E logical experts.
 """
 
 from __future__ import annotations

@@ -21,8 +21,6 @@ After the loop (off the clock) every step is also scored under the static and EP
 oracle (tempo solved on that step's own counts, which no online system has). The result: a dict (also
 ``<out>/serve.json``) and a figure (``<out>/serve.png``): modelled makespan over time per policy with the
 publication (refresh) marks, and the step times on vs off.
-
-Glossary: T tokens per step (all ranks), H hidden, F expert FFN width, E experts, K top-k, D ranks.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every la
 `refresh_time` measures the worker's time per refresh for a synthetic model of any size (DeepSeek-V3: 58 MoE
 layers × 256 experts + 32 redundant, EP8, 128 tokens per rank): it must fit the 200 ms refresh.
 
-Glossary: L MoE layers, D ranks, E experts, K top-k, B sequences per step, T = B·L tokens (prefill), B (decode).
-"""
+Glossary additions: B sequences per step, Q sequence length (a prefill step computes T = B·Q tokens, a decode
+step B)."""
 
 from __future__ import annotations
 

@@ -14,87 +14,9 @@ The rooms import nothing of each other. Each experiment is a frozen config and a
 re-exports the names a notebook needs.
 """
 
-from .cascade import (
-    LAYER_MODES,
-    PLACEMENT_POLICIES,
-    CascadeConfig,
-    CascadeRun,
-    LayerInputs,
-    PrefillResult,
-    StepBatch,
-    layer_timeline,
-    prefill_costs,
-    run_cascade,
-    run_cascade_seeds,
-    simulate_prefill,
-    step_timeline,
-)
-from .tempo.ablation import AblationResult, component_ablation
-from .tempo.boundary import Boundary, flip_boundary
-from .tempo.cost_demo import calibration_demo, expert_profile, worked_example
-from .tempo.phase import MODEL_SHAPES, PHASE_POLICIES, PhaseConfig, PhaseResult, run_phase
-from .tempo.protocols import (
-    InformationConfig,
-    PolicyConfig,
-    RefreshConfig,
-    ReplayConfig,
-    VariantConfig,
-    run_information,
-    run_policies,
-    run_refresh,
-    run_variants,
-)
-from .tempo.regime_map import RegimeCurve, synthetic_regime_curve, trace_regime_curve
-from .tempo.replay import SyntheticStreams
-from .tempo.theorem2 import EpsilonConfig, ProbeConfig, Theorem2Result, run_theorem2, theorem2_table
-from .tempo.traffic import TopologyConfig, topology_replay
-from .tempo.variants import TEMPO_VARIANTS
+from . import cascade as _cascade
+from . import tempo as _tempo
+from .cascade import *  # noqa: F403  (the CascadeEP room's public names)
+from .tempo import *  # noqa: F403  (the TEMPO room's public names)
 
-__all__ = [
-    "LAYER_MODES",
-    "MODEL_SHAPES",
-    "PHASE_POLICIES",
-    "PLACEMENT_POLICIES",
-    "TEMPO_VARIANTS",
-    "AblationResult",
-    "Boundary",
-    "CascadeConfig",
-    "CascadeRun",
-    "EpsilonConfig",
-    "InformationConfig",
-    "LayerInputs",
-    "PhaseConfig",
-    "PhaseResult",
-    "PolicyConfig",
-    "ProbeConfig",
-    "RefreshConfig",
-    "RegimeCurve",
-    "ReplayConfig",
-    "PrefillResult",
-    "StepBatch",
-    "SyntheticStreams",
-    "Theorem2Result",
-    "TopologyConfig",
-    "VariantConfig",
-    "calibration_demo",
-    "component_ablation",
-    "expert_profile",
-    "flip_boundary",
-    "layer_timeline",
-    "step_timeline",
-    "prefill_costs",
-    "run_cascade",
-    "run_cascade_seeds",
-    "run_information",
-    "run_phase",
-    "run_policies",
-    "run_refresh",
-    "run_theorem2",
-    "run_variants",
-    "simulate_prefill",
-    "synthetic_regime_curve",
-    "theorem2_table",
-    "topology_replay",
-    "trace_regime_curve",
-    "worked_example",
-]
+__all__ = [*_tempo.__all__, *_cascade.__all__]

@@ -1,8 +1,7 @@
 """Routing workloads (numpy only, no jax): real recordings, synthetic Zipf routing, regimes.
 
 Argument checks come from `solvers.checks` (numpy only); nothing else of `solvers` is used here.
-Glossary (shapes): T tokens, E experts, K top-k, Gs source ranks as recorded, D ranks (GPUs) a batch is split
-over, I recorded iterations; batch sizes are tokens per rank (``tokens_per_rank``).
+Glossary additions: batch sizes are tokens per rank (``tokens_per_rank``).
 
 - :class:`RoutingTrace` — one representation for every recording: per-token ``topk_ids[layer] [T, K]`` or
   per-rank ``rank_counts[layer] [I, Gs, E]``; ``batch_counts(layer, tokens_per_rank, D, batch) -> [D, E]``.

@@ -1,7 +1,6 @@
 """Loaders for the real routing recordings in ``../shared/traces`` and the small bundled sample.
 
-Every loader returns a :class:`~tempo_jax.workloads.trace.RoutingTrace`. Glossary: T tokens, E experts,
-K top-k, Gs source ranks, I recorded iterations.
+Every loader returns a :class:`~tempo_jax.workloads.trace.RoutingTrace`.
 
 Where the recordings are looked for: the ``path`` argument if given (the recording's own folder or file),
 else ``$TEMPO_JAX_TRACES/<relative path>`` if that environment variable is set, else

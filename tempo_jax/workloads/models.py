@@ -9,8 +9,6 @@ Routing vocabulary (see `tempo_jax.layer.routing.RouterConfig`): ``scoring`` is 
 (PhiMoE); ``score_bias`` is a
 selection-only correction bias (DeepSeek-V3's ``e_score_correction_bias``); ``n_group`` / ``topk_group`` limit
 the choice to the best groups; ``renormalize`` / ``renorm_eps`` / ``scaling`` act on the chosen weights.
-
-Glossary: H hidden, F expert FFN width, E routed experts, K top-k.
 """
 
 from __future__ import annotations
@@ -65,6 +63,10 @@ class ModelSpec:
 
 _DSV3_ROUTER = {"scoring": "sigmoid", "score_bias": True, "renormalize": True, "renorm_eps": 1e-20}
 _QWEN_ROUTER = {"scoring": "softmax", "renormalize": True, "renorm_eps": 0.0}
+_V4_ROUTER = {"scoring": "sqrt_softplus", "score_bias": True, "renormalize": True, "renorm_eps": 1e-20, "scaling": 1.5}
+_V4_EXPERT = {"activation": "swiglu_clamp", "limit": 10.0}
+_GPT_OSS_ROUTER = {"scoring": "softmax_topk", "bias": True}
+_GPT_OSS_EXPERT = {"activation": "gpt_oss", "bias": True, "alpha": 1.702, "limit": 7.0}
 
 #: The families' presets below: the model's config.json as copied in public repositories (huggingface.co itself was
 #: not reachable); their MoE keys are recorded in tests/fixtures/hf_public_configs.json, whose import by
@@ -98,14 +100,8 @@ _SPECS = [
         top_k=6,
         layers=43,
         moe_layers=43,
-        router={
-            "scoring": "sqrt_softplus",
-            "score_bias": True,
-            "renormalize": True,
-            "renorm_eps": 1e-20,
-            "scaling": 1.5,
-        },
-        expert={"activation": "swiglu_clamp", "limit": 10.0},
+        router=_V4_ROUTER,
+        expert=_V4_EXPERT,
         shared={"count": 1, "ffn": 2048},
         total_params="284B",
         active_params="13B",
@@ -123,14 +119,8 @@ _SPECS = [
         top_k=6,
         layers=61,
         moe_layers=61,
-        router={
-            "scoring": "sqrt_softplus",
-            "score_bias": True,
-            "renormalize": True,
-            "renorm_eps": 1e-20,
-            "scaling": 1.5,
-        },
-        expert={"activation": "swiglu_clamp", "limit": 10.0},
+        router=_V4_ROUTER,
+        expert=_V4_EXPERT,
         shared={"count": 1, "ffn": 3072},
         total_params="1.6T",
         active_params="49B",
@@ -209,8 +199,8 @@ _SPECS = [
         top_k=4,
         layers=24,
         moe_layers=24,
-        router={"scoring": "softmax_topk", "bias": True},
-        expert={"activation": "gpt_oss", "bias": True, "alpha": 1.702, "limit": 7.0},
+        router=_GPT_OSS_ROUTER,
+        expert=_GPT_OSS_EXPERT,
         total_params="21B",
         active_params="3.6B",
         source="gpt-oss-20b config.json: hidden 2880, intermediate 2880, 32 experts, top-4, swiglu_limit 7, "
@@ -225,8 +215,8 @@ _SPECS = [
         top_k=4,
         layers=36,
         moe_layers=36,
-        router={"scoring": "softmax_topk", "bias": True},
-        expert={"activation": "gpt_oss", "bias": True, "alpha": 1.702, "limit": 7.0},
+        router=_GPT_OSS_ROUTER,
+        expert=_GPT_OSS_EXPERT,
         total_params="117B",
         active_params="5.1B",
         source="openai/gpt-oss reference ModelConfig defaults for gpt-oss-120b (hidden 2880, intermediate 2880, "

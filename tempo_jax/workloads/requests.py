@@ -1,7 +1,7 @@
 """Request traces for prefill serving studies (CascadeEP §4.1, App. B): arrivals, input lengths, prefix blocks.
 
-numpy only (no jax, no solvers). Glossary: n requests, nnz prefix blocks over all requests; times in seconds,
-lengths in tokens.
+numpy only (no jax, no solvers). Glossary additions: n requests, nnz prefix blocks over all requests; times in
+seconds, lengths in tokens.
 
 - :class:`RequestTrace` — ``arrival_s [n]`` float64 s, ``input_len [n]`` / ``output_len [n]`` int64 tokens,
   prefix-block hashes in CSR form (``block_offsets [n+1]``, ``block_ids [nnz]``), ``block_size`` tokens per

@@ -8,8 +8,7 @@
 Both return a `RoutingStream` whose ``ids(step)`` is ``[T, K]`` int32 (T = tokens of one step over all ranks;
 rank d serves rows ``[d·B, (d+1)·B)``) and whose ``load [E]`` is what a placement is built from.
 
-Glossary: T tokens per step, K top-k, E experts, B tokens per rank, D ranks.
-"""
+Glossary additions: B tokens per rank."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Synthetic Zipf routing with Dirichlet batch-to-batch fluctuation (TEMPO §3.2 phase-diagram workload).
 
-Glossary (shapes): T tokens, E experts, K top-k, D ranks, B tokens per rank.
+Glossary additions: B tokens per rank.
 
 Model of one batch: the long-run expert popularity ``p [E]`` is Zipf(s) over a seeded random permutation
 of the experts; the batch's popularity is ``q ~ Dirichlet(κ·p)`` (mean p, ``Var q_e = p_e(1−p_e)/(κ+1)``,

@@ -1,7 +1,6 @@
 """`RoutingTrace`: one in-memory representation for every routing recording (numpy only).
 
-Glossary (shapes): T tokens, E experts, K top-k, Gs source ranks (as recorded), D ranks asked for,
-B tokens per rank, I recorded iterations.
+Glossary additions: B tokens per rank.
 
 A trace holds, per MoE layer, *either*
 

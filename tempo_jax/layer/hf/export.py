@@ -2,8 +2,6 @@
 folder of every MoE layer's tensors for a checkpoint (`save_moe_layers`), so a model fine-tuned here loads into
 transformers again. The inverse of `tempo_jax.layer.hf.tensors`: ``load → export → load`` is the identity, and an
 export of what transformers wrote equals its tensors (`tests/test_hf_import.py`).
-
-Glossary: H hidden, F expert width, E routed experts, Fs shared width.
 """
 
 from __future__ import annotations

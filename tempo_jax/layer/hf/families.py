@@ -6,8 +6,6 @@ router and expert code line by line) and is tested against transformers' own blo
 Each family's router, experts and shared experts, its measured error against transformers and what is refused
 with which reason are listed in docs/hf.md; each `Family.refuse` says which options of a family the layer does
 not express, and why.
-
-Glossary: H hidden, F expert width, E routed experts, K top-k, Fs shared width.
 """
 
 from __future__ import annotations

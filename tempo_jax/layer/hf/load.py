@@ -9,8 +9,6 @@ The placement is yours (``placement=``) or, by default, `solvers.Placement.sprea
 per-expert array is built by `jax.make_array_from_callback` over its ``ep`` sharding: each process reads only the
 experts of the slots its devices hold, one expert at a time, so a checkpoint larger than a process's share is
 never materialised whole; the router and shared experts are read once per process and replicated.
-
-Glossary: E experts, D ranks, S slots per rank, P = D·S.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ safetensors reader that sees every dtype those files hold.
 rows without reading the rest, and every dtype of these files (bf16 and the float8 formats through ml_dtypes,
 which numpy lacks). A truncated file or a header that points past its end is an error naming the file.
 
-Glossary: b0 × b1 scale block, G 32-value groups.
-"""
+Glossary additions: b0 × b1 scale block, G 32-value groups."""
 
 from __future__ import annotations
 

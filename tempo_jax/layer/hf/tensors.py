@@ -20,8 +20,7 @@ read (``[n]`` → ``[n, ...]`` in the layer's orientation), the others read whol
 - "input_linear" (Granite): ``input_linear.weight [E, 2F, H]`` (gate rows first), ``output_linear.weight [E, H, F]``;
 - "dbrx": ``experts.mlp.w1 / v1 / w2 [E·F, H]`` (w1 gate, v1 up, w2 the down weight transposed).
 
-Glossary: H hidden, F expert width, E routed experts, Fs shared width, n experts read.
-"""
+Glossary additions: n experts read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Request-level MoE prefill serving over D data-parallel attention replicas (CascadeEP §1–2, §4.1, App. A–B).
 
-numpy only (no jax). Glossary: n requests, D attention replicas (= GPUs = EP ranks), m chunks in one replica's
-batch, S steps, C chunks in a run. Times in seconds (simulated), lengths in tokens.
+numpy only (no jax). Glossary additions: n requests, m chunks in one replica's batch, ns steps, nc chunks in a run.
+numpy only (no jax). Times in seconds (simulated), lengths in tokens.
 
 What happens (``simulate_prefill``):
 
@@ -277,8 +277,8 @@ class PrefillResult:
 
     Per request (``[n]``): ``replica``, ``arrival_s``, ``input_len``, ``hit_tokens`` (prefix-cache hit P_0),
     ``completion_s`` (end of the step computing its last chunk), ``ttft_s`` = completion − arrival,
-    ``num_chunks``. Per step (``[S]``): ``step_start_s``, ``step_end_s``, ``step_new_tokens [S, D]``,
-    ``step_chunks [S, D]``, ``step_records`` (what ``step_time`` returned). Per chunk (``[C]``, in step then
+    ``num_chunks``. Per step (``[ns]``): ``step_start_s``, ``step_end_s``, ``step_new_tokens [ns, D]``,
+    ``step_chunks [ns, D]``, ``step_records`` (what ``step_time`` returned). Per chunk (``[nc]``, in step then
     replica then queue order): ``chunk_step``, ``chunk_request``, ``chunk_replica``, ``chunk_q``, ``chunk_P``.
     """
 
@@ -370,7 +370,7 @@ class PrefillResult:
 
     @property
     def alb_per_step(self) -> np.ndarray:
-        """float64 ``[S]`` ALB = mean_d a_d / max_d a_d of each step (averaged over its layers if ``[L, D]``);
+        """float64 ``[ns]`` ALB = mean_d a_d / max_d a_d of each step (averaged over its layers if ``[L, D]``);
         a_d from the records' ``attention_s`` or, as a proxy, new tokens (see :attr:`alb_source`). NaN when all
         replicas have zero attention time."""
         rows = self._alb_rows()

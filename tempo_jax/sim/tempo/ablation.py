@@ -1,7 +1,7 @@
 """Component ablation of tempo_fast over the phase grid (TEMPO §4.2, Table 2).
 
-Glossary (shapes): C cells, nb batches per cell, V variants (`.variants.COMPONENTS`), E experts, D ranks (GPUs),
-s Zipf skew; batch sizes in tokens per GPU (the phase diagram's convention).
+Glossary additions: nc cells, nb batches per cell, V variants (`.variants.COMPONENTS`), s Zipf skew, batch sizes in
+tokens per GPU (the phase diagram's convention).
 
 On the same cells and batches as the phase sweep (:mod:`.phase`: synthetic Zipf(s) routing, EPLB placement
 from the long-run load, one of the calibrated presets), each batch is solved by full TEMPO and by each variant
@@ -31,7 +31,7 @@ __all__ = ["AblationResult", "component_ablation", "summarize"]
 
 
 def _solve_cell(config: PhaseConfig, cell: Cell, chain_depth: int | None) -> np.ndarray:
-    """``[nb, 1 + V + F]`` makespans (µs): full TEMPO, each :data:`COMPONENTS` variant, then each fixed policy
+    """``[nb, 1 + V + nf]`` makespans (µs): full TEMPO, each :data:`COMPONENTS` variant, then each fixed policy
     (:data:`.phase.FIXED_POLICIES`: the cell's regime letter)."""
     routing, placement = cell_setup(config, cell)
     base = {"tau": config.tau} | ({} if chain_depth is None else {"chain_depth": chain_depth})
@@ -56,9 +56,9 @@ class AblationResult:
 
     Attributes:
       config: the phase grid.
-      cells: C cells (``config.cells()`` order).
-      makespan: ``[C, nb, 1 + V + F]`` µs; column 0 = full TEMPO, then :data:`COMPONENTS` in order, then the
-        fixed policies (:data:`.phase.FIXED_POLICIES`).
+      cells: nc cells (``config.cells()`` order).
+      makespan: ``[nc, nb, 1 + V + nf]`` µs; column 0 = full TEMPO, then :data:`COMPONENTS` in order, then the
+        nf fixed policies (:data:`.phase.FIXED_POLICIES`).
     """
 
     config: PhaseConfig
@@ -66,7 +66,7 @@ class AblationResult:
     makespan: np.ndarray
 
     def degradation(self) -> np.ndarray:
-        """``[C, V]`` ``mean(variant)/mean(baseline) − 1`` per cell (batch means); the baseline is full TEMPO or
+        """``[nc, V]`` ``mean(variant)/mean(baseline) − 1`` per cell (batch means); the baseline is full TEMPO or
         the variant named in :data:`.variants.COMPONENT_BASELINES`."""
         m = self.makespan.mean(axis=1)
         cols = ["full", *COMPONENTS]
@@ -74,7 +74,7 @@ class AblationResult:
         return m[:, 1 : 1 + len(COMPONENTS)] / m[:, base] - 1.0
 
     def winner(self) -> np.ndarray:
-        """``[C]`` letter of the cell's winning fixed policy (M/L/E, as :meth:`.phase.PhaseResult.winner`)."""
+        """``[nc]`` letter of the cell's winning fixed policy (M/L/E, as :meth:`.phase.PhaseResult.winner`)."""
         m = self.makespan.mean(axis=1)[:, 1 + len(COMPONENTS) :]
         return np.array([LETTERS[FIXED_POLICIES[i]] for i in np.argmin(m, axis=1)])
 

@@ -1,12 +1,11 @@
 """Analytic flip boundary B* of the phase diagram (TEMPO §3.2) and the simulated flip band it should land in.
 
-Glossary (shapes): E logical experts, K top-k, G GPUs (EP ranks), B tokens per GPU, T = B·K·G token–expert
-pairs of one batch, p ``[E]`` long-run share of token–expert pairs per expert (sums to 1; for top-K routing
-drawn without replacement this is `tempo_jax.workloads.pair_share`, not the first-draw popularity), r ``[E]``
-replica counts.
+Glossary additions: G GPUs (EP ranks), B tokens per GPU, nP = B·K·G token–expert pairs of one batch, p ``[E]``
+long-run share of token–expert pairs per expert (sums to 1; for top-K routing drawn without replacement this is
+`tempo_jax.workloads.pair_share`, not the first-draw popularity), r ``[E]`` replica counts.
 
-Boundary (paper §3.2 (ii)): with ``E_eff(B) = Σ_e (1 − (1 − p_e)^T)·r_e`` the expected number of activated
-replicas (each of the T pairs picks e with probability p_e; an activated expert activates all r_e replicas):
+Boundary (paper §3.2 (ii)): with ``E_eff(B) = Σ_e (1 − (1 − p_e)^nP)·r_e`` the expected number of activated
+replicas (each of the nP pairs picks e with probability p_e; an activated expert activates all r_e replicas):
 
 - avg: the balanced pieces cross, ``β·B·K = b·E_eff/G``  →  ``B*_avg = n*·E_eff/(K·G)``;
 - hot: activation balancing keeps the hottest expert (p_1) whole, its GPU goes linear first:
@@ -64,15 +63,15 @@ __all__ = [
 
 
 def effective_experts(popularity, replicas, total_pairs) -> float | np.ndarray:
-    """Expected activated replicas ``E_eff = Σ_e (1 − (1 − p_e)^T)·r_e``.
+    """Expected activated replicas ``E_eff = Σ_e (1 − (1 − p_e)^nP)·r_e``.
 
     Args:
       popularity: ``[E]`` per-pair probabilities p_e (non-negative; not renormalised).
       replicas: ``[E]`` replica counts r_e (or a scalar for all experts).
-      total_pairs: T = B·K·G token–expert pairs, a scalar or ``[N]`` (broadcast).
+      total_pairs: nP = B·K·G token–expert pairs, a scalar or ``[N]`` (broadcast).
 
     Returns:
-      A float, or ``[N]`` float64 for an array T.
+      A float, or ``[N]`` float64 for an array nP.
     """
     p = np.asarray(popularity, dtype=np.float64)
     r = np.broadcast_to(np.asarray(replicas, dtype=np.float64), p.shape)
@@ -81,7 +80,7 @@ def effective_experts(popularity, replicas, total_pairs) -> float | np.ndarray:
         raise ValueError("popularity must be [E] probabilities in [0, 1]")
     if np.any(T < 0):
         raise ValueError("total_pairs must be ≥ 0")
-    # 1 − (1 − p)^T computed as −expm1(T·log1p(−p)); p = 1 gives log1p(−1) = −inf → 1 for T > 0.
+    # 1 − (1 − p)^nP computed as −expm1(nP·log1p(−p)); p = 1 gives log1p(−1) = −inf → 1 for nP > 0.
     with np.errstate(divide="ignore"):
         logq = np.log1p(-p)  # [E]
     expo = np.where(T[..., None] > 0, T[..., None] * logq, 0.0)  # [..., E]

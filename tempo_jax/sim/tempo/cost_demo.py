@@ -1,6 +1,6 @@
 """The cost model in pictures (TEMPO §1, §2.2, §4.1; Figs. 1–2, Table 6): worked example, profiles, calibration.
 
-Glossary (shapes): E experts, G GPUs, n tokens per expert, N tokens per GPU, nG activated experts per GPU.
+Glossary additions: G GPUs, n tokens per expert, N tokens per GPU, nG activated experts per GPU.
 
 - :func:`worked_example`: the Fig. 1b toy (one hot expert of 600 tokens, six cold of 30, two fully
   replicated GPUs, ``t_g = max(15·G_g, 0.1·N_g)``) dispatched three ways: token balancing (every expert split

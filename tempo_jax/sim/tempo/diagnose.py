@@ -1,6 +1,6 @@
 """Why a phase cell's numbers are what they are: per-cell mechanism diagnostics (TEMPO §3.2, §3.3).
 
-Glossary (shapes): nb batches per cell, E experts, D ranks (GPUs); batch sizes are tokens per GPU.
+Glossary additions: nb batches per cell, batch sizes are tokens per GPU.
 
 For a few cells of a phase sweep (the largest gains, METRO's worst cell) :func:`cell_diagnostics` re-solves the
 cell's batches and reports what binds: each policy's makespan, its busiest GPU's activations and its busiest

@@ -1,7 +1,7 @@
 """Fine-grid flip scan (TEMPO §3.2 (ii)): where the winning fixed policy flips, on a dense B ladder.
 
-Glossary (shapes): C cells, nb batches per cell, D ranks (GPUs), E experts; batch sizes are tokens per GPU
-(``tokens_per_gpu``), as in the phase diagram.
+Glossary additions: nc cells, nb batches per cell, batch sizes are tokens per GPU (``tokens_per_gpu``), as in the
+phase diagram.
 
 The phase sweep (:mod:`.phase`) solves every policy, TEMPO included, on a power-of-two ladder, so a flip band is
 a factor of two wide. Locating the flip only needs the fixed policies, so this scan solves METRO, token-LP and
@@ -61,8 +61,8 @@ class FlipScan:
 
     Attributes:
       config: the grid (its ``tokens_per_gpu`` is the fine ladder).
-      cells: C cells in ``config.cells()`` order.
-      data: ``[C, nb, len(FIXED_POLICIES) + 2]`` (see :func:`_scan_cell`).
+      cells: nc cells in ``config.cells()`` order.
+      data: ``[nc, nb, len(FIXED_POLICIES) + 2]`` (see :func:`_scan_cell`).
     """
 
     config: PhaseConfig
@@ -70,24 +70,24 @@ class FlipScan:
     data: np.ndarray
 
     def mean(self, policy: str) -> np.ndarray:
-        """``[C]`` batch-averaged makespan of a fixed policy."""
+        """``[nc]`` batch-averaged makespan of a fixed policy."""
         return self.data[:, :, FIXED_POLICIES.index(policy)].mean(axis=1)
 
     def winner(self) -> np.ndarray:
-        """``[C]`` letter of the winning fixed policy (ties go to M, then L), as :meth:`.PhaseResult.winner`."""
+        """``[nc]`` letter of the winning fixed policy (ties go to M, then L), as :meth:`.PhaseResult.winner`."""
         idx = np.argmin([self.mean(p) for p in FIXED_POLICIES], axis=0)
         return np.array([LETTERS[FIXED_POLICIES[i]] for i in idx])
 
     def lp_activations(self) -> np.ndarray:
-        """``[C]`` mean over batches of token-LP's activations on its busiest GPU."""
+        """``[nc]`` mean over batches of token-LP's activations on its busiest GPU."""
         return self.data[:, :, -2].mean(axis=1)
 
     def metro_imbalance(self) -> np.ndarray:
-        """``[C]`` mean over batches of METRO's busiest-GPU tokens / mean tokens."""
+        """``[nc]`` mean over batches of METRO's busiest-GPU tokens / mean tokens."""
         return self.data[:, :, -1].mean(axis=1)
 
     def mask(self, **where) -> np.ndarray:
-        """``[C]`` bool: cells whose fields equal ``where``."""
+        """``[nc]`` bool: cells whose fields equal ``where``."""
         bad = set(where) - set(Cell._fields)
         if bad:
             raise ValueError(f"unknown cell fields {sorted(bad)}; valid: {Cell._fields}")

@@ -1,7 +1,6 @@
 """Phase-diagram sweep (TEMPO §3.2, §3.3; Figs. 6 and 12): which fixed dispatch policy wins where, and TEMPO's gain.
 
-Glossary (shapes): C cells, nb batches per cell, E experts, K top-k, D ranks (GPUs), s Zipf skew; batch sizes
-are tokens per GPU (``tokens_per_gpu``).
+Glossary additions: nc cells, nb batches per cell, s Zipf skew, batch sizes are tokens per GPU (``tokens_per_gpu``).
 
 One *column* is (preset, EP, replication, skew): synthetic Zipf(s) routing over the preset's model shape
 (:data:`MODEL_SHAPES`) with Dirichlet(κ) batch fluctuation, and one EPLB placement built from the column's
@@ -240,10 +239,10 @@ class PhaseResult:
 
     Attributes:
       config: the sweep's configuration.
-      cells: C cells in ``config.cells()`` order.
-      makespan: ``[C, nb, len(COLUMNS)]`` model makespan (µs) per cell, batch and policy (in
+      cells: nc cells in ``config.cells()`` order.
+      makespan: ``[nc, nb, len(COLUMNS)]`` model makespan (µs) per cell, batch and policy (in
         :data:`PHASE_POLICIES` order, then the :data:`REFERENCES`).
-      solve_time: ``[C, len(PHASE_POLICIES)]`` mean solve time per batch (s).
+      solve_time: ``[nc, len(PHASE_POLICIES)]`` mean solve time per batch (s).
       from_cache: loaded from the cache instead of solved.
     """
 
@@ -253,47 +252,47 @@ class PhaseResult:
     solve_time: np.ndarray
     from_cache: bool = False
 
-    # ------------------------------------------------------------------ per-cell views, all [C]
+    # ------------------------------------------------------------------ per-cell views, all [nc]
     def mean(self, policy: str) -> np.ndarray:
-        """``[C]`` batch-averaged makespan of ``policy`` (a :data:`PHASE_POLICIES` or :data:`REFERENCES` name)."""
+        """``[nc]`` batch-averaged makespan of ``policy`` (a :data:`PHASE_POLICIES` or :data:`REFERENCES` name)."""
         if policy not in COLUMNS:
             raise ValueError(f"unknown policy {policy!r}; valid: {COLUMNS}")
         return self.makespan[:, :, COLUMNS.index(policy)].mean(axis=1)
 
     def best_fixed(self) -> np.ndarray:
-        """``[C]`` lowest batch-averaged makespan among :data:`FIXED_POLICIES`."""
+        """``[nc]`` lowest batch-averaged makespan among :data:`FIXED_POLICIES`."""
         return np.min([self.mean(p) for p in FIXED_POLICIES], axis=0)
 
     def winner(self) -> np.ndarray:
-        """``[C]`` letter (M/L/E) of the winning fixed policy (ties go to M, then L)."""
+        """``[nc]`` letter (M/L/E) of the winning fixed policy (ties go to M, then L)."""
         idx = np.argmin([self.mean(p) for p in FIXED_POLICIES], axis=0)
         return np.array([LETTERS[FIXED_POLICIES[i]] for i in idx])
 
     def gain(self) -> np.ndarray:
-        """``[C]`` TEMPO's gain over the best fixed policy, ``1 − mean(tempo)/best_fixed`` (positive = better)."""
+        """``[nc]`` TEMPO's gain over the best fixed policy, ``1 − mean(tempo)/best_fixed`` (positive = better)."""
         return 1.0 - self.mean("tempo") / self.best_fixed()
 
     def gain_vs_matching(self) -> np.ndarray:
-        """``[C]`` TEMPO's gain over the best of the fixed policies and the activation-balancing optimum
+        """``[nc]`` TEMPO's gain over the best of the fixed policies and the activation-balancing optimum
         (``matching``): what is left once activations are balanced exactly."""
         return 1.0 - self.mean("tempo") / np.minimum(self.best_fixed(), self.mean("matching"))
 
     def worst_ratio(self, against: tuple[str, ...] = ("static", *FIXED_POLICIES)) -> np.ndarray:
-        """``[C]`` max over batches of ``tempo / min(against)`` per batch (> 1/(1−τ) = lost by more than τ)."""
+        """``[nc]`` max over batches of ``tempo / min(against)`` per batch (> 1/(1−τ) = lost by more than τ)."""
         cols = [COLUMNS.index(p) for p in against]
         per_batch = self.makespan[:, :, COLUMNS.index("tempo")] / self.makespan[:, :, cols].min(axis=2)
         return per_batch.max(axis=1)
 
     # ------------------------------------------------------------------ selection and grids
     def mask(self, **where) -> np.ndarray:
-        """``[C]`` bool: cells whose fields equal ``where`` (e.g. ``preset=..., ep=8, replication=1.25``)."""
+        """``[nc]`` bool: cells whose fields equal ``where`` (e.g. ``preset=..., ep=8, replication=1.25``)."""
         bad = set(where) - set(Cell._fields)
         if bad:
             raise ValueError(f"unknown cell fields {sorted(bad)}; valid: {Cell._fields}")
         return np.array([all(getattr(c, k) == v for k, v in where.items()) for c in self.cells], dtype=bool)
 
     def grid(self, values: np.ndarray, *, preset: str, ep: int, replication: float) -> np.ndarray:
-        """``[len(skews), len(batch_sizes)]`` view of per-cell ``values [C]`` for one panel."""
+        """``[len(skews), len(batch_sizes)]`` view of per-cell ``values [nc]`` for one panel."""
         out = np.asarray(values)[self.mask(preset=preset, ep=ep, replication=replication)]
         return out.reshape(len(self.config.skews), len(self.config.tokens_per_gpu))
 

@@ -1,6 +1,6 @@
 """Reductions of phase sweeps and regime maps to the numbers the paper quotes ("paper vs here" tables).
 
-Glossary: a column is (preset, ep, replication, skew); a panel is (preset, ep, replication); C cells.
+Glossary additions: a column is (preset, ep, replication, skew), a panel is (preset, ep, replication), nc cells.
 
 - :func:`boundary_rows`: per column, the simulated flip band and the analytic B* (TEMPO §3.2 (ii)), the paper's
   formula and the refined one; :func:`scan_rows` the same on a fine-grid :class:`.flipscan.FlipScan`.

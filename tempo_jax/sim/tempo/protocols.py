@@ -1,11 +1,11 @@
 """Replay protocols on recorded and synthetic routing (TEMPO §5.5, 5.6, 5.12, 5.14; Tables 1, 4, 8, 9, 10).
 
-Glossary: W windows, D ranks (GPUs; also the source ranks), E experts, R redundant slots, drift = the paper's
-drift-K (hot experts swapped); batch sizes are tokens per step across the EP group (``tokens_per_step``, the
-rows' ``B`` column; see :mod:`.replay` for the convention and the stream sources).
+Glossary additions: nw windows, Ex redundant slots, drift = the paper's drift-K (hot experts swapped), batch sizes are
+tokens per step across the EP group (``tokens_per_step``, the rows' ``B`` column; see :mod:`.replay` for the
+convention and the stream sources).
 
 Every protocol replays, for each stream (a layer of a recording, or a synthetic stream) at each B, each token
-scale, each redundancy R and each drift K, the stream's windows through a placement built from the stream's
+scale, each redundancy Ex and each drift K, the stream's windows through a placement built from the stream's
 long-run load (drift-K corrupted when K > 0), and scores dispatches under one cost model (default: the proxy
 serving three-term model of Table 7). It returns tidy rows, one per window, keyed by ``stream, B, scale,
 redundant, drift, window``; the reductions to the paper's tables live in :mod:`.replay_summary`.
@@ -15,8 +15,8 @@ redundant, drift, window``; the reductions to the paper's tables live in :mod:`.
 - :func:`run_information` (§5.5): TEMPO with exact (current), stale-1 (previous window) and frozen (first
   window) information — stale and frozen splits applied to the true counts by :func:`.replay.apply_split` —
   against static and uniform (no information). Windows t ≥ 1.
-- :func:`run_refresh` (§5.6, Table 10): the placement rebuilt every W windows from cumulative observed
-  counts (``cumW``) or from the trailing W windows (``wW``), vs never (``never``); static/uniform/TEMPO.
+- :func:`run_refresh` (§5.6, Table 10): the placement rebuilt every n windows from cumulative observed
+  counts (``cum<n>``) or from the trailing n windows (``w<n>``), vs never (``never``); static/uniform/TEMPO.
 - :func:`run_variants` (Tables 8, 9): TEMPO variants (`.variants`) — cumulative stages (``STAGES``) and
   objectives with cost terms deleted (``TERMS``) — each solved under its own model, all scored under the full one.
 
@@ -57,14 +57,14 @@ __all__ = [
 # ------------------------------------------------------------------------------------------------ configs
 @dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
-    """What to replay (defaults: the paper's drift-16 scenario on the proxy shape, EP8, R = 64).
+    """What to replay (defaults: the paper's drift-16 scenario on the proxy shape, EP8, Ex = 64).
 
     Attributes:
       source: a trace name (recorded; the bundled sample when offline) or ``"synthetic"``.
       synthetic: parameters of the synthetic streams (used when ``source == "synthetic"``).
       tokens_per_step: batch sizes, tokens per step across the EP group (the rows' ``B``).
       scales: token scales applied to every window's counts (Table 4: 0.25, 1, 4).
-      redundants: R redundant slots (placement has E + R slots).
+      redundants: Ex redundant slots (placement has E + Ex slots).
       drifts: drift corruptions (hot experts swapped, the paper's drift-K) of the placement's long-run load
         (0 = fresh placement).
       num_gpus: D (= source ranks).
@@ -148,7 +148,7 @@ class InformationConfig(ReplayConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class RefreshConfig(ReplayConfig):
-    """:func:`run_refresh`: long synthetic streams; ``modes`` are ``never``, ``cum<W>``, ``w<W>``."""
+    """:func:`run_refresh`: long synthetic streams; ``modes`` are ``never``, ``cum<n>``, ``w<n>``."""
 
     source: str = "synthetic"
     tokens_per_step: tuple[int, ...] = (128, 512)
@@ -181,7 +181,7 @@ def _parse_mode(mode: str) -> tuple[str, int]:
     for kind in ("cum", "w"):
         if mode.startswith(kind) and mode[len(kind) :].isdigit() and int(mode[len(kind) :]) > 0:
             return kind, int(mode[len(kind) :])
-    raise ValueError(f"refresh mode {mode!r} must be 'never', 'cum<W>' or 'w<W>' (W ≥ 1)")
+    raise ValueError(f"refresh mode {mode!r} must be 'never', 'cum<n>' or 'w<n>' (n ≥ 1 windows)")
 
 
 # ------------------------------------------------------------------------------------------------ per window
@@ -190,7 +190,7 @@ class _Ctx:
     config: ReplayConfig
     stream: Stream
     placement: object  # solvers.Placement, drift corrupted
-    fresh: object  # the fresh (drift 0) placement of the same stream and R
+    fresh: object  # the fresh (drift 0) placement of the same stream and redundancy
     redundant: int
 
 
@@ -247,7 +247,7 @@ def _information_rows(ctx: _Ctx) -> Iterator[dict]:
 
 def _refresh_rows(ctx: _Ctx) -> Iterator[dict]:
     cfg: RefreshConfig = ctx.config
-    totals = ctx.stream.totals()  # [W, E]
+    totals = ctx.stream.totals()  # [nw, E]
     W = ctx.stream.num_windows
     # Step 1: the placement in force at every window, per mode.
     placements: dict[str, list] = {}

@@ -1,6 +1,6 @@
 """Regime map (TEMPO §2.4, Fig. 5): fraction of mixed batches vs tokens per GPU, synthetic and recorded routing.
 
-Glossary (shapes): E experts, K top-k, G ranks, B tokens per rank, nB batch sizes on the ladder.
+Glossary additions: G ranks, B tokens per rank, nB batch sizes on the ladder.
 
 A batch ``[G, E]`` is *mixed* when ≥ 20% of its activated experts are flat (``n_e < n*``) and ≥ 20% of its
 token–expert pairs sit in linear experts (``n_e ≥ n*``), with ``n_e`` summed over the G ranks

@@ -1,7 +1,7 @@
 """Replay building blocks (TEMPO §5.5, 5.6, 5.12, 5.14): streams of windows, replay placements, stale splits.
 
-Glossary (shapes): W windows, D ranks (GPUs; each is also a source rank), E logical experts, K top-k, R redundant
-slots (physical slots = E + R); B = tokens per step (``tokens_per_step``).
+Glossary additions: nw windows, Ex redundant slots (physical slots = E + Ex), B = tokens per step
+(``tokens_per_step``).
 
 **Batch size.** In the replay protocols B is the number of tokens of one step across the whole EP group
 (the serving concurrency of TEMPO §5.13), so each of the D source ranks holds B/D tokens and each GPU receives
@@ -9,7 +9,7 @@ about B·K/D token–expert pairs (0.75·B for the proxy shape K = 6, G = 8). Th
 paper's regime labels hold for the proxy model (B = 128 floor-bound, B ≥ 512 traffic-bound, B*_a2a ≈ 300
 pairs per GPU); the phase diagram (:mod:`.phase`) counts B per GPU instead.
 
-**Streams.** A :class:`Stream` is a sequence of windows ``[W, D, E]`` plus the long-run load ``[E]`` that a
+**Streams.** A :class:`Stream` is a sequence of windows ``[nw, D, E]`` plus the long-run load ``[E]`` that a
 placement is built from (the "recording"). Two sources:
 
 - recorded routing (:func:`trace_streams`): one stream per layer, windows = the layer's consecutive batches
@@ -67,7 +67,7 @@ class Stream:
 
     Attributes:
       label: name (``"flame_moe_290m/L2"``, ``"zipf1.2#0"``).
-      windows: ``[W, S, E]`` int64 token–expert pairs from each source rank to each expert, per window.
+      windows: ``[nw, Gs, E]`` int64 token–expert pairs from each source rank to each expert, per window.
       history: ``[E]`` float64 long-run per-expert load (the recording EPLB sees).
       top_k: K.
     """
@@ -82,7 +82,7 @@ class Stream:
         w = np.asarray(self.windows, dtype=np.int64)
         h = np.asarray(self.history, dtype=np.float64)
         if w.ndim != 3 or h.shape != (w.shape[2],):
-            raise ValueError(f"windows must be [W, S, E] and history [E]; got {w.shape} and {h.shape}")
+            raise ValueError(f"windows must be [windows, sources, E] and history [E]; got {w.shape} and {h.shape}")
         if w.size and w.min() < 0:
             raise ValueError("windows must hold non-negative counts")
         for a in (w, h):
@@ -103,7 +103,7 @@ class Stream:
         return int(self.windows.shape[2])
 
     def totals(self) -> np.ndarray:
-        """``[W, E]`` tokens per expert in each window."""
+        """``[nw, E]`` tokens per expert in each window."""
         return self.windows.sum(axis=1)
 
     def scaled(self, factor: float, seed: int = 0) -> Stream:
@@ -279,7 +279,7 @@ def replay_placement(
     Args:
       load: ``[E]`` long-run per-expert load (the recording).
       num_gpus: G.
-      redundant: R redundant slots (the paper's R = 16/64); E + R must be a multiple of G.
+      redundant: Ex redundant slots (the paper's R = 16/64); E + Ex must be a multiple of the GPUs.
       drift: K of the drift-K corruption (`solvers.drift_corrupt`): the top-K hot experts' loads are swapped
         with K random cold ones before EPLB sees them (0 = fresh placement).
       seed: seed of the corruption's cold partners.
@@ -288,7 +288,7 @@ def replay_placement(
     load = np.asarray(load, dtype=np.float64)
     slots = load.shape[0] + redundant
     if redundant < 0 or slots % num_gpus:
-        raise ValueError(f"E + R = {slots} slots must be a non-negative multiple of num_gpus = {num_gpus}")
+        raise ValueError(f"E + redundant = {slots} slots must be a non-negative multiple of num_gpus = {num_gpus}")
     if drift:
         load = drift_corrupt(load, drift, seed)
     return Placement.from_eplb(load, slots, num_gpus, num_groups=num_groups, num_nodes=num_nodes)

@@ -1,7 +1,7 @@
 """Reductions of the replay protocols to the paper's tables ("paper vs here").
 
-Glossary: rows are the per-window dicts of :mod:`.protocols` (keys ``stream, B, scale, redundant, drift,
-window`` plus makespans in µs); a ratio is a per-window ``makespan / reference makespan`` on the same window.
+Glossary additions: rows are the per-window dicts of :mod:`.protocols` (keys ``stream, B, scale, redundant, drift,
+window`` plus makespans in µs), a ratio is a per-window ``makespan / reference makespan`` on the same window.
 
 - :func:`ratio_summary`: median / p95 / mean of per-window ratios, grouped (the generic reduction).
 - :func:`mispricing_table` (Table 1), :func:`landscape_table` (Table 4), :func:`information_table` (§5.5),

@@ -27,8 +27,7 @@ The paper reports, and this module reproduces:
    to 1 also where A3 is optimal and Δ is small against OPT, so the table adds the share of Δ that A3 needs,
    ``max (M(A3) − OPT)/Δ`` — the paper's "(1 − 1/g) factor" of a single giant expert.
 
-Glossary: E experts, g = D GPUs (EP ranks), K top-k, B tokens per GPU (rank), N = Σ_e n_e. numpy + solvers.
-"""
+Glossary additions: g = D GPUs (EP ranks), B tokens per GPU (rank), N = Σ_e n_e. numpy + solvers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tile-aware dispatch at prefill scale (TEMPO §2.2, Eq. 2): does pricing M-tiles change the solution?
 
-Glossary (shapes): nb batches, D ranks (GPUs; also the source ranks), E experts, K top-k; batch sizes are tokens
-per GPU (``tokens_per_gpu``), reached by scaling recorded or synthetic decode batches up.
+Glossary additions: nb batches, batch sizes are tokens per GPU (``tokens_per_gpu``), reached by scaling recorded or
+synthetic decode batches up.
 
 The paper rescales recorded routing to 4096–8192 tokens per GPU and reports that tile-aware search changes the
 tile-blind solution in 97–99% of batches and cuts the modelled block time by a median 4.5–6.0% (p95 9.4%),

@@ -1,6 +1,6 @@
 """Inter-node traffic of flat vs topology-aware dispatch tables on a multi-node layout (TEMPO §4.3, §5.15).
 
-Glossary (shapes): E experts, K top-k, G GPUs (EP ranks, one source rank per GPU), Nn nodes, B tokens per GPU.
+Glossary additions: G GPUs (EP ranks, one source rank per GPU), B tokens per GPU.
 
 Per batch ``counts [G, E]`` (synthetic Zipf routing, source rank g on GPU g) the per-GPU shares ``x [E, G]``
 are solved once (stage 1, default TEMPO); stage 2 turns them into per-source-node tables in two ways:
