@@ -59,18 +59,23 @@ def partition_ends(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: fl
     if mode == "async":
         return order, np.ones(arrival.shape, dtype=bool)
     # Step 2: stream — walk the arrivals; sources of one instant join the pending group together.
-    a_sorted = np.take_along_axis(arrival, order, axis=-1)
-    t_sorted = np.take_along_axis(tokens, order, axis=-1)
-    instant_end = np.ones(arrival.shape, dtype=bool)
-    instant_end[..., :-1] = a_sorted[..., :-1] != a_sorted[..., 1:]
-    ends = np.zeros(arrival.shape, dtype=bool)
-    pending = np.zeros(arrival.shape[:-1])
+    take = (lambda a: a[order]) if arrival.ndim == 1 else (lambda a: np.take_along_axis(a, order, axis=-1))
+    a_sorted, t_sorted = take(arrival), take(tokens)
+    last = np.ones((*arrival.shape[:-1], 1), dtype=bool)
+    instant_end = np.concatenate([a_sorted[..., :-1] != a_sorted[..., 1:], last], axis=-1)
+    # One row: python floats (the rule's loop at scalar speed); many: one array per position across the rows.
+    columns = (lambda a: a.tolist()) if arrival.ndim == 1 else (lambda a: list(np.moveaxis(a, -1, 0)))
+    tok_at, instant_at = columns(t_sorted), columns(instant_end)
+    pending, ends = 0.0, []
     for j in range(S):
-        pending = pending + t_sorted[..., j]
+        pending = pending + tok_at[j]
         # Step 3: launch at θ, or flush when the last source has arrived.
-        ends[..., j] = instant_end[..., j] & ((pending >= theta) | (j == S - 1))
-        pending = np.where(ends[..., j], 0.0, pending)
-    return order, ends
+        end = instant_at[j] & ((pending >= theta) | (j == S - 1))
+        ends.append(end)
+        pending = pending * (end ^ True)  # a launch empties the pending group
+    if not ends:
+        return order, np.zeros(arrival.shape, dtype=bool)
+    return order, np.asarray(ends, dtype=bool).transpose(*range(1, arrival.ndim), 0)
 
 
 def partition_sources(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta: float) -> list[list[int]]:
@@ -85,9 +90,14 @@ def partition_sources(arrival: np.ndarray, tokens: np.ndarray, mode: str, theta:
     """
     order, ends = partition_ends(arrival, tokens, mode, theta)
     if mode == "sync":
-        return [[int(s) for s in order]]
-    starts = np.concatenate([[0], np.flatnonzero(ends)[:-1] + 1]) if order.size else np.zeros(0, dtype=np.int64)
-    return [[int(s) for s in g] for g in np.split(order, starts[1:])] if order.size else []
+        return [order.tolist()]
+    groups, pending = [], []
+    for s, last in zip(order.tolist(), ends.tolist(), strict=True):  # cut the arrival order after each launch
+        pending.append(s)
+        if last:
+            groups.append(pending)
+            pending = []
+    return groups
 
 
 def _stream_theta(fn: str, curve, threshold, rho) -> float:
