@@ -126,10 +126,7 @@ def measure(
         np.zeros(D),
         pairs.sum(axis=(0, 2)),
         pairs,
-        expert_bytes=costs.expert_bytes,
-        budget_bytes=costs.helper_budget_bytes,
-        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
-        curve=costs.curve,
+        **costs.oewf_budget(),
     )
     fetches = fetches_from_plan(plan)
     async_ = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="async")

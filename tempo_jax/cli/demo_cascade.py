@@ -113,10 +113,7 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
         inputs.dispatch_us,
         pairs.sum(axis=(0, 2)),
         pairs,
-        expert_bytes=costs.expert_bytes,
-        budget_bytes=costs.helper_budget_bytes,
-        fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
-        curve=costs.curve,
+        **costs.oewf_budget(),
     )
     fetches = fetches_from_plan(plan)
     import dataclasses

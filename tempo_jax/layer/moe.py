@@ -16,6 +16,7 @@ central invariant.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -188,18 +189,29 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, 
     return MoEAux(lb, z, load)
 
 
-def _local_moe(
-    inp: RankInputs,
-    *,
-    config: MoEConfig,
-    impl: str,
-    groups: int,
-    given_routing: bool,
-    capacity: tuple[str, int],
-    aux_losses: bool,
-) -> MoEOutput:
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What one call adds to the config (hashable: a key of the compiled programs): the exchange implementation,
+    the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), and whether to compute
+    the auxiliary losses."""
+
+    impl: str
+    groups: int
+    given_routing: bool
+    capacity: tuple[str, int]
+    aux_losses: bool
+
+
+def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
     """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
     schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
+    impl, groups, given_routing, capacity, aux_losses = (
+        call.impl,
+        call.groups,
+        call.given_routing,
+        call.capacity,
+        call.aux_losses,
+    )
     axis, K, S = config.axis, config.top_k, config.slots_per_rank
     D = jax.lax.axis_size(axis)
     d = jax.lax.axis_index(axis)
@@ -346,30 +358,14 @@ def _exchange_ffn(
 
 
 @functools.lru_cache(maxsize=64)
-def _program(
-    mesh: jax.sharding.Mesh,
-    config: MoEConfig,
-    impl: str,
-    groups: int,
-    given_routing: bool,
-    capacity: tuple[str, int],
-    aux_losses: bool,
-):
-    """The jitted layer, built once per (mesh, config, exchange, table groups, routing given, capacity): the
+def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
+    """The jitted layer, built once per (mesh, config, call: exchange, table groups, routing given, capacity): the
     per-rank inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`) is
     one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
     (sharded over the axis: each rank reads its own slots)."""
     axis, K, E = config.axis, config.top_k, config.experts
     D = mesh.shape[axis]
-    body = functools.partial(
-        _local_moe,
-        config=config,
-        impl=impl,
-        groups=groups,
-        given_routing=given_routing,
-        capacity=capacity,
-        aux_losses=aux_losses,
-    )
+    body = functools.partial(_local_moe, config=config, call=call)
     out_specs = MoEOutput(
         P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)), MoEAux(P(), P(), P())
     )
@@ -571,8 +567,7 @@ def moe_forward(
         table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)
     else:
         table, log2phy = tables.table, tables.log2phy
-    run = _program(
-        mesh, config, EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses)
-    )
+    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses))
+    run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)

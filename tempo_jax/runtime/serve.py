@@ -44,12 +44,21 @@ from ..layer import tables as dispatch_tables
 from ..layer.params import EXPERT_KEYS, slot_bytes
 from ..layer.replicas import migrate
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
-from .controller import SOLVER_MODES, DispatchController
+from .controller import SOLVER_MODES
 from .counters import host_counter
 from .publisher import FALLBACKS
-from .refresher import Refresher
 from .serve_lm import serve_lm
-from .serve_report import figure_axes, move_text, priced, publish_steps, save_figure, step_stats, stop, write_report
+from .serve_shared import (
+    figure_axes,
+    move_text,
+    priced,
+    publish_steps,
+    save_figure,
+    start,
+    step_stats,
+    stop,
+    write_report,
+)
 
 __all__ = ["ServeConfig", "serve"]
 
@@ -344,19 +353,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
     compile_s = time.perf_counter() - t0
     # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
-    ctl = DispatchController(
-        placement,
-        cost,
-        policy=cfg.policy,
-        solver_mode=cfg.solver_mode,
-        budget_s=cfg.budget_s,
-        staleness_s=cfg.staleness_s,
-        fallback=cfg.fallback,
-        rebalance_every=cfg.rebalance_every,
-    )
-    refresher = Refresher(
-        ctl, lambda: host_counter(state["counter"]), period_s=cfg.period_s, every_steps=cfg.every_steps
-    )
+    ctl, refresher = start(cfg, placement, cost, lambda: host_counter(state["counter"]))
     # Step 4: the loop.
     uniform_w = plan_weights("uniform", placement)
     logical = to_logical(state["params"], placement)  # the function every placement computes

@@ -47,13 +47,13 @@ from ..layer.params import EXPERT_KEYS
 from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
 from .controller import DispatchController
-from .refresher import Refresher
-from .serve_report import (
+from .serve_shared import (
     figure_axes,
     move_text,
     priced,
     publish_steps,
     save_figure,
+    start,
     step_stats,
     stop,
     write_report,
@@ -159,18 +159,8 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     # differently (text windows vs one new byte per sequence), so each phase gets its own windows and tables
     # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
     phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
-    ctl = DispatchController(
-        placements * len(phases),
-        cost,
-        policy=cfg.policy,
-        solver_mode=cfg.solver_mode,
-        budget_s=cfg.budget_s,
-        staleness_s=cfg.staleness_s,
-        fallback=cfg.fallback,
-        rebalance_every=cfg.rebalance_every,
-    )
     cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
-    refresher = Refresher(ctl, lambda: cumulative["counters"], period_s=cfg.period_s, every_steps=cfg.every_steps)
+    ctl, refresher = start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
     uniform_w = [plan_weights("uniform", p) for p in placements]
     installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
     refresher.refresh()  # the counters' baseline

@@ -237,6 +237,16 @@ class PrefillCosts:
     def helper_budget_bytes(self) -> float:
         return self.hardware.helper_budget_experts * self.expert_bytes
 
+    def oewf_budget(self) -> dict:
+        """The keyword arguments `solvers.oewf_at_dispatch` takes from a deployment: ``expert_bytes``,
+        ``budget_bytes`` (a helper's fetch budget), ``fetch_bytes_per_us`` and the FFN ``curve``."""
+        return {
+            "expert_bytes": self.expert_bytes,
+            "budget_bytes": self.helper_budget_bytes,
+            "fetch_bytes_per_us": self.hardware.fetch_bytes_per_us,
+            "curve": self.curve,
+        }
+
     def ffn_us(self, tokens) -> np.ndarray:
         """F(N) µs for ``tokens [...]`` (0 for no tokens)."""
         return np.asarray(self.curve.ffn_time(tokens))

@@ -249,10 +249,7 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
             inp.dispatch_us,
             inp.tokens_est,
             inp.pairs,
-            expert_bytes=costs.expert_bytes,
-            budget_bytes=costs.helper_budget_bytes,
-            fetch_bytes_per_us=costs.hardware.fetch_bytes_per_us,
-            curve=costs.curve,
+            **costs.oewf_budget(),
             pricing=pricing,
             cost=cost,
         )

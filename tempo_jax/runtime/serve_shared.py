@@ -1,6 +1,6 @@
 """What the two serving loops share (`tempo_jax.runtime.serve`: the bare layer; `tempo_jax.runtime.serve_lm`: the
-tiny LM): stopping the runtime, pricing and describing a re-placement, step-time statistics, writing the report
-and the figure's frame."""
+tiny LM): starting and stopping the runtime, pricing and describing a re-placement, step-time statistics, writing
+the report and the figure's frame."""
 
 from __future__ import annotations
 
@@ -10,7 +10,37 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["figure_axes", "move_text", "priced", "publish_steps", "save_figure", "step_stats", "stop", "write_report"]
+from .controller import DispatchController
+from .refresher import Refresher
+
+__all__ = [
+    "figure_axes",
+    "move_text",
+    "priced",
+    "publish_steps",
+    "save_figure",
+    "start",
+    "step_stats",
+    "stop",
+    "write_report",
+]
+
+
+def start(cfg, placements, cost, read_counter: Callable[[], object]) -> tuple[DispatchController, Refresher]:
+    """The runtime of a serving loop: a `DispatchController` over ``placements`` with ``cfg``'s policy, solver mode,
+    budget, staleness, fallback and re-placement period (``cfg``: a `tempo_jax.runtime.serve.ServeConfig`), fed by
+    a `Refresher` that snapshots ``read_counter()`` every ``cfg.period_s`` (or ``cfg.every_steps``)."""
+    controller = DispatchController(
+        placements,
+        cost,
+        policy=cfg.policy,
+        solver_mode=cfg.solver_mode,
+        budget_s=cfg.budget_s,
+        staleness_s=cfg.staleness_s,
+        fallback=cfg.fallback,
+        rebalance_every=cfg.rebalance_every,
+    )
+    return controller, Refresher(controller, read_counter, period_s=cfg.period_s, every_steps=cfg.every_steps)
 
 
 def stop(controller, refresher) -> tuple[dict, str, list]:
