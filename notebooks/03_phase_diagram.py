@@ -335,8 +335,7 @@ REC.claim(
     REC.values["mech_max_dsv2_15_tempo_acts"] <= REC.values["mech_max_dsv2_15_matching_acts"] + 1e-9,
 )
 REC.claim(
-    "scale_max_is_activation_greedy",
-    REC.values["mech_scale_max_tempo_acts"] < REC.values["mech_scale_max_metro_acts"],
+    "scale_max_is_activation_greedy", REC.values["mech_scale_max_tempo_acts"] < REC.values["mech_scale_max_metro_acts"]
 )
 REC.claim(
     "max_gains_above_paper",

@@ -74,10 +74,7 @@ else:
 WORKERS = 1 if SMALL else 2
 VARIANTS = (*STAGES, "drop_traffic", "drop_floor")
 REPLAY = VariantConfig(
-    tokens_per_step=(128, 512, 1024, 2048),
-    drifts=(16,),
-    variants=VARIANTS,
-    max_windows=1 if SMALL else None,
+    tokens_per_step=(128, 512, 1024, 2048), drifts=(16,), variants=VARIANTS, max_windows=1 if SMALL else None
 )
 SOURCES = {"FLAME": REPLAY, "Zipf1.2": dataclasses.replace(REPLAY, source="synthetic", synthetic=SYN)}
 

@@ -52,11 +52,7 @@ t_start = time.perf_counter()
 POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
 SYN = SyntheticStreams(streams=1, windows=1) if SMALL else SyntheticStreams(streams=4, windows=32)
 LANDSCAPE = PolicyConfig(
-    tokens_per_step=(256,),
-    scales=(0.25, 1.0, 4.0),
-    drifts=(16,),
-    policies=POLICIES,
-    max_windows=1 if SMALL else None,
+    tokens_per_step=(256,), scales=(0.25, 1.0, 4.0), drifts=(16,), policies=POLICIES, max_windows=1 if SMALL else None
 )
 WORKERS = 1 if SMALL else 2
 GRID = dataclasses.replace(LANDSCAPE, scales=(1.0,), redundants=(16, 64), drifts=(0, 16) if SMALL else (0, 8, 16, 32))

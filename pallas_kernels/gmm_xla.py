@@ -47,13 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.gmm_metadata import (
-    chunk_ladder,
-    dot_dtype,
-    group_offsets,
-    local_group_rows,
-    make_chunk_schedule,
-)
+from pallas_kernels.gmm_metadata import chunk_ladder, dot_dtype, group_offsets, local_group_rows, make_chunk_schedule
 
 __all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "SCHEDULES"]
 

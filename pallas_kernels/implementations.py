@@ -22,15 +22,7 @@ import jax
 
 from pallas_kernels import triton_backend
 
-__all__ = [
-    "DISPATCH",
-    "DispatchImpl",
-    "GMM",
-    "GmmImpl",
-    "ImplementationTable",
-    "Platform",
-    "platform",
-]
+__all__ = ["DISPATCH", "DispatchImpl", "GMM", "GmmImpl", "ImplementationTable", "Platform", "platform"]
 
 Platform = Literal["cpu", "gpu", "tpu"]
 GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot"]

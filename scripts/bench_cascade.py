@@ -120,14 +120,7 @@ def measure(
     costs = prefill_costs("deepseek_v4_flash", num_ranks=8)
     arrival = iters * US_PER_ITER
     sf = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
-    plan = oewf_at_dispatch(
-        arrival,
-        arrival,
-        np.zeros(D),
-        pairs.sum(axis=(0, 2)),
-        pairs,
-        **costs.oewf_budget(),
-    )
+    plan = oewf_at_dispatch(arrival, arrival, np.zeros(D), pairs.sum(axis=(0, 2)), pairs, **costs.oewf_budget())
     fetches = fetches_from_plan(plan)
     async_ = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="async")
     configs = {

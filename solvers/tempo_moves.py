@@ -411,11 +411,7 @@ def _swap(st: State, src: int, top: float, tile_aware: bool, partial: bool) -> b
     h, e, b2 = hs[ii], es[ii], e2[jj]
     a2 = x[b2, h]
     x2s = x[b2, src]
-    base_s = (
-        acts[src] + (x2s <= _EPS),
-        tiles[src] - st.ntiles(x2s) + st.ntiles(x2s + a2),
-        toks[src] + a2,
-    )
+    base_s = (acts[src] + (x2s <= _EPS), tiles[src] - st.ntiles(x2s) + st.ntiles(x2s + a2), toks[src] + a2)
     base_h = (acts[h] - 1.0, tiles[h] - st.ntiles(a2), toks[h] - a2)
     xs, xh = x[e, src], x[e, h]
     amount, worst = _score(st, base_s, base_h, xs, xh, tile_aware, partial)
@@ -428,12 +424,7 @@ def _swap(st: State, src: int, top: float, tile_aware: bool, partial: bool) -> b
 
 
 def local_search(
-    st: State,
-    max_iters: int,
-    tile_aware: bool,
-    partial: bool,
-    stop: float = 0.0,
-    deadline: float = math.inf,
+    st: State, max_iters: int, tile_aware: bool, partial: bool, stop: float = 0.0, deadline: float = math.inf
 ) -> int:
     """Stage 3: best bottleneck-reducing whole or partial move, repeated; a swap when no single move helps.
 

@@ -10,10 +10,7 @@ from hypothesis import strategies as st
 from solvers.eplb import balanced_packing, rebalance_experts, replicate_experts
 
 README_WEIGHT = np.array(
-    [
-        [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
-        [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
-    ]
+    [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86], [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
 )
 README_PHY2LOG = [
     [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],

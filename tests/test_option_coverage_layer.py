@@ -196,12 +196,7 @@ EXPERT = {
     "alpha": (0.5, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
     "limit": (0.25, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
 }
-SHARED = {
-    "count": (2, {}, None),
-    "ffn": (4, {}, None),
-    "gated": (True, {}, None),
-    "limit": (0.25, {}, None),
-}
+SHARED = {"count": (2, {}, None), "ffn": (4, {}, None), "gated": (True, {}, None), "limit": (0.25, {}, None)}
 SUB = {"router": (RouterConfig, ROUTER), "expert": (ExpertConfig, EXPERT), "shared": (SharedConfig, SHARED)}
 
 

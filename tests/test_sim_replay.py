@@ -227,12 +227,7 @@ def test_topology_split_keeps_makespan_and_cuts_traffic():
 # ------------------------------------------------------------------------------------------------ ablation, demo
 def test_component_ablation_tiny():
     cfg = PhaseConfig(
-        presets=("dsv3_fp8_offline",),
-        eps=(8,),
-        replications=(1.25,),
-        skews=(1.2,),
-        tokens_per_gpu=(64,),
-        batches=1,
+        presets=("dsv3_fp8_offline",), eps=(8,), replications=(1.25,), skews=(1.2,), tokens_per_gpu=(64,), batches=1
     )
     res = component_ablation(cfg, workers=1, cache_dir=None, progress=False)
     deg = res.degradation()

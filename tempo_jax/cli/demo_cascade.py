@@ -108,12 +108,7 @@ def cascade_demo(out_dir: Path) -> tuple[str, dict]:
     arrival = inputs.ready_us
     schedule = LaunchSchedule.from_arrivals(arrival, pairs.sum(axis=2), mode="stream", threshold=pairs.sum() / D / 3)
     plan = oewf_at_dispatch(
-        arrival,
-        inputs.attention_us,
-        inputs.dispatch_us,
-        pairs.sum(axis=(0, 2)),
-        pairs,
-        **costs.oewf_budget(),
+        arrival, inputs.attention_us, inputs.dispatch_us, pairs.sum(axis=(0, 2)), pairs, **costs.oewf_budget()
     )
     fetches = fetches_from_plan(plan)
     import dataclasses

@@ -25,9 +25,7 @@ ExchangeImpl = Literal["auto", "padded", "ragged"]
 
 #: The exchange's implementations: "auto" is the ragged collective on GPU/TPU and the padded one elsewhere.
 EXCHANGE = ImplementationTable(
-    op="exchange",
-    names=get_args(ExchangeImpl),
-    auto={"gpu": ("ragged",), "tpu": ("ragged",), "default": ("padded",)},
+    op="exchange", names=get_args(ExchangeImpl), auto={"gpu": ("ragged",), "tpu": ("ragged",), "default": ("padded",)}
 )
 
 

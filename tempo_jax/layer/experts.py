@@ -25,15 +25,7 @@ import jax.numpy as jnp
 
 from solvers.checks import plain_scalars
 
-__all__ = [
-    "ACTIVATIONS",
-    "EXPERT_BIASES",
-    "EXPERT_WEIGHTS",
-    "ExpertConfig",
-    "SharedConfig",
-    "glu",
-    "shared_ffn",
-]
+__all__ = ["ACTIVATIONS", "EXPERT_BIASES", "EXPERT_WEIGHTS", "ExpertConfig", "SharedConfig", "glu", "shared_ffn"]
 
 Activation = Literal["swiglu", "swiglu_clamp", "gpt_oss"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)

@@ -420,7 +420,7 @@ REQUEST_TRACES = MappingProxyType(
             sample=load_mooncake_sample,
             description="Mooncake FAST'25 conversation trace: 12,031 requests over 59 min, mean input 12,035 tokens, "
             "512-token prefix-block hashes",
-        ),
+        )
     }
 )
 

@@ -41,14 +41,7 @@ from solvers import AttentionModel, CostModel, ThroughputCurve, stream_threshold
 from solvers.checks import check_choice, check_int, check_real
 from tempo_jax.workloads.models import MODEL_SPECS
 
-__all__ = [
-    "HARDWARE",
-    "MODELS",
-    "Hardware",
-    "ModelShape",
-    "PrefillCosts",
-    "prefill_costs",
-]
+__all__ = ["HARDWARE", "MODELS", "Hardware", "ModelShape", "PrefillCosts", "prefill_costs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +164,7 @@ HARDWARE: dict[str, Hardware] = {
         fetch_bytes_per_us=6.0e5,
         launch_us=30.0,
         helper_budget_experts=8,
-    ),
+    )
 }
 
 # Fig. 4: V4-Flash EP8 on B200 reaches ρ = 0.9 of its peak FFN throughput at θ = 28,672 tokens per rank,

@@ -122,14 +122,7 @@ class Boundary:
 
 
 def flip_boundary(
-    popularity,
-    replicas,
-    n_star: float,
-    top_k: int,
-    num_gpus: int,
-    *,
-    tol: float = 1e-10,
-    max_iter: int = 1000,
+    popularity, replicas, n_star: float, top_k: int, num_gpus: int, *, tol: float = 1e-10, max_iter: int = 1000
 ) -> Boundary:
     """Analytic flip boundary ``B* = min(B*_avg, B*_hot)`` by a fixed point in B (TEMPO §3.2).
 

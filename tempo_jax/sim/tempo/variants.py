@@ -11,15 +11,7 @@ from collections.abc import Callable
 
 from solvers import CostModel
 
-__all__ = [
-    "COMPONENTS",
-    "COMPONENT_BASELINES",
-    "OBJECTIVES",
-    "STAGES",
-    "TEMPO_VARIANTS",
-    "TERMS",
-    "variant_problem",
-]
+__all__ = ["COMPONENTS", "COMPONENT_BASELINES", "OBJECTIVES", "STAGES", "TEMPO_VARIANTS", "TERMS", "variant_problem"]
 
 
 def _no_floor(cost: CostModel) -> CostModel:
