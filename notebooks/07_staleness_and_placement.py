@@ -46,11 +46,11 @@ from tempo_jax.sim import (
     PolicyConfig,
     RefreshConfig,
     SyntheticStreams,
-    run_information,
+    information_tables,
     run_policies,
     run_refresh,
 )
-from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, drift_table, information_table, refresh_table
+from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, drift_table, refresh_table
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -83,13 +83,9 @@ SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 # ## 1. Information regimes
 
 # %%
-info = {}
-for label, over in SOURCES.items():
-    t0 = time.perf_counter()
-    info[label] = information_table(
-        run_information(dataclasses.replace(INFO, **over), workers=WORKERS, progress=not SMALL)
-    )
-    print(f"{label}: {time.perf_counter() - t0:.1f} s")
+t0 = time.perf_counter()
+info = information_tables(INFO, SOURCES, workers=WORKERS, progress=not SMALL)
+print(f"{' and '.join(SOURCES)}: {time.perf_counter() - t0:.1f} s")
 rows = []
 KEY = ("redundant", "scale", "drift", "B")
 for lab in SOURCES:

@@ -32,7 +32,6 @@
 # Numbers below are recorded in `results/notebooks/10_ingraph_dispatch.json`. `SMALL=1` runs a smoke-sized version.
 
 # %%
-import dataclasses
 import json
 import os
 import subprocess
@@ -46,8 +45,7 @@ import numpy as np
 
 import tempo_jax
 from tempo_jax.repro import Recorder, figures_dir
-from tempo_jax.sim import InformationConfig, SyntheticStreams, run_information
-from tempo_jax.sim.tempo.replay_summary import information_table
+from tempo_jax.sim import InformationConfig, SyntheticStreams, information_tables
 from tempo_jax.text import table
 
 SMALL = os.environ.get("SMALL", "0") == "1"
@@ -139,13 +137,9 @@ REC.update(
 # ## 2. Freshness: the information replay with per-batch plans
 
 # %%
-info = {}
-for label, over in SOURCES.items():
-    t0 = time.perf_counter()
-    info[label] = information_table(
-        run_information(dataclasses.replace(INFO, **over), workers=WORKERS, progress=not SMALL)
-    )
-    print(f"{label}: {time.perf_counter() - t0:.1f} s")
+t0 = time.perf_counter()
+info = information_tables(INFO, SOURCES, workers=WORKERS, progress=not SMALL)
+print(f"{' and '.join(SOURCES)}: {time.perf_counter() - t0:.1f} s")
 KEY = ("redundant", "scale", "drift", "B")
 REGIMES = ("exact", "stale", "frozen", "fresh_relief", "fresh_token_lp")
 fresh, rows = [], []

@@ -41,10 +41,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from solvers import LaunchSchedule, Placement, oewf_at_dispatch, slots_for  # noqa: E402
+from tempo_jax.cli.args import block_options  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.cascade_plan import fetch_bytes, fetches_from_plan, pair_tokens  # noqa: E402
-from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
+from tempo_jax.layer.presets import moe_preset  # noqa: E402
 from tempo_jax.sim import prefill_costs  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 from tempo_jax.workloads.requests import load_mooncake_sample  # noqa: E402
@@ -172,16 +173,7 @@ def measure(
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-device", type=int, default=256)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--ffn", type=int, default=128)
-    ap.add_argument(
-        "--preset",
-        choices=MOE_PRESETS,
-        default=None,
-        help="run this model's MoE block (router, experts, shared experts) at the sizes above",
-    )
+    block_options(ap)
     ap.add_argument("--requests", type=int, default=64, help="Mooncake requests setting the per-replica imbalance")
     ap.add_argument("--max-iters", type=int, default=40, help="stand-in matmuls of the busiest replica")
     ap.add_argument("--repeats", type=int, default=5)

@@ -55,9 +55,10 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from solvers import Placement, slots_for  # noqa: E402
+from tempo_jax.cli.args import block_options  # noqa: E402
 from tempo_jax.layer import MoEConfig, auto_capacity, init_logical_params, make_ep_mesh, to_physical  # noqa: E402
 from tempo_jax.layer.module import MoE  # noqa: E402
-from tempo_jax.layer.presets import MOE_PRESETS, moe_preset  # noqa: E402
+from tempo_jax.layer.presets import moe_preset  # noqa: E402
 from tempo_jax.layer.stages import expert_ffn, route  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 
@@ -288,16 +289,7 @@ def main(argv=None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-device", default="128,512", help="batch sizes, tokens per device")
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--ffn", type=int, default=128)
-    ap.add_argument(
-        "--preset",
-        choices=MOE_PRESETS,
-        default=None,
-        help="run this model's MoE block (router, experts, shared experts) at the sizes above",
-    )
+    block_options(ap)
     ap.add_argument("--replication", type=float, default=1.25)
     ap.add_argument(
         "--capacity-factor", type=float, default=MoEConfig.capacity_factor, help="C of capacity='auto' in mean blocks"

@@ -15,29 +15,14 @@ dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). Ca
 groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6 admission test).
 """
 
+from . import oewf as _oewf
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .bounds import certified_lower_bound
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, UndeterminedFitWarning, bootstrap_max_affine, fit_max_affine, read_samples
 from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
-from .oewf import (
-    PRICINGS,
-    REJECT_REASONS,
-    FetchPlan,
-    LayerOEWF,
-    OEWFPlan,
-    OEWFState,
-    Reassignment,
-    Rejection,
-    TimedReassignment,
-    admit,
-    oewf_at_dispatch,
-    oewf_decide_at,
-    oewf_plan,
-    predicted_completion,
-    select_weights,
-)
+from .oewf import *  # noqa: F403  (Algorithm 1 and the Eq. 6 admission test: oewf.__all__)
 from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
 from .solve import POLICIES, solve
@@ -93,19 +78,5 @@ __all__ = [
     "LaunchGroup",
     "LaunchSchedule",
     "launch_groups",
-    "PRICINGS",
-    "REJECT_REASONS",
-    "FetchPlan",
-    "LayerOEWF",
-    "OEWFPlan",
-    "OEWFState",
-    "Reassignment",
-    "Rejection",
-    "TimedReassignment",
-    "admit",
-    "oewf_at_dispatch",
-    "oewf_decide_at",
-    "oewf_plan",
-    "predicted_completion",
-    "select_weights",
+    *_oewf.__all__,
 ]

@@ -8,23 +8,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ep_case import D, E, small_ep_case  # E = 12 not divisible by the 8 ranks
 from numeric import f32_close
 
-from solvers import LaunchSchedule, OEWFState, Placement, ThroughputCurve, oewf_at_dispatch, oewf_plan
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
+from solvers import LaunchSchedule, OEWFState, ThroughputCurve, oewf_at_dispatch, oewf_plan
+from tempo_jax.layer import MoEConfig, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch, fetch_bytes, fetches_from_plan, pair_tokens
 
-D, E, TOKENS = 8, 12, 8 * 16  # E not divisible by D
+TOKENS = D * 16
 
 
 @pytest.fixture(scope="module")
 def setup():
-    rng = np.random.default_rng(0)
-    placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
-    mesh = make_ep_mesh(D)
-    params = init_params(jax.random.key(0), config, placement, mesh=mesh)
+    placement, config, params, mesh = small_ep_case(0)  # 2 slots per rank, 4 experts replicated
     # A shared offset skews the router towards a few experts (skewed routing).
     x = jax.random.normal(jax.random.key(1), (TOKENS, 32)) + 1.5 * jax.random.normal(jax.random.key(2), (1, 32))
     return placement, config, params, x, mesh

@@ -6,24 +6,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ep_case import D, E, small_ep_case  # E = 12 not divisible by the 8 ranks
 from numeric import f32_close
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical, to_physical
+from tempo_jax.layer import MoEConfig, init_params, moe_forward, moe_reference, to_logical, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 
-D = 8
-E = 12  # not divisible by the 8 ranks
 TOKENS = D * 16
 
 
 @pytest.fixture(scope="module")
 def setup():
-    rng = np.random.default_rng(0)
-    placement = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)  # 2 slots per rank, 4 experts replicated
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=placement.slots_per_rank)
-    mesh = make_ep_mesh(D)
-    params = init_params(jax.random.key(1), config, placement, mesh=mesh)  # physical, sharded over ep
+    placement, config, params, mesh = small_ep_case(1)  # 2 slots per rank, 4 experts replicated
     x = jax.random.normal(jax.random.key(2), (TOKENS, 32))
     return placement, config, params, x, mesh
 

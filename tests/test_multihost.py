@@ -19,23 +19,21 @@ def _env(devices: int) -> dict:
     return env
 
 
+def _one_and_two_processes(tmp_path: Path, mode: str = "sample", *args: str):
+    """scripts/multihost_moe.py with the same arguments on 1 process × 8 devices (``ref.npz``) and on 2 processes ×
+    4 devices (``mh.npz``, through scripts/launch_multihost.sh); returns their arrays (two processes, one)."""
+    ref, mh = tmp_path / "ref.npz", tmp_path / "mh.npz"
+    one = [sys.executable, "scripts/multihost_moe.py", "--out", str(ref), "--dispatch-mode", mode, *args]
+    subprocess.run(one, cwd=ROOT, env=_env(8), check=True, timeout=300)
+    two = ["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), mode, *args]
+    r = subprocess.run(two, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return np.load(mh), np.load(ref)
+
+
 @pytest.mark.slow  # fast twin: the checkpoint test below (the same two launches, loaded weights, counters too)
 def test_two_processes_match_one(tmp_path):
-    ref = tmp_path / "ref.npz"
-    mh = tmp_path / "mh.npz"
-    subprocess.run(
-        [sys.executable, "scripts/multihost_moe.py", "--out", str(ref)], cwd=ROOT, env=_env(8), check=True, timeout=300
-    )
-    r = subprocess.run(
-        ["bash", "scripts/launch_multihost.sh", "2", "4", str(mh)],
-        cwd=ROOT,
-        env=_env(4),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    a, b = np.load(mh), np.load(ref)
+    a, b = _one_and_two_processes(tmp_path)
     assert int(a["processes"]) == 2 and int(b["processes"]) == 1 and int(a["devices"]) == int(b["devices"]) == 8
     assert np.isfinite(a["out"]).all()
     np.testing.assert_allclose(a["out"], b["out"], atol=1e-5, rtol=1e-5)
@@ -70,35 +68,7 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
         str(ckpt / "model-00002-of-00002.safetensors"),
     )
     (ckpt / "config.json").write_text(json.dumps(config))
-    ref, mh = tmp_path / "ref.npz", tmp_path / "mh.npz"
-    fresh = ["--dispatch", "ingraph"]
-    subprocess.run(
-        [
-            sys.executable,
-            "scripts/multihost_moe.py",
-            "--out",
-            str(ref),
-            "--checkpoint",
-            str(ckpt),
-            "--dispatch-mode",
-            "quota",
-            *fresh,
-        ],
-        cwd=ROOT,
-        env=_env(8),
-        check=True,
-        timeout=300,
-    )
-    r = subprocess.run(
-        ["bash", "scripts/launch_multihost.sh", "2", "4", str(mh), "quota", "--checkpoint", str(ckpt), *fresh],
-        cwd=ROOT,
-        env=_env(4),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    a, b = np.load(mh), np.load(ref)
+    a, b = _one_and_two_processes(tmp_path, "quota", "--checkpoint", str(ckpt), "--dispatch", "ingraph")
     assert int(a["processes"]) == 2 and int(b["processes"]) == 1
     for k in ("w_gate", "w_up", "w_down"):
         np.testing.assert_array_equal(a[k], b[k])  # the same tensors, read in pieces

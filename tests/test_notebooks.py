@@ -122,14 +122,8 @@ def _check_08(d):
 
 def _check_09(d):
     v = d["values"]
-    combos = {
-        "c_r": ("contention", "reactive"),
-        "c_p": ("contention", "planned"),
-        "c_l": ("contention", "layer"),
-        "f_r": ("fifo", "reactive"),
-        "p_r": ("paper", "reactive"),
-        "p_p": ("paper", "planned"),
-    }
+    links, launches = {"c": "contention", "f": "fifo", "p": "paper"}, {"r": "reactive", "p": "planned", "l": "layer"}
+    combos = {key: (links[key[0]], launches[key[2]]) for key in ("c_r", "c_p", "c_l", "f_r", "p_r", "p_p")}
     for key in combos:  # every link × launch model at the three operating points, intervals around the means
         assert v[f"thr_{key}_sync"] == 1.0
         for point in ("rec", "tail", "90"):

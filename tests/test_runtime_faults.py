@@ -16,15 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ep_case import D, E, small_ep_case
 from flax import nnx
 
 from solvers import PRESETS, DispatchProblem, Placement, solve
 from tempo_jax import DispatchController
-from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
+from tempo_jax.layer import make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.module import MoE
 
-D, E, H = 8, 12, 16
+H = 16
 TOKENS = D * 16
 COST = PRESETS["dsv3_fp8_offline"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def setup():
-    rng = np.random.default_rng(0)
-    pl = Placement.from_eplb(rng.random(E) * 100 + 1, 16, D)
-    config = MoEConfig(hidden=H, ffn=8, experts=E, top_k=2, slots_per_rank=pl.slots_per_rank)
-    mesh = make_ep_mesh(D)
-    params = init_params(jax.random.key(1), config, pl, mesh=mesh)
+    pl, config, params, mesh = small_ep_case(1, hidden=H, ffn=8)
     pa = dispatch_tables.placement_arrays(pl)
 
     @jax.jit

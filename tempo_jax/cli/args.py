@@ -30,6 +30,7 @@ __all__ = [
     "EXIT_USAGE",
     "Parser",
     "UsageError",
+    "block_options",
     "build_from_json",
     "config_from_args",
     "config_options",
@@ -196,6 +197,24 @@ def policy_options(text: str | None) -> dict:
     if not isinstance(options, dict):
         raise UsageError(f"--options must be a JSON object such as '{{\"tau\": 0.0}}', got {text!r}")
     return options
+
+
+def block_options(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmarks' MoE-block options: ``--experts`` (E), ``--top-k`` (K), ``--hidden`` (H), ``--ffn`` (F)
+    and ``--preset`` (a `tempo_jax.layer.presets` name whose router, experts and shared experts run at those sizes).
+    """
+    from ..layer.presets import MOE_PRESETS  # the layer (and jax) only for the commands that build a block
+
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--top-k", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--ffn", type=int, default=128)
+    parser.add_argument(
+        "--preset",
+        choices=MOE_PRESETS,
+        default=None,
+        help="run this model's MoE block (router, experts, shared experts) at the sizes above",
+    )
 
 
 def fake_cpu_devices(n: int = 8) -> None:

@@ -55,6 +55,7 @@ from .serve_shared import (
     publish_steps,
     save_figure,
     start,
+    step_row,
     step_stats,
     stop,
     write_report,
@@ -383,23 +384,8 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
             uniform = cost.makespan(expected_dispatch(uniform_w, counts, placement))
             m = ctl.metrics()
-            rows.append(
-                dict(
-                    step=s,
-                    on=on,
-                    step_ms=step_ms,
-                    version=version,
-                    live_us=live,
-                    uniform_us=uniform,
-                    age_s=m["age_s"],
-                    solve_ms=m["solve_ms"]["last"],
-                    restarts=m["restarts"],
-                    fallback=m["in_fallback"],
-                    counts=counts,
-                    placement=placement,
-                    first_after_move=after_move is not None,
-                )
-            )
+            extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
+            rows.append(step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
             if after_move is not None:
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             new = ctl.proposal

@@ -54,6 +54,7 @@ from .serve_shared import (
     publish_steps,
     save_figure,
     start,
+    step_row,
     step_stats,
     stop,
     write_report,
@@ -201,20 +202,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 live.append(float(cost.gpu_times(acts, toks).max()))
                 uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
             m = ctl.metrics()
-            rows.append(
-                dict(
-                    step=s,
-                    kind=kind,
-                    on=on,
-                    step_ms=step_ms,
-                    version=installed,
-                    live_us=live,
-                    uniform_us=uniform,
-                    age_s=m["age_s"],
-                    solve_ms=m["solve_ms"]["last"],
-                    first_after_move=after_move is not None,
-                )
-            )
+            rows.append(step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind))
             if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             if kind == "prefill":

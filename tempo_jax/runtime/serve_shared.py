@@ -20,6 +20,7 @@ __all__ = [
     "publish_steps",
     "save_figure",
     "start",
+    "step_row",
     "step_stats",
     "stop",
     "write_report",
@@ -66,6 +67,26 @@ def move_text(mv: dict, label: str = "modelled makespan") -> str:
     return (
         f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
         f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced_text}{nxt}"
+    )
+
+
+def step_row(
+    step: int, on: bool, step_ms: float, version: int, live, uniform, metrics: dict, first_after_move: bool, **extra
+) -> dict:
+    """One serving step's row: its time (ms), the table version it ran, the modelled makespans of the live tables
+    and of uniform ones (µs; per layer in the LM loop), the controller's table age and last solve time from
+    ``metrics`` (`DispatchController.metrics`), whether it is the first step on a new layout, and ``extra``."""
+    return dict(
+        step=step,
+        on=on,
+        step_ms=step_ms,
+        version=version,
+        live_us=live,
+        uniform_us=uniform,
+        age_s=metrics["age_s"],
+        solve_ms=metrics["solve_ms"]["last"],
+        first_after_move=first_after_move,
+        **extra,
     )
 
 

@@ -18,6 +18,7 @@ Glossary additions: batch sizes are tokens per rank (``tokens_per_rank``).
   :func:`synthetic_requests`, the :data:`REQUEST_TRACES` registry and :func:`load_request_trace`.
 """
 
+from . import requests as _requests
 from .io import load_array, load_saved_trace, save_traces, saved_trace_names
 from .loaders import (
     TRACES,
@@ -33,17 +34,7 @@ from .loaders import (
     traces_dir,
 )
 from .regime import RegimeStats, mixed_fraction, regime_stats
-from .requests import (
-    BLOCK_SIZE,
-    REQUEST_TRACES,
-    RequestTrace,
-    RequestTraceSpec,
-    build_mooncake_sample,
-    load_mooncake,
-    load_mooncake_sample,
-    load_request_trace,
-    synthetic_requests,
-)
+from .requests import *  # noqa: F403  (request traces: requests.__all__)
 from .stream import RoutingStream, drifting_stream, recorded_stream
 from .synthetic import (
     MAX_SAMPLED_PAIRS,
@@ -86,13 +77,5 @@ __all__ = [
     "topk_inclusion",
     "traces_dir",
     "zipf_popularity",
-    "BLOCK_SIZE",
-    "REQUEST_TRACES",
-    "RequestTrace",
-    "RequestTraceSpec",
-    "build_mooncake_sample",
-    "load_mooncake",
-    "load_mooncake_sample",
-    "load_request_trace",
-    "synthetic_requests",
+    *_requests.__all__,
 ]

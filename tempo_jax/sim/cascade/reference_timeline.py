@@ -534,6 +534,21 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
     return done, tuple(policy), tuple(kernels), tuple(side), net, dropped
 
 
+def _result(mode: str, done: np.ndarray, net, policy, kernels, **extra) -> LayerResult:
+    """The `LayerResult` of one timeline: rank ends ``done`` [D] (µs), the network's ready and arrival times, the
+    launch policy and kernels, and ``extra`` fields."""
+    return LayerResult(
+        mode=mode,
+        end_us=float(done.max()),
+        rank_end_us=done,
+        ready_us=net.ready,
+        arrival_us=net.arrival,
+        policy=policy,
+        kernels=kernels,
+        **extra,
+    )
+
+
 def layer_timeline(
     inputs: LayerInputs,
     costs: PrefillCosts,
@@ -584,28 +599,17 @@ def layer_timeline(
     done, policy, kernels, _, net, _ = _timeline(costs, inputs, allowed, theta, links, launch, False, pricing, cost)
     base = float(done.max())
     if mode != "cascade" or not inputs.oewf:
-        return LayerResult(
-            mode=mode,
-            end_us=base,
-            rank_end_us=done,
-            ready_us=net.ready,
-            arrival_us=net.arrival,
-            policy=policy,
-            kernels=kernels,
-            base_end_us=base,
-        )
+        return _result(mode, done, net, policy, kernels, base_end_us=base)
     # Step 2: OEWF on top, decided on the predictions, run on the truth.
     done, policy, kernels, side, net, dropped = _timeline(
         costs, inputs, allowed, theta, links, launch, True, pricing, cost
     )
-    return LayerResult(
-        mode=mode,
-        end_us=float(done.max()),
-        rank_end_us=done,
-        ready_us=net.ready,
-        arrival_us=net.arrival,
-        policy=policy,
-        kernels=kernels,
+    return _result(
+        mode,
+        done,
+        net,
+        policy,
+        kernels,
         side=side,
         accepted=tuple(m.reassignment for m, _ in net.moves),
         dropped=dropped,

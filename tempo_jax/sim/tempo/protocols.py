@@ -26,7 +26,7 @@ Results are cached by `.runner.cached`. numpy + solvers only (no jax).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from solvers.solve import check_policy
 
 from ..runner import CACHE_DIR, cached, run_jobs
 from .replay import PROXY_PRESET, Stream, SyntheticStreams, apply_split, make_streams, replay_placement
+from .replay_summary import information_table
 from .variants import STAGES, TEMPO_VARIANTS, variant_problem
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "ReplayConfig",
     "VariantConfig",
     "bottleneck_term",
+    "information_tables",
     "run_information",
     "run_policies",
     "run_refresh",
@@ -380,6 +382,24 @@ def run_information(
     t's true counts (:func:`.replay.apply_split`); static and uniform need no information.
     """
     return _run("information", config, workers, cache_dir, progress)
+
+
+def information_tables(
+    config: InformationConfig,
+    sources: dict[str, dict],
+    *,
+    workers: int = 2,
+    cache_dir: str | Path | None = CACHE_DIR,
+    progress: bool = True,
+) -> dict[str, list[dict]]:
+    """``{label: information_table(run_information(replace(config, **overrides)))}`` per labelled source, e.g.
+    ``{"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": streams}}`` (§5.5's two traces)."""
+    return {
+        label: information_table(
+            run_information(replace(config, **over), workers=workers, cache_dir=cache_dir, progress=progress)
+        )
+        for label, over in sources.items()
+    }
 
 
 def run_refresh(
