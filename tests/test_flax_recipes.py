@@ -107,7 +107,7 @@ def test_the_layer_alone_needs_no_mesh_context(mesh):
 def test_scan_over_layers_with_stacked_init_and_remat(mesh):
     """flax's scan-over-layers recipe (``nnx.split_rngs`` + ``nnx.vmap`` stacked init, ``nnx.scan`` forward),
     with ``nnx.remat`` on the block: equal to the same layers run one by one, gradients included."""
-    L = 3
+    L = 2
 
     class ScanLM(nnx.Module):
         def __init__(self, rngs: nnx.Rngs):
@@ -135,7 +135,7 @@ def test_scan_over_layers_with_stacked_init_and_remat(mesh):
     tokens = _tokens((2, 8), seed=1)
     loss = lambda m: jnp.mean(m(tokens) ** 2)  # noqa: E731
     got, grads = nnx.jit(nnx.value_and_grad(loss))(model)
-    aux = tempo_jax.aux_losses(model)  # the three scanned calls' losses, summed
+    aux = tempo_jax.aux_losses(model)  # the two scanned calls' losses, summed
     # the same layers one by one (unstacked), without scan or remat
     x = model.embed(tokens)
     each = []
@@ -161,7 +161,7 @@ def test_plain_jax_transforms_are_refused_with_the_nnx_name(mesh):
     for transform in (jax.grad, jax.checkpoint):
         with pytest.raises(ValueError, match=r"nnx\.grad.*nnx\.remat"):
             transform(loss)(x)
-    g = nnx.grad(lambda m: jnp.mean(m(tokens) ** 2))(model)  # the flax transforms work
+    g = nnx.jit(nnx.grad(lambda m: jnp.mean(m(tokens) ** 2)))(model)  # the flax transforms work
     assert np.isfinite(np.asarray(g["blocks"][0]["moe"]["router"].get_value())).all()
 
 

@@ -88,7 +88,7 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
         [
             "serve",
             "--steps",
-            "10",
+            "6",
             "--tokens-per-rank",
             "16",
             "--experts",
@@ -108,7 +108,7 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
             "--train-steps",
             "0",
             "--kill-worker-at",
-            "4",
+            "3",
             "--rebalance-every",
             "1",
             "--out",
@@ -121,7 +121,7 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
     assert "tiny MoE LM, 2 MoE layers" in text and "prefill" in text and "decode" in text
     rep = json.loads((tmp_path / "serve.json").read_text())
     kinds = [r["kind"] for r in rep["steps"]]
-    assert kinds[:4] == ["prefill", "decode", "decode", "prefill"] and len(rep["steps"]) == 10
+    assert kinds[:4] == ["prefill", "decode", "decode", "prefill"] and len(rep["steps"]) == 6
     assert all(len(r["live_us"]) == 2 for r in rep["steps"])  # one modelled makespan per layer
     assert rep["shape"]["phases"] == ["prefill", "decode"] and set(rep["makespan_by_phase_us"]) == {"prefill", "decode"}
     assert rep["tables_per_refresh"] == 4  # one window per (phase, layer) in every solve
