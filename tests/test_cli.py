@@ -98,3 +98,21 @@ def test_cascade_command_prints_the_mode_table(capsys):
     assert "CascadeEP" in out and "Sync" in out and "OEWF: cuts" in out
     assert main(["cascade", "--placement", "random", "--trace", "mooncake_sample"]) == 2
     assert "unknown placement 'random'" in capsys.readouterr().err
+
+
+def test_block_options_give_the_benchmarks_one_moe_block(capsys):
+    """`block_options`: the MoE-block options bench_ep and bench_cascade share, with their defaults; an unknown
+    preset is refused naming the valid ones."""
+    import argparse
+
+    from tempo_jax.cli.args import block_options
+
+    parser = argparse.ArgumentParser()
+    block_options(parser)
+    got = parser.parse_args(["--experts", "16", "--preset", "qwen3_30b_a3b"])
+    assert (got.experts, got.top_k, got.hidden, got.ffn, got.preset) == (16, 6, 256, 128, "qwen3_30b_a3b")
+    assert parser.parse_args([]).preset is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--preset", "nope"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err and "deepseek_v3" in err
