@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from tempo_jax.repro import docs
-from tempo_jax.repro.report import Recorder, load_results, placeholders, render, results_dir, typed_numbers
+from tempo_jax.repro.report import (
+    FIGURES_DIR,
+    Recorder,
+    figures_dir,
+    load_results,
+    placeholders,
+    render,
+    results_dir,
+    typed_numbers,
+)
 
 
 def test_recorder_writes_json(tmp_path):
@@ -59,6 +68,17 @@ def test_results_dir_small_never_the_committed_folder(monkeypatch, tmp_path):
     assert results_dir(small=True) != results_dir(small=False)
     monkeypatch.setenv("TEMPO_RESULTS", str(tmp_path / "r"))
     assert results_dir(small=False) == tmp_path / "r" and (tmp_path / "r").is_dir()
+
+
+def test_small_runs_never_overwrite_the_committed_figures(monkeypatch, tmp_path):
+    """`tempo-jax reproduce --small` (SMALL=1) once saved its smoke-sized figures over notebooks/figures."""
+    monkeypatch.delenv("TEMPO_FIGURES", raising=False)
+    monkeypatch.setenv("SMALL", "1")
+    assert figures_dir() != FIGURES_DIR and figures_dir(small=False) == FIGURES_DIR
+    monkeypatch.setenv("SMALL", "0")
+    assert figures_dir() == FIGURES_DIR and figures_dir(small=True) != FIGURES_DIR
+    monkeypatch.setenv("TEMPO_FIGURES", str(tmp_path / "f"))
+    assert figures_dir(small=True) == tmp_path / "f" and (tmp_path / "f").is_dir()
 
 
 def test_update_page_block(tmp_path):

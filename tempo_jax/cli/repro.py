@@ -65,5 +65,5 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if failed:
         print(f"{len(failed)} of {len(runs)} notebooks failed: {failed}", file=sys.stderr)
         return 1
-    print(f"all {len(runs)} notebooks ran; figures in {figures_dir()}, numbers in {results_dir(args.small)}")
+    print(f"all {len(runs)} notebooks ran; figures in {figures_dir(args.small)}, numbers in {results_dir(args.small)}")
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..sim.runner import fingerprint
 
 __all__ = [
+    "FIGURES_DIR",
     "RESULTS_DIR",
     "Recorder",
     "figures_dir",
@@ -41,12 +42,21 @@ __all__ = [
 _ROOT = Path(__file__).resolve().parents[2]
 #: Where full-size notebook runs write their JSON (committed).
 RESULTS_DIR = _ROOT / "results" / "notebooks"
+#: Where full-size notebook runs save their figures (committed).
+FIGURES_DIR = _ROOT / "notebooks" / "figures"
 
 
-def figures_dir() -> Path:
-    """Where notebooks save figures: ``$TEMPO_FIGURES`` if set (tests point it at a temporary folder, so CI-sized
-    runs never overwrite the committed full-size figures), else ``notebooks/figures`` of the checkout."""
-    path = Path(os.environ.get("TEMPO_FIGURES") or _ROOT / "notebooks" / "figures")
+def figures_dir(small: bool | None = None) -> Path:
+    """Where notebooks save figures: ``$TEMPO_FIGURES`` if set, else ``notebooks/figures`` of the checkout for
+    full-size runs and ``<tmp>/tempo_jax_figures_small`` for ``SMALL=1`` runs, so a smoke-sized run never overwrites
+    the committed full-size figures (as `results_dir` keeps its numbers apart).
+
+    Args:
+      small: the run's size (default: the ``SMALL`` environment variable).
+    """
+    small = _small_env() if small is None else small
+    env = os.environ.get("TEMPO_FIGURES")
+    path = Path(env) if env else (Path(tempfile.gettempdir()) / "tempo_jax_figures_small" if small else FIGURES_DIR)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
