@@ -97,9 +97,11 @@ def test_readme_layout_table_matches_the_tree():
 
 
 def test_links_resolve():
+    """Every relative link of the README and docs/ resolves, inside the repo (a user's clone has no ../shared)."""
     for page in PAGES:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+            assert (page.parent / target).resolve().is_relative_to(ROOT), f"{page.name} links outside: {target}"
 
 
 def _house_letters() -> set[str]:
