@@ -44,22 +44,11 @@ from ..layer import tables as dispatch_tables
 from ..layer.params import EXPERT_KEYS, slot_bytes
 from ..layer.replicas import migrate
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
+from . import serve_shared as shared
 from .controller import SOLVER_MODES
 from .counters import host_counter
 from .publisher import FALLBACKS
 from .serve_lm import serve_lm
-from .serve_shared import (
-    figure_axes,
-    move_text,
-    priced,
-    publish_steps,
-    save_figure,
-    start,
-    step_row,
-    step_stats,
-    stop,
-    write_report,
-)
 
 __all__ = ["ServeConfig", "serve"]
 
@@ -354,7 +343,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
     compile_s = time.perf_counter() - t0
     # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
-    ctl, refresher = start(cfg, placement, cost, lambda: host_counter(state["counter"]))
+    ctl, refresher = shared.start(cfg, placement, cost, lambda: host_counter(state["counter"]))
     # Step 4: the loop.
     uniform_w = plan_weights("uniform", placement)
     logical = to_logical(state["params"], placement)  # the function every placement computes
@@ -385,22 +374,22 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             uniform = cost.makespan(expected_dispatch(uniform_w, counts, placement))
             m = ctl.metrics()
             extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
-            rows.append(step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
+            rows.append(shared.step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
             if after_move is not None:
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             new = ctl.proposal
             if new is not None:  # the slow timescale: move the experts if the proposal models no worse
                 before, after = (solve(DispatchProblem(counts, p, cost), cfg.policy).makespan for p in (placement, new))
                 if after <= before:
-                    moves.append(_move_layer(state, placement, new, mesh, s) | priced(before, after, True))
+                    moves.append(_move_layer(state, placement, new, mesh, s) | shared.priced(before, after, True))
                     placement, uniform_w = new, plan_weights("uniform", new)
                     step_fn = make_step(dispatch_tables.placement_arrays(new))
                     ctl.set_placement(new)
                     after_move = s
                 else:
-                    moves.append({"step": s, **priced(before, after, False)})
+                    moves.append({"step": s, **shared.priced(before, after, False)})
                     ctl.dismiss_proposal()
-                status(move_text(moves[-1]))
+                status(shared.move_text(moves[-1]))
             solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             if cfg.check_every and s % cfg.check_every == 0:
                 ref = reference(x, ids)
@@ -415,13 +404,13 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
                 status(f"step {s:4d} killed the solver worker (pid {pid})")
         ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
     finally:
-        metrics, status_text, _ = stop(ctl, refresher)
+        metrics, status_text, _ = shared.stop(ctl, refresher)
     # Step 5: off the clock: every step under static / uniform / oracle tables.
     report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, E, K, placement.num_slots)
     report["replacements"] = moves
     report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
     say(_summary_text(report))
-    write_report(report, out_dir, figure=figure, draw=_figure, say=say)
+    shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
 
 
@@ -460,11 +449,11 @@ def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slo
     kept = [r for r in per_step if not r["first_after_move"]]  # the first step after a move compiles
     step_ms = np.array([r["step_ms"] for r in kept])
     is_on = np.array([r["on"] for r in kept], dtype=bool)
-    times = {"on": step_stats(step_ms[is_on]), "off": step_stats(step_ms[~is_on])}
+    times = {"on": shared.step_stats(step_ms[is_on]), "off": shared.step_stats(step_ms[~is_on])}
     if times["on"] and times["off"]:
         times["on_over_off"] = times["on"]["median"] / times["off"]["median"]
     mean = {k: float(np.mean([r[k] for r in per_step])) for k in ("live_us", "uniform_us", "static_us", "oracle_us")}
-    publishes = publish_steps(per_step)
+    publishes = shared.publish_steps(per_step)
     return {
         "config": cfg.acting(),
         "shape": {"D": D, "E": E, "K": K, "slots": slots},
@@ -506,7 +495,7 @@ def _summary_text(rep: dict) -> str:
             f"over {s['n']} solves; round trip p50 {m['roundtrip_ms']['p50']:.2f} ms"
         )
     for mv in rep.get("replacements", []):
-        lines.append("  " + move_text(mv))
+        lines.append("  " + shared.move_text(mv))
     more = " …" if len(rep["publish_steps"]) > 20 else ""
     lines.append(
         f"  publications at steps {rep['publish_steps'][:20]}{more}; restarts {m['restarts']}, fallbacks "
@@ -517,7 +506,7 @@ def _summary_text(rep: dict) -> str:
 
 def _figure(rep: dict, path: Path) -> None:
     steps = rep["steps"]
-    fig, ax, bx, s = figure_axes(rep)
+    fig, ax, bx, s = shared.figure_axes(rep)
     for key, label, style in (
         ("live_us", f"live ({rep['config']['policy']}, worker)", "-"),
         ("uniform_us", "EPLB-even", "--"),
@@ -541,4 +530,4 @@ def _figure(rep: dict, path: Path) -> None:
     on = np.array([r["on"] for r in steps])
     bx.scatter(s[on], ms[on], s=10, label="worker on")
     bx.scatter(s[~on], ms[~on], s=10, marker="x", label="worker off")
-    save_figure(fig, bx, path)
+    shared.save_figure(fig, bx, path)

@@ -46,19 +46,8 @@ from ..layer import make_ep_mesh
 from ..layer.params import EXPERT_KEYS
 from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
+from . import serve_shared as shared
 from .controller import DispatchController
-from .serve_shared import (
-    figure_axes,
-    move_text,
-    priced,
-    publish_steps,
-    save_figure,
-    start,
-    step_row,
-    step_stats,
-    stop,
-    write_report,
-)
 
 #: How the LM labels a re-placement's price (every layer's makespan, averaged).
 _LAYERS_MEAN = "modelled makespan (mean of layers)"
@@ -161,7 +150,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
     phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
     cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
-    ctl, refresher = start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
+    ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
     uniform_w = [plan_weights("uniform", p) for p in placements]
     installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
     refresher.refresh()  # the counters' baseline
@@ -202,7 +191,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 live.append(float(cost.gpu_times(acts, toks).max()))
                 uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
             m = ctl.metrics()
-            rows.append(step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind))
+            rows.append(shared.step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind))
             if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             if kind == "prefill":
@@ -211,15 +200,15 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
             if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
                 before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
                 if after <= before:
-                    moves.append(_replace(model, proposal[:L], s) | priced(before, after, True))
+                    moves.append(_replace(model, proposal[:L], s) | shared.priced(before, after, True))
                     placements = list(proposal[:L])
                     uniform_w = [plan_weights("uniform", p) for p in placements]
                     ctl.set_placement(tuple(placements) * len(phases))
                     after_move = s
                 else:
-                    moves.append({"step": s, **priced(before, after, False)})
+                    moves.append({"step": s, **shared.priced(before, after, False)})
                     ctl.dismiss_proposal()
-                status(move_text(moves[-1], _LAYERS_MEAN))
+                status(shared.move_text(moves[-1], _LAYERS_MEAN))
             solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
             status(
                 f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
@@ -230,11 +219,11 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
                 status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
         ctl.wait(timeout=120.0, raise_errors=False)
     finally:
-        metrics, status_text, history = stop(ctl, refresher)
+        metrics, status_text, history = shared.stop(ctl, refresher)
     report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, L, phases)
     report["replacements"] = moves
     say(_summary(report))
-    write_report(report, out_dir, figure=figure, draw=_figure, say=say)
+    shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
 
 
@@ -266,7 +255,7 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
     for kind in ("prefill", "decode"):
         for on in (True, False):  # the first step after a re-placement compiles: not a serving step time
             v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on and not r["first_after_move"]]
-            step_ms[f"{kind}_{'on' if on else 'off'}"] = step_stats(v)
+            step_ms[f"{kind}_{'on' if on else 'off'}"] = shared.step_stats(v)
     refresh = [h["solve_ms"] for h in history]
     live = float(np.mean([np.mean(r["live_us"]) for r in rows]))
     uniform = float(np.mean([np.mean(r["uniform_us"]) for r in rows]))
@@ -281,12 +270,12 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
         "shape": {"D": D, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
         "setup_s": setup_s,
         "step_ms": step_ms,
-        "refresh_ms": step_stats(refresh),  # the worker's clock: every layer's window solved and converted
+        "refresh_ms": shared.step_stats(refresh),  # the worker's clock: every layer's window solved and converted
         "tables_per_refresh": history[-1]["layers"] if history else 0,
         "makespan_mean_us": {"live": live, "uniform": uniform},
         "live_over_uniform": live / uniform,
         "makespan_by_phase_us": by_phase,
-        "publish_steps": publish_steps(rows),
+        "publish_steps": shared.publish_steps(rows),
         "metrics": metrics,
         "status": status,
         "refresher": refresher.metrics(),
@@ -297,7 +286,7 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
 def _summary(rep: dict) -> str:
     lines = ["", "serve: final report (tiny MoE LM)", "  " + rep["status"]]
     for mv in rep.get("replacements", []):
-        lines.append("  " + move_text(mv, _LAYERS_MEAN))
+        lines.append("  " + shared.move_text(mv, _LAYERS_MEAN))
     for key, s in rep["step_ms"].items():
         if s:
             lines.append(
@@ -327,7 +316,7 @@ def _summary(rep: dict) -> str:
 
 def _figure(rep: dict, path: Path) -> None:
     steps = rep["steps"]
-    fig, ax, bx, s = figure_axes(rep)
+    fig, ax, bx, s = shared.figure_axes(rep)
     ax.plot(s, [np.mean(r["live_us"]) for r in steps], "-", label=f"live ({rep['config']['policy']}, worker)")
     ax.plot(s, [np.mean(r["uniform_us"]) for r in steps], "--", label="EPLB-even")
     ax.set_ylabel("modelled makespan (µs),\nmean over layers")
@@ -342,7 +331,7 @@ def _figure(rep: dict, path: Path) -> None:
     for kind, marker in (("prefill", "o"), ("decode", "x")):
         pick = np.array([r["kind"] == kind for r in steps])
         bx.scatter(s[pick], np.array([r["step_ms"] for r in steps])[pick], s=10, marker=marker, label=kind)
-    save_figure(fig, bx, path)
+    shared.save_figure(fig, bx, path)
 
 
 # ------------------------------------------------------------------------------------------------ refresh time
@@ -391,7 +380,7 @@ def refresh_time(
         "policy": policy,
         "solver_mode": solver_mode,
         "processes": processes,
-        "solve_ms": step_stats(solve),
-        "roundtrip_ms": step_stats([h["roundtrip_ms"] for h in history]),
+        "solve_ms": shared.step_stats(solve),
+        "roundtrip_ms": shared.step_stats([h["roundtrip_ms"] for h in history]),
         "per_layer_ms": float(np.median(solve)) / layers if solve else None,
     }
