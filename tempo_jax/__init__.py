@@ -15,6 +15,7 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   MoE, MoEConfig                          the expert-parallel layer as a flax nnx module and its configuration
   moe_forward, moe_reference              the functional core (shard_map) and its dense single-device reference
   init_params, make_ep_mesh               physical parameters (each rank its own slots), a 1-D ``ep`` mesh
+  make_mesh                               a ``data × ep × tensor`` mesh (`tempo_jax.layer.mesh`)
   to_physical, to_logical                 the two parameter layouts: physical [P, ...] (the layer's), logical
                                           [E, ...] (import / export, `moe_reference`)
   Placement                               `solvers.Placement`: which slot holds which expert
@@ -43,6 +44,7 @@ _LAZY = {
     "moe_forward": "tempo_jax.layer.moe",
     "moe_reference": "tempo_jax.layer.moe",
     "make_ep_mesh": "tempo_jax.layer.config",
+    "make_mesh": "tempo_jax.layer.mesh",
     "init_params": "tempo_jax.layer.params",
     "init_logical_params": "tempo_jax.layer.params",
     "to_physical": "tempo_jax.layer.params",

@@ -1,6 +1,8 @@
 """The functional model: the expert-parallel MoE layer and everything it reads.
 
 - `config`: `MoEConfig`, `make_ep_mesh`, `auto_capacity`, `capacity_bucket`.
+- `mesh`: the mesh axes a layer uses (expert, batch, tensor, FSDP: `LayerAxes`), where each parameter lives
+  (`param_shardings`) and `make_mesh` (``data × ep × tensor``).
 - `params`: the parameters' two layouts — physical ``[P, ...]`` sharded over ``ep`` (the layer's: `init_params`,
   `to_physical`) and logical ``[E, ...]`` (import / export: `init_logical_params`, `to_logical`).
 - `replicas`: replicas' gradients tied per group; placement changes that migrate weights (`plan_migration`).
@@ -14,13 +16,15 @@
 """
 
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
+from .mesh import LayerAxes, layer_axes, make_mesh, param_shardings
 from .module import aux_losses
 from .moe import MoEOutput, MoEStats, moe_forward, moe_reference
-from .params import init_logical_params, init_params, param_shardings, to_logical, to_physical
+from .params import init_logical_params, init_params, to_logical, to_physical
 from .replicas import MigrationReport, plan_migration
 from .tables import PlacementArrays, Tables, placement_arrays
 
 __all__ = [
+    "LayerAxes",
     "MigrationReport",
     "MoEConfig",
     "MoEOutput",
@@ -32,7 +36,9 @@ __all__ = [
     "capacity_bucket",
     "init_logical_params",
     "init_params",
+    "layer_axes",
     "make_ep_mesh",
+    "make_mesh",
     "moe_forward",
     "moe_reference",
     "param_shardings",

@@ -53,7 +53,17 @@ class MoEConfig:
         exchange; a positive int = that many, pairs beyond it dropped (counted in ``MoEOutput.stats.drops``).
         ``moe_forward(capacity=...)`` overrides it per call. A CascadeEP schedule uses the worst case for "auto".
       capacity_factor: C of ``"auto"`` in mean blocks (rounds of a batch whose blocks all fit: 1).
-      axis: name of the expert-parallel mesh axis.
+      axis: name of the expert-parallel mesh axis (D ranks; `tempo_jax.layer.mesh`).
+      batch_axes: the mesh axes the tokens are also split over (data parallelism: each coordinate is one EP group
+        that routes, exchanges and computes only its own tokens; expert weights replicated over them, gradients
+        summed). None (default): the axes the tokens are sharded over when their sharding can be seen (a placed
+        array; an Explicit mesh), else every mesh axis of size > 1 but ``axis`` and ``tensor_axis``
+        (`tempo_jax.layer.mesh.layer_axes`; `tempo_jax.MoE` resolves it once, at construction); () keeps the tokens
+        replicated over every other axis.
+      tensor_axis: a mesh axis that splits every expert's F (and the shared experts' Fs) across its devices
+        (expert tensor parallelism; the output is reduced over it once per call). None: no tensor parallelism.
+      fsdp_axis: one of the batch axes over which the expert weights are additionally split along H, gathered
+        in the layer per call and their gradients reduce-scattered (FSDP). None: replicated over the batch axes.
       schedule: ``"sync"`` (one all-to-all) or a `solvers.LaunchSchedule` (CascadeEP: per-source exchange
         rounds, one grouped GEMM per launch group; `tempo_jax.layer.cascade_exec`). The output is the same.
       fetches: OEWF `WeightFetch`es (helper computes its own tokens of the donor's experts with fetched weights).
@@ -75,6 +85,9 @@ class MoEConfig:
     capacity: int | str | None = "auto"
     capacity_factor: float = 2.0
     axis: str = "ep"
+    batch_axes: tuple[str, ...] | None = None
+    tensor_axis: str | None = None
+    fsdp_axis: str | None = None
     schedule: str | LaunchSchedule = "sync"
     fetches: tuple[WeightFetch, ...] = ()
     dispatch: str = "tables"
@@ -94,6 +107,7 @@ class MoEConfig:
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"MoEConfig.dtype must be a floating-point dtype (float32, bfloat16, ...), got {dtype}")
         check_instance("MoEConfig.axis", self.axis, str)
+        self._check_axes()
         check_instance("MoEConfig.interpret", self.interpret, bool)
         if self.slots_per_rank >= 2**16:
             raise ValueError(
@@ -131,6 +145,37 @@ class MoEConfig:
         f = self.capacity_factor
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
+
+    def _check_axes(self) -> None:
+        w = "MoEConfig"
+        b = self.batch_axes
+        if b is not None:
+            if isinstance(b, str):
+                raise ValueError(
+                    f"{w}.batch_axes must be a tuple of mesh axis names, e.g. ({b!r},); got the string {b!r}"
+                )
+            if not isinstance(b, tuple | list) or not all(isinstance(a, str) for a in b):
+                raise ValueError(f"{w}.batch_axes must be None or a tuple of mesh axis names, got {b!r}")
+            if len(set(b)) != len(b):
+                raise ValueError(f"{w}.batch_axes names an axis twice: {list(b)}")
+            object.__setattr__(self, "batch_axes", tuple(b))
+        for name in ("tensor_axis", "fsdp_axis"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"{w}.{name} must be None or a mesh axis name, got {v!r}")
+        named = {"axis": self.axis, "tensor_axis": self.tensor_axis}
+        for field, v in named.items():
+            if v is not None and b is not None and v in b:
+                raise ValueError(f"{w}.batch_axes {list(b)} must not contain the {field} {v!r}")
+        if self.tensor_axis is not None and self.tensor_axis == self.axis:
+            raise ValueError(f"{w}: tensor_axis and axis are both {self.axis!r}; the two need different mesh axes")
+        if self.fsdp_axis is not None:
+            if self.fsdp_axis in (self.axis, self.tensor_axis):
+                raise ValueError(
+                    f"{w}.fsdp_axis={self.fsdp_axis!r} must be a batch axis, not the expert or tensor axis"
+                )
+            if b is not None and self.fsdp_axis not in b:
+                raise ValueError(f"{w}.fsdp_axis={self.fsdp_axis!r} must be one of batch_axes {list(b)}")
 
     def _check_dispatch(self) -> None:
         w = "MoEConfig"

@@ -31,6 +31,7 @@ Capacity (rows per source → destination block of the exchange; `MoEConfig.capa
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -44,9 +45,10 @@ from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
 from .config import MoEConfig
+from .mesh import layer_axes, param_shardings
 from .moe import moe_forward
-from .params import EXPERT_KEYS, check_params, init_params, param_shardings, to_logical, to_physical
-from .replicas import MigrationReport, migrate, plan_migration
+from .params import EXPERT_KEYS, check_params, init_params, to_logical, to_physical
+from .replicas import MigrationReport, SyncPlan, migrate, plan_migration, sync_plan
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
@@ -57,6 +59,7 @@ __all__ = [
     "MoEAuxLoss",
     "MoEAuxState",
     "RankState",
+    "ShardState",
     "aux_losses",
     "place_on_mesh",
 ]
@@ -64,6 +67,9 @@ __all__ = [
 #: Variable metadata naming the slot layout an array follows (expert Params and their optimizer moments), and the
 #: rank of one layer's array (a stacked array has more axes in front).
 SLOT_LAYOUT, SLOT_RANK = "slot_layout", "slot_rank"
+#: Variable metadata: the spec of one layer's array on the mesh (`tempo_jax.layer.mesh.param_spec`), a tuple as long
+#: as that array's rank; stacked arrays (``nnx.vmap``) have unsharded axes in front. Optimizer moments inherit it.
+LAYER_SPEC = "layer_spec"
 
 
 class DispatchState(nnx.Variable):
@@ -71,15 +77,29 @@ class DispatchState(nnx.Variable):
 
 
 class RankState(DispatchState):
-    """Per-rank dispatch state ``[D, ...]``, sharded over the expert-parallel axis."""
+    """Per-rank dispatch state ``[D, ...]`` (counters, counts), sharded over the expert-parallel axis."""
+
+
+class ShardState(DispatchState):
+    """Per-device statistics ``[B·D]`` (one per token shard: EP group b's rank d at b·D + d), sharded over the
+    token axes."""
+
+
+def _spec_tuple(spec: P, rank: int) -> tuple:
+    """``spec`` as a tuple of ``rank`` entries (None-padded): the `LAYER_SPEC` metadata."""
+    return (*tuple(spec), *([None] * (rank - len(spec))))
 
 
 def _home(var: nnx.Variable, mesh: jax.sharding.Mesh, axis: str) -> NamedSharding:
-    """Where ``var`` lives: a slot array (``slot_layout`` metadata: expert arrays and their moments) sharded over
-    ``axis`` on its slot axis, `RankState` over ``axis``, everything else replicated."""
+    """Where ``var`` lives: by its `LAYER_SPEC` metadata (the layer's parameters, their optimizer moments and its
+    per-rank / per-device state), with unsharded stacked axes in front; other `RankState` over ``axis``;
+    everything else replicated."""
     meta = var.get_metadata()
-    if SLOT_LAYOUT in meta:
-        return NamedSharding(mesh, P(*([None] * (jnp.ndim(var.get_value()) - meta[SLOT_RANK])), axis))
+    if LAYER_SPEC in meta:
+        spec = [*([None] * (jnp.ndim(var.get_value()) - len(meta[LAYER_SPEC]))), *meta[LAYER_SPEC]]
+        while spec and spec[-1] is None:  # P("ep", None) and P("ep") are one sharding: the short form
+            spec.pop()
+        return NamedSharding(mesh, P(*spec))
     return NamedSharding(mesh, P(axis) if isinstance(var, RankState) else P())
 
 
@@ -92,9 +112,10 @@ def _put(value, sharding: NamedSharding):
 
 
 def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep") -> None:
-    """Put a module's state (or an optimizer's) where the MoE program returns it: the expert arrays and their
-    moments sharded over ``axis`` (their ``out_sharding`` metadata), `RankState` sharded over ``axis``, everything
-    else replicated on ``mesh``. Without this, the second call of a jitted step sees differently placed inputs
+    """Put a module's state (or an optimizer's) where the MoE program returns it: the layer's parameters and their
+    moments by their `LAYER_SPEC` (expert arrays over ``ep`` and the tensor / fsdp axes, `tempo_jax.layer.mesh`),
+    per-rank state over ``ep``, per-device statistics over the token axes, everything else replicated on ``mesh``
+    (other `RankState` over ``axis``). Without this, the second call of a jitted step sees differently placed inputs
     and compiles again."""
     state = nnx.state(module)
     placed = jax.tree.map(
@@ -123,6 +144,13 @@ class _HostPlacement:
 
     def __init__(self, placement: Placement):
         self.placement, self.array = placement, None
+
+    def sync(self) -> SyncPlan:
+        """The replicas' gradient exchange of the placement last set (`tempo_jax.layer.replicas.sync_plan`): fixed
+        when a step is traced; a placement it does not fit takes the all-reduce fallback in-graph."""
+        if getattr(self, "_sync_of", None) is not self.placement:
+            self._sync_of, self._sync = self.placement, sync_plan(self.placement)
+        return self._sync
 
     def get(self, phy2log, num_gpus: int, num_experts: int, gpus_per_node) -> Placement:
         if isinstance(phy2log, jax.core.Tracer):  # inside a trace (nnx.eval_shape, jit): the placement last set
@@ -204,7 +232,9 @@ class MoE(nnx.Module):
         deterministic: bool = False,
         rng_collection: str = "dispatch",
     ):
-        D = mesh.shape[config.axis]
+        axes = layer_axes(config, mesh, where="MoE")
+        config = dataclasses.replace(config, batch_axes=axes.batch)  # resolved once: the state's shapes follow it
+        D = axes.num_ranks
         if placement.num_slots != D * config.slots_per_rank:
             raise ValueError(
                 f"placement has {placement.num_slots} slots; the mesh needs {D} ranks × "
@@ -216,15 +246,16 @@ class MoE(nnx.Module):
             params = init_params(rngs.params(), config, placement, mesh=mesh)
         check_params(params, config, num_slots=placement.num_slots, where="MoE")
         self.param_names = tuple(params)  # static: the keys of this config's parameters
-        homes = param_shardings(params, mesh, config.axis)
+        homes = param_shardings(params, mesh, config)
         self.slot_layout = f"moe-{id(self):x}"  # static: tags this layer's slot arrays and their optimizer moments
         for name, value in params.items():
             value = _put(jnp.asarray(value), homes[name])
+            tags = {LAYER_SPEC: _spec_tuple(homes[name].spec, value.ndim)}
             if name in EXPERT_KEYS:
-                tags = {SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim}
+                tags.update({SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim})
                 setattr(self, name, nnx.Param(value, **tags))
             else:
-                setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value))
+                setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value, **tags))
         self.config = config
         self.mesh = mesh
         self.record = record
@@ -238,12 +269,14 @@ class MoE(nnx.Module):
         self.phy2log = DispatchState(pa.phy2log)
         self.log2phy = DispatchState(pa.log2phy)
         self.table = DispatchState(self._installable(uniform(placement) if tables is None else tables, "MoE"))
-        self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE))
-        self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32))
-        self.gpu_tokens = RankState(jnp.zeros((D,), jnp.int32))
-        self.gpu_activations = RankState(jnp.zeros((D,), jnp.int32))
-        self.drops = RankState(jnp.zeros((D,), jnp.int32))
-        self.rounds = RankState(jnp.ones((D,), jnp.int32))
+        rank, shard = {LAYER_SPEC: (axes.ep, None)}, {LAYER_SPEC: (axes.tokens if axes.batch else axes.ep,)}
+        n = axes.shards
+        self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE), **rank)
+        self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32), **rank)
+        self.gpu_tokens = ShardState(jnp.zeros((n,), jnp.int32), **shard)
+        self.gpu_activations = ShardState(jnp.zeros((n,), jnp.int32), **shard)
+        self.drops = ShardState(jnp.zeros((n,), jnp.int32), **shard)
+        self.rounds = ShardState(jnp.ones((n,), jnp.int32), **shard)
         self.total_drops = 0  # fixed capacity, eager calls only (a traced call cannot read its drops on the host)
         self._warned_drops = False
         # the last call's routing, when recording (an empty array would not checkpoint: orbax refuses 0-size arrays)
@@ -272,7 +305,7 @@ class MoE(nnx.Module):
         """Set every parameter from a *logical* dict ``[E, ...]`` (an export, another layout's `logical_params`):
         the experts laid out over this layer's placement, each rank receiving only its slots."""
         check_params(logical, self.config, num_slots=None, where="MoE.load_logical")
-        physical = to_physical(logical, self.placement, mesh=self.mesh, axis=self.config.axis)
+        physical = to_physical(logical, self.placement, mesh=self.mesh, config=self.config)
         for name in self.param_names:
             getattr(self, name).set_value(physical[name])
 
@@ -353,7 +386,7 @@ class MoE(nnx.Module):
         return found
 
     def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
-        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key)
+        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key, sync=self._host.sync())
 
     def _installable(self, tables: Tables, where: str) -> jax.Array:
         """``tables.table`` as float32 ``[Gs, E, R]`` once `check_tables` accepts it (the one check of a table)."""

@@ -27,15 +27,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import COUNTER_DTYPE
-from solvers import LaunchSchedule
+from solvers import LaunchSchedule, Placement
 
 from . import cascade_exec, relief, rounds, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE
 from .experts import glu, shared_ffn
+from .mesh import LayerAxes, layer_axes, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
-from .replicas import tie_replicas
+from .replicas import SyncPlan, sync_plan, tie_replicas
 from .routing import Routing
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
@@ -93,13 +94,14 @@ def _reference_input_weighted(params: dict, xs: jax.Array, ids: jax.Array, w: ja
 
 
 class RankInputs(NamedTuple):
-    """What each rank's body receives; `specs` gives the shard_map spec of every field from this structure.
+    """What each device's body receives; `specs` gives the shard_map spec of every field.
 
-    Rank-sharded over the ``ep`` axis (``[D·n, ...]`` globally, ``[n, ...]`` per rank): x [T, H], experts (the
-    physical expert arrays ``[P, ...]``: w_gate, w_up, w_down, biases), counter [D, E], ids / gate [T, K]
-    (replayed routing), valid [T] (False: a padding or masked token). Replicated: router (``router [H, E]``,
-    ``router_bias``, ``score_bias``), shared (the shared experts' parameters, or None), table [Gs, E, R],
-    log2phy [E, R], phy2log [P], key.
+    Split over the token axes (batch axes, then ``ep``: ``[B·D·n, ...]`` globally, ``[n, ...]`` per device): x
+    [T, H], ids / gate [T, K] (replayed routing), valid [T] (False: a padding or masked token). Split by
+    `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
+    biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
+    None). Over ``ep`` only: counter [D, E] (one per EP rank, the same in every EP group). Replicated: router
+    (``router [H, E]``, ``router_bias``, ``score_bias``), table [Gs, E, R], log2phy [E, R], phy2log [P], key.
     """
 
     x: jax.Array
@@ -115,15 +117,24 @@ class RankInputs(NamedTuple):
     gate: jax.Array
     valid: jax.Array
 
-    _REPLICATED = ("router", "shared", "table", "log2phy", "phy2log", "key")
+    _TOKENS = ("x", "ids", "gate", "valid")
 
-    @classmethod
-    def specs(cls, axis: str) -> RankInputs:
-        return cls(*(P() if f in cls._REPLICATED else P(axis) for f in cls._fields))
+    def specs(self, axes: LayerAxes) -> RankInputs:
+        """The shard_map spec of every field of these inputs on ``axes``."""
+
+        def of(field, value):
+            if field in self._TOKENS:
+                return axes.token_spec
+            if field in ("experts", "shared"):
+                return None if value is None else {k: param_spec(k, axes) for k in value}
+            return P(axes.ep) if field == "counter" else P()
+
+        return RankInputs(*(of(f, v) for f, v in zip(self._fields, self, strict=True)))
 
 
 class MoEStats(NamedTuple):
-    """Per-rank statistics of one forward pass (leading axis D).
+    """Per-device statistics of one forward pass: leading axis B·D, the token shards (EP group b's rank d at
+    b·D + d; D without batch axes).
 
     Attributes:
       gpu_tokens: ``[D]`` rows each rank's experts computed (the paper's N_g).
@@ -151,7 +162,7 @@ class MoEStats(NamedTuple):
 
 
 class MoEAux(NamedTuple):
-    """Training signals of one forward pass, over all tokens of the ``ep`` group (float32 scalars):
+    """Training signals of one forward pass, over all tokens of the call, every EP group's (float32 scalars):
     ``load_balance_loss`` = E·Σ_e f_e·P_e (Switch / GShard: f the pairs' fractions per expert, P the mean router
     probability; 1 when balanced), ``z_loss`` = mean(logsumexp(router logits)²), and ``expert_load`` ``[E]`` the
     pairs per expert (what aux-free balancing reads). Padding and masked tokens count nowhere. With replayed routing
@@ -164,7 +175,11 @@ class MoEAux(NamedTuple):
 
 class MoEOutput(NamedTuple):
     """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
-    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`)."""
+    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`).
+
+    With batch axes (B EP groups) ``counts`` and ``counter`` are summed over the groups: source rank d of every
+    group reads the same table row group, so the tables balance what all of them send (what a
+    `DispatchController` observes). One group's counts: ``stats.replica_counts.sum(-1).reshape(B, D, E)[b]``."""
 
     out: jax.Array
     counts: jax.Array
@@ -173,9 +188,9 @@ class MoEOutput(NamedTuple):
     aux: MoEAux
 
 
-def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, top_k: int, losses: bool) -> MoEAux:
-    """`MoEAux` from this rank's routing, pair counts ``[E]`` and real tokens ``valid [T]``, reduced over the
-    ``ep`` axis (``losses=False``: the load only)."""
+def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k: int, losses: bool) -> MoEAux:
+    """`MoEAux` from this device's routing, pair counts ``[E]`` and real tokens ``valid [T]``, reduced over the
+    token axes ``axis`` (``losses=False``: the load only)."""
     load = jax.lax.psum(counts.astype(jnp.float32), axis)
     if not losses:
         zero = jnp.zeros((), jnp.float32)
@@ -192,19 +207,22 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis: str, 
 @dataclasses.dataclass(frozen=True)
 class _Call:
     """What one call adds to the config (hashable: a key of the compiled programs): the exchange implementation,
-    the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), and whether to compute
-    the auxiliary losses."""
+    the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), whether to compute
+    the auxiliary losses, and the replicas' gradient exchange (`tempo_jax.layer.replicas.SyncPlan`; None: the
+    all-reduce that serves any placement)."""
 
     impl: str
     groups: int
     given_routing: bool
     capacity: tuple[str, int]
     aux_losses: bool
+    sync: SyncPlan | None = None
 
 
-def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
-    """Per-rank body (inside shard_map): `tempo_jax.layer.stages` composed synchronously, or by the CascadeEP launch
-    schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`."""
+def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Call) -> MoEOutput:
+    """Per-device body (inside shard_map over ``axes.named``): `tempo_jax.layer.stages` composed synchronously, or
+    by the CascadeEP launch schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`. Every collective but the
+    counts' and losses' sums runs along ``ep``, inside this device's EP group."""
     impl, groups, given_routing, capacity, aux_losses = (
         call.impl,
         call.groups,
@@ -223,7 +241,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
         rt = route(inp.x, inp.router, config.router, K)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sample = config.dispatch_mode == "sample"
-    uniforms = jax.random.uniform(jax.random.fold_in(inp.key, d), (T, K)) if sample else None
+    shard = jax.lax.axis_index(axes.tokens) if axes.batch else d  # this token shard (tensor ranks share it)
+    uniforms = jax.random.uniform(jax.random.fold_in(inp.key, shard), (T, K)) if sample else None
     if config.dispatch == "ingraph":
         table = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
     else:
@@ -242,11 +261,14 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
     real = jnp.repeat(inp.valid, K)
     invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
     # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
-    weights = tie_replicas(inp.experts, inp.phy2log, axis=axis, slots_per_rank=S, num_experts=config.experts)
+    weights = tie_replicas(
+        inp.experts, inp.phy2log, axis=axis, slots_per_rank=S, num_experts=config.experts, plan=call.sync
+    )
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
+    weights = _local_weights(weights, axes)
     slots_total = weights["w_gate"].shape[0]
     mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
@@ -289,10 +311,13 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
             top_k=k_rows,
         )
         n_rounds = jnp.int32(1)
-    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens).
+    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens); with a tensor axis every device
+    # holds its F / Tp share of each row's result: the one reduction of the layer over that axis.
     out = stages.combine(y_pairs, combine_gate, jnp.float32)
     if config.shared is not None:
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
+    if axes.tensor is not None:
+        out = jax.lax.psum(out, axes.tensor)
     stats = MoEStats(
         gpu_tokens=jnp.sum(group_sizes)[None],
         gpu_activations=jnp.sum(group_sizes > 0)[None],
@@ -304,8 +329,28 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, call: _Call) -> MoEOutput:
         rounds=n_rounds[None],
         invalid_ids=invalid_ids[None],
     )
-    aux = _aux(rt, dp.counts, inp.valid, axis=axis, top_k=K, losses=aux_losses and not given_routing)
-    return MoEOutput(out.astype(inp.x.dtype), dp.counts[None], dp.counter[None], stats, aux)
+    aux = _aux(rt, dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=aux_losses and not given_routing)
+    counts, counter = dp.counts, dp.counter
+    if axes.batch:  # every EP group's source d reads one table row group: count them together
+        counts = jax.lax.psum(counts, axes.batch)
+        counter = inp.counter[0] + counts.astype(counter.dtype)
+    return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux)
+
+
+def _local_weights(weights: dict, axes: LayerAxes) -> dict:
+    """This device's expert arrays as the FFN uses them: gathered over the fsdp axis (its transpose reduce-scatters
+    the gradients), and with a tensor axis ``b_down`` kept on tensor rank 0 only (the ranks' partial outputs are
+    summed, so the bias is added once)."""
+    if axes.fsdp is not None:
+        dims = {"w_gate": 1, "w_up": 1, "w_down": 2}  # H, which FSDP splits
+        weights = {
+            k: (jax.lax.all_gather(w, axes.fsdp, axis=dims[k], tiled=True) if k in dims else w)
+            for k, w in weights.items()
+        }
+    if axes.tensor is not None and "b_down" in weights:
+        first = jax.lax.axis_index(axes.tensor) == 0
+        weights = {**weights, "b_down": jnp.where(first, weights["b_down"], 0).astype(weights["b_down"].dtype)}
+    return weights
 
 
 def _ingraph_table(
@@ -360,21 +405,23 @@ def _exchange_ffn(
 @functools.lru_cache(maxsize=64)
 def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
     """The jitted layer, built once per (mesh, config, call: exchange, table groups, routing given, capacity): the
-    per-rank inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`) is
-    one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
-    (sharded over the axis: each rank reads its own slots)."""
-    axis, K, E = config.axis, config.top_k, config.experts
-    D = mesh.shape[axis]
-    body = functools.partial(_local_moe, config=config, call=call)
-    out_specs = MoEOutput(
-        P(axis), P(axis), P(axis), MoEStats(*(P(axis) for _ in MoEStats._fields)), MoEAux(P(), P(), P())
-    )
-    sharded = jax.shard_map(body, mesh=mesh, in_specs=(RankInputs.specs(axis),), out_specs=out_specs, check_vma=False)
+    per-device inputs and the shard_map body in one program, so an eager call (e.g. `MoE.__call__` outside `jit`)
+    is one dispatch; inside a caller's `jit` it inlines. The physical expert arrays enter as they are stored
+    (sharded over the axes: each device reads its own slots, and its own F / Tp and H / Fp shares)."""
+    axes = layer_axes(config, mesh)
+    K, E = config.top_k, config.experts
+    D, shards = axes.num_ranks, axes.shards
+    body = functools.partial(_local_moe, config=config, axes=axes, call=call)
+    tok, ep = axes.token_spec, P(axes.ep)
+    out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), MoEAux(P(), P(), P()))
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
     def run(params, x, table, log2phy, phy2log, counter, key, routing, mask):
         T = x.shape[0]
-        pad = -T % D  # any T: padding rows up to a multiple of D, masked out of everything and cut from the result
+        x_sharding = jax.typeof(x).sharding if explicit else None
+        if x_sharding is not None and tuple(x_sharding.mesh.axis_names) != tuple(mesh.axis_names):
+            x_sharding = None  # an unplaced input (no mesh): the output stays as the layer leaves it
+        pad = -T % shards  # any T: padding rows up to a multiple of B·D, masked out of everything, cut from the result
         valid = jnp.ones((T,), bool) if mask is None else mask.astype(bool)
         if counter is None:
             counter = jnp.zeros((D, E), COUNTER_DTYPE)
@@ -391,15 +438,29 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
         inputs = RankInputs(x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate, valid)
+        specs = inputs.specs(axes)
         if explicit:
-            specs = RankInputs.specs(axis)
-            inputs = RankInputs(*(jax.reshard(a, NamedSharding(mesh, s)) for a, s in zip(inputs, specs, strict=True)))
+            inputs = RankInputs(*(_reshard(a, s, mesh) for a, s in zip(inputs, specs, strict=True)))
+        sharded = jax.shard_map(body, mesh=mesh, in_specs=(specs,), out_specs=out_specs, check_vma=False)
         res = sharded(inputs)
         if pad:
             res = res._replace(out=res.out[:T], stats=res.stats._replace(topk_ids=res.stats.topk_ids[:T]))
+        if x_sharding is not None and not pad:  # the output keeps the input's sharding
+            res = res._replace(out=jax.reshard(res.out, x_sharding))
         return res
 
     return jax.jit(run)
+
+
+def _reshard(value, spec, mesh):
+    """``value`` (an array, a dict of arrays or None) resharded to ``spec`` (one spec, or a dict of them)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {
+            k: jax.reshard(v, NamedSharding(mesh, spec if isinstance(spec, P) else spec[k])) for k, v in value.items()
+        }
+    return jax.reshard(value, NamedSharding(mesh, spec))
 
 
 def _check_inputs(
@@ -415,7 +476,8 @@ def _check_inputs(
     axis = config.axis
     if axis not in mesh.shape:
         raise ValueError(f"axis {axis!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.axis")
-    D = mesh.shape[axis]
+    axes = layer_axes(config, mesh)
+    D, shards = axes.num_ranks, axes.shards
     E, S, K = config.experts, config.slots_per_rank, config.top_k
     # Step 1: shapes and dtypes.
     if jnp.ndim(x) != 2:
@@ -438,7 +500,7 @@ def _check_inputs(
             f"mask must be bool [T={T}] (True: a real token, False: padding), got "
             f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
         )
-    Tp = -(-T // D) * D  # rows per rank after padding to a multiple of D
+    padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards B·D
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(
             f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}"
@@ -475,7 +537,7 @@ def _check_inputs(
                 f"the previous call), got shape {got[0]} dtype {got[1]}"
             )
     # Step 3: capacity (rows per block): at most the worst case T/D·K.
-    worst = (Tp // D) * K
+    worst = (padded // shards) * K
     if capacity is None:
         capacity = config.capacity
     if capacity is None:
@@ -483,11 +545,23 @@ def _check_inputs(
     if capacity == "auto":
         if config.schedule != "sync":  # a launch schedule is one plan of shifted exchanges: the worst case there
             return "worst", worst
-        C = auto_capacity(config, Tp // D, D)
+        C = auto_capacity(config, padded // shards, D)
         return ("worst", worst) if C >= worst else ("rounds", C)
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise ValueError(f"capacity must be 'auto', a positive int (rows per block) or None, got {capacity!r}")
     return ("worst", worst) if capacity >= worst else ("fixed", int(capacity))
+
+
+def _sync_plan(pa: PlacementArrays, num_ranks: int, config: MoEConfig) -> SyncPlan | None:
+    """The replicas' gradient exchange: the one the placement arrays carry, else (hand-made arrays, read on the host
+    anyway by their check) the plan of their values; None inside a trace (the all-reduce fallback)."""
+    if pa.sync is not None:
+        return pa.sync
+    phy2log = pa.phy2log
+    if isinstance(phy2log, jax.core.Tracer) or (isinstance(phy2log, jax.Array) and not phy2log.is_fully_addressable):
+        return None
+    host = np.asarray(phy2log)
+    return sync_plan(Placement.from_phy2log(host, num_ranks, num_experts=config.experts))
 
 
 def _check_routing(routing, T: int, E: int, K: int) -> None:
@@ -559,6 +633,9 @@ def moe_forward(
         tables of another placement, ids out of range, experts without a replica, T = 0, a counter of another
         shape or dtype, an axis missing from the mesh or a bad capacity.
     """
+    if config.batch_axes is None:  # the axes the tokens are sharded over (`tempo_jax.layer.mesh.layer_axes`)
+        axes = layer_axes(config, mesh, tokens=token_axes(x, mesh))
+        config = dataclasses.replace(config, batch_axes=axes.batch)
     C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask)
     if routing is not None:
         routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
@@ -567,7 +644,8 @@ def moe_forward(
         table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)
     else:
         table, log2phy = tables.table, tables.log2phy
-    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses))
+    sync = _sync_plan(placement_arrays, mesh.shape[config.axis], config)
+    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), sync)
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)

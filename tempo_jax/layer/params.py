@@ -33,6 +33,7 @@ from solvers import Placement
 
 from .config import MoEConfig
 from .experts import EXPERT_BIASES, EXPERT_WEIGHTS
+from .mesh import param_shardings
 
 __all__ = [
     "EXPERT_KEYS",
@@ -41,7 +42,6 @@ __all__ = [
     "init_logical_params",
     "init_params",
     "param_shapes",
-    "param_shardings",
     "slot_bytes",
     "to_logical",
     "to_physical",
@@ -166,17 +166,19 @@ def _phy2log(placement) -> np.ndarray:
     return np.asarray(placement)
 
 
-def param_shardings(params, mesh: jax.sharding.Mesh, axis: str = "ep") -> dict:
-    """Where each parameter lives: per-expert arrays ``NamedSharding(mesh, P(axis))`` (each rank its S slots),
-    everything else replicated ``NamedSharding(mesh, P())``."""
-    return {k: NamedSharding(mesh, P(axis) if k in EXPERT_KEYS else P()) for k in params}
-
-
-def to_physical(logical: dict, placement, *, mesh: jax.sharding.Mesh | None = None, axis: str = "ep") -> dict:
+def to_physical(
+    logical: dict,
+    placement,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    axis: str = "ep",
+    config: MoEConfig | None = None,
+) -> dict:
     """Logical ``[E, ...]`` → physical ``[P, ...]`` parameters: slot p gets expert ``phy2log[p]``'s rows (replicas
     identical by construction); the other keys are kept. With ``mesh`` every array is placed where the layer
-    keeps it (`param_shardings`): the gather runs as one program whose outputs are sharded over ``axis``, so no
-    device holds more than its own slots of the result.
+    keeps it (`tempo_jax.layer.mesh.param_shardings`): the gather runs as one program whose outputs are sharded
+    over ``axis`` — or over every axis of ``config`` (tensor, fsdp) when given — so no device holds more than its
+    own share of the result.
 
     ``placement``: a `solvers.Placement` or its ``phy2log [P]``.
     """
@@ -188,10 +190,13 @@ def to_physical(logical: dict, placement, *, mesh: jax.sharding.Mesh | None = No
 
     if mesh is None:
         return gather(logical)
+    if config is not None and axis != config.axis:
+        raise ValueError(f"to_physical: axis={axis!r} differs from config.axis={config.axis!r}; give one of them")
+    axis = axis if config is None else config.axis
     D = mesh.shape[axis]
     if idx.shape[0] % D:
         raise ValueError(f"to_physical: {idx.shape[0]} slots do not split over the {D} ranks of axis {axis!r}")
-    return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis))(logical)
+    return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis if config is None else config))(logical)
 
 
 def to_logical(physical: dict, placement) -> dict:
@@ -204,7 +209,15 @@ def to_logical(physical: dict, placement) -> dict:
         missing = sorted(set(range(E)) - set(experts.tolist()))
         raise ValueError(f"to_logical: experts {missing} have no slot in the placement")
     keys = expert_keys(physical)
-    return {k: (jnp.take(v, jnp.asarray(first, jnp.int32), axis=0) if k in keys else v) for k, v in physical.items()}
+    index = jnp.asarray(first, jnp.int32)
+
+    def take(v):
+        sharding = getattr(v, "sharding", None)
+        if isinstance(sharding, NamedSharding) and jax.sharding.AxisType.Explicit in sharding.mesh.axis_types:
+            return v.at[index].get(out_sharding=NamedSharding(sharding.mesh, P()))  # Explicit axes: say where
+        return jnp.take(v, index, axis=0)
+
+    return {k: (take(v) if k in keys else v) for k, v in physical.items()}
 
 
 def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.sharding.Mesh | None = None) -> dict:
@@ -220,10 +233,10 @@ def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.shard
         return _draw(key, config, phy2log)
     axis = config.axis
     shapes = jax.eval_shape(lambda k: init_logical_params(k, config), key)
-    homes = param_shardings(shapes, mesh, axis)
+    homes = param_shardings(shapes, mesh, config)
     keys = expert_keys(shapes)
 
-    def local(k, slots):  # one rank: its own S slots' rows only
+    def local(k, slots):  # one rank: its own S slots' rows only (tensor / fsdp shares are cut from them after)
         drawn = _draw(k, config, slots)
         return {n: drawn[n] for n in keys}
 
@@ -232,7 +245,7 @@ def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.shard
     rest = {n: homes[n] for n in shapes if n not in keys}
 
     def build(k, slots):
-        shared = _draw(k, config, slots[:0])  # the router and shared experts (no expert rows)
+        shared = _draw(k, config, jnp.zeros((0,), jnp.int32))  # the router and shared experts (no expert rows)
         return {**{n: shared[n] for n in rest}, **experts(k, slots)}
 
     slots = jax.device_put(phy2log, NamedSharding(mesh, P(axis)))

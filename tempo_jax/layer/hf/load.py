@@ -21,13 +21,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from solvers import Placement
 from solvers.checks import read_json
 
 from ..config import MoEConfig
+from ..mesh import param_shardings
 from ..params import param_shapes
 from .families import family, moe_config_from_hf, moe_layer_ids
 from .quant import SafetensorsFile
@@ -77,9 +76,11 @@ def resolve_placement(
 
 
 def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dict:
-    """The physical parameters from the block's readers: per-expert arrays ``[P, ...]`` (sharded by
-    `jax.make_array_from_callback` when ``mesh``), the rest whole."""
+    """The physical parameters from the block's readers: per-expert arrays ``[P, ...]`` (with ``mesh``: built by
+    `jax.make_array_from_callback`, each device reading its own slots' rows and keeping its tensor / fsdp share;
+    `tempo_jax.layer.mesh.param_shardings`), the rest whole (shared experts split over a tensor axis)."""
     shapes = param_shapes(cfg, placement.num_slots)
+    homes = None if mesh is None else param_shardings(shapes, mesh, cfg)
     phy2log = np.asarray(placement.phy2log)
     out = {}
     for name, (per_expert, read) in readers.items():
@@ -87,7 +88,7 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
         shape = shapes[name]
         if not per_expert:
             value = np.asarray(read(), dtype=kind).reshape(shape)
-            out[name] = jnp.asarray(value) if mesh is None else jax.device_put(value, NamedSharding(mesh, P()))
+            out[name] = jnp.asarray(value) if mesh is None else jax.device_put(value, homes[name])
             continue
         if mesh is None:
             experts, inverse = np.unique(phy2log, return_inverse=True)
@@ -97,9 +98,10 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
         def rows(index, read=read, kind=kind, shape=shape):
             slots = np.arange(shape[0])[index[0]]
             experts, inverse = np.unique(phy2log[slots], return_inverse=True)
-            return np.asarray(read(experts), dtype=kind)[inverse].reshape((slots.shape[0], *shape[1:]))
+            value = np.asarray(read(experts), dtype=kind)[inverse].reshape((slots.shape[0], *shape[1:]))
+            return value[(slice(None), *index[1:])]
 
-        out[name] = jax.make_array_from_callback(shape, NamedSharding(mesh, P(cfg.axis)), rows)
+        out[name] = jax.make_array_from_callback(shape, homes[name], rows)
     return out
 
 

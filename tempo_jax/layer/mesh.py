@@ -1,0 +1,233 @@
+"""The meshes the layer runs on: which mesh axis does what, and where every parameter lives.
+
+A layer call runs one `jax.shard_map` over every axis it names (`LayerAxes`):
+
+- the **expert axis** (`MoEConfig.axis`, ``ep``, size D): physical expert slots are split over it (each rank its
+  S slots) and every exchange of the layer runs along it;
+- the **batch axes** (`MoEConfig.batch_axes`, e.g. ``data``; product of their sizes B): the tokens are split over
+  them too, so the B·D token shards hold different tokens. Each batch coordinate is one *EP group*: D devices that
+  route, count, exchange and compute their own tokens, with every collective of the layer inside the group (the
+  all-to-all's replica groups are the EP groups). Expert weights are replicated over the batch axes; their
+  gradients are summed over them (data parallelism);
+- the **tensor axis** (`MoEConfig.tensor_axis`, size Tp): every expert's F columns are split over it (``w_gate`` /
+  ``w_up`` columns, ``w_down`` rows, ``b_gate`` / ``b_up``), and so are the shared experts' Fs; the tokens are
+  replicated over it; each device computes its F / Tp share of every row, and the layer's output is reduced over
+  the axis once (a ``psum`` of the combined ``[T/(B·D), H]`` output);
+- the **FSDP axis** (`MoEConfig.fsdp_axis`, one of the batch axes, size Fp): expert weights are additionally split
+  over it along H, gathered inside the layer per call (an all-gather over the axis) and their gradients
+  reduce-scattered back (the all-gather's transpose).
+
+Every other mesh axis sees the layer replicated. `make_mesh` builds the usual ``data × ep × tensor`` mesh.
+
+| parameter | spec (``ep``, fsdp ``f``, tensor ``t``) |
+| --- | --- |
+| ``w_gate``, ``w_up`` ``[P, H, F]`` | ``P(ep, f, t)`` |
+| ``w_down`` ``[P, F, H]`` | ``P(ep, t, f)`` |
+| ``b_gate``, ``b_up`` ``[P, F]`` | ``P(ep, t)`` |
+| ``b_down`` ``[P, H]`` | ``P(ep)`` (added once, on tensor rank 0) |
+| ``shared_w_gate``, ``shared_w_up`` ``[H, Fs]`` / ``shared_w_down`` ``[Fs, H]`` | ``P(None, t)`` / ``P(t, None)`` |
+| ``router``, ``router_bias``, ``score_bias``, ``shared_gate`` | ``P()`` (replicated) |
+
+Glossary additions: B EP groups (the product of the batch axes' sizes), Tp the tensor axis's size, Fp the FSDP
+axis's size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .config import MoEConfig
+
+__all__ = ["LayerAxes", "layer_axes", "make_mesh", "param_spec", "param_shardings", "token_axes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerAxes:
+    """The mesh axes of one layer on one mesh (hashable: part of the compiled program's key).
+
+    Attributes:
+      ep: the expert-parallel axis (D ranks).  batch: the batch axes, in mesh order (B = product of their sizes).
+      tensor: the tensor axis or None.  fsdp: the FSDP axis (one of ``batch``) or None.
+      sizes: ``{axis: size}`` of the mesh.
+    """
+
+    ep: str
+    batch: tuple[str, ...]
+    tensor: str | None
+    fsdp: str | None
+    sizes: tuple[tuple[str, int], ...]
+
+    def size(self, name: str | None) -> int:
+        """The size of axis ``name`` (1 for None)."""
+        return 1 if name is None else dict(self.sizes)[name]
+
+    @property
+    def num_ranks(self) -> int:
+        """D: ranks of one EP group."""
+        return self.size(self.ep)
+
+    @property
+    def groups(self) -> int:
+        """B: EP groups (token shards per expert rank)."""
+        return math.prod(self.size(a) for a in self.batch)
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The axes the tokens are split over, slowest first: the batch axes, then ``ep`` (B·D shards)."""
+        return (*self.batch, self.ep)
+
+    @property
+    def token_spec(self) -> P:
+        """The spec of a ``[T, ...]`` token array: ``P(("data", "ep"))``, or ``P("ep")`` without batch axes."""
+        return P(self.tokens if self.batch else self.ep)
+
+    @property
+    def shards(self) -> int:
+        """B·D: token shards."""
+        return self.groups * self.num_ranks
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """Every axis the layer's `shard_map` is manual over."""
+        return (*self.tokens, *((self.tensor,) if self.tensor else ()))
+
+
+def layer_axes(
+    config: MoEConfig, mesh: jax.sharding.Mesh, *, tokens: tuple[str, ...] | None = None, where: str = "moe_forward"
+) -> LayerAxes:
+    """`LayerAxes` of ``config`` on ``mesh``: the axes checked against the mesh, the batch axes resolved and the
+    shapes that must divide (F by Tp, Fs by Tp, H by Fp). Raises ValueError naming the axis and the fix.
+
+    ``config.batch_axes=None`` resolves to the mesh axes the tokens are sharded over (``tokens``: the axes of their
+    first dimension's sharding, when it can be seen), else to every mesh axis of size > 1 but the expert and tensor
+    axes; the fsdp axis is always one of them."""
+    names = tuple(mesh.axis_names)
+    sizes = tuple((n, int(mesh.shape[n])) for n in names)
+
+    def need(name, field):
+        if name not in names:
+            raise ValueError(
+                f"{where}: MoEConfig.{field}={name!r} is not an axis of the mesh (axes: {list(names)}); name one of "
+                "them or build the mesh with tempo_jax.make_mesh(data=..., ep=..., tensor=...)"
+            )
+
+    need(config.axis, "axis")
+    tensor, fsdp = config.tensor_axis, config.fsdp_axis
+    if tensor is not None:
+        need(tensor, "tensor_axis")
+    if config.batch_axes is None:
+        if tokens is None:
+            batch = tuple(n for n in names if n not in (config.axis, tensor) and mesh.shape[n] > 1)
+        else:
+            batch = tuple(n for n in names if n in tokens and n not in (config.axis, tensor))
+        if fsdp is not None and fsdp not in batch:
+            batch = tuple(n for n in names if n in (*batch, fsdp))
+    else:
+        for a in config.batch_axes:
+            need(a, "batch_axes")
+        batch = tuple(n for n in names if n in config.batch_axes)  # mesh order: the tokens' shard order
+    if fsdp is not None:
+        need(fsdp, "fsdp_axis")
+        if fsdp not in batch:
+            raise ValueError(
+                f"{where}: MoEConfig.fsdp_axis={fsdp!r} must be one of the batch axes {list(batch)} (the devices "
+                "along it hold different tokens and share the expert weights, which FSDP splits among them)"
+            )
+    axes = LayerAxes(config.axis, batch, tensor, fsdp, sizes)
+    Tp, Fp = axes.size(tensor), axes.size(fsdp)
+    if config.ffn % Tp:
+        raise ValueError(
+            f"{where}: the expert width F={config.ffn} does not split over the {Tp} devices of tensor axis "
+            f"{tensor!r}; use a tensor axis whose size divides F"
+        )
+    if config.shared is not None and config.shared.width % Tp:
+        raise ValueError(
+            f"{where}: the shared experts' width Fs={config.shared.width} does not split over the {Tp} devices of "
+            f"tensor axis {tensor!r}"
+        )
+    if config.hidden % Fp:
+        raise ValueError(
+            f"{where}: the hidden size H={config.hidden} does not split over the {Fp} devices of fsdp axis "
+            f"{fsdp!r} (FSDP shards the expert weights along H)"
+        )
+    return axes
+
+
+def token_axes(x, mesh: jax.sharding.Mesh) -> tuple[str, ...] | None:
+    """The mesh axes ``x``'s first dimension is sharded over, when its sharding can be seen (a concrete array on
+    ``mesh``, or a traced one on an Explicit mesh); None otherwise (an unplaced array, Auto axes under ``jit``)."""
+    try:
+        sharding = jax.typeof(x).sharding if isinstance(x, jax.core.Tracer) else getattr(x, "sharding", None)
+    except Exception:  # noqa: BLE001 (an abstract value without a sharding)
+        return None
+    if not isinstance(sharding, NamedSharding) or tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names):
+        return None
+    if isinstance(x, jax.core.Tracer) and not any(
+        t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types
+    ):
+        return None
+    first = sharding.spec[0] if len(sharding.spec) else None
+    return () if first is None else ((first,) if isinstance(first, str) else tuple(first))
+
+
+def param_spec(name: str, axes: LayerAxes, *, stacked: int = 0) -> P:
+    """Where parameter ``name`` lives (the module's table); ``stacked`` leading axes in front (layers stacked by
+    ``nnx.vmap`` / ``nnx.scan``) stay unsharded."""
+    ep, t, f = axes.ep, axes.tensor, axes.fsdp
+    spec = {
+        "w_gate": (ep, f, t),
+        "w_up": (ep, f, t),
+        "w_down": (ep, t, f),
+        "b_gate": (ep, t),
+        "b_up": (ep, t),
+        "b_down": (ep,),
+        "shared_w_gate": (None, t),
+        "shared_w_up": (None, t),
+        "shared_w_down": (t, None),
+    }.get(name, ())
+    while spec and spec[-1] is None:  # P("ep", None, None) and P("ep") are one sharding; keep the short form
+        spec = spec[:-1]
+    return P(*([None] * stacked), *spec) if spec else P()
+
+
+def param_shardings(params, mesh: jax.sharding.Mesh, config: MoEConfig | str = "ep") -> dict:
+    """``{name: NamedSharding}`` of every parameter of ``params`` (any dict with the layer's keys, arrays or
+    shapes): the module's table for ``config``'s axes on ``mesh``. ``config`` may be just the expert axis's name
+    (a 1-D layout: expert arrays ``P(axis)``, everything else replicated)."""
+    if isinstance(config, str):
+        axes = LayerAxes(config, (), None, None, tuple((n, int(mesh.shape[n])) for n in mesh.axis_names))
+    else:
+        axes = layer_axes(config, mesh, where="param_shardings")
+    return {k: NamedSharding(mesh, param_spec(k, axes)) for k in params}
+
+
+def make_mesh(
+    *, data: int = 1, ep: int | None = None, tensor: int = 1, devices=None, explicit: bool = False
+) -> jax.sharding.Mesh:
+    """A ``(data, ep, tensor)`` mesh over ``devices`` (default: all), ``data`` slowest: on several hosts the data
+    axis runs across them and ``ep`` / ``tensor`` inside each (how multi-node EP is deployed when the links
+    between nodes are slow). ``ep`` defaults to the devices left over. Axes are Auto (the compiler propagates
+    shardings through the rest of the model) unless ``explicit`` (JAX's explicit-sharding mode; the layer works
+    with both).
+
+    Use it with ``MoEConfig(axis="ep", tensor_axis="tensor" if tensor > 1 else None)``; the batch axes default to
+    ``("data",)``."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, v in (("data", data), ("tensor", tensor)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"make_mesh: {name} must be a positive int, got {v!r}")
+    if ep is None:
+        ep = len(devices) // (data * tensor)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or data * ep * tensor > len(devices):
+        raise ValueError(
+            f"make_mesh: data × ep × tensor = {data} × {ep} × {tensor} must be a product of positive ints no larger "
+            f"than the {len(devices)} devices"
+        )
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    n = data * ep * tensor
+    return jax.make_mesh((data, ep, tensor), ("data", "ep", "tensor"), axis_types=(kind,) * 3, devices=devices[:n])
