@@ -21,6 +21,9 @@ against the sorted-gmm baseline. Also, in the same run:
   from ``compiled.as_text()``): each all-reduce / all-gather / all-to-all / collective-permute with its operand
   shapes and bytes per device — no operand scales with E: the expert gradients stay on their rank, only the
   replica groups' sum [R, ...] (R = P − E) is all-reduced;
+- ``--meshes`` (`scripts/bench_meshes.py`, alone): the layer on (8,), (2, 4), (4, 2) data × ep, (4, 2) ep × tensor,
+  (2, 2, 2) and FSDP meshes — FLOPs per device, bytes of every collective, expert bytes per device, time, each
+  against the 1-D mesh (``results/bench_ep_meshes.json``);
 - ``--ep-memory`` (`scripts/bench_ep_memory.py`): per-device expert bytes and peak RSS of ``qwen3_30b_a3b`` at its
   real dimensions, slot-sharded against replicated, and the re-placements of 10% / 50% of its slots.
 
@@ -29,6 +32,7 @@ against the sorted-gmm baseline. Also, in the same run:
 
     python scripts/bench_ep.py                       # tokens per device 128, 512
     python scripts/bench_ep.py --ep-memory           # + the real-size memory table and re-placements (minutes)
+    python scripts/bench_ep.py --meshes              # only the multi-axis meshes (results/bench_ep_meshes.json)
     python scripts/bench_ep.py --memory              # + peak memory at T = 65,536
     python scripts/bench_ep.py --quick
 """
@@ -282,6 +286,32 @@ def memory(tokens: int, cfg_kw: dict) -> list[dict]:
     return out
 
 
+def meshes(args, argv) -> int:
+    """``--meshes``: `bench_meshes.run` at the first ``--tokens-per-device``, JSON beside ``--out``."""
+    import bench_meshes
+
+    kw = dict(hidden=args.hidden, ffn=args.ffn, experts=args.experts, top_k=args.top_k, slots_per_rank=1)
+    cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(dispatch_mode="quota", **kw)
+    load0 = os.getloadavg()
+    tokens = int(args.tokens_per_device.split(",")[0])
+    res = bench_meshes.run(cfg, tokens_per_device=tokens, replication=args.replication, repeats=args.repeats)
+    out = Path(args.out).with_name(Path(args.out).stem + "_meshes.json")
+    meta = dict(
+        command="python scripts/bench_ep.py " + " ".join(argv),
+        backend=jax.default_backend(),
+        devices=jax.device_count(),
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        args=vars(args),
+        loadavg_start=load0,
+        loadavg_end=os.getloadavg(),
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, **res}, indent=1))
+    print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--memory-child":
@@ -298,11 +328,14 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", action="store_true", help="also the peak RSS at T = 65,536 (fresh processes)")
     ap.add_argument("--ep-memory", action="store_true", help="also qwen3_30b_a3b at its real size (bench_ep_memory)")
     ap.add_argument("--memory-tokens", type=int, default=65_536)
+    ap.add_argument("--meshes", action="store_true", help="only the multi-axis meshes (scripts/bench_meshes.py)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="results/bench_ep.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens_per_device, args.repeats = "128", 3
+    if args.meshes:
+        return meshes(args, argv)
 
     D = jax.device_count()
     E = args.experts

@@ -7,6 +7,10 @@ Each of N processes:          python scripts/multihost_moe.py --out mh.npz --coo
 coordinator.) On CPU the processes talk through gloo collectives. The inputs are generated identically on
 every process from fixed seeds, so every layout must produce the same output.
 
+``--mesh data=2,ep=4`` runs on a ``data × ep × tensor`` mesh (`tempo_jax.layer.make_mesh`: data slowest, so on two
+processes × 4 devices the data axis runs across the processes and ``ep`` inside each — how multi-node EP is deployed
+when the links between nodes are slow); default: one ``ep`` axis over every device.
+
 ``--checkpoint DIR`` loads the layer's parameters instead from a Hugging Face checkpoint folder
 (`tempo_jax.hf.load_moe_layers` with the mesh and the placement: each process reads only its slots' experts); the
 experts each process read are written beside ``--out`` (``<out>.reads<I>.json``) and the loaded expert arrays are
@@ -33,6 +37,7 @@ def main(argv=None) -> int:
         help="ingraph: each batch's plan computed in the step (needs --dispatch-mode quota)",
     )
     ap.add_argument("--checkpoint", help="a Hugging Face checkpoint folder: load the first MoE layer from it")
+    ap.add_argument("--mesh", help="data × ep × tensor mesh, e.g. 'data=2,ep=4' (default: ep over every device)")
     args = ap.parse_args(argv)
 
     import jax
@@ -47,17 +52,21 @@ def main(argv=None) -> int:
     from jax.sharding import PartitionSpec as P
 
     from solvers import Placement
-    from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward
+    from tempo_jax.layer import MoEConfig, init_params, layer_axes, make_mesh, moe_forward, param_shardings
     from tempo_jax.layer import tables as dispatch_tables
+    from tempo_jax.layer.mesh import parse_mesh
     from tempo_jax.layer.params import EXPERT_KEYS
     from tempo_jax.runtime.counters import host_counter
 
     # Step 1: the same problem on every process.
-    D = jax.device_count()
+    mesh = make_mesh(**parse_mesh(args.mesh)) if args.mesh else make_mesh()
+    D, tensor = mesh.shape["ep"], "tensor" if mesh.shape["tensor"] > 1 else None
     E = 12
-    placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
-    config = MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=2, dispatch_mode=args.dispatch_mode)
-    mesh = make_ep_mesh(D)
+    S = max(2, -(-16 // D))  # 16 slots for the 12 experts (4 replicated) on 8 or 4 ranks
+    placement = Placement.from_eplb(np.arange(E) + 1.0, S * D, D)
+    config = MoEConfig(
+        hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=S, dispatch_mode=args.dispatch_mode, tensor_axis=tensor
+    )
     reads: set[int] = set()
     if args.checkpoint:
         import dataclasses
@@ -80,8 +89,10 @@ def main(argv=None) -> int:
         FileSource.read = read
         cfg0 = json.loads((Path(args.checkpoint) / "config.json").read_text())
         E = cfg0.get("num_experts", cfg0.get("n_routed_experts", cfg0.get("num_local_experts")))
-        placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
-        layers = load_moe_layers(args.checkpoint, mesh=mesh, placement=placement, dispatch_mode=args.dispatch_mode)
+        placement = Placement.from_eplb(np.arange(E) + 1.0, S * D, D)
+        layers = load_moe_layers(
+            args.checkpoint, mesh=mesh, placement=placement, dispatch_mode=args.dispatch_mode, tensor_axis=tensor
+        )
         config, params, _ = layers[min(layers)]
         config = dataclasses.replace(config, dispatch_mode=args.dispatch_mode)
     if args.dispatch == "ingraph":
@@ -90,7 +101,7 @@ def main(argv=None) -> int:
         from solvers import PRESETS
 
         config = dataclasses.replace(config, dispatch="ingraph", cost=PRESETS["dsv3_fp8_offline"])
-    x = np.asarray(jax.random.normal(jax.random.key(2), (D * 16, config.hidden)))
+    x = np.asarray(jax.random.normal(jax.random.key(2), (jax.device_count() * 16, config.hidden)))
     tables = dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=5)
 
     # Step 2: global arrays (each process supplies its addressable shards).
@@ -100,11 +111,12 @@ def main(argv=None) -> int:
 
     if not args.checkpoint:
         params = jax.tree.map(np.asarray, init_params(jax.random.key(1), config, placement))  # physical [P, ...]
-        params = {k: put(v, P("ep") if k in EXPERT_KEYS else P()) for k, v in params.items()}  # each rank its slots
+        homes = param_shardings(params, mesh, config)  # each rank its slots (and its F / Tp share)
+        params = {k: put(v, homes[k].spec) for k, v in params.items()}
     pa = dispatch_tables.placement_arrays(placement)
     pa = dispatch_tables.PlacementArrays(put(pa.phy2log, P()), put(pa.log2phy, P()))
     tables = dispatch_tables.Tables(put(tables.table, P()), put(tables.log2phy, P()))
-    xg = put(x, P("ep"))
+    xg = put(x, layer_axes(config, mesh).token_spec)  # tokens over data × ep
 
     # Step 3: run and gather.
     tables = None if args.dispatch == "ingraph" else tables
@@ -128,7 +140,7 @@ def main(argv=None) -> int:
             counter=counter,
             addressable=res.counter.is_fully_addressable,
             processes=jax.process_count(),
-            devices=D,
+            devices=jax.device_count(),
             phy2log=placement.phy2log,
             gpu_tokens=gpu_tokens,
             **experts,

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hf_reference import FAMILY_CONFIGS, hf_state
 from numeric import assert_close
@@ -53,6 +54,11 @@ def test_python_blocks_run(path, tmp_path):
         assert scope["d"].makespan == 60.0
     if path.name == "hf.md":
         assert scope["y"].shape == (64, 16) and sorted(scope["layers"]) == [1, 2]
+    if path.name == "meshes.md":
+        outs = list(scope["outs"].values())
+        assert len(outs) == 3 and all(np.isfinite(scope["losses"]))
+        for out in outs[1:]:
+            assert_close(out, outs[0])  # the same function on (8,), (2, 4) and (4, 2) ep × tensor
     if path.name == "layer.md":
         assert_close(scope["out"].out, scope["sync"].out)  # CascadeEP keeps the output (another program: to tolerance)
         assert scope["schedule"].groups == ((0, 2, 1, 7), (4, 3, 5, 6))

@@ -347,7 +347,8 @@ def test_mesh_options_are_checked_with_the_fix():
         MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, slots_per_rank=2, fsdp_axis="ep")
     mesh = make_mesh(data=2, ep=2, tensor=2)
     with pytest.raises(
-        ValueError, match=r"tensor_axis='tp' is not an axis of the mesh \(axes: \['data', 'ep', 'tensor'\]\)"
+        ValueError,
+        match=r"axis 'tp' is not in the mesh \(axes: \['data', 'ep', 'tensor'\]\); set MoEConfig.tensor_axis",
     ):
         layer_axes(MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, slots_per_rank=8, tensor_axis="tp"), mesh)
     with pytest.raises(ValueError, match="F=15 does not split over the 2 devices of tensor axis 'tensor'"):
@@ -358,3 +359,50 @@ def test_mesh_options_are_checked_with_the_fix():
         )
     with pytest.raises(ValueError, match="data × ep × tensor = 2 × 8 × 1 must be"):
         make_mesh(data=2, ep=8)
+
+
+def test_hf_load_orbax_round_trip_and_the_tiny_lm_on_a_multi_axis_mesh(tmp_path):
+    """A Hugging Face block loaded straight onto (2, 2, 2) with a tensor axis (each device reads its slots and keeps
+    its F / Tp share) computes what the 1-D load computes; the module's state and Adam's moments survive an orbax
+    round trip with every sharding; the tiny LM trains on a data × ep × tensor mesh."""
+    import orbax.checkpoint as ocp
+    from hf_reference import FAMILY_CONFIGS, hf_state
+
+    from tempo_jax.hf import moe_from_hf
+    from tempo_jax.lm import LMConfig, train
+
+    config = {**FAMILY_CONFIGS["qwen3_moe"], "num_hidden_layers": 1}
+    state = hf_state("qwen3_moe", config, seed=3)
+    mesh = make_mesh(data=2, ep=2, tensor=2)
+    block = moe_from_hf(config, state, mesh=mesh, tensor_axis="tensor")
+    axes = layer_axes(block.config, mesh)
+    for k, v in block.params.items():
+        assert v.sharding.is_equivalent_to(NamedSharding(mesh, tempo_jax.layer.mesh.param_spec(k, axes)), v.ndim), k
+    flat = moe_from_hf(config, state, mesh=make_mesh(ep=8))
+    x = jax.random.normal(jax.random.key(5), (32, block.config.hidden))
+
+    def run(b, m):
+        pa, tables = dispatch_tables.placement_arrays(b.placement), dispatch_tables.uniform(b.placement)
+        return moe_forward(b.params, x, mesh=m, placement_arrays=pa, tables=tables, config=b.config).out
+
+    assert_close(run(block, mesh), run(flat, make_mesh(ep=8)))
+    with jax.set_mesh(mesh):
+        moe = tempo_jax.MoE(block.config, block.placement, mesh=mesh, rngs=nnx.Rngs(0), params=block.params)
+        opt = nnx.Optimizer(moe, optax.adam(1e-3), wrt=nnx.Param)
+    nnx.grad(lambda m: jnp.sum(m(x) ** 2))(moe)
+    before = np.asarray(moe(x))
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "state", nnx.state((moe, opt)))
+    checkpointer.wait_until_finished()
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), nnx.state((moe, opt)))
+    restored = checkpointer.restore(tmp_path / "state", target)
+    w = restored[0]["w_down"].get_value()
+    assert w.sharding.spec == P("ep", "tensor") and {s.data.shape[1] for s in w.addressable_shards} == {
+        block.config.ffn // 2
+    }
+    nnx.update((moe, opt), restored)
+    assert_close(moe(x), before)
+    lm = LMConfig(dim=32, layers=1, heads=2, seq_len=16, batch=4, experts=8, ffn=32, slots_per_rank=4)
+    result = train(lm, steps=2, mesh=make_mesh(data=2, ep=2, tensor=2))
+    assert np.isfinite(result.losses).all()
+    assert result.model.blocks[0].moe.w_gate.get_value().sharding.spec == P("ep", None, "tensor")

@@ -1,4 +1,6 @@
-"""2 processes × 4 CPU devices (gloo on 127.0.0.1) give the same MoE outputs as 1 process × 8 devices."""
+"""2 processes × 4 CPU devices (gloo on 127.0.0.1) give the same MoE outputs as 1 process × 8 devices: on one ``ep``
+axis over both processes, and on a data × ep mesh with ``data`` across the processes and ``ep`` inside each (how
+multi-node EP is deployed when the links between nodes are slow)."""
 
 import os
 import subprocess
@@ -84,3 +86,17 @@ def test_two_processes_load_a_checkpoint_each_reading_only_its_slots(tmp_path):
         read = set(json.loads((tmp_path / f"mh.npz.reads{p}.json").read_text()))
         assert read == set(phy2log[p].tolist()), (p, read)
     assert set(json.loads((tmp_path / "ref.npz.reads0.json").read_text())) == set(range(8))
+
+
+def test_data_across_two_processes_and_ep_inside_each_equals_one_process(tmp_path):
+    """``--mesh data=2,ep=4`` (issue 49): each process is one EP group of 4 ranks, so every exchange stays inside a
+    process and only the counts' and losses' sums cross between them; outputs, summed counts, the counter and every
+    device's tokens equal one process running the same mesh on 8 devices."""
+    a, b = _one_and_two_processes(tmp_path, "quota", "--mesh", "data=2,ep=4")
+    assert int(a["processes"]) == 2 and int(b["processes"]) == 1
+    np.testing.assert_allclose(a["out"], b["out"], atol=1e-5, rtol=1e-5)
+    assert a["counts"].shape == (4, 12)  # [D, E]: the two EP groups' counts summed
+    np.testing.assert_array_equal(a["counts"], b["counts"])
+    np.testing.assert_array_equal(a["counter"], b["counter"])
+    assert a["gpu_tokens"].shape == (8,)  # one per device: group b's rank d at 4b + d
+    np.testing.assert_array_equal(a["gpu_tokens"], b["gpu_tokens"])

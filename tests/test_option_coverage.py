@@ -149,6 +149,7 @@ SERVE = {
     "block": (5, {}),
     "check_every": (5, {"model": "layer"}),
     "seed": (1, {}),
+    "mesh": ("data=2,ep=4", {}),
 }
 
 

@@ -20,7 +20,7 @@ import pytest
 from numeric import assert_close
 
 from solvers import PRESETS, LaunchSchedule, Placement
-from tempo_jax.layer import MoEConfig, moe_forward, moe_reference, to_physical
+from tempo_jax.layer import MoEConfig, make_mesh, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
 from tempo_jax.layer.experts import ExpertConfig, SharedConfig
@@ -37,12 +37,20 @@ def _config(**kw) -> MoEConfig:
     return MoEConfig(**{**BASE, **kw})
 
 
+def _multi_axis(cfg: MoEConfig) -> bool:
+    """The mesh options run on data 2 × ep 2 × tensor 2 (both runs of their entry: the context names batch_axes)."""
+    return cfg.batch_axes is not None or cfg.tensor_axis is not None or cfg.fsdp_axis is not None
+
+
 def _placement(cfg: MoEConfig) -> Placement:  # EPLB from a falling long-run load (hot experts get replicas)
-    return Placement.from_eplb(np.linspace(8.0, 1.0, cfg.experts), D * cfg.slots_per_rank, D)
+    ranks = 2 if _multi_axis(cfg) else D
+    return Placement.from_eplb(np.linspace(8.0, 1.0, cfg.experts), ranks * cfg.slots_per_rank, ranks)
 
 
-def _mesh(axis: str) -> jax.sharding.Mesh:
-    return jax.make_mesh((D,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:D])
+def _mesh(cfg: MoEConfig) -> jax.sharding.Mesh:
+    if _multi_axis(cfg):
+        return make_mesh(data=2, ep=2, tensor=2)
+    return jax.make_mesh((D,), (cfg.axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:D])
 
 
 def _fetch() -> tuple[WeightFetch, ...]:  # rank 1 fetches the first expert rank 5 holds (base placement)
@@ -68,6 +76,11 @@ LAYER = {
     "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),
+    # the mesh options, on data 2 × ep 2 × tensor 2 (8 slots per rank): tokens split over data change the per-device
+    # statistics ([4] → [8] shards); F split over the tensor axis and the weights over data (FSDP) change neither
+    "batch_axes": (("data",), {"batch_axes": (), "slots_per_rank": 8}, "where", None),
+    "tensor_axis": ("tensor", {"batch_axes": ("data",), "slots_per_rank": 8}, "same", None),
+    "fsdp_axis": ("data", {"batch_axes": ("data",), "slots_per_rank": 8}, "same", None),
     "schedule": (LaunchSchedule.stragglers(D, late=(5, 7)), {}, "where", None),
     "fetches": (_fetch(), {}, "where", None),
     "dispatch": ("ingraph", {"dispatch_mode": "quota"}, "where", {"cost": COST}),
@@ -114,9 +127,9 @@ def _hot_routing(cfg: MoEConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def _run(cfg: MoEConfig):
     """``(out [T, H] float32, statistics)`` of one layer call on `_hot_routing` (statistics: `MoEStats`, numpy)."""
-    placement, mesh = _placement(cfg), _mesh(cfg.axis)
+    placement, mesh = _placement(cfg), _mesh(cfg)
     logical, x = _inputs(cfg)
-    params = to_physical(logical, placement, mesh=mesh, axis=cfg.axis)
+    params = to_physical(logical, placement, mesh=mesh, config=cfg)
     pa = dispatch_tables.placement_arrays(placement)
     tables = None if cfg.dispatch == "ingraph" else dispatch_tables.uniform(placement)
     res = moe_forward(
@@ -225,7 +238,7 @@ def test_balance_rate_acts():
     from tempo_jax import MoE
 
     cfg = _config(router=RouterConfig(score_bias=True, balance_rate=0.1))
-    moe = MoE(cfg, _placement(cfg), mesh=_mesh("ep"), rngs=nnx.Rngs(0))
+    moe = MoE(cfg, _placement(cfg), mesh=_mesh(cfg), rngs=nnx.Rngs(0))
     before = np.asarray(moe.score_bias[...])
     moe(jax.random.normal(jax.random.key(3), (T, H)))
     assert not np.array_equal(np.asarray(moe.score_bias[...]), before)

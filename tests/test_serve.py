@@ -160,3 +160,21 @@ def test_layered_controller_solves_every_layer_per_window():
         DispatchController([placements[0], Placement.full(16, 4)], PRESETS["dsv3_fp8_offline"])
     with pytest.raises(ValueError, match="solver_processes=2 .* needs solver_mode='process'"):
         DispatchController(placements, PRESETS["dsv3_fp8_offline"], solver_processes=2)
+
+
+def test_serve_lm_on_a_data_ep_mesh(tmp_path, capsys):
+    """``--mesh data=2,ep=4`` (issue 49): two EP groups serve their own tokens (each device ``tokens_per_rank``), the
+    controller observes their summed counts, and each step's modelled makespans are the slowest group's."""
+    argv = ["serve", "--mesh", "data=2,ep=4", "--steps", "3", "--tokens-per-rank", "16", "--experts", "8"]
+    argv += ["--top-k", "2", "--hidden", "32", "--ffn", "32", "--every-steps", "1", "--block", "0"]
+    argv += ["--decode-steps", "1", "--train-steps", "0", "--solver-mode", "inline", "--rebalance-every", "none"]
+    rc = cli.main([*argv, "--out", str(tmp_path), "--no-figure"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "128 tokens/step on 8 cpu devices ({'data': 2, 'ep': 4, 'tensor': 1}" in text
+    rep = json.loads((tmp_path / "serve.json").read_text())
+    assert rep["shape"]["D"] == 4 and rep["shape"]["Ng"] == 2 and rep["config"]["mesh"] == "data=2,ep=4"
+    assert len(rep["steps"]) == 3 and all(np.isfinite(r["live_us"]).all() for r in rep["steps"])
+    assert rep["metrics"]["windows"]["published"] >= 1
+    with pytest.raises(ValueError, match=r"ServeConfig\.mesh: 'dp=2' is not axis=size"):
+        ServeConfig(mesh="dp=2")

@@ -97,6 +97,7 @@ def program_collectives(hlo_text: str, mesh: jax.sharding.Mesh) -> list[Collecti
     out = []
     num_devices = mesh.devices.size
     for line in hlo_text.splitlines():
+        line = re.sub(r"/\*.*?\*/", "", line)  # long tuples carry /*index=5*/ comments
         m = _LINE.search(line)
         if not m or "-done" in line.split("=")[1].split("(")[0]:
             continue

@@ -4,15 +4,15 @@ A layer call runs one `jax.shard_map` over every axis it names (`LayerAxes`):
 
 - the **expert axis** (`MoEConfig.axis`, ``ep``, size D): physical expert slots are split over it (each rank its
   S slots) and every exchange of the layer runs along it;
-- the **batch axes** (`MoEConfig.batch_axes`, e.g. ``data``; product of their sizes B): the tokens are split over
-  them too, so the B·D token shards hold different tokens. Each batch coordinate is one *EP group*: D devices that
+- the **batch axes** (`MoEConfig.batch_axes`, e.g. ``data``; product of their sizes Ng): the tokens are split over
+  them too, so the Ng·D token shards hold different tokens. Each batch coordinate is one *EP group*: D devices that
   route, count, exchange and compute their own tokens, with every collective of the layer inside the group (the
   all-to-all's replica groups are the EP groups). Expert weights are replicated over the batch axes; their
   gradients are summed over them (data parallelism);
 - the **tensor axis** (`MoEConfig.tensor_axis`, size Tp): every expert's F columns are split over it (``w_gate`` /
   ``w_up`` columns, ``w_down`` rows, ``b_gate`` / ``b_up``), and so are the shared experts' Fs; the tokens are
   replicated over it; each device computes its F / Tp share of every row, and the layer's output is reduced over
-  the axis once (a ``psum`` of the combined ``[T/(B·D), H]`` output);
+  the axis once (a ``psum`` of the combined ``[T/(Ng·D), H]`` output);
 - the **FSDP axis** (`MoEConfig.fsdp_axis`, one of the batch axes, size Fp): expert weights are additionally split
   over it along H, gathered inside the layer per call (an all-gather over the axis) and their gradients
   reduce-scattered back (the all-gather's transpose).
@@ -28,8 +28,8 @@ Every other mesh axis sees the layer replicated. `make_mesh` builds the usual ``
 | ``shared_w_gate``, ``shared_w_up`` ``[H, Fs]`` / ``shared_w_down`` ``[Fs, H]`` | ``P(None, t)`` / ``P(t, None)`` |
 | ``router``, ``router_bias``, ``score_bias``, ``shared_gate`` | ``P()`` (replicated) |
 
-Glossary additions: B EP groups (the product of the batch axes' sizes), Tp the tensor axis's size, Fp the FSDP
-axis's size.
+The letters Ng (EP groups), Tp (tensor-axis size) and Fp (FSDP-axis size) are the house glossary's
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -38,12 +38,22 @@ import dataclasses
 import math
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .config import MoEConfig
 
-__all__ = ["LayerAxes", "layer_axes", "make_mesh", "param_spec", "param_shardings", "token_axes"]
+__all__ = [
+    "MESH_AXES",
+    "LayerAxes",
+    "layer_axes",
+    "make_mesh",
+    "param_shardings",
+    "param_spec",
+    "parse_mesh",
+    "token_axes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +61,7 @@ class LayerAxes:
     """The mesh axes of one layer on one mesh (hashable: part of the compiled program's key).
 
     Attributes:
-      ep: the expert-parallel axis (D ranks).  batch: the batch axes, in mesh order (B = product of their sizes).
+      ep: the expert-parallel axis (D ranks).  batch: the batch axes, in mesh order (Ng = product of their sizes).
       tensor: the tensor axis or None.  fsdp: the FSDP axis (one of ``batch``) or None.
       sizes: ``{axis: size}`` of the mesh.
     """
@@ -73,12 +83,12 @@ class LayerAxes:
 
     @property
     def groups(self) -> int:
-        """B: EP groups (token shards per expert rank)."""
+        """Ng: EP groups (token shards per expert rank)."""
         return math.prod(self.size(a) for a in self.batch)
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        """The axes the tokens are split over, slowest first: the batch axes, then ``ep`` (B·D shards)."""
+        """The axes the tokens are split over, slowest first: the batch axes, then ``ep`` (Ng·D shards)."""
         return (*self.batch, self.ep)
 
     @property
@@ -88,7 +98,7 @@ class LayerAxes:
 
     @property
     def shards(self) -> int:
-        """B·D: token shards."""
+        """Ng·D: token shards."""
         return self.groups * self.num_ranks
 
     @property
@@ -112,7 +122,7 @@ def layer_axes(
     def need(name, field):
         if name not in names:
             raise ValueError(
-                f"{where}: MoEConfig.{field}={name!r} is not an axis of the mesh (axes: {list(names)}); name one of "
+                f"{where}: axis {name!r} is not in the mesh (axes: {list(names)}); set MoEConfig.{field} to one of "
                 "them or build the mesh with tempo_jax.make_mesh(data=..., ep=..., tensor=...)"
             )
 
@@ -209,19 +219,30 @@ def param_shardings(params, mesh: jax.sharding.Mesh, config: MoEConfig | str = "
 def make_mesh(
     *, data: int = 1, ep: int | None = None, tensor: int = 1, devices=None, explicit: bool = False
 ) -> jax.sharding.Mesh:
-    """A ``(data, ep, tensor)`` mesh over ``devices`` (default: all), ``data`` slowest: on several hosts the data
-    axis runs across them and ``ep`` / ``tensor`` inside each (how multi-node EP is deployed when the links
-    between nodes are slow). ``ep`` defaults to the devices left over. Axes are Auto (the compiler propagates
-    shardings through the rest of the model) unless ``explicit`` (JAX's explicit-sharding mode; the layer works
-    with both).
+    """A ``(data, ep, tensor)`` mesh over ``devices`` (default: every device, ordered by process, then id), ``data``
+    slowest: on several hosts the data axis runs across them and ``ep`` / ``tensor`` inside each (how multi-node EP
+    is deployed when the links between nodes are slow). ``ep`` defaults to the devices left over. Axes are Auto (the
+    compiler propagates shardings through the rest of the model) unless ``explicit`` (JAX's explicit-sharding mode:
+    run your code under ``jax.set_mesh(mesh)``); the layer works with both.
 
     Use it with ``MoEConfig(axis="ep", tensor_axis="tensor" if tensor > 1 else None)``; the batch axes default to
-    ``("data",)``."""
-    devices = list(jax.devices() if devices is None else devices)
+    ``("data",)`` when data > 1.
+
+    Raises:
+      ValueError: a size that is not a positive int, or data × ep × tensor larger than the devices (or, with ``ep``
+        left out, not dividing them).
+    """
+    if devices is None:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    devices = list(devices)
     for name, v in (("data", data), ("tensor", tensor)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"make_mesh: {name} must be a positive int, got {v!r}")
     if ep is None:
+        if len(devices) % (data * tensor):
+            raise ValueError(
+                f"make_mesh: data × tensor = {data} × {tensor} does not divide the {len(devices)} devices; give ep="
+            )
         ep = len(devices) // (data * tensor)
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or data * ep * tensor > len(devices):
         raise ValueError(
@@ -229,5 +250,26 @@ def make_mesh(
             f"than the {len(devices)} devices"
         )
     kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
-    n = data * ep * tensor
-    return jax.make_mesh((data, ep, tensor), ("data", "ep", "tensor"), axis_types=(kind,) * 3, devices=devices[:n])
+    grid = np.asarray(devices[: data * ep * tensor], dtype=object).reshape(data, ep, tensor)
+    return jax.sharding.Mesh(grid, ("data", "ep", "tensor"), axis_types=(kind,) * 3)
+
+
+#: The axes `parse_mesh` accepts, as `make_mesh` names them.
+MESH_AXES = ("data", "ep", "tensor")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,ep=4"`` → ``{"data": 2, "ep": 4, "tensor": 1}`` (`make_mesh`'s keywords; ep may be left out: the
+    devices left over). Raises ValueError naming the bad part and the accepted form."""
+    form = "axis=size pairs joined by commas, axes data / ep / tensor, e.g. 'data=2,ep=4' or 'ep=4,tensor=2'"
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"mesh: expected {form}; got {text!r}")
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, size = part.strip().partition("=")
+        if name not in MESH_AXES or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"mesh: {part.strip()!r} is not axis=size with a positive size; expected {form}")
+        if name in out:
+            raise ValueError(f"mesh: axis {name!r} given twice in {text!r}")
+        out[name] = int(size)
+    return {"data": out.get("data", 1), "ep": out.get("ep"), "tensor": out.get("tensor", 1)}

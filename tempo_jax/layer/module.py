@@ -3,7 +3,8 @@
     moe = MoE(config, placement, mesh=make_ep_mesh(8), rngs=nnx.Rngs(params=0, dispatch=1))
     y = moe(x)                      # x [..., H] with prod(...) divisible by the ep axis size
     moe.set_tables(tables)          # fresh dispatch tables (e.g. from a DispatchController)
-    moe.counts.get_value()          # [D, E] per-source expert counts of the last call
+    moe.counts.get_value()          # [D, E] per-source expert counts of the last call (summed over EP groups)
+    moe.shard_counts.get_value()    # [Ng·D, E] the same per device: EP group b's rank d at row b·D + d
     moe.drops.get_value()           # [D] pairs each source could not send (0 unless a fixed capacity is too small)
 
 Trainable weights are `nnx.Param`: the router (replicated) and the physical expert arrays w_gate / w_up /
@@ -81,7 +82,7 @@ class RankState(DispatchState):
 
 
 class ShardState(DispatchState):
-    """Per-device statistics ``[B·D]`` (one per token shard: EP group b's rank d at b·D + d), sharded over the
+    """Per-device statistics ``[Ng·D]`` (one per token shard: EP group b's rank d at b·D + d), sharded over the
     token axes."""
 
 
@@ -273,6 +274,7 @@ class MoE(nnx.Module):
         n = axes.shards
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE), **rank)
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32), **rank)
+        self.shard_counts = ShardState(jnp.zeros((n, config.experts), jnp.int32), **shard)
         self.gpu_tokens = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.gpu_activations = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.drops = ShardState(jnp.zeros((n,), jnp.int32), **shard)
@@ -477,6 +479,7 @@ class MoE(nnx.Module):
         self.rounds.set_value(res.stats.rounds)
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
+        self.shard_counts.set_value(jnp.sum(res.stats.replica_counts, axis=-1))
         self.gpu_tokens.set_value(res.stats.gpu_tokens)
         self.gpu_activations.set_value(res.stats.gpu_activations)
         self.expert_load.set_value(res.aux.expert_load)

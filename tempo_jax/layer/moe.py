@@ -96,7 +96,7 @@ def _reference_input_weighted(params: dict, xs: jax.Array, ids: jax.Array, w: ja
 class RankInputs(NamedTuple):
     """What each device's body receives; `specs` gives the shard_map spec of every field.
 
-    Split over the token axes (batch axes, then ``ep``: ``[B·D·n, ...]`` globally, ``[n, ...]`` per device): x
+    Split over the token axes (batch axes, then ``ep``: ``[Ng·D·n, ...]`` globally, ``[n, ...]`` per device): x
     [T, H], ids / gate [T, K] (replayed routing), valid [T] (False: a padding or masked token). Split by
     `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
     biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
@@ -133,7 +133,7 @@ class RankInputs(NamedTuple):
 
 
 class MoEStats(NamedTuple):
-    """Per-device statistics of one forward pass: leading axis B·D, the token shards (EP group b's rank d at
+    """Per-device statistics of one forward pass: leading axis Ng·D, the token shards (EP group b's rank d at
     b·D + d; D without batch axes).
 
     Attributes:
@@ -177,9 +177,9 @@ class MoEOutput(NamedTuple):
     """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
     ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`).
 
-    With batch axes (B EP groups) ``counts`` and ``counter`` are summed over the groups: source rank d of every
+    With batch axes (Ng EP groups) ``counts`` and ``counter`` are summed over the groups: source rank d of every
     group reads the same table row group, so the tables balance what all of them send (what a
-    `DispatchController` observes). One group's counts: ``stats.replica_counts.sum(-1).reshape(B, D, E)[b]``."""
+    `DispatchController` observes). One group's counts: ``stats.replica_counts.sum(-1).reshape(Ng, D, E)[b]``."""
 
     out: jax.Array
     counts: jax.Array
@@ -421,7 +421,7 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         x_sharding = jax.typeof(x).sharding if explicit else None
         if x_sharding is not None and tuple(x_sharding.mesh.axis_names) != tuple(mesh.axis_names):
             x_sharding = None  # an unplaced input (no mesh): the output stays as the layer leaves it
-        pad = -T % shards  # any T: padding rows up to a multiple of B·D, masked out of everything, cut from the result
+        pad = -T % shards  # any T: padding rows up to a multiple of Ng·D, masked out of everything, cut from the result
         valid = jnp.ones((T,), bool) if mask is None else mask.astype(bool)
         if counter is None:
             counter = jnp.zeros((D, E), COUNTER_DTYPE)
@@ -500,7 +500,7 @@ def _check_inputs(
             f"mask must be bool [T={T}] (True: a real token, False: padding), got "
             f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
         )
-    padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards B·D
+    padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards Ng·D
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(
             f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}"

@@ -171,14 +171,14 @@ def to_physical(
     placement,
     *,
     mesh: jax.sharding.Mesh | None = None,
-    axis: str = "ep",
+    axis: str | None = None,
     config: MoEConfig | None = None,
 ) -> dict:
     """Logical ``[E, ...]`` → physical ``[P, ...]`` parameters: slot p gets expert ``phy2log[p]``'s rows (replicas
     identical by construction); the other keys are kept. With ``mesh`` every array is placed where the layer
     keeps it (`tempo_jax.layer.mesh.param_shardings`): the gather runs as one program whose outputs are sharded
-    over ``axis`` — or over every axis of ``config`` (tensor, fsdp) when given — so no device holds more than its
-    own share of the result.
+    over ``axis`` (default ``"ep"``) — or over every axis of ``config`` (its expert axis, tensor, fsdp) when given —
+    so no device holds more than its own share of the result.
 
     ``placement``: a `solvers.Placement` or its ``phy2log [P]``.
     """
@@ -190,9 +190,9 @@ def to_physical(
 
     if mesh is None:
         return gather(logical)
-    if config is not None and axis != config.axis:
+    if config is not None and axis not in (None, config.axis):
         raise ValueError(f"to_physical: axis={axis!r} differs from config.axis={config.axis!r}; give one of them")
-    axis = axis if config is None else config.axis
+    axis = config.axis if config is not None else (axis or "ep")
     D = mesh.shape[axis]
     if idx.shape[0] % D:
         raise ValueError(f"to_physical: {idx.shape[0]} slots do not split over the {D} ranks of axis {axis!r}")

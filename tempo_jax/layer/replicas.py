@@ -8,9 +8,12 @@ members of a group exchange, point to point: a `SyncPlan` (from the placement, `
 traced) lists, per shift k, the most distinct experts a rank shares with the rank k after it; in the backward pass
 rank d sends rank d + k the local sum of each expert they share (one row per expert, ``rows`` rows per shift, one
 `jax.lax.ppermute`) and adds what rank d − k sent it. A rank's bytes are the rows of the experts it shares with
-other ranks — nothing when P = E or when every replica group sits on one rank — never E. Replicas on one rank are
-summed locally. The plan's shapes are static and its contents are data (which slots, which experts, read in-graph
-from ``phy2log``): a placement the traced plan does not fit (a re-placement after the step was traced, a restored
+other ranks — nothing when P = E or when every replica group sits on one rank — never E (``Placement.spread(16, 8,
+4)``: 4 rows per rank instead of an all-reduce of 16). Replicas on one rank are summed locally. Each shift's rows
+are the most any rank needs, so when replicas are few and scattered over many shifts the permutes would send more
+than the all-reduce below: the plan then is the all-reduce (`SyncPlan.all_reduce`, decided from the bytes). The
+plan's shapes are static and its contents are data (which slots, which experts, read in-graph from ``phy2log``): a
+placement the traced plan does not fit (a re-placement after the step was traced, a restored
 state) takes the fallback in-graph (`jax.lax.cond`), one ``psum`` over ``ep`` of a ``[Rb, ...]`` float32 buffer,
 Rb = min(E, P − E) ≥ the replicated experts — correct for every placement, with more bytes. Without a plan (a
 placement traced without its host copy) the fallback is the exchange. Every collective runs along ``ep``, inside
@@ -66,11 +69,14 @@ class SyncPlan:
       num_ranks: D.  slots_per_rank: S.
       shifts: ``((k, rows), ...)``: rank d sends rank (d + k) mod D ``rows`` rows, the most distinct experts any
         rank shares with the rank k after it; shifts whose ranks share nothing are left out.
+      all_reduce: the all-reduce of Rb rows sends fewer bytes per rank (ring: 2·(D − 1)/D·Rb rows) than the
+        permutes (Σ rows): replicas few and scattered over many shifts. Then the tie is the all-reduce.
     """
 
     num_ranks: int
     slots_per_rank: int
     shifts: tuple[tuple[int, int], ...]
+    all_reduce: bool = False
 
     @property
     def rows(self) -> int:
@@ -97,8 +103,9 @@ def sync_plan(placement: Placement) -> SyncPlan:
     D, S, E = placement.num_gpus, placement.slots_per_rank, placement.num_experts
     shared = _shared_experts(np.asarray(placement.phy2log), D, E)
     d = np.arange(D)
-    shifts = tuple((k, int(shared[d, (d + k) % D].max())) for k in range(1, D))
-    return SyncPlan(D, S, tuple((k, r) for k, r in shifts if r))
+    shifts = tuple((k, r) for k in range(1, D) if (r := int(shared[d, (d + k) % D].max())))
+    ring = 2 * (D - 1) / D * tie_buffer_rows(E, placement.num_slots)  # rows each rank sends in the all-reduce
+    return SyncPlan(D, S, shifts, all_reduce=sum(r for _, r in shifts) > ring)
 
 
 def _sum_over_local(g: jax.Array, mine: jax.Array) -> jax.Array:
@@ -168,7 +175,8 @@ def _all_reduce_rows(phy2log: jax.Array, axis: str, slots_per_rank: int, num_exp
 
     def one(g):
         buf = jnp.zeros((rows + 1, *g.shape[1:]), jnp.float32).at[groups].add(g)
-        total = jax.lax.psum(buf[:rows], axis)
+        with jax.named_scope("tie_replicas_all_reduce"):
+            total = jax.lax.psum(buf[:rows], axis)
         total = jnp.concatenate([total, jnp.zeros((1, *g.shape[1:]), jnp.float32)])[groups]
         return jnp.where(shared.reshape(shared.shape + (1,) * (g.ndim - 1)), total, g)
 
@@ -188,7 +196,7 @@ def _tie_bwd(static, plan, phy2log, grads):
     axis, slots_per_rank, num_experts = static
     g32 = {k: g.astype(jnp.float32) for k, g in grads.items()}
     fallback = functools.partial(_all_reduce_rows, phy2log, axis, slots_per_rank, num_experts)
-    if plan is None:
+    if plan is None or plan.all_reduce:
         out = fallback(g32)
     else:
         exchange = functools.partial(_exchange_rows, plan, phy2log, axis)

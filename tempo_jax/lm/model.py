@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from solvers import Placement
 from solvers.checks import plain_scalars
@@ -98,7 +100,8 @@ class TinyMoELM(nnx.Module):
 
     Args:
       cfg: `LMConfig`.
-      mesh: the ``ep`` mesh.
+      mesh: the mesh: an ``ep`` axis (`make_ep_mesh`) or `tempo_jax.layer.make_mesh`'s ``data × ep × tensor`` (the
+        MoE layers split tokens over ``data`` and every expert's F over ``tensor``).
       rngs: ``nnx.Rngs`` (``params``, optionally ``dispatch``).
       record: keep each MoE layer's routing (`TrainResult.trace`).
       placements: one `solvers.Placement` per MoE layer (default: EPLB-even over ``slots_per_rank`` slots per
@@ -112,6 +115,7 @@ class TinyMoELM(nnx.Module):
         self, cfg: LMConfig, *, mesh, rngs: nnx.Rngs, record: bool = False, placements: list[Placement] | None = None
     ):
         D = mesh.shape["ep"]
+        tensor = "tensor" if mesh.shape.get("tensor", 1) > 1 else None  # a make_mesh tensor axis splits each F
         if placements is None:
             placements = [Placement.from_eplb(np.ones(cfg.experts), cfg.slots_per_rank * D, D)] * cfg.layers
         if len(placements) != cfg.layers:
@@ -127,6 +131,7 @@ class TinyMoELM(nnx.Module):
                 dispatch_mode=cfg.dispatch_mode,
                 router=router,
                 capacity=cfg.capacity,
+                tensor_axis=tensor,
             )
             for p in placements
         ]
@@ -205,11 +210,15 @@ def train(
 
     data = corpus()
     batches = _batches(data, cfg, seed)
+    groups = mesh.shape.get("data", 1)  # data parallelism: each data replica gets its rows of the batch
+    rows = NamedSharding(mesh, P("data")) if groups > 1 and cfg.batch % groups == 0 else None
     losses, ids = [], {i: [] for i in range(cfg.layers)}
     t0 = time.perf_counter()
     imbalance = []
     for _ in range(steps):
         x, y = next(batches)
+        if rows is not None:
+            x, y = jax.device_put((x, y), rows)
         loss, skew = step(model, opt, x, y)
         losses.append(float(loss))
         imbalance.append(float(skew))

@@ -39,8 +39,9 @@ from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dis
 from solvers.checks import check_choice, check_int, check_real, plain_scalars
 from solvers.solve import check_policy
 
-from ..layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, plan_migration, to_logical
+from ..layer import MoEConfig, init_params, moe_forward, moe_reference, plan_migration, to_logical
 from ..layer import tables as dispatch_tables
+from ..layer.mesh import parse_mesh
 from ..layer.params import EXPERT_KEYS, slot_bytes
 from ..layer.replicas import migrate
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
@@ -107,6 +108,10 @@ class ServeConfig:
       check_every: compare the layer's output with the dense reference every this many steps (off the clock;
         0: never). The report holds the largest difference (the central invariant).
       seed: routing and parameter seed.
+      mesh: the serving mesh as ``data × ep × tensor`` sizes, e.g. ``"data=2,ep=4"`` (`tempo_jax.layer.make_mesh`:
+        Ng = data EP groups of D = ep ranks, each group serving ``tokens_per_rank`` tokens per rank of its own, every
+        group dispatching over the same tables; a tensor axis splits each expert's F). None: one ``ep`` axis over
+        every device.
     """
 
     model: str = "lm"
@@ -141,6 +146,7 @@ class ServeConfig:
     block: int = 10
     check_every: int = 10
     seed: int = 0
+    mesh: str | None = None
 
     def __post_init__(self):
         plain_scalars(self)
@@ -153,6 +159,11 @@ class ServeConfig:
         check_int("block", self.block, minimum=0, where=w)
         check_int("check_every", self.check_every, minimum=0, where=w)
         check_int("seed", self.seed, minimum=0, where=w)
+        if self.mesh is not None:
+            try:
+                parse_mesh(self.mesh)
+            except ValueError as err:
+                raise ValueError(f"{w}.{err}") from None
         weights = self.layers * self.experts * 3 * self.hidden * self.ffn
         rows = self.tokens_per_rank * self.top_k * max(self.hidden, self.ffn)
         if weights > MAX_SERVE_ELEMENTS or rows > MAX_SERVE_ELEMENTS:  # checked before any allocation
@@ -284,10 +295,9 @@ def serve(
 def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dict:
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
-    # Step 1: routing, placement, layer.
-    mesh = make_ep_mesh()
-    D = mesh.shape["ep"]
-    E, K, ids_fn, load = _stream(cfg, D)
+    # Step 1: routing, placement, layer (Ng EP groups of D ranks: each group serves its own tokens).
+    mesh, D, Ng, tensor = shared.serving_mesh(cfg)
+    E, K, ids_fn, load = _stream(cfg, D * Ng)
     placement = Placement.from_eplb(load, slots_for(E, D, cfg.replication), D, spread_idle=True)
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
     mcfg = MoEConfig(
@@ -297,8 +307,9 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
         top_k=K,
         slots_per_rank=placement.slots_per_rank,
         dispatch_mode=cfg.dispatch_mode,
+        tensor_axis=tensor,
     )
-    Tn = cfg.tokens_per_rank * D
+    Tn = cfg.tokens_per_rank * D * Ng
     gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
 
     @jax.jit
@@ -329,7 +340,8 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     }
     step_fn = make_step(dispatch_tables.placement_arrays(placement))
     say(
-        f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {D} {jax.default_backend()} devices, "
+        f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {mesh.size} {jax.default_backend()} "
+        f"devices ({dict(mesh.shape)}), "
         f"{placement.num_slots} slots; policy {cfg.policy} in solver_mode {cfg.solver_mode}; "
         + (f"refresh every {cfg.every_steps} steps" if cfg.every_steps else f"refresh every {cfg.period_s:g} s")
     )
@@ -369,9 +381,11 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
             state["counter"] = res.counter
             if on:
                 refresher.step()
-            counts = np.asarray(res.counts)
+            counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(Ng, D, E)  # each EP group's own
             live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
-            uniform = cost.makespan(expected_dispatch(uniform_w, counts, placement))
+            uniform = shared.group_makespan(
+                lambda c, w=uniform_w, p=placement: cost.makespan(expected_dispatch(w, c, p)), counts
+            )
             m = ctl.metrics()
             extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
             rows.append(shared.step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
@@ -379,7 +393,12 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             new = ctl.proposal
             if new is not None:  # the slow timescale: move the experts if the proposal models no worse
-                before, after = (solve(DispatchProblem(counts, p, cost), cfg.policy).makespan for p in (placement, new))
+                before, after = (
+                    shared.group_makespan(
+                        lambda c, p=p: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
+                    )
+                    for p in (placement, new)
+                )
                 if after <= before:
                     moves.append(_move_layer(state, placement, new, mesh, s) | shared.priced(before, after, True))
                     placement, uniform_w = new, plan_weights("uniform", new)
@@ -406,7 +425,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     finally:
         metrics, status_text, _ = shared.stop(ctl, refresher)
     # Step 5: off the clock: every step under static / uniform / oracle tables.
-    report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, E, K, placement.num_slots)
+    report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, Ng, E, K, placement.num_slots)
     report["replacements"] = moves
     report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
     say(_summary_text(report))
@@ -433,19 +452,18 @@ def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) ->
     }
 
 
-def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slots) -> dict:
+def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, Ng, E, K, slots) -> dict:
     per_step = []
     for r in rows:
         counts, placement = r.pop("counts"), r.pop("placement")
         static_w = plan_weights("static", placement)
-        problem = DispatchProblem(counts, placement, cost)
-        per_step.append(
-            {
-                **r,
-                "static_us": cost.makespan(expected_dispatch(static_w, counts, placement)),
-                "oracle_us": solve(problem, cfg.policy).makespan,
-            }
+        static = shared.group_makespan(
+            lambda c, w=static_w, p=placement: cost.makespan(expected_dispatch(w, c, p)), counts
         )
+        oracle = shared.group_makespan(
+            lambda c, p=placement: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
+        )
+        per_step.append({**r, "static_us": static, "oracle_us": oracle})
     kept = [r for r in per_step if not r["first_after_move"]]  # the first step after a move compiles
     step_ms = np.array([r["step_ms"] for r in kept])
     is_on = np.array([r["on"] for r in kept], dtype=bool)
@@ -456,7 +474,7 @@ def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, E, K, slo
     publishes = shared.publish_steps(per_step)
     return {
         "config": cfg.acting(),
-        "shape": {"D": D, "E": E, "K": K, "slots": slots},
+        "shape": {"D": D, "Ng": Ng, "E": E, "K": K, "slots": slots},
         "compile_s": compile_s,
         "step_ms": times,
         "makespan_mean_us": mean,

@@ -42,7 +42,6 @@ from flax import nnx
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.worker import WorkerConfig, solve_window
 
-from ..layer import make_ep_mesh
 from ..layer.params import EXPERT_KEYS
 from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
@@ -91,9 +90,8 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve.ServeConfig` with ``model="lm"``."""
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
-    mesh = make_ep_mesh()
-    D = mesh.shape["ep"]
-    T = cfg.tokens_per_rank * D
+    mesh, D, Ng, _ = shared.serving_mesh(cfg)  # Ng EP groups (data replicas) of D ranks
+    T = cfg.tokens_per_rank * D * Ng
     if T % cfg.seq_len:
         raise ValueError(f"serve: tokens_per_rank × D = {T} is not a multiple of seq_len={cfg.seq_len}")
     lm = LMConfig(
@@ -140,8 +138,9 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     jax.block_until_ready(last)
     setup_s = time.perf_counter() - t0
     say(
-        f"serve: tiny MoE LM, {L} MoE layers × E={cfg.experts}, top-{cfg.top_k}, {T} tokens/step on {D} "
-        f"{jax.default_backend()} devices ({slots} slots per layer); prefill [{T // cfg.seq_len}, {cfg.seq_len}] "
+        f"serve: tiny MoE LM, {L} MoE layers × E={cfg.experts}, top-{cfg.top_k}, {T} tokens/step on {mesh.size} "
+        f"{jax.default_backend()} devices ({dict(mesh.shape)}, {slots} slots per layer); prefill "
+        f"[{T // cfg.seq_len}, {cfg.seq_len}] "
         f"+ {cfg.decode_steps} decode steps [{B_dec}, 1]; policy {cfg.policy} in solver_mode "
         f"{cfg.solver_mode}"
     )
@@ -176,26 +175,29 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
             step_ms = (time.perf_counter() - t_step) * 1e3
             if kind == "decode":  # each sequence's next byte, sampled
                 last = sample(next(keys), logits)
-            counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E]
+            counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E], groups summed
+            groups = np.stack([np.asarray(b.moe.shard_counts.get_value()).reshape(Ng, D, -1) for b in model.blocks])
             new = cumulative["counters"].copy()
             new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
             cumulative["counters"] = new
             if on:
                 refresher.step()
             live, uniform = [], []
-            for block, placement, uw, c in zip(model.blocks, placements, uniform_w, counts, strict=True):
+            for block, placement, uw, c in zip(model.blocks, placements, uniform_w, groups, strict=True):
                 acts, toks = (
                     np.asarray(block.moe.gpu_activations.get_value()),
                     np.asarray(block.moe.gpu_tokens.get_value()),
                 )
                 live.append(float(cost.gpu_times(acts, toks).max()))
-                uniform.append(cost.makespan(expected_dispatch(uw, c, placement)))
+                uniform.append(
+                    shared.group_makespan(lambda g, w=uw, p=placement: cost.makespan(expected_dispatch(w, g, p)), c)
+                )
             m = ctl.metrics()
             rows.append(shared.step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind))
             if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
                 moves[-1]["next_step_ms"], after_move = step_ms, None
             if kind == "prefill":
-                prefill_counts = counts
+                prefill_counts = groups
             proposal = ctl.proposal
             if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
                 before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
@@ -220,7 +222,7 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
         ctl.wait(timeout=120.0, raise_errors=False)
     finally:
         metrics, status_text, history = shared.stop(ctl, refresher)
-    report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, L, phases)
+    report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
     report["replacements"] = moves
     say(_summary(report))
     shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
@@ -228,10 +230,15 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
 
 
 def _priced(counts, placements, cost, policy: str) -> float:
-    """The policy's modelled makespan of ``counts [L, D, E]`` (the last prefill batch) on ``placements``, mean over
-    layers."""
+    """The policy's modelled makespan of ``counts [L, Ng, D, E]`` (the last prefill batch, per EP group) on
+    ``placements``: the slowest group's, mean over layers."""
     return float(
-        np.mean([solve(DispatchProblem(c, p, cost), policy).makespan for c, p in zip(counts, placements, strict=True)])
+        np.mean(
+            [
+                shared.group_makespan(lambda g, p=p: solve(DispatchProblem(g, p, cost), policy).makespan, c)
+                for c, p in zip(counts, placements, strict=True)
+            ]
+        )
     )
 
 
@@ -250,7 +257,7 @@ def _replace(model, new, step: int) -> dict:
     }
 
 
-def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phases) -> dict:
+def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, Ng, L, phases) -> dict:
     step_ms = {}
     for kind in ("prefill", "decode"):
         for on in (True, False):  # the first step after a re-placement compiles: not a serving step time
@@ -267,7 +274,7 @@ def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, L, phase
             by_phase[kind] = {"live": lv, "uniform": un, "live_over_uniform": lv / un, "steps": len(pick)}
     return {
         "config": cfg.acting(),
-        "shape": {"D": D, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
+        "shape": {"D": D, "Ng": Ng, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
         "setup_s": setup_s,
         "step_ms": step_ms,
         "refresh_ms": shared.step_stats(refresh),  # the worker's clock: every layer's window solved and converted

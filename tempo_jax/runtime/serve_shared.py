@@ -1,6 +1,7 @@
 """What the two serving loops share (`tempo_jax.runtime.serve`: the bare layer; `tempo_jax.runtime.serve_lm`: the
 tiny LM): starting and stopping the runtime, pricing and describing a re-placement, step-time statistics, writing
-the report and the figure's frame."""
+the report and the figure's frame, the serving mesh and the modelled makespan of a step whose EP groups (data
+replicas) each dispatch their own tokens over the same tables."""
 
 from __future__ import annotations
 
@@ -10,21 +11,42 @@ from pathlib import Path
 
 import numpy as np
 
+from ..layer import make_ep_mesh
+from ..layer.mesh import make_mesh, parse_mesh
 from .controller import DispatchController
 from .refresher import Refresher
 
 __all__ = [
     "figure_axes",
+    "group_makespan",
     "move_text",
     "priced",
     "publish_steps",
     "save_figure",
+    "serving_mesh",
     "start",
     "step_row",
     "step_stats",
     "stop",
     "write_report",
 ]
+
+
+def serving_mesh(cfg):
+    """The mesh a serving run uses: ``cfg.mesh`` (e.g. ``"data=2,ep=4"``, `tempo_jax.layer.make_mesh`) or one ``ep``
+    axis over every device. Returns ``(mesh, D, Ng, tensor_axis)``: EP ranks, EP groups (data replicas) and the
+    tensor axis's name (None without one)."""
+    if cfg.mesh is None:
+        mesh = make_ep_mesh()
+        return mesh, mesh.shape["ep"], 1, None
+    mesh = make_mesh(**parse_mesh(cfg.mesh))
+    return mesh, mesh.shape["ep"], mesh.shape["data"], "tensor" if mesh.shape["tensor"] > 1 else None
+
+
+def group_makespan(makespan: Callable[[np.ndarray], float], counts) -> float:
+    """The step's modelled makespan when each EP group dispatches its own tokens: the slowest group's
+    ``makespan(counts [D, E])`` over ``counts [Ng, D, E]`` (Ng = 1: one group)."""
+    return float(max(makespan(c) for c in np.asarray(counts)))
 
 
 def start(cfg, placements, cost, read_counter: Callable[[], object]) -> tuple[DispatchController, Refresher]:
