@@ -286,6 +286,21 @@ def memory(tokens: int, cfg_kw: dict) -> list[dict]:
     return out
 
 
+def _meta(args, argv, load0) -> dict:
+    """The run's command, machine, arguments and load averages (start, end) for the JSON."""
+    return dict(
+        command="python scripts/bench_ep.py " + " ".join(argv),
+        devices=jax.device_count(),
+        backend=jax.default_backend(),
+        processes=jax.process_count(),
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        args=vars(args),
+        loadavg_start=load0,
+        loadavg_end=os.getloadavg(),
+    )
+
+
 def meshes(args, argv) -> int:
     """``--meshes``: `bench_meshes.run` at the first ``--tokens-per-device``, JSON beside ``--out``."""
     import bench_meshes
@@ -296,18 +311,8 @@ def meshes(args, argv) -> int:
     tokens = int(args.tokens_per_device.split(",")[0])
     res = bench_meshes.run(cfg, tokens_per_device=tokens, replication=args.replication, repeats=args.repeats)
     out = Path(args.out).with_name(Path(args.out).stem + "_meshes.json")
-    meta = dict(
-        command="python scripts/bench_ep.py " + " ".join(argv),
-        backend=jax.default_backend(),
-        devices=jax.device_count(),
-        machine=platform.processor() or platform.machine(),
-        cpus=os.cpu_count(),
-        args=vars(args),
-        loadavg_start=load0,
-        loadavg_end=os.getloadavg(),
-    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, **res}, indent=1))
+    out.write_text(json.dumps({"meta": _meta(args, argv, load0), **res}, indent=1))
     print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
     return 0
 
@@ -416,17 +421,7 @@ def main(argv=None) -> int:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        command="python scripts/bench_ep.py " + " ".join(argv),
-        devices=D,
-        backend=jax.default_backend(),
-        processes=jax.process_count(),
-        machine=platform.processor() or platform.machine(),
-        cpus=os.cpu_count(),
-        args=vars(args),
-        loadavg_start=load0,
-        loadavg_end=os.getloadavg(),
-    )
+    meta = _meta(args, argv, load0)
     out.write_text(
         json.dumps(
             {

@@ -35,7 +35,8 @@ class Block(nnx.Module):
         self.norm1 = nnx.RMSNorm(H, rngs=rngs)
         self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=H, qkv_features=H, decode=False, rngs=rngs)
         self.norm2 = nnx.RMSNorm(H, rngs=rngs)
-        self.moe = tempo_jax.MoE(moe_config(**moe_kw), tempo_jax.Placement.spread(E, D, 4), mesh=mesh, rngs=rngs)
+        placement = tempo_jax.Placement.spread(E, mesh.shape["ep"], 4)
+        self.moe = tempo_jax.MoE(moe_config(**moe_kw), placement, mesh=mesh, rngs=rngs)
 
     def __call__(self, x, mask=None):
         x = x + self.attn(self.norm1(x), mask=nnx.make_causal_mask(x[..., 0]))
@@ -73,6 +74,17 @@ def _train_step():
     return step
 
 
+def _train(model, optimizer, steps: int) -> tuple[list[float], list[int]]:
+    """``steps`` calls of `_train_step` on one batch: the losses and the compiles of each call."""
+    step, tokens = _train_step(), _tokens((4, 17))
+    losses, compiles = [], []
+    for _ in range(steps):
+        with count_compiles() as n:
+            losses.append(float(step(model, optimizer, tokens)))
+        compiles.append(n[0])
+    return losses, compiles
+
+
 # ------------------------------------------------------------------------------------------------ training
 def test_optimizer_jit_donate_compiles_once_and_trains(mesh):
     """flax's training recipe: the model and optimizer made under the mesh (``jax.set_mesh``: every array where
@@ -81,14 +93,41 @@ def test_optimizer_jit_donate_compiles_once_and_trains(mesh):
     with jax.set_mesh(mesh):
         model = LM(mesh, nnx.Rngs(params=0, dispatch=1))
         optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
-    step, tokens = _train_step(), _tokens((4, 17))
-    compiles, losses = [], []
-    for _ in range(6):
-        with count_compiles() as n:
-            losses.append(float(step(model, optimizer, tokens)))
-        compiles.append(n[0])
+    losses, compiles = _train(model, optimizer, 6)
     assert compiles[0] >= 1 and compiles[1:] == [0] * 5, compiles
     assert losses[-1] < losses[0]
+
+
+def test_the_recipes_run_on_a_data_ep_mesh():
+    """The same recipes on ``make_mesh(data=2, ep=4)`` (issue 49): the training step compiles once and trains, and
+    the scan-over-layers recipe stacks the layers' slot arrays over ``ep`` (each data replica its own tokens)."""
+    mesh = tempo_jax.make_mesh(data=2, ep=4)
+    with jax.set_mesh(mesh):
+        model = LM(mesh, nnx.Rngs(params=0, dispatch=1))
+        optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
+    losses, compiles = _train(model, optimizer, 4)
+    assert compiles[1:] == [0, 0, 0] and losses[-1] < losses[0], (compiles, losses)
+    assert model.blocks[0].moe.gpu_tokens.get_value().shape == (8,)  # one per device: 2 EP groups × 4 ranks
+
+    @nnx.split_rngs(splits=2)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create_block(rngs: nnx.Rngs):
+        return Block(mesh, rngs, dispatch_mode="quota")
+
+    with jax.set_mesh(mesh):
+        blocks = create_block(nnx.Rngs(params=0, dispatch=1))
+    w = blocks.moe.w_gate.get_value()
+    assert w.shape == (2, 16, H, 16) and w.sharding.spec == jax.sharding.PartitionSpec(None, "ep")
+
+    @nnx.jit
+    def forward(blocks, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(x, block):
+            return block(x)
+
+        return run(x, blocks)
+
+    assert np.isfinite(np.asarray(forward(blocks, jnp.ones((2, 8, H))))).all()
 
 
 def test_the_layer_alone_needs_no_mesh_context(mesh):

@@ -116,6 +116,11 @@ def test_outputs_gradients_and_shardings_on_every_mesh(shape, reference):
     assert_trees_close(grads, to_physical(want_grads, placement))
     for k, g in grads.items():
         assert g.sharding.spec == params[k].sharding.spec, k
+    tx = optax.adam(1e-3)  # Adam's moments, and one update, live where their weights live
+    updates, state = jax.jit(tx.update)(grads, tx.init(params), params)
+    for k in params:
+        for moment in (state[0].mu[k], state[0].nu[k], updates[k]):
+            assert moment.sharding.is_equivalent_to(params[k].sharding, moment.ndim), k
 
 
 def test_no_token_crosses_a_batch_axis_and_flops_match_the_1d_mesh():
@@ -261,7 +266,11 @@ def test_each_group_dispatches_counts_and_rounds_on_its_own():
     np.testing.assert_array_equal(rounds[1], np.asarray(alone.stats.rounds))
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+@pytest.mark.parametrize(
+    "explicit",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # fast twin of explicit axes: test_moe's explicit mesh
+    ids=["auto", "explicit"],
+)
 def test_module_trains_and_replaces_on_a_data_ep_tensor_mesh(explicit):
     """`tempo_jax.MoE` on (2, 2, 2) with a tensor axis: parameters and Adam's moments sharded by the layout, two
     Adam steps under nnx.jit with dense gradients, `set_placement` with the optimizer keeps every sharding and the
