@@ -11,8 +11,8 @@ Meshes (data × ep × tensor, `tempo_jax.layer.make_mesh`): (8,) ep; (2, 4) and 
   gradients' all-reduce over ``data`` and the replicas' gradient exchange (a permute per shift with the all-reduce
   as its in-graph fallback — both in the program, one runs — or the all-reduce alone where it moves fewer bytes);
 - **expert bytes per device**: S slots × slot bytes / Tp / Fp (read from the arrays' shards);
-- the forward's **time**: the `tempo_jax.MoE` module under ``nnx.jit`` (median of calls after warm-up), and its
-  ratio to the 1-D mesh.
+- the forward's **time**: the `tempo_jax.MoE` module under ``nnx.jit`` (median of interleaved calls after warm-up:
+  each round calls every mesh's module once), and its ratio to the 1-D mesh.
 
 Also the tensor axis's reduction measured both ways on its shape: one ``psum`` against ``psum_scatter`` + all-gather
 (bytes per device from the HLO, time). Times on the 8 fake CPU devices of one host measure the program, not a
@@ -50,13 +50,15 @@ MESHES = [
 ]
 
 
-def _median_ms(f, repeats: int) -> float:
-    times = []
+def _median_ms(fns: dict, repeats: int) -> dict:
+    """Interleaved calls (each round times every function once): the median ms of each."""
+    times = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _summary(colls) -> dict:
@@ -102,8 +104,8 @@ def _tie_twice(mesh, cfg: MoEConfig, logical, xs) -> dict:
     return _tie(pa.sync, program_collectives(jax.jit(train).lower(params, xs).compile().as_text(), mesh))
 
 
-def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication, repeats) -> dict:
-    """Every measure of one mesh (see the module)."""
+def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication, timed: dict) -> dict:
+    """Every measure of one mesh but its time (see the module); ``timed[label]`` gets the module's jitted call."""
     mesh = make_mesh(**sizes)
     D = sizes["ep"]
     placement = Placement.from_eplb(load, slots_for(base.experts, D, replication), D)
@@ -127,7 +129,7 @@ def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication
     moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1), params=jax.tree.map(jnp.copy, params))
     step = nnx.jit(lambda m, x: m(x))
     jax.block_until_ready(step(moe, xs))
-    ms = _median_ms(lambda: step(moe, xs), repeats)
+    timed[label] = lambda: step(moe, xs)
     expert_bytes = sum(
         int(np.prod(v.addressable_shards[0].data.shape)) * v.dtype.itemsize
         for k, v in params.items()
@@ -142,7 +144,6 @@ def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication
         "Ng": axes.groups,
         "slots_per_rank": placement.slots_per_rank,
         "flops_per_device": flops,
-        "forward_ms": ms,
         "expert_bytes_per_device": expert_bytes,
         "forward_collectives": _summary(fwd_colls),
         "train_collectives": _summary(train_colls),
@@ -171,17 +172,19 @@ def tensor_reduction(rows: int, hidden: int, repeats: int) -> dict:
             jax.lax.psum_scatter(x, "tensor", scatter_dimension=0, tiled=True), "tensor", tiled=True
         )
 
-    out = {}
+    out, fns = {}, {}
     for name, body in (("psum", psum), ("psum_scatter + all_gather", scatter_gather)):
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
         colls = [c for c in program_collectives(f.lower(x).compile().as_text(), mesh) if c.group > 1]
         jax.block_until_ready(f(x))
+        fns[name] = lambda f=f: f(x)
         out[name] = {
             "bytes": sum(c.bytes for c in colls),
             "wire_bytes": sum(c.wire_bytes for c in colls),
-            "ms": _median_ms(lambda f=f: f(x), repeats),
             "collectives": [c.kind for c in colls],
         }
+    for name, ms in _median_ms(fns, max(repeats, 20)).items():
+        out[name]["ms"] = ms
     return out
 
 
@@ -191,12 +194,15 @@ def run(base: MoEConfig, *, tokens_per_device: int, replication: float, repeats:
     logical = jax.tree.map(np.asarray, init_logical_params(jax.random.key(0), base))
     x = np.asarray(jax.random.normal(jax.random.key(1), (tokens_per_device * n, base.hidden)))
     load = np.random.default_rng(0).zipf(1.6, base.experts).astype(float)
-    rows = []
+    rows, timed = [], {}
     for label, sizes, extra in MESHES:
         if base.ffn % sizes["tensor"] or base.hidden % (sizes["data"] if extra.get("fsdp_axis") else 1):
             continue
         print(f"  mesh {label} …", flush=True)
-        rows.append(one_mesh(label, sizes, extra, base, logical, x, load, replication, repeats))
+        rows.append(one_mesh(label, sizes, extra, base, logical, x, load, replication, timed))
+    times = _median_ms(timed, repeats)  # every mesh's module in each round, so drift touches all alike
+    for r in rows:
+        r["forward_ms"] = times[r["mesh"]]
     ref = rows[0]
     for r in rows:
         r["flops_vs_1d"] = r["flops_per_device"] / ref["flops_per_device"]
