@@ -415,3 +415,18 @@ def test_hf_load_orbax_round_trip_and_the_tiny_lm_on_a_multi_axis_mesh(tmp_path)
     result = train(lm, steps=2, mesh=make_mesh(data=2, ep=2, tensor=2))
     assert np.isfinite(result.losses).all()
     assert result.model.blocks[0].moe.w_gate.get_value().sharding.spec == P("ep", None, "tensor")
+
+
+def test_an_eager_call_keeps_the_inputs_sharding():
+    """Tokens replicated over ``data`` (placed ``P("ep")``): the default batch axes follow them (every data replica
+    computes its ``ep`` shard), and the output comes back as ``x`` was placed; tokens placed over data × ep come back
+    over data × ep."""
+    mesh, config = _mesh((2, 4, 1)), _config((2, 4, 1))
+    placement = _placement(4)
+    params = to_physical(_logical(config), placement, mesh=mesh, config=config)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    for spec, shards in ((P("ep"), 4), (P(("data", "ep")), 8)):
+        x = jax.device_put(_x(), NamedSharding(mesh, spec))
+        res = moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
+        assert res.out.sharding.is_equivalent_to(x.sharding, 2) and res.stats.gpu_tokens.shape == (shards,)
+        assert_close(res.out, moe_reference(_logical(config), _x(), config))

@@ -205,7 +205,9 @@ class MoE(nnx.Module):
     Args:
       config: `MoEConfig` (hidden, ffn, experts, top_k, slots_per_rank, router, expert, shared, …).
       placement: `solvers.Placement` with ``mesh.shape[config.axis] · slots_per_rank`` slots.
-      mesh: mesh with the expert-parallel axis.
+      mesh: a mesh with the expert-parallel axis (``config.axis``), and any batch, tensor or FSDP axes the config
+        uses (`tempo_jax.make_mesh`; docs/meshes.md): the batch axes are resolved here, once (default: every other
+        axis of size > 1 but the tensor axis).
       rngs: ``nnx.Rngs`` with a ``params`` stream (weights) and optionally ``dispatch`` (sampling).
       tables: initial dispatch tables (default: EPLB-even over the placement's replicas); checked like
         `set_tables`.
@@ -234,7 +236,6 @@ class MoE(nnx.Module):
         rng_collection: str = "dispatch",
     ):
         axes = layer_axes(config, mesh, where="MoE")
-        config = dataclasses.replace(config, batch_axes=axes.batch)  # resolved once: the state's shapes follow it
         D = axes.num_ranks
         if placement.num_slots != D * config.slots_per_rank:
             raise ValueError(
@@ -258,6 +259,8 @@ class MoE(nnx.Module):
             else:
                 setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value, **tags))
         self.config = config
+        # static: the config the layer runs, its batch axes resolved once (the per-device state's shapes follow them)
+        self._layer_config = dataclasses.replace(config, batch_axes=axes.batch)
         self.mesh = mesh
         self.record = record
         self.deterministic = deterministic
@@ -274,7 +277,9 @@ class MoE(nnx.Module):
         n = axes.shards
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE), **rank)
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32), **rank)
-        self.shard_counts = ShardState(jnp.zeros((n, config.experts), jnp.int32), **shard)
+        self.shard_counts = ShardState(
+            jnp.zeros((n, config.experts), jnp.int32), **{LAYER_SPEC: (*shard[LAYER_SPEC], None)}
+        )
         self.gpu_tokens = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.gpu_activations = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.drops = ShardState(jnp.zeros((n,), jnp.int32), **shard)
@@ -464,7 +469,7 @@ class MoE(nnx.Module):
                 tables=None
                 if self.config.dispatch == "ingraph"
                 else Tables._trusted(self.table.get_value(), self.log2phy.get_value(), _INSTALLED),
-                config=self.config,
+                config=self._layer_config,
                 key=key,
                 counter=self.counter.get_value(),
                 capacity=capacity,

@@ -208,8 +208,8 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k
 class _Call:
     """What one call adds to the config (hashable: a key of the compiled programs): the exchange implementation,
     the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), whether to compute
-    the auxiliary losses, and the replicas' gradient exchange (`tempo_jax.layer.replicas.SyncPlan`; None: the
-    all-reduce that serves any placement)."""
+    the auxiliary losses, the replicas' gradient exchange (`tempo_jax.layer.replicas.SyncPlan`; None: the
+    all-reduce that serves any placement) and the sharding of a concrete input, which the output keeps."""
 
     impl: str
     groups: int
@@ -217,6 +217,7 @@ class _Call:
     capacity: tuple[str, int]
     aux_losses: bool
     sync: SyncPlan | None = None
+    out_sharding: NamedSharding | None = None
 
 
 def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Call) -> MoEOutput:
@@ -447,6 +448,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
             res = res._replace(out=res.out[:T], stats=res.stats._replace(topk_ids=res.stats.topk_ids[:T]))
         if x_sharding is not None and not pad:  # the output keeps the input's sharding
             res = res._replace(out=jax.reshard(res.out, x_sharding))
+        elif call.out_sharding is not None and not pad:
+            res = res._replace(out=jax.lax.with_sharding_constraint(res.out, call.out_sharding))
         return res
 
     return jax.jit(run)
@@ -607,9 +610,11 @@ def moe_forward(
       params: physical parameters (`init_params`, `tempo_jax.hf`; `tempo_jax.layer.params`): router [H, E],
         w_gate/w_up [P, H, F], w_down [P, F, H] (P = D·S, slot p holding expert phy2log[p]); best sharded over the
         axis (`to_physical(..., mesh=mesh)`), so each rank reads only its own slots.
-      x: [T, H] tokens, any T (split data-parallel over the ``ep`` axis; padded inside to a multiple of D with
-        rows that route nowhere and count nowhere).
-      mesh: a mesh with ``config.axis`` (other axes are left alone: everything is replicated over them).
+      x: [T, H] tokens, any T (split over the batch axes and the ``ep`` axis; padded inside to a multiple of the
+        Ng·D token shards with rows that route nowhere and count nowhere). The output keeps x's sharding where it
+        can be seen (a placed array, an Explicit mesh).
+      mesh: a mesh with ``config.axis`` and the config's batch / tensor / FSDP axes (`tempo_jax.layer.mesh`,
+        docs/meshes.md); any other axis sees the layer replicated.
       placement_arrays: phy2log [P] (P = D·S) and log2phy [E, R].
       tables: `Tables` with table [Gs, E, R] (device d uses group d·Gs // D) and the same log2phy; None with
         ``config.dispatch == "ingraph"`` (each call computes its own: `tempo_jax.layer.relief`).
@@ -645,7 +650,11 @@ def moe_forward(
     else:
         table, log2phy = tables.table, tables.log2phy
     sync = _sync_plan(placement_arrays, mesh.shape[config.axis], config)
-    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), sync)
+    sharding = getattr(x, "sharding", None) if not isinstance(x, jax.core.Tracer) else None
+    keep = sharding if isinstance(sharding, NamedSharding) and sharding.mesh == mesh else None
+    call = _Call(
+        EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), sync, keep
+    )
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)
