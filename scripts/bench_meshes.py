@@ -8,8 +8,9 @@ Meshes (data × ep × tensor, `tempo_jax.layer.make_mesh`): (8,) ep; (2, 4) and 
 - **bytes of every collective** of the compiled forward and of the training step (``compiled.as_text()`` through
   `tempo_jax.layer.collectives.program_collectives`), grouped by kind and mesh axes: the exchange along ``ep``, the
   output's reduction along ``tensor``, the counts and losses over ``data``, FSDP's gathers and reduce-scatters, the
-  gradients' all-reduce over ``data`` and the replicas' gradient exchange (a permute per shift with the all-reduce
-  as its in-graph fallback — both in the program, one runs — or the all-reduce alone where it moves fewer bytes);
+  gradients' all-reduce over ``data`` and the replicas' gradient sum (on XLA:CPU the padded exchange or the
+  all-reduce, whichever sends fewer bytes; on GPU/TPU the ragged exchange, whose bytes per rank follow from the
+  placement: its shared experts' rows — printed beside the all-reduce it replaces, also with every expert twice);
 - **expert bytes per device**: S slots × slot bytes / Tp / Fp (read from the arrays' shards);
 - the forward's **time**: the `tempo_jax.MoE` module under ``nnx.jit`` (median of interleaved calls after warm-up:
   each round calls every mesh's module once), and its ratio to the 1-D mesh.
@@ -37,6 +38,7 @@ from tempo_jax.layer import MoEConfig, init_logical_params, layer_axes, make_mes
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
 from tempo_jax.layer.module import MoE
+from tempo_jax.layer.replicas import replica_sync_method, shared_rows, tie_buffer_rows
 from tempo_jax.text import table
 
 #: (label, make_mesh sizes, extra MoEConfig fields)
@@ -75,33 +77,23 @@ def _summary(colls) -> dict:
     return out
 
 
-def _tie(plan, colls) -> dict:
-    """The replicas' gradient exchange of a training step: the plan, the bytes of its permutes and of the
-    all-reduce (the fallback, or the choice)."""
-    permutes = [c for c in colls if "tie_replicas_shift" in c.op_name]
-    reduce = [c for c in colls if "tie_replicas_all_reduce" in c.op_name]
+def _tie(placement: Placement, cfg: MoEConfig, slot_bytes: int, colls=()) -> dict:
+    """The replicas' gradient sum per rank (`tempo_jax.layer.replicas`): on a GPU/TPU the ragged exchange sends each
+    rank's shared experts' rows (the most any rank sends, from the placement); the ring all-reduce of the Rb
+    redundant rows it replaces; on XLA:CPU the collective ``"auto"`` takes with the padded exchange and its bytes
+    from the compiled step's HLO (``colls``). ``slot_bytes``: one slot's bytes on one device."""
+    D, S = placement.num_gpus, placement.slots_per_rank
+    rb = tie_buffer_rows(cfg.experts, placement.num_slots)
+    cpu = [c for c in colls if "tie_replicas" in c.op_name and c.group > 1]
     return {
-        "shifts": [list(s) for s in plan.shifts],
-        "chosen": "all-reduce" if plan.all_reduce else "permute",
-        "permute_bytes_per_rank": sum(c.bytes for c in permutes),
-        "all_reduce_bytes": sum(c.bytes for c in reduce),
-        "all_reduce_wire_bytes": sum(c.wire_bytes for c in reduce),
+        "gpu_exchange_rows_per_rank": int(shared_rows(placement).max()),
+        "gpu_exchange_bytes_per_rank": int(shared_rows(placement).max()) * slot_bytes,
+        "all_reduce_rows": rb,
+        "all_reduce_wire_bytes_per_rank": int(2 * (D - 1) / D * rb * slot_bytes),
+        "cpu_method": replica_sync_method("auto", "padded", num_ranks=D, slots_per_rank=S, num_experts=cfg.experts),
+        "cpu_bytes": sum(c.bytes for c in cpu),
+        "cpu_wire_bytes": sum(c.wire_bytes for c in cpu),
     }
-
-
-def _tie_twice(mesh, cfg: MoEConfig, logical, xs) -> dict:
-    """`_tie` of the training step over ``Placement.spread(E, D, 2E / D)``: every expert replicated twice (P = 2E)."""
-    D = mesh.shape["ep"]
-    placement = Placement.spread(cfg.experts, D, 2 * cfg.experts // D)
-    cfg = dataclasses.replace(cfg, slots_per_rank=placement.slots_per_rank)
-    params = to_physical(logical, placement, mesh=mesh, config=cfg)
-    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
-
-    def train(p, x):
-        loss = lambda p: jnp.mean(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg).out ** 2)  # noqa: E731
-        return jax.grad(loss)(p)
-
-    return _tie(pa.sync, program_collectives(jax.jit(train).lower(params, xs).compile().as_text(), mesh))
 
 
 def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication, timed: dict) -> dict:
@@ -135,6 +127,8 @@ def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication
         for k, v in params.items()
         if k in ("w_gate", "w_up", "w_down")
     )
+    slot_bytes = expert_bytes // placement.slots_per_rank  # one slot's share on one device
+    twice = Placement.spread(cfg.experts, D, 2 * cfg.experts // D)  # every expert replicated twice (P = 2E)
 
     return {
         "mesh": label,
@@ -147,8 +141,10 @@ def one_mesh(label, sizes, extra, base: MoEConfig, logical, x, load, replication
         "expert_bytes_per_device": expert_bytes,
         "forward_collectives": _summary(fwd_colls),
         "train_collectives": _summary(train_colls),
-        "replica_sync": _tie(pa.sync, train_colls),
-        "replica_sync_every_expert_twice": _tie_twice(mesh, cfg, logical, xs),
+        "replica_sync": _tie(placement, cfg, slot_bytes, train_colls),
+        "replica_sync_every_expert_twice": _tie(
+            twice, dataclasses.replace(cfg, slots_per_rank=twice.slots_per_rank), slot_bytes
+        ),
         "no_token_over_batch_axes": all(
             c.kind == "all-reduce" and c.bytes <= 4 * (2 * cfg.experts + 4)
             for c in fwd_colls
@@ -232,33 +228,34 @@ def run(base: MoEConfig, *, tokens_per_device: int, replication: float, repeats:
         )
     )
 
-    def tie_rows(key, extra=lambda r: ()):
-        return [
-            (
-                r["mesh"],
-                str(r[key]["shifts"])[:40],
-                r[key]["chosen"],
-                f"{r[key]['permute_bytes_per_rank'] / 1e3:,.1f}",
-                f"{r[key]['all_reduce_wire_bytes'] / 1e3:,.1f}",
-                *extra(r),
-            )
-            for r in rows
-        ]
+    def tie_row(r, key):
+        t = r[key]
+        return (
+            r["mesh"],
+            f"{t['gpu_exchange_rows_per_rank']} rows, {t['gpu_exchange_bytes_per_rank'] / 1e3:,.1f}",
+            f"{t['all_reduce_rows']} rows, {t['all_reduce_wire_bytes_per_rank'] / 1e3:,.1f}",
+        )
 
-    heads = ["mesh", "tie shifts (k, rows)", "chosen", "permute kB/rank", "all-reduce wire kB"]
-    over_data = lambda r: (coll_text({k: v for k, v in r["train_collectives"].items() if "data" in k})[:80],)  # noqa: E731
+    heads = ["mesh", "GPU/TPU: ragged exchange, kB/rank", "all-reduce instead, wire kB/rank"]
     print(
         table(
-            tie_rows("replica_sync", over_data),
-            [*heads, "over data (train)"],
-            title="\nTraining step: the replicas' gradient exchange and the data-parallel reductions",
+            [
+                (
+                    *tie_row(r, "replica_sync"),
+                    f"{r['replica_sync']['cpu_method']}: {r['replica_sync']['cpu_bytes'] / 1e3:,.1f}",
+                    coll_text({k: v for k, v in r["train_collectives"].items() if "data" in k})[:70],
+                )
+                for r in rows
+            ],
+            [*heads, "CPU (padded): kB", "over data (train)"],
+            title="\nTraining step: the replicas' gradient sum per rank, and the data-parallel reductions",
         )
     )
     print(
         table(
-            tie_rows("replica_sync_every_expert_twice"),
+            [tie_row(r, "replica_sync_every_expert_twice") for r in rows],
             heads,
-            title="\nThe replicas' gradient exchange with every expert twice (Placement.spread(E, D, 2E/D), P = 2E)",
+            title="\nThe replicas' gradient sum with every expert twice (Placement.spread(E, D, 2E/D), P = 2E)",
         )
     )
     print(

@@ -31,7 +31,7 @@ from tempo_jax.layer import (
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
 from tempo_jax.layer.experts import ExpertConfig, SharedConfig
-from tempo_jax.layer.replicas import sync_plan
+from tempo_jax.layer.replicas import shared_rows
 
 E, H, F, K, T = 8, 32, 16, 2, 64
 #: (data, ep, tensor) of the issue's meshes.
@@ -176,39 +176,51 @@ def test_fsdp_gathers_weights_in_and_reduce_scatters_gradients_out():
     assert grads["w_gate"].sharding.spec == P("ep", "data", "tensor")
 
 
-def test_replica_sync_moves_only_the_replicated_rows_and_survives_a_stale_plan():
-    """``Placement.spread(16, 8, 4)`` replicates every expert: the tie is one permute of 4 rows per rank (each rank
-    shares 4 experts with the rank 4 after it), not an all-reduce of E = 16 rows; a placement the traced plan does
-    not fit takes the all-reduce in-graph and the gradients stay right."""
-    plan = sync_plan(Placement.spread(16, 8, 4))
-    assert plan.shifts == ((4, 4),) and plan.rows == 4
-    assert sync_plan(Placement.spread(16, 8, 2)).shifts == ()  # P = E: nothing to exchange
+@pytest.mark.parametrize("shape", [(1, 8, 1), (2, 4, 1), (2, 2, 2)], ids=lambda s: "x".join(map(str, s)))
+def test_replica_sync_exchanges_only_what_is_replicated(shape):
+    """``replica_sync="exchange"``: each rank sends the ranks it shares experts with one row per shared expert (the
+    padded block exchange here; ragged on GPU/TPU moves only those rows: 4 per rank for ``Placement.spread(16, 8,
+    4)``, where the all-reduce carries all 16). On an EPLB placement and on every mesh its gradients equal the
+    all-reduce's and the dense reference's; in the compiled step the tie is one all-to-all over ``ep``, or one
+    all-reduce of the Rb redundant rows with ``"all_reduce"``."""
+    np.testing.assert_array_equal(shared_rows(Placement.spread(16, 8, 4)), [4] * 8)
+    assert shared_rows(Placement.spread(16, 8, 2)).sum() == 0  # P = E: nothing to exchange
+    mesh, D = _mesh(shape), shape[1]
+    placement = Placement.from_eplb(np.geomspace(20, 1, E), 16, D)  # hot experts replicated, wherever EPLB puts them
+    logical = _logical(_config(shape))
+    x = _x()
+    want = to_physical(jax.grad(lambda p: jnp.sum(moe_reference(p, x, _config(shape)) ** 2))(logical), placement)
+    for method, kind in (("exchange", "all-to-all"), ("all_reduce", "all-reduce")):
+        config = dataclasses.replace(_config(shape), slots_per_rank=16 // D, replica_sync=method)
+        params = to_physical(logical, placement, mesh=mesh, config=config)
+        loss = _loss_fn(mesh, config, placement)
+        grad_fn = jax.grad(lambda p, x, loss=loss: loss(p, x)[0])
+        ties = [c for c in _collectives(grad_fn, mesh, params, x) if "tie_replicas" in c.op_name and c.group > 1]
+        assert {(c.kind, c.axes) for c in ties} == {(kind, ("ep",))}, ties
+        assert_trees_close(jax.jit(grad_fn)(params, x), want)
+
+
+def test_replica_sync_lowers_to_one_ragged_exchange_on_gpu():
+    """With the ragged exchange (GPU/TPU; lowered here, XLA:CPU cannot run it) ``"auto"`` takes the point-to-point
+    sum: the training step has one ragged all-to-all more than with ``"all_reduce"`` (the tokens' exchanges)."""
     mesh = make_mesh(ep=8)
-    config = MoEConfig(hidden=H, ffn=F, experts=16, top_k=K, slots_per_rank=4)
     placement = Placement.spread(16, 8, 4)
-    logical = init_logical_params(jax.random.key(0), config)
-    params = to_physical(logical, placement, mesh=mesh, config=config)
-    loss = _loss_fn(mesh, config, placement)
-    grad_fn = jax.grad(lambda p, x: loss(p, x)[0])
-    permutes = [c for c in _collectives(grad_fn, mesh, params, _x()) if c.kind == "collective-permute"]
-    slot_bytes = 3 * H * F * 4
-    assert [c.bytes for c in permutes] == [4 * slot_bytes]
-    want = to_physical(jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical), placement)
-    assert_trees_close(jax.jit(grad_fn)(params, _x()), want)
-    # A plan traced for another placement (rank d's replicas on d + 4) meets an EPLB one: the fallback runs.
-    other = Placement.from_eplb(np.geomspace(20, 1, 16), 32, 8)
-    assert sync_plan(other) != plan
-    stale = dispatch_tables.PlacementArrays(
-        jnp.asarray(other.phy2log, jnp.int32), jnp.asarray(other.log2phy, jnp.int32), other.key, sync=plan
-    )
-    tables = dispatch_tables.uniform(other)
-    params_other = to_physical(logical, other, mesh=mesh, config=config)
-
-    def loss_other(p, x):
-        return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=stale, tables=tables, config=config).out ** 2)
-
-    want_other = to_physical(jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical), other)
-    assert_trees_close(jax.jit(jax.grad(loss_other))(params_other, _x()), want_other)
+    texts = {}
+    for method in ("auto", "all_reduce"):
+        config = MoEConfig(
+            hidden=H,
+            ffn=F,
+            experts=16,
+            top_k=K,
+            slots_per_rank=4,
+            exchange="ragged",
+            capacity=None,
+            replica_sync=method,
+        )
+        params = to_physical(init_logical_params(jax.random.key(0), config), placement, mesh=mesh, config=config)
+        loss = _loss_fn(mesh, config, placement)
+        texts[method] = jax.jit(jax.grad(lambda p, x, loss=loss: loss(p, x)[0])).lower(params, _x()).as_text()
+    assert texts["auto"].count("ragged_all_to_all") == texts["all_reduce"].count("ragged_all_to_all") + 1
 
 
 def test_each_group_dispatches_counts_and_rounds_on_its_own():

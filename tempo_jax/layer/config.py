@@ -21,6 +21,7 @@ from solvers.relief import ROUNDS, check_relief_cost
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
 from .experts import ExpertConfig, SharedConfig
+from .replicas import REPLICA_SYNC
 from .routing import RouterConfig
 
 __all__ = ["MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
@@ -67,6 +68,10 @@ class MoEConfig:
       schedule: ``"sync"`` (one all-to-all) or a `solvers.LaunchSchedule` (CascadeEP: per-source exchange
         rounds, one grouped GEMM per launch group; `tempo_jax.layer.cascade_exec`). The output is the same.
       fetches: OEWF `WeightFetch`es (helper computes its own tokens of the donor's experts with fetched weights).
+      replica_sync: how training sums the gradients of an expert's replicas across ranks
+        (`tempo_jax.layer.replicas`): ``"exchange"`` (each rank sends the ranks it shares experts with their rows:
+        point to point with the ragged exchange), ``"all_reduce"`` (one all-reduce of the redundant slots), or
+        ``"auto"`` (the exchange when ragged, else whichever sends fewer bytes). The gradients are the same.
     """
 
     hidden: int
@@ -90,6 +95,7 @@ class MoEConfig:
     fsdp_axis: str | None = None
     schedule: str | LaunchSchedule = "sync"
     fetches: tuple[WeightFetch, ...] = ()
+    replica_sync: str = "auto"
     dispatch: str = "tables"
     cost: CostModel | None = None
     dispatch_rounds: int = ROUNDS
@@ -121,6 +127,8 @@ class MoEConfig:
             )
         self._check_dispatch()
         EXCHANGE.validate(self.exchange)
+        if self.replica_sync not in REPLICA_SYNC:
+            raise ValueError(f"MoEConfig.replica_sync must be one of {list(REPLICA_SYNC)}, got {self.replica_sync!r}")
         GMM.validate(self.gmm_impl)
         for name, kind in (("router", RouterConfig), ("expert", ExpertConfig)):
             if not isinstance(getattr(self, name), kind):

@@ -49,7 +49,7 @@ from .config import MoEConfig
 from .mesh import layer_axes, param_shardings
 from .moe import moe_forward
 from .params import EXPERT_KEYS, check_params, init_params, to_logical, to_physical
-from .replicas import MigrationReport, SyncPlan, migrate, plan_migration, sync_plan
+from .replicas import MigrationReport, migrate, plan_migration
 from .routing import balance_update
 from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uniform
 
@@ -145,13 +145,6 @@ class _HostPlacement:
 
     def __init__(self, placement: Placement):
         self.placement, self.array = placement, None
-
-    def sync(self) -> SyncPlan:
-        """The replicas' gradient exchange of the placement last set (`tempo_jax.layer.replicas.sync_plan`): fixed
-        when a step is traced; a placement it does not fit takes the all-reduce fallback in-graph."""
-        if getattr(self, "_sync_of", None) is not self.placement:
-            self._sync_of, self._sync = self.placement, sync_plan(self.placement)
-        return self._sync
 
     def get(self, phy2log, num_gpus: int, num_experts: int, gpus_per_node) -> Placement:
         if isinstance(phy2log, jax.core.Tracer):  # inside a trace (nnx.eval_shape, jit): the placement last set
@@ -393,7 +386,7 @@ class MoE(nnx.Module):
         return found
 
     def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
-        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key, sync=self._host.sync())
+        return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key)
 
     def _installable(self, tables: Tables, where: str) -> jax.Array:
         """``tables.table`` as float32 ``[Gs, E, R]`` once `check_tables` accepts it (the one check of a table)."""

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import COUNTER_DTYPE
-from solvers import LaunchSchedule, Placement
+from solvers import LaunchSchedule
 
 from . import cascade_exec, relief, rounds, stages
 from .cascade_plan import check_fetches
@@ -36,7 +36,7 @@ from .exchange import EXCHANGE
 from .experts import glu, shared_ffn
 from .mesh import LayerAxes, layer_axes, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
-from .replicas import SyncPlan, sync_plan, tie_replicas
+from .replicas import tie_replicas
 from .routing import Routing
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
@@ -208,15 +208,13 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k
 class _Call:
     """What one call adds to the config (hashable: a key of the compiled programs): the exchange implementation,
     the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), whether to compute
-    the auxiliary losses, the replicas' gradient exchange (`tempo_jax.layer.replicas.SyncPlan`; None: the
-    all-reduce that serves any placement) and the sharding of a concrete input, which the output keeps."""
+    the auxiliary losses, and the sharding of a concrete input, which the output keeps."""
 
     impl: str
     groups: int
     given_routing: bool
     capacity: tuple[str, int]
     aux_losses: bool
-    sync: SyncPlan | None = None
     out_sharding: NamedSharding | None = None
 
 
@@ -263,7 +261,13 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
     # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
     weights = tie_replicas(
-        inp.experts, inp.phy2log, axis=axis, slots_per_rank=S, num_experts=config.experts, plan=call.sync
+        inp.experts,
+        inp.phy2log,
+        axis=axis,
+        slots_per_rank=S,
+        num_experts=config.experts,
+        impl=impl,
+        method=config.replica_sync,
     )
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
@@ -555,18 +559,6 @@ def _check_inputs(
     return ("worst", worst) if capacity >= worst else ("fixed", int(capacity))
 
 
-def _sync_plan(pa: PlacementArrays, num_ranks: int, config: MoEConfig) -> SyncPlan | None:
-    """The replicas' gradient exchange: the one the placement arrays carry, else (hand-made arrays, read on the host
-    anyway by their check) the plan of their values; None inside a trace (the all-reduce fallback)."""
-    if pa.sync is not None:
-        return pa.sync
-    phy2log = pa.phy2log
-    if isinstance(phy2log, jax.core.Tracer) or (isinstance(phy2log, jax.Array) and not phy2log.is_fully_addressable):
-        return None
-    host = np.asarray(phy2log)
-    return sync_plan(Placement.from_phy2log(host, num_ranks, num_experts=config.experts))
-
-
 def _check_routing(routing, T: int, E: int, K: int) -> None:
     """``routing = (ids [T, K] integer, weights [T, K] floating)``; ids in [0, E) when concrete."""
     if not isinstance(routing, tuple | list) or len(routing) != 2:
@@ -649,12 +641,9 @@ def moe_forward(
         table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)
     else:
         table, log2phy = tables.table, tables.log2phy
-    sync = _sync_plan(placement_arrays, mesh.shape[config.axis], config)
     sharding = getattr(x, "sharding", None) if not isinstance(x, jax.core.Tracer) else None
     keep = sharding if isinstance(sharding, NamedSharding) and sharding.mesh == mesh else None
-    call = _Call(
-        EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), sync, keep
-    )
+    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), keep)
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)

@@ -3,21 +3,22 @@
 **Tied gradients** (`tie_replicas`, inside the layer's `shard_map`). Every rank holds only its S slots
 ``[S, ...]`` of the physical expert arrays. In the backward pass the gradient of each slot whose expert has
 several replicas becomes the sum over the expert's replica group, so every replica receives the logical
-expert's gradient and the same optimizer update: replicas stay bit-identical for any number of steps. Only the
-members of a group exchange, point to point: a `SyncPlan` (from the placement, `sync_plan`, fixed when the step is
-traced) lists, per shift k, the most distinct experts a rank shares with the rank k after it; in the backward pass
-rank d sends rank d + k the local sum of each expert they share (one row per expert, ``rows`` rows per shift, one
-`jax.lax.ppermute`) and adds what rank d − k sent it. A rank's bytes are the rows of the experts it shares with
-other ranks — nothing when P = E or when every replica group sits on one rank — never E (``Placement.spread(16, 8,
-4)``: 4 rows per rank instead of an all-reduce of 16). Replicas on one rank are summed locally. Each shift's rows
-are the most any rank needs, so when replicas are few and scattered over many shifts the permutes would send more
-than the all-reduce below: the plan then is the all-reduce (`SyncPlan.all_reduce`, decided from the bytes). The
-plan's shapes are static and its contents are data (which slots, which experts, read in-graph from ``phy2log``): a
-placement the traced plan does not fit (a re-placement after the step was traced, a restored
-state) takes the fallback in-graph (`jax.lax.cond`), one ``psum`` over ``ep`` of a ``[Rb, ...]`` float32 buffer,
-Rb = min(E, P − E) ≥ the replicated experts — correct for every placement, with more bytes. Without a plan (a
-placement traced without its host copy) the fallback is the exchange. Every collective runs along ``ep``, inside
-each EP group, and on each device's tensor / FSDP share of the arrays.
+expert's gradient and the same optimizer update: replicas stay bit-identical for any number of steps. Replicas on
+one rank are summed locally; across ranks, one of two collectives (`REPLICA_SYNC`, chosen per call):
+
+- ``"exchange"``: only the members of a group exchange. Rank d sends every rank j the local sum of each expert the
+  two both hold (one row per shared expert), with the layer's block exchange (`tempo_jax.layer.exchange`), and adds
+  what it receives. With the ragged exchange (GPU/TPU) a rank sends exactly its shared experts' rows — its bytes grow
+  with the replicated slots it holds, never with E (``Placement.spread(16, 8, 4)``: 4 rows per rank, where the
+  all-reduce carries 16); the padded exchange (XLA:CPU) moves ``[D, S, ...]`` blocks.
+- ``"all_reduce"``: one ``psum`` over ``ep`` of a ``[Rb, ...]`` float32 buffer, Rb = min(E, P − E) ≥ the replicated
+  experts (the redundant slots).
+
+``"auto"`` takes the exchange when it is ragged, else whichever sends fewer bytes per rank (the padded blocks'
+(D − 1)·S rows against the ring all-reduce's 2·(D − 1)/D·Rb). Both read the replica groups in-graph from
+``phy2log`` (no host data: a new placement is new data, not a new program) and serve every placement. Without
+redundancy (P = E) nothing is exchanged: expert gradients never leave their rank. Every collective runs along
+``ep``, inside each EP group, on each device's tensor / FSDP share of the arrays.
 
 **Migration** (`plan_migration` on the host, `migrate` in-graph). A placement change moves exactly the slots whose
 expert is not already on their rank: each such slot's rows come from one rank that held the expert before, in one
@@ -43,16 +44,22 @@ from jax.sharding import PartitionSpec as P
 
 from solvers import Placement
 
+from .exchange import send_blocks
+
 __all__ = [
+    "REPLICA_SYNC",
     "MigrationPlan",
     "MigrationReport",
-    "SyncPlan",
     "migrate",
     "plan_migration",
-    "sync_plan",
+    "replica_sync_method",
+    "shared_rows",
     "tie_buffer_rows",
     "tie_replicas",
 ]
+
+#: How replicas' gradients are summed across ranks (see the module).
+REPLICA_SYNC = ("auto", "exchange", "all_reduce")
 
 
 # ------------------------------------------------------------------------------------------------ tied replicas
@@ -61,147 +68,115 @@ def tie_buffer_rows(num_experts: int, num_slots: int) -> int:
     return max(0, min(num_experts, num_slots - num_experts))
 
 
-@dataclasses.dataclass(frozen=True)
-class SyncPlan:
-    """The replicas' gradient exchange of a placement (hashable: part of the compiled program's key).
-
-    Attributes:
-      num_ranks: D.  slots_per_rank: S.
-      shifts: ``((k, rows), ...)``: rank d sends rank (d + k) mod D ``rows`` rows, the most distinct experts any
-        rank shares with the rank k after it; shifts whose ranks share nothing are left out.
-      all_reduce: the all-reduce of Rb rows sends fewer bytes per rank (ring: 2·(D − 1)/D·Rb rows) than the
-        permutes (Σ rows): replicas few and scattered over many shifts. Then the tie is the all-reduce.
-    """
-
-    num_ranks: int
-    slots_per_rank: int
-    shifts: tuple[tuple[int, int], ...]
-    all_reduce: bool = False
-
-    @property
-    def rows(self) -> int:
-        """Rows every rank sends (and receives) per array: Σ rows over the shifts."""
-        return sum(r for _, r in self.shifts)
+def _held(p2l: jax.Array, num_experts: int) -> jax.Array:
+    """``[D, E]`` bool: which experts each rank holds (``p2l [D, S]``)."""
+    rows = jnp.arange(p2l.shape[0])[:, None]
+    return jnp.zeros((p2l.shape[0], num_experts + 1), bool).at[rows, p2l].set(True)[:, :num_experts]
 
 
-def _shared_experts(phy2log, num_ranks: int, num_experts: int, xp=np):
-    """``[D, D]`` distinct experts ranks a and b both hold (``xp``: numpy on the host, jax.numpy in-graph)."""
-    p2l = phy2log.reshape(num_ranks, -1)
-    held = xp.zeros((num_ranks, num_experts + 1), xp.int32)
-    rows = xp.arange(num_ranks)[:, None]
-    if xp is np:
-        held[rows, p2l] = 1
-    else:
-        held = held.at[rows, p2l].set(1)
-    held = held[:, :num_experts]
-    return held @ held.T
+def _first_slots(slots: jax.Array) -> jax.Array:
+    """``[..., S]`` bool: the first slot of each expert among ``slots [..., S]`` (its row stands for the expert)."""
+    same = slots[..., :, None] == slots[..., None, :]  # [..., S, S]
+    return jnp.argmax(same, axis=-2) == jnp.arange(slots.shape[-1])
 
 
-def sync_plan(placement: Placement) -> SyncPlan:
-    """`SyncPlan` of ``placement``: for each shift k = 1 … D − 1, the most distinct experts a rank shares with
-    rank (d + k) mod D."""
-    D, S, E = placement.num_gpus, placement.slots_per_rank, placement.num_experts
-    shared = _shared_experts(np.asarray(placement.phy2log), D, E)
-    d = np.arange(D)
-    shifts = tuple((k, r) for k in range(1, D) if (r := int(shared[d, (d + k) % D].max())))
-    ring = 2 * (D - 1) / D * tie_buffer_rows(E, placement.num_slots)  # rows each rank sends in the all-reduce
-    return SyncPlan(D, S, shifts, all_reduce=sum(r for _, r in shifts) > ring)
+def _outgoing(src_slots: jax.Array, dst_holds: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """What a source sends each destination: ``(slots [D, S], counts [D])``, in slot order, its first slot of every
+    expert the destination holds. ``src_slots [S]`` the source's experts, ``dst_holds [D, E]``."""
+    send = _first_slots(src_slots)[None, :] & dst_holds[:, src_slots]  # [D, S]
+    return jnp.argsort(~send, axis=1, stable=True), jnp.sum(send, axis=1).astype(jnp.int32)
 
 
 def _sum_over_local(g: jax.Array, mine: jax.Array) -> jax.Array:
-    """Each slot's gradient replaced by the sum over this rank's slots of the same expert: ``g [S, ...]``,
-    ``mine [S]`` the slots' experts."""
+    """``g [S, W]`` with each row replaced by the sum over this rank's rows of the same expert (``mine [S]``)."""
     same = (mine[:, None] == mine[None, :]).astype(jnp.float32)
-    return jnp.einsum("st,t...->s...", same, g, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum("st,tw->sw", same, g, precision=jax.lax.Precision.HIGHEST)
 
 
-def _exchange_rows(plan: SyncPlan, phy2log: jax.Array, axis: str, grads: dict) -> dict:
-    """The point-to-point sum (see the module): every array of ``grads {name: [S, ...]}`` float32, summed over
-    each slot's replica group."""
-    D, S = plan.num_ranks, plan.slots_per_rank
+def _exchange_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts: int, impl: str) -> jax.Array:
+    """The ``"exchange"`` sum of ``g [S, W]`` float32 (every array of the rank side by side): local sums per expert,
+    then one block exchange in which each rank sends every other rank its rows of the experts both hold."""
+    S = g.shape[0]
+    D = phy2log.shape[0] // S
     me = jax.lax.axis_index(axis)
     p2l = phy2log.reshape(D, S)
-
-    def outgoing(src, dst, rows):
-        """``(slots [rows], valid [rows])``: src's first slot of each expert dst also holds, in slot order."""
-        theirs = p2l[src]
-        first = jnp.argmax(theirs[:, None] == theirs[None, :], axis=0) == jnp.arange(S)
-        send = first & jnp.any(theirs[:, None] == p2l[dst][None, :], axis=1)
-        order = jnp.argsort(~send, stable=True)[:rows]
-        return order, jnp.arange(rows) < jnp.sum(send)
-
     mine = p2l[me]
-    local = {k: _sum_over_local(g, mine) for k, g in grads.items()}
-    names = list(local)
-    widths = [int(np.prod(local[n].shape[1:])) for n in names]
-    total = {n: local[n].reshape(S, -1) for n in names}  # [S, width] each
-    for k, rows in plan.shifts:
-        dst, src = (me + k) % D, (me - k) % D
-        slots, valid = outgoing(me, dst, rows)
-        their_slots, their_valid = outgoing(src, me, rows)
-        experts = jnp.where(their_valid, p2l[src][their_slots], -1)  # the experts of the rows that arrive
-        match = (mine[:, None] == experts[None, :]).astype(jnp.float32)  # [S, rows]
-        # one buffer per shift: every array's rows side by side, [rows, Σ widths]
-        buf = jnp.concatenate([total_rows[slots] for total_rows in (local[n].reshape(S, -1) for n in names)], axis=1)
-        buf = jnp.where(valid[:, None], buf, 0)
-        with jax.named_scope(f"tie_replicas_shift_{k}"):
-            got = jax.lax.ppermute(buf, axis, perm=[(d, (d + k) % D) for d in range(D)])
-        add = jnp.einsum("sr,rw->sw", match, got, precision=jax.lax.Precision.HIGHEST)
-        for n, piece in zip(names, jnp.split(add, np.cumsum(widths)[:-1], axis=1), strict=True):
-            total[n] = total[n] + piece
-    return {n: total[n].reshape(local[n].shape) for n in names}
+    held = _held(p2l, num_experts) & (jnp.arange(D) != me)[:, None]  # no block to myself
+    local = _sum_over_local(g, mine)
+    # Step 1: block j = my first rows of the experts rank j holds, valid rows first.
+    order, counts = _outgoing(mine, held)
+    valid = jnp.arange(S)[None, :] < counts[:, None]
+    buf = jnp.where(valid[..., None], local[order], 0)  # [D, S, W]
+    # Step 2: the exchange; block s holds what rank s sent: its first rows of the experts I hold, in its slot order.
+    with jax.named_scope("tie_replicas_exchange"):
+        recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
+    mine_held = _held(mine[None, :], num_experts)[0]  # [E]
+    their = jax.vmap(lambda slots: _outgoing(slots, mine_held[None, :])[0][0])(p2l)  # [D, S] their sent slots
+    got = jnp.arange(S)[None, :] < recv_counts[:, None]
+    experts = jnp.where(got, jnp.take_along_axis(p2l, their, axis=1), -1)  # [D, S] expert of each received row
+    match = (mine[:, None] == experts.reshape(1, -1)).astype(jnp.float32)  # [S, D·S]
+    return local + jnp.einsum("sr,rw->sw", match, recv.reshape(D * S, -1), precision=jax.lax.Precision.HIGHEST)
 
 
-def _fits(plan: SyncPlan, phy2log: jax.Array, num_experts: int) -> jax.Array:
-    """Whether ``phy2log``'s placement needs at most the plan's rows on every shift (a bool scalar, the same on
-    every rank: computed from the replicated placement)."""
-    D = plan.num_ranks
-    shared = _shared_experts(phy2log, D, num_experts, xp=jnp)
-    d = jnp.arange(D)
-    caps = dict(plan.shifts)
-    need = jnp.stack([jnp.max(shared[d, (d + k) % D]) for k in range(1, D)]) if D > 1 else jnp.zeros((0,), jnp.int32)
-    return jnp.all(need <= jnp.asarray([caps.get(k, 0) for k in range(1, D)], jnp.int32))
-
-
-def _all_reduce_rows(phy2log: jax.Array, axis: str, slots_per_rank: int, num_experts: int, grads: dict) -> dict:
-    """The fallback: every replicated expert's gradient summed by one ``psum`` of a ``[Rb, ...]`` buffer."""
+def _all_reduce_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts: int) -> jax.Array:
+    """The ``"all_reduce"`` sum of ``g [S, W]``: every replicated expert's rows summed by one ``psum`` of
+    ``[Rb, W]``."""
+    S = g.shape[0]
     rows = tie_buffer_rows(num_experts, phy2log.shape[0])
     count = jnp.zeros((num_experts,), jnp.int32).at[phy2log].add(1)
     multi = count > 1
     group_of = jnp.where(multi, jnp.cumsum(multi) - 1, rows)[phy2log].astype(jnp.int32)
-    me = jax.lax.axis_index(axis)
-    groups = jax.lax.dynamic_slice_in_dim(group_of, me * slots_per_rank, slots_per_rank)
-    shared = groups < rows
-
-    def one(g):
-        buf = jnp.zeros((rows + 1, *g.shape[1:]), jnp.float32).at[groups].add(g)
-        with jax.named_scope("tie_replicas_all_reduce"):
-            total = jax.lax.psum(buf[:rows], axis)
-        total = jnp.concatenate([total, jnp.zeros((1, *g.shape[1:]), jnp.float32)])[groups]
-        return jnp.where(shared.reshape(shared.shape + (1,) * (g.ndim - 1)), total, g)
-
-    return {k: one(g) for k, g in grads.items()}
+    groups = jax.lax.dynamic_slice_in_dim(group_of, jax.lax.axis_index(axis) * S, S)
+    buf = jnp.zeros((rows + 1, g.shape[1]), jnp.float32).at[groups].add(g)
+    with jax.named_scope("tie_replicas_all_reduce"):
+        total = jax.lax.psum(buf[:rows], axis)
+    total = jnp.concatenate([total, jnp.zeros((1, g.shape[1]), jnp.float32)])[groups]
+    return jnp.where((groups < rows)[:, None], total, g)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _tie(weights: dict, phy2log: jax.Array, static: tuple, plan: SyncPlan | None) -> dict:
+def replica_sync_method(method: str, impl: str, *, num_ranks: int, slots_per_rank: int, num_experts: int) -> str:
+    """The collective ``method`` (`REPLICA_SYNC`) resolves to with the exchange ``impl`` (see the module)."""
+    if method != "auto":
+        return method
+    if impl == "ragged":
+        return "exchange"
+    D, S = num_ranks, slots_per_rank
+    ring = 2 * (D - 1) / D * tie_buffer_rows(num_experts, D * S)
+    return "exchange" if (D - 1) * S < ring else "all_reduce"
+
+
+def shared_rows(placement: Placement) -> np.ndarray:
+    """``[D]``: rows each rank sends in the ``"exchange"`` sum with the ragged exchange (one per expert it shares
+    with each other rank): what a GPU/TPU moves per array, in slots."""
+    D, E = placement.num_gpus, placement.num_experts
+    p2l = np.asarray(placement.phy2log).reshape(D, -1)
+    held = np.zeros((D, E), bool)
+    held[np.arange(D)[:, None], p2l] = True
+    shared = held.astype(np.int64) @ held.T.astype(np.int64)
+    return shared.sum(axis=1) - np.diag(shared)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _tie(weights: dict, phy2log: jax.Array, static: tuple) -> dict:
     return weights
 
 
-def _tie_fwd(weights, phy2log, static, plan):
+def _tie_fwd(weights, phy2log, static):
     return weights, phy2log
 
 
-def _tie_bwd(static, plan, phy2log, grads):
-    axis, slots_per_rank, num_experts = static
-    g32 = {k: g.astype(jnp.float32) for k, g in grads.items()}
-    fallback = functools.partial(_all_reduce_rows, phy2log, axis, slots_per_rank, num_experts)
-    if plan is None or plan.all_reduce:
-        out = fallback(g32)
+def _tie_bwd(static, phy2log, grads):
+    axis, num_experts, method, impl = static
+    names = list(grads)
+    S = grads[names[0]].shape[0]
+    widths = [int(np.prod(grads[n].shape[1:])) for n in names]
+    g = jnp.concatenate([grads[n].reshape(S, -1).astype(jnp.float32) for n in names], axis=1)  # [S, Σ widths]
+    if method == "exchange":
+        total = _exchange_sum(g, phy2log, axis=axis, num_experts=num_experts, impl=impl)
     else:
-        exchange = functools.partial(_exchange_rows, plan, phy2log, axis)
-        out = jax.lax.cond(_fits(plan, phy2log, num_experts), exchange, fallback, g32)
-    return {k: out[k].astype(g.dtype) for k, g in grads.items()}, None
+        total = _all_reduce_sum(g, phy2log, axis=axis, num_experts=num_experts)
+    pieces = jnp.split(total, np.cumsum(widths)[:-1], axis=1)
+    return {n: p.reshape(grads[n].shape).astype(grads[n].dtype) for n, p in zip(names, pieces, strict=True)}, None
 
 
 _tie.defvjp(_tie_fwd, _tie_bwd)
@@ -214,24 +189,21 @@ def tie_replicas(
     axis: str,
     slots_per_rank: int,
     num_experts: int,
-    plan: SyncPlan | None = None,
+    impl: str = "padded",
+    method: str = "auto",
 ) -> dict:
     """Identity on this rank's expert arrays ``{name: [S, ...]}``; in the backward pass each replicated slot's
     gradient becomes its replica group's sum (see the module). Call inside ``shard_map`` over ``axis``.
 
-    ``phy2log [P]``: logical expert of every physical slot (replicated). ``plan``: the point-to-point exchange
-    (`sync_plan` of the placement); None: the all-reduce fallback."""
+    ``phy2log [P]``: logical expert of every physical slot (replicated). ``impl``: the exchange implementation
+    (``"padded"`` / ``"ragged"``); ``method``: one of `REPLICA_SYNC`."""
+    if method not in REPLICA_SYNC:
+        raise ValueError(f"tie_replicas: method must be one of {list(REPLICA_SYNC)}, got {method!r}")
     if tie_buffer_rows(num_experts, phy2log.shape[0]) == 0:
         return weights  # P = E: no replicas, nothing to tie
-    if plan is not None and (plan.num_ranks, plan.slots_per_rank) != (
-        phy2log.shape[0] // slots_per_rank,
-        slots_per_rank,
-    ):
-        raise ValueError(
-            f"tie_replicas: the SyncPlan is for D={plan.num_ranks}, S={plan.slots_per_rank}; the placement has "
-            f"{phy2log.shape[0]} slots of {slots_per_rank} per rank"
-        )
-    return _tie(weights, phy2log, (axis, slots_per_rank, num_experts), plan)
+    D = phy2log.shape[0] // slots_per_rank
+    resolved = replica_sync_method(method, impl, num_ranks=D, slots_per_rank=slots_per_rank, num_experts=num_experts)
+    return _tie(weights, phy2log, (axis, num_experts, resolved, impl))
 
 
 # ------------------------------------------------------------------------------------------------ migration

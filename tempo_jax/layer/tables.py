@@ -34,8 +34,6 @@ import numpy as np
 from solvers import Dispatch, Placement, plan_weights
 from solvers.checks import check_array
 
-from .replicas import SyncPlan, sync_plan
-
 __all__ = [
     "PlacementArrays",
     "Tables",
@@ -60,19 +58,16 @@ class _PAFields(NamedTuple):
 
 
 class PlacementArrays(_PAFields):
-    """Device-side placement: ``phy2log [P]`` int32, ``log2phy [E, R]`` int32 (−1 padded), ``placement_key``
-    (the `solvers.Placement.key` it was built from; None when made by hand) and ``sync`` (the replicas' gradient
-    exchange, `tempo_jax.layer.replicas.sync_plan`; None when made by hand). Both are static (pytree aux data).
-    `placement_arrays` builds it."""
+    """Device-side placement: ``phy2log [P]`` int32, ``log2phy [E, R]`` int32 (−1 padded), and ``placement_key``
+    (the `solvers.Placement.key` it was built from; None when made by hand). `placement_arrays` builds it."""
 
-    def __new__(cls, phy2log, log2phy, placement_key: str | None = None, sync: SyncPlan | None = None):
+    def __new__(cls, phy2log, log2phy, placement_key: str | None = None):
         obj = super().__new__(cls, phy2log, log2phy)
         obj.placement_key = placement_key
-        obj.sync = sync
         return obj
 
     def __reduce__(self):
-        return (PlacementArrays, (self.phy2log, self.log2phy, self.placement_key, self.sync))
+        return (PlacementArrays, (self.phy2log, self.log2phy, self.placement_key))
 
     def _replace(self, **changes) -> PlacementArrays:
         """A copy with some arrays replaced: no longer the keyed placement, so it is checked by value."""
@@ -83,10 +78,10 @@ jax.tree_util.register_pytree_with_keys(
     PlacementArrays,
     lambda a: (
         ((jax.tree_util.GetAttrKey("phy2log"), a.phy2log), (jax.tree_util.GetAttrKey("log2phy"), a.log2phy)),
-        (a.placement_key, a.sync),
+        a.placement_key,
     ),
-    lambda aux, children: PlacementArrays(*children, placement_key=aux[0], sync=aux[1]),
-    flatten_func=lambda a: ((a.phy2log, a.log2phy), (a.placement_key, a.sync)),
+    lambda key, children: PlacementArrays(*children, placement_key=key),
+    flatten_func=lambda a: ((a.phy2log, a.log2phy), a.placement_key),
 )
 
 
@@ -226,13 +221,11 @@ def check_tables(tables: Tables, pa: PlacementArrays, *, where: str) -> None:
 
 
 def placement_arrays(placement: Placement) -> PlacementArrays:
-    """Device arrays of a `solvers.Placement`: ``phy2log [P]`` and ``log2phy [E, R]`` int32, keyed by the
-    placement and carrying its replicas' gradient exchange (`tempo_jax.layer.replicas.sync_plan`)."""
+    """Device arrays of a `solvers.Placement`: ``phy2log [P]`` and ``log2phy [E, R]`` int32."""
     return PlacementArrays(
         jnp.asarray(placement.phy2log, jnp.int32),
         jnp.asarray(placement.log2phy, jnp.int32),
         placement_key=placement.key,
-        sync=sync_plan(placement),
     )
 
 
