@@ -83,6 +83,8 @@ LAYER = {
     "fsdp_axis": ("data", {"batch_axes": ("data",), "slots_per_rank": 8}, "same", None),
     "schedule": (LaunchSchedule.stragglers(D, late=(5, 7)), {}, "where", None),
     "fetches": (_fetch(), {}, "where", None),
+    # the backward's collective for replicas' gradients: no forward change (test_meshes checks the HLO and gradients)
+    "replica_sync": ("exchange", {}, "same", None),
     "dispatch": ("ingraph", {"dispatch_mode": "quota"}, "where", {"cost": COST}),
     "cost": (PRESETS["dsv3_fp8_offline"], INGRAPH, "where", {"dispatch": "ingraph"}),
     "dispatch_rounds": (1, INGRAPH, "where", {"dispatch": "ingraph"}),
