@@ -180,9 +180,9 @@ def test_fsdp_gathers_weights_in_and_reduce_scatters_gradients_out():
 def test_replica_sync_exchanges_only_what_is_replicated(shape):
     """``replica_sync="exchange"``: each rank sends the ranks it shares experts with one row per shared expert (the
     padded block exchange here; ragged on GPU/TPU moves only those rows: 4 per rank for ``Placement.spread(16, 8,
-    4)``, where the all-reduce carries all 16). On an EPLB placement, on the 1-D mesh and on data × ep × tensor, its
-    gradients equal the all-reduce's and the dense reference's; in the compiled step the tie is one all-to-all over ``ep``, or one
-    all-reduce of the Rb redundant rows with ``"all_reduce"``."""
+    4)``, where the all-reduce carries all 16). On an EPLB placement, on the 1-D mesh and on data × ep × tensor,
+    its gradients equal the all-reduce's and the dense reference's; in the compiled step the tie is one all-to-all
+    over ``ep``, or one all-reduce of the Rb redundant rows with ``"all_reduce"``."""
     np.testing.assert_array_equal(shared_rows(Placement.spread(16, 8, 4)), [4] * 8)
     assert shared_rows(Placement.spread(16, 8, 2)).sum() == 0  # P = E: nothing to exchange
     mesh, D = _mesh(shape), shape[1]
