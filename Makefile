@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -33,9 +33,12 @@ demo: $(STAMP)
 	$(PY) -m tempo_jax demo
 
 # The tiny MoE LM serving prefill + decode steps, every MoE layer with live tables from one solver worker
-# process (status line per step, refresh time, results/serve.json and results/serve.png).
+# process (status line per step, refresh time, results/serve.json and results/serve.png), its metrics at
+# http://127.0.0.1:$(METRICS_PORT)/metrics (printed at the start; kept up until one scrape after the run, at most
+# 30 s) and in results/metrics.jsonl (`tempo-jax report results` draws them).
+METRICS_PORT ?= 9464
 serve: $(STAMP)
-	$(PY) -m tempo_jax serve --kill-worker-at 30
+	$(PY) -m tempo_jax serve --kill-worker-at 30 --metrics-port $(METRICS_PORT) --metrics-linger-s 30
 
 # Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too.
 test: $(STAMP)
@@ -48,7 +51,7 @@ test-latest:
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 -m ""
 
-bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh
+bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py
@@ -72,6 +75,10 @@ bench-sim: $(STAMP)
 
 bench-refresh: $(STAMP)
 	$(PY) scripts/bench_refresh.py
+
+# What watching costs a served step (issue 50): watched / not watched, and the records at DeepSeek-V3 size.
+bench-metrics: $(STAMP)
+	$(PY) scripts/bench_metrics.py
 
 gpu-check:  # on a machine with a CUDA GPU; needs only jax with CUDA (no venv)
 	bash scripts/gpu_check.sh

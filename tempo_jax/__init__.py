@@ -1,9 +1,11 @@
 """tempo-jax: makespan-aware MoE expert dispatch (TEMPO) and asynchronous expert execution (CascadeEP) in JAX.
 
-The rooms (imports point down only: cli → repro → runtime → lm → layer → workloads → text; sim → workloads):
+The rooms (imports point down only: cli → repro → runtime → lm → metrics → layer → workloads → text; sim →
+workloads):
 
   layer/      the functional model: `MoEConfig`, `moe_forward`, `MoE`, stages, exchange, tables, CascadeEP execution
   lm/         a tiny MoE language model on the layer and its training loop
+  metrics/    expert load you can watch: step records → Prometheus, TensorBoard, JSON lines; stalls; report PNGs
   runtime/    the dispatch runtime: `DispatchController`, counters, `Refresher`, the serve loop, calibration
   sim/        numpy simulators, one room per paper: tempo/ (phase diagram, replays), cascade/ (CascadeEP prefill)
   workloads/  routing recordings, request traces, synthetic streams
@@ -59,7 +61,9 @@ _LAZY = {
     "moe_preset": "tempo_jax.layer.presets",
     "aux_losses": "tempo_jax.layer.module",
 }
-_MODULES = {name: f"tempo_jax.{name}" for name in ("cli", "layer", "repro", "runtime", "sim", "text", "workloads")}
+_MODULES = {
+    name: f"tempo_jax.{name}" for name in ("cli", "layer", "metrics", "repro", "runtime", "sim", "text", "workloads")
+}
 _MODULES["hf"] = "tempo_jax.hf"
 
 __all__ = sorted([*_LAZY, *_MODULES])

@@ -50,6 +50,8 @@ def test_python_blocks_run(path, tmp_path):
     if path.name == "model.md":
         losses = scope["losses"]
         assert len(losses) == 6 and losses[5] < losses[4] < losses[0]  # trains, and on from the restored state
+        real = int(np.asarray(scope["mask"])[:, :-1].sum())  # the metrics record counts real tokens, K = 2 each
+        assert all(layer["pairs"] == 2 * real for layer in scope["record"]["layers"])
     if path.name == "solvers.md":
         assert scope["d"].makespan == 60.0
     if path.name == "hf.md":

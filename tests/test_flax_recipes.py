@@ -17,6 +17,8 @@ from flax import nnx
 from numeric import assert_close
 
 import tempo_jax
+from solvers import PRESETS
+from tempo_jax.metrics import capture, layer_record
 
 D, E, V, H = 8, 16, 64, 32
 
@@ -128,6 +130,14 @@ def test_the_recipes_run_on_a_data_ep_mesh():
         return run(x, blocks)
 
     assert np.isfinite(np.asarray(forward(blocks, jnp.ones((2, 8, H))))).all()
+    # Watching the stack (issue 50): one record per stacked layer, each its own 16 tokens × K pairs, 2 EP groups.
+    layers = capture(blocks).layers()
+    K = blocks.moe.config.top_k
+    assert len(layers) == 2 and all(layer["groups"] == 2 for layer in layers)
+    for i, stats in enumerate(layers):
+        assert stats["shard_counts"].shape == (8, E) and stats["shard_counts"].sum() == 16 * K
+        assert stats["gpu_tokens"].tolist() == np.asarray(blocks.moe.gpu_tokens.get_value()[i]).tolist()
+        assert layer_record(stats, PRESETS["dsv3_fp8_offline"])["pairs"] == 16 * K
 
 
 def test_the_layer_alone_needs_no_mesh_context(mesh):

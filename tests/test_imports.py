@@ -107,17 +107,19 @@ def test_no_import_cycle_lazy_imports_included():
 
 
 #: The rooms of ``tempo_jax`` and the rooms each may import besides itself (docs/architecture.md: cli → repro →
-#: runtime, sim, lm → layer → workloads → text; runtime and sim never import each other, sim never imports layer).
+#: runtime, sim, lm → metrics → layer → workloads → text; runtime and sim never import each other, sim never imports
+#: layer).
 ROOMS = {
     "text": set(),
     "workloads": {"text"},
     "layer": {"workloads", "text"},
     "sim": {"workloads", "text"},
-    "lm": {"layer", "workloads", "text"},
-    "runtime": {"lm", "layer", "workloads", "text"},
+    "metrics": {"layer", "workloads", "text"},
+    "lm": {"metrics", "layer", "workloads", "text"},
+    "runtime": {"lm", "metrics", "layer", "workloads", "text"},
     "hf": {"layer"},
-    "repro": {"runtime", "sim", "lm", "layer", "workloads", "text"},
-    "cli": {"repro", "runtime", "sim", "lm", "layer", "hf", "workloads", "text"},
+    "repro": {"runtime", "sim", "lm", "metrics", "layer", "workloads", "text"},
+    "cli": {"repro", "runtime", "sim", "lm", "metrics", "layer", "hf", "workloads", "text"},
     "__main__": {"cli"},
 }
 

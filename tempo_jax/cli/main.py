@@ -7,6 +7,7 @@ Commands:
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
   cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
   serve      the MoE layer serving a routing stream with live tables from the solver worker (the runtime)
+  report     a watched run's pictures: expert-load heatmap, balancedness over time, re-placements
   bench      run a benchmark script (solver, gemm, ep, cascade)
   reproduce  execute the figure notebooks headless and report failures; --docs renders docs/reproduced.md's tables
 

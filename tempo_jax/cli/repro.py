@@ -14,13 +14,14 @@ from .args import UsageError
 
 __all__ = ["BENCHMARKS", "cmd_bench", "cmd_reproduce", "register"]
 
-BENCHMARKS = ("solver", "gemm", "ep", "cascade", "sim", "refresh")
+BENCHMARKS = ("solver", "gemm", "ep", "cascade", "sim", "refresh", "metrics")
 
 
 def register(add) -> None:
     """Add ``bench`` and ``reproduce`` to the command line (``add(name, **kw)`` makes a subparser)."""
     p = add(
-        "bench", help="run a benchmark script (solver, gemm, ep, cascade, sim or refresh); extra arguments pass through"
+        "bench",
+        help="run a benchmark script (" + ", ".join(BENCHMARKS) + "); extra arguments pass through",
     )
     p.add_argument("which", choices=BENCHMARKS, help="benchmark: " + ", ".join(BENCHMARKS))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")

@@ -17,8 +17,10 @@ Glossary additions: B batch, Q sequence length, V vocabulary (256 bytes)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,7 @@ from solvers.checks import plain_scalars
 from ..layer.config import MoEConfig, make_ep_mesh
 from ..layer.module import MoE, aux_losses, place_on_mesh
 from ..layer.routing import RouterConfig
+from ..metrics import Watcher, WatchOptions
 from ..workloads import RoutingTrace
 
 __all__ = ["LMConfig", "TinyMoELM", "TrainResult", "corpus", "train"]
@@ -187,9 +190,15 @@ def train(
     mesh=None,
     record: bool = False,
     model: TinyMoELM | None = None,
+    logdir: str | None = None,
+    watch: WatchOptions | None = None,
 ) -> TrainResult:
     """Train the tiny MoE LM for ``steps`` AdamW steps on the shipped corpus (a new model, or ``model``, built with
-    ``cfg`` and ``mesh``); optionally record routing."""
+    ``cfg`` and ``mesh``); optionally record routing.
+
+    ``logdir``: write TensorBoard event files there (``train/loss``, ``train/imbalance`` and every MoE layer's
+    balancedness, modelled makespans, drops, rounds and expert-load histogram per step) and ``metrics.jsonl``
+    (`tempo-jax report LOGDIR`); ``watch``: any other `tempo_jax.metrics.WatchOptions` (a Prometheus port …)."""
     mesh = mesh or make_ep_mesh()
     if model is None:
         model = TinyMoELM(cfg, mesh=mesh, rngs=nnx.Rngs(params=seed, dispatch=seed + 1), record=record)
@@ -213,18 +222,27 @@ def train(
     groups = mesh.shape.get("data", 1)  # data parallelism: each data replica gets its rows of the batch
     rows = NamedSharding(mesh, P("data")) if groups > 1 and cfg.batch % groups == 0 else None
     losses, ids = [], {i: [] for i in range(cfg.layers)}
+    watch = watch or WatchOptions()
+    if logdir is not None:
+        watch = dataclasses.replace(watch, logdir=str(logdir), jsonl=watch.jsonl or str(Path(logdir) / "metrics.jsonl"))
     t0 = time.perf_counter()
     imbalance = []
-    for _ in range(steps):
-        x, y = next(batches)
-        if rows is not None:
-            x, y = jax.device_put((x, y), rows)
-        loss, skew = step(model, opt, x, y)
-        losses.append(float(loss))
-        imbalance.append(float(skew))
-        if record:
-            for i, block in enumerate(model.blocks):
-                ids[i].append(np.asarray(block.moe.topk_ids.get_value()))
+    with Watcher(watch) if watch.active else contextlib.nullcontext() as watcher:
+        for s in range(steps):
+            x, y = next(batches)
+            if rows is not None:
+                x, y = jax.device_put((x, y), rows)
+            t_step = time.perf_counter()
+            loss, skew = step(model, opt, x, y)
+            losses.append(float(loss))
+            imbalance.append(float(skew))
+            if watcher is not None:  # host copies start now; this step is recorded after the next one
+                ms = (time.perf_counter() - t_step) * 1e3
+                scalars = {"train/loss": losses[-1], "train/imbalance": imbalance[-1]}
+                watcher.step(s, model, kind="train", step_ms=ms, scalars=scalars)
+            if record:
+                for i, block in enumerate(model.blocks):
+                    ids[i].append(np.asarray(block.moe.topk_ids.get_value()))
     seconds = time.perf_counter() - t0
     trace = None
     if record:

@@ -62,13 +62,15 @@ class BackendHost(Protocol):
 
 @dataclass
 class Job:
-    """A window handed to a backend: sequence number, restart generation, submit time, an injected fault."""
+    """A window handed to a backend: sequence number, restart generation, submit time, an injected fault, and the
+    window's number among all closed windows (what `DispatchController.metrics` ``age_windows`` counts from)."""
 
     seq: int
     gen: int
     window: Window
     submitted_at: float
     fault: tuple[str, float] | None = None
+    window_no: int = 0
 
     @property
     def pairs(self) -> float:

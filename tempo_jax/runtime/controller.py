@@ -196,6 +196,7 @@ class DispatchController:
         self._publisher = Publisher(placement, fallback=fallback, staleness_s=staleness_s, history_size=history_size)
         self._seq = 0
         self._gen = 0
+        self._data_window = 0  # the closed window whose solve the published tables came from (0: none yet)
         self._inflight: Job | None = None
         self._closed = False
         self._new_errors: list[str] = []
@@ -474,6 +475,7 @@ class DispatchController:
                 "solve_ms": _dist(self._solve_ms),
                 "roundtrip_ms": _dist(self._roundtrip_ms),
                 "age_s": pub.age_s(),
+                "age_windows": n["windows"] - self._data_window,
                 "in_fallback": pub.in_fallback,
                 "fallbacks": pub.fallbacks,
                 "restarts": n["restarts"],
@@ -527,7 +529,7 @@ class DispatchController:
             self._drop("worker_down", window.pairs)
             return None
         self._seq += 1
-        job = Job(self._seq, self._gen, window, time.monotonic())
+        job = Job(self._seq, self._gen, window, time.monotonic(), window_no=self._n["windows"])
         self._inflight = job
         return job
 
@@ -570,6 +572,7 @@ class DispatchController:
                     "roundtrip_ms": rt * 1e3,
                     **info,
                 }
+                self._data_window = job.window_no
                 if self._publisher.publish(tables, closed_at=job.window.closed_at, pairs=job.pairs, record=record):
                     log.info("dispatch runtime: fresh tables published; fallback off")
 

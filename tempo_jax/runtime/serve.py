@@ -44,6 +44,7 @@ from ..layer import tables as dispatch_tables
 from ..layer.mesh import parse_mesh
 from ..layer.params import EXPERT_KEYS, slot_bytes
 from ..layer.replicas import migrate
+from ..metrics import Capture, WatchOptions
 from ..workloads import TRACES, RoutingStream, drifting_stream, recorded_stream
 from . import serve_shared as shared
 from .controller import SOLVER_MODES
@@ -284,15 +285,18 @@ def serve(
     out_dir: str | Path | None = "results",
     quiet: bool = False,
     figure: bool = True,
+    watch: WatchOptions | None = None,
 ) -> dict:
     """Run the serving loop: the tiny MoE LM (``cfg.model="lm"``, `tempo_jax.runtime.serve_lm.serve_lm`) or the bare
-    layer (see the module); returns the report (also written to ``<out_dir>/serve.json``)."""
+    layer (see the module); returns the report (also written to ``<out_dir>/serve.json``, with one metrics record
+    per step in ``<out_dir>/metrics.jsonl``). ``watch``: the run's Prometheus endpoint, TensorBoard folder and
+    stall limits (`tempo_jax.metrics.WatchOptions`; docs/runtime.md, "Watching it")."""
     if cfg.model == "lm":
-        return serve_lm(cfg, out_dir=out_dir, quiet=quiet, figure=figure)
-    return _serve_layer(cfg, out_dir=out_dir, quiet=quiet, figure=figure)
+        return serve_lm(cfg, out_dir=out_dir, quiet=quiet, figure=figure, watch=watch)
+    return _serve_layer(cfg, out_dir=out_dir, quiet=quiet, figure=figure, watch=watch)
 
 
-def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dict:
+def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch) -> dict:
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
     # Step 1: routing, placement, layer (Ng EP groups of D ranks: each group serves its own tokens).
@@ -361,75 +365,82 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool) -> dic
     logical = to_logical(state["params"], placement)  # the function every placement computes
     reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, gate)))
     rows, on, max_diff, moves, after_move = [], None, 0.0, [], None
-    refresher.refresh()  # the counter's baseline
-    try:
-        for s in range(cfg.steps):
-            want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
-            if want_on != on:
-                on = want_on
+    with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
+        refresher.refresh()  # the counter's baseline
+        try:
+            for s in range(cfg.steps):
+                want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
+                if want_on != on:
+                    on = want_on
+                    if on:
+                        refresher.start()
+                    else:
+                        refresher.stop()
+                ids = jnp.asarray(ids_fn(s))
+                x = x_of(s)
+                tables, version = ctl.latest, ctl.version
+                t_step = time.perf_counter()
+                res = step_fn(x, ids, tables.table, state["counter"], jax.random.key(s))
+                jax.block_until_ready(res.out)
+                step_ms = (time.perf_counter() - t_step) * 1e3
+                state["counter"] = res.counter
+                stats = Capture.from_stats(res.stats, placement, Ng)  # its host copies begin; read a step later
                 if on:
-                    refresher.start()
-                else:
-                    refresher.stop()
-            ids = jnp.asarray(ids_fn(s))
-            x = x_of(s)
-            tables, version = ctl.latest, ctl.version
-            t_step = time.perf_counter()
-            res = step_fn(x, ids, tables.table, state["counter"], jax.random.key(s))
-            jax.block_until_ready(res.out)
-            step_ms = (time.perf_counter() - t_step) * 1e3
-            state["counter"] = res.counter
-            if on:
-                refresher.step()
-            counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(Ng, D, E)  # each EP group's own
-            live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
-            uniform = shared.group_makespan(
-                lambda c, w=uniform_w, p=placement: cost.makespan(expected_dispatch(w, c, p)), counts
-            )
-            m = ctl.metrics()
-            extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
-            rows.append(shared.step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
-            if after_move is not None:
-                moves[-1]["next_step_ms"], after_move = step_ms, None
-            new = ctl.proposal
-            if new is not None:  # the slow timescale: move the experts if the proposal models no worse
-                before, after = (
-                    shared.group_makespan(
-                        lambda c, p=p: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
-                    )
-                    for p in (placement, new)
+                    refresher.step()
+                counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(Ng, D, E)  # each EP group's own
+                live = float(
+                    cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max()
                 )
-                if after <= before:
-                    moves.append(_move_layer(state, placement, new, mesh, s) | shared.priced(before, after, True))
-                    placement, uniform_w = new, plan_weights("uniform", new)
-                    step_fn = make_step(dispatch_tables.placement_arrays(new))
-                    ctl.set_placement(new)
-                    after_move = s
-                else:
-                    moves.append({"step": s, **shared.priced(before, after, False)})
-                    ctl.dismiss_proposal()
-                status(shared.move_text(moves[-1]))
-            solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
-            if cfg.check_every and s % cfg.check_every == 0:
-                ref = reference(x, ids)
-                max_diff = max(max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
-            status(
-                f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
-                f"uniform {uniform:7.1f} µs | v{version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
-                f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}"
-            )
-            if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
-                pid = ctl.kill_worker()
-                status(f"step {s:4d} killed the solver worker (pid {pid})")
-        ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
-    finally:
-        metrics, status_text, _ = shared.stop(ctl, refresher)
-    # Step 5: off the clock: every step under static / uniform / oracle tables.
-    report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, Ng, E, K, placement.num_slots)
-    report["replacements"] = moves
-    report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
-    say(_summary_text(report))
-    shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
+                uniform = shared.group_makespan(
+                    lambda c, w=uniform_w, p=placement: cost.makespan(expected_dispatch(w, c, p)), counts
+                )
+                m = ctl.metrics()
+                extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
+                rows.append(shared.step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
+                if after_move is not None:
+                    moves[-1]["next_step_ms"], after_move = step_ms, None
+                new, moved = ctl.proposal, len(moves)
+                if new is not None:  # the slow timescale: move the experts if the proposal models no worse
+                    before, after = (
+                        shared.group_makespan(
+                            lambda c, p=p: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
+                        )
+                        for p in (placement, new)
+                    )
+                    if after <= before:
+                        moves.append(_move_layer(state, placement, new, mesh, s) | shared.priced(before, after, True))
+                        placement, uniform_w = new, plan_weights("uniform", new)
+                        step_fn = make_step(dispatch_tables.placement_arrays(new))
+                        ctl.set_placement(new)
+                        after_move = s
+                    else:
+                        moves.append({"step": s, **shared.priced(before, after, False)})
+                        ctl.dismiss_proposal()
+                    status(shared.move_text(moves[-1]))
+                watcher.step(s, stats, step_ms=step_ms, controller=ctl, moves=moves[moved:], feeding=on)
+                solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+                if cfg.check_every and s % cfg.check_every == 0:
+                    ref = reference(x, ids)
+                    max_diff = max(max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
+                status(
+                    f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
+                    f"uniform {uniform:7.1f} µs | v{version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
+                    f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}"
+                )
+                if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
+                    pid = ctl.kill_worker()
+                    status(f"step {s:4d} killed the solver worker (pid {pid})")
+            ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
+            watcher.flush()
+        finally:
+            metrics, status_text, _ = shared.stop(ctl, refresher)
+        # Step 5: off the clock: every step under static / uniform / oracle tables.
+        report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, Ng, E, K, placement.num_slots)
+        report["replacements"] = moves
+        report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
+        report["watch"] = watcher.summary()
+        say(_summary_text(report))
+        shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
 
 

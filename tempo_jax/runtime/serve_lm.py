@@ -85,9 +85,12 @@ def _layer_loads(model: TinyMoELM, step, draw, batches: int) -> np.ndarray:
     return load
 
 
-def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False, figure: bool = True) -> dict:
+def serve_lm(
+    cfg, *, out_dir: str | Path | None = "results", quiet: bool = False, figure: bool = True, watch=None
+) -> dict:
     """Serve the tiny MoE LM with live per-layer tables (see the module); returns the report (also
-    ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve.ServeConfig` with ``model="lm"``."""
+    ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve.ServeConfig` with ``model="lm"``; ``watch``
+    the `tempo_jax.metrics.WatchOptions` of the run's metrics (``<out_dir>/metrics.jsonl`` in any case)."""
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
     mesh, D, Ng, _ = shared.serving_mesh(cfg)  # Ng EP groups (data replicas) of D ranks
@@ -152,80 +155,88 @@ def serve_lm(cfg, *, out_dir: str | Path | None = "results", quiet: bool = False
     ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
     uniform_w = [plan_weights("uniform", p) for p in placements]
     installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
-    refresher.refresh()  # the counters' baseline
-    try:
-        for s in range(cfg.steps):
-            want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
-            if want_on != on:
-                on = want_on
-                (refresher.start if on else refresher.stop)()
-            kind = "prefill" if s % (cfg.decode_steps + 1) == 0 else "decode"
-            phase = phases.index(kind)
-            installed = ctl.version  # this phase's freshest tables into every layer (trusted, keyed: no host copy)
-            for block, tables in zip(model.blocks, ctl.latest[phase * L : (phase + 1) * L], strict=True):
-                block.moe.set_tables(tables)
-            if kind == "prefill":
-                model.init_cache(B_dec, cfg.decode_steps + 1)
-                tokens, last = jnp.asarray(draw()), jnp.asarray(starts())
-            else:
-                tokens = last
-            t_step = time.perf_counter()
-            logits = (prefill if kind == "prefill" else decode)(model, tokens)
-            jax.block_until_ready(logits)
-            step_ms = (time.perf_counter() - t_step) * 1e3
-            if kind == "decode":  # each sequence's next byte, sampled
-                last = sample(next(keys), logits)
-            counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E], groups summed
-            groups = np.stack([np.asarray(b.moe.shard_counts.get_value()).reshape(Ng, D, -1) for b in model.blocks])
-            new = cumulative["counters"].copy()
-            new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
-            cumulative["counters"] = new
-            if on:
-                refresher.step()
-            live, uniform = [], []
-            for block, placement, uw, c in zip(model.blocks, placements, uniform_w, groups, strict=True):
-                acts, toks = (
-                    np.asarray(block.moe.gpu_activations.get_value()),
-                    np.asarray(block.moe.gpu_tokens.get_value()),
-                )
-                live.append(float(cost.gpu_times(acts, toks).max()))
-                uniform.append(
-                    shared.group_makespan(lambda g, w=uw, p=placement: cost.makespan(expected_dispatch(w, g, p)), c)
-                )
-            m = ctl.metrics()
-            rows.append(shared.step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind))
-            if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
-                moves[-1]["next_step_ms"], after_move = step_ms, None
-            if kind == "prefill":
-                prefill_counts = groups
-            proposal = ctl.proposal
-            if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
-                before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
-                if after <= before:
-                    moves.append(_replace(model, proposal[:L], s) | shared.priced(before, after, True))
-                    placements = list(proposal[:L])
-                    uniform_w = [plan_weights("uniform", p) for p in placements]
-                    ctl.set_placement(tuple(placements) * len(phases))
-                    after_move = s
+    with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
+        refresher.refresh()  # the counters' baseline
+        try:
+            for s in range(cfg.steps):
+                want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
+                if want_on != on:
+                    on = want_on
+                    (refresher.start if on else refresher.stop)()
+                kind = "prefill" if s % (cfg.decode_steps + 1) == 0 else "decode"
+                phase = phases.index(kind)
+                installed = ctl.version  # this phase's freshest tables into every layer (trusted, keyed: no host copy)
+                for block, tables in zip(model.blocks, ctl.latest[phase * L : (phase + 1) * L], strict=True):
+                    block.moe.set_tables(tables)
+                if kind == "prefill":
+                    model.init_cache(B_dec, cfg.decode_steps + 1)
+                    tokens, last = jnp.asarray(draw()), jnp.asarray(starts())
                 else:
-                    moves.append({"step": s, **shared.priced(before, after, False)})
-                    ctl.dismiss_proposal()
-                status(shared.move_text(moves[-1], _LAYERS_MEAN))
-            solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
-            status(
-                f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
-                f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
-                f"age {m['age_s']:.2f} s | refresh {solve}"
-            )
-            if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
-                status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
-        ctl.wait(timeout=120.0, raise_errors=False)
-    finally:
-        metrics, status_text, history = shared.stop(ctl, refresher)
-    report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
-    report["replacements"] = moves
-    say(_summary(report))
-    shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
+                    tokens = last
+                t_step = time.perf_counter()
+                logits = (prefill if kind == "prefill" else decode)(model, tokens)
+                jax.block_until_ready(logits)
+                step_ms = (time.perf_counter() - t_step) * 1e3
+                if kind == "decode":  # each sequence's next byte, sampled
+                    last = sample(next(keys), logits)
+                counts = np.stack(
+                    [np.asarray(b.moe.counts.get_value()) for b in model.blocks]
+                )  # [L, D, E], groups summed
+                groups = np.stack([np.asarray(b.moe.shard_counts.get_value()).reshape(Ng, D, -1) for b in model.blocks])
+                new = cumulative["counters"].copy()
+                new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
+                cumulative["counters"] = new
+                if on:
+                    refresher.step()
+                live, uniform = [], []
+                for block, placement, uw, c in zip(model.blocks, placements, uniform_w, groups, strict=True):
+                    acts, toks = (
+                        np.asarray(block.moe.gpu_activations.get_value()),
+                        np.asarray(block.moe.gpu_tokens.get_value()),
+                    )
+                    live.append(float(cost.gpu_times(acts, toks).max()))
+                    uniform.append(
+                        shared.group_makespan(lambda g, w=uw, p=placement: cost.makespan(expected_dispatch(w, g, p)), c)
+                    )
+                m = ctl.metrics()
+                rows.append(
+                    shared.step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind)
+                )
+                if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
+                    moves[-1]["next_step_ms"], after_move = step_ms, None
+                if kind == "prefill":
+                    prefill_counts = groups
+                proposal, moved = ctl.proposal, len(moves)
+                if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
+                    before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
+                    if after <= before:
+                        moves.append(_replace(model, proposal[:L], s) | shared.priced(before, after, True))
+                        placements = list(proposal[:L])
+                        uniform_w = [plan_weights("uniform", p) for p in placements]
+                        ctl.set_placement(tuple(placements) * len(phases))
+                        after_move = s
+                    else:
+                        moves.append({"step": s, **shared.priced(before, after, False)})
+                        ctl.dismiss_proposal()
+                    status(shared.move_text(moves[-1], _LAYERS_MEAN))
+                watcher.step(s, model, kind=kind, step_ms=step_ms, controller=ctl, moves=moves[moved:], feeding=on)
+                solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+                status(
+                    f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
+                    f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
+                    f"age {m['age_s']:.2f} s | refresh {solve}"
+                )
+                if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
+                    status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
+            ctl.wait(timeout=120.0, raise_errors=False)
+            watcher.flush()
+        finally:
+            metrics, status_text, history = shared.stop(ctl, refresher)
+        report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
+        report["replacements"] = moves
+        report["watch"] = watcher.summary()
+        say(_summary(report))
+        shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
 
 

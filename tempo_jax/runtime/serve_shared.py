@@ -5,6 +5,7 @@ replicas) each dispatch their own tokens over the same tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..layer import make_ep_mesh
 from ..layer.mesh import make_mesh, parse_mesh
+from ..metrics import Watcher, WatchOptions
 from .controller import DispatchController
 from .refresher import Refresher
 
@@ -26,6 +28,7 @@ __all__ = [
     "serving_mesh",
     "start",
     "step_row",
+    "watcher",
     "step_stats",
     "stop",
     "write_report",
@@ -41,6 +44,15 @@ def serving_mesh(cfg):
         return mesh, mesh.shape["ep"], 1, None
     mesh = make_mesh(**parse_mesh(cfg.mesh))
     return mesh, mesh.shape["ep"], mesh.shape["data"], "tensor" if mesh.shape["tensor"] > 1 else None
+
+
+def watcher(cfg, watch: WatchOptions | None, out_dir, cost, say) -> Watcher:
+    """The serving loop's `tempo_jax.metrics.Watcher`: ``watch``'s sinks, and ``<out_dir>/metrics.jsonl`` (one
+    record per step, what `tempo-jax report` draws) unless ``watch`` names another file or ``out_dir`` is None."""
+    watch = WatchOptions() if watch is None else watch
+    if watch.jsonl is None and out_dir is not None:
+        watch = dataclasses.replace(watch, jsonl=str(Path(out_dir) / "metrics.jsonl"))
+    return Watcher(watch, cost=cost, policy=cfg.policy, say=say)
 
 
 def group_makespan(makespan: Callable[[np.ndarray], float], counts) -> float:
