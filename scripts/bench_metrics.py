@@ -114,8 +114,18 @@ def deepseek_records(repeats: int) -> dict:
         tokens = per_slot.reshape(D, -1).sum(1).astype(np.int32)
         acts = (per_slot.reshape(D, -1) > 0).sum(1).astype(np.int32)
         zeros = np.zeros(D, np.int32)
-        arrays.append({"shard_counts": counts, "gpu_tokens": tokens, "gpu_activations": acts, "drops": zeros,
-                       "rounds": zeros + 1, "invalid_ids": zeros, "phy2log": p.phy2log})  # fmt: skip
+        arrays.append(
+            {
+                "shard_counts": counts,
+                "gpu_tokens": tokens,
+                "gpu_activations": acts,
+                "drops": zeros,
+                "rounds": zeros + 1,
+                "invalid_ids": zeros,
+                "plan_rounds": zeros,
+                "phy2log": p.phy2log,
+            }
+        )
     cap = Capture(arrays, [(D, E)] * L, [1] * L, [False] * L)
     out = {}
     for label, every in (("records", 0), ("records + optimum", 1)):
@@ -145,10 +155,17 @@ def main(argv=None) -> int:
     m = served["median_ms"]
     writer = served["writer_cpu_ms"]
     rows = [
-        [k, f"{m[k]:.1f}", f"{served['p90_ms'][k]:.1f}", f"{served['over_not_watched'][k]:.3f}",
-         f"{served['watcher_call_ms'][k]:.2f}", f"{writer[k]:.2f}" if k in writer else "-", served["steps"][k]]
+        [
+            k,
+            f"{m[k]:.1f}",
+            f"{served['p90_ms'][k]:.1f}",
+            f"{served['over_not_watched'][k]:.3f}",
+            f"{served['watcher_call_ms'][k]:.2f}",
+            f"{writer[k]:.2f}" if k in writer else "-",
+            served["steps"][k],
+        ]
         for k in m
-    ]  # fmt: skip
+    ]
     heads = ["tiny LM served step (8 CPU devices)", "median ms", "p90 ms", "/ not watched", "call ms", "writer CPU ms"]
     print(table(rows, [*heads, "steps"]))
     for label, r in big.items():
@@ -159,8 +176,12 @@ def main(argv=None) -> int:
     print(f"load average {load0[0]:.2f} → {load1[0]:.2f} (1 min)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"served": served, "deepseek_v3_records": big, "load_avg": [load0[0], load1[0]],
-                               "args": vars(args)}, indent=1))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {"served": served, "deepseek_v3_records": big, "load_avg": [load0[0], load1[0]], "args": vars(args)},
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

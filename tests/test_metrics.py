@@ -80,9 +80,14 @@ def test_the_record_is_the_layers_own_state(shape):
     assert optimum <= eplb * (1 + 1e-9)
     # The functional layer's capture (`moe_forward`'s stats) gives the same record.
     res = moe_forward(
-        moe.params(), x, mesh=mesh, config=moe.config, placement_arrays=dispatch_tables.placement_arrays(placement),
-        tables=dispatch_tables.uniform(placement), key=jax.random.key(1)
-    )  # fmt: skip
+        moe.params(),
+        x,
+        mesh=mesh,
+        config=moe.config,
+        placement_arrays=dispatch_tables.placement_arrays(placement),
+        tables=dispatch_tables.uniform(placement),
+        key=jax.random.key(1),
+    )
     (fs,) = Capture.from_stats(res.stats, placement, Ng).layers()
     functional = layer_record(fs, COST)
     assert functional["expert_tokens"] == rec["expert_tokens"] and functional["pairs"] == 256
@@ -94,10 +99,17 @@ def test_the_default_series_stay_bounded_and_the_options_add_what_they_say():
 
     def record(D, E, L=3):
         layer = {
-            "tokens": [5] * D, "activated": [1] * D, "expert_tokens": [1] * E, "pairs": 5 * D, "drops": 0,
-            "invalid_ids": 0, "rounds": 1, "balancedness": {"tokens": 1.0, "time": 1.0},
+            "tokens": [5] * D,
+            "activated": [1] * D,
+            "expert_tokens": [1] * E,
+            "pairs": 5 * D,
+            "drops": 0,
+            "invalid_ids": 0,
+            "rounds": 1,
+            "plan_rounds": 0,
+            "balancedness": {"tokens": 1.0, "time": 1.0},
             "makespan_us": {"live": 10.0, "eplb_even": 12.0, "optimum": 9.0},
-        }  # fmt: skip
+        }
         return {"step": 0, "kind": "step", "step_ms": 1.0, "layers": [layer] * L, "replacements": [], "stalls": {}}
 
     def series(D, E, **kw):
@@ -277,8 +289,11 @@ class _Clock:
 
 
 def _runtime(closed=0, empty=0, published=0, restarts=0, pairs_in=0.0):
-    return {"windows": {"closed": closed, "empty": empty, "published": published}, "restarts": restarts,
-            "pairs": {"in": pairs_in}}  # fmt: skip
+    return {
+        "windows": {"closed": closed, "empty": empty, "published": published},
+        "restarts": restarts,
+        "pairs": {"in": pairs_in},
+    }
 
 
 def _watch(**limits):
@@ -384,3 +399,36 @@ def test_a_donating_step_cannot_pull_the_records_from_under_the_watcher(tmp_path
     before = np.asarray(moe.gpu_tokens.get_value()).tolist()
     step(moe, xs[0])  # donates (deletes) the arrays the layer held
     assert cap.layers()[0]["gpu_tokens"].tolist() == before and sum(before) == 384
+
+
+def test_the_in_graph_plan_reports_its_rounds():
+    """``dispatch="ingraph"``: the record carries the improvement rounds the in-graph plan ran (every rank the same,
+    at least one, at most ``dispatch_rounds``), the Prometheus gauge shows it; with tables it is 0."""
+    mesh = make_ep_mesh(8)
+    placement = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    x = jax.random.normal(jax.random.key(0), (256, 16))
+    got = {}
+    for dispatch in ("tables", "ingraph"):
+        cfg = MoEConfig(
+            hidden=16,
+            ffn=16,
+            experts=8,
+            top_k=2,
+            slots_per_rank=2,
+            dispatch_mode="quota",
+            **({"dispatch": "ingraph", "cost": COST} if dispatch == "ingraph" else {}),
+        )
+        moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+        moe(x)
+        rounds = np.asarray(moe.plan_rounds.get_value())
+        (stats,) = capture(moe).layers()
+        got[dispatch] = layer_record(stats, COST)["plan_rounds"]
+        assert len(set(rounds.tolist())) == 1 and got[dispatch] == rounds[0]
+        if dispatch == "ingraph":
+            assert 1 <= got[dispatch] <= cfg.dispatch_rounds
+    assert got["tables"] == 0
+    sink = PrometheusSink()
+    layer = layer_record(stats, COST)
+    sink.write({"step": 0, "kind": "step", "layers": [layer], "stalls": {}})
+    samples = {s.name: s.value for f in sink.registry.collect() for s in f.samples}
+    assert samples["tempo_moe_plan_rounds"] == got["ingraph"]

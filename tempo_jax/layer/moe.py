@@ -148,6 +148,8 @@ class MoEStats(NamedTuple):
       rounds: ``[D]`` exchange rounds of the call (``capacity="auto"``: ⌈largest block / C⌉; otherwise 1).
       invalid_ids: ``[D]`` pairs of real tokens whose routed expert id lies outside [0, E) (replayed routing under
         ``jit``, where it cannot be refused): they are computed by no expert and contribute nothing.
+      plan_rounds: ``[D]`` improvement rounds the in-graph plan ran (``dispatch="ingraph"``: at most
+        ``dispatch_rounds``; every rank plans the same); 0 with tables.
     """
 
     gpu_tokens: jax.Array
@@ -159,6 +161,7 @@ class MoEStats(NamedTuple):
     topk_ids: jax.Array
     rounds: jax.Array
     invalid_ids: jax.Array
+    plan_rounds: jax.Array
 
 
 class MoEAux(NamedTuple):
@@ -243,9 +246,9 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     shard = jax.lax.axis_index(axes.tokens) if axes.batch else d  # this token shard (tensor ranks share it)
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, shard), (T, K)) if sample else None
     if config.dispatch == "ingraph":
-        table = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
+        table, plan_rounds = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
     else:
-        table = inp.table[(d * groups) // D]
+        table, plan_rounds = inp.table[(d * groups) // D], jnp.int32(0)
     dp = stages.dispatch_pairs(
         rt,
         table,
@@ -333,6 +336,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         topk_ids=jnp.where(inp.valid[:, None], rt.ids, -1),
         rounds=n_rounds[None],
         invalid_ids=invalid_ids[None],
+        plan_rounds=plan_rounds[None],
     )
     aux = _aux(rt, dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=aux_losses and not given_routing)
     counts, counter = dp.counts, dp.counter
@@ -362,7 +366,8 @@ def _ingraph_table(
     ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int, rank: jax.Array
 ) -> jax.Array:
     """This rank's in-graph table ``[E, R]`` (`tempo_jax.layer.relief`): its valid pair counts all-gathered over the
-    axis ``[D, E]``, pairwise relief of the totals (the same plan on every rank), and this source's quota row."""
+    axis ``[D, E]``, pairwise relief of the totals (the same plan on every rank), and this source's quota row; and
+    the improvement rounds the plan ran."""
     E = config.experts
     ok = valid[:, None] & (ids >= 0) & (ids < E)
     counts = jax.ops.segment_sum(
@@ -370,17 +375,18 @@ def _ingraph_table(
     )[:E]
     every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
     ranks = relief.replica_ranks(log2phy, config.slots_per_rank)
-    x = relief.relief(
+    x, ran = relief.relief(
         jnp.sum(every, axis=0),
         ranks,
         config.cost,
         num_ranks,
         config.dispatch_rounds,
         num_slots=num_ranks * config.slots_per_rank,
+        with_rounds=True,
     )
     mine = jax.lax.dynamic_slice_in_dim(every, rank, 1, axis=0)  # [1, E]
     before = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < rank, every, 0), axis=0)[None]  # sources before
-    return relief.quotas(jnp.concatenate([before, mine]), x)[1]
+    return relief.quotas(jnp.concatenate([before, mine]), x)[1], ran
 
 
 def _exchange_ffn(

@@ -185,7 +185,8 @@ def _seed(n, ranks, cost: CostModel, D: int, spread: bool):
 
 
 def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
-    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [E, R]`` → ``(best plan, its makespan)``."""
+    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [E, R]`` → ``(best plan, its makespan, rounds run)``
+    (a round that accepts no move ends the loop; it counts)."""
     pe, pi, pj, valid = moves
     g = jnp.where(valid, ranks[pe, pi], 0)
     h = jnp.where(valid, ranks[pe, pj], 0)
@@ -212,13 +213,13 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
         return i + 1, x, best_x, best_ms, jnp.any(accepted)
 
     # At most ``rounds``; a round that accepts no move leaves x as it was, so every later round would too.
-    best_x, best_ms = x, jnp.float32(jnp.inf)
+    best_x, best_ms, ran = x, jnp.float32(jnp.inf), jnp.int32(0)
     if rounds:
-        carry = (jnp.int32(0), x, best_x, best_ms, jnp.bool_(True))
-        _, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], one_round, carry)
+        carry = (ran, x, best_x, best_ms, jnp.bool_(True))
+        ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], one_round, carry)
     # Step 4: the best of the rounds (the last moves included).
     last = jnp.max(_times(cost, *_loads(x, ranks, D)))
-    return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms)
+    return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms), ran
 
 
 def relief(
@@ -229,17 +230,20 @@ def relief(
     rounds: int = ROUNDS,
     *,
     num_slots: int | None = None,
+    with_rounds: bool = False,
 ) -> jax.Array:
     """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
     (`solvers.relief.relief`, step for step; its two starts run side by side under `jax.vmap`); ``num_slots`` P
-    bounds the candidate moves (default: E·R)."""
+    bounds the candidate moves (default: E·R). ``with_rounds``: ``(x, rounds)``, the improvement rounds the chosen
+    start ran (int32, at most ``rounds``)."""
     D = num_ranks
     n = n.astype(jnp.float32)
     E, R = ranks.shape
     moves = move_pairs(ranks, E * R if num_slots is None else num_slots, D)
     starts = jnp.stack([_seed(n, ranks, cost, D, spread) for spread in (False, True)])  # Step 2
-    xs, ms = jax.vmap(lambda x0: _improve(x0, ranks, cost, D, rounds, moves))(starts)
-    return jnp.where(ms[1] < ms[0], xs[1], xs[0])
+    xs, ms, ran = jax.vmap(lambda x0: _improve(x0, ranks, cost, D, rounds, moves))(starts)
+    x = jnp.where(ms[1] < ms[0], xs[1], xs[0])
+    return (x, jnp.where(ms[1] < ms[0], ran[1], ran[0])) if with_rounds else x
 
 
 def quotas(counts: jax.Array, x: jax.Array) -> jax.Array:

@@ -41,7 +41,7 @@ __all__ = ["STAT_NAMES", "Capture", "balancedness", "capture", "eplb_share", "la
 
 #: The per-device statistics of a layer's last call that a record reads (`tempo_jax.MoE` state, each ``[n]`` but
 #: ``shard_counts [n, E]``; a stack of layers built with ``nnx.vmap`` adds a leading ``[L]``).
-STAT_NAMES = ("shard_counts", "gpu_tokens", "gpu_activations", "drops", "rounds", "invalid_ids")
+STAT_NAMES = ("shard_counts", "gpu_tokens", "gpu_activations", "drops", "rounds", "invalid_ids", "plan_rounds")
 
 
 def moe_layers(model) -> list[MoE]:
@@ -228,13 +228,13 @@ def layer_record(stats: dict, cost: CostModel, *, policy: str | None = None, sha
 
     Args:
       stats: ``shard_counts [n, E]``, ``gpu_tokens [n]``, ``gpu_activations [n]``, ``drops [n]``, ``rounds [n]``,
-        ``invalid_ids [n]``, ``placement`` and ``groups`` (Ng; n = Ng·D).
+        ``invalid_ids [n]``, ``plan_rounds [n]``, ``placement`` and ``groups`` (Ng; n = Ng·D).
       cost: the cost model of the times and makespans.
       policy: also solve this policy on the step's counts (``makespan_us["optimum"]``; None: not computed).
       share: `eplb_share` of the placement, when the caller keeps it (else computed).
 
     Returns:
-      ``{"tokens" [n], "activated" [n], "expert_tokens" [E], "pairs", "drops", "invalid_ids", "rounds",
+      ``{"tokens" [n], "activated" [n], "expert_tokens" [E], "pairs", "drops", "invalid_ids", "rounds", "plan_rounds",
       "balancedness": {"tokens", "time"}, "makespan_us": {"live", "eplb_even", "optimum"}}`` (lists and floats:
       JSON as it stands).
     """
@@ -257,6 +257,7 @@ def layer_record(stats: dict, cost: CostModel, *, policy: str | None = None, sha
         "drops": int(np.sum(stats["drops"])),
         "invalid_ids": int(np.sum(stats["invalid_ids"])),
         "rounds": int(np.max(stats["rounds"])),
+        "plan_rounds": int(np.max(stats["plan_rounds"])),
         "balancedness": {"tokens": balancedness(toks), "time": balancedness(times)},
         "makespan_us": {"live": float(times.max(initial=0.0)), "eplb_even": float(eplb), "optimum": optimum},
     }

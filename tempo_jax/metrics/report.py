@@ -121,8 +121,13 @@ def render_run(run: str | Path, out: str | Path | None = None) -> dict:
     ax.plot(steps, mk["eplb_even"], "--", label="EPLB-even")
     for k, (s, mv) in enumerate(moves):
         applied = mv["applied"]
-        ax.axvline(s, color="C3" if applied else "0.6", ls=":" if applied else "-.", lw=1.2,
-                   label=("re-placed" if applied else "proposal dismissed") if k < 2 else None)  # fmt: skip
+        ax.axvline(
+            s,
+            color="C3" if applied else "0.6",
+            ls=":" if applied else "-.",
+            lw=1.2,
+            label=("re-placed" if applied else "proposal dismissed") if k < 2 else None,
+        )
         if applied:
             gain = mv["makespan_before_us"] / max(mv["makespan_after_us"], 1e-12)
             ax.annotate(f"{mv['moved_slots']} slots\n×{gain:.2f}", (s, ax.get_ylim()[1]), fontsize=7, va="top")

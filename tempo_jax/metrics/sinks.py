@@ -107,6 +107,7 @@ class PrometheusSink:
                 layer["makespan_us"]["eplb_even"] / live if live else 1.0
             )
             m["tempo_moe_dropless_rounds"].labels(lab).set(layer["rounds"])
+            m["tempo_moe_plan_rounds"].labels(lab).set(layer["plan_rounds"])
             toks = np.asarray(layer["tokens"], dtype=np.float64)
             if toks.mean() > 0:
                 for r in toks / toks.mean():
@@ -187,7 +188,7 @@ def write_tensorboard(writer, record: dict) -> None:
         for tables, us in layer["makespan_us"].items():
             if us is not None:
                 writer.add_scalar(f"{tag}/makespan_{tables}_us", us, step)
-        for key in ("pairs", "drops", "invalid_ids", "rounds"):
+        for key in ("pairs", "drops", "invalid_ids", "rounds", "plan_rounds"):
             writer.add_scalar(f"{tag}/{key}", layer[key], step)
         load = np.asarray(layer["expert_tokens"], dtype=np.float64)
         ids = np.arange(load.size, dtype=np.float64)

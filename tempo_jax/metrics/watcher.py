@@ -169,8 +169,16 @@ class Watcher:
                 self._layers = (source, moe_layers(source))
             source = capture(self._layers[1])
         runtime = None if controller is None else self._runtime(controller)
-        meta = dict(step=step, kind=kind, time=time.time(), step_ms=step_ms, runtime=runtime, replacements=list(moves),
-                    feeding=feeding, scalars=dict(scalars or {}))  # fmt: skip
+        meta = dict(
+            step=step,
+            kind=kind,
+            time=time.time(),
+            step_ms=step_ms,
+            runtime=runtime,
+            replacements=list(moves),
+            feeding=feeding,
+            scalars=dict(scalars or {}),
+        )
         if self._queue.full() and not self._warned_backlog:
             self._warned_backlog = True
             logger.warning(
