@@ -432,3 +432,38 @@ def test_the_in_graph_plan_reports_its_rounds():
     sink.write({"step": 0, "kind": "step", "layers": [layer], "stalls": {}})
     samples = {s.name: s.value for f in sink.registry.collect() for s in f.samples}
     assert samples["tempo_moe_plan_rounds"] == got["ingraph"]
+
+
+def test_a_runtime_that_never_publishes_raises_its_hand(caplog):
+    """End to end: a real controller whose every solve misses its budget publishes nothing; the watcher fed by it
+    raises the ``publication`` gauge on its /metrics registry and logs what stalled and since when."""
+    from tempo_jax.runtime import DispatchController
+
+    placement = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    counts = np.full((8, 8), 4, np.int32)  # [D, E] every step
+    stats = {
+        "shard_counts": counts,
+        "gpu_tokens": np.full(8, 32),
+        "gpu_activations": np.full(8, 2),
+        "drops": np.zeros(8),
+        "rounds": np.ones(8),
+        "invalid_ids": np.zeros(8),
+        "plan_rounds": np.zeros(8),
+        "phy2log": placement.phy2log,
+    }
+    limits = StallLimits(publication_windows=4)
+    ctl = DispatchController(placement, COST, policy="tempo", solver_mode="inline", budget_s=1e-9)
+    with ctl, Watcher(WatchOptions(port=0, stalls=limits), say=lambda *a: None) as watcher:
+        for s in range(8):
+            ctl.observe(counts)
+            watcher.step(s, Capture([stats], [(8, 8)], [1], [False]), controller=ctl)
+        watcher.flush()
+        m = ctl.metrics()
+        assert m["windows"]["published"] == 0 and m["windows"]["dropped"]["over_budget"] == 8
+        got = {
+            (s.name, s.labels.get("what")): s.value for f in watcher.prometheus.registry.collect() for s in f.samples
+        }
+    assert got[("tempo_stalled", "publication")] == 1 and got[("tempo_stalled_seconds", "publication")] > 0
+    assert got[("tempo_stalled", "restart_loop")] == 0
+    assert any("stalled: publication since step 0" in r.getMessage() for r in caplog.records)
+    assert ("begin", "publication", 3) in watcher.stalls.events

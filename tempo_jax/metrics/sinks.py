@@ -162,7 +162,10 @@ class PrometheusSink:
             return
         if linger_s > 0:
             self._seen.event.clear()
-            self._seen.event.wait(linger_s)
+            try:
+                self._seen.event.wait(linger_s)
+            except KeyboardInterrupt:  # Ctrl-C ends the wait, not the run
+                pass
         self.server.shutdown()
         self.server.server_close()
         self.server = None

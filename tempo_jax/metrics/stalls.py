@@ -58,7 +58,7 @@ class StallWatch:
         self.limits = limits
         self._clock = clock
         self._active: dict[str, dict] = {}  # what → {"since_s", "since_step", "detail"}
-        self._published = self._closed_at_publication = None
+        self._published, self._closed_at_publication = 0, 0  # nothing published yet: every window counts
         self._last_publication = (clock(), 0)
         self._restarts = None
         self._restart_times: deque = deque()

@@ -282,6 +282,11 @@ class Watcher:
             self._queue.put(None)
             self._wake.set()
             self._writer.join()
+        if linger and self.prometheus is not None and self.options.linger_s:
+            self._say(
+                f"metrics: {self.url} stays up until one more scrape (at most {self.options.linger_s:g} s; Ctrl-C "
+                "ends the wait)"
+            )
         for sink in self.sinks:
             sink.close(self.options.linger_s if sink is self.prometheus and linger else 0.0)
         self.sinks = []
