@@ -23,6 +23,7 @@ from tempo_jax.lm import LMConfig, train
 from tempo_jax.metrics import (
     METRICS,
     STALLS,
+    STAT_NAMES,
     Capture,
     PrometheusSink,
     StallLimits,
@@ -419,7 +420,7 @@ def test_the_in_graph_plan_reports_its_rounds():
             **({"dispatch": "ingraph", "cost": COST} if dispatch == "ingraph" else {}),
         )
         moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
-        moe(x)
+        nnx.jit(lambda m, x: m(x))(moe, x)  # the plan's rounds leave a jitted step as layer state
         rounds = np.asarray(moe.plan_rounds.get_value())
         (stats,) = capture(moe).layers()
         got[dispatch] = layer_record(stats, COST)["plan_rounds"]
@@ -467,3 +468,70 @@ def test_a_runtime_that_never_publishes_raises_its_hand(caplog):
     assert got[("tempo_stalled", "restart_loop")] == 0
     assert any("stalled: publication since step 0" in r.getMessage() for r in caplog.records)
     assert ("begin", "publication", 3) in watcher.stalls.events
+
+
+def test_the_capture_copy_moves_nothing_between_devices():
+    """The packing program of a capture has no collective (one on XLA:CPU in flight with many others deadlocked its
+    rendezvous); arrays that are not on one mesh take the plain copy, read back equal."""
+    from tempo_jax.layer.collectives import program_collectives
+    from tempo_jax.metrics.record import _host, _Packed, _packer, _start_copies
+
+    for mesh in (make_ep_mesh(8), make_mesh(data=2, ep=4)):
+        moe, _ = _moe(mesh)
+        moe(jax.random.normal(jax.random.key(0), (64, 16)))
+        cap = capture(moe)
+        assert isinstance(cap.arrays, _Packed)
+        leaves = jax.tree.leaves(cap.arrays.treedef.unflatten([0] * cap.arrays.treedef.num_leaves))
+        assert len(leaves) == 8  # the 7 statistics and phy2log of the one layer
+        arrays = [{name: getattr(moe, name).get_value() for name in (*STAT_NAMES, "phy2log")}]
+        specs = tuple(a.sharding.spec for a in jax.tree.leaves(arrays))
+        hlo = _packer(mesh, specs).lower(*jax.tree.leaves(arrays)).compile().as_text()
+        assert program_collectives(hlo, mesh) == []
+    plain = {"a": jax.numpy.arange(6).reshape(2, 3), "b": jax.device_put(jax.numpy.ones(4), jax.devices()[3])}
+    got = _start_copies(plain)
+    assert not isinstance(got, _Packed)
+    back = _host(got)
+    assert back["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and back["b"].tolist() == [1.0] * 4
+
+
+def test_a_failing_sink_is_raised_and_its_lost_steps_counted(tmp_path):
+    """A sink that fails: the loop hears of it at its next call, with how many steps were not recorded; later steps
+    are recorded again. A runtime counter that goes down (a new controller) counts its new total, not zero."""
+
+    class Flaky:
+        def __init__(self):
+            self.steps = []
+
+        def write(self, record):
+            if record["step"] == 1:
+                raise OSError("disk full")
+            self.steps.append(record["step"])
+
+        def close(self, linger_s=0.0):
+            pass
+
+    moe, _ = _moe(make_ep_mesh(8))
+    moe(jax.random.normal(jax.random.key(0), (64, 16)))
+    watcher = Watcher(WatchOptions())
+    flaky = Flaky()
+    watcher.sinks.append(flaky)
+    watcher.step(0, moe)
+    watcher.step(1, moe)
+    with pytest.raises(RuntimeError, match=r"disk full.*1 step\(s\) in all were not recorded"):
+        watcher.flush()
+    watcher.step(2, moe)
+    watcher.close()
+    assert flaky.steps == [0, 2] and watcher.records_lost == 1 and watcher.summary()["records_lost"] == 1
+    sink = PrometheusSink()
+    for restarts in (3, 5, 2, 4):  # the third record comes from a new controller
+        runtime = {
+            "version": 1,
+            "age_s": 0.1,
+            "age_windows": 0,
+            "in_fallback": False,
+            "restarts": restarts,
+            "windows": {"published": 1, "empty": 0, "dropped": {"busy": 0}},
+        }
+        sink.write({"step": 0, "kind": "step", "layers": [], "runtime": runtime, "stalls": {}})
+    samples = {s.name: s.value for f in sink.registry.collect() for s in f.samples}
+    assert samples["tempo_dispatch_solver_restarts_total"] == 3 + 2 + 2 + 2

@@ -152,9 +152,10 @@ class PrometheusSink:
         m["tempo_dispatch_solver_restarts_total"].inc(self._delta("restarts", rt["restarts"]))
 
     def _delta(self, key, total: float) -> float:
-        """The increase of a cumulative runtime counter since the last record (never negative)."""
+        """The increase of a cumulative runtime counter since the last record; a counter that went down was
+        restarted (a new controller), so all of its new total is new."""
         before, self._last[key] = self._last.get(key, 0), total
-        return max(total - before, 0)
+        return total - before if total >= before else total
 
     def close(self, linger_s: float = 0.0) -> None:
         """Stop serving, after one more scrape or ``linger_s`` seconds, whichever comes first (0: at once)."""

@@ -23,7 +23,6 @@ writes the sinks: the loop never waits on the device, nor on a sink, for its met
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -132,6 +131,7 @@ class Watcher:
         self._writer.start()
         self.records = 0
         self.writer_cpu_s = 0.0  # CPU seconds the writer thread spent on records and sinks
+        self.records_lost = 0  # steps whose record failed, or came while a failure was not yet raised
 
     @property
     def url(self) -> str | None:
@@ -146,6 +146,7 @@ class Watcher:
         kind: str = "step",
         step_ms: float | None = None,
         controller=None,
+        controller_metrics: dict | None = None,
         moves=(),
         feeding: bool = True,
         scalars: dict | None = None,
@@ -159,6 +160,7 @@ class Watcher:
           kind: the step's kind (``prefill``, ``decode``, ``train``, …): a label.
           step_ms: the step's wall time.
           controller: the `DispatchController` feeding the layers (None: no runtime).
+          controller_metrics: ``controller.metrics()`` of this step, when the loop already read it.
           moves: the step's re-placement records.
           feeding: whether the controller was fed this step (a loop pausing its refresher passes False).
           scalars: more scalars for this step (e.g. ``{"train/loss": …}``).
@@ -168,7 +170,7 @@ class Watcher:
             if source is not self._layers[0]:
                 self._layers = (source, moe_layers(source))
             source = capture(self._layers[1])
-        runtime = None if controller is None else self._runtime(controller)
+        runtime = None if controller is None else self._runtime(controller, controller_metrics)
         meta = dict(
             step=step,
             kind=kind,
@@ -195,8 +197,10 @@ class Watcher:
         priority where the OS allows it per thread (Linux), so the step's own threads win a busy host's cores, and
         wakes every `WRITE_INTERVAL_S` to write what queued up (or at once for `flush`): the loop's thread then
         meets it holding the GIL a few times a second, not after every step."""
-        with contextlib.suppress(AttributeError, OSError):
+        try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError) as err:  # not Linux, or not allowed: the writer runs at normal priority
+            logger.info("metrics writer thread keeps the normal CPU priority (%s)", err)
         while True:
             if self._queue.empty():
                 self._wake.wait(WRITE_INTERVAL_S)
@@ -209,18 +213,24 @@ class Watcher:
                     t0 = time.thread_time()
                     self._emit(*item)
                     self.writer_cpu_s += time.thread_time() - t0
+                else:  # after a failure, until the loop's thread hears of it: counted, and said in the error
+                    self.records_lost += 1
             except BaseException as err:  # re-raised in the loop's thread at its next call
                 self._error = err
+                self.records_lost += 1
             finally:
                 self._queue.task_done()
 
     def _raise(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"tempo_jax.metrics.Watcher: writing a record failed: {err!r}") from err
+            raise RuntimeError(
+                f"tempo_jax.metrics.Watcher: writing a record failed: {err!r}; {self.records_lost} step(s) in all "
+                "were not recorded (Watcher.records_lost). Later steps are recorded again."
+            ) from err
 
-    def _runtime(self, controller) -> dict:
-        m = controller.metrics()
+    def _runtime(self, controller, m: dict | None) -> dict:
+        m = controller.metrics() if m is None else m
         history = controller.history
         published = m["windows"]["published"]
         fresh = history[-(published - self._seen_refreshes) :] if published > self._seen_refreshes else []
@@ -268,6 +278,7 @@ class Watcher:
         """What was published: records, files, the endpoint and its series, and the stall events."""
         return {
             "records": self.records,
+            "records_lost": self.records_lost,
             "jsonl": self.options.jsonl,
             "logdir": self.options.logdir,
             "url": self.url,

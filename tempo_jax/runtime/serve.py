@@ -384,7 +384,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
                 jax.block_until_ready(res.out)
                 step_ms = (time.perf_counter() - t_step) * 1e3
                 state["counter"] = res.counter
-                stats = Capture.from_stats(res.stats, placement, Ng)  # its host copies begin; read a step later
+                stats = Capture.from_stats(res.stats, placement, Ng)  # its copy starts; the watcher's thread reads it
                 if on:
                     refresher.step()
                 counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(Ng, D, E)  # each EP group's own
@@ -417,7 +417,9 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
                         moves.append({"step": s, **shared.priced(before, after, False)})
                         ctl.dismiss_proposal()
                     status(shared.move_text(moves[-1]))
-                watcher.step(s, stats, step_ms=step_ms, controller=ctl, moves=moves[moved:], feeding=on)
+                watcher.step(
+                    s, stats, step_ms=step_ms, controller=ctl, controller_metrics=m, moves=moves[moved:], feeding=on
+                )
                 solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
                 if cfg.check_every and s % cfg.check_every == 0:
                     ref = reference(x, ids)

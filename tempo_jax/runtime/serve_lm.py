@@ -219,7 +219,16 @@ def serve_lm(
                         moves.append({"step": s, **shared.priced(before, after, False)})
                         ctl.dismiss_proposal()
                     status(shared.move_text(moves[-1], _LAYERS_MEAN))
-                watcher.step(s, model, kind=kind, step_ms=step_ms, controller=ctl, moves=moves[moved:], feeding=on)
+                watcher.step(
+                    s,
+                    model,
+                    kind=kind,
+                    step_ms=step_ms,
+                    controller=ctl,
+                    controller_metrics=m,
+                    moves=moves[moved:],
+                    feeding=on,
+                )
                 solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
                 status(
                     f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
