@@ -13,7 +13,9 @@ Per family, in ``tests/fixtures/hf/<family>/``:
   family has one;
 - ``block.npz``: for the first MoE layer, in float64: ``x [T, H]``, ``cot [T, H]``, ``out [T, H]`` = the block's
   forward (transformers' module, eval mode), ``grad_x`` and ``grad/<name>`` = the gradients of ``sum(out · cot)``
-  w.r.t. x and every block parameter (in-memory names), and ``layer`` (the decoder layer index);
+  w.r.t. x and every block parameter (in-memory names), and ``layer`` (the decoder layer index); where the router
+  reads its own input (Gemma 4: the residual stream, while the experts read a normed copy), also ``router_x``
+  and ``grad_router_x``, and the block is the decoder layer's ``router`` and ``experts``;
 - the weights are redrawn N(0, 0.3²) (score biases N(0, 0.1²)) so that routing is far from uniform.
 
 The CI tests (`tests/test_hf_import.py`) read these files with numpy only: the layer loads what transformers wrote and
@@ -342,6 +344,22 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         1,
         "mlp",
     ),
+    "gemma4_text": (
+        dict(
+            intermediate_size=24,
+            enable_moe_block=True,
+            num_experts=8,
+            top_k_experts=2,
+            moe_intermediate_size=8,
+            num_hidden_layers=2,
+            head_dim=8,
+            global_head_dim=8,
+            vocab_size_per_layer_input=32,
+            hidden_size_per_layer_input=4,
+        ),
+        0,
+        "experts",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -356,6 +374,16 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         "mlp",
     ),
 }
+
+
+def _gemma4_block(block, x, router_x):
+    """Gemma 4's MoE unit in its decoder layer: the router on the residual stream, the experts on their input."""
+    _, weights, index = block["router"](router_x)
+    return block["experts"](x, index, weights)
+
+
+#: families whose router reads another input than the experts: the block's forward on (x, router_x)
+ROUTER_INPUT = {"gemma4_text": _gemma4_block}
 
 
 def _redraw(model: torch.nn.Module, seed: int) -> None:
@@ -407,7 +435,14 @@ def make(family: str) -> None:
     )()
     x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 1.5).requires_grad_(True)
     cot = torch.randn(1, T, H, generator=g, dtype=torch.float64)
-    res = block(x)
+    router_x = None
+    if family in ROUTER_INPUT:  # the router reads its own input (Gemma 4: the residual stream)
+        router_x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 3.0).requires_grad_(True)
+        decoder = model.model.layers[layer].to(torch.float64)
+        block = torch.nn.ModuleDict({"router": decoder.router, "experts": decoder.experts})
+        res = ROUTER_INPUT[family](block, x[0], router_x[0])
+    else:
+        res = block(x)
     y = (res[0] if isinstance(res, tuple) else res).reshape(x.shape)  # Llama-4's block returns [T, H]
     if family == "granitemoeshared":  # its shared MLP sits beside the block, on the decoder layer: one MoE unit
         shared = model.model.layers[layer].shared_mlp.to(torch.float64)
@@ -421,6 +456,8 @@ def make(family: str) -> None:
         "grad_x": x.grad[0].numpy(),
         "layer": np.array(layer),
     }
+    if router_x is not None:
+        arrays.update(router_x=router_x[0].detach().numpy(), grad_router_x=router_x.grad[0].numpy())
     for name, p in block.named_parameters():
         if p.grad is not None:
             arrays[f"grad/{name}"] = p.grad.numpy()

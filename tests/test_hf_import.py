@@ -53,6 +53,11 @@ def _load(name: str, layout: str = "hub", **kw):
     return z, cfg, params, placement
 
 
+def _router_x(z):
+    """The router's own input where the family's router reads one (Gemma 4), else None."""
+    return jnp.asarray(z["router_x"], jnp.float32) if "router_x" in z.files else None
+
+
 def _layouts(name: str) -> list[str]:
     return [d for d in ("hub", "fused") if (ROOT / name / d).exists()]
 
@@ -65,7 +70,7 @@ def test_every_family_loads_what_transformers_writes_and_computes_its_block(name
     loaded = {layout: _load(name, layout) for layout in _layouts(name)}
     z, cfg, params, placement = loaded["hub"]
     logical = to_logical(params, placement)
-    out = moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg)
+    out = moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg, router_x=_router_x(z))
     assert _rel(out, z["out"]) < 1e-5
     for layout, (_, cfg_b, params_b, _) in loaded.items():
         assert cfg_b == cfg, layout
@@ -95,9 +100,9 @@ def test_every_family_loads_from_bf16_files(name, tmp_path):
     for k in f32:
         want = np.asarray(f32[k]).astype(ml_dtypes.bfloat16).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(exact[k]), want, err_msg=k)
-    x = jnp.asarray(z["x"], jnp.float32)
-    out = moe_reference(to_logical(params, placement), x, cfg)
-    assert _rel(out, moe_reference(to_logical(exact, placement), x, cfg32)) < 3e-2
+    x, rx = jnp.asarray(z["x"], jnp.float32), _router_x(z)
+    out = moe_reference(to_logical(params, placement), x, cfg, router_x=rx)
+    assert _rel(out, moe_reference(to_logical(exact, placement), x, cfg32, router_x=rx)) < 3e-2
 
 
 # ------------------------------------------------------------------------------------------------ gradients
@@ -118,11 +123,13 @@ def _hf_grads_as_logical(name: str, cfg) -> dict:
 def test_every_family_gradients_equal_transformers(name):
     z, cfg, params, placement = _load(name)
     logical = to_logical(params, placement)
-    cot = jnp.asarray(z["cot"], jnp.float32)
-    g_params, g_x = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg) * cot), argnums=(0, 1))(
-        logical, jnp.asarray(z["x"], jnp.float32)
-    )
+    cot, rx = jnp.asarray(z["cot"], jnp.float32), _router_x(z)
+    g_params, g_x, g_rx = jax.grad(
+        lambda p, x, rx: jnp.sum(moe_reference(p, x, cfg, router_x=rx) * cot), argnums=(0, 1, 2)
+    )(logical, jnp.asarray(z["x"], jnp.float32), rx)
     assert _rel(g_x, z["grad_x"]) < 1e-5
+    if rx is not None:
+        assert _rel(g_rx, z["grad_router_x"]) < 1e-5
     want = _hf_grads_as_logical(name, cfg)
     scale = max(float(np.abs(v).max()) for v in want.values())
     for k, v in want.items():
@@ -134,7 +141,9 @@ def test_every_family_gradients_equal_transformers(name):
 
 
 # six families through the expert-parallel layer on 8 devices (two with gradients), the rest forward only
-@pytest.mark.parametrize("name", ["deepseek_v4", "llama4_text", "granitemoeshared", "dbrx", "ernie4_5_moe", "phimoe"])
+@pytest.mark.parametrize(
+    "name", ["deepseek_v4", "llama4_text", "granitemoeshared", "dbrx", "ernie4_5_moe", "phimoe", "gemma4_text"]
+)
 def test_the_layer_on_8_devices_equals_transformers(name):
     mesh = make_ep_mesh(D)
     z, layer = _fixture(name)
@@ -142,17 +151,20 @@ def test_the_layer_on_8_devices_equals_transformers(name):
     placement = Placement.from_eplb(np.arange(cfg0.experts) + 1.0, 2 * D, D)
     cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement)[layer]
     pa = dispatch_tables.placement_arrays(placement)
-    x = jnp.asarray(z["x"], jnp.float32)
+    x, rx = jnp.asarray(z["x"], jnp.float32), _router_x(z)
 
-    def run(p, x):
+    def run(p, x, rx):
         return moe_forward(
-            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg
+            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg, router_x=rx
         ).out
 
-    assert _rel(jax.jit(run)(params, x), z["out"]) < 1e-5
-    if name in ("deepseek_v4", "llama4_text"):
-        g_x = jax.jit(jax.grad(lambda x: jnp.sum(run(params, x) * jnp.asarray(z["cot"], jnp.float32))))(x)
+    assert _rel(jax.jit(run)(params, x, rx), z["out"]) < 1e-5
+    if name in ("deepseek_v4", "llama4_text", "gemma4_text"):
+        cot = jnp.asarray(z["cot"], jnp.float32)
+        g_x, g_rx = jax.jit(jax.grad(lambda x, rx: jnp.sum(run(params, x, rx) * cot), argnums=(0, 1)))(x, rx)
         assert _rel(g_x, z["grad_x"]) < 1e-5
+        if rx is not None:
+            assert _rel(g_rx, z["grad_router_x"]) < 1e-5
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -173,7 +185,12 @@ def test_export_gives_back_what_transformers_wrote_and_round_trips(name, tmp_pat
         shard = ROOT / name / "hub" / index[outside]
         np.testing.assert_array_equal(np.asarray(SafetensorsFile(shard).array(outside)), value, err_msg=key)
         written.add(outside)
-    block = {k for k in index if k.startswith((prefix, *(o.format(layer) for o, _ in fam.siblings)))}
+    block = {
+        k
+        for k in index
+        if (k.startswith(prefix) and fam.owns(k[len(prefix) :]))
+        or k.startswith(tuple(o.format(layer) for o, _ in fam.siblings))
+    }
     assert written == block, f"transformers' tensors not exported: {sorted(block - written)}"
     save_moe_layers(tmp_path, config, {layer: (cfg, to_logical(params, placement))})
     again = load_moe_layers(tmp_path, layers=[layer])[layer]

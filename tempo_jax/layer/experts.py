@@ -5,6 +5,8 @@ Routed experts are gated FFNs ``down(act(gate(x), up(x)))`` with ``ExpertConfig.
 - ``"swiglu"``: ``silu(g) · u`` (Mixtral, Qwen2/3-MoE, DeepSeek-V3, GLM).
 - ``"swiglu_clamp"``: ``silu(min(g, limit)) · clip(u, −limit, limit)`` (DeepSeek-V4's ``swiglu_limit``).
 - ``"gpt_oss"``: ``g = min(g, limit)``, ``u = clip(u, −limit, limit)``, ``(u + 1) · g · sigmoid(alpha·g)``.
+- ``"geglu_tanh"``: ``gelu_tanh(g) · u`` (the tanh approximation of GELU: Gemma 4's ``gelu_pytorch_tanh``).
+- ``"geglu"``: ``gelu(g) · u`` (the exact, erf GELU).
 
 With ``bias`` every projection has a per-expert bias (gpt-oss): ``b_gate``, ``b_up`` ``[E, F]`` and ``b_down``
 ``[E, H]``. They are physical-slot arrays like the weights, so they follow each row's expert through the exchange
@@ -27,7 +29,7 @@ from solvers.checks import plain_scalars
 
 __all__ = ["ACTIVATIONS", "EXPERT_BIASES", "EXPERT_WEIGHTS", "ExpertConfig", "SharedConfig", "glu", "shared_ffn"]
 
-Activation = Literal["swiglu", "swiglu_clamp", "gpt_oss"]
+Activation = Literal["swiglu", "swiglu_clamp", "gpt_oss", "geglu_tanh", "geglu"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 #: Per-expert parameter arrays: physical ``[P, ...]`` in the layer, logical ``[E, ...]`` at import / export.
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
@@ -39,7 +41,7 @@ class ExpertConfig:
     """The routed experts' FFN (see the module).
 
     Attributes:
-      activation: "swiglu", "swiglu_clamp" or "gpt_oss".
+      activation: "swiglu", "swiglu_clamp", "gpt_oss", "geglu_tanh" or "geglu".
       bias: gate / up / down biases per expert (gpt-oss).
       alpha: gpt-oss's sigmoid slope (1.702).
       limit: the clamp of "swiglu_clamp" and "gpt_oss" (swiglu_limit; None: no clamp).
@@ -65,8 +67,11 @@ class ExpertConfig:
             isinstance(self.limit, bool) or not isinstance(self.limit, int | float) or not 0 < self.limit < float("inf")
         ):
             raise ValueError(f"{w}.limit must be None or a finite number > 0, got {self.limit!r}")
-        if self.activation == "swiglu" and self.limit is not None:
-            raise ValueError(f"{w}: activation 'swiglu' has no clamp; use 'swiglu_clamp' for limit={self.limit}")
+        if self.activation in ("swiglu", "geglu_tanh", "geglu") and self.limit is not None:
+            raise ValueError(
+                f"{w}: activation {self.activation!r} has no clamp; 'swiglu_clamp' and 'gpt_oss' take "
+                f"limit={self.limit}"
+            )
         if self.activation == "swiglu_clamp" and self.limit is None:
             raise ValueError(
                 f"{w}: activation 'swiglu_clamp' without a limit is plain 'swiglu'; give limit= (the "
@@ -125,6 +130,8 @@ def glu(g: jax.Array, u: jax.Array, config: ExpertConfig) -> jax.Array:
     """The gated activation of ``config`` on gate and up projections ``g, u [M, F]``."""
     if config.activation == "swiglu":
         return jax.nn.silu(g) * u
+    if config.activation in ("geglu_tanh", "geglu"):
+        return jax.nn.gelu(g, approximate=config.activation == "geglu_tanh") * u
     lim = config.limit
     if lim is not None:
         g, u = jnp.minimum(g, lim), jnp.clip(u, -lim, lim)

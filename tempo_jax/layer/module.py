@@ -422,12 +422,21 @@ class MoE(nnx.Module):
         if deterministic is not None:
             self.deterministic = deterministic
 
-    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None, deterministic: bool | None = None) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        router_x: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        deterministic: bool | None = None,
+    ) -> jax.Array:
         """``x [..., H]`` → ``[..., H]``: any number of tokens (flattened, padded to a multiple of D inside, split
         over the ep axis).
 
         Args:
           x: ``[..., H]`` activations.
+          router_x: optional ``[..., H]`` (x's shape) the router reads instead of x (Gemma 4 routes the residual
+            stream while its experts read a normed copy; `tempo_jax.layer.routing`).
           mask: optional bool ``[...]`` (x's leading shape): False marks padding tokens of a variable-length
             batch, left out of routing statistics, counts, counters, drops, losses and balancing; their output rows
             hold only the shared experts' contribution (zeros without shared experts).
@@ -455,6 +464,11 @@ class MoE(nnx.Module):
                 f"MoE: mask must be bool with x's leading shape {list(lead)} (True: a real token), got "
                 f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
             )
+        if router_x is not None and jnp.shape(router_x) != jnp.shape(x):
+            raise ValueError(
+                f"MoE: router_x (the router's own input) must have x's shape {list(x.shape)}, got "
+                f"{list(jnp.shape(router_x))}"
+            )
         key = self.rngs() if self.rngs is not None else jax.random.key(0)
         tokens = x.reshape(-1, H)
 
@@ -473,6 +487,7 @@ class MoE(nnx.Module):
                 capacity=capacity,
                 mask=None if mask is None else jnp.reshape(mask, (-1,)),
                 aux_losses=not deterministic,
+                router_x=None if router_x is None else router_x.reshape(-1, H),
             )
 
         res = run(None)

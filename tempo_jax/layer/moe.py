@@ -43,18 +43,19 @@ from .tables import PlacementArrays, Tables, check_placement_arrays, check_table
 
 __all__ = ["MoEAux", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference"]
 
-ROUTER_KEYS = ("router", "router_bias", "score_bias")
+ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_scale")
 SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
-def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None) -> jax.Array:
+def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
     ``[T, H]`` → ``[T, H]``. ``params``: the *logical* layout ``[E, ...]`` (`tempo_jax.layer.params.to_logical`
     of the layer's physical parameters).
 
-    ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`)."""
+    ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`);
+    ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`)."""
     if routing is None:
-        rt = route(x, params, config.router, config.top_k)
+        rt = route(x if router_x is None else router_x, params, config.router, config.top_k)
         ids, w = rt.ids, rt.gate
     else:
         ids, w = routing
@@ -97,7 +98,8 @@ class RankInputs(NamedTuple):
     """What each device's body receives; `specs` gives the shard_map spec of every field.
 
     Split over the token axes (batch axes, then ``ep``: ``[Ng·D·n, ...]`` globally, ``[n, ...]`` per device): x
-    [T, H], ids / gate [T, K] (replayed routing), valid [T] (False: a padding or masked token). Split by
+    [T, H], router_x [T, H] (the router's own input, or None: x), ids / gate [T, K] (replayed routing), valid [T]
+    (False: a padding or masked token). Split by
     `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
     biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
     None). Over ``ep`` only: counter [D, E] (one per EP rank, the same in every EP group). Replicated: router
@@ -105,6 +107,7 @@ class RankInputs(NamedTuple):
     """
 
     x: jax.Array
+    router_x: jax.Array | None
     router: dict
     experts: dict
     shared: dict | None
@@ -117,12 +120,14 @@ class RankInputs(NamedTuple):
     gate: jax.Array
     valid: jax.Array
 
-    _TOKENS = ("x", "ids", "gate", "valid")
+    _TOKENS = ("x", "router_x", "ids", "gate", "valid")
 
     def specs(self, axes: LayerAxes) -> RankInputs:
         """The shard_map spec of every field of these inputs on ``axes``."""
 
         def of(field, value):
+            if value is None:
+                return None
             if field in self._TOKENS:
                 return axes.token_spec
             if field in ("experts", "shared"):
@@ -240,7 +245,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     if given_routing:
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
-        rt = route(inp.x, inp.router, config.router, K)
+        rt = route(inp.x if inp.router_x is None else inp.router_x, inp.router, config.router, K)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sample = config.dispatch_mode == "sample"
     shard = jax.lax.axis_index(axes.tokens) if axes.batch else d  # this token shard (tensor ranks share it)
@@ -427,7 +432,7 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
     out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), MoEAux(P(), P(), P()))
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
-    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask):
+    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x):
         T = x.shape[0]
         x_sharding = jax.typeof(x).sharding if explicit else None
         if x_sharding is not None and tuple(x_sharding.mesh.axis_names) != tuple(mesh.axis_names):
@@ -445,10 +450,14 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         if pad:
             x, ids, gate = (jnp.pad(a, ((0, pad), (0, 0))) for a in (x, ids, gate))
             valid = jnp.pad(valid, (0, pad))
+            if router_x is not None:
+                router_x = jnp.pad(router_x, ((0, pad), (0, 0)))
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
-        inputs = RankInputs(x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate, valid)
+        inputs = RankInputs(
+            x, router_x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate, valid
+        )
         specs = inputs.specs(axes)
         if explicit:
             inputs = RankInputs(*(_reshard(a, s, mesh) for a, s in zip(inputs, specs, strict=True)))
@@ -477,7 +486,7 @@ def _reshard(value, spec, mesh):
 
 
 def _check_inputs(
-    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None, mask=None
+    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None, mask=None, router_x=None
 ) -> tuple[str, int]:
     """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
     per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
@@ -513,6 +522,17 @@ def _check_inputs(
             f"mask must be bool [T={T}] (True: a real token, False: padding), got "
             f"{jnp.result_type(mask)}{list(jnp.shape(mask))}"
         )
+    if router_x is not None:
+        if jnp.shape(router_x) != (T, H) or not jnp.issubdtype(jnp.result_type(router_x), jnp.floating):
+            raise ValueError(
+                f"router_x (the router's own input) must be a floating-point [T={T}, H={H}] like x, got "
+                f"{jnp.result_type(router_x)}{list(jnp.shape(router_x))}"
+            )
+        if routing is not None:
+            raise ValueError(
+                "moe_forward: routing= replaces the router, so router_x (the router's input) would be unused; "
+                "give one of them"
+            )
     padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards Ng·D
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(
@@ -601,6 +621,7 @@ def moe_forward(
     capacity: int | str | None = None,
     mask: jax.Array | None = None,
     aux_losses: bool = True,
+    router_x: jax.Array | None = None,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
@@ -627,6 +648,8 @@ def moe_forward(
         expert and left out of the counts, counters, drops, statistics, losses and balancing; their output rows
         are the shared experts' alone (zero without shared experts).
       aux_losses: compute the load-balancing and z losses (False: zeros, no work; eval).
+      router_x: optional ``[T, H]`` the router reads instead of ``x`` (Gemma 4 routes the residual stream while its
+        experts read a normed copy), split like x; differentiated like x.
 
     Returns:
       `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
@@ -639,7 +662,7 @@ def moe_forward(
     if config.batch_axes is None:  # the axes the tokens are sharded over (`tempo_jax.layer.mesh.layer_axes`)
         axes = layer_axes(config, mesh, tokens=token_axes(x, mesh))
         config = dataclasses.replace(config, batch_axes=axes.batch)
-    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask)
+    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask, router_x)
     if routing is not None:
         routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
     if tables is None:  # in-graph dispatch: a placeholder table (unread), the placement's log2phy
@@ -652,4 +675,5 @@ def moe_forward(
     call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), keep)
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
-    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask)
+    router_x = None if router_x is None else jnp.asarray(router_x)
+    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask, router_x)

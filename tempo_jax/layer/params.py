@@ -15,6 +15,8 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``router`` | [H, E] float32 | same | always |
 | ``router_bias`` | [E] float32 | same | ``router.bias`` (gpt-oss) |
 | ``score_bias`` | [E] float32 | same | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
+| ``router_scale`` | [H] float32 | same | ``router.input_scale`` (Gemma 4's router ``scale``; ones at init) |
+| ``expert_scale`` | [E] float32 | same | ``router.expert_scale`` (Gemma 4's ``per_expert_scale``; ones at init) |
 | ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always |
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
@@ -66,6 +68,10 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes["router_bias"] = (E,)
     if config.router.score_bias:
         shapes["score_bias"] = (E,)
+    if config.router.input_scale:
+        shapes["router_scale"] = (H,)
+    if config.router.expert_scale:
+        shapes["expert_scale"] = (E,)
     if config.expert.bias:
         shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, H))
     if config.shared is not None:
@@ -103,7 +109,7 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
     if unused:
         raise ValueError(
             f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-            "expert.bias / shared); refusing to ignore them"
+            "router.input_scale / router.expert_scale / expert.bias / shared); refusing to ignore them"
         )
     E = config.experts
     for k, shape in shapes.items():
@@ -133,6 +139,9 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         kk = keys.get(name, jax.random.fold_in(key, 1 + i))
         if name == "score_bias":
             out[name] = jnp.zeros(shape, jnp.float32)
+            continue
+        if name in ("router_scale", "expert_scale"):
+            out[name] = jnp.ones(shape, jnp.float32)
             continue
         scale = {"w_gate": H**-0.5, "w_up": H**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
         if scale is None:

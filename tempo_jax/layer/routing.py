@@ -2,6 +2,10 @@
 
 A `RouterConfig` says how logits become choices and weights; `route` applies it to a rank's tokens:
 
+0. The router's own input (Gemma 4): optionally a scale-free RMS norm ``x / sqrt(mean(x²) + norm_eps)``, times a
+   learned vector ``router_scale [H]``, times the constant ``input_multiplier`` (Gemma 4: H^-1/2), in float32. The
+   router may read another input than the experts (``moe_forward(..., router_x=)``: Gemma 4 routes the residual
+   stream while its experts read a differently normed one).
 1. ``logits = x·W (+ b)`` in float32 (``b``: gpt-oss's router bias).
 2. Scores: ``softmax`` over all E experts (Mixtral, Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3, GLM), ``sqrt_softplus``
    = sqrt(softplus(logits)) (DeepSeek-V4), ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
@@ -11,7 +15,8 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
 4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
    two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
-   ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by ``scaling`` (routed_scaling_factor).
+   ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by the chosen experts' learned
+   ``expert_scale [E]`` (Gemma 4's ``per_expert_scale``) and by ``scaling`` (routed_scaling_factor).
 
 Sparsemixer (PhiMoE): the k-th choice is the best logit m_k among the experts not yet chosen; its weight is its
 softmax over those experts whose logit l is within a relative ``2·mixer_eps`` of it, ``(m_k − l) / max(|l|, m_k)
@@ -34,7 +39,7 @@ import jax.numpy as jnp
 
 from solvers.checks import plain_scalars
 
-__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route"]
+__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route", "router_input"]
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk", "sparsemixer"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
@@ -58,6 +63,12 @@ class RouterConfig:
       weight_on: where a chosen expert's weight applies: "output" (``w · f(x)``, every family but one) or "input"
         (``f(w · x)``: Llama-4 scales the token before its expert).
       mixer_eps: sparsemixer's relative logit window (PhiMoE's ``router_jitter_noise``; see the module).
+      input_norm: normalise the router's input by its RMS (no learned weight; Gemma 4) before the projection.
+      norm_eps: the epsilon of ``input_norm`` (added to the mean square).
+      input_scale: a learned vector ``router_scale [H]`` multiplies the router's input (after ``input_norm``).
+      input_multiplier: a constant multiplying the router's input (Gemma 4: H^-1/2).
+      expert_scale: a learned ``expert_scale [E]`` multiplies each chosen expert's weight after renormalisation
+        (Gemma 4's ``per_expert_scale``; trained like the router).
     """
 
     scoring: Scoring = "softmax"
@@ -72,6 +83,11 @@ class RouterConfig:
     group_score: str = "top2"
     weight_on: str = "output"
     mixer_eps: float = 0.01
+    input_norm: bool = False
+    norm_eps: float = 1e-6
+    input_scale: bool = False
+    input_multiplier: float = 1.0
+    expert_scale: bool = False
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -81,7 +97,7 @@ class RouterConfig:
         w = "RouterConfig"
         if self.scoring not in SCORINGS:
             raise ValueError(f"{w}: unknown scoring {self.scoring!r}; one of {list(SCORINGS)}")
-        for name in ("bias", "score_bias", "renormalize"):
+        for name in ("bias", "score_bias", "renormalize", "input_norm", "input_scale", "expert_scale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{w}.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("n_group", "topk_group"):
@@ -99,12 +115,19 @@ class RouterConfig:
                 f"{w}: top_k={top_k} exceeds the {self.topk_group} kept groups' "
                 f"{self.topk_group * (experts // self.n_group)} experts"
             )
-        for name in ("renorm_eps", "scaling", "balance_rate", "mixer_eps"):
+        for name in ("renorm_eps", "scaling", "balance_rate", "mixer_eps", "norm_eps", "input_multiplier"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= 0 and v < float("inf")):
                 raise ValueError(f"{w}.{name} must be a finite number >= 0, got {v!r}")
         if self.scaling == 0:
             raise ValueError(f"{w}.scaling must be > 0 (every routed output would be 0)")
+        if self.input_multiplier == 0:
+            raise ValueError(f"{w}.input_multiplier must be > 0 (every router input would be 0)")
+        if not self.input_norm and self.norm_eps != RouterConfig.norm_eps:
+            raise ValueError(
+                f"{w}.norm_eps={self.norm_eps} is the epsilon of the router's input norm; with input_norm=False "
+                "it would be ignored (leave it out or set input_norm=True)"
+            )
         if self.scoring == "softmax_topk" and self.renorm_eps:
             raise ValueError(
                 f"{w}: softmax_topk weights sum to 1 already; renorm_eps={self.renorm_eps} would be ignored"
@@ -173,10 +196,24 @@ def _sparsemixer(logits: jax.Array, top_k: int, eps: float) -> tuple[jax.Array, 
     return jnp.concatenate(ids, axis=1), jnp.concatenate(weights, axis=1)
 
 
+def router_input(x: jax.Array, params: dict, config: RouterConfig) -> jax.Array:
+    """Step 0 of the module: the router's input ``x [T, H]`` → ``[T, H]`` float32 (its RMS norm, learned scale
+    ``router_scale [H]`` and constant multiplier, where the config has them)."""
+    x = x.astype(jnp.float32)
+    if config.input_norm:
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + config.norm_eps)
+    if config.input_scale:
+        x = x * params["router_scale"].astype(jnp.float32)
+    if config.input_multiplier != 1.0:
+        x = x * config.input_multiplier
+    return x
+
+
 def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routing:
-    """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``
-    and ``score_bias [E]``) → `Routing`."""
-    logits = jnp.dot(x.astype(jnp.float32), params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``,
+    ``score_bias [E]``, ``router_scale [H]`` and ``expert_scale [E]``) → `Routing`."""
+    x = router_input(x, params, config)
+    logits = jnp.dot(x, params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     if config.bias:
         logits = logits + params["router_bias"].astype(jnp.float32)
     T, E = logits.shape
@@ -215,6 +252,8 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
             probs = jax.nn.softmax(logits, axis=-1)
         else:
             probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    if config.expert_scale:
+        gate = gate * params["expert_scale"].astype(jnp.float32)[ids]
     return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
 
 

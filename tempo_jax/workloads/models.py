@@ -442,6 +442,28 @@ _SPECS = [
         active_params="6.6B",
         source="microsoft/Phi-3.5-MoE-instruct" + _COPIED,
     ),
+    ModelSpec(
+        name="gemma4_26b_a4b",
+        family="gemma4",
+        hidden=2816,
+        ffn=704,
+        experts=128,
+        top_k=8,
+        layers=30,
+        moe_layers=30,
+        router={
+            "scoring": "softmax",
+            "renormalize": True,
+            "input_norm": True,
+            "input_scale": True,
+            "input_multiplier": 2816**-0.5,
+            "expert_scale": True,
+        },
+        expert={"activation": "geglu_tanh"},
+        total_params="25.2B",
+        active_params="3.8B",
+        source="google/gemma-4-26B-A4B (text_config)" + _COPIED,
+    ),
 ]
 
 #: Every model's spec, by preset name.

@@ -40,6 +40,10 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.nd
     out: dict[str, np.ndarray] = {n.router[0]: p["router"].T}
     if cfg.router.bias:
         out[n.router_bias] = p["router_bias"]
+    if cfg.router.input_scale:
+        out[n.router_scale] = p["router_scale"]
+    if cfg.router.expert_scale:
+        out[n.expert_scale] = p["expert_scale"]
     if cfg.router.score_bias:
         out[n.score_bias[0]] = p["score_bias"][None] if mt == "ernie4_5_moe" else p["score_bias"]
     # the routed experts, in the family's saved layout
@@ -74,7 +78,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.nd
         )
     elif mt in ("llama4", "llama4_text"):  # fused, [E, H, 2F] / [E, F, H]
         out.update({"experts.gate_up_proj": np.concatenate([g, u], axis=2), "experts.down_proj": d})
-    elif mt == "qwen3_vl_moe":  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
+    elif mt in ("qwen3_vl_moe", "gemma4", "gemma4_text"):  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
         out.update(
             {
                 "experts.gate_up_proj": np.concatenate([g, u], axis=2).transpose(0, 2, 1),

@@ -41,10 +41,14 @@ class TensorNames:
       transposed: the fused experts are stored ``[E, H, 2F]`` / ``[E, F, H]`` (decided by shape when both occur).
       shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
+      router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
+      expert_scale: the learned per-expert weight scale ``[E]`` (Gemma 4's ``router.per_expert_scale``).
     """
 
     router: tuple[str, ...] = ("gate.weight",)
     router_bias: str | None = None
+    router_scale: str | None = None
+    expert_scale: str | None = None
     score_bias: tuple[str, ...] = ("gate.e_score_correction_bias",)
     experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     fused: str = "gate_up"
@@ -61,7 +65,9 @@ class Family:
     layers, ``prefixes`` the block's on-disk prefixes (``{}`` the layer index; the first that holds tensors wins),
     ``siblings`` further prefixes of the same MoE unit (Granite's shared MLP), ``names`` its tensors,
     ``refuse(c)`` → why a config cannot be expressed (None: it can), ``noise(c)`` → its training-time noise
-    settings that are on (``{key: value}``: the layer computes the eval-mode block, and says so)."""
+    settings that are on (``{key: value}``: the layer computes the eval-mode block, and says so), ``parts`` the
+    sub-prefixes under the prefix that belong to the block when it sits directly in the decoder layer beside
+    attention and norms (Gemma 4: ``router.``, ``experts.``; empty: everything under the prefix)."""
 
     fields: Callable
     layers: Callable
@@ -71,6 +77,11 @@ class Family:
     refuse: Callable = lambda c: None  # noqa: E731
     nested: str | None = None
     noise: Callable = lambda c: {}  # noqa: E731
+    parts: tuple[str, ...] = ()
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` (relative to the block's prefix) is one of the block's tensors."""
+        return not self.parts or key.startswith(self.parts)
 
 
 class TrainingNoiseWarning(UserWarning):
@@ -388,6 +399,37 @@ def _phimoe(c: Cfg) -> dict:
     )
 
 
+#: hidden_act → the layer's gated expert activation.
+_GLU = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu"}
+
+
+def _gemma4(c: Cfg) -> dict:
+    H = c.get("hidden_size")
+    router = RouterConfig(
+        scoring="softmax",
+        renormalize=True,
+        input_norm=True,
+        norm_eps=float(c.get("rms_norm_eps", default=1e-6, kind=float)),
+        input_scale=True,
+        input_multiplier=H**-0.5,
+        expert_scale=True,
+    )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("top_k_experts"),
+        ffn=c.get("moe_intermediate_size"),
+        router=router,
+        expert=ExpertConfig(activation=_GLU[c.config.get("hidden_activation", "gelu_pytorch_tanh")]),
+    )
+
+
+def _gemma4_refuse(c: Cfg) -> str | None:
+    act = c.config.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in _GLU:
+        return f"hidden_activation {act!r}: the layer's gated experts use one of {sorted(_GLU)}"
+    return None
+
+
 _MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
 _MIXTRAL_PREFIXES = ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp.")
 _DS = dict(refuse=_swiglu_only)
@@ -548,6 +590,18 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 FAMILIES["llama4_text"] = dataclasses.replace(FAMILIES["llama4"], nested=None)
+FAMILIES["gemma4"] = Family(
+    _gemma4,
+    lambda c: list(range(c.num_layers())) if c.get("enable_moe_block", default=False, kind=bool) else [],
+    ("model.language_model.layers.{}.", "model.layers.{}."),
+    names=TensorNames(
+        router=("router.proj.weight",), router_scale="router.scale", expert_scale="router.per_expert_scale"
+    ),
+    refuse=_gemma4_refuse,
+    nested="text_config",
+    parts=("router.", "experts."),
+)
+FAMILIES["gemma4_text"] = dataclasses.replace(FAMILIES["gemma4"], nested=None, prefixes=("model.layers.{}.",))
 
 
 def family(config) -> tuple[str, Family, Cfg]:

@@ -165,9 +165,10 @@ def moe_from_hf(
     """
     if not isinstance(state, Mapping):
         raise ValueError(f"moe_from_hf: state must be a mapping of tensor names to arrays, got {type(state).__name__}")
+    _, fam, _ = family(config)
     return _block(
         config,
-        MemorySource(state),
+        MemorySource({k: v for k, v in state.items() if fam.owns(k)}),
         placement=placement,
         mesh=mesh,
         slots_per_rank=slots_per_rank,
@@ -265,7 +266,7 @@ def load_moe_layers(
                 f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
                 f"({' or '.join(p.format(layer) + '*' for p in fam.prefixes)})"
             )
-        block = {k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix)}
+        block = {k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix) and fam.owns(k[len(prefix) :])}
         for outside, inside in fam.siblings:  # parts of the MoE unit beside the block (Granite's shared MLP)
             p = outside.format(layer)
             block.update({inside + k[len(p) :]: (files[k], k) for k in files if k.startswith(p)})

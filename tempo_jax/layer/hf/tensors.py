@@ -183,6 +183,10 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     whole("router", router or names.router[0], (E, H), lambda a: a.T)
     if cfg.router.bias:
         whole("router_bias", names.router_bias, (E,))
+    if cfg.router.input_scale:
+        whole("router_scale", names.router_scale, (H,))
+    if cfg.router.expert_scale:
+        whole("expert_scale", names.expert_scale, (E,))
     if cfg.router.score_bias:
         key = c.first(names.score_bias) or names.score_bias[0]
         shape = c.src.shape(key) if key in c.keys else (E,)
