@@ -344,6 +344,318 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         1,
         "mlp",
     ),
+    "deepseek_v32": (
+        dict(
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_shared_experts=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            index_topk=4,
+            index_head_dim=8,
+            index_n_heads=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "glm4_moe_lite": (
+        dict(
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        ),
+        1,
+        "mlp",
+    ),
+    "kimi_linear": (
+        dict(
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            num_hidden_layers=3,
+            model_max_length=64,
+            num_experts=8,
+            num_experts_per_token=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_shared_experts=2,
+            num_expert_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.446,
+            moe_renormalize=True,
+            first_k_dense_replace=1,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            linear_attn_config=dict(head_dim=8, num_heads=2, short_conv_kernel_size=4),
+        ),
+        1,
+        "mlp",
+    ),
+    "afmoe": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_shared_experts=2,
+            num_dense_layers=1,
+            route_scale=2.5,
+            sliding_window=16,
+        ),
+        1,
+        "mlp",
+    ),
+    "exaone_moe": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_shared_experts=2,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            sliding_window=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "minimax_m2": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            num_local_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=8,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        0,
+        "mlp",
+    ),
+    "lfm2_moe": (
+        dict(
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_dense_layers=1,
+            routed_scaling_factor=1.5,
+            layer_types=["conv", "full_attention", "conv"],
+        ),
+        1,
+        "feed_forward",
+    ),
+    "mistral4": (
+        dict(
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=True,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "mistral_large4": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                num_hidden_layers=3,
+                max_position_embeddings=64,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=8,
+                intermediate_size=24,
+                n_shared_experts=2,
+                first_k_dense_replace=1,
+                n_group=4,
+                topk_group=2,
+                routed_scaling_factor=1.5,
+                kv_lora_rank=8,
+                qk_rope_head_dim=4,
+                qk_nope_head_dim=4,
+                v_head_dim=8,
+                index_topk=4,
+                index_head_dim=8,
+                index_n_heads=2,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                head_dim=8,
+                patch_size=4,
+                image_size=16,
+            ),
+        ),
+        1,
+        "mlp",
+    ),
+    "flex_olmo": (
+        dict(
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=8,
+            norm_topk_prob=True,
+            pad_token_id=0,
+            eos_token_id=2,
+        ),
+        0,
+        "mlp",
+    ),
+    "cohere2_moe": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=8,
+            prefix_dense_intermediate_size=24,
+            num_shared_experts=2,
+            shared_expert_combination_strategy="average",
+            expert_selection_fn="softmax",
+            first_k_dense_replace=1,
+            sliding_window=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "solar_open": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            n_shared_experts=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        ),
+        0,
+        "mlp",
+    ),
+    "laguna": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=8,
+            intermediate_size=32,
+            moe_routed_scaling_factor=2.5,
+        ),
+        1,
+        "mlp",
+    ),
+    "lara_mini": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=8,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+        0,
+        "mlp",
+    ),
+    "mellum": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=32,
+            norm_topk_prob=False,
+            mlp_layer_types=["dense", "sparse", "sparse"],
+        ),
+        1,
+        "mlp",
+    ),
+    "qwen3_5_moe_text": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+        ),
+        0,
+        "mlp",
+    ),
     "gemma4_text": (
         dict(
             intermediate_size=24,
@@ -398,23 +710,35 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float64).to(b.dtype) * 0.1)
 
 
+#: families built by their own class (not AutoModelForCausalLM), and where their decoder layers sit
+BUILD = {
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "model.language_model.layers"),
+    "mistral_large4": ("MistralLarge4ForConditionalGeneration", "model.language_model.layers"),
+    "mistral4": ("Mistral4ForCausalLM", "model.layers"),
+    "dbrx": ("AutoModelForCausalLM", "transformer.blocks"),
+}
+
+
 def _build(family: str):
     kw, layer, attr = FAMILIES[family]
-    model_type = "llama4_text" if family == "llama4_text" else family
-    if family in ("dbrx", "qwen3_vl_moe"):
-        cfg = AutoConfig.for_model(model_type, **kw)
+    if family == "dbrx" or "text_config" in kw:
+        cfg = AutoConfig.for_model(family, **kw)
     else:
-        cfg = AutoConfig.for_model(model_type, **{**COMMON, **kw})
+        cfg = AutoConfig.for_model(family, **{**COMMON, **kw})
     cfg._experts_implementation = "eager"  # the per-expert loop: float64 capable (grouped_mm is not)
-    torch.manual_seed(0)
-    if family == "qwen3_vl_moe":  # the text model inside the vision-language model (the hub's layout)
+    if hasattr(cfg, "text_config"):
         cfg.text_config._experts_implementation = "eager"
-        model = transformers.Qwen3VLMoeForConditionalGeneration._from_config(cfg, dtype=torch.float32)
-        model.eval()
-        return model, model.model.language_model.layers[layer].mlp, layer
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    torch.manual_seed(0)
+    cls, path = BUILD.get(family, ("AutoModelForCausalLM", "model.layers"))
+    build = getattr(transformers, cls)
+    if cls.startswith("Auto"):
+        model = build.from_config(cfg, dtype=torch.float32)
+    else:
+        model = build._from_config(cfg, dtype=torch.float32)
     model.eval()
-    layers = model.transformer.blocks if family == "dbrx" else model.model.layers
+    layers = model
+    for part in path.split("."):
+        layers = getattr(layers, part)
     return model, getattr(layers[layer], attr), layer
 
 
@@ -430,9 +754,8 @@ def make(family: str) -> None:
     # The block's own forward and gradients, in float64.
     block = block.to(torch.float64)
     g = torch.Generator().manual_seed(1)
-    H = {"dbrx": lambda: model.config.d_model, "qwen3_vl_moe": lambda: model.config.text_config.hidden_size}.get(
-        family, lambda: model.config.hidden_size
-    )()
+    text = getattr(model.config, "text_config", model.config)
+    H = model.config.d_model if family == "dbrx" else text.hidden_size
     x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 1.5).requires_grad_(True)
     cot = torch.randn(1, T, H, generator=g, dtype=torch.float64)
     router_x = None

@@ -14,7 +14,7 @@ With ``bias`` every projection has a per-expert bias (gpt-oss): ``b_gate``, ``b_
 
 Shared experts (`SharedConfig`) run on every token of the rank that holds it, beside the routed ones (no
 exchange): ``count`` experts of width ``ffn`` as one SwiGLU of width ``count·ffn`` (DeepSeek, GLM), optionally
-scaled per token by ``sigmoid(x · shared_gate)`` (Qwen2-MoE).
+scaled per token by ``sigmoid(x · shared_gate)`` (Qwen2-MoE) and by a constant ``scale`` (Cohere2-MoE).
 """
 
 from __future__ import annotations
@@ -99,12 +99,15 @@ class SharedConfig:
       gated: scale the shared output per token by sigmoid(x · shared_gate) (Qwen2-MoE).
       limit: clamp the gate above and the up projection within ±limit before the SwiGLU (DeepSeek-V4's shared
         expert clamps like its routed ones); None: no clamp.
+      scale: a constant multiplying the shared output (Cohere2-MoE's "average": (routed + shared) / 2 is
+        ``RouterConfig.scaling=0.5`` with ``scale=0.5``).
     """
 
     count: int = 1
     ffn: int = 1
     gated: bool = False
     limit: float | None = None
+    scale: float = 1.0
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -120,6 +123,8 @@ class SharedConfig:
             isinstance(self.limit, bool) or not isinstance(self.limit, int | float) or not 0 < self.limit < float("inf")
         ):
             raise ValueError(f"SharedConfig.limit must be None or a finite number > 0, got {self.limit!r}")
+        if isinstance(self.scale, bool) or not isinstance(self.scale, int | float) or not 0 < self.scale < float("inf"):
+            raise ValueError(f"SharedConfig.scale must be a finite number > 0, got {self.scale!r}")
 
     @property
     def width(self) -> int:
@@ -150,6 +155,8 @@ def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype) -> jax.A
         g, u = jnp.minimum(g, config.limit), jnp.clip(u, -config.limit, config.limit)
     h = jax.nn.silu(g) * u
     y = jnp.dot(h, params["shared_w_down"], precision=hp, preferred_element_type=jnp.float32)
+    if config.scale != 1.0:
+        y = y * config.scale
     if config.gated:
         y = (
             y

@@ -78,7 +78,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.nd
         )
     elif mt in ("llama4", "llama4_text"):  # fused, [E, H, 2F] / [E, F, H]
         out.update({"experts.gate_up_proj": np.concatenate([g, u], axis=2), "experts.down_proj": d})
-    elif mt in ("qwen3_vl_moe", "gemma4", "gemma4_text"):  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
+    elif n.hub_fused:  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
         out.update(
             {
                 "experts.gate_up_proj": np.concatenate([g, u], axis=2).transpose(0, 2, 1),

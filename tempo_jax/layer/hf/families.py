@@ -39,6 +39,8 @@ class TensorNames:
         ``[E, H, 2F]`` gate columns first when ``transposed``), "interleaved" (gpt-oss: gate / up alternate),
         "input_linear" (Granite), "dbrx" (``experts.mlp.w1 / v1 / w2 [E·F, H]``, w2 the down weight transposed).
       transposed: the fused experts are stored ``[E, H, 2F]`` / ``[E, F, H]`` (decided by shape when both occur).
+      hub_fused: transformers saves the "gate_up" experts fused (no per-expert conversion for the family), so the
+        export writes them so.
       shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
@@ -53,6 +55,7 @@ class TensorNames:
     experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     fused: str = "gate_up"
     transposed: bool | None = False
+    hub_fused: bool = False
     shared: tuple[str, ...] = ("shared_experts.",)
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False
@@ -75,7 +78,7 @@ class Family:
     siblings: tuple[tuple[str, str], ...] = ()
     names: TensorNames = TensorNames()
     refuse: Callable = lambda c: None  # noqa: E731
-    nested: str | None = None
+    nested: str | tuple[str, ...] | None = None
     noise: Callable = lambda c: {}  # noqa: E731
     parts: tuple[str, ...] = ()
 
@@ -185,26 +188,60 @@ def _qwen_shared(default: int):
     return shared
 
 
-def _deepseek(c: Cfg, *, scaling: float, groups: tuple[int, int], renorm_default: bool = True) -> dict:
+def _deepseek(
+    c: Cfg,
+    *,
+    scaling: float,
+    groups: tuple[int, int],
+    renorm_default: bool = True,
+    experts: tuple[str, ...] = ("n_routed_experts", "num_local_experts", "num_experts"),
+    top_k: tuple[str, ...] = ("num_experts_per_tok",),
+    n_shared: tuple[str, ...] = ("n_shared_experts",),
+    renorm: tuple[str, ...] = ("norm_topk_prob",),
+    n_group: tuple[str, ...] = ("n_group",),
+    scaling_key: tuple[str, ...] = ("routed_scaling_factor",),
+    shared_default: int = 1,
+) -> dict:
+    """A DeepSeek-V3 block (sigmoid + selection bias, groups, renormalisation + 1e-20, scaling, n_shared × F shared
+    experts) under a family's own key spellings and defaults."""
     F = c.get("moe_intermediate_size")
-    n_shared = c.get("n_shared_experts", default=1)
-    renormalize = c.get("norm_topk_prob", default=renorm_default, kind=bool)
+    count = c.get(*n_shared, default=shared_default)
+    renormalize = c.get(*renorm, default=renorm_default, kind=bool)
     router = RouterConfig(
         scoring="sigmoid",
         score_bias=True,
-        n_group=c.get("n_group", default=groups[0]),
+        n_group=c.get(*n_group, default=groups[0]),
         topk_group=c.get("topk_group", default=groups[1]),
         renormalize=renormalize,
         renorm_eps=1e-20 if renormalize else 0.0,
-        scaling=float(c.get("routed_scaling_factor", default=scaling, kind=float)),
+        scaling=float(c.get(*scaling_key, default=scaling, kind=float)),
     )
     return dict(
-        experts=c.get("n_routed_experts", "num_local_experts"),
-        top_k=c.get("num_experts_per_tok"),
+        experts=c.get(*experts),
+        top_k=c.get(*top_k),
         ffn=F,
         router=router,
-        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+        shared=SharedConfig(count=count, ffn=F) if count else None,
     )
+
+
+def _layer_types(first_dense: int, *, key: str | None = "first_k_dense_replace", dense: str = "dense"):
+    """The MoE layers of a config listing ``mlp_layer_types`` (every entry but ``dense``: "sparse" / "moe"), or when
+    it does not, every layer from ``first_dense`` (read from ``key`` when the config has it) on."""
+
+    def layers(c: Cfg) -> list[int]:
+        types = c.get("mlp_layer_types", default=None, kind=None)
+        if types is not None:
+            if not isinstance(types, list | tuple) or len(types) != c.num_layers():
+                raise ValueError(
+                    f"moe_from_hf: config['mlp_layer_types'] must list one entry per layer "
+                    f"({c.num_layers()}), got {types!r}"
+                )
+            return [i for i, t in enumerate(types) if t != dense]
+        first = c.get(key, default=first_dense) if key else first_dense
+        return list(range(min(first, c.num_layers()), c.num_layers()))
+
+    return layers
 
 
 def _v4(c: Cfg) -> dict:
@@ -399,6 +436,137 @@ def _phimoe(c: Cfg) -> dict:
     )
 
 
+def _afmoe(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    count = c.get("num_shared_experts", default=2)
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-20,
+        scaling=float(c.get("route_scale", default=1.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=count, ffn=F) if count else None,
+    )
+
+
+def _from_key(key: str, default: int):
+    """Every layer from ``config[key]`` (default ``default``) on."""
+    return lambda c: list(range(min(c.get(key, default=default), c.num_layers()), c.num_layers()))
+
+
+def _sigmoid_bias(E: tuple, F: tuple, *, renorm, eps: float, scaling: tuple | None = None, bias_key=None):
+    """A sigmoid router with a selection-only bias (``bias_key``: a (key, default) pair turning it on), renormalised
+    (a bool, or a (key, default) pair) with ``eps``, times the scaling at ``scaling`` (a (key, default) pair)."""
+
+    def fields(c: Cfg) -> dict:
+        on = renorm if isinstance(renorm, bool) else c.get(renorm[0], default=renorm[1], kind=bool)
+        biased = True if bias_key is None else c.get(bias_key[0], default=bias_key[1], kind=bool)
+        scale = 1.0 if scaling is None else float(c.get(scaling[0], default=scaling[1], kind=float))
+        router = RouterConfig(
+            scoring="sigmoid", score_bias=biased, renormalize=on, renorm_eps=eps if on else 0.0, scaling=scale
+        )
+        return dict(experts=c.get(*E), top_k=c.get("num_experts_per_tok"), ffn=c.get(*F), router=router)
+
+    return fields
+
+
+def _mistral4(always_renorm: bool):
+    """Mistral 4 / Large 4: DeepSeek-V3's block with softmax scores and no selection bias (groups by the sum of
+    their two best, renormalised + 1e-20, scaled), n_shared × F shared experts."""
+
+    def fields(c: Cfg) -> dict:
+        F = c.get("moe_intermediate_size")
+        on = True if always_renorm else c.get("norm_topk_prob", default=True, kind=bool)
+        count = c.get("n_shared_experts", default=1)
+        n_group = c.get("n_group", default=1)
+        router = RouterConfig(
+            scoring="softmax",
+            n_group=n_group,
+            topk_group=c.get("topk_group", default=1) if n_group > 1 else 1,
+            renormalize=on,
+            renorm_eps=1e-20 if on else 0.0,
+            scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
+        )
+        return dict(
+            experts=c.get("n_routed_experts", "num_local_experts", "num_experts"),
+            top_k=c.get("num_experts_per_tok"),
+            ffn=F,
+            router=router,
+            shared=SharedConfig(count=count, ffn=F) if count else None,
+        )
+
+    return fields
+
+
+_COHERE_SELECT = ("softmax", "sigmoid")
+_COHERE_COMBINE = ("average", "sum")
+
+
+def _cohere2(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    count = c.get("num_shared_experts", default=0)
+    average = count and c.config.get("shared_expert_combination_strategy", "average") == "average"
+    f = 0.5 if average else 1.0  # "average": (routed + shared) / 2
+    if c.config.get("expert_selection_fn", "softmax") == "softmax":  # softmax over the top-k logits
+        router = RouterConfig(scoring="softmax_topk", renormalize=False, scaling=f)
+    else:  # sigmoid of the top-k logits (the same choice: sigmoid is monotonic)
+        router = RouterConfig(
+            scoring="sigmoid", renormalize=c.get("norm_topk_prob", default=True, kind=bool), scaling=f
+        )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=count, ffn=F, scale=f) if count else None,
+    )
+
+
+def _cohere2_refuse(c: Cfg) -> str | None:
+    select = c.config.get("expert_selection_fn", "softmax")
+    if select not in _COHERE_SELECT:
+        return f"cohere2_moe expert_selection_fn {select!r}: transformers implements only {list(_COHERE_SELECT)}"
+    combine = c.config.get("shared_expert_combination_strategy", "average")
+    if combine not in _COHERE_COMBINE:
+        return (
+            f"cohere2_moe shared_expert_combination_strategy {combine!r}: transformers implements only "
+            f"{list(_COHERE_COMBINE)}"
+        )
+    return _swiglu_only(c)
+
+
+def _shared_one(key: str, default: int, gated: bool = False):
+    """One shared expert of width ``config[key]`` (None when 0)."""
+
+    def shared(c: Cfg):
+        fs = c.get(key, default=default)
+        return SharedConfig(count=1, ffn=fs, gated=gated) if fs else None
+
+    return shared
+
+
+def _laguna(c: Cfg) -> dict:
+    fields = _sigmoid_bias(
+        ("num_experts",), ("moe_intermediate_size",), renorm=True, eps=0.0, scaling=("moe_routed_scaling_factor", 1.0)
+    )(c)
+    return {**fields, "shared": _shared_one("shared_expert_intermediate_size", 512)(c)}
+
+
+def _laguna_refuse(c: Cfg) -> str | None:
+    cap = c.config.get("moe_router_logit_softcapping") or 0
+    if cap:
+        return f"laguna moe_router_logit_softcapping={cap}: router logit tanh soft-capping (tanh(l / cap) · cap)"
+    if c.config.get("moe_apply_router_weight_on_input"):
+        return "laguna moe_apply_router_weight_on_input=true: transformers itself does not implement it"
+    return _swiglu_only(c)
+
+
 #: hidden_act → the layer's gated expert activation.
 _GLU = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu"}
 
@@ -490,7 +658,7 @@ FAMILIES: dict[str, Family] = {
         _simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), True),
         _qwen_layers,
         ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
-        names=TensorNames(transposed=None),
+        names=TensorNames(transposed=None, hub_fused=True),
         nested="text_config",
         **_DS,
     ),
@@ -501,17 +669,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "deepseek_v3": Family(lambda c: _deepseek(c, scaling=2.5, groups=(8, 4)), _from(3), **_DS),
     "glm4_moe": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1)), _from(1), **_DS),
-    "glm_moe_dsa": Family(
-        lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)),
-        lambda c: [
-            i
-            for i, t in enumerate(
-                c.get("mlp_layer_types", default=None, kind=None) or ["dense"] * 3 + ["sparse"] * (c.num_layers() - 3)
-            )
-            if t == "sparse"
-        ],
-        **_DS,
-    ),
+    "glm_moe_dsa": Family(lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)), _layer_types(3, key=None), **_DS),
     "dots1": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1), renorm_default=False), _from(0), **_DS),
     "deepseek_v4": Family(
         _v4,
@@ -595,13 +753,135 @@ FAMILIES["gemma4"] = Family(
     lambda c: list(range(c.num_layers())) if c.get("enable_moe_block", default=False, kind=bool) else [],
     ("model.language_model.layers.{}.", "model.layers.{}."),
     names=TensorNames(
-        router=("router.proj.weight",), router_scale="router.scale", expert_scale="router.per_expert_scale"
+        router=("router.proj.weight",),
+        router_scale="router.scale",
+        expert_scale="router.per_expert_scale",
+        hub_fused=True,
     ),
     refuse=_gemma4_refuse,
     nested="text_config",
     parts=("router.", "experts."),
 )
 FAMILIES["gemma4_text"] = dataclasses.replace(FAMILIES["gemma4"], nested=None, prefixes=("model.layers.{}.",))
+_ML4 = TensorNames(experts=("w1", "w3", "w2"), shared_names=("w1", "w3", "w2"))
+FAMILIES.update(
+    {
+        "qwen3_5_moe": Family(
+            _simple(("num_experts",), ("moe_intermediate_size",), True, shared=_qwen_shared(512)),
+            _all_layers,
+            ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            names=TensorNames(shared=("shared_expert.",)),
+            nested="text_config",
+            **_DS,
+        ),
+        "deepseek_v32": Family(lambda c: _deepseek(c, scaling=2.5, groups=(8, 4)), _layer_types(3), **_DS),
+        "glm4_moe_lite": Family(lambda c: _deepseek(c, scaling=1.8, groups=(1, 1)), _layer_types(1, key=None), **_DS),
+        "kimi_linear": Family(
+            lambda c: _deepseek(
+                c,
+                scaling=2.446,
+                groups=(1, 1),
+                experts=("num_experts", "num_local_experts"),
+                top_k=("num_experts_per_token", "num_experts_per_tok"),
+                n_shared=("num_shared_experts", "n_shared_experts"),
+                renorm=("moe_renormalize", "norm_topk_prob"),
+                n_group=("num_expert_group", "n_group"),
+            ),
+            _layer_types(1),
+            ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp."),
+            names=TensorNames(experts=("w1", "w3", "w2")),
+            **_DS,
+        ),
+        "afmoe": Family(
+            _afmoe,
+            _from_key("num_dense_layers", 1),
+            names=TensorNames(router=("router.gate.weight",), score_bias=("expert_bias",)),
+            **_DS,
+        ),
+        "exaone_moe": Family(
+            lambda c: _deepseek(
+                c, scaling=2.5, groups=(1, 1), experts=("num_experts",), n_shared=("num_shared_experts",)
+            ),
+            _layer_types(1),
+            names=TensorNames(score_bias=("e_score_correction_bias", "gate.e_score_correction_bias")),
+            **_DS,
+        ),
+        "minimax_m2": Family(
+            _sigmoid_bias(("num_local_experts", "num_experts"), ("intermediate_size",), renorm=True, eps=0.0),
+            _all_layers,
+            _MIXTRAL_PREFIXES,
+            names=TensorNames(experts=("w1", "w3", "w2"), score_bias=("e_score_correction_bias",)),
+            noise=_noise("router_jitter_noise"),
+            **_DS,
+        ),
+        "lfm2_moe": Family(
+            _sigmoid_bias(
+                ("num_experts",),
+                ("moe_intermediate_size",),
+                renorm=("norm_topk_prob", True),
+                eps=1e-6,
+                scaling=("routed_scaling_factor", 1.0),
+                bias_key=("use_expert_bias", True),
+            ),
+            _from_key("num_dense_layers", 2),
+            ("model.layers.{}.feed_forward.",),
+            names=TensorNames(experts=("w1", "w3", "w2"), score_bias=("expert_bias",)),
+        ),
+        "mistral4": Family(_mistral4(False), _from(0), names=TensorNames(hub_fused=True), **_DS),
+        "mistral_large4": Family(
+            _mistral4(True),
+            _layer_types(1),
+            ("layers.{}.", "model.language_model.layers.{}.mlp."),
+            names=_ML4,
+            nested="text_config",
+            parts=("gate.", "experts.", "shared_experts."),
+            **_DS,
+        ),
+        "flex_olmo": dataclasses.replace(FAMILIES["olmoe"]),
+        "cohere2_moe": Family(_cohere2, _layer_types(0), refuse=_cohere2_refuse),
+        "solar_open": Family(lambda c: _deepseek(c, scaling=1.0, groups=(1, 1)), _all_layers, **_DS),
+        "laguna": Family(
+            _laguna,
+            _layer_types(1, key=None),
+            names=TensorNames(
+                score_bias=("experts.e_score_correction_bias", "gate.e_score_correction_bias"),
+                shared=("shared_expert.", "shared_experts."),
+            ),
+            refuse=_laguna_refuse,
+        ),
+        "lara_mini": Family(
+            _simple(
+                ("num_experts",),
+                ("moe_intermediate_size",),
+                ("norm_topk_prob", True),
+                shared=_shared_one("shared_expert_intermediate_size", 512),
+            ),
+            _all_layers,
+            names=TensorNames(shared=("shared_expert.",), hub_fused=True),
+            **_DS,
+        ),
+        "mellum": Family(
+            _simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), ("norm_topk_prob", True)),
+            _layer_types(0, key=None),
+            **_DS,
+        ),
+        "unlimited_ocr": Family(
+            _v2,
+            _layer_types(1),
+            ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            refuse=_v2_refuse,
+            nested=("text_config", "language_config"),
+        ),
+    }
+)
+#: text-only configs of the families above (their config the top-level one, not nested)
+for _name, _prefixes in {
+    "qwen3_5_moe_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    "qwen3_vl_moe_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    "mistral_large4_text": ("layers.{}.", "layers.{}.mlp."),
+    "unlimited_ocr_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+}.items():
+    FAMILIES[_name] = dataclasses.replace(FAMILIES[_name.removesuffix("_text")], nested=None, prefixes=_prefixes)
 
 
 def family(config) -> tuple[str, Family, Cfg]:
@@ -617,9 +897,10 @@ def family(config) -> tuple[str, Family, Cfg]:
     fam = FAMILIES[mt]
     inner = config
     if fam.nested is not None:
-        inner = config.get(fam.nested)
-        if not isinstance(inner, Mapping):
-            raise ValueError(f"moe_from_hf: config.json of {mt!r} lacks its {fam.nested!r} object")
+        keys = (fam.nested,) if isinstance(fam.nested, str) else fam.nested
+        inner = next((config[k] for k in keys if isinstance(config.get(k), Mapping)), None)
+        if inner is None:
+            raise ValueError(f"moe_from_hf: config.json of {mt!r} lacks its {' or '.join(map(repr, keys))} object")
     return mt, fam, Cfg(inner, mt)
 
 
