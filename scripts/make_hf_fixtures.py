@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
 T = 24
