@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "hf.md"
 BEGIN, END = "<!-- coverage table: begin -->", "<!-- coverage table: end -->"
 #: a modeling file defines routed experts when it assigns them (``self.experts = ...``)
 EXPERTS = re.compile(r"^\s+self\.experts\s*=", re.M)
-MODEL_TYPE = re.compile(r'^\s+model_type\s*=\s*"([a-z0-9_]+)"', re.M)
+MODEL_TYPE = re.compile(r'^\s+model_type\s*=\s*"([a-z0-9_-]+)"', re.M)
 #: config classes of towers that hold no text MoE block (their parent type is listed instead)
 TOWER = re.compile(r"_(vision|audio|video|speech)(_model|_encoder|_tower)?$|_encoder$|_code_predictor$")
 
@@ -64,29 +64,156 @@ def cmd_scan(args) -> None:
     print(f"transformers {transformers.__version__}: {len(found)} directories with routed experts, {n} model types")
 
 
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+
+
+def model_types(data: dict) -> list[str]:
+    """Every MoE model type of a scan, sorted."""
+    return sorted({t for d in data["directories"].values() for t in d["model_types"]})
+
+
+def tested_through(mt: str) -> str | None:
+    """The fixture a handled type is tested through: its own, or its text / multimodal twin's (the same block
+    under a nested or flat config; `tests/test_hf_coverage.py` loads it both ways)."""
+    for name in (mt, f"{mt}_text", mt.removesuffix("_text")):
+        if (FIXTURES / name / "block.npz").exists():
+            return name
+    return None
+
+
+def describe(cfg) -> tuple[str, str, str]:
+    """(router, experts, shared experts) of a `MoEConfig`, in words."""
+    r = cfg.router
+    words = {"softmax_topk": "softmax over the top-k logits", "sqrt_softplus": "sqrt(softplus)"}
+    router = [words.get(r.scoring, r.scoring)]
+    if r.input_norm:
+        router.insert(0, "own RMS-normed, scaled input")
+    if r.bias:
+        router.append("router bias")
+    if r.score_bias:
+        router.append("selection bias")
+    if r.n_group > 1:
+        router.append(f"groups {r.n_group} / {r.topk_group} ({r.group_score})")
+    if r.renormalize:
+        router.append("renormalised" + (f" (+{r.renorm_eps:g})" if r.renorm_eps else ""))
+    if r.expert_scale:
+        router.append("× per-expert scale")
+    if r.scaling != 1:
+        router.append(f"× {r.scaling:g}")
+    if r.weight_on == "input":
+        router.append("weights the expert's input")
+    e = cfg.expert
+    experts = {"swiglu": "SwiGLU", "geglu_tanh": "GeGLU (tanh)", "geglu": "GeGLU", "gpt_oss": "gpt-oss"}.get(
+        e.activation, e.activation
+    )
+    if e.limit is not None:
+        experts += f" clamped at {e.limit:g}"
+    if e.bias:
+        experts += ", biases"
+    sh = cfg.shared
+    shared = "—"
+    if sh is not None:
+        shared = f"{sh.count} × {sh.ffn}" + (", sigmoid-gated" if sh.gated else "")
+        shared += (f", clamped at {sh.limit:g}" if sh.limit is not None else "") + (
+            f", × {sh.scale:g}" if sh.scale != 1 else ""
+        )
+    return ", ".join(router), experts, shared
+
+
+def measure(name: str) -> tuple[float, float]:
+    """The layer's largest relative error against transformers' block on fixture ``name``: forward (over every saved
+    layout) and gradients (input and every parameter), as `tests/test_hf_import.py` computes them."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from tempo_jax.layer.hf import load_moe_layers  # noqa: PLC0415
+    from tempo_jax.layer.hf.families import family  # noqa: PLC0415
+    from tempo_jax.layer.hf.tensors import MemorySource, block_readers  # noqa: PLC0415
+    from tempo_jax.layer.moe import moe_reference  # noqa: PLC0415
+    from tempo_jax.layer.params import to_logical  # noqa: PLC0415
+
+    def rel(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+    z = np.load(FIXTURES / name / "block.npz")
+    layer = int(z["layer"])
+    rx = jnp.asarray(z["router_x"], jnp.float32) if "router_x" in z.files else None
+    x, cot = jnp.asarray(z["x"], jnp.float32), jnp.asarray(z["cot"], jnp.float32)
+    fwd = 0.0
+    for layout in ("hub", "fused"):
+        if (FIXTURES / name / layout).exists():
+            cfg, params, placement = load_moe_layers(FIXTURES / name / layout, layers=[layer])[layer]
+            logical = to_logical(params, placement)
+            fwd = max(fwd, rel(moe_reference(logical, x, cfg, router_x=rx), z["out"]))
+    cfg, params, placement = load_moe_layers(FIXTURES / name / "hub", layers=[layer])[layer]
+    logical = to_logical(params, placement)
+    gp, gx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg, router_x=rx) * cot), argnums=(0, 1))(logical, x)
+    state = {k[5:]: z[k] for k in z.files if k.startswith("grad/")}
+    state |= {k[7:]: np.zeros_like(z[k]) for k in z.files if k.startswith("buffer/")}
+    state |= {k[6:]: np.zeros_like(z[k]) for k in z.files if k.startswith("param/") and "grad/" + k[6:] not in z}
+    state = {k.removeprefix("block_sparse_moe."): v for k, v in state.items()}
+    mt, fam, _ = family(json.loads((FIXTURES / name / "hub" / "config.json").read_text()))
+    readers = block_readers(cfg, fam.names, MemorySource(state), mt)
+    want = {k: (read(np.arange(cfg.experts)) if per else read()) for k, (per, read) in readers.items()}
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    grad = rel(gx, z["grad_x"])
+    for k, v in want.items():
+        if k != "score_bias":
+            grad = max(grad, float(np.abs(np.asarray(gp[k], np.float64) - v).max()) / scale)
+    return fwd, grad
+
+
+def render_table(data: dict, errors: dict[str, tuple[float, float]]) -> str:
+    """docs/hf.md's coverage table: every scanned model type, handled (router, experts, shared experts, the
+    transformers version its fixture was written with, its errors) or refused (the mechanism)."""
+    from tempo_jax.layer.hf import FAMILIES, REFUSED, load_moe_layers  # noqa: PLC0415
+
+    lines = [
+        "| model_type | status | router | experts | shared experts | reference | forward / gradient error |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for mt in model_types(data):
+        if mt in FAMILIES:
+            name = tested_through(mt)
+            if name is None:
+                raise SystemExit(f"{mt}: handled but no fixture tests it")
+            meta = json.loads((FIXTURES / name / "meta.json").read_text())
+            layer = int(meta["layer"])
+            cfg = load_moe_layers(FIXTURES / name / "hub", layers=[layer])[layer].config
+            router, experts, shared = describe(cfg)
+            ref = f"transformers {meta['transformers']}" + ("" if name == mt else f", as `{name}`")
+            fwd, grad = errors[name]
+            lines.append(f"| `{mt}` | handled | {router} | {experts} | {shared} | {ref} | {fwd:.1e} / {grad:.1e} |")
+        elif mt in REFUSED:
+            lines.append(f"| `{mt}` | refused | {REFUSED[mt]} | | | | |")
+        else:
+            raise SystemExit(f"{mt}: neither handled (FAMILIES) nor refused (REFUSED)")
+    return "\n".join(lines)
+
+
 def cmd_render(args) -> None:
     sys.path.insert(0, str(ROOT))
-    from tempo_jax.layer.hf.coverage import coverage_rows, render_table  # noqa: PLC0415
-
     data = json.loads(SCAN.read_text())
-    rows = coverage_rows(data, measure=not args.no_measure)
-    table = render_table(rows, data["transformers"])
+    names = sorted({n for n in map(tested_through, model_types(data)) if n})
+    errors = {n: measure(n) for n in names}
+    table = render_table(data, errors)
     text = DOC.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{DOC} lacks the markers {BEGIN} / {END}")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-    handled = sum(r.status == "handled" for r in rows)
-    print(f"{len(rows)} model types: {handled} handled, {len(rows) - handled} refused → {DOC}")
+    handled = table.count("| handled |")
+    print(f"{len(model_types(data))} model types: {handled} handled, {table.count('| refused |')} refused → {DOC}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("scan", help="scan the installed transformers → tests/fixtures/hf_coverage.json")
-    r = sub.add_parser("render", help="render docs/hf.md's coverage table (measures every fixture's error)")
-    r.add_argument("--no-measure", action="store_true", help="leave the error column as it was measured last")
+    sub.add_parser("render", help="render docs/hf.md's coverage table (measures every fixture's error)")
     args = ap.parse_args()
     {"scan": cmd_scan, "render": cmd_render}[args.cmd](args)
 

@@ -656,6 +656,411 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mlp",
     ),
+    "mimo_v2_flash": (
+        dict(
+            head_dim=8,
+            v_head_dim=8,
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.7,
+            norm_topk_prob=True,
+        ),
+        1,
+        "mlp",
+    ),
+    "hy_v3": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_shared_experts=2,
+            router_scaling_factor=2.826,
+        ),
+        1,
+        "mlp",
+    ),
+    "hy_v4": (
+        dict(
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_shared_experts=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.827,
+            norm_topk_prob=True,
+            swiglu_limit=0.7,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_nope_head_dim=4,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            index_topk=4,
+            index_head_dim=8,
+            index_n_heads=2,
+            hc_mult=2,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "bailing_hybrid": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            model_max_length=64,
+            num_experts=8,
+            num_experts_per_token=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            num_shared_experts=2,
+            num_expert_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            moe_renormalize=True,
+            first_k_dense_replace=1,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            layer_group_size=3,
+            pad_token_id=0,
+            eos_token_id=1,
+        ),
+        1,
+        "mlp",
+    ),
+    "granitemoehybrid": (
+        dict(
+            num_hidden_layers=2,
+            num_local_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=8,
+            shared_intermediate_size=12,
+            mamba_n_heads=2,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_chunk_size=8,
+            layer_types=["linear_attention", "full_attention"],
+            position_embedding_type="rope",
+        ),
+        0,
+        "block_sparse_moe",
+    ),
+    "granitemoe_swa": (
+        dict(
+            num_hidden_layers=2,
+            num_local_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=8,
+            shared_intermediate_size=12,
+            sliding_window=8,
+        ),
+        0,
+        "block_sparse_moe",
+    ),
+    "beam": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            intermediate_size=32,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            sliding_window=8,
+            mlp_layer_types=["dense", "sparse", "sparse"],
+        ),
+        1,
+        "mlp",
+    ),
+    "flint": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            intermediate_size=32,
+            sliding_window=8,
+            attn_implementation="eager",
+        ),
+        2,
+        "mlp",
+    ),
+    "axk2": (
+        dict(
+            num_hidden_layers=2,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            n_shared_experts=1,
+            intermediate_size=32,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=8,
+            q_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            index_topk=8,
+            index_head_dim=8,
+            index_n_heads=2,
+            gated_norm_rank=4,
+        ),
+        1,
+        "mlp",
+    ),
+    "dots3_note_text": (
+        dict(
+            num_hidden_layers=3,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            intermediate_size=24,
+            n_shared_experts=2,
+            moe_shared_expert_intermediate_size=12,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            head_dim=8,
+            index_topk=4,
+            index_head_dim=8,
+            index_n_heads=2,
+            use_sliding_window=False,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "qwen4_exp_text": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            hc_count=2,
+            hc_lowrank=4,
+            layer_types=["linear_attention", "linear_attention"],
+            eos_token_id=2,
+        ),
+        0,
+        "mlp",
+    ),
+    "aria_text": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            moe_num_experts=8,
+            moe_topk=2,
+            intermediate_size=8,
+            moe_num_shared_experts=2,
+        ),
+        1,
+        "mlp",
+    ),
+    "openai_privacy_filter": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            num_local_experts=8,
+            num_experts_per_tok=3,
+            intermediate_size=6,
+            pad_token_id=0,
+            eos_token_id=0,
+        ),
+        0,
+        "mlp",
+    ),
+    "glm4v_moe": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=8,
+                num_hidden_layers=3,
+                max_position_embeddings=64,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=8,
+                intermediate_size=24,
+                n_shared_experts=2,
+                n_group=4,
+                topk_group=2,
+                routed_scaling_factor=1.5,
+                norm_topk_prob=True,
+                first_k_dense_replace=1,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=16,
+                num_heads=2,
+                out_hidden_size=16,
+                patch_size=4,
+                image_size=16,
+            ),
+        ),
+        1,
+        "mlp",
+    ),
+    "glm5_next": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                num_hidden_layers=4,
+                max_position_embeddings=64,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=8,
+                intermediate_size=24,
+                n_shared_experts=2,
+                n_group=4,
+                topk_group=2,
+                routed_scaling_factor=2.5,
+                norm_topk_prob=True,
+                swiglu_limit=0.7,
+                pad_token_id=0,
+                q_lora_rank=8,
+                kv_lora_rank=8,
+                qk_rope_head_dim=0,
+                qk_nope_head_dim=8,
+                v_head_dim=8,
+                index_topk=16,
+                index_head_dim=8,
+                index_n_heads=2,
+                index_kpool=4,
+                hc_mult=2,
+                linear_head_dim=8,
+                linear_num_heads=2,
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=16,
+                num_heads=2,
+                out_hidden_size=16,
+                patch_size=4,
+                image_size=16,
+                projection_intermediate_size=16,
+            ),
+        ),
+        1,
+        "mlp",
+    ),
+    "deepseek_ocr2": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                num_hidden_layers=3,
+                max_position_embeddings=64,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=8,
+                intermediate_size=24,
+                n_shared_experts=2,
+                routed_scaling_factor=1.3,
+                topk_method="greedy",
+                mlp_layer_types=["dense", "sparse", "sparse"],
+            ),
+            vision_config=dict(
+                sam_config=dict(
+                    hidden_size=16,
+                    output_channels=8,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    image_size=32,
+                    patch_size=16,
+                    window_size=2,
+                    global_attn_indexes=[0],
+                    downsample_channels=[8, 16],
+                ),
+                encoder_config=dict(
+                    vocab_size=32,
+                    hidden_size=16,
+                    intermediate_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=2,
+                ),
+            ),
+        ),
+        1,
+        "mlp",
+    ),
+    "diffusion_gemma": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=8,
+                global_head_dim=8,
+                num_hidden_layers=2,
+                max_position_embeddings=64,
+                num_experts=8,
+                top_k_experts=2,
+                moe_intermediate_size=8,
+                intermediate_size=32,
+                sliding_window=8,
+                pad_token_id=0,
+                eos_token_id=1,
+                bos_token_id=2,
+            ),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=8,
+            ),
+            boi_token_id=28,
+            eoi_token_id=29,
+            image_token_id=30,
+        ),
+        1,
+        "experts",
+    ),
     "gemma4_text": (
         dict(
             intermediate_size=24,
@@ -695,7 +1100,7 @@ def _gemma4_block(block, x, router_x):
 
 
 #: families whose router reads another input than the experts: the block's forward on (x, router_x)
-ROUTER_INPUT = {"gemma4_text": _gemma4_block}
+ROUTER_INPUT = {"gemma4_text": _gemma4_block, "diffusion_gemma": _gemma4_block}
 
 
 def _redraw(model: torch.nn.Module, seed: int) -> None:
@@ -716,7 +1121,14 @@ BUILD = {
     "mistral_large4": ("MistralLarge4ForConditionalGeneration", "model.language_model.layers"),
     "mistral4": ("Mistral4ForCausalLM", "model.layers"),
     "dbrx": ("AutoModelForCausalLM", "transformer.blocks"),
+    "openai_privacy_filter": ("AutoModelForTokenClassification", "model.layers"),
+    "glm4v_moe": ("Glm4vMoeForConditionalGeneration", "model.language_model.layers"),
+    "glm5_next": ("Glm5NextForConditionalGeneration", "model.language_model.layers"),
+    "deepseek_ocr2": ("DeepseekOcr2ForConditionalGeneration", "model.language_model.layers"),
+    "diffusion_gemma": ("DiffusionGemmaForBlockDiffusion", "model.decoder.layers"),
 }
+#: families whose shared MLP sits beside the block on the decoder layer (one MoE unit)
+SIBLING_SHARED = ("granitemoeshared", "granitemoehybrid", "granitemoe_swa")
 
 
 def _build(family: str):
@@ -736,10 +1148,14 @@ def _build(family: str):
     else:
         model = build._from_config(cfg, dtype=torch.float32)
     model.eval()
-    layers = model
+    return model, getattr(_layers(model, path)[layer], attr), layer
+
+
+def _layers(model, path: str):
+    """The decoder layers of ``model`` at dotted ``path``."""
     for part in path.split("."):
-        layers = getattr(layers, part)
-    return model, getattr(layers[layer], attr), layer
+        model = getattr(model, part)
+    return model
 
 
 def make(family: str) -> None:
@@ -761,13 +1177,13 @@ def make(family: str) -> None:
     router_x = None
     if family in ROUTER_INPUT:  # the router reads its own input (Gemma 4: the residual stream)
         router_x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 3.0).requires_grad_(True)
-        decoder = model.model.layers[layer].to(torch.float64)
+        decoder = _layers(model, BUILD.get(family, ("", "model.layers"))[1])[layer].to(torch.float64)
         block = torch.nn.ModuleDict({"router": decoder.router, "experts": decoder.experts})
         res = ROUTER_INPUT[family](block, x[0], router_x[0])
     else:
         res = block(x)
     y = (res[0] if isinstance(res, tuple) else res).reshape(x.shape)  # Llama-4's block returns [T, H]
-    if family == "granitemoeshared":  # its shared MLP sits beside the block, on the decoder layer: one MoE unit
+    if family in SIBLING_SHARED:  # its shared MLP sits beside the block, on the decoder layer: one MoE unit
         shared = model.model.layers[layer].shared_mlp.to(torch.float64)
         y = y + shared(x)
         block = torch.nn.ModuleDict({"block_sparse_moe": block, "shared_mlp": shared})

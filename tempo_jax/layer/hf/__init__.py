@@ -12,15 +12,18 @@ keys relative to the block (``gate.weight``, ``experts.0.gate_proj.weight``, …
 - `load`: `moe_from_hf`, `load_moe_layers`, the placement an import lays its experts over.
 - `quant`: FP8 block-scaled and MXFP4 dequantization, and the safetensors reader that sees those dtypes.
 - `export`: `moe_to_hf`, `save_moe_layers` (back to the layout transformers saves).
+- `refused`: the MoE model types the layer cannot express, each with the mechanism it lacks (`REFUSED`).
 """
 
 from .export import moe_to_hf, save_moe_layers
 from .families import FAMILIES, TrainingNoiseWarning, moe_config_from_hf, moe_layer_ids
 from .load import HFBlock, load_moe_layers, moe_from_hf, resolve_placement
+from .refused import REFUSED
 
 __all__ = [
     "FAMILIES",
     "HFBlock",
+    "REFUSED",
     "TrainingNoiseWarning",
     "load_moe_layers",
     "moe_config_from_hf",

@@ -76,15 +76,14 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.nd
                 "output_linear.weight": d.transpose(0, 2, 1),
             }
         )
-    elif mt in ("llama4", "llama4_text"):  # fused, [E, H, 2F] / [E, F, H]
-        out.update({"experts.gate_up_proj": np.concatenate([g, u], axis=2), "experts.down_proj": d})
-    elif n.hub_fused:  # fused, as transformers 5 writes it: [E, 2F, H] / [E, H, F]
-        out.update(
-            {
-                "experts.gate_up_proj": np.concatenate([g, u], axis=2).transpose(0, 2, 1),
-                "experts.down_proj": d.transpose(0, 2, 1),
-            }
-        )
+    elif n.hub_fused:  # fused as transformers writes it: [E, 2F, H] / [E, H, F], or transposed [E, H, 2F] / [E, F, H]
+        gu, dn = n.fused_names
+        if n.transposed:
+            out.update({gu: np.concatenate([g, u], axis=2), dn: d})
+        else:
+            out.update({gu: np.concatenate([g, u], axis=2).transpose(0, 2, 1), dn: d.transpose(0, 2, 1)})
+        if cfg.expert.bias:  # gate first
+            out.update({f"{gu}_bias": np.concatenate([p["b_gate"], p["b_up"]], axis=1), f"{dn}_bias": p["b_down"]})
     else:  # per expert, torch Linear [out, in]
         gn, un, dn = n.experts
         for e in range(E):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from ..config import MoEConfig
 from ..experts import ExpertConfig, SharedConfig
 from ..routing import RouterConfig
+from .refused import REFUSED
 
 __all__ = ["FAMILIES", "Family", "TrainingNoiseWarning", "TensorNames", "family", "moe_config_from_hf", "moe_layer_ids"]
 
@@ -40,7 +41,8 @@ class TensorNames:
         "input_linear" (Granite), "dbrx" (``experts.mlp.w1 / v1 / w2 [E·F, H]``, w2 the down weight transposed).
       transposed: the fused experts are stored ``[E, H, 2F]`` / ``[E, F, H]`` (decided by shape when both occur).
       hub_fused: transformers saves the "gate_up" experts fused (no per-expert conversion for the family), so the
-        export writes them so.
+        export writes them so. fused_names: the hub names of the fused gate_up / down tensors (Aria:
+        ``experts.fc1.weight`` / ``experts.fc2.weight``); the in-memory names are read too.
       shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
@@ -56,6 +58,7 @@ class TensorNames:
     fused: str = "gate_up"
     transposed: bool | None = False
     hub_fused: bool = False
+    fused_names: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")
     shared: tuple[str, ...] = ("shared_experts.",)
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False
@@ -70,7 +73,9 @@ class Family:
     ``refuse(c)`` → why a config cannot be expressed (None: it can), ``noise(c)`` → its training-time noise
     settings that are on (``{key: value}``: the layer computes the eval-mode block, and says so), ``parts`` the
     sub-prefixes under the prefix that belong to the block when it sits directly in the decoder layer beside
-    attention and norms (Gemma 4: ``router.``, ``experts.``; empty: everything under the prefix)."""
+    attention and norms (Gemma 4: ``router.``, ``experts.``; empty: everything under the prefix), ``nested`` where
+    its MoE keys sit in config.json (a dotted path, or several tried in order; "" the top level), ``twin`` the family
+    whose transformers fixture tests the same block under another config layout (`tests/test_hf_coverage.py`)."""
 
     fields: Callable
     layers: Callable
@@ -79,6 +84,7 @@ class Family:
     names: TensorNames = TensorNames()
     refuse: Callable = lambda c: None  # noqa: E731
     nested: str | tuple[str, ...] | None = None
+    twin: str | None = None
     noise: Callable = lambda c: {}  # noqa: E731
     parts: tuple[str, ...] = ()
 
@@ -201,12 +207,14 @@ def _deepseek(
     n_group: tuple[str, ...] = ("n_group",),
     scaling_key: tuple[str, ...] = ("routed_scaling_factor",),
     shared_default: int = 1,
+    shared_ffn: tuple[str, ...] | None = None,
 ) -> dict:
     """A DeepSeek-V3 block (sigmoid + selection bias, groups, renormalisation + 1e-20, scaling, n_shared × F shared
     experts) under a family's own key spellings and defaults."""
     F = c.get("moe_intermediate_size")
-    count = c.get(*n_shared, default=shared_default)
-    renormalize = c.get(*renorm, default=renorm_default, kind=bool)
+    count = c.get(*n_shared, default=shared_default) if n_shared else 0
+    renormalize = c.get(*renorm, default=renorm_default, kind=bool) if renorm else renorm_default
+    Fs = c.get(*shared_ffn, default=F) if shared_ffn else F
     router = RouterConfig(
         scoring="sigmoid",
         score_bias=True,
@@ -221,7 +229,7 @@ def _deepseek(
         top_k=c.get(*top_k),
         ffn=F,
         router=router,
-        shared=SharedConfig(count=count, ffn=F) if count else None,
+        shared=SharedConfig(count=count, ffn=Fs) if count else None,
     )
 
 
@@ -388,9 +396,9 @@ def _hunyuan(c: Cfg) -> dict:
     )
 
 
-def _granite(shared: bool):
+def _granite(shared: bool, shared_default: int = 0):
     def fields(c: Cfg) -> dict:
-        fs = c.get("shared_intermediate_size", default=0) if shared else 0
+        fs = c.get("shared_intermediate_size", default=shared_default) if shared else 0
         return dict(
             experts=c.get("num_local_experts"),
             top_k=c.get("num_experts_per_tok"),
@@ -460,13 +468,14 @@ def _from_key(key: str, default: int):
     return lambda c: list(range(min(c.get(key, default=default), c.num_layers()), c.num_layers()))
 
 
-def _sigmoid_bias(E: tuple, F: tuple, *, renorm, eps: float, scaling: tuple | None = None, bias_key=None):
-    """A sigmoid router with a selection-only bias (``bias_key``: a (key, default) pair turning it on), renormalised
-    (a bool, or a (key, default) pair) with ``eps``, times the scaling at ``scaling`` (a (key, default) pair)."""
+def _sigmoid_bias(E: tuple, F: tuple, *, renorm, eps: float, scaling: tuple | None = None, bias=True):
+    """A sigmoid router with a selection-only bias (``bias``: a bool, or a (key, default) pair turning it on),
+    renormalised (a bool, or a (key, default) pair) with ``eps``, times the scaling at ``scaling`` (a (key, default)
+    pair)."""
 
     def fields(c: Cfg) -> dict:
         on = renorm if isinstance(renorm, bool) else c.get(renorm[0], default=renorm[1], kind=bool)
-        biased = True if bias_key is None else c.get(bias_key[0], default=bias_key[1], kind=bool)
+        biased = bias if isinstance(bias, bool) else c.get(bias[0], default=bias[1], kind=bool)
         scale = 1.0 if scaling is None else float(c.get(scaling[0], default=scaling[1], kind=float))
         router = RouterConfig(
             scoring="sigmoid", score_bias=biased, renormalize=on, renorm_eps=eps if on else 0.0, scaling=scale
@@ -565,6 +574,106 @@ def _laguna_refuse(c: Cfg) -> str | None:
     if c.config.get("moe_apply_router_weight_on_input"):
         return "laguna moe_apply_router_weight_on_input=true: transformers itself does not implement it"
     return _swiglu_only(c)
+
+
+def _clamped(shared: bool):
+    """A DeepSeek-V3 block whose routed experts (and shared ones when ``shared``) clamp at ``swiglu_limit``
+    (Hunyuan-V4, GLM-5-Next)."""
+
+    def fields(c: Cfg, **kw) -> dict:
+        out = _deepseek(c, **kw)
+        limit = float(c.get("swiglu_limit", default=10.0, kind=float))
+        out["expert"] = ExpertConfig(activation="swiglu_clamp", limit=limit)
+        if shared and out["shared"] is not None:
+            out["shared"] = dataclasses.replace(out["shared"], limit=limit)
+        return out
+
+    return fields
+
+
+def _clamp_refuse(c: Cfg) -> str | None:
+    limit = c.config.get("swiglu_limit", 10.0)
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit <= 0:
+        return f"swiglu_limit={limit}: transformers clamps at it (a limit <= 0 zeroes the gate); it must be > 0"
+    return _swiglu_only(c)
+
+
+def _no_mlp_bias(c: Cfg) -> str | None:
+    if c.config.get("mlp_bias"):
+        return "mlp_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return _swiglu_only(c)
+
+
+def _dots3_layers(c: Cfg) -> list[int]:
+    if c.config.get("mlp_layer_types") is not None:
+        return _layer_types(1)(c)
+    first, freq = c.get("first_k_dense_replace", default=1), c.config.get("moe_layer_freq", 1)
+    if isinstance(freq, list):
+        return [i for i in range(c.num_layers()) if i >= first and i < len(freq) and freq[i]]
+    if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+        raise ValueError(f"moe_from_hf: config['moe_layer_freq'] must be a positive integer or a list, got {freq!r}")
+    return [i for i in range(c.num_layers()) if i >= first and i % freq == 0]
+
+
+def _required_layer_types(c: Cfg) -> list[int]:
+    if c.config.get("mlp_layer_types") is None:
+        raise ValueError("moe_from_hf: config.json lacks 'mlp_layer_types' (transformers requires it for this family)")
+    return _layer_types(0)(c)
+
+
+def _flint_layers(c: Cfg) -> list[int]:
+    step = c.positive("decoder_sparse_step", default=1)
+    only = c.config.get("mlp_only_layers")
+    only = {0, 1} if only is None else set(c.get("mlp_only_layers", kind=list))
+    return [i for i in range(c.num_layers()) if i not in only and (i + 1) % step == 0]
+
+
+def _flint(c: Cfg) -> dict:
+    fields = _sigmoid_bias(
+        ("num_experts",), ("moe_intermediate_size",), renorm=("norm_topk_prob", True), eps=0.0, bias=False
+    )
+    return {**fields(c), "shared": _shared_one("shared_expert_intermediate_size", 1024)(c)}
+
+
+def _granite_hybrid_layers(c: Cfg) -> list[int]:
+    return _all_layers(c) if c.get("num_local_experts", default=8) > 0 else []
+
+
+def _axk2_refuse(c: Cfg) -> str | None:
+    if c.config.get("n_group") not in (None, 1):
+        return (
+            f"axk2 n_group={c.config['n_group']}: transformers fills the dropped groups' scores with 0.0 (not -inf), "
+            "so a dropped expert can outrank a kept one whose biased score is negative"
+        )
+    return _swiglu_only(c)
+
+
+def _beam_refuse(c: Cfg) -> str | None:
+    if "n_group" in c.config and c.config["n_group"] is None:
+        return "beam n_group=null: transformers' router cannot run without groups"
+    return _swiglu_only(c)
+
+
+def _aria(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    count = c.get("moe_num_shared_experts", default=2)
+    return dict(
+        experts=c.get("moe_num_experts"),
+        top_k=c.get("moe_topk"),
+        ffn=F,
+        router=RouterConfig(scoring="softmax_topk", renormalize=False),
+        shared=SharedConfig(count=count, ffn=F) if count else None,
+    )
+
+
+def _aria_refuse(c: Cfg) -> str | None:
+    if c.config.get("mlp_bias"):
+        return "aria mlp_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return _swiglu_only(c)
+
+
+def _privacy_filter(c: Cfg) -> dict:
+    return {**_gpt_oss(c), "experts": c.get("num_local_experts", "num_experts")}
 
 
 #: hidden_act → the layer's gated expert activation.
@@ -742,7 +851,7 @@ FAMILIES: dict[str, Family] = {
         _llama4,
         _llama4_layers,
         ("language_model.model.layers.{}.feed_forward.", "model.layers.{}.feed_forward."),
-        names=TensorNames(router=("router.weight",), transposed=True, shared=("shared_expert.",)),
+        names=TensorNames(router=("router.weight",), transposed=True, hub_fused=True, shared=("shared_expert.",)),
         nested="text_config",
         **_DS,
     ),
@@ -821,7 +930,7 @@ FAMILIES.update(
                 renorm=("norm_topk_prob", True),
                 eps=1e-6,
                 scaling=("routed_scaling_factor", 1.0),
-                bias_key=("use_expert_bias", True),
+                bias=("use_expert_bias", True),
             ),
             _from_key("num_dense_layers", 2),
             ("model.layers.{}.feed_forward.",),
@@ -882,6 +991,193 @@ for _name, _prefixes in {
     "unlimited_ocr_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
 }.items():
     FAMILIES[_name] = dataclasses.replace(FAMILIES[_name.removesuffix("_text")], nested=None, prefixes=_prefixes)
+_VL_PREFIXES = ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")
+_DS_TEXT_LAYOUT = TensorNames()
+FAMILIES.update(
+    {
+        "mimo_v2_flash": Family(
+            lambda c: _deepseek(c, scaling=1.0, groups=(1, 1), n_shared=()), _layer_types(1, key=None), **_DS
+        ),
+        "hy_v3": Family(
+            lambda c: _deepseek(
+                c,
+                scaling=2.826,
+                groups=(1, 1),
+                experts=("num_experts", "num_local_experts"),
+                n_shared=("num_shared_experts",),
+                renorm=(),
+                scaling_key=("router_scaling_factor",),
+            ),
+            _layer_types(1, key=None),
+            names=TensorNames(
+                router=("router.gate.weight", "gate.weight"),
+                score_bias=("expert_bias", "e_score_correction_bias"),
+                shared=("shared_mlp.", "shared_experts."),
+            ),
+            refuse=_no_mlp_bias,
+        ),
+        "hy_v4": Family(
+            lambda c: _clamped(False)(c, scaling=2.827, groups=(1, 1)),
+            _layer_types(1, key=None),
+            names=TensorNames(hub_fused=True, shared_names=("linear_gate", "up_proj", "down_proj")),
+            refuse=_clamp_refuse,
+        ),
+        "glm4v_moe": Family(
+            lambda c: _deepseek(c, scaling=1.0, groups=(1, 1)),
+            _from(1),
+            _VL_PREFIXES,
+            nested="text_config",
+            **_DS,
+        ),
+        "glm5_next": Family(
+            lambda c: _clamped(True)(c, scaling=2.5, groups=(1, 1)),
+            _layer_types(3, key=None),
+            _VL_PREFIXES,
+            nested=("text_config", ""),
+            refuse=_clamp_refuse,
+        ),
+        "qwen4_exp": Family(
+            _simple(("num_experts",), ("moe_intermediate_size",), ("norm_topk_prob", True), shared=_qwen_shared(512)),
+            _all_layers,
+            _VL_PREFIXES,
+            names=TensorNames(shared=("shared_expert.",)),
+            nested="text_config",
+            **_DS,
+        ),
+        "bailing_hybrid": Family(
+            lambda c: _deepseek(
+                c,
+                scaling=2.5,
+                groups=(8, 4),
+                experts=("num_experts", "num_local_experts"),
+                top_k=("num_experts_per_token", "num_experts_per_tok"),
+                n_shared=("num_shared_experts", "n_shared_experts"),
+                renorm=("moe_renormalize", "norm_topk_prob"),
+                n_group=("num_expert_group", "n_group"),
+            ),
+            _layer_types(2),
+            names=TensorNames(score_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
+            **_DS,
+        ),
+        "granitemoehybrid": dataclasses.replace(
+            FAMILIES["granitemoeshared"], fields=_granite(True, 1024), layers=_granite_hybrid_layers
+        ),
+        "granitemoe_swa": dataclasses.replace(  # no conversion mapping: its hub files hold the in-memory names
+            FAMILIES["granitemoeshared"],
+            names=dataclasses.replace(
+                FAMILIES["granitemoeshared"].names, router=("router.weight",), fused="gate_up", hub_fused=True
+            ),
+        ),
+        "deepseek_ocr2": Family(
+            _v2,
+            _required_layer_types,
+            ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+            refuse=_v2_refuse,
+            nested="text_config",
+        ),
+        "dots3_note": Family(
+            lambda c: _deepseek(
+                c,
+                scaling=1.0,
+                groups=(1, 1),
+                shared_ffn=("shared_experts_intermediate_size", "moe_shared_expert_intermediate_size"),
+            ),
+            _dots3_layers,
+            ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+            nested=("text_config", ""),
+            **_DS,
+        ),
+        "beam": Family(
+            lambda c: _deepseek(c, scaling=2.5, groups=(8, 4), experts=("num_experts",), n_shared=()),
+            _layer_types(3, key=None),
+            refuse=_beam_refuse,
+        ),
+        "flint": Family(_flint, _flint_layers, names=TensorNames(shared=("shared_expert.",)), **_DS),
+        "axk2": Family(lambda c: _deepseek(c, scaling=2.5, groups=(1, 1)), _layer_types(1), refuse=_axk2_refuse),
+        "diffusion_gemma": dataclasses.replace(
+            FAMILIES["gemma4"],
+            layers=_all_layers,
+            prefixes=("model.decoder.layers.{}.", "model.encoder.language_model.layers.{}."),
+        ),
+    }
+)
+FAMILIES.update(
+    {
+        "aria_text": Family(
+            _aria,
+            _all_layers,
+            names=TensorNames(
+                router=("router.weight",),
+                transposed=True,
+                hub_fused=True,
+                fused_names=("experts.fc1.weight", "experts.fc2.weight"),
+            ),
+            refuse=_aria_refuse,
+        ),
+        "openai_privacy_filter": Family(
+            _privacy_filter,
+            _all_layers,
+            names=TensorNames(router=("router.weight",), router_bias="router.bias", transposed=True, hub_fused=True),
+        ),
+        # Qwen3-Omni-MoE: the thinker's text model is qwen3_moe's block (renormalised by default), its talker's is
+        # qwen2_moe's with every layer MoE; both tested through those families' fixtures (twin)
+        "qwen3_omni_moe": Family(
+            _simple(("num_experts",), ("moe_intermediate_size",), ("norm_topk_prob", True)),
+            _qwen_layers,
+            ("thinker.model.layers.{}.mlp.", "thinker.model.language_model.layers.{}.mlp."),
+            nested="thinker_config.text_config",
+            twin="qwen3_moe",
+            **_DS,
+        ),
+        "qwen3_omni_moe_talker_text": Family(
+            _simple(
+                ("num_experts", "num_local_experts"),
+                ("moe_intermediate_size",),
+                ("norm_topk_prob", False),
+                shared=_qwen_shared(...),
+            ),
+            _all_layers,
+            ("talker.model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            names=TensorNames(shared=("shared_expert.",)),
+            twin="qwen2_moe",
+            **_DS,
+        ),
+    }
+)
+FAMILIES["aria"] = dataclasses.replace(
+    FAMILIES["aria_text"],
+    nested="text_config",
+    prefixes=("language_model.model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+)
+FAMILIES["qwen3_omni_moe_thinker"] = dataclasses.replace(
+    FAMILIES["qwen3_omni_moe"],
+    nested="text_config",
+    prefixes=("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+)
+FAMILIES["qwen3_omni_moe_text"] = dataclasses.replace(
+    FAMILIES["qwen3_omni_moe"], nested=None, prefixes=("model.layers.{}.mlp.",)
+)
+#: text-only or multimodal configs of the families above: (family, its twin, where its keys sit, its prefixes)
+for _name, _twin, _nested, _prefixes in (
+    ("hy_v4_vl", "hy_v4", "text_config", ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("hy_v4_vl_text", "hy_v4", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("glm4v_moe_text", "glm4v_moe", None, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")),
+    ("glm5_next_text", "glm5_next", None, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")),
+    ("qwen4_exp_text", "qwen4_exp", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("deepseek_ocr2_text", "deepseek_ocr2", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("dots3_note_text", "dots3_note", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("diffusion_gemma_text", "diffusion_gemma", None, ("model.decoder.layers.{}.", "model.layers.{}.")),
+):
+    FAMILIES[_name] = dataclasses.replace(
+        FAMILIES[_twin], nested=_nested, prefixes=_prefixes, twin=_twin if _twin == "hy_v4" else None
+    )
+
+
+def _nested(config: Mapping, path: str):
+    """The object at dotted ``path`` of ``config`` ("" is ``config`` itself: a config that may be flat), or None."""
+    for key in filter(None, path.split(".")):
+        config = config.get(key) if isinstance(config, Mapping) else None
+    return config if isinstance(config, Mapping) else None
 
 
 def family(config) -> tuple[str, Family, Cfg]:
@@ -890,6 +1186,8 @@ def family(config) -> tuple[str, Family, Cfg]:
     if not isinstance(config, Mapping):
         raise ValueError(f"moe_from_hf: config must be the model's config.json as a dict, got {type(config).__name__}")
     mt = config.get("model_type")
+    if mt in REFUSED:
+        raise ValueError(f"moe_from_hf: the {mt} MoE block cannot be expressed by the layer: {REFUSED[mt]}")
     if mt not in FAMILIES:
         raise ValueError(
             f"moe_from_hf: model_type {mt!r} is not a MoE family the layer expresses; one of {sorted(FAMILIES)}"
@@ -898,7 +1196,7 @@ def family(config) -> tuple[str, Family, Cfg]:
     inner = config
     if fam.nested is not None:
         keys = (fam.nested,) if isinstance(fam.nested, str) else fam.nested
-        inner = next((config[k] for k in keys if isinstance(config.get(k), Mapping)), None)
+        inner = next((v for v in (_nested(config, k) for k in keys) if v is not None), None)
         if inner is None:
             raise ValueError(f"moe_from_hf: config.json of {mt!r} lacks its {' or '.join(map(repr, keys))} object")
     return mt, fam, Cfg(inner, mt)

@@ -14,7 +14,8 @@ read (``[n]`` → ``[n, ...]`` in the layer's orientation), the others read whol
   ``[out, in]`` (Mixtral / MiniMax / DeepSeek-V4: w1 gate, w3 up, w2 down);
 - fused "gate_up" (transformers ≥ 5 in memory): ``experts.gate_up_proj [E, 2F, H]`` gate rows first and
   ``experts.down_proj [E, H, F]``, or transposed ``[E, H, 2F]`` / ``[E, F, H]`` (Qwen3-VL-MoE's hub files,
-  Llama-4), told apart by the down projection's shape;
+  Llama-4, Aria's ``experts.fc1`` / ``fc2``), told apart by the down projection's shape; with biases
+  ``*_bias [E, 2F]`` / ``[E, H]``, gate first (OpenAI's privacy filter);
 - "interleaved" (gpt-oss): ``[E, H, 2F]`` with gate / up alternating, ``*_bias``; or MXFP4 ``*_blocks`` /
   ``*_scales`` ``[E, 2F, H/32, 16]`` / ``[E, H, F/32, 16]``;
 - "input_linear" (Granite): ``input_linear.weight [E, 2F, H]`` (gate rows first), ``output_linear.weight [E, H, F]``;
@@ -235,7 +236,7 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     """The routed experts' readers (see the module's layouts)."""
     H, F, E = cfg.hidden, cfg.ffn, cfg.experts
     g, u, d = names.experts
-    if f"experts.0.{g}.weight" in c.keys or (not _fused_present(c) and names.fused != "dbrx"):
+    if f"experts.0.{g}.weight" in c.keys or (not _fused_present(c, names) and names.fused != "dbrx"):
         per = {
             n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
             for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))
@@ -279,20 +280,30 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         stacked("b_up", lambda e: src.read(gb, e)[1::2])
         stacked("b_down", lambda e: src.read(db, e))
         return
-    # "gate_up": [E, 2F, H] / [E, H, F], or transposed [E, H, 2F] / [E, F, H] (told apart by the down projection)
-    down = c.src.shape("experts.down_proj") if "experts.down_proj" in c.keys else (E, H, F)
+    # "gate_up": [E, 2F, H] / [E, H, F], or transposed [E, H, 2F] / [E, F, H] (told apart by the down projection),
+    # under the family's hub names (Aria's experts.fc1 / fc2) or the in-memory ones; biases [E, 2F] gate first
+    hub_gu, hub_dn = names.fused_names
+    gu_key, dn_key = (hub_gu, hub_dn) if hub_dn in c.keys else ("experts.gate_up_proj", "experts.down_proj")
+    down = c.src.shape(dn_key) if dn_key in c.keys else (E, H, F)
     transposed = names.transposed if names.transposed is not None else tuple(down) == (E, F, H)
     if transposed:
-        gk, dk = c.need("experts.gate_up_proj", (E, H, 2 * F)), c.need("experts.down_proj", (E, F, H))
+        gk, dk = c.need(gu_key, (E, H, 2 * F)), c.need(dn_key, (E, F, H))
         stacked("w_gate", lambda e: src.read(gk, e)[:, :F])
         stacked("w_up", lambda e: src.read(gk, e)[:, F:])
         stacked("w_down", lambda e: src.read(dk, e))
     else:
-        gk, dk = c.need("experts.gate_up_proj", (E, 2 * F, H)), c.need("experts.down_proj", (E, H, F))
+        gk, dk = c.need(gu_key, (E, 2 * F, H)), c.need(dn_key, (E, H, F))
         stacked("w_gate", lambda e: src.read(gk, e)[:F].T)
         stacked("w_up", lambda e: src.read(gk, e)[F:].T)
         stacked("w_down", lambda e: src.read(dk, e).T)
+    if cfg.expert.bias:  # concatenated, gate first (OpenAI's privacy filter)
+        gb, db = c.need(f"{gu_key}_bias", (E, 2 * F)), c.need(f"{dn_key}_bias", (E, H))
+        stacked("b_gate", lambda e: src.read(gb, e)[:F])
+        stacked("b_up", lambda e: src.read(gb, e)[F:])
+        stacked("b_down", lambda e: src.read(db, e))
 
 
-def _fused_present(c: _Checked) -> bool:
-    return any(re.match(r"(experts\.(gate_up_proj|mlp\.)|input_linear)", k) for k in c.keys)
+def _fused_present(c: _Checked, names: TensorNames) -> bool:
+    return names.fused_names[0] in c.keys or any(
+        re.match(r"(experts\.(gate_up_proj|mlp\.)|input_linear)", k) for k in c.keys
+    )

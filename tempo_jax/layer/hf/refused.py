@@ -1,0 +1,52 @@
+"""The MoE model types of transformers 5.24 whose block the layer cannot express, each with the mechanism it lacks.
+
+Read from each type's modeling file (the router, the experts and what the block adds around them); `family` raises
+with the reason, and docs/hf.md's coverage table lists them beside the handled ones
+(`scripts/hf_coverage.py`, `tests/test_hf_coverage.py`). A type whose block becomes expressible moves to
+`tempo_jax.layer.hf.families.FAMILIES` with a fixture of its own.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REFUSED"]
+
+_NON_GATED_RELU = "non-gated ReLU experts (fc1 / fc2 with biases) and capacity-limited routing"
+_SOFTCAPPED = "soft-capped SwiGLU experts (tanh caps on the gate's linear factor and on the up projection)"
+_GPT_OSS_SHARED = "shared experts with the gpt-oss activation ((u + 1)·g·σ(1.702·g), clamped); the layer's are SwiGLU"
+_LATENT = "experts at a latent width (projections with RMSNorms around them) and a per-expert output RMSNorm"
+_ROUTED_SHARED = "shared experts weighted by the router (extra router rows normalised jointly with the routed top-k)"
+
+#: model_type → the mechanism the layer lacks (the refusal's reason)
+REFUSED: dict[str, str] = {
+    "axk1": "a learned RMSNorm of the block's own output (mlp.post_mlp_layernorm) after routed + shared",
+    "ernie4_5_vl_moe": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
+    "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
+    "inkling_mm_model": _ROUTED_SHARED,
+    "inkling_text": _ROUTED_SHARED,
+    "inkling2": _SOFTCAPPED,
+    "inkling2_text": _SOFTCAPPED,
+    "inkling2_loop": _SOFTCAPPED,
+    "inkling2_loop_text": _SOFTCAPPED,
+    "jetmoe": "a learned output bias [H] added to the block's output (mlp.bias) and mixture-of-attention experts",
+    "kolibri1": "a selection bias added to the raw router logits before the sigmoid (not to the scores)",
+    "longcat_flash": (
+        "zero-computation (identity) experts a token may choose (zero_expert_num; 256 in every released LongCat-Flash)"
+    ),
+    "minimax_m3_vl": _GPT_OSS_SHARED,
+    "minimax_m3_vl_text": _GPT_OSS_SHARED,
+    "muse_spark": _LATENT,
+    "muse_spark_text": _LATENT,
+    "nemotron_h": "non-gated ReLU² experts (down(relu²(up·x))), optionally behind a latent projection",
+    "nllb-moe": _NON_GATED_RELU + " (top-2, tokens beyond expert_capacity dropped)",
+    "switch_transformers": "non-gated ReLU experts (T5 wi / wo) with top-1 capacity-limited routing",
+    "step3p5": (
+        "SwiGLU clamped after the activation with per-layer limits (min(silu(g), limit)·clip(u, ±limit); "
+        "swiglu_limits / swiglu_limits_shared)"
+    ),
+    "step3p7": (
+        "SwiGLU clamped after the activation with per-layer limits (min(silu(g), limit)·clip(u, ±limit); "
+        "swiglu_limits / swiglu_limits_shared)"
+    ),
+    "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
+    "zaya": "an MLP router that carries router state across layers, and a skip (zero-computation) expert",
+}
