@@ -73,9 +73,15 @@ def model_types(data: dict) -> list[str]:
 
 
 def tested_through(mt: str) -> str | None:
-    """The fixture a handled type is tested through: its own, or its text / multimodal twin's (the same block
-    under a nested or flat config; `tests/test_hf_coverage.py` loads it both ways)."""
-    for name in (mt, f"{mt}_text", mt.removesuffix("_text")):
+    """The fixture a handled type is tested through: its own, or its twin's (`Family.twin`, or its text /
+    multimodal counterpart: the same block under a nested or flat config; `tests/test_hf_coverage.py` reads it
+    under both)."""
+    from tempo_jax.layer.hf import FAMILIES  # noqa: PLC0415
+
+    twin = FAMILIES[mt].twin if mt in FAMILIES else None
+    for name in (mt, twin, f"{mt}_text", mt.removesuffix("_text")):
+        if name is None:
+            continue
         if (FIXTURES / name / "block.npz").exists():
             return name
     return None
@@ -103,9 +109,13 @@ def describe(cfg) -> tuple[str, str, str]:
     if r.weight_on == "input":
         router.append("weights the expert's input")
     e = cfg.expert
-    experts = {"swiglu": "SwiGLU", "geglu_tanh": "GeGLU (tanh)", "geglu": "GeGLU", "gpt_oss": "gpt-oss"}.get(
-        e.activation, e.activation
-    )
+    experts = {
+        "swiglu": "SwiGLU",
+        "swiglu_clamp": "SwiGLU",
+        "geglu_tanh": "GeGLU (tanh)",
+        "geglu": "GeGLU",
+        "gpt_oss": "gpt-oss",
+    }[e.activation]
     if e.limit is not None:
         experts += f" clamped at {e.limit:g}"
     if e.bias:

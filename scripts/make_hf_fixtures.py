@@ -1061,6 +1061,50 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         1,
         "experts",
     ),
+    "unlimited_ocr": (
+        dict(
+            text_config=dict(
+                vocab_size=32,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                num_hidden_layers=3,
+                max_position_embeddings=64,
+                n_routed_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=8,
+                intermediate_size=32,
+                n_shared_experts=2,
+                routed_scaling_factor=1.5,
+                first_k_dense_replace=1,
+            ),
+            vision_config=dict(
+                sam_config=dict(
+                    hidden_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    image_size=64,
+                    patch_size=16,
+                    window_size=2,
+                    global_attn_indexes=[0],
+                    mlp_dim=16,
+                    output_channels=8,
+                    downsample_channels=[16, 32],
+                ),
+                encoder_config=dict(
+                    hidden_size=16,
+                    intermediate_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    image_size=32,
+                    patch_size=16,
+                ),
+            ),
+            image_token_id=5,
+        ),
+        1,
+        "mlp",
+    ),
     "gemma4_text": (
         dict(
             intermediate_size=24,
@@ -1126,6 +1170,7 @@ BUILD = {
     "glm5_next": ("Glm5NextForConditionalGeneration", "model.language_model.layers"),
     "deepseek_ocr2": ("DeepseekOcr2ForConditionalGeneration", "model.language_model.layers"),
     "diffusion_gemma": ("DiffusionGemmaForBlockDiffusion", "model.decoder.layers"),
+    "unlimited_ocr": ("AutoModelForImageTextToText", "model.language_model.layers"),
 }
 #: families whose shared MLP sits beside the block on the decoder layer (one MoE unit)
 SIBLING_SHARED = ("granitemoeshared", "granitemoehybrid", "granitemoe_swa")

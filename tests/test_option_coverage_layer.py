@@ -204,6 +204,11 @@ ROUTER = {
     "balance_rate": (0.1, {"score_bias": True}, {"score_bias": True}),  # moves the score bias: see below
     "weight_on": ("input", {}, None),
     "mixer_eps": (0.5, {"scoring": "sparsemixer"}, {"scoring": "sparsemixer"}),
+    "input_norm": (True, {}, None),
+    "norm_eps": (0.5, {"input_norm": True}, {"input_norm": True}),
+    "input_scale": (True, {}, None),
+    "input_multiplier": (0.25, {}, None),
+    "expert_scale": (True, {}, None),
 }
 EXPERT = {
     "activation": ("gpt_oss", {}, None),
@@ -211,7 +216,13 @@ EXPERT = {
     "alpha": (0.5, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
     "limit": (0.25, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
 }
-SHARED = {"count": (2, {}, None), "ffn": (4, {}, None), "gated": (True, {}, None), "limit": (0.25, {}, None)}
+SHARED = {
+    "count": (2, {}, None),
+    "ffn": (4, {}, None),
+    "gated": (True, {}, None),
+    "limit": (0.25, {}, None),
+    "scale": (0.5, {}, None),
+}
 SUB = {"router": (RouterConfig, ROUTER), "expert": (ExpertConfig, EXPERT), "shared": (SharedConfig, SHARED)}
 
 
@@ -252,6 +263,8 @@ def test_balance_rate_acts():
         ({"router": RouterConfig(renormalize=False, renorm_eps=1e-6)}, "renorm_eps"),
         ({"router": RouterConfig(group_score="max")}, "group_score"),
         ({"router": RouterConfig(mixer_eps=0.1)}, "mixer_eps"),
+        ({"router": RouterConfig(norm_eps=1e-3)}, "norm_eps"),
+        ({"expert": ExpertConfig(activation="geglu_tanh", limit=1.0)}, "has no clamp"),
         ({"expert": ExpertConfig(alpha=1.0)}, "alpha"),
         ({"expert": ExpertConfig(activation="swiglu_clamp")}, "without a limit"),
     ],

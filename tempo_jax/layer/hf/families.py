@@ -1122,7 +1122,7 @@ FAMILIES.update(
         # Qwen3-Omni-MoE: the thinker's text model is qwen3_moe's block (renormalised by default), its talker's is
         # qwen2_moe's with every layer MoE; both tested through those families' fixtures (twin)
         "qwen3_omni_moe": Family(
-            _simple(("num_experts",), ("moe_intermediate_size",), ("norm_topk_prob", True)),
+            _simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",), ("norm_topk_prob", True)),
             _qwen_layers,
             ("thinker.model.layers.{}.mlp.", "thinker.model.language_model.layers.{}.mlp."),
             nested="thinker_config.text_config",
