@@ -30,6 +30,7 @@ from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.hf.families import family
 from tempo_jax.layer.hf.quant import FP4_E2M1, SafetensorsFile
 from tempo_jax.layer.hf.tensors import MemorySource, block_readers
+from tempo_jax.layer.mesh import param_shardings
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "hf"
 CLAIMED = sorted(p.name for p in ROOT.iterdir() if p.is_dir())
@@ -142,7 +143,19 @@ def test_every_family_gradients_equal_transformers(name):
 
 # six families through the expert-parallel layer on 8 devices (two with gradients), the rest forward only
 @pytest.mark.parametrize(
-    "name", ["deepseek_v4", "llama4_text", "granitemoeshared", "dbrx", "ernie4_5_moe", "phimoe", "gemma4_text"]
+    "name",
+    [
+        "deepseek_v4",
+        "llama4_text",
+        "granitemoeshared",
+        "dbrx",
+        "ernie4_5_moe",
+        "phimoe",
+        "gemma4_text",
+        "cohere2_moe",
+        "openai_privacy_filter",
+        "glm5_next",
+    ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
     mesh = make_ep_mesh(D)
@@ -165,6 +178,23 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         assert _rel(g_x, z["grad_x"]) < 1e-5
         if rx is not None:
             assert _rel(g_rx, z["grad_router_x"]) < 1e-5
+
+
+@pytest.mark.parametrize("name", CLAIMED)
+def test_every_family_loads_sharded_over_a_mesh_onto_a_placement(name):
+    """``load_moe_layers(..., mesh=, placement=)`` over an EPLB placement with replicas: every parameter lands
+    with the layer's sharding (expert slots split over ``ep``, the rest replicated), and holds what the unsharded
+    load lays over the same placement."""
+    mesh = make_ep_mesh(D)
+    z, layer = _fixture(name)
+    E = load_moe_layers(ROOT / name / "hub", layers=[layer])[layer].config.experts
+    placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
+    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement)[layer]
+    _, whole, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], placement=placement)[layer]
+    homes = param_shardings(params, mesh, cfg)
+    for k in params:
+        assert params[k].sharding.is_equivalent_to(homes[k], params[k].ndim), k
+        np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(whole[k]), err_msg=k)
 
 
 # ------------------------------------------------------------------------------------------------ export

@@ -7,7 +7,9 @@
 ``config`` is the model's config.json as a dict (``model_type`` included); ``state`` one MoE block's tensors with
 keys relative to the block (``gate.weight``, ``experts.0.gate_proj.weight``, …).
 
-- `families`: config.json → `MoEConfig` for each family, and which decoder layers are MoE.
+- `families`: config.json → `MoEConfig` for each family, and which decoder layers are MoE; the families themselves
+  are `catalog` (one entry each), composed from `rules` (what several families share) over `spec` (`Family`,
+  `TensorNames`, the config reader).
 - `tensors`: where each parameter sits in a block's tensors (both layouts), read lazily per expert.
 - `load`: `moe_from_hf`, `load_moe_layers`, the placement an import lays its experts over.
 - `quant`: FP8 block-scaled and MXFP4 dequantization, and the safetensors reader that sees those dtypes.

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import MoEConfig
-from .families import TensorNames
 from .quant import SafetensorsFile, dequant_fp8, dequant_mxfp4
+from .spec import TensorNames
 
 __all__ = ["FileSource", "MemorySource", "Reader", "TensorSource", "block_readers"]
 

@@ -1,0 +1,887 @@
+"""Every MoE family the layer expresses (`FAMILIES`): each one's config.json → `MoEConfig` fields, which decoder
+layers are MoE, and where the block's tensors sit. Every entry was read from that family's configuration and modeling
+files in transformers 5.24 (the config class's ``attribute_map`` and defaults, the router and expert code line by
+line) and is tested against transformers' own block (`tests/test_hf_import.py`, or through its twin's fixture:
+`tests/test_hf_coverage.py`); docs/hf.md's coverage table lists them with their measured errors, and the types
+refused with the mechanism they need (`tempo_jax.layer.hf.refused`). Each `Family.refuse` says which options of a
+family the layer does not express, and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..experts import ExpertConfig, SharedConfig
+from ..routing import RouterConfig
+from .rules import (
+    all_layers,
+    clamp_refuse,
+    clamped,
+    deepseek,
+    from_key,
+    from_layer,
+    layer_types,
+    no_mlp_bias,
+    noise_keys,
+    qwen_layers,
+    qwen_shared,
+    required_layer_types,
+    shared_one,
+    sigmoid_bias,
+    simple,
+    softmax,
+    swiglu_only,
+)
+from .spec import Cfg, Family, TensorNames
+
+__all__ = ["FAMILIES"]
+
+
+def _v4(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size", "intermediate_size")
+    limit = float(c.get("swiglu_limit", default=10.0, kind=float))
+    router = RouterConfig(
+        scoring="sqrt_softplus",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-20,
+        scaling=float(c.get("routed_scaling_factor", default=1.5, kind=float)),
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        expert=ExpertConfig(activation="swiglu_clamp", limit=limit),
+        shared=SharedConfig(count=1, ffn=F, limit=limit),
+    )
+
+
+def _v4_layers(c: Cfg) -> list[int]:
+    types = c.get("mlp_layer_types", default=None, kind=None)
+    if types is None:
+        hashed = min(c.get("num_hash_layers", default=3), c.num_layers())
+        return list(range(hashed, c.num_layers()))
+    return [i for i, t in enumerate(types) if t == "moe"]
+
+
+def _v4_refuse(c: Cfg) -> str | None:
+    scoring = c.config.get("scoring_func", "sqrtsoftplus")
+    if scoring != "sqrtsoftplus":
+        return f"deepseek_v4 scoring_func {scoring!r}: only 'sqrtsoftplus' is known"
+    if c.config.get("expert_dtype") == "fp4":
+        return "deepseek_v4 expert_dtype 'fp4' (FP4 experts with per-row UE8M0 scales) is not read; dequantize them"
+    return swiglu_only(c)
+
+
+def _gpt_oss(c: Cfg) -> dict:
+    expert = ExpertConfig(
+        activation="gpt_oss",
+        bias=True,
+        alpha=float(c.get("swiglu_alpha", default=1.702, kind=float)),
+        limit=float(c.get("swiglu_limit", default=7.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok", "experts_per_token"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="softmax_topk", bias=True, renormalize=False),
+        expert=expert,
+    )
+
+
+def _dbrx(c: Cfg) -> dict:
+    f = Cfg(c.config.get("ffn_config") or {}, "dbrx ffn_config")
+    p = f.config.get("moe_normalize_expert_weights", 1.0)
+    return dict(
+        hidden=c.get("d_model", "hidden_size"),
+        experts=f.get("moe_num_experts", default=4),
+        top_k=f.get("moe_top_k", default=1),
+        ffn=f.get("ffn_hidden_size", default=3584),
+        router=softmax(p is not None),
+    )
+
+
+def _dbrx_refuse(c: Cfg) -> str | None:
+    f = c.config.get("ffn_config") or {}
+    p = f.get("moe_normalize_expert_weights", 1.0)
+    if p is not None and p != 1:
+        return f"dbrx moe_normalize_expert_weights={p}: an L{p} renormalisation (the layer divides by the sum, p = 1)"
+    act = (f.get("ffn_act_fn") or {}).get("name", "silu")
+    return None if act == "silu" else f"dbrx ffn_act_fn {act!r}: the layer's experts are SwiGLU (silu) only"
+
+
+def _jamba_layers(c: Cfg) -> list[int]:
+    period, offset = c.positive("expert_layer_period", default=2), c.get("expert_layer_offset", default=1)
+    if c.get("num_experts", "num_local_experts", default=16) <= 1:
+        return []
+    return [i for i in range(c.num_layers()) if i % period == offset]
+
+
+def _v2(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    method = c.config.get("topk_method", "greedy")
+    n_group, topk_group = (c.get("n_group"), c.get("topk_group")) if method == "group_limited_greedy" else (1, 1)
+    n_shared = c.get("n_shared_experts", default=2)
+    router = RouterConfig(
+        scoring="softmax",
+        renormalize=False,
+        n_group=n_group,
+        topk_group=topk_group,
+        group_score="max" if n_group > 1 else "top2",  # a group scores its best expert (unused without groups)
+        scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+    )
+
+
+def _v2_refuse(c: Cfg) -> str | None:
+    method = c.config.get("topk_method", "greedy")
+    if method not in ("greedy", "group_limited_greedy"):
+        return f"deepseek_v2 topk_method {method!r}: transformers implements only greedy and group_limited_greedy"
+    if c.config.get("mlp_bias"):
+        return "deepseek_v2 mlp_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return swiglu_only(c)
+
+
+def _ernie(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    n_shared = c.get("moe_num_shared_experts", default=2)
+    return dict(
+        experts=c.get("moe_num_experts", "num_experts"),
+        top_k=c.get("moe_k", "num_experts_per_tok"),
+        ffn=F,
+        router=softmax(True, score_bias=True),
+        shared=SharedConfig(count=n_shared, ffn=F) if n_shared else None,
+    )
+
+
+def _ernie_layers(c: Cfg) -> list[int]:
+    L = c.num_layers()
+    start, end = c.get("moe_layer_start_index", default=1), c.get("moe_layer_end_index", default=-1)
+    end = L - 1 if end == -1 else end
+    step = c.positive("moe_layer_interval", default=1)
+    return [i for i in range(L) if (i + 1) % step == 0 and start <= i <= end]
+
+
+def _hunyuan(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    k = c.config.get("moe_topk", c.config.get("num_experts_per_tok", 1))
+    return dict(
+        experts=c.get("num_experts", "num_local_experts"),
+        top_k=k,
+        ffn=F,
+        router=softmax(True),
+        shared=SharedConfig(count=1, ffn=F),
+    )
+
+
+def _granite(shared: bool, shared_default: int = 0):
+    def fields(c: Cfg) -> dict:
+        fs = c.get("shared_intermediate_size", default=shared_default) if shared else 0
+        return dict(
+            experts=c.get("num_local_experts"),
+            top_k=c.get("num_experts_per_tok"),
+            ffn=c.get("intermediate_size"),
+            router=RouterConfig(scoring="softmax_topk", renormalize=False),
+            shared=SharedConfig(count=1, ffn=fs) if fs else None,
+        )
+
+    return fields
+
+
+def _llama4(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    return dict(
+        experts=c.get("num_local_experts"),
+        top_k=c.get("num_experts_per_tok", default=1),
+        ffn=F,
+        router=RouterConfig(scoring="sigmoid", renormalize=False, weight_on="input"),
+        shared=SharedConfig(count=1, ffn=F),
+    )
+
+
+def _llama4_layers(c: Cfg) -> list[int]:
+    layers = c.get("moe_layers", default=None, kind=list)
+    if layers is None:
+        step = c.positive("interleave_moe_layer_step", default=1)
+        layers = list(range(step - 1, c.num_layers(), step))
+    return [i for i in layers if i < c.num_layers()]
+
+
+def _phimoe(c: Cfg) -> dict:
+    eps = float(c.get("router_jitter_noise", default=0.01, kind=float))
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="sparsemixer", renormalize=False, mixer_eps=eps),
+    )
+
+
+def _afmoe(c: Cfg) -> dict:
+    F = c.get("moe_intermediate_size")
+    count = c.get("num_shared_experts", default=2)
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-20,
+        scaling=float(c.get("route_scale", default=1.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=count, ffn=F) if count else None,
+    )
+
+
+def _mistral4(always_renorm: bool):
+    """Mistral 4 / Large 4: DeepSeek-V3's block with softmax scores and no selection bias (groups by the sum of
+    their two best, renormalised + 1e-20, scaled), n_shared × F shared experts."""
+
+    def fields(c: Cfg) -> dict:
+        F = c.get("moe_intermediate_size")
+        on = True if always_renorm else c.get("norm_topk_prob", default=True, kind=bool)
+        count = c.get("n_shared_experts", default=1)
+        n_group = c.get("n_group", default=1)
+        router = RouterConfig(
+            scoring="softmax",
+            n_group=n_group,
+            topk_group=c.get("topk_group", default=1) if n_group > 1 else 1,
+            renormalize=on,
+            renorm_eps=1e-20 if on else 0.0,
+            scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
+        )
+        return dict(
+            experts=c.get("n_routed_experts", "num_local_experts", "num_experts"),
+            top_k=c.get("num_experts_per_tok"),
+            ffn=F,
+            router=router,
+            shared=SharedConfig(count=count, ffn=F) if count else None,
+        )
+
+    return fields
+
+
+_COHERE_SELECT = ("softmax", "sigmoid")
+_COHERE_COMBINE = ("average", "sum")
+
+
+def _cohere2(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    count = c.get("num_shared_experts", default=0)
+    average = count and c.config.get("shared_expert_combination_strategy", "average") == "average"
+    f = 0.5 if average else 1.0  # "average": (routed + shared) / 2
+    if c.config.get("expert_selection_fn", "softmax") == "softmax":  # softmax over the top-k logits
+        router = RouterConfig(scoring="softmax_topk", renormalize=False, scaling=f)
+    else:  # sigmoid of the top-k logits (the same choice: sigmoid is monotonic)
+        router = RouterConfig(
+            scoring="sigmoid", renormalize=c.get("norm_topk_prob", default=True, kind=bool), scaling=f
+        )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=count, ffn=F, scale=f) if count else None,
+    )
+
+
+def _cohere2_refuse(c: Cfg) -> str | None:
+    select = c.config.get("expert_selection_fn", "softmax")
+    if select not in _COHERE_SELECT:
+        return f"cohere2_moe expert_selection_fn {select!r}: transformers implements only {list(_COHERE_SELECT)}"
+    combine = c.config.get("shared_expert_combination_strategy", "average")
+    if combine not in _COHERE_COMBINE:
+        return (
+            f"cohere2_moe shared_expert_combination_strategy {combine!r}: transformers implements only "
+            f"{list(_COHERE_COMBINE)}"
+        )
+    return swiglu_only(c)
+
+
+def _laguna(c: Cfg) -> dict:
+    fields = sigmoid_bias(
+        ("num_experts",), ("moe_intermediate_size",), renorm=True, eps=0.0, scaling=("moe_routed_scaling_factor", 1.0)
+    )(c)
+    return {**fields, "shared": shared_one("shared_expert_intermediate_size", 512)(c)}
+
+
+def _laguna_refuse(c: Cfg) -> str | None:
+    cap = c.config.get("moe_router_logit_softcapping") or 0
+    if cap:
+        return f"laguna moe_router_logit_softcapping={cap}: router logit tanh soft-capping (tanh(l / cap) · cap)"
+    if c.config.get("moe_apply_router_weight_on_input"):
+        return "laguna moe_apply_router_weight_on_input=true: transformers itself does not implement it"
+    return swiglu_only(c)
+
+
+def _dots3_layers(c: Cfg) -> list[int]:
+    if c.config.get("mlp_layer_types") is not None:
+        return layer_types(1)(c)
+    first, freq = c.get("first_k_dense_replace", default=1), c.config.get("moe_layer_freq", 1)
+    if isinstance(freq, list):
+        return [i for i in range(c.num_layers()) if i >= first and i < len(freq) and freq[i]]
+    if isinstance(freq, bool) or not isinstance(freq, int) or freq < 1:
+        raise ValueError(f"moe_from_hf: config['moe_layer_freq'] must be a positive integer or a list, got {freq!r}")
+    return [i for i in range(c.num_layers()) if i >= first and i % freq == 0]
+
+
+def _flint_layers(c: Cfg) -> list[int]:
+    step = c.positive("decoder_sparse_step", default=1)
+    only = c.config.get("mlp_only_layers")
+    only = {0, 1} if only is None else set(c.get("mlp_only_layers", kind=list))
+    return [i for i in range(c.num_layers()) if i not in only and (i + 1) % step == 0]
+
+
+def _flint(c: Cfg) -> dict:
+    fields = sigmoid_bias(
+        ("num_experts",), ("moe_intermediate_size",), renorm=("norm_topk_prob", True), eps=0.0, bias=False
+    )
+    return {**fields(c), "shared": shared_one("shared_expert_intermediate_size", 1024)(c)}
+
+
+def _granite_hybrid_layers(c: Cfg) -> list[int]:
+    return all_layers(c) if c.get("num_local_experts", default=8) > 0 else []
+
+
+def _axk2_refuse(c: Cfg) -> str | None:
+    if c.config.get("n_group") not in (None, 1):
+        return (
+            f"axk2 n_group={c.config['n_group']}: transformers fills the dropped groups' scores with 0.0 (not -inf), "
+            "so a dropped expert can outrank a kept one whose biased score is negative"
+        )
+    return swiglu_only(c)
+
+
+def _beam_refuse(c: Cfg) -> str | None:
+    if "n_group" in c.config and c.config["n_group"] is None:
+        return "beam n_group=null: transformers' router cannot run without groups"
+    return swiglu_only(c)
+
+
+def _aria(c: Cfg) -> dict:
+    F = c.get("intermediate_size")
+    count = c.get("moe_num_shared_experts", default=2)
+    return dict(
+        experts=c.get("moe_num_experts"),
+        top_k=c.get("moe_topk"),
+        ffn=F,
+        router=RouterConfig(scoring="softmax_topk", renormalize=False),
+        shared=SharedConfig(count=count, ffn=F) if count else None,
+    )
+
+
+def _aria_refuse(c: Cfg) -> str | None:
+    if c.config.get("mlp_bias"):
+        return "aria mlp_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return swiglu_only(c)
+
+
+def _privacy_filter(c: Cfg) -> dict:
+    return {**_gpt_oss(c), "experts": c.get("num_local_experts", "num_experts")}
+
+
+#: hidden_act → the layer's gated expert activation.
+_GLU = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu_tanh", "gelu": "geglu"}
+
+
+def _gemma4(c: Cfg) -> dict:
+    H = c.get("hidden_size")
+    router = RouterConfig(
+        scoring="softmax",
+        renormalize=True,
+        input_norm=True,
+        norm_eps=float(c.get("rms_norm_eps", default=1e-6, kind=float)),
+        input_scale=True,
+        input_multiplier=H**-0.5,
+        expert_scale=True,
+    )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=c.get("top_k_experts"),
+        ffn=c.get("moe_intermediate_size"),
+        router=router,
+        expert=ExpertConfig(activation=_GLU[c.config.get("hidden_activation", "gelu_pytorch_tanh")]),
+    )
+
+
+def _gemma4_refuse(c: Cfg) -> str | None:
+    act = c.config.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in _GLU:
+        return f"hidden_activation {act!r}: the layer's gated experts use one of {sorted(_GLU)}"
+    return None
+
+
+_MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
+_MIXTRAL_PREFIXES = ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp.")
+_DS = dict(refuse=swiglu_only)
+
+FAMILIES: dict[str, Family] = {
+    "mixtral": Family(
+        simple(("num_local_experts", "num_experts"), ("intermediate_size",), True),
+        all_layers,
+        _MIXTRAL_PREFIXES,
+        names=_MIXTRAL_NAMES,
+        noise=noise_keys("router_jitter_noise"),
+        **_DS,
+    ),
+    "minimax": Family(
+        simple(("num_local_experts", "num_experts"), ("intermediate_size",), True),
+        all_layers,
+        _MIXTRAL_PREFIXES,
+        names=_MIXTRAL_NAMES,
+        noise=noise_keys("router_jitter_noise"),
+        **_DS,
+    ),
+    "phimoe": Family(
+        _phimoe,
+        all_layers,
+        _MIXTRAL_PREFIXES,
+        noise=noise_keys("input_jitter_noise"),
+        **_DS,
+        names=TensorNames(router=("gate.weight", "router.weight"), experts=("w1", "w3", "w2")),
+    ),
+    "qwen2_moe": Family(
+        simple(
+            ("num_experts", "num_local_experts"),
+            ("moe_intermediate_size",),
+            ("norm_topk_prob", False),
+            shared=qwen_shared(5632),
+        ),
+        qwen_layers,
+        names=TensorNames(shared=("shared_expert.",)),
+        **_DS,
+    ),
+    "qwen3_moe": Family(
+        simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), ("norm_topk_prob", False)),
+        qwen_layers,
+        **_DS,
+    ),
+    "qwen3_next": Family(
+        simple(
+            ("num_experts", "num_local_experts"),
+            ("moe_intermediate_size",),
+            ("norm_topk_prob", True),
+            shared=qwen_shared(512),
+        ),
+        qwen_layers,
+        names=TensorNames(shared=("shared_expert.",)),
+        **_DS,
+    ),
+    "qwen3_vl_moe": Family(
+        simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), True),
+        qwen_layers,
+        ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+        names=TensorNames(transposed=None, hub_fused=True),
+        nested="text_config",
+        **_DS,
+    ),
+    "olmoe": Family(
+        simple(("num_experts", "num_local_experts"), ("intermediate_size",), ("norm_topk_prob", False)),
+        all_layers,
+        **_DS,
+    ),
+    "deepseek_v3": Family(lambda c: deepseek(c, scaling=2.5, groups=(8, 4)), from_layer(3), **_DS),
+    "glm4_moe": Family(lambda c: deepseek(c, scaling=1.0, groups=(1, 1)), from_layer(1), **_DS),
+    "glm_moe_dsa": Family(lambda c: deepseek(c, scaling=2.5, groups=(1, 1)), layer_types(3, key=None), **_DS),
+    "dots1": Family(lambda c: deepseek(c, scaling=1.0, groups=(1, 1), renorm_default=False), from_layer(0), **_DS),
+    "deepseek_v4": Family(
+        _v4,
+        _v4_layers,
+        ("model.layers.{}.ffn.", "model.layers.{}.mlp."),
+        names=TensorNames(
+            experts=("w1", "w3", "w2"),
+            score_bias=("gate.bias", "gate.e_score_correction_bias"),
+            shared_names=("w1", "w3", "w2"),
+        ),
+        refuse=_v4_refuse,
+    ),
+    "gpt_oss": Family(
+        _gpt_oss,
+        all_layers,
+        names=TensorNames(router=("router.weight",), router_bias="router.bias", fused="interleaved", transposed=True),
+    ),
+    "dbrx": Family(
+        _dbrx,
+        lambda c: list(range(c.get("n_layers", "num_hidden_layers"))),
+        ("transformer.blocks.{}.ffn.",),
+        names=TensorNames(router=("router.layer.weight",), fused="dbrx"),
+        refuse=_dbrx_refuse,
+        noise=lambda c: {k: v for k, v in (c.config.get("ffn_config") or {}).items() if k == "moe_jitter_eps" and v},
+    ),
+    "jamba": Family(
+        simple(("num_experts", "num_local_experts"), ("intermediate_size",), False),
+        _jamba_layers,
+        ("model.layers.{}.feed_forward.",),
+        names=TensorNames(router=("router.weight",)),
+        **_DS,
+    ),
+    "deepseek_v2": Family(_v2, from_layer(0), refuse=_v2_refuse),
+    "ernie4_5_moe": Family(
+        _ernie,
+        _ernie_layers,
+        names=TensorNames(
+            score_bias=("moe_statics.e_score_correction_bias", "gate.moe_statics.e_score_correction_bias")
+        ),
+        refuse=lambda c: (
+            ("ernie4_5_moe use_bias=true: the shared experts have biases, which the layer's shared experts lack")
+            if c.config.get("use_bias")
+            else swiglu_only(c)
+        ),
+    ),
+    "hunyuan_v1_moe": Family(
+        _hunyuan, all_layers, names=TensorNames(router=("gate.wg.weight",), shared=("shared_mlp.",)), **_DS
+    ),
+    "granitemoe": Family(
+        _granite(False),
+        all_layers,
+        ("model.layers.{}.block_sparse_moe.",),
+        names=TensorNames(router=("router.layer.weight", "router.weight"), fused="input_linear"),
+        **_DS,
+    ),
+    "granitemoeshared": Family(
+        _granite(True),
+        all_layers,
+        ("model.layers.{}.block_sparse_moe.",),
+        siblings=(("model.layers.{}.shared_mlp.", "shared_mlp."),),
+        names=TensorNames(
+            router=("router.layer.weight", "router.weight"),
+            fused="input_linear",
+            shared=("shared_mlp.",),
+            shared_fused=True,
+        ),
+        **_DS,
+    ),
+    "llama4": Family(
+        _llama4,
+        _llama4_layers,
+        ("language_model.model.layers.{}.feed_forward.", "model.layers.{}.feed_forward."),
+        names=TensorNames(router=("router.weight",), transposed=True, hub_fused=True, shared=("shared_expert.",)),
+        nested="text_config",
+        **_DS,
+    ),
+}
+FAMILIES["llama4_text"] = dataclasses.replace(FAMILIES["llama4"], nested=None)
+FAMILIES["gemma4"] = Family(
+    _gemma4,
+    lambda c: list(range(c.num_layers())) if c.get("enable_moe_block", default=False, kind=bool) else [],
+    ("model.language_model.layers.{}.", "model.layers.{}."),
+    names=TensorNames(
+        router=("router.proj.weight",),
+        router_scale="router.scale",
+        expert_scale="router.per_expert_scale",
+        hub_fused=True,
+    ),
+    refuse=_gemma4_refuse,
+    nested="text_config",
+    parts=("router.", "experts."),
+)
+FAMILIES["gemma4_text"] = dataclasses.replace(FAMILIES["gemma4"], nested=None, prefixes=("model.layers.{}.",))
+_ML4 = TensorNames(experts=("w1", "w3", "w2"), shared_names=("w1", "w3", "w2"))
+FAMILIES.update(
+    {
+        "qwen3_5_moe": Family(
+            simple(("num_experts",), ("moe_intermediate_size",), True, shared=qwen_shared(512)),
+            all_layers,
+            ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            names=TensorNames(shared=("shared_expert.",)),
+            nested="text_config",
+            **_DS,
+        ),
+        "deepseek_v32": Family(lambda c: deepseek(c, scaling=2.5, groups=(8, 4)), layer_types(3), **_DS),
+        "glm4_moe_lite": Family(lambda c: deepseek(c, scaling=1.8, groups=(1, 1)), layer_types(1, key=None), **_DS),
+        "kimi_linear": Family(
+            lambda c: deepseek(
+                c,
+                scaling=2.446,
+                groups=(1, 1),
+                experts=("num_experts", "num_local_experts"),
+                top_k=("num_experts_per_token", "num_experts_per_tok"),
+                n_shared=("num_shared_experts", "n_shared_experts"),
+                renorm=("moe_renormalize", "norm_topk_prob"),
+                n_group=("num_expert_group", "n_group"),
+            ),
+            layer_types(1),
+            ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp."),
+            names=TensorNames(experts=("w1", "w3", "w2")),
+            **_DS,
+        ),
+        "afmoe": Family(
+            _afmoe,
+            from_key("num_dense_layers", 1),
+            names=TensorNames(router=("router.gate.weight",), score_bias=("expert_bias",)),
+            **_DS,
+        ),
+        "exaone_moe": Family(
+            lambda c: deepseek(
+                c, scaling=2.5, groups=(1, 1), experts=("num_experts",), n_shared=("num_shared_experts",)
+            ),
+            layer_types(1),
+            names=TensorNames(score_bias=("e_score_correction_bias", "gate.e_score_correction_bias")),
+            **_DS,
+        ),
+        "minimax_m2": Family(
+            sigmoid_bias(("num_local_experts", "num_experts"), ("intermediate_size",), renorm=True, eps=0.0),
+            all_layers,
+            _MIXTRAL_PREFIXES,
+            names=TensorNames(experts=("w1", "w3", "w2"), score_bias=("e_score_correction_bias",)),
+            noise=noise_keys("router_jitter_noise"),
+            **_DS,
+        ),
+        "lfm2_moe": Family(
+            sigmoid_bias(
+                ("num_experts",),
+                ("moe_intermediate_size",),
+                renorm=("norm_topk_prob", True),
+                eps=1e-6,
+                scaling=("routed_scaling_factor", 1.0),
+                bias=("use_expert_bias", True),
+            ),
+            from_key("num_dense_layers", 2),
+            ("model.layers.{}.feed_forward.",),
+            names=TensorNames(experts=("w1", "w3", "w2"), score_bias=("expert_bias",)),
+        ),
+        "mistral4": Family(_mistral4(False), from_layer(0), names=TensorNames(hub_fused=True), **_DS),
+        "mistral_large4": Family(
+            _mistral4(True),
+            layer_types(1),
+            ("layers.{}.", "model.language_model.layers.{}.mlp."),
+            names=_ML4,
+            nested="text_config",
+            parts=("gate.", "experts.", "shared_experts."),
+            **_DS,
+        ),
+        "flex_olmo": dataclasses.replace(FAMILIES["olmoe"]),
+        "cohere2_moe": Family(_cohere2, layer_types(0), refuse=_cohere2_refuse),
+        "solar_open": Family(lambda c: deepseek(c, scaling=1.0, groups=(1, 1)), all_layers, **_DS),
+        "laguna": Family(
+            _laguna,
+            layer_types(1, key=None),
+            names=TensorNames(
+                score_bias=("experts.e_score_correction_bias", "gate.e_score_correction_bias"),
+                shared=("shared_expert.", "shared_experts."),
+            ),
+            refuse=_laguna_refuse,
+        ),
+        "lara_mini": Family(
+            simple(
+                ("num_experts",),
+                ("moe_intermediate_size",),
+                ("norm_topk_prob", True),
+                shared=shared_one("shared_expert_intermediate_size", 512),
+            ),
+            all_layers,
+            names=TensorNames(shared=("shared_expert.",), hub_fused=True),
+            **_DS,
+        ),
+        "mellum": Family(
+            simple(("num_local_experts", "num_experts"), ("moe_intermediate_size",), ("norm_topk_prob", True)),
+            layer_types(0, key=None),
+            **_DS,
+        ),
+        "unlimited_ocr": Family(
+            _v2,
+            layer_types(1),
+            ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            refuse=_v2_refuse,
+            nested=("text_config", "language_config"),
+        ),
+    }
+)
+#: text-only configs of the families above (their config the top-level one, not nested)
+for _name, _prefixes in {
+    "qwen3_5_moe_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    "qwen3_vl_moe_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    "mistral_large4_text": ("layers.{}.", "layers.{}.mlp."),
+    "unlimited_ocr_text": ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+}.items():
+    FAMILIES[_name] = dataclasses.replace(FAMILIES[_name.removesuffix("_text")], nested=None, prefixes=_prefixes)
+_VL_PREFIXES = ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")
+_DS_TEXT_LAYOUT = TensorNames()
+FAMILIES.update(
+    {
+        "mimo_v2_flash": Family(
+            lambda c: deepseek(c, scaling=1.0, groups=(1, 1), n_shared=()), layer_types(1, key=None), **_DS
+        ),
+        "hy_v3": Family(
+            lambda c: deepseek(
+                c,
+                scaling=2.826,
+                groups=(1, 1),
+                experts=("num_experts", "num_local_experts"),
+                n_shared=("num_shared_experts",),
+                renorm=(),
+                scaling_key=("router_scaling_factor",),
+            ),
+            layer_types(1, key=None),
+            names=TensorNames(
+                router=("router.gate.weight", "gate.weight"),
+                score_bias=("expert_bias", "e_score_correction_bias"),
+                shared=("shared_mlp.", "shared_experts."),
+            ),
+            refuse=no_mlp_bias,
+        ),
+        "hy_v4": Family(
+            lambda c: clamped(False)(c, scaling=2.827, groups=(1, 1)),
+            layer_types(1, key=None),
+            names=TensorNames(hub_fused=True, shared_names=("linear_gate", "up_proj", "down_proj")),
+            refuse=clamp_refuse,
+        ),
+        "glm4v_moe": Family(
+            lambda c: deepseek(c, scaling=1.0, groups=(1, 1)),
+            from_layer(1),
+            _VL_PREFIXES,
+            nested="text_config",
+            **_DS,
+        ),
+        "glm5_next": Family(
+            lambda c: clamped(True)(c, scaling=2.5, groups=(1, 1)),
+            layer_types(3, key=None),
+            _VL_PREFIXES,
+            nested=("text_config", ""),
+            refuse=clamp_refuse,
+        ),
+        "qwen4_exp": Family(
+            simple(("num_experts",), ("moe_intermediate_size",), ("norm_topk_prob", True), shared=qwen_shared(512)),
+            all_layers,
+            _VL_PREFIXES,
+            names=TensorNames(shared=("shared_expert.",)),
+            nested="text_config",
+            **_DS,
+        ),
+        "bailing_hybrid": Family(
+            lambda c: deepseek(
+                c,
+                scaling=2.5,
+                groups=(8, 4),
+                experts=("num_experts", "num_local_experts"),
+                top_k=("num_experts_per_token", "num_experts_per_tok"),
+                n_shared=("num_shared_experts", "n_shared_experts"),
+                renorm=("moe_renormalize", "norm_topk_prob"),
+                n_group=("num_expert_group", "n_group"),
+            ),
+            layer_types(2),
+            names=TensorNames(score_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
+            **_DS,
+        ),
+        "granitemoehybrid": dataclasses.replace(
+            FAMILIES["granitemoeshared"], fields=_granite(True, 1024), layers=_granite_hybrid_layers
+        ),
+        "granitemoe_swa": dataclasses.replace(  # no conversion mapping: its hub files hold the in-memory names
+            FAMILIES["granitemoeshared"],
+            names=dataclasses.replace(
+                FAMILIES["granitemoeshared"].names, router=("router.weight",), fused="gate_up", hub_fused=True
+            ),
+        ),
+        "deepseek_ocr2": Family(
+            _v2,
+            required_layer_types,
+            ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+            refuse=_v2_refuse,
+            nested="text_config",
+        ),
+        "dots3_note": Family(
+            lambda c: deepseek(
+                c,
+                scaling=1.0,
+                groups=(1, 1),
+                shared_ffn=("shared_experts_intermediate_size", "moe_shared_expert_intermediate_size"),
+            ),
+            _dots3_layers,
+            ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+            nested=("text_config", ""),
+            **_DS,
+        ),
+        "beam": Family(
+            lambda c: deepseek(c, scaling=2.5, groups=(8, 4), experts=("num_experts",), n_shared=()),
+            layer_types(3, key=None),
+            refuse=_beam_refuse,
+        ),
+        "flint": Family(_flint, _flint_layers, names=TensorNames(shared=("shared_expert.",)), **_DS),
+        "axk2": Family(lambda c: deepseek(c, scaling=2.5, groups=(1, 1)), layer_types(1), refuse=_axk2_refuse),
+        "diffusion_gemma": dataclasses.replace(
+            FAMILIES["gemma4"],
+            layers=all_layers,
+            prefixes=("model.decoder.layers.{}.", "model.encoder.language_model.layers.{}."),
+        ),
+    }
+)
+FAMILIES.update(
+    {
+        "aria_text": Family(
+            _aria,
+            all_layers,
+            names=TensorNames(
+                router=("router.weight",),
+                transposed=True,
+                hub_fused=True,
+                fused_names=("experts.fc1.weight", "experts.fc2.weight"),
+            ),
+            refuse=_aria_refuse,
+        ),
+        "openai_privacy_filter": Family(
+            _privacy_filter,
+            all_layers,
+            names=TensorNames(router=("router.weight",), router_bias="router.bias", transposed=True, hub_fused=True),
+        ),
+        # Qwen3-Omni-MoE: the thinker's text model is qwen3_moe's block (renormalised by default), its talker's is
+        # qwen2_moe's with every layer MoE; both tested through those families' fixtures (twin)
+        "qwen3_omni_moe": Family(
+            simple(("num_experts", "num_local_experts"), ("moe_intermediate_size",), ("norm_topk_prob", True)),
+            qwen_layers,
+            ("thinker.model.layers.{}.mlp.", "thinker.model.language_model.layers.{}.mlp."),
+            nested="thinker_config.text_config",
+            twin="qwen3_moe",
+            **_DS,
+        ),
+        "qwen3_omni_moe_talker_text": Family(
+            simple(
+                ("num_experts", "num_local_experts"),
+                ("moe_intermediate_size",),
+                ("norm_topk_prob", False),
+                shared=qwen_shared(...),
+            ),
+            all_layers,
+            ("talker.model.layers.{}.mlp.", "model.layers.{}.mlp."),
+            names=TensorNames(shared=("shared_expert.",)),
+            twin="qwen2_moe",
+            **_DS,
+        ),
+    }
+)
+FAMILIES["aria"] = dataclasses.replace(
+    FAMILIES["aria_text"],
+    nested="text_config",
+    prefixes=("language_model.model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+)
+FAMILIES["qwen3_omni_moe_thinker"] = dataclasses.replace(
+    FAMILIES["qwen3_omni_moe"],
+    nested="text_config",
+    prefixes=("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+)
+FAMILIES["qwen3_omni_moe_text"] = dataclasses.replace(
+    FAMILIES["qwen3_omni_moe"], nested=None, prefixes=("model.layers.{}.mlp.",)
+)
+#: text-only or multimodal configs of the families above: (family, its twin, where its keys sit, its prefixes)
+for _name, _twin, _nested, _prefixes in (
+    ("hy_v4_vl", "hy_v4", "text_config", ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("hy_v4_vl_text", "hy_v4", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("glm4v_moe_text", "glm4v_moe", None, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")),
+    ("glm5_next_text", "glm5_next", None, ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")),
+    ("qwen4_exp_text", "qwen4_exp", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("deepseek_ocr2_text", "deepseek_ocr2", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("dots3_note_text", "dots3_note", None, ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp.")),
+    ("diffusion_gemma_text", "diffusion_gemma", None, ("model.decoder.layers.{}.", "model.layers.{}.")),
+):
+    FAMILIES[_name] = dataclasses.replace(
+        FAMILIES[_twin], nested=_nested, prefixes=_prefixes, twin=_twin if _twin == "hy_v4" else None
+    )
