@@ -10,7 +10,8 @@ Two steps, each in its own environment:
 
 The scan lists every directory of ``transformers/models/`` whose modeling file assigns ``self.experts`` (a block of
 routed experts) and every ``model_type`` its configuration files declare, leaving out the vision / audio / speech
-towers' own configs. Each listed type is then either handled (`tempo_jax.hf.FAMILIES`: tested against
+towers' own configs; and the types that have no modeling file but borrow a MoE model's classes through transformers'
+auto mapping (Sarvam-MoE is ``Glm4MoeForCausalLM``). Each listed type is then either handled (`tempo_jax.hf.FAMILIES`: tested against
 transformers' block on a fixture, or an alias of a tested family) or refused (`tempo_jax.hf.REFUSED`: the mechanism
 the layer lacks, named in the error `moe_from_hf` raises). `tests/test_hf_coverage.py` fails when a listed type is
 neither.
@@ -35,8 +36,29 @@ MODEL_TYPE = re.compile(r'^\s+model_type\s*=\s*"([a-z0-9_-]+)"', re.M)
 TOWER = re.compile(r"_(vision|audio|video|speech)(_model|_encoder|_tower)?$|_encoder$|_code_predictor$")
 
 
+#: an auto-class mapping entry: ``("model_type", "ClassName")``
+AUTO_ENTRY = re.compile(r'^\s+\("([a-z0-9_-]+)", "(\w+)"\)', re.M)
+
+
+def _borrowed(models: Path, found: dict) -> dict:
+    """Model types with no modeling file of their own whose auto classes are a MoE directory's (Sarvam-MoE is
+    transformers' Glm4MoeForCausalLM under its own config): ``{directory: {"model_types", "modeling"}}``."""
+    owner = {}
+    for d in found:
+        for f in (models / d).glob("modeling_*.py"):
+            for cls in re.findall(r"^class (\w+)\(", f.read_text(encoding="utf-8"), re.M):
+                owner.setdefault(cls, f"{d}/{f.name}")
+    out = {}
+    for mt, cls in AUTO_ENTRY.findall((models / "auto" / "modeling_auto.py").read_text(encoding="utf-8")):
+        d = models / mt
+        if cls in owner and mt not in found and d.is_dir() and not any(d.glob("modeling_*.py")):
+            out.setdefault(mt, {"model_types": [mt], "modeling": [f"{owner[cls]} (auto class {cls})"]})
+    return out
+
+
 def scan(models: Path) -> dict:
-    """``{directory: {"model_types": [...], "modeling": [files that assign self.experts]}}`` of ``models``."""
+    """``{directory: {"model_types": [...], "modeling": [files that assign self.experts]}}`` of ``models``; a
+    directory without a modeling file of its own counts through the MoE class its auto mapping names."""
     out = {}
     dirs = {p.name for p in models.iterdir() if p.is_dir()}
     for d in sorted(p for p in models.iterdir() if p.is_dir()):
@@ -49,7 +71,7 @@ def scan(models: Path) -> dict:
         # a tower's own config, or another model's config imported for its tower (Mistral Large 4's pixtral)
         types = sorted(t for t in types if not TOWER.search(t) and (t == d.name or t not in dirs))
         out[d.name] = {"model_types": types or [d.name], "modeling": hits}
-    return out
+    return dict(sorted({**out, **_borrowed(models, out)}.items()))
 
 
 def cmd_scan(args) -> None:

@@ -858,6 +858,27 @@ FAMILIES.update(
         ),
     }
 )
+FAMILIES.update(
+    {
+        # Sarvam's configs over transformers' GLM-4.5 / DeepSeek-V3 classes (no modeling file of their own)
+        "sarvam_moe": Family(
+            lambda c: deepseek(
+                c,
+                scaling=2.5,
+                groups=(1, 1),
+                n_shared=("n_shared_experts", "num_shared_experts"),
+            ),
+            from_layer(1),
+            names=TensorNames(score_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
+            refuse=swiglu_only,
+        ),
+        "sarvam_mla": Family(
+            lambda c: deepseek(c, scaling=2.5, groups=(1, 1), n_shared=("n_shared_experts", "num_shared_experts")),
+            from_layer(1),
+            refuse=swiglu_only,
+        ),
+    }
+)
 FAMILIES["aria"] = dataclasses.replace(
     FAMILIES["aria_text"],
     nested="text_config",
