@@ -11,10 +11,10 @@ Two steps, each in its own environment:
 The scan lists every directory of ``transformers/models/`` whose modeling file assigns ``self.experts`` (a block of
 routed experts) and every ``model_type`` its configuration files declare, leaving out the vision / audio / speech
 towers' own configs; and the types that have no modeling file but borrow a MoE model's classes through transformers'
-auto mapping (Sarvam-MoE is ``Glm4MoeForCausalLM``). Each listed type is then either handled (`tempo_jax.hf.FAMILIES`: tested against
-transformers' block on a fixture, or an alias of a tested family) or refused (`tempo_jax.hf.REFUSED`: the mechanism
-the layer lacks, named in the error `moe_from_hf` raises). `tests/test_hf_coverage.py` fails when a listed type is
-neither.
+auto mapping (Sarvam-MoE is ``Glm4MoeForCausalLM``). Each listed type is then either handled
+(`tempo_jax.hf.FAMILIES`: tested against transformers' block on a fixture, or through its twin's) or refused
+(`tempo_jax.hf.REFUSED`: the mechanism the layer lacks, named in the error `moe_from_hf` raises).
+`tests/test_hf_coverage.py` fails when a listed type is neither.
 """
 
 from __future__ import annotations

@@ -140,6 +140,9 @@ def cmd_cascade(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--modes: unknown mode(s) {bad or modes}; use a comma-separated subset of {list(LAYER_MODES)}"
         )
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:
+        raise UsageError(f"--modes: {twice} given twice; name each mode once (e.g. --modes sync,cascade)")
     if args.seeds > MAX_SEEDS:
         raise UsageError(
             f"--seeds {args.seeds:,} exceeds {MAX_SEEDS:,} (each seed is a whole serving run per mode); lower it"

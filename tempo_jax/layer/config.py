@@ -24,7 +24,10 @@ from .experts import ExpertConfig, SharedConfig
 from .replicas import REPLICA_SYNC
 from .routing import RouterConfig
 
-__all__ = ["MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
+__all__ = ["MAX_DISPATCH_ROUNDS", "MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
+
+#: The most in-graph plan rounds a config may ask for (the round counter is int32; plans converge in a few rounds).
+MAX_DISPATCH_ROUNDS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -190,6 +193,11 @@ class MoEConfig:
         if self.dispatch not in ("tables", "ingraph"):
             raise ValueError(f"{w}.dispatch must be 'tables' or 'ingraph', got {self.dispatch!r}")
         check_int(f"{w}.dispatch_rounds", self.dispatch_rounds)
+        if self.dispatch_rounds > MAX_DISPATCH_ROUNDS:
+            raise ValueError(
+                f"{w}.dispatch_rounds={self.dispatch_rounds:,} exceeds {MAX_DISPATCH_ROUNDS:,} (the plan's round "
+                f"counter is int32, and the plan converges in a few rounds: the default is {ROUNDS})"
+            )
         if self.dispatch == "tables":
             if self.cost is not None or self.dispatch_rounds != ROUNDS:
                 raise ValueError(

@@ -210,7 +210,8 @@ class MoE(nnx.Module):
       record: keep the last call's ``topk_ids [T, K]`` in ``self.topk_ids`` (routing traces).
       params: physical parameters over ``placement``'s slots to start from (`init_params`, `tempo_jax.hf`; a
         logical dict converts with `tempo_jax.layer.to_physical`) instead of random ones; checked against
-        ``config`` (`tempo_jax.layer.params.check_params`) and placed on ``mesh`` (expert arrays sharded).
+        ``config`` (`tempo_jax.layer.params.check_params`) and placed on ``mesh`` (expert arrays sharded). Your
+        arrays stay yours: the first `set_placement` moves copies of them (later ones move the layer's own in place).
 
     Trainable: every parameter but ``score_bias`` (`nnx.Param`); ``self.score_bias`` is a `BalanceBias`.
     ``self.placement`` is the `solvers.Placement` the weights are laid out over (`set_placement` changes it).
@@ -240,6 +241,8 @@ class MoE(nnx.Module):
             )
         if placement.num_experts != config.experts:
             raise ValueError(f"placement has {placement.num_experts} experts, config.experts={config.experts}")
+        # the caller's arrays are never consumed: the first re-placement copies them (`set_placement`)
+        self._caller_arrays = params is not None
         if params is None:
             params = init_params(rngs.params(), config, placement, mesh=mesh)
         check_params(params, config, num_slots=placement.num_slots, where="MoE")
@@ -268,6 +271,11 @@ class MoE(nnx.Module):
         pa = placement_arrays(placement)
         self.phy2log = DispatchState(pa.phy2log)
         self.log2phy = DispatchState(pa.log2phy)
+        if tables is not None and config.dispatch == "ingraph":
+            raise ValueError(
+                "MoE: this layer computes each call's tables in the step (MoEConfig(dispatch='ingraph')); pass no "
+                "tables (they would never be read)"
+            )
         self.table = DispatchState(self._installable(uniform(placement) if tables is None else tables, "MoE"))
         rank, shard = {LAYER_SPEC: (axes.ep, None)}, {LAYER_SPEC: (axes.tokens if axes.batch else axes.ep,)}
         n = axes.shards
@@ -324,7 +332,7 @@ class MoE(nnx.Module):
           placement: the new `solvers.Placement` (same D, S and E).
           tables: tables over the new placement (checked like `set_tables`).
           optimizer: an ``nnx.Optimizer`` over a model containing this layer: the moments of these expert arrays
-            move with them (found by this layer's ``slot_layout`` metadata).
+            move with them (found by this layer's ``slot_layout`` metadata); a stateless one (plain SGD) has none.
 
         Returns:
           `MigrationReport`: slots moved / copied locally / kept, bytes moved (rows sent × bytes per slot of every
@@ -355,8 +363,13 @@ class MoE(nnx.Module):
             variables += self._optimizer_slots(optimizer)
         per_slot = sum(_row_bytes(v.get_value()) for v in variables)
         moved, seconds, compile_s = migrate(
-            [v.get_value() for v in variables], plan, mesh=self.mesh, axis=self.config.axis
+            [v.get_value() for v in variables],
+            plan,
+            mesh=self.mesh,
+            axis=self.config.axis,
+            donate=not self._caller_arrays,  # params=... given: the caller's arrays stay alive
         )
+        self._caller_arrays = False
         for v, a in zip(variables, moved, strict=True):
             v.set_value(a)
         home = NamedSharding(self.mesh, P())
@@ -383,12 +396,14 @@ class MoE(nnx.Module):
             for _, v in nnx.iter_graph(optimizer)
             if isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout
         ]
-        if not found:
+        if not found and any(
+            isinstance(v, nnx.Variable) and getattr(v.get_value(), "ndim", 0) > 0 for _, v in nnx.iter_graph(optimizer)
+        ):
             raise ValueError(
-                "MoE.set_placement: the optimizer holds no state of this layer's expert arrays; pass the "
-                "nnx.Optimizer built over the model that contains this layer"
+                "MoE.set_placement: the optimizer holds per-parameter state, but none of this layer's expert "
+                "arrays; pass the nnx.Optimizer built over the model that contains this layer"
             )
-        return found
+        return found  # a stateless optimizer (plain SGD) has nothing to move
 
     def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
         return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key)

@@ -53,7 +53,21 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     of the layer's physical parameters).
 
     ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`);
-    ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`)."""
+    ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`).
+
+    Raises:
+      ValueError: parameters in the physical layout ``[P, ...]`` (one row per slot: `to_logical` them first), or
+        any other mismatch with ``config`` (`tempo_jax.layer.params.check_params`).
+    """
+    E = config.experts
+    rows = {k: jnp.shape(params[k])[0] for k in ("w_gate", "w_up", "w_down") if k in params}
+    if any(n != E for n in rows.values()):
+        raise ValueError(
+            f"moe_reference: the expert arrays have {sorted(set(rows.values()))} rows, the config {E} experts: it "
+            "takes the logical layout [E, ...]; convert physical parameters with "
+            "tempo_jax.layer.to_logical(params, placement)"
+        )
+    check_params(params, config, num_slots=None, where="moe_reference")
     if routing is None:
         rt = route(x if router_x is None else router_x, params, config.router, config.top_k)
         ids, w = rt.ids, rt.gate

@@ -169,10 +169,36 @@ def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
     return _draw(key, config, None)
 
 
-def _phy2log(placement) -> np.ndarray:
-    if isinstance(placement, Placement):
-        return np.asarray(placement.phy2log)
-    return np.asarray(placement)
+def _phy2log(placement, where: str) -> np.ndarray:
+    """``phy2log [P]`` of a `Placement` or of the array given, checked: 1-D, integer, ids >= 0."""
+    phy2log = np.asarray(placement.phy2log if isinstance(placement, Placement) else placement)
+    if phy2log.ndim != 1 or phy2log.size == 0 or not np.issubdtype(phy2log.dtype, np.integer):
+        raise ValueError(
+            f"{where}: placement must be a solvers.Placement or its phy2log [P] (integer expert ids), got "
+            f"{phy2log.dtype}{list(phy2log.shape)}"
+        )
+    if phy2log.min() < 0:
+        raise ValueError(f"{where}: phy2log holds expert ids < 0 (e.g. {int(phy2log.min())}); every slot needs one")
+    return phy2log
+
+
+def _experts_of(params: dict, where: str) -> int | None:
+    """The leading size shared by ``params``' per-expert arrays (None: there are none)."""
+    sizes = {k: int(jnp.shape(params[k])[0]) for k in expert_keys(params)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"{where}: the per-expert arrays disagree on their leading size: {sizes}")
+    return next(iter(sizes.values()), None)
+
+
+def _check_layout(phy2log: np.ndarray, placement, E: int, where: str) -> None:
+    """``phy2log`` lays E experts over its slots: ids in [0, E), every expert in a slot, and a `Placement` for E."""
+    if isinstance(placement, Placement) and placement.num_experts != E:
+        raise ValueError(f"{where}: the placement is for {placement.num_experts} experts, the parameters hold {E}")
+    if phy2log.max() >= E:
+        raise ValueError(f"{where}: phy2log names expert {int(phy2log.max())} but the parameters hold {E} experts")
+    missing = sorted(set(range(E)) - set(np.unique(phy2log).tolist()))
+    if missing:
+        raise ValueError(f"{where}: experts {missing[:10]} have no slot in the placement; they would be lost")
 
 
 def to_physical(
@@ -191,7 +217,15 @@ def to_physical(
 
     ``placement``: a `solvers.Placement` or its ``phy2log [P]``.
     """
-    idx = _phy2log(placement).astype(np.int32)
+    phy2log = _phy2log(placement, "to_physical")
+    E = _experts_of(logical, "to_physical")
+    if E is not None:
+        _check_layout(phy2log, placement, E, "to_physical")
+        if "router" in logical and jnp.shape(logical["router"])[-1] != E:
+            raise ValueError(
+                f"to_physical: the router scores {jnp.shape(logical['router'])[-1]} experts, the expert arrays hold {E}"
+            )
+    idx = phy2log.astype(np.int32)
     keys = expert_keys(logical)
 
     def gather(params):
@@ -211,12 +245,21 @@ def to_physical(
 def to_logical(physical: dict, placement) -> dict:
     """Physical ``[P, ...]`` → logical ``[E, ...]`` (for export): each expert's rows from its first replica
     (replicas are identical); the other keys are kept. ``placement``: a `solvers.Placement` or ``phy2log [P]``."""
-    phy2log = _phy2log(placement)
+    phy2log = _phy2log(placement, "to_logical")
     E = placement.num_experts if isinstance(placement, Placement) else int(phy2log.max()) + 1
+    P = _experts_of(physical, "to_logical")
+    if P is not None and P != phy2log.shape[0]:
+        raise ValueError(
+            f"to_logical: the parameters hold {P} slots but the placement lays out {phy2log.shape[0]}; give the "
+            "placement the parameters were laid out over"
+        )
+    _check_layout(phy2log, placement, E, "to_logical")
+    if "router" in physical and jnp.shape(physical["router"])[-1] != E:
+        raise ValueError(
+            f"to_logical: the router scores {jnp.shape(physical['router'])[-1]} experts, the placement lays out {E}; "
+            "give the placement the parameters were laid out over"
+        )
     experts, first = np.unique(phy2log, return_index=True)  # the first slot of each expert
-    if experts.shape[0] != E:
-        missing = sorted(set(range(E)) - set(experts.tolist()))
-        raise ValueError(f"to_logical: experts {missing} have no slot in the placement")
     keys = expert_keys(physical)
     index = jnp.asarray(first, jnp.int32)
 
@@ -237,7 +280,9 @@ def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.shard
 
     ``placement``: a `solvers.Placement` (or ``phy2log [P]``) with P = D·S slots.
     """
-    phy2log = jnp.asarray(_phy2log(placement), jnp.int32)
+    phy2log = _phy2log(placement, "init_params")
+    _check_layout(phy2log, placement, config.experts, "init_params")
+    phy2log = jnp.asarray(phy2log, jnp.int32)
     if mesh is None:
         return _draw(key, config, phy2log)
     axis = config.axis

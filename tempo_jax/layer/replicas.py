@@ -220,6 +220,7 @@ class MigrationPlan:
         position ``src − S = s·Mb + m`` of the rows received from rank s.
       moved: new slots whose rows cross ranks; local: slots filled from another local slot; kept: slots unchanged.
       transfers: rows sent (≤ moved: two new replicas of one expert on one rank share a transfer).
+      slots: P = D·S, the slot count of the arrays the plan rearranges (`migrate` refuses others).
     """
 
     send: np.ndarray
@@ -229,6 +230,7 @@ class MigrationPlan:
     local: int
     kept: int
     transfers: int
+    slots: int
 
     @property
     def block(self) -> int:
@@ -319,7 +321,7 @@ def plan_migration(old: Placement, new: Placement) -> MigrationPlan:
         pad = K - cols.size  # pads repeat the first pair (writing a row twice is harmless)
         dst[d] = np.r_[cols, np.full(pad, cols[0])]
         src[d] = np.r_[take[d, cols], np.full(pad, take[d, cols[0]])]
-    return MigrationPlan(send, dst, src, moved, local, kept, transfers)
+    return MigrationPlan(send, dst, src, moved, local, kept, transfers, D * S)
 
 
 @functools.lru_cache(maxsize=32)
@@ -379,6 +381,17 @@ def migrate(
     (then copied first)."""
     import time
 
+    D = plan.send.shape[0]
+    if axis not in mesh.shape or mesh.shape[axis] != D:
+        raise ValueError(
+            f"migrate: the plan is for {D} ranks, the mesh's {axis!r} axis has {mesh.shape.get(axis, 'no')} ranks"
+        )
+    for i, a in enumerate(arrays):
+        if jnp.ndim(a) == 0 or jnp.shape(a)[0] != plan.slots:
+            raise ValueError(
+                f"migrate: arrays[{i}] has shape {list(jnp.shape(a))}, but the plan rearranges {plan.slots} slots "
+                "(the leading axis); give the arrays laid out over the plan's old placement"
+            )
     specs = [_slot_spec(a, mesh, axis) for a in arrays]
     arrays = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(arrays, specs, strict=True)]
     if not donate:

@@ -63,6 +63,7 @@ import numpy as np
 
 from solvers import CostModel, Placement
 from solvers.checks import EXACT_INT_LIMIT, check_array, check_choice, check_counter, check_int, check_real
+from solvers.eplb import check_size as check_eplb_size
 from solvers.solve import check_policy
 from solvers.worker import WorkerConfig, solve_window
 
@@ -156,6 +157,14 @@ class DispatchController:
             raise ValueError(f"{where}: placement must be a solvers.Placement, got {type(placement).__name__}")
         if not isinstance(cost, CostModel):
             raise ValueError(f"{where}: cost must be a solvers.CostModel (e.g. PRESETS[...]), got {cost!r}")
+        if rebalance_every is not None:
+            rebalance_every = check_int("rebalance_every", rebalance_every, where=where)
+            layers = placement if isinstance(placement, tuple) else (placement,)
+            first = layers[0]
+            # the proposals are EPLB layouts: refuse now what every window's proposal would refuse later
+            check_eplb_size(
+                len(layers), first.num_experts, first.num_slots, first.num_gpus, where=f"{where}(rebalance_every=...)"
+            )
         options = check_policy(policy, options)
         window = check_int("window", window, where=where)
         if not isinstance(per_node, bool):
@@ -186,8 +195,6 @@ class DispatchController:
                     f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
                     f"{type(err).__name__}: {err}"
                 ) from None
-        if rebalance_every is not None:
-            rebalance_every = check_int("rebalance_every", rebalance_every, where=where)
         self.rebalance_every = rebalance_every
         # Step 3: the three parts and the fault counters.
         self._lock = threading.RLock()

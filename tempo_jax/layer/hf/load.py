@@ -254,6 +254,12 @@ def load_moe_layers(
         missing = sorted(set(ids) - set(placement))
         if missing:
             raise ValueError(f"load_moe_layers: the placement mapping has no entry for MoE layers {missing}")
+        extra = sorted(set(placement) - set(ids), key=str)
+        if extra:
+            raise ValueError(
+                f"load_moe_layers: the placement mapping names layers {extra} that are not loaded (the MoE layers "
+                f"loaded: {ids}); a placement meant for another layer would be silently unused"
+            )
     files = _weight_map(folder)
     opened: dict = {}  # shard → its header, read once for every layer
     out = {}

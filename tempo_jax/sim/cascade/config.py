@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from solvers.checks import check_choice, check_int, check_real, plain_scalars
+from solvers.checks import check_choice, check_instance, check_int, check_real, plain_scalars
 
 from .attention_truth import AttentionTruth, attention_truth
 from .costs import HARDWARE, MODELS, PrefillCosts, prefill_costs
@@ -157,6 +157,8 @@ class CascadeConfig:
         check_choice("launch", self.launch, LAUNCHES, where=fn)
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
+        for name in ("guard", "vary_workload"):  # a string such as "False" is truthy: never read one as a flag
+            check_instance(name, getattr(self, name), bool, where=fn, hint="give True or False")
         if self.timeline == "fast":
             slow = [
                 f"{k}={v!r}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.checks import check_choice
+from solvers.checks import check_choice, check_int
 
 from ..runner import CACHE_DIR, cached, run_jobs
 from .config import CascadeConfig
@@ -172,11 +172,24 @@ def run_cascade_seeds(
     progress: bool = True,
     backend: str | None = None,
 ) -> dict[int, dict[str, CascadeRun]]:
-    """`run_cascade` for every seed of ``seeds`` (all (seed, mode) jobs in one pool): ``{seed: {mode: run}}``."""
+    """`run_cascade` for every seed of ``seeds`` (all (seed, mode) jobs in one pool): ``{seed: {mode: run}}``.
+
+    Raises:
+      ValueError: an unknown or repeated mode, no seeds, a seed that is not an integer >= 0 (0.5 would run as seed 0
+        under the key 0.5) or a repeated seed.
+    """
     for m in modes:
         check_choice("mode", m, LAYER_MODES, where="run_cascade")
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:
+        raise ValueError(f"run_cascade_seeds: modes {twice} are given twice; each mode runs once per seed")
     if not seeds:
         raise ValueError("run_cascade_seeds: seeds is empty; give at least one seed")
+    for s in seeds:
+        check_int("seed", s, minimum=0, where="run_cascade_seeds")
+    seeds = tuple(int(s) for s in seeds)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"run_cascade_seeds: seeds {list(seeds)} repeat a seed; give each once")
     digest = trace_digest(config)
     cfgs = {s: dataclasses.replace(config, seed=int(s)) for s in seeds}
     jobs = [(cfgs[s], m, cache_dir, digest) for s in seeds for m in modes]

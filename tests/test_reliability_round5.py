@@ -1,0 +1,187 @@
+"""Reliability, round 5 (issue 54): the surfaces wave 4 added — physical layouts, re-placement, export, in-graph
+dispatch, the CascadeEP runs — lose nothing and refuse what they cannot do. Each test failed before its fix (the
+item numbers are the issue's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import tempo_jax
+from solvers import PRESETS, Placement
+from tempo_jax.cli import main
+from tempo_jax.hf import load_moe_layers
+from tempo_jax.layer import MoEConfig, make_ep_mesh, moe_reference, to_logical, to_physical
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.params import init_logical_params
+from tempo_jax.sim.cascade.config import CascadeConfig
+from tempo_jax.sim.cascade.run import run_cascade_seeds
+
+HF = Path(__file__).resolve().parent / "fixtures" / "hf"
+CFG = MoEConfig(hidden=8, ffn=4, experts=8, top_k=2, slots_per_rank=2)
+
+
+@pytest.fixture(scope="module")
+def logical():
+    return init_logical_params(jax.random.key(0), CFG)
+
+
+# ---------------------------------------------------------------------------- 1, 8, 14: physical ↔ logical layouts
+@pytest.mark.parametrize(
+    ("placement", "match"),
+    [
+        (Placement.spread(16, 8, 2), "the placement is for 16 experts, the parameters hold 8"),  # 1: slots 8-15 NaN
+        (Placement.spread(4, 8, 2), "the placement is for 4 experts, the parameters hold 8"),  # 8: experts 4-7 lost
+        (np.r_[np.arange(15), -1], "phy2log holds expert ids < 0"),  # 1: −1 wrapped to expert 7
+        (np.r_[np.arange(8), np.arange(8) + 1], "phy2log names expert 8 but the parameters hold 8"),  # 1: a NaN row
+        (np.arange(16) % 4, r"experts \[4, 5, 6, 7\] have no slot in the placement; they would be lost"),  # 8
+        (np.zeros((2, 8), np.int32), r"placement must be a solvers.Placement or its phy2log \[P\]"),
+    ],
+)
+def test_to_physical_refuses_a_placement_for_other_experts(logical, placement, match):
+    with pytest.raises(ValueError, match=match):
+        to_physical(logical, placement)
+
+
+def test_to_logical_refuses_a_placement_the_parameters_were_not_laid_out_over(logical):
+    physical = to_physical(logical, Placement.spread(8, 8, 2))  # P = 16
+    with pytest.raises(ValueError, match="the parameters hold 16 slots but the placement lays out 8"):
+        to_logical(physical, Placement.spread(8, 8, 1))
+    with pytest.raises(ValueError, match="the router scores 8 experts, the placement lays out 16"):
+        to_logical(physical, Placement.spread(16, 8, 2))  # P = 16 too: [16, ...] experts for an 8-expert router
+    with pytest.raises(ValueError, match="phy2log holds expert ids < 0"):  # 14: was "experts [] have no slot"
+        to_logical(physical, np.r_[np.arange(15) % 8, -1])
+    back = to_logical(physical, Placement.spread(8, 8, 2))
+    for k in logical:
+        np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(logical[k]), err_msg=k)
+
+
+def test_moe_reference_refuses_physical_parameters(logical):
+    """6: physical params went through the dense reference silently (output 3.66 off)."""
+    physical = to_physical(logical, Placement.spread(8, 8, 2))
+    x = jnp.ones((4, CFG.hidden))
+    with pytest.raises(ValueError, match=r"takes the logical layout \[E, ...\]; convert physical parameters"):
+        moe_reference(physical, x, CFG)
+    assert moe_reference(logical, x, CFG).shape == (4, CFG.hidden)
+
+
+# ---------------------------------------------------------------------------- 4, 5, 22: CascadeEP options
+@pytest.mark.parametrize("field", ["guard", "vary_workload"])
+def test_cascade_flags_refuse_strings(field):
+    """4: ``guard="False"`` turned the option on (a truthy string)."""
+    with pytest.raises(ValueError, match=rf"CascadeConfig: {field} must be a bool, got 'False' \(str\)"):
+        CascadeConfig(trace="synthetic", **{field: "False"})
+
+
+@pytest.mark.parametrize(
+    ("modes", "seeds", "match"),
+    [
+        (("sync",), (0.5,), "seed must be an integer >= 0"),  # 5: key 0.5 held seed 0's run
+        (("sync",), (1, 1), r"seeds \[1, 1\] repeat a seed"),
+        (("sync", "sync"), (0,), r"modes \['sync'\] are given twice"),  # 22
+    ],
+)
+def test_cascade_seeds_refuse_what_would_mislabel_a_run(modes, seeds, match):
+    with pytest.raises(ValueError, match=match):
+        run_cascade_seeds(CascadeConfig(trace="synthetic"), modes, seeds=seeds, progress=False)
+
+
+def test_cascade_cli_refuses_a_mode_twice(capsys):
+    """22: ``--modes sync,sync`` ran and printed "Sync − Sync ≈"."""
+    assert main(["cascade", "--modes", "sync,sync", "--trace", "synthetic", "--seeds", "1"]) == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- 13, 19: the in-graph dispatch
+def test_dispatch_rounds_beyond_the_int32_counter_are_refused():
+    """13: ``dispatch_rounds=2**31`` was accepted; the first call raised JAX's OverflowError."""
+    with pytest.raises(ValueError, match="dispatch_rounds=2,147,483,648 exceeds"):
+        MoEConfig(
+            hidden=8,
+            ffn=4,
+            experts=8,
+            top_k=2,
+            slots_per_rank=1,
+            dispatch="ingraph",
+            dispatch_mode="quota",
+            cost=PRESETS["dsv3_fp8_offline"],
+            dispatch_rounds=2**31,
+        )
+
+
+def test_an_ingraph_layer_refuses_tables_it_would_never_read():
+    """19: ``MoE(<ingraph config>, tables=...)`` accepted tables (``set_tables`` refused the same)."""
+    cost = PRESETS["dsv3_fp8_offline"]
+    kw = dict(hidden=8, ffn=4, experts=8, top_k=2, slots_per_rank=1, dispatch_mode="quota", cost=cost)
+    cfg = MoEConfig(dispatch="ingraph", **kw)
+    pl = Placement.spread(8, 8, 1)
+    with pytest.raises(ValueError, match="MoE: this layer computes each call's tables in the step"):
+        tempo_jax.MoE(cfg, pl, mesh=make_ep_mesh(8), rngs=nnx.Rngs(0), tables=dispatch_tables.uniform(pl))
+
+
+# ---------------------------------------------------------------------------- 20: import
+def test_a_placement_for_a_layer_that_is_not_loaded_is_refused():
+    """20: ``placement={0: pl, 1: pl, 7: pl}`` on a 2-layer model ignored layer 7."""
+    pl = Placement.spread(8, 8, 1)
+    with pytest.raises(ValueError, match=r"names layers \[7\] that are not loaded \(the MoE layers loaded: \[0, 1\]\)"):
+        load_moe_layers(HF / "mixtral" / "hub", placement={0: pl, 1: pl, 7: pl})
+
+
+# ---------------------------------------------------------------------------- 2, 9, 15: re-placement
+def test_migrate_refuses_arrays_of_another_slot_count():
+    """2: a 32-slot array was rearranged by a 16-slot plan."""
+    from tempo_jax.layer.replicas import migrate, plan_migration
+
+    old = Placement.spread(8, 8, 2)
+    new = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    with pytest.raises(ValueError, match=r"arrays\[0\] has shape \[32, 3\], but the plan rearranges 16 slots"):
+        migrate([jnp.zeros((32, 3))], plan_migration(old, new), mesh=make_ep_mesh(8))
+    with pytest.raises(ValueError, match="the plan is for 8 ranks, the mesh's 'ep' axis has 4 ranks"):
+        migrate([jnp.zeros((16, 3))], plan_migration(old, new), mesh=make_ep_mesh(4))
+
+
+def test_set_placement_never_consumes_the_callers_arrays(logical):
+    """9: ``MoE(params=p)`` kept the caller's arrays and the move deleted them ("Array has been deleted")."""
+    mesh, old = make_ep_mesh(8), Placement.spread(8, 8, 2)
+    new = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    params = to_physical(logical, old, mesh=mesh)
+    before = {k: np.asarray(v) for k, v in params.items()}
+    x = jax.random.normal(jax.random.key(1), (16, CFG.hidden))
+    moe = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    out = moe(x)
+    moe.set_placement(new)
+    moe.set_placement(old)  # the layer's own arrays now: moved in place
+    for k, v in params.items():
+        np.testing.assert_array_equal(np.asarray(v), before[k], err_msg=k)  # alive and unchanged
+    again = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(0), params=params)
+    np.testing.assert_allclose(np.asarray(again(x)), np.asarray(out), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(moe(x)), np.asarray(out), rtol=1e-5, atol=1e-5)
+
+
+def test_set_placement_takes_a_stateless_optimizer(logical):
+    """15: ``optimizer=nnx.Optimizer(moe, optax.sgd(0.1))`` was refused as another model's optimizer."""
+    import optax
+
+    mesh, old = make_ep_mesh(8), Placement.spread(8, 8, 2)
+    moe = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(0))
+    sgd = nnx.Optimizer(moe, optax.sgd(0.1), wrt=nnx.Param)
+    report = moe.set_placement(Placement.from_eplb(np.arange(8) + 1.0, 16, 8), optimizer=sgd)
+    assert report.moved_slots > 0
+    other = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(1))
+    adam = nnx.Optimizer(other, optax.adam(0.1), wrt=nnx.Param)
+    with pytest.raises(ValueError, match="holds per-parameter state, but none of this layer's expert arrays"):
+        moe.set_placement(old, optimizer=adam)
+
+
+# ---------------------------------------------------------------------------- 12: the controller's proposals
+def test_a_controller_refuses_a_placement_its_proposals_cannot_lay_out():
+    """12: 65,544 slots passed the constructor; every window's EPLB proposal then raised."""
+    from tempo_jax.runtime import DispatchController
+
+    with pytest.raises(ValueError, match=r"rebalance_every=...\): num_replicas=65,544 exceeds the supported 65,536"):
+        DispatchController(Placement.spread(8, 8, 8193), PRESETS["dsv3_fp8_offline"], rebalance_every=1)
