@@ -185,3 +185,60 @@ def test_a_controller_refuses_a_placement_its_proposals_cannot_lay_out():
 
     with pytest.raises(ValueError, match=r"rebalance_every=...\): num_replicas=65,544 exceeds the supported 65,536"):
         DispatchController(Placement.spread(8, 8, 8193), PRESETS["dsv3_fp8_offline"], rebalance_every=1)
+
+
+# ---------------------------------------------------------------------------- 10, 11: export
+def _mixtral():
+    import json
+
+    layer = 0
+    cfg, params, placement = load_moe_layers(HF / "mixtral" / "hub", layers=[layer])[layer]
+    config = json.loads((HF / "mixtral" / "hub" / "config.json").read_text())
+    return config, cfg, to_logical(params, placement), placement
+
+
+@pytest.mark.parametrize("layout", ["hub", "fused"])  # an indexed, sharded checkpoint and a single unindexed file
+def test_save_moe_layers_into_a_checkpoint_keeps_its_own_files(layout, tmp_path):
+    """10: saving into the original checkpoint folder overwrote its index (the embeddings no longer indexed) and
+    its config.json (``vocab_size`` lost)."""
+    import json
+    import shutil
+
+    from tempo_jax.hf import save_moe_layers
+    from tempo_jax.layer.hf.quant import SafetensorsFile
+
+    config, cfg, logical, _ = _mixtral()
+    folder = tmp_path / "ckpt"
+    shutil.copytree(HF / "mixtral" / layout, folder)
+    before = {n: s.name for s in folder.glob("*.safetensors") for n in SafetensorsFile(s).names()}
+    config_text = (folder / "config.json").read_text()
+    tuned = {k: (v * 2 if k == "w_up" else v) for k, v in logical.items()}
+    save_moe_layers(folder, config, {0: (cfg, tuned)})
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(before) <= set(weight_map)  # every tensor of the checkpoint still indexed
+    assert weight_map["model.embed_tokens.weight"] == before["model.embed_tokens.weight"]
+    assert (folder / "config.json").read_text() == config_text
+    again = load_moe_layers(folder, layers=[0])[0]
+    np.testing.assert_array_equal(np.asarray(to_logical(again.params, again.placement)["w_up"]), tuned["w_up"])
+    save_moe_layers(folder, config, {0: (cfg, logical)})  # a second save replaces the first, keeps the rest
+    assert set(before) <= set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"])
+
+
+def test_save_moe_layers_refuses_blocks_config_json_cannot_describe(tmp_path):
+    """11: layer 5 of a 2-layer model (reloading returned [0, 1]), E = 4 blocks under an E = 8 config, and
+    ``moe_to_hf`` of a block whose renormalisation disagrees with ``norm_topk_prob``."""
+    import dataclasses
+
+    from tempo_jax.hf import moe_to_hf, save_moe_layers
+
+    config, cfg, logical, _ = _mixtral()
+    with pytest.raises(
+        ValueError, match=r"layers \[5\] are not MoE layers of this config.json \(its MoE layers: \[0, 1\]\)"
+    ):
+        save_moe_layers(tmp_path / "a", config, {5: (cfg, logical)})
+    small = dataclasses.replace(cfg, experts=4)
+    with pytest.raises(ValueError, match="experts: config.json says 8, the block has 4"):
+        save_moe_layers(tmp_path / "b", config, {0: (small, logical)})
+    flipped = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, renormalize=False))
+    with pytest.raises(ValueError, match="moe_to_hf: the block is not the one config.json describes"):
+        moe_to_hf(config, flipped, logical)

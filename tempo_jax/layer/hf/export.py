@@ -6,6 +6,7 @@ export of what transformers wrote equals its tensors (`tests/test_hf_import.py`)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,9 +14,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from solvers.checks import read_json
+
 from ..config import MoEConfig
 from ..params import check_params
-from .families import family
+from .families import family, moe_config_from_hf, moe_layer_ids
+from .quant import SafetensorsFile
 
 __all__ = ["moe_to_hf", "save_moe_layers"]
 
@@ -24,15 +28,45 @@ def _np(a) -> np.ndarray:
     return np.asarray(jax.device_get(a)).astype(np.float32)
 
 
-def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict) -> dict[str, np.ndarray]:
+#: The `MoEConfig` fields that make a block what config.json says it is.
+_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared")
+
+
+def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: str) -> None:
+    """``cfg`` is the block ``config`` describes (at decoder ``layer`` when given): the same dimensions, router
+    (aux-free ``balance_rate`` aside: a training setting), experts and shared experts, so that the tensors written
+    load back into the same block."""
+    k = cfg.top_k
+    try:
+        want = moe_config_from_hf(config, slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype, layer=layer)
+    except ValueError as err:
+        if layer is not None or "top-k is per layer" not in str(err):
+            raise ValueError(f"{where}: {err}") from None
+        want = moe_config_from_hf(config, slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype, layer=0, top_k=k)
+    have = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, balance_rate=want.router.balance_rate))
+    wrong = [f for f in _BLOCK_FIELDS if getattr(have, f) != getattr(want, f)]
+    if wrong:
+        shown = "; ".join(
+            f"{f}: config.json says {getattr(want, f)!r}, the block has {getattr(have, f)!r}" for f in wrong
+        )
+        raise ValueError(
+            f"{where}: the block is not the one config.json describes ({shown}); transformers would load the tensors "
+            "into another block — export with the config.json of the model the block belongs to"
+        )
+
+
+def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | None = None) -> dict[str, np.ndarray]:
     """One MoE block's *logical* parameters (`tempo_jax.layer.to_logical`, `MoE.logical_params`) → its tensors in
     the layout transformers saves for ``config``'s family, keys relative to the block (``gate.weight``,
-    ``experts.0.gate_proj.weight``, …), float32 numpy.
+    ``experts.0.gate_proj.weight``, …), float32 numpy. ``layer``: its decoder layer (a family whose top-k is per
+    layer needs it to check ``cfg``).
 
     Raises:
-      ValueError: a family the layer does not express, or parameters that do not match ``cfg``.
+      ValueError: a family the layer does not express, a ``cfg`` that is not the block ``config`` describes
+        (`check_block`), or parameters that do not match ``cfg``.
     """
     mt, fam, _ = family(config)
+    check_block(config, cfg, layer=layer, where="moe_to_hf")
     check_params(logical, cfg, num_slots=None, where="moe_to_hf")
     n = fam.names
     p = {k: _np(v) for k, v in logical.items()}
@@ -108,26 +142,80 @@ def save_moe_layers(folder, config: Mapping, blocks: Mapping[int, tuple[MoEConfi
     """Write ``{layer: (MoEConfig, logical params)}`` as ``moe.safetensors`` under ``folder`` with full tensor names
     (``model.layers.{i}.mlp.…``, the family's prefix) and a ``model.safetensors.index.json`` naming the file, plus
     the model's ``config.json``: a checkpoint folder `load_moe_layers` (and transformers, merged with the rest of
-    the model's tensors) reads. Returns the file written."""
+    the model's tensors) reads. Returns the file written.
+
+    Into a folder that already holds a checkpoint (its own index and config.json), the blocks are written beside
+    it: the index keeps every tensor it names and points the blocks' names at ``moe.safetensors``, and config.json
+    is kept as it is (it must describe the same model).
+
+    Raises:
+      ValueError: a layer that is not a MoE layer of ``config``, a block ``config`` does not describe
+        (`check_block`), a folder whose config.json is another model's, or a ``moe.safetensors`` there that this
+        function did not write.
+    """
     from safetensors.numpy import save_file
 
     mt, fam, _ = family(config)
+    ids = moe_layer_ids(config)
+    bad = sorted(set(blocks) - set(ids), key=str)
+    if bad:
+        raise ValueError(
+            f"save_moe_layers: layers {bad} are not MoE layers of this config.json (its MoE layers: {ids}); "
+            "reloading would not find them"
+        )
+    for layer, (cfg, _) in blocks.items():
+        check_block(config, cfg, layer=layer, where=f"save_moe_layers: layer {layer}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    index_path, config_path, path = (
+        folder / "model.safetensors.index.json",
+        folder / "config.json",
+        folder / "moe.safetensors",
+    )
+    index = _existing_index(index_path)
+    meta = index.get("metadata") or {}
+    foreign = bool(index) and meta.get("written_by") != WRITER  # a checkpoint's own index: merged into, kept
+    if path.exists() and (not index or (foreign and meta.get("moe_layers_by") != WRITER)):
+        raise ValueError(f"save_moe_layers: {path} exists and was not written by save_moe_layers; give another folder")
+    if foreign and config_path.exists():
+        kept = read_json(config_path, "config.json")
+        if not isinstance(kept, Mapping) or kept.get("model_type") != config.get("model_type"):
+            raise ValueError(
+                f"save_moe_layers: {config_path} is another model's config.json (model_type "
+                f"{kept.get('model_type') if isinstance(kept, Mapping) else kept!r}, not {mt!r}); give another folder"
+            )
     tensors: dict[str, np.ndarray] = {}
     for layer, (cfg, logical) in blocks.items():
         prefix = fam.prefixes[0].format(layer)
         siblings = {inside: outside.format(layer) for outside, inside in fam.siblings}
-        for key, value in moe_to_hf(config, cfg, logical).items():
+        for key, value in moe_to_hf(config, cfg, logical, layer=layer).items():
             inside = next((s for s in siblings if key.startswith(s)), None)
             name = siblings[inside] + key[len(inside) :] if inside else prefix + key
             tensors[name] = value
-    path = folder / "moe.safetensors"
     save_file(tensors, str(path))
-    index = {
-        "metadata": {"written_by": "tempo_jax.hf.save_moe_layers"},
-        "weight_map": dict.fromkeys(tensors, path.name),
-    }
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    (folder / "config.json").write_text(json.dumps(dict(config), indent=1))
+    if foreign:  # keep every tensor the checkpoint names; the blocks' names now point at moe.safetensors
+        weight_map = {**index.get("weight_map", {}), **dict.fromkeys(tensors, path.name)}
+        metadata = {**meta, "moe_layers_by": WRITER}
+    else:
+        weight_map, metadata = dict.fromkeys(tensors, path.name), {"written_by": WRITER}
+    index_path.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=1))
+    if not (foreign and config_path.exists()):
+        config_path.write_text(json.dumps(dict(config), indent=1))
     return path
+
+
+#: The ``written_by`` of the indexes `save_moe_layers` writes.
+WRITER = "tempo_jax.hf.save_moe_layers"
+
+
+def _existing_index(path: Path) -> dict:
+    """The safetensors index already in the folder: its own, or — for a checkpoint of unindexed
+    ``*.safetensors`` files — one built from their headers (``{}`` when the folder holds no checkpoint)."""
+    if not path.exists():
+        shards = sorted(p for p in path.parent.glob("*.safetensors") if p.name != "moe.safetensors")
+        names = {name: shard.name for shard in shards for name in SafetensorsFile(shard).names()}
+        return {"metadata": {}, "weight_map": names} if names else {}
+    data = read_json(path, "safetensors index")
+    if not isinstance(data, dict) or not isinstance(data.get("weight_map", {}), dict):
+        raise ValueError(f"save_moe_layers: {path} is not a safetensors index (a JSON object with a 'weight_map')")
+    return data
