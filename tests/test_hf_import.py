@@ -276,6 +276,13 @@ def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
     np.testing.assert_array_equal(logical["shared_w_up"], reference[f"{prefix}shared_experts.up_proj.weight"].T)
     # e4m3 keeps 3 mantissa bits: the block still computes transformers' function to FP8 accuracy
     assert _rel(moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg), z["out"]) < 0.15
+    # scales on another grid: refused naming the tensor (issue 54, item 17: the message named none of 24)
+    wrong = dict(tensors, **{f"{prefix}experts.5.down_proj.weight_scale_inv": np.ones((1, 1), np.float32)})
+    save_file(wrong, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"state\['experts.5.down_proj.weight_scale_inv'\] has shape \[1, 1\]; the FP8"
+    ):
+        load_moe_layers(tmp_path, layers=[layer])
     tensors.pop(f"{prefix}experts.3.up_proj.weight_scale_inv")  # FP8 without its scales: refused, not misread
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"experts.3.up_proj.weight'\] has dtype float8_e4m3fn: .* without the scales"):
@@ -336,6 +343,11 @@ def test_mxfp4_gpt_oss_experts_are_dequantized_on_load():
     np.testing.assert_array_equal(logical["w_gate"], gate_up[:, 0::2].transpose(0, 2, 1))
     np.testing.assert_array_equal(logical["w_up"], gate_up[:, 1::2].transpose(0, 2, 1))
     np.testing.assert_array_equal(logical["w_down"], down.transpose(0, 2, 1))
+    # scales stored as F8_E8M0 (the same exponent bytes, typed) read the same (issue 54, item 18: refused before)
+    typed = {k: (v.view(ml_dtypes.float8_e8m0fnu) if k.endswith("_scales") else v) for k, v in state.items()}
+    again = to_logical(moe_from_hf(config, typed).params, placement)
+    for k in ("w_gate", "w_up", "w_down"):
+        np.testing.assert_array_equal(np.asarray(again[k]), np.asarray(logical[k]), err_msg=k)
 
 
 # ------------------------------------------------------------------------------------------ the module and refusals

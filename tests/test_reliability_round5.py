@@ -242,3 +242,24 @@ def test_save_moe_layers_refuses_blocks_config_json_cannot_describe(tmp_path):
     flipped = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, renormalize=False))
     with pytest.raises(ValueError, match="moe_to_hf: the block is not the one config.json describes"):
         moe_to_hf(config, flipped, logical)
+
+
+def test_a_sparse_key_budget_beyond_any_context_is_refused_up_front():
+    """18: ``key_budget=10**30`` failed late inside ``attention_features`` ("dtype object")."""
+    with pytest.raises(ValueError, match="key_budget=1,000,000,000,000,000,000,000,000,000,000 exceeds"):
+        CascadeConfig(trace="synthetic", attention="sparse", key_budget=10**30)
+
+
+def test_reproduce_honours_small_from_the_environment(monkeypatch, capsys):
+    """23: ``SMALL=1 tempo-jax reproduce`` ran every notebook at full size (the command set SMALL from its own
+    ``--small``) and rewrote the committed results."""
+    import tempo_jax.cli.repro as repro
+
+    seen = []
+    monkeypatch.setattr(repro, "reproduce", lambda names, *, small: seen.append(small) or [])
+    monkeypatch.setenv("SMALL", "1")
+    assert main(["reproduce", "01"]) == 0
+    assert seen == [True] and "SMALL=1 in the environment" in capsys.readouterr().out
+    monkeypatch.setenv("SMALL", "yes")
+    assert main(["reproduce", "01"]) == 2
+    assert "set it to 1" in capsys.readouterr().err

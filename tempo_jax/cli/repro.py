@@ -4,6 +4,7 @@ benchmark script of the checkout)."""
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
@@ -61,10 +62,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         changed = update_page()
         print(f"{'updated' if changed else 'unchanged'}: the reproduced-results tables of {PAGE}")
         return 0
-    runs = reproduce(args.names, small=args.small)
+    env = os.environ.get("SMALL", "")
+    if env not in ("", "0", "1"):
+        raise UsageError(f"SMALL={env!r} in the environment: set it to 1 (CI-sized grids) or 0, or unset it")
+    small = args.small or env == "1"  # SMALL=1 is honoured: a full-size run would rewrite the committed results
+    if small and not args.small:
+        print("SMALL=1 in the environment: CI-sized grids (results and figures go to the temporary folders)")
+    runs = reproduce(args.names, small=small)
     failed = [r.name for r in runs if not r.ok]
     if failed:
         print(f"{len(failed)} of {len(runs)} notebooks failed: {failed}", file=sys.stderr)
         return 1
-    print(f"all {len(runs)} notebooks ran; figures in {figures_dir(args.small)}, numbers in {results_dir(args.small)}")
+    print(f"all {len(runs)} notebooks ran; figures in {figures_dir(small)}, numbers in {results_dir(small)}")
     return 0

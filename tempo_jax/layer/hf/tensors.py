@@ -38,7 +38,7 @@ from .spec import TensorNames
 __all__ = ["FileSource", "MemorySource", "Reader", "TensorSource", "block_readers"]
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
-_QUANT = ("float8_e4m3fn", "float8_e5m2", "uint8")
+_QUANT = ("float8_e4m3fn", "float8_e5m2", "uint8", "float8_e8m0fnu")  # MXFP4 blocks / scales (E8M0 as bytes or F8_E8M0)
 
 
 class TensorSource:
@@ -146,6 +146,13 @@ class _Checked:
         scale = f"{key}_scale_inv"
         if dt.startswith("float8") and scale in self.keys:
             self.used.add(scale)  # FP8 with block scales: dequantized on read
+            (b0, b1), grid = self.src.block, self.src.shape(scale)
+            want = (*got[:-2], -(-got[-2] // b0), -(-got[-1] // b1)) if len(got) >= 2 else None
+            if want is None or tuple(grid) != want:
+                raise ValueError(
+                    f"moe_from_hf: state[{scale!r}] has shape {list(grid)}; the FP8 weight {key!r} {list(got)} in "
+                    f"{b0}×{b1} blocks (quantization_config.weight_block_size) needs {list(want or ())}"
+                )
         elif dt not in _FLOATS and not (quantized and dt in _QUANT):
             raise ValueError(
                 f"moe_from_hf: state[{key!r}] has dtype {dt}: an integer or quantized tensor without "

@@ -44,6 +44,10 @@ _NEEDS = {
 }
 
 
+#: The largest sparse-attention key budget per query (beyond every context length; int64 arithmetic stays exact).
+MAX_KEY_BUDGET = 1 << 31
+
+
 @dataclass(frozen=True, kw_only=True)
 class CascadeConfig:
     """One CascadeEP serving experiment (defaults: the paper's ablation set-up, DeepSeek-V4-Flash DP8 + EP8).
@@ -149,6 +153,11 @@ class CascadeConfig:
         check_choice("attention", self.attention, ("sparse", "dense"), where=fn)
         if self.key_budget is not None:
             check_int("key_budget", self.key_budget, where=fn, minimum=1)
+            if self.key_budget > MAX_KEY_BUDGET:
+                raise ValueError(
+                    f"{fn}: key_budget={self.key_budget:,} exceeds {MAX_KEY_BUDGET:,} keys per query (longer than any "
+                    "context the simulator serves); give at most that, or attention='dense' for no budget"
+                )
         check_real("replication", self.replication, where=fn, minimum=1.0)
         check_choice("dispatch", self.dispatch, _DISPATCH, where=fn)
         check_choice("estimates", self.estimates, _ESTIMATES, where=fn)
