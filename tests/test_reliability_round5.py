@@ -263,3 +263,33 @@ def test_reproduce_honours_small_from_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("SMALL", "yes")
     assert main(["reproduce", "01"]) == 2
     assert "set it to 1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- 6: the derivative through to_physical
+def test_differentiating_through_to_physical_is_true_or_refused(logical):
+    """6: ``jax.grad`` through ``to_physical`` gave experts with 2 replicas exactly 2× the dense gradient. Without
+    replicas (a permutation of the experts) it is the true derivative; with replicas it is refused by name."""
+    mesh = make_ep_mesh(8)
+    x = jax.random.normal(jax.random.key(2), (16, CFG.hidden))
+
+    def loss(p, placement):
+        out = tempo_jax.moe_forward(
+            to_physical(p, placement),
+            x,
+            mesh=mesh,
+            placement_arrays=dispatch_tables.placement_arrays(placement),
+            tables=dispatch_tables.uniform(placement),
+            config=cfg,
+        ).out
+        return jnp.sum(out**2)
+
+    cfg = MoEConfig(hidden=8, ffn=4, experts=8, top_k=2, slots_per_rank=1)
+    permuted = Placement.from_phy2log(np.array([3, 1, 4, 0, 6, 2, 7, 5]), 8, None, 8)
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, x, cfg) ** 2))(logical)
+    got = jax.grad(loss)(logical, permuted)
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=2e-5, atol=2e-6, err_msg=k)
+    cfg = CFG  # two slots per rank: experts replicated
+    replicated = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    with pytest.raises(ValueError, match="to_physical: differentiating through it with replicas would count"):
+        jax.grad(loss)(logical, replicated)

@@ -201,6 +201,30 @@ def _check_layout(phy2log: np.ndarray, placement, E: int, where: str) -> None:
         raise ValueError(f"{where}: experts {missing[:10]} have no slot in the placement; they would be lost")
 
 
+def _take_refusing_grads(idx: np.ndarray):
+    """``jnp.take(v, idx, axis=0)`` whose reverse-mode derivative is refused: with replicas, the layer's gradient of
+    every replicated slot is already its expert's whole gradient (`tempo_jax.layer.replicas.tie_replicas`), so the
+    gather's transpose (a sum over the replicas) would count it once per replica."""
+
+    @jax.custom_vjp
+    def take(v):
+        return jnp.take(v, idx, axis=0)
+
+    def fwd(v):
+        return take(v), None
+
+    def bwd(_, g):
+        raise ValueError(
+            "to_physical: differentiating through it with replicas would count each expert's gradient once per "
+            "replica (the layer already hands every replica its expert's whole gradient). Keep the physical "
+            "parameters as the truth (differentiate moe_forward / the MoE module w.r.t. them, export with "
+            "to_logical), or differentiate moe_reference on the logical parameters"
+        )
+
+    take.defvjp(fwd, bwd)
+    return take
+
+
 def to_physical(
     logical: dict,
     placement,
@@ -216,6 +240,11 @@ def to_physical(
     so no device holds more than its own share of the result.
 
     ``placement``: a `solvers.Placement` or its ``phy2log [P]``.
+
+    Raises:
+      ValueError: a placement for other experts (ids outside [0, E), an expert without a slot, another E), or —
+        under ``jax.grad`` — differentiating through a placement with replicas (see `_take_refusing_grads`: it
+        would not give the true derivative).
     """
     phy2log = _phy2log(placement, "to_physical")
     E = _experts_of(logical, "to_physical")
@@ -227,9 +256,10 @@ def to_physical(
             )
     idx = phy2log.astype(np.int32)
     keys = expert_keys(logical)
+    take = _take_refusing_grads(idx) if np.unique(idx).size < idx.size else lambda v: jnp.take(v, idx, axis=0)
 
     def gather(params):
-        return {k: (jnp.take(v, idx, axis=0) if k in keys else jnp.asarray(v)) for k, v in params.items()}
+        return {k: (take(v) if k in keys else jnp.asarray(v)) for k, v in params.items()}
 
     if mesh is None:
         return gather(logical)
