@@ -706,7 +706,6 @@ for _name, _prefixes in {
 }.items():
     FAMILIES[_name] = dataclasses.replace(FAMILIES[_name.removesuffix("_text")], nested=None, prefixes=_prefixes)
 _VL_PREFIXES = ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.")
-_DS_TEXT_LAYOUT = TensorNames()
 FAMILIES.update(
     {
         "mimo_v2_flash": Family(
