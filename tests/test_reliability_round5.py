@@ -293,3 +293,55 @@ def test_differentiating_through_to_physical_is_true_or_refused(logical):
     replicated = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
     with pytest.raises(ValueError, match="to_physical: differentiating through it with replicas would count"):
         jax.grad(loss)(logical, replicated)
+
+
+# ---------------------------------------------------------------------------- the agreement check
+def _agreement_cases():
+    """Every argument of the physical-layout functions that must agree with another (E, P, D, S, the layer count,
+    the dtype), given a value that disagrees: (call, what the refusal names)."""
+    from tempo_jax.hf import save_moe_layers
+    from tempo_jax.layer.replicas import migrate, plan_migration
+
+    lg = init_logical_params(jax.random.key(0), CFG)
+    pl, mesh = Placement.spread(8, 8, 2), make_ep_mesh(8)
+    wider = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    bf16 = MoEConfig(hidden=8, ffn=4, experts=8, top_k=2, slots_per_rank=2, dtype=jnp.bfloat16)
+
+    def moe(cfg=CFG, placement=pl, **kw):
+        return tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(0), **kw)
+
+    def save(layers):
+        config, cfg, logical, _ = _mixtral()
+        return save_moe_layers(Path(__import__("tempfile").mkdtemp()), config, {i: (cfg, logical) for i in layers})
+
+    return {
+        "to_physical: E": (lambda: to_physical(lg, Placement.spread(12, 8, 2)), "placement is for 12 experts"),
+        "to_physical: D": (lambda: to_physical(lg, Placement.spread(8, 4, 2), mesh=mesh), "spans 4 ranks"),
+        "to_logical: P": (lambda: to_logical(to_physical(lg, pl), Placement.spread(8, 8, 3)), "hold 16 slots"),
+        "to_logical: E": (lambda: to_logical(to_physical(lg, pl), Placement.spread(16, 8, 2)), "scores 8 experts"),
+        "plan_migration: S": (lambda: plan_migration(pl, Placement.spread(8, 8, 3)), "keeps D, S and E"),
+        "plan_migration: D": (lambda: plan_migration(pl, Placement.spread(8, 4, 4)), "keeps D, S and E"),
+        "plan_migration: E": (lambda: plan_migration(pl, Placement.spread(16, 8, 2)), "keeps D, S and E"),
+        "migrate: P": (lambda: migrate([jnp.zeros((24, 2))], plan_migration(pl, wider), mesh=mesh), "16 slots"),
+        "migrate: D": (
+            lambda: migrate([jnp.zeros((16, 2))], plan_migration(pl, wider), mesh=make_ep_mesh(4)),
+            "8 ranks",
+        ),
+        "MoE: S": (lambda: moe(placement=Placement.spread(8, 8, 3)), "the mesh needs 8 ranks × 2 slots"),
+        "MoE: E": (lambda: moe(placement=Placement.spread(16, 8, 2)), "placement has 16 experts"),
+        "MoE: params P": (lambda: moe(params=to_physical(lg, Placement.spread(8, 8, 3))), r"the config needs \[16"),
+        "MoE: params dtype": (lambda: moe(bf16, params=to_physical(lg, pl)), "config's dtype is bfloat16"),
+        "set_placement: S": (lambda: moe().set_placement(Placement.spread(8, 8, 3)), "keeps D, S and E"),
+        "set_placement: E": (lambda: moe().set_placement(Placement.spread(16, 8, 2)), "keeps D, S and E"),
+        "save_moe_layers: layers": (lambda: save([0, 5]), r"layers \[5\] are not MoE layers"),
+    }
+
+
+AGREEMENT = _agreement_cases()
+
+
+@pytest.mark.parametrize("name", sorted(AGREEMENT))
+def test_every_layout_argument_that_disagrees_is_refused(name):
+    call, match = AGREEMENT[name]
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -246,6 +246,18 @@ class MoE(nnx.Module):
         if params is None:
             params = init_params(rngs.params(), config, placement, mesh=mesh)
         check_params(params, config, num_slots=placement.num_slots, where="MoE")
+        want = jnp.dtype(config.dtype)
+        odd = sorted(
+            k
+            for k, v in params.items()
+            if not k.startswith(("router", "score", "expert_scale")) and jnp.result_type(v) != want
+        )
+        if odd:
+            raise ValueError(
+                f"MoE: params {odd} are {jnp.result_type(params[odd[0]])}, the config's dtype is {want}: the layer "
+                f"would train them in another precision than it computes; cast them (e.g. "
+                f"jax.tree.map(lambda a: a.astype({want.name}), ...)) or set MoEConfig.dtype"
+            )
         self.param_names = tuple(params)  # static: the keys of this config's parameters
         homes = param_shardings(params, mesh, config)
         self.slot_layout = f"moe-{id(self):x}"  # static: tags this layer's slot arrays and their optimizer moments

@@ -267,6 +267,11 @@ def to_physical(
         raise ValueError(f"to_physical: axis={axis!r} differs from config.axis={config.axis!r}; give one of them")
     axis = config.axis if config is not None else (axis or "ep")
     D = mesh.shape[axis]
+    if isinstance(placement, Placement) and placement.num_gpus != D:
+        raise ValueError(
+            f"to_physical: the placement spans {placement.num_gpus} ranks, the mesh's {axis!r} axis {D}; its slots "
+            "would land on other ranks than the placement says"
+        )
     if idx.shape[0] % D:
         raise ValueError(f"to_physical: {idx.shape[0]} slots do not split over the {D} ranks of axis {axis!r}")
     return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis if config is None else config))(logical)
