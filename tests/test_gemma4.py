@@ -8,6 +8,7 @@ input: the nnx module, ``moe_forward`` on 8 devices, under ``jit``, gradients, a
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -137,3 +138,38 @@ def test_a_router_input_of_another_shape_or_beside_replayed_routing_is_refused()
     moe = tempo_jax.MoE(CFG, placement, mesh=mesh, rngs=nnx.Rngs(0), params=params)
     with pytest.raises(ValueError, match=r"MoE: router_x \(the router's own input\) must have x's shape"):
         moe(jnp.ones((2, 4, H)), router_x=jnp.ones((8, H)))
+
+
+def test_the_router_input_on_a_data_ep_tensor_mesh_adds_no_collective_and_no_flops_beyond_the_router():
+    """On data 2 × ep 2 × tensor 2, ``router_x`` is split like x: the output equals the library's (and its
+    gradient w.r.t. ``router_x``), the weights stay on their own ranks, and the compiled program has exactly the
+    collectives of the same call without it (the router input adds no exchange) and its FLOPs up to the router's
+    input transform."""
+    from tempo_jax.layer.collectives import program_collectives
+    from tempo_jax.layer.mesh import make_mesh, param_shardings
+
+    mesh = make_mesh(data=2, ep=2, tensor=2)
+    cfg = dataclasses.replace(CFG, slots_per_rank=4, batch_axes=("data",), tensor_axis="tensor")
+    placement = Placement.spread(E, 2, 4)
+    params = to_physical(_logical(_gemma_params()), placement, mesh=mesh, config=cfg)
+    homes = param_shardings(params, mesh, cfg)
+    assert all(params[k].sharding.is_equivalent_to(homes[k], params[k].ndim) for k in params)
+    pa = dispatch_tables.placement_arrays(placement)
+    x, rx, cot = (jnp.asarray(Z[k], jnp.float32) for k in ("x", "router_x", "cot"))
+
+    def run(x, rx):
+        kw = dict(mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg)
+        return moe_forward(params, x, router_x=rx, **kw).out
+
+    assert _rel(jax.jit(run)(x, rx), Z["out"]) < 1e-5
+    grx = jax.jit(jax.grad(lambda rx: jnp.sum(run(x, rx) * cot)))(rx)
+    assert _rel(grx, Z["grad_router_x"]) < 1e-5
+    with_rx = jax.jit(run).lower(x, rx).compile()
+    without = jax.jit(lambda x: run(x, None)).lower(x).compile()
+
+    def kinds(compiled):
+        return sorted((c.kind, c.axes, c.shape) for c in program_collectives(compiled.as_text(), mesh) if c.group > 1)
+
+    assert kinds(with_rx) == kinds(without)
+    extra = with_rx.cost_analysis()["flops"] - without.cost_analysis()["flops"]
+    assert extra <= 8 * x.shape[0] * H  # the norm, scale and multiplier of this device's router inputs

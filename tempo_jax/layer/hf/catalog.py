@@ -425,6 +425,14 @@ _MIXTRAL_NAMES = TensorNames(experts=("w1", "w3", "w2"))
 _MIXTRAL_PREFIXES = ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp.")
 _DS = dict(refuse=swiglu_only)
 
+#: Kimi-Linear's and Bailing's config.json spell the DeepSeek-V3 keys by their configs' ``attribute_map`` targets
+_MAPPED_KEYS = dict(
+    experts=("num_experts", "num_local_experts"),
+    top_k=("num_experts_per_token", "num_experts_per_tok"),
+    n_shared=("num_shared_experts", "n_shared_experts"),
+    renorm=("moe_renormalize", "norm_topk_prob"),
+    n_group=("num_expert_group", "n_group"),
+)
 FAMILIES: dict[str, Family] = {
     "mixtral": Family(
         simple(("num_local_experts", "num_experts"), ("intermediate_size",), True),
@@ -604,11 +612,7 @@ FAMILIES.update(
                 c,
                 scaling=2.446,
                 groups=(1, 1),
-                experts=("num_experts", "num_local_experts"),
-                top_k=("num_experts_per_token", "num_experts_per_tok"),
-                n_shared=("num_shared_experts", "n_shared_experts"),
-                renorm=("moe_renormalize", "norm_topk_prob"),
-                n_group=("num_expert_group", "n_group"),
+                **_MAPPED_KEYS,
             ),
             layer_types(1),
             ("model.layers.{}.block_sparse_moe.", "model.layers.{}.mlp."),
@@ -762,11 +766,7 @@ FAMILIES.update(
                 c,
                 scaling=2.5,
                 groups=(8, 4),
-                experts=("num_experts", "num_local_experts"),
-                top_k=("num_experts_per_token", "num_experts_per_tok"),
-                n_shared=("num_shared_experts", "n_shared_experts"),
-                renorm=("moe_renormalize", "norm_topk_prob"),
-                n_group=("num_expert_group", "n_group"),
+                **_MAPPED_KEYS,
             ),
             layer_types(2),
             names=TensorNames(score_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
