@@ -146,6 +146,8 @@ SERVE = {
     "fallback": ("static", {}),
     "kill_worker_at": (3, {}),
     "rebalance_every": (None, {}),
+    "move_gbps": (400.0, {}),
+    "move_margin": (3.0, {}),
     "block": (5, {}),
     "check_every": (5, {"model": "layer"}),
     "seed": (1, {}),
@@ -178,4 +180,7 @@ def test_serve_records_neither_the_other_models_options_nor_the_inert_ones():
     assert not {"layers", "seq_len", "experts", "top_k", "skew"} & set(layer) and layer["trace"] == "flame_moe_290m"
     assert "period_s" not in ServeConfig(every_steps=2).acting() and "period_s" in ServeConfig().acting()
     assert "fallback" not in ServeConfig(staleness_s=None).acting()
+    assert "move_gbps" not in ServeConfig(rebalance_every=None).acting() and "move_margin" in ServeConfig().acting()
+    with pytest.raises(ValueError, match="move_margin=3.0 price re-placements"):
+        ServeConfig(rebalance_every=None, move_margin=3.0)
     assert "cost_json" not in ServeConfig().acting() and "cost" not in ServeConfig(cost_json="c.json").acting()

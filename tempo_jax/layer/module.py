@@ -36,6 +36,8 @@ Capacity (rows per source → destination block of the exchange; `MoEConfig.capa
 from __future__ import annotations
 
 import dataclasses
+import gc
+import itertools
 import warnings
 
 import jax
@@ -71,6 +73,7 @@ __all__ = [
 #: Variable metadata naming the slot layout an array follows (expert Params and their optimizer moments), and the
 #: rank of one layer's array (a stacked array has more axes in front).
 SLOT_LAYOUT, SLOT_RANK = "slot_layout", "slot_rank"
+_LAYOUT_IDS = itertools.count()
 #: Variable metadata: the spec of one layer's array on the mesh (`tempo_jax.layer.mesh.param_spec`), a tuple as long
 #: as that array's rank; stacked arrays (``nnx.vmap``) have unsharded axes in front. Optimizer moments inherit it.
 LAYER_SPEC = "layer_spec"
@@ -260,7 +263,8 @@ class MoE(nnx.Module):
             )
         self.param_names = tuple(params)  # static: the keys of this config's parameters
         homes = param_shardings(params, mesh, config)
-        self.slot_layout = f"moe-{id(self):x}"  # static: tags this layer's slot arrays and their optimizer moments
+        # static: tags this layer's slot arrays and their optimizer moments (a counter: ids of dead layers recur)
+        self.slot_layout = f"moe-{next(_LAYOUT_IDS)}"
         for name, value in params.items():
             value = _put(jnp.asarray(value), homes[name])
             tags = {LAYER_SPEC: _spec_tuple(homes[name].spec, value.ndim)}
@@ -345,14 +349,17 @@ class MoE(nnx.Module):
           tables: tables over the new placement (checked like `set_tables`).
           optimizer: an ``nnx.Optimizer`` over a model containing this layer: the moments of these expert arrays
             move with them (found by this layer's ``slot_layout`` metadata); a stateless one (plain SGD) has none.
+            Without it, a live ``nnx.Optimizer`` holding moments of this layer is refused (its moments would stay in
+            the old slot layout and pull the replicas of an expert apart); a plain optax state is beyond the layer's
+            sight: move it with `plan_migration` + `migrate`.
 
         Returns:
           `MigrationReport`: slots moved / copied locally / kept, bytes moved (rows sent × bytes per slot of every
           moved array), the all-to-all's padded bytes, and the step's time.
 
         Raises:
-          ValueError: a placement of another shape, tables of another placement, or tables for a layer that
-            dispatches in the step (``dispatch="ingraph"``).
+          ValueError: a placement of another shape, tables of another placement, tables for a layer that
+            dispatches in the step (``dispatch="ingraph"``), or no ``optimizer`` while one holds this layer's moments.
         """
         if isinstance(self.counter.get_value(), jax.core.Tracer):
             raise ValueError("MoE.set_placement is a host operation: call it outside jit (it compiles its own move)")
@@ -373,6 +380,12 @@ class MoE(nnx.Module):
             )
         if optimizer is not None:
             variables += self._optimizer_slots(optimizer)
+        elif self._live_optimizers():
+            raise ValueError(
+                "MoE.set_placement: an nnx.Optimizer holds moments of this layer's expert arrays, laid out over its "
+                "slots; pass it (moe.set_placement(new, optimizer=optimizer)) so they move with the weights. Left "
+                "behind, they would pull the replicas of one expert apart and the layer off the dense model"
+            )
         per_slot = sum(_row_bytes(v.get_value()) for v in variables)
         moved, seconds, compile_s = migrate(
             [v.get_value() for v in variables],
@@ -416,6 +429,26 @@ class MoE(nnx.Module):
                 "arrays; pass the nnx.Optimizer built over the model that contains this layer"
             )
         return found  # a stateless optimizer (plain SGD) has nothing to move
+
+    def _live_optimizers(self) -> list:
+        """The live ``nnx.Optimizer`` objects holding moments of this layer's slot arrays (found among the
+        interpreter's objects; garbage collected first when any is found, so a dropped optimizer does not count)."""
+
+        def holding():
+            return [
+                o
+                for o in gc.get_objects()
+                if isinstance(o, nnx.Optimizer)
+                and any(
+                    isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout
+                    for _, v in nnx.iter_graph(o)
+                )
+            ]
+
+        if not holding():
+            return []
+        gc.collect()
+        return holding()
 
     def _placement_arrays(self, key: str | None = _INSTALLED) -> PlacementArrays:
         return PlacementArrays(self.phy2log.get_value(), self.log2phy.get_value(), key)

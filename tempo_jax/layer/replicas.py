@@ -221,6 +221,8 @@ class MigrationPlan:
       moved: new slots whose rows cross ranks; local: slots filled from another local slot; kept: slots unchanged.
       transfers: rows sent (≤ moved: two new replicas of one expert on one rank share a transfer).
       slots: P = D·S, the slot count of the arrays the plan rearranges (`migrate` refuses others).
+      rank_rows: ``[D]`` rows each rank sends or receives across ranks, whichever is more (its link's share of the
+        move: `busiest_rows`).
     """
 
     send: np.ndarray
@@ -231,6 +233,12 @@ class MigrationPlan:
     kept: int
     transfers: int
     slots: int
+    rank_rows: np.ndarray
+
+    @property
+    def busiest_rows(self) -> int:
+        """Rows over the busiest rank's link (sent or received): what bounds the move's time."""
+        return int(self.rank_rows.max(initial=0))
 
     @property
     def block(self) -> int:
@@ -309,6 +317,9 @@ def plan_migration(old: Placement, new: Placement) -> MigrationPlan:
     for d, j, src, m in fetched:
         take[d, j] = S + src * M + m
     transfers = sum(len(v) for v in sends.values())
+    received = np.zeros(D, np.int64)
+    for (_, d), lst in sends.items():
+        received[d] += len(lst)
     # Step 4: per rank, only the slots that change: (destination slot, source) pairs, padded to K.
     changed = take != np.arange(S)[None, :]
     widest = int(changed.sum(axis=1).max())
@@ -321,7 +332,7 @@ def plan_migration(old: Placement, new: Placement) -> MigrationPlan:
         pad = K - cols.size  # pads repeat the first pair (writing a row twice is harmless)
         dst[d] = np.r_[cols, np.full(pad, cols[0])]
         src[d] = np.r_[take[d, cols], np.full(pad, take[d, cols[0]])]
-    return MigrationPlan(send, dst, src, moved, local, kept, transfers, D * S)
+    return MigrationPlan(send, dst, src, moved, local, kept, transfers, D * S, np.maximum(busy, received))
 
 
 @functools.lru_cache(maxsize=32)

@@ -39,7 +39,9 @@ Two timescales (``rebalance_every=N``): besides the tables of every window, ever
 a new EPLB placement from the expert load it accumulated since the last placement (`proposal`; layers that share
 one `Placement` object pool their loads and get one proposal). The caller moves the weights
 (`tempo_jax.MoE.set_placement`) and hands the placement back (`set_placement`): the solver continues over it, and
-the fallback tables of the new placement are published until its first solve.
+the last closed window is solved again over the new placement at once (inline, in the caller's thread) and
+published, so fresh data are never traded for the fallback tables (those only when no window has closed yet, or the
+re-solve fails).
 
 Accounting: every accepted pair is published, dropped (by reason) or pending —
 ``pairs.in == pairs.published + Σ pairs.dropped + pairs.pending`` — so nothing is lost silently.
@@ -204,6 +206,7 @@ class DispatchController:
         self._seq = 0
         self._gen = 0
         self._data_window = 0  # the closed window whose solve the published tables came from (0: none yet)
+        self._last_window: Window | None = None  # the newest closed window with pairs (re-solved on set_placement)
         self._inflight: Job | None = None
         self._closed = False
         self._new_errors: list[str] = []
@@ -280,6 +283,8 @@ class DispatchController:
         with self._lock:
             window = self._windows.add(c)
             self._load += c.sum(axis=-2)
+            if window is not None and window.pairs > 0:
+                self._last_window = window
             if window is not None and self.rebalance_every is not None:
                 self._placements["windows_since"] += 1
                 if self._placements["windows_since"] % self.rebalance_every == 0:
@@ -326,9 +331,11 @@ class DispatchController:
 
     def set_placement(self, placement: Placement | tuple[Placement, ...]) -> None:
         """Serve ``placement`` from now on (after the layer's weights moved, `tempo_jax.MoE.set_placement`): the
-        solver solves over it, the fallback tables of the new placement are published at once, a solve in flight
-        for the old one is dropped (``replaced``), the pending counts stay (they count logical experts), and the
-        load accumulation restarts.
+        solver solves over it; the newest closed window is solved again over it at once (inline, the controller's
+        policy; its data keep their age) and published — the new placement's fallback tables only when no window
+        has closed yet or that solve raises (an ``error`` event); a solve in flight for the old placement is
+        dropped (``replaced``), the pending counts stay (they count logical experts), and the load accumulation
+        restarts.
 
         Raises:
           ValueError: a placement of another shape (D, E or layer count) than the one served.
@@ -350,12 +357,26 @@ class DispatchController:
         placement = new if isinstance(self.placement, tuple) else new[0]
         config = dataclasses.replace(self.config, placement=placement)
         with self._lock:
+            last = self._last_window
+        resolved = None
+        if last is not None:  # the freshest data, over the new placement (outside the lock: a solve)
+            publisher = Publisher(placement, fallback=self.fallback, staleness_s=None, history_size=1)
+            try:
+                tables, bad = publisher.prepare(solve_window(config, last.counts)[0])
+            except Exception as err:  # noqa: BLE001 - counted and reported; the fallback serves
+                tables, bad = None, f"{type(err).__name__}: {err}"
+            if bad is not None:
+                with self._lock:
+                    self._event("error", f"set_placement: re-solving the last window failed ({bad}); fallback")
+            else:
+                resolved = (tables, last.closed_at)
+        with self._lock:
             if self._inflight is not None:
                 self._drop("replaced", self._inflight.pairs)
                 self._inflight = None
             self._gen += 1
             self.placement, self.config = placement, config
-            self._publisher.set_placement(placement)
+            self._publisher.set_placement(placement, resolved)
             self._backend.reconfigure(config)
             self._load[...] = 0
             self._proposal = None

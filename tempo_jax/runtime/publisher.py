@@ -54,15 +54,19 @@ class Publisher:
         self.history: list[dict] = []  # published solves, oldest first (the last `history_size`)
         self._history_size = history_size
 
-    def set_placement(self, placement: Placement | tuple[Placement, ...]) -> None:
-        """Tables over a new placement from now on: its fallback tables are published at once (a new version),
-        and the staleness clock restarts."""
+    def set_placement(self, placement: Placement | tuple[Placement, ...], resolved: tuple | None = None) -> None:
+        """Tables over a new placement from now on, published at once (a new version): ``resolved = (tables,
+        closed_at)`` (the last window solved again over the new placement: its data keep their age), else the
+        new placement's fallback tables (the staleness clock restarts). A re-solve is not a window's publication:
+        ``published`` does not count it."""
         self.placement = placement
         builder = dispatch_tables.uniform if self.fallback == "uniform" else dispatch_tables.static
         self.fallback_tables = self._each(builder)
-        self.latest = self.fallback_tables
         self.version += 1
-        self.data_time = time.monotonic()
+        if resolved is None:
+            self.latest, self.data_time = self.fallback_tables, time.monotonic()
+        else:
+            (self.latest, self.data_time), self.in_fallback = resolved, False
 
     def _each(self, build):
         """``build(placement)``, or a tuple of one per layer."""

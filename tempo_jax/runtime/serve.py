@@ -101,10 +101,16 @@ class ServeConfig:
       fallback: the fallback tables (``"uniform"`` or ``"static"``).
       kill_worker_at: SIGKILL the worker after this step (None: never).
       rebalance_every: the slow timescale: every this many windows the runtime proposes an EPLB placement from the
-        load it accumulated; when the policy's modelled makespan of the last batch on it is no worse than on the
-        placement served, the experts move to it (`tempo_jax.MoE.set_placement`; the bare layer: the functional
-        `tempo_jax.layer.replicas.migrate`), otherwise it is dismissed. Each proposal is reported (applied or not,
-        bytes, time, modelled makespan before and after). None: the placement stays.
+        load it accumulated. It is priced: the policy's modelled makespan of the last batch on the placement served
+        and on the proposal, the gain over the steps the proposal is expected to serve (as many as since the last
+        proposal), and the move's modelled time (the busiest rank's rows at ``move_gbps``). The experts move only
+        when the gain exceeds ``move_margin`` × the move (`tempo_jax.MoE.set_placement`; the bare layer: the
+        functional `tempo_jax.layer.replicas.migrate`), and the controller re-solves its last window over the new
+        placement at once; otherwise the proposal is dismissed. Each proposal is reported (applied or not, bytes,
+        time, makespans, gain and move). None: the placement stays.
+      move_gbps: the link bandwidth a re-placement's rows cross, GB/s per rank (default 50: one 400 Gb/s NIC, the
+        inter-node case; NVLink is ~10× more).
+      move_margin: a re-placement must gain this many times its modelled move time (≥ 1).
       block: steps per on/off block of the step-time comparison (0: the worker stays on throughout).
       check_every: compare the layer's output with the dense reference every this many steps (off the clock;
         0: never). The report holds the largest difference (the central invariant).
@@ -144,6 +150,8 @@ class ServeConfig:
     fallback: str = "uniform"
     kill_worker_at: int | None = None
     rebalance_every: int | None = 10
+    move_gbps: float = 50.0
+    move_margin: float = 2.0
     block: int = 10
     check_every: int = 10
     seed: int = 0
@@ -212,6 +220,8 @@ class ServeConfig:
             check_int("every_steps", self.every_steps, where=w)
         if self.rebalance_every is not None:
             check_int("rebalance_every", self.rebalance_every, where=w)
+        check_real("move_gbps", self.move_gbps, minimum=0.0, strict=True, where=w)
+        check_real("move_margin", self.move_margin, minimum=1.0, where=w)
         if self.kill_worker_at is not None:
             check_int("kill_worker_at", self.kill_worker_at, minimum=0, where=w)
             if self.solver_mode != "process":
@@ -235,6 +245,14 @@ class ServeConfig:
                 f"{w}: period_s={self.period_s} and every_steps={self.every_steps}: the refresher runs by steps when "
                 "every_steps is set, so period_s would never act; give one of them"
             )
+        pricing = [
+            f"{n}={getattr(self, n)!r}" for n in ("move_gbps", "move_margin") if getattr(self, n) != _DEFAULTS[n]
+        ]
+        if pricing and self.rebalance_every is None:
+            raise ValueError(
+                f"{w}: {', '.join(pricing)} price re-placements, and rebalance_every=None proposes none: "
+                "drop them or set rebalance_every"
+            )
         if self.fallback != _DEFAULTS["fallback"] and self.staleness_s is None:
             raise ValueError(
                 f"{w}: fallback={self.fallback!r} with staleness_s=None: the fallback is published only "
@@ -252,6 +270,7 @@ class ServeConfig:
         drop |= set(_SYNTHETIC_ONLY) if self.routing == "recorded" else set()
         drop |= {"period_s"} if self.every_steps is not None else set()
         drop |= {"fallback"} if self.staleness_s is None else set()
+        drop |= {"move_gbps", "move_margin"} if self.rebalance_every is None else set()
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in drop}
 
 
@@ -365,6 +384,7 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
     logical = to_logical(state["params"], placement)  # the function every placement computes
     reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, gate)))
     rows, on, max_diff, moves, after_move = [], None, 0.0, [], None
+    last_proposal = -1  # the step of the last proposal: the next one is expected as many steps later
     with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
         refresher.refresh()  # the counter's baseline
         try:
@@ -400,21 +420,30 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
                 if after_move is not None:
                     moves[-1]["next_step_ms"], after_move = step_ms, None
                 new, moved = ctl.proposal, len(moves)
-                if new is not None:  # the slow timescale: move the experts if the proposal models no worse
+                if new is not None:  # the slow timescale: move the experts if the proposal pays for its move
                     before, after = (
                         shared.group_makespan(
                             lambda c, p=p: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
                         )
                         for p in (placement, new)
                     )
-                    if after <= before:
-                        moves.append(_move_layer(state, placement, new, mesh, s) | shared.priced(before, after, True))
+                    plan = plan_migration(placement, new)
+                    verdict = shared.priced(
+                        before,
+                        after,
+                        horizon_steps=s - last_proposal,
+                        move=shared.move_us(plan.busiest_rows, slot_bytes(state["params"]), cfg.move_gbps),
+                        margin=cfg.move_margin,
+                    )
+                    last_proposal = s
+                    if verdict["applied"]:
+                        moves.append(_move_layer(state, plan, mesh, s) | verdict)
                         placement, uniform_w = new, plan_weights("uniform", new)
                         step_fn = make_step(dispatch_tables.placement_arrays(new))
-                        ctl.set_placement(new)
+                        ctl.set_placement(new)  # its last window re-solved over the new placement: fresh tables
                         after_move = s
                     else:
-                        moves.append({"step": s, **shared.priced(before, after, False)})
+                        moves.append({"step": s, **verdict})
                         ctl.dismiss_proposal()
                     status(shared.move_text(moves[-1]))
                 watcher.step(
@@ -446,11 +475,10 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
     return report
 
 
-def _move_layer(state: dict, old: Placement, new: Placement, mesh, step: int) -> dict:
-    """Move the layer's expert arrays from ``old`` to ``new`` (`migrate`: one all-to-all per array)."""
+def _move_layer(state: dict, plan, mesh, step: int) -> dict:
+    """Move the layer's expert arrays by ``plan`` (`plan_migration`; `migrate`: one all-to-all per array)."""
     params = state["params"]
     keys = [k for k in EXPERT_KEYS if k in params]
-    plan = plan_migration(old, new)
     moved, seconds, compile_s = migrate([params[k] for k in keys], plan, mesh=mesh)
     state["params"] = {**params, **dict(zip(keys, moved, strict=True))}
     per_slot = slot_bytes(state["params"])

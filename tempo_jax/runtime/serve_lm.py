@@ -17,9 +17,11 @@ tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every la
 4. Two timescales: tables every window, and every ``rebalance_every`` windows a new EPLB placement per layer from
    the load the controller accumulated (`DispatchController.proposal`). Each layer moves the weights of exactly
    the slots that change (`tempo_jax.MoE.set_placement`: one in-graph all-to-all) and the controller continues over
-   the new placements. Each re-placement is reported: slots and bytes moved, its time (and its compile), the
-   modelled makespan of the last prefill batch under the old and the new placement (the policy solved on both),
-   and the first step after it (the jitted steps compile again for the new layout).
+   the new placements — only when the move pays for itself: the modelled makespan of the last prefill batch under
+   the old and the new placement (the policy solved on both, every layer), gained on each prefill step until the
+   next proposal (as many as since the last one), must exceed ``move_margin`` × the layers' modelled move time
+   (`serve_shared.priced`). Each proposal is reported: applied or not, slots and bytes moved, its time (and its
+   compile), the makespans, gain and move, and the first step after it (the jitted steps compile again).
 5. Off the clock, each step's per-layer modelled makespan under the live tables (the cost model on the per-rank
    load the layer realised) is scored against EPLB-even tables on the same counts.
 
@@ -42,7 +44,8 @@ from flax import nnx
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.worker import WorkerConfig, solve_window
 
-from ..layer.params import EXPERT_KEYS
+from ..layer.params import EXPERT_KEYS, slot_bytes
+from ..layer.replicas import plan_migration
 from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
 from . import serve_shared as shared
@@ -155,6 +158,7 @@ def serve_lm(
     ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
     uniform_w = [plan_weights("uniform", p) for p in placements]
     installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
+    prefills_since = 0  # prefill steps since the last proposal: the horizon the next one is priced over
     with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
         refresher.refresh()  # the counters' baseline
         try:
@@ -205,18 +209,27 @@ def serve_lm(
                 if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
                     moves[-1]["next_step_ms"], after_move = step_ms, None
                 if kind == "prefill":
-                    prefill_counts = groups
+                    prefill_counts, prefills_since = groups, prefills_since + 1
                 proposal, moved = ctl.proposal, len(moves)
                 if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
                     before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
-                    if after <= before:
-                        moves.append(_replace(model, proposal[:L], s) | shared.priced(before, after, True))
+                    verdict = shared.priced(
+                        before,
+                        after,
+                        horizon_steps=prefills_since,
+                        move=_move_cost(model, placements, proposal[:L], cfg.move_gbps),
+                        margin=cfg.move_margin,
+                        scale=L,  # before / after are means over the L layers
+                    )
+                    prefills_since = 0
+                    if verdict["applied"]:
+                        moves.append(_replace(model, proposal[:L], s) | verdict)
                         placements = list(proposal[:L])
                         uniform_w = [plan_weights("uniform", p) for p in placements]
                         ctl.set_placement(tuple(placements) * len(phases))
                         after_move = s
                     else:
-                        moves.append({"step": s, **shared.priced(before, after, False)})
+                        moves.append({"step": s, **verdict})
                         ctl.dismiss_proposal()
                     status(shared.move_text(moves[-1], _LAYERS_MEAN))
                 watcher.step(
@@ -259,6 +272,14 @@ def _priced(counts, placements, cost, policy: str) -> float:
                 for c, p in zip(counts, placements, strict=True)
             ]
         )
+    )
+
+
+def _move_cost(model, old, new, gbps: float) -> float:
+    """The modelled time of moving every layer from ``old`` to ``new`` placements, one layer after another, µs."""
+    return sum(
+        shared.move_us(plan_migration(p, q).busiest_rows, slot_bytes(block.moe.params()), gbps)
+        for block, p, q in zip(model.blocks, old, new, strict=True)
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "figure_axes",
     "group_makespan",
     "move_text",
+    "move_us",
     "priced",
     "publish_steps",
     "save_figure",
@@ -87,20 +88,44 @@ def stop(controller, refresher) -> tuple[dict, str, list]:
     return metrics, status, history
 
 
-def priced(before: float, after: float, applied: bool) -> dict:
-    """A placement proposal's modelled makespan under the old and the new placement, and whether it was applied."""
-    return {"applied": applied, "makespan_before_us": before, "makespan_after_us": after}
+def move_us(rows: int, slot_bytes: int, gbps: float) -> float:
+    """The modelled time of a re-placement, µs: ``rows`` over the busiest rank's link (`MigrationPlan.busiest_rows`)
+    of ``slot_bytes`` each, at ``gbps`` GB/s."""
+    return rows * slot_bytes / (gbps * 1e3)
+
+
+def priced(before: float, after: float, *, horizon_steps: int, move: float, margin: float, scale: float = 1) -> dict:
+    """A placement proposal priced: the modelled makespan per step under the old and the new placement (µs), the
+    gain over the ``horizon_steps`` the new placement is expected to serve (``(before − after) · scale ·
+    horizon_steps``; ``scale``: layers per step when ``before`` / ``after`` are means over layers), and whether it
+    pays for the move: ``gain > margin · move`` (``move``: `move_us`). An equal makespan never pays."""
+    gain = (before - after) * scale * horizon_steps
+    return {
+        "applied": bool(gain > margin * move),
+        "makespan_before_us": before,
+        "makespan_after_us": after,
+        "horizon_steps": horizon_steps,
+        "gain_us": gain,
+        "move_us": move,
+        "margin": margin,
+    }
 
 
 def move_text(mv: dict, label: str = "modelled makespan") -> str:
     """One line for a re-placement (or a dismissed proposal) ``mv``; the first step after it when known."""
     priced_text = f"{label} {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
+    verdict = ">" if mv["applied"] else "≤"
+    pays = (
+        f"gain {mv['gain_us']:.1f} µs over {mv['horizon_steps']} step{'s' * (mv['horizon_steps'] != 1)} {verdict} "
+        f"{mv['margin']:g} × move "
+        f"{mv['move_us']:.1f} µs"
+    )
     if not mv["applied"]:
-        return f"step {mv['step']:4d} placement proposal dismissed: {priced_text} (worse)"
+        return f"step {mv['step']:4d} placement proposal dismissed: {priced_text}; {pays}"
     nxt = f"; next step {mv['next_step_ms']:.0f} ms" if mv.get("next_step_ms") else ""
     return (
         f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
-        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced_text}{nxt}"
+        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced_text}; {pays}{nxt}"
     )
 
 
