@@ -32,6 +32,7 @@ Public names (imported on first use, so `import tempo_jax.workloads` / `tempo_ja
   moe_preset                              `MoEConfig` presets of the papers' models (`tempo_jax.layer.presets`)
   aux_losses                              the MoE layers' load-balancing and z losses of a model, summed over
                                           layers and calls (read them in the loss function)
+  restore_target                          the orbax restore target of a model whose MoE layers were re-placed
 
 Shapes and letters: the one glossary of docs/architecture.md, for every package. Batch sizes carry their unit
 (``tokens_per_gpu``, ``tokens_per_step``)."""
@@ -60,6 +61,7 @@ _LAZY = {
     "CounterWindows": "tempo_jax.runtime.counters",
     "moe_preset": "tempo_jax.layer.presets",
     "aux_losses": "tempo_jax.layer.module",
+    "restore_target": "tempo_jax.layer.checkpoint",
 }
 _MODULES = {
     name: f"tempo_jax.{name}" for name in ("cli", "layer", "metrics", "repro", "runtime", "sim", "text", "workloads")

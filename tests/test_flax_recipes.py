@@ -291,9 +291,7 @@ def test_orbax_round_trip_keeps_shardings_and_the_compiled_step(mesh, tmp_path):
     checkpointer.wait_until_finished()
     after = float(step(model, optimizer, tokens))
     # restore into the model at hand: its state (shapes, dtypes, shardings) is the target
-    target = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), nnx.state((model, optimizer))
-    )
+    target = tempo_jax.restore_target(nnx.state((model, optimizer)), checkpointer.metadata(tmp_path / "state"))
     restored = checkpointer.restore(tmp_path / "state", target)
     w = restored[0]["blocks"][0]["moe"]["w_gate"].get_value()
     assert w.sharding.spec == jax.sharding.PartitionSpec("ep") and w.shape == (D * 4, H, 16)

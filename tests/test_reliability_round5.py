@@ -197,6 +197,78 @@ def test_set_placement_refuses_to_leave_a_live_optimizers_moments_behind(logical
     assert moe.set_placement(old).moved_slots > 0
 
 
+# ---------------------------------------------------------------------------- 7, 16: the placement with the weights
+def _replaced(logical):
+    """A layer re-placed from an even placement (R = 2) to one where expert 7 has 3 replicas (R = 3)."""
+    mesh, old = make_ep_mesh(8), Placement.spread(8, 8, 2)
+    new = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    assert new.log2phy.shape[1] > old.log2phy.shape[1]  # the move widens log2phy and the table
+    moe = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(0), params=to_physical(logical, old, mesh=mesh))
+    moe.set_placement(new)
+    return moe, mesh, old
+
+
+def test_weights_restored_without_their_placement_are_refused(logical):
+    """7: ``nnx.state(moe, nnx.Param)`` of a re-placed layer into a fresh one was read under the fresh layout:
+    output 3.0 off. Now refused (eagerly and under nnx.jit); the whole state restores the layer exactly."""
+    moe, mesh, old = _replaced(logical)
+    x = jax.random.normal(jax.random.key(1), (16, CFG.hidden))
+    want = np.asarray(moe(x))
+    weights_only = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(1))
+    nnx.update(weights_only, nnx.state(moe, nnx.Param))
+    for call in (weights_only, nnx.jit(lambda m, t: m(t)).__get__(weights_only)):
+        with pytest.raises(ValueError, match=r"laid out over another placement than this layer's.*whole nnx.state"):
+            call(x)
+    with pytest.raises(ValueError, match="laid out over another placement"):
+        weights_only.set_placement(old)  # nor moved or exported as if they were this layout's
+    whole = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(1))
+    nnx.update(whole, nnx.state(moe))
+    np.testing.assert_allclose(np.asarray(whole(x)), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, t: m(t))(whole, x)), want, rtol=1e-6, atol=1e-6)
+    weights_only.load_logical(moe.logical_params())  # the layout-free way in
+    np.testing.assert_allclose(np.asarray(weights_only(x)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_written_after_a_widening_move_restores_into_a_fresh_model(logical, tmp_path):
+    """16: the documented orbax recipe failed ("Requested shape (8, 2) … stored (8, 4)") when set_placement widened
+    log2phy; `restore_target` takes those shapes from the checkpoint and names anything else that disagrees."""
+    import optax
+    import orbax.checkpoint as ocp
+
+    moe, mesh, old = _replaced(logical)
+    with jax.set_mesh(mesh):
+        adam = nnx.Optimizer(moe, optax.adam(0.1), wrt=nnx.Param)
+    x = jax.random.normal(jax.random.key(1), (16, CFG.hidden))
+    step = nnx.jit(lambda m, o, t: o.update(m, nnx.grad(lambda m: jnp.sum(m(t) ** 2))(m)))
+    step(moe, adam, x)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "state", nnx.state((moe, adam)))
+    checkpointer.wait_until_finished()
+    step(moe, adam, x)
+    want = np.asarray(moe(x))
+    fresh = tempo_jax.MoE(CFG, old, mesh=mesh, rngs=nnx.Rngs(1))
+    with jax.set_mesh(mesh):
+        fresh_adam = nnx.Optimizer(fresh, optax.adam(0.1), wrt=nnx.Param)
+    state = nnx.state((fresh, fresh_adam))
+    old_recipe = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+    with pytest.raises(ValueError):  # orbax: "Requested shape ... stored ..."
+        checkpointer.restore(tmp_path / "state", old_recipe)
+    target = tempo_jax.restore_target(state, checkpointer.metadata(tmp_path / "state"))
+    nnx.update((fresh, fresh_adam), checkpointer.restore(tmp_path / "state", target))
+    assert fresh.placement.key == moe.placement.key
+    step(fresh, fresh_adam, x)  # the moments came back with the weights: the same next step
+    np.testing.assert_allclose(np.asarray(fresh(x)), want, rtol=1e-5, atol=1e-5)
+    other = tempo_jax.MoE(
+        MoEConfig(hidden=8, ffn=8, experts=8, top_k=2, slots_per_rank=2), old, mesh=mesh, rngs=nnx.Rngs(1)
+    )
+    with jax.set_mesh(mesh):
+        state = nnx.state((other, nnx.Optimizer(other, optax.adam(0.1), wrt=nnx.Param)))
+    with pytest.raises(ValueError, match=r"0/w_down is stored as \[16, 4, 8\], the model holds \[16, 8, 8\]"):
+        tempo_jax.restore_target(state, checkpointer.metadata(tmp_path / "state"))
+    with pytest.raises(ValueError, match="the checkpoint holds no array for aux_loss"):
+        tempo_jax.restore_target(nnx.state(fresh), checkpointer.metadata(tmp_path / "state"))
+
+
 # ---------------------------------------------------------------------------- 12: the controller's proposals
 def test_a_controller_refuses_a_placement_its_proposals_cannot_lay_out():
     """12: 65,544 slots passed the constructor; every window's EPLB proposal then raised."""

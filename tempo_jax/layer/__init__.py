@@ -12,9 +12,11 @@
 - `relief`: the in-graph dispatch (``MoEConfig(dispatch="ingraph")``): each batch's tables from its own counts.
 - `moe`: `moe_forward` (the `shard_map` core) and `moe_reference` (dense, one device).
 - `module`: `MoE`, the flax nnx module (bucketed dropless capacity, drop counting).
+- `checkpoint`: `restore_target`, the orbax restore target of a model whose layers were re-placed.
 - `cascade_exec` (in-graph) and `cascade_plan` (host-side, numpy): CascadeEP launch groups and OEWF fetches.
 """
 
+from .checkpoint import restore_target
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
 from .mesh import LayerAxes, layer_axes, make_mesh, param_shardings
 from .module import aux_losses
@@ -44,6 +46,7 @@ __all__ = [
     "param_shardings",
     "placement_arrays",
     "plan_migration",
+    "restore_target",
     "to_logical",
     "to_physical",
 ]

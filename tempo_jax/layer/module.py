@@ -74,6 +74,40 @@ __all__ = [
 #: rank of one layer's array (a stacked array has more axes in front).
 SLOT_LAYOUT, SLOT_RANK = "slot_layout", "slot_rank"
 _LAYOUT_IDS = itertools.count()
+#: Variable metadata on the expert Params and on ``phy2log``: the placement the arrays were laid out over (`_Layout`).
+#: It travels with them through ``nnx.state`` / ``nnx.update``, so weights restored without their placement are
+#: refused instead of read under another layout.
+PLACED_AS = "placed_as"
+
+
+class _Layout:
+    """The placement an array was laid out over: this layer's ``slot_layout`` and the ``phy2log`` it held.
+
+    Equal (and hashed) by layer alone: a jitted step's graph definition holds the tag, and re-placing a layer must
+    not trace its step again (`_HostPlacement`). The placement is compared by `MoE._check_layout`, never by ``==``.
+    """
+
+    __slots__ = ("layer", "phy2log")
+
+    def __init__(self, layer: str, phy2log):
+        self.layer, self.phy2log = layer, tuple(int(e) for e in np.asarray(phy2log).reshape(-1))
+
+    def __eq__(self, other):
+        return isinstance(other, _Layout) and other.layer == self.layer
+
+    def __hash__(self):
+        return hash(("placed_as", self.layer))
+
+    def __repr__(self):
+        return f"_Layout({self.layer!r}, {len(self.phy2log)} slots)"
+
+    def __getstate__(self):
+        return (self.layer, self.phy2log)
+
+    def __setstate__(self, state):
+        self.layer, self.phy2log = state
+
+
 #: Variable metadata: the spec of one layer's array on the mesh (`tempo_jax.layer.mesh.param_spec`), a tuple as long
 #: as that array's rank; stacked arrays (``nnx.vmap``) have unsharded axes in front. Optimizer moments inherit it.
 LAYER_SPEC = "layer_spec"
@@ -263,13 +297,14 @@ class MoE(nnx.Module):
             )
         self.param_names = tuple(params)  # static: the keys of this config's parameters
         homes = param_shardings(params, mesh, config)
+        placed_as = _Layout(f"moe-{next(_LAYOUT_IDS)}", placement.phy2log)
         # static: tags this layer's slot arrays and their optimizer moments (a counter: ids of dead layers recur)
-        self.slot_layout = f"moe-{next(_LAYOUT_IDS)}"
+        self.slot_layout = placed_as.layer
         for name, value in params.items():
             value = _put(jnp.asarray(value), homes[name])
             tags = {LAYER_SPEC: _spec_tuple(homes[name].spec, value.ndim)}
             if name in EXPERT_KEYS:
-                tags.update({SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim})
+                tags.update({SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim, PLACED_AS: placed_as})
                 setattr(self, name, nnx.Param(value, **tags))
             else:
                 setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value, **tags))
@@ -285,7 +320,7 @@ class MoE(nnx.Module):
         self._host = _HostPlacement(placement)  # static, by identity (see the class)
         self._gpus_per_node = placement.gpus_per_node
         pa = placement_arrays(placement)
-        self.phy2log = DispatchState(pa.phy2log)
+        self.phy2log = DispatchState(pa.phy2log, **{PLACED_AS: placed_as})
         self.log2phy = DispatchState(pa.log2phy)
         if tables is not None and config.dispatch == "ingraph":
             raise ValueError(
@@ -328,6 +363,7 @@ class MoE(nnx.Module):
 
     def logical_params(self) -> dict:
         """The logical parameters ``[E, ...]`` (export, `moe_reference`): each expert from its first replica."""
+        self._check_layout()
         return to_logical(self.params(), self.placement)
 
     def load_logical(self, logical: dict) -> None:
@@ -337,6 +373,47 @@ class MoE(nnx.Module):
         physical = to_physical(logical, self.placement, mesh=self.mesh, config=self.config)
         for name in self.param_names:
             getattr(self, name).set_value(physical[name])
+        self._tag_layout(self.placement.phy2log)
+
+    def _expert_variables(self) -> list:
+        return [getattr(self, k) for k in self.param_names if k in EXPERT_KEYS]
+
+    def _tag_layout(self, phy2log) -> None:
+        """Mark the expert arrays and ``phy2log`` as laid out over ``phy2log`` (this layer's tag: equal to the
+        last, so no jitted step traces again)."""
+        tag = _Layout(self.slot_layout, phy2log)
+        for v in [*self._expert_variables(), self.phy2log]:
+            v.set_metadata(PLACED_AS, tag)
+
+    def _check_layout(self) -> None:
+        """Refuse expert weights laid out over another placement than the layer's (restored without it).
+
+        Eagerly, a ``phy2log`` whose value changed without its tag (an orbax restore of the whole state: weights
+        and placement together) first re-tags what agreed with its old tag."""
+        ptag = self.phy2log.get_metadata(PLACED_AS, None)
+        if ptag is None:
+            return
+        wtags = {k: getattr(self, k).get_metadata(PLACED_AS, None) for k in self.param_names if k in EXPERT_KEYS}
+        value = self.phy2log.get_value()
+        if not isinstance(value, jax.core.Tracer) and jnp.ndim(value) == 1:
+            now = self.placement.phy2log
+            if tuple(int(e) for e in now) != ptag.phy2log:
+                tag = _Layout(self.slot_layout, now)
+                for k, t in wtags.items():
+                    if t is not None and t.phy2log == ptag.phy2log:
+                        getattr(self, k).set_metadata(PLACED_AS, tag)
+                        wtags[k] = tag
+                self.phy2log.set_metadata(PLACED_AS, tag)
+                ptag = tag
+        odd = sorted(k for k, t in wtags.items() if t is not None and t.phy2log != ptag.phy2log)
+        if odd:
+            raise ValueError(
+                f"MoE: the expert weights {odd} were laid out over another placement than this layer's (restored "
+                "without it, e.g. nnx.state(moe, nnx.Param) of a layer re-placed since): read under this layout, "
+                "each slot would compute another expert. Restore the placement with them (nnx.update with the "
+                "whole nnx.state(moe): phy2log, log2phy and table come along), or load them as logical weights "
+                "(moe.load_logical(other.logical_params()))"
+            )
 
     def set_placement(self, placement: Placement, *, tables: Tables | None = None, optimizer=None) -> MigrationReport:
         """Re-place the experts (EPLB rebalancing while serving or training): move the rows of exactly the slots
@@ -363,6 +440,7 @@ class MoE(nnx.Module):
         """
         if isinstance(self.counter.get_value(), jax.core.Tracer):
             raise ValueError("MoE.set_placement is a host operation: call it outside jit (it compiles its own move)")
+        self._check_layout()  # never move weights that are read under another layout
         if tables is not None and self.config.dispatch == "ingraph":
             raise ValueError(
                 "MoE.set_placement: this layer computes each call's tables in the step "
@@ -400,6 +478,7 @@ class MoE(nnx.Module):
         home = NamedSharding(self.mesh, P())
         self._host.placement = placement
         self.phy2log.set_value(jax.device_put(pa.phy2log, home))
+        self._tag_layout(placement.phy2log)
         self.log2phy.set_value(jax.device_put(pa.log2phy, home))
         self.table.set_value(jax.device_put(jnp.asarray(new_tables.table, jnp.float32), home))
         D = placement.num_gpus
@@ -529,6 +608,7 @@ class MoE(nnx.Module):
                 f"MoE: router_x (the router's own input) must have x's shape {list(x.shape)}, got "
                 f"{list(jnp.shape(router_x))}"
             )
+        self._check_layout()
         key = self.rngs() if self.rngs is not None else jax.random.key(0)
         tokens = x.reshape(-1, H)
 
