@@ -8,7 +8,12 @@ token balancing) and ``metro`` (activation balancing) over tempo's, on
             B ∈ {16, …, 4096} tokens per GPU, DSv3 fp8 offline model;
   scale     its scale grid: EP32 / EP64 × E = 256 (top-8) / 384 (top-6) × 1.25× / 1.5× replication, s ∈ {0.6, 1.2}
             × B ∈ {16, 64, 256, 1024, 4096};
-  recorded  batches of the recorded traces at their recorded EP (bench_solver's "real" suite).
+  recorded  batches of the recorded traces at their recorded EP (bench_solver's "real" suite);
+  optimum   independent instances against the exact optimum (`solve(..., "milp")`, CP-SAT, proved optimal): EP8
+            (E = 32 + 16 slots), EP16 (E = 64 + 32) and EP32 (E = 128 + 64), each placement random (a stale one:
+            every expert once, the spare slots to random experts, shuffled) or EPLB, routing Zipf s ∈ {0, 1.2, 2.0}
+            or one hot expert (in every token's top-8, the other 7 uniform), 2 / 16 (flat) and 256 / 1024 (linear)
+            tokens per rank, 5 seeds: relief's (and tempo's) makespan / the optimum.
 
 Cost: `tempo_jax.MoE` under `nnx.jit` on 8 fake CPU devices, ``dispatch="ingraph"`` against the same layer with
 fixed (EPLB-even) tables, 128 and 512 tokens per device, E = 64 and 256 (interleaved calls, median ms); and the
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -53,6 +59,9 @@ from tempo_jax.workloads import SyntheticRouting  # noqa: E402
 
 COST = PRESETS["dsv3_fp8_offline"]
 COMPARED = ("relief", "token_lp", "metro")
+OPTIMUM_CONFIGS = ((8, 32, 16), (16, 64, 32), (32, 128, 64))  # (D, E, spare slots)
+OPTIMUM_B = (2, 16, 256, 1024)
+OPTIMUM_ROUTINGS = ("s=0", "s=1.2", "s=2", "hot")  # Zipf exponents, and every token to expert 0 + 7 uniform
 
 
 # ------------------------------------------------------------------------------------------------ quality
@@ -77,6 +86,67 @@ def grid(suite: str, args) -> list[tuple[dict, DispatchProblem]]:
         for i in range(args.batches):
             key = dict(suite=suite, ep=ep, E=E, rep=rep, s=s, B=B, batch=i)
             out.append((key, DispatchProblem(routing.batch(B, ep, i), placement, COST)))
+    return out
+
+
+def optimum_instances(seeds: int) -> list[tuple[dict, DispatchProblem]]:
+    """The ``optimum`` suite's instances (see the module), keyed."""
+    out = []
+    for (D, E, spare), placed, routed, B, seed in itertools.product(
+        OPTIMUM_CONFIGS, ("random", "eplb"), OPTIMUM_ROUTINGS, OPTIMUM_B, range(seeds)
+    ):
+        rng = np.random.default_rng(seed)
+        hot = routed == "hot"
+        routing = SyntheticRouting(num_experts=E, top_k=8, s=0.0 if hot else float(routed[2:]), kappa=50.0, seed=seed)
+        if hot:  # expert 0 in every token's top-8, the other 7 uniform
+            others = np.argsort(rng.random((B * D, E - 1)), axis=1)[:, :7] + 1
+            counts = np.zeros((D, E), np.int64)
+            np.add.at(counts, (np.repeat(np.arange(D), B)[:, None], others), 1)
+            counts[:, 0] += B
+            load = counts.sum(axis=0).astype(np.float64)
+        else:
+            counts, load = routing.batch(B, D, seed), routing.popularity
+        if placed == "random":
+            phy2log = np.r_[np.arange(E), rng.integers(0, E, spare)]
+            rng.shuffle(phy2log)
+            placement = Placement.from_phy2log(phy2log, D, None, E)
+        else:
+            placement = Placement.from_eplb(load, E + spare, D, spread_idle=True)
+        key = dict(suite="optimum", ep=D, E=E, placement=placed, routing=routed, B=B, batch=seed)
+        out.append((key, DispatchProblem(counts, placement, COST)))
+    return out
+
+
+def against_optimum(instances, progress: bool) -> list[dict]:
+    """relief's and tempo's makespan over the proved optimum (CP-SAT), per instance."""
+    rows = []
+    for key, problem in tqdm(instances, desc="optimum", disable=not progress):
+        best = solve(problem, "milp", time_limit=30.0)
+        if best.info.get("status") != "optimal":
+            raise RuntimeError(f"optimum suite: CP-SAT did not prove {key} optimal ({best.info.get('status')})")
+        row = dict(key, optimum=best.makespan)
+        for policy in ("relief", "tempo"):
+            d = solve(problem, policy)
+            row[policy], row[f"{policy}_over_optimum"] = d.makespan, d.makespan / best.makespan
+        rows.append(row)
+    return rows
+
+
+def optimum_summary(rows: list[dict]) -> dict:
+    """Per policy and regime (flat: B ≤ 16; linear: the rest): mean, p95, max of makespan / optimum, instances
+    above 1.05."""
+    out = {}
+    for policy in ("relief", "tempo"):
+        for regime, pick in (("flat", lambda r: r["B"] <= 16), ("linear", lambda r: r["B"] > 16)):
+            r = np.array([row[f"{policy}_over_optimum"] for row in rows if pick(row)])
+            if r.size:
+                out[f"{policy} {regime}"] = dict(
+                    n=int(r.size),
+                    mean=float(r.mean()),
+                    p95=float(np.percentile(r, 95)),
+                    max=float(r.max()),
+                    above_1_05=int((r > 1.05).sum()),
+                )
     return out
 
 
@@ -178,7 +248,12 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke-sized run")
-    ap.add_argument("--suites", default="issue,scale,recorded,cost", help="comma-separated: issue,scale,recorded,cost")
+    ap.add_argument(
+        "--suites",
+        default="issue,scale,recorded,optimum,cost",
+        help="comma-separated: issue,scale,recorded,optimum,cost",
+    )
+    ap.add_argument("--optimum-seeds", type=int, default=5, help="seeds per optimum-suite cell")
     ap.add_argument("--batches", type=int, default=2, help="batches per grid cell")
     ap.add_argument("--recorded-layers", type=int, default=2, help="layers per recorded trace")
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per layer variant")
@@ -186,23 +261,32 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/bench_ingraph.json")
     args = ap.parse_args(argv)
     suites = [s for s in args.suites.split(",") if s]
-    unknown = set(suites) - {"issue", "scale", "recorded", "cost"}
+    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "cost"}
     if unknown:
-        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, cost")
+        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, cost")
     args.issue_skews, args.issue_b = ISSUE_SKEWS, ISSUE_B
     args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS, SCALE_SKEWS, SCALE_B
     cost_cells = [(e, b) for e in (64, 256) for b in (128, 512)]
     if args.quick:
         args.issue_skews, args.issue_b, args.batches, args.recorded_layers = (1.2,), (64, 1024), 1, 1
         args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS[:1], (1.2,), (256,)
-        args.repeats, cost_cells = 3, [(64, 128)]
+        args.repeats, cost_cells, args.optimum_seeds = 3, [(64, 128)], 1
     t0 = time.time()
     results: dict = dict(
         machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, loadavg=os.getloadavg()),
         args=vars(args) | {"scale_configs": None},
         suites={},
     )
-    for suite in [s for s in suites if s != "cost"]:
+    if "optimum" in suites:
+        rows = against_optimum(optimum_instances(args.optimum_seeds), progress=True)
+        summ = optimum_summary(rows)
+        results["suites"]["optimum"] = dict(summary=summ, rows=rows, goal=1.05)
+        cells = [
+            [k, v["n"], f"{v['mean']:.4f}", f"{v['p95']:.4f}", f"{v['max']:.4f}", v["above_1_05"]]
+            for k, v in summ.items()
+        ]
+        print(table(cells, ["policy, regime", "instances", "mean", "p95", "max", "> 1.05×"], "makespan / optimum"))
+    for suite in [s for s in suites if s not in ("cost", "optimum")]:
         rows = quality(grid(suite, args), progress=True)
         summ = summary(rows)
         results["suites"][suite] = dict(summary=summ, rows=rows)

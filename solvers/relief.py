@@ -26,8 +26,16 @@ Algorithm (every step vectorised over experts, replica columns and ranks; no dat
       the slowest sender (then the largest gain); a rank that receives sends nothing that round, and a chain's
       third rank takes part in no other move. Ties: the lower flat index of (e, i, j). The accepted moves apply
       at once.
+   d. A hand-off path (`_augment`), in a round that accepts no move: from the slowest rank g (the lowest index among
+      ties), a breadth-first search over whole hand-offs (every rank reached hands one share it holds before the
+      path to a rank not yet reached, the lowest candidate index first; at most D − 1 levels) gives a path to every
+      reachable rank m. Moving each share along the path to m costs g an activation, gives m one, and leaves the
+      ranks between with one in and one out — the augmenting paths of bipartite semi-matching, of any length,
+      priced by the time function on every rank. The path whose plan is lexicographically best by (makespan, ranks
+      at the makespan, m) is taken when it lowers the makespan, or keeps it with fewer ranks at it (a plateau
+      step: the next path or move then lowers it); otherwise the rounds stop.
 4. The best dispatch of the rounds (by makespan) is the answer; its shares are whole tokens. A round that accepts
-   no move leaves the plan unchanged, so the rounds stop there (the same answer, earlier).
+   no move and finds no path leaves the plan unchanged, so the rounds stop there (the same answer, earlier).
 
 Why it prices both regimes: every move is scored by the max-affine time itself. In the flat regime a whole move
 saves the sender an activation ``b`` and chains move activations along (the augmenting paths of semi-matching); a
@@ -37,8 +45,10 @@ Token balancing (LPLB: splits freely) and activation balancing (METRO: never spl
 Complexity: the K candidate moves are the (expert, column, column) triples on distinct ranks (`move_pairs`:
 K ≤ min(E·R·(R − 1), D·(P − E)), P slots, since only replicated experts move); per round O(K) prices (plain and
 chain, whole and part) and segment maxima over D ranks, at most ``2·rounds·K`` in all (two starts; EP8, E = 256 +
-64 redundant slots: K ≈ 130, 64 rounds); memory O(K + E·R). `source_quotas` then splits each expert's plan over the
-source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic dispatch realises it exactly.
+64 redundant slots: K ≈ 130, 64 rounds); a path round (3d) costs O(D·K + D³) (the search's D − 1 levels over the
+K candidates, then every terminal's path walked back at once); memory O(K + E·R + D²). `source_quotas` then
+splits each expert's plan over the source ranks (northwest-corner rule, O(D·E·R)) so that a deterministic
+dispatch realises it exactly.
 
 Glossary additions: Ds source ranks."""
 
@@ -186,12 +196,71 @@ def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: 
         y = np.where(accepted & moves["chain"], F["y"], 0.0)
         np.add.at(x, (F["f"], F["ci"]), -y)
         np.add.at(x, (F["f"], F["cm"]), y)
-        if not accepted.any():  # x unchanged: every later round would repeat this one
-            break
+        if not accepted.any():  # Step 3d; with no path either, every later round would repeat this one
+            x, found = _augment(x, ranks, cost, D, pe, pi, pj, G, N, t)
+            if not found:
+                break
     # Step 4: the best of the rounds (the last moves included).
     if _times(cost, *_loads(x, ranks, D)).max() < best_ms:
         best_x = x
     return best_x
+
+
+def _augment(x, ranks, cost, D, pe, pi, pj, G, N, t) -> tuple[np.ndarray, bool]:
+    """Step 3d: the best hand-off path from the slowest rank (see the module), applied → ``(x, found)``; ``x`` is
+    returned unchanged when no path lowers the makespan or the ranks at it."""
+    K = pe.size
+    if K == 0:  # no expert has two ranks: nothing can move
+        return x, False
+    u, v, share = ranks[pe, pi], ranks[pe, pj], x[pe, pi]
+    top = t.max()
+    g = int(np.argmax(t))
+    # The search: parent[w] = the candidate whose hand-off first reached w (−1: the root, or not reached).
+    reached = np.zeros(D, bool)
+    reached[g] = True
+    parent = np.full(D, -1, np.int64)
+    idx = np.arange(K)
+    for _ in range(D - 1):
+        ok = reached[u] & ~reached[v] & (share > 0)
+        first = np.full(D, K, np.int64)
+        np.minimum.at(first, v[ok], idx[ok])
+        new = first < K
+        if not new.any():
+            break
+        parent = np.where(new, first, parent)
+        reached |= new
+    # Every terminal's path walked back at once: dG, dN [terminal, rank].
+    dG, dN = np.zeros((D, D)), np.zeros((D, D))
+    at = np.arange(D)
+    for _ in range(D - 1):
+        k = parent[at]
+        live = k >= 0
+        kk = np.where(live, k, 0)
+        s_k = np.where(live, share[kk], 0.0)
+        gets = np.where(live & (x[pe[kk], pj[kk]] == 0), 1.0, 0.0)
+        rows = np.arange(D)
+        np.add.at(dG, (rows, np.where(live, u[kk], 0)), np.where(live, -1.0, 0.0))
+        np.add.at(dN, (rows, np.where(live, u[kk], 0)), -s_k)
+        np.add.at(dG, (rows, np.where(live, v[kk], 0)), gets)
+        np.add.at(dN, (rows, np.where(live, v[kk], 0)), s_k)
+        at = np.where(live, u[kk], at)
+    after = _times(cost, G[None] + dG, N[None] + dN)  # [terminal, rank]
+    ms = after.max(axis=1)
+    at_ms = (after == ms[:, None]).sum(axis=1)
+    useful = reached & (np.arange(D) != g) & ((ms < top) | ((ms == top) & (at_ms < (t == top).sum())))
+    if not useful.any():
+        return x, False
+    best = np.flatnonzero(useful & (ms == ms[useful].min()))
+    m = int(best[np.argmin(at_ms[best])])
+    # Apply m's path: each share along it moves whole, from the end back to g.
+    x = x.copy()
+    w = m
+    while parent[w] >= 0:
+        k = parent[w]
+        x[pe[k], pj[k]] += x[pe[k], pi[k]]
+        x[pe[k], pi[k]] = 0.0
+        w = u[k]
+    return x, True
 
 
 def _seed(n: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, spread: bool) -> np.ndarray:

@@ -166,6 +166,8 @@ def _check_10(d):
         assert f["relief_vs_stale"] == pytest.approx(f["fresh_relief"] / f["stale"])
     for c in _rows(d, "cost"):
         assert c["ratio"] == pytest.approx(c["ingraph_ms"] / c["fixed_ms"]) and c["plan_flops"] > 0
+    for o in _rows(d, "optimum"):  # nothing beats the proved optimum
+        assert 1.0 - 1e-9 <= o["mean"] <= o["max"] + 1e-12 and 1.0 - 1e-9 <= o["p95"] <= o["max"] + 1e-12
 
 
 INVARIANTS = {

@@ -166,6 +166,65 @@ def _select(gain, sender_time, g, h, m, D: int):
     return accepted & ((m < 0) | (used[mm] == 1))
 
 
+def _augment(x, ranks, cost: CostModel, D: int, moves: tuple, G, N, t):
+    """Step 3d (`solvers.relief._augment`): the best hand-off path from the slowest rank, applied →
+    ``(x, found)``; ``x`` unchanged when no path lowers the makespan or the ranks at it."""
+    pe, pi, pj, valid = moves
+    K = pe.shape[0]
+    u = jnp.where(valid, ranks[pe, pi], 0)
+    v = jnp.where(valid, ranks[pe, pj], 0)
+    share = jnp.where(valid, x[pe, pi], 0.0)
+    top = jnp.max(t)
+    g = jnp.argmax(t)
+    idx = jnp.arange(K, dtype=jnp.int32)
+    rank_ids = jnp.arange(D)
+
+    def level(carry):
+        _, reached, parent = carry
+        ok = valid & reached[u] & ~reached[v] & (share > 0)
+        first = jax.ops.segment_min(jnp.where(ok, idx, K), jnp.where(ok, v, 0), num_segments=D)
+        new = (first < K) & ~reached
+        return jnp.any(new), reached | new, jnp.where(new, first, parent)
+
+    reached0 = rank_ids == g
+    parent0 = jnp.full((D,), -1, jnp.int32)
+    _, reached, parent = jax.lax.while_loop(lambda c: c[0], level, (jnp.bool_(D > 1), reached0, parent0))
+
+    def walk(carry):
+        at, dG, dN = carry
+        k = parent[at]
+        live = k >= 0
+        kk = jnp.where(live, k, 0)
+        s_k = jnp.where(live, share[kk], 0.0)
+        gets = jnp.where(live & (x[pe[kk], pj[kk]] == 0), 1.0, 0.0)
+        src, dst = jnp.where(live, u[kk], 0), jnp.where(live, v[kk], 0)
+        dG = dG.at[rank_ids, src].add(jnp.where(live, -1.0, 0.0)).at[rank_ids, dst].add(gets)
+        dN = dN.at[rank_ids, src].add(-s_k).at[rank_ids, dst].add(s_k)
+        return jnp.where(live, src, at), dG, dN
+
+    zeros = jnp.zeros((D, D), jnp.float32)  # walked back as deep as the search went (a path has < D steps)
+    _, dG, dN = jax.lax.while_loop(lambda c: jnp.any(parent[c[0]] >= 0), walk, (rank_ids, zeros, zeros))
+    after = _times(cost, G[None] + dG, N[None] + dN)
+    ms = jnp.max(after, axis=1)
+    at_ms = jnp.sum(after == ms[:, None], axis=1)
+    useful = reached & (rank_ids != g) & ((ms < top) | ((ms == top) & (at_ms < jnp.sum(t == top))))
+    best_ms = jnp.min(jnp.where(useful, ms, jnp.inf))
+    pick = useful & (ms == best_ms)
+    fewest = jnp.min(jnp.where(pick, at_ms, D + 1))
+    m = jnp.argmax(pick & (at_ms == fewest))
+    found = jnp.any(useful)
+
+    def apply(carry):
+        w, x = carry
+        k = parent[w]
+        moved = x[pe[k], pi[k]]
+        return u[k], x.at[pe[k], pj[k]].add(moved).at[pe[k], pi[k]].add(-moved)
+
+    # m's path, from its end back to g (none when nothing was found: the walk starts at the root)
+    _, x = jax.lax.while_loop(lambda c: parent[c[0]] >= 0, apply, (jnp.where(found, m, g), x))
+    return x, found
+
+
 def _seed(n, ranks, cost: CostModel, D: int, spread: bool):
     """Step 2 (`solvers.relief._seed`): a start ``x [E, R]``, each expert whole on one column."""
     E = ranks.shape[0]
@@ -210,13 +269,27 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
         y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
         f = jnp.where(F["f"] >= 0, F["f"], 0)
         x = x.at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y)
-        return i + 1, x, best_x, best_ms, jnp.any(accepted)
+        return i + 1, x, best_x, best_ms, ~jnp.any(accepted)  # stuck: x unchanged
 
-    # At most ``rounds``; a round that accepts no move leaves x as it was, so every later round would too.
+    def pairwise_then_path(carry):
+        """Rounds of pairwise moves until one accepts none (or the rounds run out), then, in that stuck round,
+        step 3d: the plan's hand-off path. Carried out this way (not a path search inside every round) the
+        search runs once per stuck round even when the two starts run side by side under `jax.vmap`."""
+        i, x, best_x, best_ms, _ = carry
+        i, x, best_x, best_ms, stuck = jax.lax.while_loop(
+            lambda c: (c[0] < rounds) & ~c[4], one_round, (i, x, best_x, best_ms, jnp.bool_(False))
+        )
+        G, N = _loads(x, ranks, D)
+        x_path, found = _augment(x, ranks, cost, D, (pe, pi, pj, valid), G, N, _times(cost, G, N))
+        found = stuck & found
+        return i, jnp.where(found, x_path, x), best_x, best_ms, found
+
+    # At most ``rounds``; a round that accepts no move and finds no path leaves x as it was, so every later round
+    # would too.
     best_x, best_ms, ran = x, jnp.float32(jnp.inf), jnp.int32(0)
     if rounds:
         carry = (ran, x, best_x, best_ms, jnp.bool_(True))
-        ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], one_round, carry)
+        ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], pairwise_then_path, carry)
     # Step 4: the best of the rounds (the last moves included).
     last = jnp.max(_times(cost, *_loads(x, ranks, D)))
     return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms), ran
