@@ -514,10 +514,19 @@ class MoE(nnx.Module):
         interpreter's objects; garbage collected first when any is found, so a dropped optimizer does not count)."""
 
         def holding():
+            # The instances of nnx.Optimizer and its subclasses are the referrers of their classes (an instance
+            # refers to its type). gc.get_referrers returns only those, so no object another thread is building
+            # (a tuple being resized) is held by a list of every object (gc.get_objects would be unsafe).
+            types, todo = set(), [nnx.Optimizer]
+            while todo:
+                cls = todo.pop()
+                if cls not in types:
+                    types.add(cls)
+                    todo.extend(cls.__subclasses__())
             return [
                 o
-                for o in gc.get_objects()
-                if isinstance(o, nnx.Optimizer)
+                for o in gc.get_referrers(*types)
+                if type(o) in types
                 and any(
                     isinstance(v, nnx.Variable) and v.get_metadata().get(SLOT_LAYOUT) == self.slot_layout
                     for _, v in nnx.iter_graph(o)
