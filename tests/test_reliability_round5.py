@@ -458,12 +458,33 @@ def test_set_placement_publishes_the_last_window_solved_over_the_new_placement()
         assert m["windows"]["published"] == published and not m["in_fallback"]  # a re-solve is not a window
 
 
+def test_a_failed_re_solve_after_a_placement_is_counted_and_the_fallback_serves(monkeypatch):
+    """The re-solve of set_placement never fails quietly: counted, in last_error and an event."""
+    from tempo_jax.runtime import controller as controller_module
+
+    D, E = 8, 16
+    old, new = Placement.spread(E, D, 3), Placement.from_eplb(np.geomspace(200, 2, E), 24, D, spread_idle=True)
+    with tempo_jax.DispatchController(old, PRESETS["dsv3_fp8_offline"], solver_mode="inline") as ctl:
+        ctl.observe(np.random.default_rng(0).poisson(np.geomspace(200, 2, E), (D, E)))
+
+        def fails(*a, **k):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(controller_module, "solve_window", fails)
+        ctl.set_placement(new)
+        np.testing.assert_array_equal(ctl.latest.table, dispatch_tables.uniform(new).table)  # the fallback
+        m = ctl.metrics()
+        assert m["placements"]["resolve_failed"] == 1 and "RuntimeError: injected" in m["last_error"]
+        assert any(kind == "error" and "re-solving the last window failed" in msg for _, kind, msg in ctl.events)
+
+
 def test_serve_moves_only_when_the_gain_pays_for_the_move_and_the_policy_serves(tmp_path, capsys):
     """The issue's run: a proposal every step. Before: every proposal at an equal makespan moved 70-89 slots and
     the fallback tables of the new placement replaced each window's solve, so the live makespan was the EPLB-even
     one on every step."""
     argv = ["serve", "--model", "layer", "--routing", "recorded", "--every-steps", "1", "--rebalance-every", "1"]
     argv += ["--steps", "5", "--block", "0", "--solver-mode", "inline", "--out", str(tmp_path), "--no-figure"]
+    argv += ["--budget-s", "600", "--staleness-s", "600"]  # no solve is dropped or aged out on a slow machine
     assert main(argv) == 0
     rep = __import__("json").loads((tmp_path / "serve.json").read_text())
     assert all(r["live_us"] < r["uniform_us"] for r in rep["steps"][1:])  # the policy's tables serve

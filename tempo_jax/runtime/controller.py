@@ -72,7 +72,7 @@ from solvers.worker import WorkerConfig, solve_window
 from ..layer.tables import Tables
 from .accumulator import Window, WindowAccumulator
 from .backends import SOLVER_BACKENDS, Job, ProcessBackend, check_fault, make_backend
-from .publisher import FALLBACKS, Publisher
+from .publisher import FALLBACKS, Publisher, prepare_tables
 
 __all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
 
@@ -220,7 +220,7 @@ class DispatchController:
         self.last_rejection: str | None = None
         self._load = np.zeros(self.config.window_shape[:-2] + self.config.window_shape[-1:])  # [(L,) E] since placed
         self._proposal = None
-        self._placements = {"proposed": 0, "applied": 0, "dismissed": 0, "windows_since": 0}
+        self._placements = {"proposed": 0, "applied": 0, "dismissed": 0, "resolve_failed": 0, "windows_since": 0}
         self._backend = make_backend(
             self.solver_mode,
             self.config,
@@ -333,7 +333,8 @@ class DispatchController:
         """Serve ``placement`` from now on (after the layer's weights moved, `tempo_jax.MoE.set_placement`): the
         solver solves over it; the newest closed window is solved again over it at once (inline, the controller's
         policy; its data keep their age) and published — the new placement's fallback tables only when no window
-        has closed yet or that solve raises (an ``error`` event); a solve in flight for the old placement is
+        has closed yet or that solve fails (counted in ``placements.resolve_failed``, ``last_error`` and an
+        ``error`` event); a solve in flight for the old placement is
         dropped (``replaced``), the pending counts stay (they count logical experts), and the load accumulation
         restarts.
 
@@ -360,14 +361,15 @@ class DispatchController:
             last = self._last_window
         resolved = None
         if last is not None:  # the freshest data, over the new placement (outside the lock: a solve)
-            publisher = Publisher(placement, fallback=self.fallback, staleness_s=None, history_size=1)
             try:
-                tables, bad = publisher.prepare(solve_window(config, last.counts)[0])
-            except Exception as err:  # noqa: BLE001 - counted and reported; the fallback serves
+                tables, bad = prepare_tables(solve_window(config, last.counts)[0], placement)
+            except Exception as err:  # noqa: BLE001 - counted (resolve_failed, last_error) and logged below
                 tables, bad = None, f"{type(err).__name__}: {err}"
-            if bad is not None:
+            if bad is not None:  # the weights already moved: serve the fallback, and say so
                 with self._lock:
-                    self._event("error", f"set_placement: re-solving the last window failed ({bad}); fallback")
+                    self._placements["resolve_failed"] += 1
+                    self.last_error = f"set_placement: re-solving the last window failed: {bad}"
+                    self._event("error", f"{self.last_error}; the fallback tables serve until the next window")
             else:
                 resolved = (tables, last.closed_at)
         with self._lock:

@@ -21,6 +21,21 @@ __all__ = ["FALLBACKS", "Publisher"]
 FALLBACKS = ("uniform", "static")
 
 
+def prepare_tables(
+    weights, placement: Placement | tuple[Placement, ...]
+) -> tuple[dispatch_tables.Tables | tuple | None, str | None]:
+    """``(tables, None)`` over ``placement`` for good weights ``[Gs, E, R]`` (a list of one per layer with one
+    placement per layer), ``(None, why)`` for bad ones."""
+    try:
+        if isinstance(placement, tuple):
+            if not isinstance(weights, list | tuple) or len(weights) != len(placement):
+                raise ValueError(f"expected {len(placement)} layers' weights, got {type(weights).__name__}")
+            return tuple(dispatch_tables.from_weights(w, p) for w, p in zip(weights, placement, strict=True)), None
+        return dispatch_tables.from_weights(weights, placement), None
+    except ValueError as err:
+        return None, str(err)
+
+
 class Publisher:
     """``latest`` / ``version`` / the fallback, and the history of publications.
 
@@ -77,15 +92,7 @@ class Publisher:
     def prepare(self, weights) -> tuple[dispatch_tables.Tables | None, str | None]:
         """``(tables, None)`` for good weights ``[Gs, E, R]`` (a list of one per layer with one placement per layer),
         ``(None, why)`` for bad ones. Outside the lock."""
-        try:
-            if isinstance(self.placement, tuple):
-                if not isinstance(weights, list | tuple) or len(weights) != len(self.placement):
-                    raise ValueError(f"expected {len(self.placement)} layers' weights, got {type(weights).__name__}")
-                layers = zip(weights, self.placement, strict=True)
-                return tuple(dispatch_tables.from_weights(w, p) for w, p in layers), None
-            return dispatch_tables.from_weights(weights, self.placement), None
-        except ValueError as err:
-            return None, str(err)
+        return prepare_tables(weights, self.placement)
 
     def publish(self, tables: dispatch_tables.Tables, *, closed_at: float, pairs: float, record: dict) -> bool:
         """Make ``tables`` the latest (data as of ``closed_at``); returns whether a fallback ended."""
