@@ -2,13 +2,14 @@
 
 - `gmm` / `tgmm`: grouped GEMM mirroring `jax.lax.ragged_dot` (+ `group_offset`; mixed float operand dtypes,
   group sizes of any integer dtype), with a custom VJP;
-  Pallas (GPU / interpret), CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
+  Pallas (GPU / interpret), tokamax, CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes) with a wrapping uint32 cumulative
   counter; `dispatch_reference`.
 - `implementations`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
   rule that turns "auto" into a concrete implementation on each platform (`GMM`, `DISPATCH`).
-- `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); without it the
-  "auto" implementations fall back to `ragged_dot` / the jnp dispatch on GPU.
+- `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); "auto" uses it only on
+  jax < 0.11, else tokamax / `ragged_dot` (grouped GEMM) and the jnp dispatch on GPU.
+- `tokamax_backend`: the lazily imported tokamax package (`gmm(implementation="tokamax")`; optional extra).
 
 Shapes: the house's glossary (docs/architecture.md; E counts the GEMM's groups here).
 """

@@ -14,8 +14,11 @@ Implementations (`implementation=`, resolved per platform by `pallas_kernels.imp
 - "chunked": the XLA CPU-fast path of `gmm_xla` (dense matmuls per row chunk of each group; chunk sizes from
   `GmmTiling.chunk` down to `GmmTiling.min_chunk`).
 - "ragged_dot": `jax.lax.ragged_dot` with its default lowering.
-- "auto" (default): "pallas" when `interpret=True` or on GPU (while JAX ships the Pallas Triton backend, see
-  `triton_backend`; else "ragged_dot"), "chunked" on CPU, "ragged_dot" elsewhere.
+- "tokamax": tokamax's `ragged_dot_general` (optional extra; `tokamax_backend`): its Mosaic GPU kernels on sm90 /
+  sm100 for the forward and d lhs, its XLA path for d rhs (see `gmm_xla._ragged_dot_general`).
+- "auto" (default): "pallas" when `interpret=True`; on a GPU "tokamax" where installed, else "pallas" while JAX
+  ships the Pallas Triton backend undeprecated (jax < 0.11; `triton_backend`), else "ragged_dot"; "chunked" on CPU,
+  "ragged_dot" elsewhere (`implementations.GMM`, measured on an H200: docs/results.md).
 All implementations compute the same function; `gmm_reference` / `tgmm_reference` are the pure-jnp truth.
 
 Dtypes (megablox's compute rule, `jax.lax.ragged_dot`'s output rule): lhs and rhs may be float32, bfloat16 or
@@ -136,6 +139,18 @@ def _kernel_tiles(t: GmmTiling, m: int, k: int, n: int) -> tuple[int, int, int]:
     return t.tm, max(16, min(t.tk, _next_pow2(k))), max(16, min(t.tn, _next_pow2(n)))
 
 
+# Shared memory one Triton program may fill with its pipelined tiles. An H100 / H200 block gets 232,448 bytes (227
+# KiB, the limit the H200 reported in results/gpu/check.json); the rest is left to the kernel's own scratch.
+SMEM_BYTES = 200 * 1024
+
+
+def _stages(t: GmmTiling, stage_bytes: int) -> int:
+    """Triton pipeline stages that fit: `t.num_stages`, fewer (at least 1) when `stage_bytes` (the operand tiles one
+    stage loads) times the stages would pass `SMEM_BYTES` — float32 tgmm at the default tiles loads 96 KiB a stage,
+    so it runs 2 stages where 3 asked for 288 KiB and failed to launch on an H200."""
+    return max(1, min(t.num_stages, SMEM_BYTES // stage_bytes))
+
+
 def _chunks(cfg: _Cfg, tgmm_rows: int | None = None) -> dict:
     """The CPU-fast path's schedule knobs from the tiling; `tgmm_rows` = M for tgmm (None for gmm)."""
     t = cfg.tiling
@@ -155,8 +170,9 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
     if cfg.impl == "chunked":
         return gmm_chunked(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, **_chunks(cfg), **common)
-    if cfg.impl == "ragged_dot":
-        return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, **common)
+    if cfg.impl in ("ragged_dot", "tokamax"):
+        backend = "xla" if cfg.impl == "ragged_dot" else "tokamax"
+        return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, backend=backend, **common)
     tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
     x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
     w = _pad_to(_pad_to(rhs, 1, tn if transpose_rhs else tk), 2, tk if transpose_rhs else tn)
@@ -172,7 +188,7 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
         transpose_rhs=transpose_rhs,
         interpret=cfg.interpret,
         num_warps=cfg.tiling.num_warps,
-        num_stages=cfg.tiling.num_stages,
+        num_stages=_stages(cfg.tiling, tm * tk * x.dtype.itemsize + tk * tn * w.dtype.itemsize),
         **common,
     )
     return out[:m, :n]
@@ -185,8 +201,9 @@ def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=out_dtype, precision=cfg.precision)
     if cfg.impl == "chunked":
         return tgmm_chunked(lhs, grad, group_sizes, group_offset, **_chunks(cfg, tgmm_rows=m), **common)
-    if cfg.impl == "ragged_dot":
-        return tgmm_ragged(lhs, grad, group_sizes, group_offset, **common)
+    if cfg.impl in ("ragged_dot", "tokamax"):
+        backend = "xla" if cfg.impl == "ragged_dot" else "tokamax"
+        return tgmm_ragged(lhs, grad, group_sizes, group_offset, backend=backend, **common)
     tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
     x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
     y = _pad_to(_pad_to(grad, 0, tm), 1, tn)
@@ -201,7 +218,7 @@ def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
         tiling=(tm, tk, tn),
         interpret=cfg.interpret,
         num_warps=cfg.tiling.num_warps,
-        num_stages=cfg.tiling.num_stages,
+        num_stages=_stages(cfg.tiling, tm * (tk * x.dtype.itemsize + tn * y.dtype.itemsize)),
         **common,
     )
     return out[:, :k, :n]
@@ -327,7 +344,7 @@ def gmm(
       group_offset: first local group (int, [] or [1] int array; may be traced). Default 0.
       tiling: `GmmTiling` or (tm, tk, tn).
       interpret: run the Pallas kernel in interpret mode (CPU tests).
-      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" (see the module docstring).
+      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" (see the module docstring).
       precision: passed to the inner dots (e.g. `jax.lax.Precision.HIGHEST`).
     Returns:
       [M, F] in the output dtype: row r of local group g is lhs[r] @ rhs[g - group_offset]; all other rows are
@@ -345,6 +362,7 @@ def gmm(
       - "chunked": XLA's dense dot per row chunk (the same H sum as a dense matmul of those rows).
       - "pallas": the H sum in tk-wide pieces, added in H order (a dot of tk terms per piece).
       - "ragged_dot": XLA's `ragged_dot` lowering.
+      - "tokamax": tokamax's `ragged_dot_general` (its Mosaic GPU kernels on sm90 / sm100; XLA's lowering on CPU).
       - `gmm_reference`: one XLA dot per local group over all rows, masked.
     So the paths agree up to float32 reassociation. Tolerance to expect, against float64 or between any two paths:
     with float32 output |Δ| <= 1e-6 · max|out| (measured on CPU, normal bfloat16 / float32 inputs, 8 groups, F =
@@ -354,7 +372,8 @@ def gmm(
     the float32 sums of two paths straddle a rounding boundary their results differ by one unit in the last place
     (measured: 9–52 of 262,144 bfloat16 outputs differ from the correctly rounded float64 result). On a GPU, float32
     operands with the default ``precision`` run on TF32 tensor cores in the Pallas kernel (Triton's rule) and in XLA
-    (~1e-3 relative); pass ``precision=jax.lax.Precision.HIGHEST`` for IEEE float32 (not measured here: no GPU yet).
+    (~1e-3 relative); pass ``precision=jax.lax.Precision.HIGHEST`` for IEEE float32 (an H200 gave 1.2e-6 relative for
+    the Pallas kernel and <= 1.1e-4 for tokamax at the default precision: results/gpu/check.json).
     """
     lhs, rhs, group_sizes, group_offset = _validate(
         lhs, rhs, group_sizes, group_offset, rhs_is_weights=True, name="gmm"

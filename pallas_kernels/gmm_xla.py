@@ -29,7 +29,8 @@ group; "fixed" adds every chunk's product into the [E_loc, H, F] accumulator.
 
 Fallback ("ragged_dot"): `jax.lax.ragged_dot` with its default lowering. Its own `group_offset` is not
 usable in jax 0.10 (the parameter must be hashable), so the local groups are rotated to row 0 with
-`jnp.roll`, computed, masked and rotated back.
+`jnp.roll`, computed, masked and rotated back. "tokamax" is the same path through tokamax's `ragged_dot_general`
+(`tokamax_backend`; `backend="tokamax"`): its Mosaic GPU kernels on sm90 / sm100, XLA's lowering elsewhere.
 
 Dtypes: both operands are cast to `compute_dtype` (default: `gmm_metadata.dot_dtype`, their common dtype, or float32
 when they differ) right before each dot, every dot accumulates in float32 (`preferred_element_type=float32`), and
@@ -47,9 +48,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import tokamax_backend
 from pallas_kernels.gmm_metadata import chunk_ladder, dot_dtype, group_offsets, local_group_rows, make_chunk_schedule
 
-__all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "SCHEDULES"]
+__all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "RAGGED_BACKENDS", "SCHEDULES"]
 
 #: Row-chunk schedules of the CPU-fast path (see the module docstring).
 SCHEDULES = ("ladder", "fixed")
@@ -288,8 +290,43 @@ def _local_view(group_sizes: jax.Array, group_offset: jax.Array, num_local_group
     return before, sizes.astype(jnp.int32), jnp.sum(sizes)
 
 
+#: Backends of the ragged paths: XLA's `ragged_dot_general` or tokamax's (same signature; `tokamax_backend`).
+RAGGED_BACKENDS = ("xla", "tokamax")
+_ROWS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((1,), (1,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
+)
+_CONTRACT_ROWS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
+)
+
+
+#: Rows of tokamax's Mosaic GPU kernels come in tiles of 64 (an H200 refused M = 1000: "dimension 1 must have size
+#: smaller or a multiple of its tiling 64"): its path pads the rows to a multiple of this with zero rows past the
+#: local groups, which no group reads.
+TOKAMAX_ROW_TILE = 128
+
+
+def _pad_rows(a: jax.Array, backend: str) -> jax.Array:
+    rem = -a.shape[0] % TOKAMAX_ROW_TILE if backend == "tokamax" else 0
+    return jnp.pad(a, ((0, rem), (0, 0))) if rem else a
+
+
+def _ragged_dot_general(backend: str, *, ragged_contraction: bool = False):
+    """The backend's `ragged_dot_general`. tokamax's ragged contraction (tgmm, the weight gradient) runs its XLA
+    implementation: on an H200, tokamax 0.0.17's Mosaic GPU kernel for it returned wrong sums for some groups
+    (relative error 0.11–0.23 on groups of 300–450 rows among others; results/gpu/tokamax_tgmm.txt), while its
+    forward kernel was right on every case of the GPU check."""
+    if backend == "xla":
+        return lax.ragged_dot_general
+    if backend == "tokamax":
+        dot = tokamax_backend.ragged_dot_general()
+        return functools.partial(dot, implementation="xla") if ragged_contraction else dot
+    raise ValueError(f"ragged backend must be one of {RAGGED_BACKENDS}, got {backend!r}")
+
+
 @functools.partial(
-    jax.jit, static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision", "compute_dtype")
+    jax.jit,
+    static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision", "compute_dtype", "backend"),
 )
 def gmm_ragged(
     lhs: jax.Array,
@@ -302,20 +339,22 @@ def gmm_ragged(
     out_dtype,
     precision=None,
     compute_dtype=None,
+    backend: str = "xla",
 ) -> jax.Array:
-    """`jax.lax.ragged_dot` fallback with group_offset; shapes and dtypes as in `gmm_chunked`."""
+    """`ragged_dot` with group_offset (XLA's or tokamax's, `backend`); shapes and dtypes as in `gmm_chunked`."""
     cd = dot_dtype(lhs, rhs, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     if transpose_rhs:
         rhs = jnp.swapaxes(rhs, 1, 2)
-    x = jnp.roll(lhs, -before, axis=0).astype(cd)
-    y = lax.ragged_dot(x, rhs.astype(cd), sizes, precision=precision, preferred_element_type=jnp.float32)
+    x = _pad_rows(jnp.roll(lhs, -before, axis=0).astype(cd), backend)
+    dot = _ragged_dot_general(backend)
+    y = dot(x, rhs.astype(cd), sizes, _ROWS, precision=precision, preferred_element_type=jnp.float32)[:m]
     y = jnp.where(jnp.arange(m)[:, None] < total, y, 0)
     return jnp.roll(y, before, axis=0).astype(out_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision", "compute_dtype"))
+@functools.partial(jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision", "compute_dtype", "backend"))
 def tgmm_ragged(
     lhs: jax.Array,
     grad: jax.Array,
@@ -326,16 +365,16 @@ def tgmm_ragged(
     out_dtype,
     precision=None,
     compute_dtype=None,
+    backend: str = "xla",
 ) -> jax.Array:
-    """`jax.lax.ragged_dot_general` (ragged contraction) fallback of tgmm; shapes and dtypes as in `tgmm_chunked`."""
+    """`ragged_dot_general` over a ragged contraction (XLA's or tokamax's, `backend`): tgmm; shapes and dtypes
+    as in `tgmm_chunked`."""
     cd = dot_dtype(lhs, grad, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     keep = jnp.arange(m)[:, None] < total
-    x = jnp.where(keep, jnp.roll(lhs, -before, axis=0), 0).astype(cd)
-    y = jnp.where(keep, jnp.roll(grad, -before, axis=0), 0).astype(cd)
-    dims = lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
-    )
-    out = lax.ragged_dot_general(x, y, sizes, dims, precision=precision, preferred_element_type=jnp.float32)
+    x = _pad_rows(jnp.where(keep, jnp.roll(lhs, -before, axis=0), 0).astype(cd), backend)
+    y = _pad_rows(jnp.where(keep, jnp.roll(grad, -before, axis=0), 0).astype(cd), backend)
+    dot = _ragged_dot_general(backend, ragged_contraction=True)
+    out = dot(x, y, sizes, _CONTRACT_ROWS, precision=precision, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)

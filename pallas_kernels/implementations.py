@@ -6,7 +6,8 @@ which implementations depend on something optional (the Pallas Triton backend), 
 picks. `resolve` validates a name once (the error lists the valid ones) and turns "auto" into a concrete
 implementation for the current platform:
 
-    GMM.resolve("auto")                  # "chunked" on CPU, "pallas" on a GPU with Triton, else "ragged_dot"
+    GMM.resolve("auto")                  # "chunked" on CPU; on a GPU "tokamax", else "pallas" (jax < 0.11), else
+                                         # "ragged_dot"
     GMM.resolve("auto", interpret=True)  # "pallas" (the kernel in interpret mode, on any platform)
 
 jax only; imports nothing from `solvers` or `tempo_jax`.
@@ -20,12 +21,12 @@ from typing import Literal, get_args
 
 import jax
 
-from pallas_kernels import triton_backend
+from pallas_kernels import tokamax_backend, triton_backend
 
 __all__ = ["DISPATCH", "DispatchImpl", "GMM", "GmmImpl", "ImplementationTable", "Platform", "platform"]
 
 Platform = Literal["cpu", "gpu", "tpu"]
-GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot"]
+GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot", "tokamax"]
 DispatchImpl = Literal["auto", "pallas", "xla"]
 
 
@@ -78,13 +79,21 @@ def _triton_on_gpu() -> bool:
     return triton_backend.available()
 
 
-#: `pallas_kernels.gmm`: the Pallas kernel on a GPU while JAX ships its Triton backend, the chunked XLA path on
-#: CPU, `jax.lax.ragged_dot` elsewhere; interpret mode runs the Pallas kernel.
+def _triton_not_deprecated() -> bool:
+    """The Pallas Triton backend is there and this JAX has not deprecated it (jax < 0.11)."""
+    return triton_backend.available() and not triton_backend.deprecated()
+
+
+#: `pallas_kernels.gmm`: on a GPU tokamax where it is installed (jax >= 0.11.1), else the Pallas kernel while
+#: JAX ships its Triton backend undeprecated (jax < 0.11), else `jax.lax.ragged_dot` — "auto" never picks the
+#: deprecated backend (`implementation="pallas"` still does); the chunked XLA path on CPU, `jax.lax.ragged_dot`
+#: elsewhere; interpret mode runs the Pallas kernel. The GPU order is what the H200 measured
+#: (results/gpu/bench_gemm.json: tokamax and the Pallas kernel each several times `ragged_dot`'s TFLOP/s).
 GMM = ImplementationTable(
     op="gmm",
     names=get_args(GmmImpl),
-    auto={"gpu": ("pallas", "ragged_dot"), "cpu": ("chunked",), "default": ("ragged_dot",)},
-    requires={"pallas": _triton_on_gpu},
+    auto={"gpu": ("tokamax", "pallas", "ragged_dot"), "cpu": ("chunked",), "default": ("ragged_dot",)},
+    requires={"pallas": _triton_not_deprecated, "tokamax": tokamax_backend.available},
     interpret="pallas",
 )
 

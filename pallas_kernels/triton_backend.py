@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import importlib
 
-__all__ = ["available", "compiler_params"]
+import jax
+
+__all__ = ["available", "compiler_params", "deprecated"]
 
 
 @functools.cache
@@ -29,6 +31,11 @@ def _module():
 def available() -> bool:
     """True when this JAX still ships the Pallas Triton backend (`jax.experimental.pallas.triton`)."""
     return _module() is not None
+
+
+def deprecated() -> bool:
+    """True on a JAX that deprecated the backend (0.11 and later): "auto" then never picks it."""
+    return tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 11)
 
 
 def compiler_params(num_warps: int, num_stages: int, interpret: bool):

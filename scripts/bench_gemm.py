@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import functools
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pallas_kernels import GmmTiling, dispatch, dispatch_reference, gmm, gmm_reference  # noqa: E402
+from pallas_kernels import GmmTiling, dispatch, dispatch_reference, gmm, gmm_reference, tokamax_backend  # noqa: E402
 from tempo_jax.workloads.models import MODEL_SPECS  # noqa: E402  (numpy-only: the MoE presets' dimensions)
 
 #: MoE presets whose expert shapes (hidden H, expert FFN width F) the GPU benchmark runs (`--presets`).
@@ -363,6 +364,19 @@ def _pallas(plan: GpuPlan, tiling: GmmTiling | None = None):
     return functools.partial(gmm, implementation="pallas", interpret=plan.interpret, **extra)
 
 
+def _tokamax():
+    """`gmm` through tokamax's ragged_dot, or None where tokamax is not installed (recorded, not fatal)."""
+    return functools.partial(gmm, implementation="tokamax") if tokamax_backend.available() else None
+
+
+def _lowered_kernels(fn, *args) -> list[str]:
+    """Which kernels a jitted call lowers to (Mosaic GPU, Triton, or none: XLA's own ops), so a tokamax row says
+    whether tokamax ran its own kernel or fell back to XLA's lowering."""
+    text = jax.jit(fn).lower(*args).as_text()
+    marks = {"mosaic_gpu": "mosaic_gpu", "triton": "triton", "ragged_dot": "xla ragged_dot"}
+    return [name for mark, name in marks.items() if mark in text] or ["xla"]
+
+
 def _expert_ffn(gmm_fn, reps: int = 1):
     """SwiGLU expert FFN over sorted rows: x [M, H], w_up [E, H, 2F], w_down [E, F, H], sizes [E] -> [M, H].
 
@@ -423,6 +437,12 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
     print(f"\nGPU tiling sweep ({plan.shapes[0][0]} up-proj, skewed): best {best}", flush=True)
     checkpoint(out)
     impls = {"ragged_dot": lambda x, w, gs: jax.lax.ragged_dot(x, w, gs)}
+    if (tk := _tokamax()) is not None:
+        impls = {"tokamax gmm": tk} | impls
+        out["tokamax_kernels"] = _lowered_kernels(tk, x, w, gs)
+        print(f"tokamax lowers to: {', '.join(out['tokamax_kernels'])}", flush=True)
+    else:
+        out["not_run"] = {"tokamax gmm": tokamax_backend.INSTALL_HINT}
     if best is not None:
         impls = {"pallas gmm": _pallas(plan, best)} | impls
     # Step 2: model shapes, up (gate+up fused, N = 2F) and down projections, both group-size kinds.
@@ -498,21 +518,26 @@ def check_gpu(plan: GpuPlan) -> dict:
     m, k, n = plan.check_mkn
     sizes = jnp.asarray(plan.check_sizes, jnp.int32)
     g = sizes.shape[0]
-    pallas = _pallas(plan)
-    for dt, tol in ((jnp.bfloat16, 2e-2), (jnp.float32, 1e-2)):  # float32 dots default to TF32 on GPU
+    impls = {"gmm": _pallas(plan)}  # the Pallas kernel keeps its old names; tokamax's rows say "tokamax gmm"
+    if (tk := _tokamax()) is not None:
+        impls["tokamax gmm"] = tk
+    else:
+        results["tokamax gmm"] = {"not_run": tokamax_backend.INSTALL_HINT, "ok": None}  # neither passed nor failed
+    for (label, fn), dt in itertools.product(impls.items(), (jnp.bfloat16, jnp.float32)):
+        tol = 2e-2 if dt == jnp.bfloat16 else 1e-2  # float32 dots default to TF32 on GPU
         x = jax.random.normal(key, (m, k), jnp.float32).astype(dt)
         w = (jax.random.normal(key, (g, k, n), jnp.float32) / 16).astype(dt)
         for off, gl in ((0, g), (2, 3)):
             wl = w[off : off + gl]
-            name = f"gmm {jnp.dtype(dt).name} offset={off}"
+            name = f"{label} {jnp.dtype(dt).name} offset={off}"
 
             def loss(fn, x, wl, off=off):
                 return jnp.sum(jnp.sin(fn(x, wl, sizes, group_offset=off).astype(jnp.float32)))
 
             try:
-                got = pallas(x, wl, sizes, group_offset=off)
+                got = fn(x, wl, sizes, group_offset=off)
                 want = gmm_reference(x, wl, sizes, group_offset=off)
-                dgot = jax.grad(lambda x, wl: loss(pallas, x, wl), (0, 1))(x, wl)
+                dgot = jax.grad(lambda x, wl, fn=fn: loss(fn, x, wl), (0, 1))(x, wl)
                 dwant = jax.grad(lambda x, wl: loss(gmm_reference, x, wl), (0, 1))(x, wl)
             except Exception as e:
                 results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}", "ok": False}
@@ -542,7 +567,8 @@ def check_gpu(plan: GpuPlan) -> dict:
         ok = all(bool((x == y).all()) for x, y in zip(a, b, strict=True))
         results[name] = {"exact": ok, "ok": ok}
     for name, res in results.items():
-        print(f"  {'ok  ' if res['ok'] else 'FAIL'} {name}: {res}", flush=True)
+        verdict = {True: "ok  ", False: "FAIL", None: "--  "}[res["ok"]]  # None: not run here (said why)
+        print(f"  {verdict} {name}: {res}", flush=True)
     return results
 
 
@@ -592,7 +618,7 @@ def main() -> int:
             print("--check needs a GPU backend, or --smoke (CPU tests run the kernels in interpret mode)")
             return 2
         results = {"meta": meta, "check": check_gpu(plan)}
-        ok = all(r["ok"] for r in results["check"].values())
+        ok = all(r["ok"] is not False for r in results["check"].values())
     elif gpu_paths:
         results = {"meta": meta, "gpu": {}}
         results["gpu"] = bench_gpu(plan, checkpoint=lambda out: _write_json(args.out, dict(results, gpu=out)))

@@ -2,7 +2,7 @@
 # The prepared GPU run (issues 5, 6), in three steps that each run even when an earlier one failed:
 #   1. check       correctness of the non-interpret Pallas kernels (gmm/tgmm values + gradients, group_offset;
 #                  dispatch exact) against their references
-#   2. bench_gemm  Pallas gmm vs ragged_dot vs dense on DeepSeek-V3 / Qwen3 expert shapes, the tiling sweep and
+#   2. bench_gemm  Pallas gmm vs tokamax vs ragged_dot vs dense on DeepSeek-V3 / Qwen3 expert shapes, the tiling sweep and
 #                  the expert-FFN cost profile (profile.csv: G,N,T,t in µs, for `tempo-jax calibrate`)
 #   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference;
 #                  CascadeEP launch schedules + OEWF vs the synchronous layer (equality, step time per mode), run
@@ -22,6 +22,12 @@ if [[ -z "${PY:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# tokamax (the grouped GEMM JAX's GPU ops moved to) is not in the device image: wheels carried in .whl/
+# (scripts/tokamax_wheels.sh) go into a scratch folder; without them its rows say "not run".
+if ! "$PY" -c 'import tokamax' 2>/dev/null && compgen -G ".whl/tokamax-*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tempo-site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/tempo-site"
+fi
 DEST=${OUT:-results/gpu}
 mkdir -p "$DEST"
 SMOKE=()

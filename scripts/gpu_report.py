@@ -79,13 +79,16 @@ def report(folder: Path) -> str:
     if check:
 
         def detail(r):
+            if "not_run" in r:
+                return r["not_run"]
             if "error" in r:
                 return r["error"]
             if "max_rel_err" in r:
                 return ", ".join(f"{k} {v:.1e}" for k, v in r["max_rel_err"].items()) + f" (tol {r['tol']:g})"
             return "bit-exact" if r.get("exact") else "differs"
 
-        rows = [[name, "ok" if r["ok"] else "FAIL", detail(r)] for name, r in check["check"].items()]
+        verdicts = {True: "ok", False: "FAIL", None: "not run"}
+        rows = [[name, verdicts[r["ok"]], detail(r)] for name, r in check["check"].items()]
         mode = "interpret mode (smoke run)" if check["meta"].get("plan") == "smoke" else "compiled kernels"
         out += [f"## Kernel correctness vs reference, {mode}\n", *_md(["case", "verdict", "max rel. error"], rows), ""]
     bench = _load(folder, "bench_gemm.json", out)

@@ -34,3 +34,47 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 def shared_traces() -> Path:
     """Path of ../shared/traces (the full recordings; present in CI beside the clone)."""
     return SHARED / "traces"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The `tokamax` marker: tests of `gmm(implementation="tokamax")` need the optional tokamax package (Python >= 3.12,
+# jax >= 0.11.1), which `make test-latest`'s environment installs with the dev extra. Elsewhere they are
+# deselected, by marker, and the summary says how many and where they run; an environment that could install
+# tokamax but lacks it is an error, not a quiet deselection.
+
+
+def _tokamax_installable() -> bool:
+    import sys
+
+    import jax
+
+    return sys.version_info >= (3, 12) and tuple(int(p) for p in jax.__version__.split(".")[:3]) >= (0, 11, 1)
+
+
+def pytest_collection_modifyitems(config, items):
+    from pallas_kernels import tokamax_backend
+
+    if tokamax_backend.available():
+        return
+    if _tokamax_installable():
+        raise pytest.UsageError(
+            "tokamax is not installed in this environment (Python >= 3.12, jax >= 0.11.1), so the tokamax-marked "
+            "tests cannot run: reinstall the dev extra (`make clean VENV=.venv-latest && make test-latest`)"
+        )
+    left = [item for item in items if item.get_closest_marker("tokamax")]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = [item for item in items if not item.get_closest_marker("tokamax")]
+        config._tokamax_deselected = len(left)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    from pallas_kernels import tokamax_backend
+
+    if tokamax_backend.available():
+        return
+    n = getattr(config, "_tokamax_deselected", None)  # None under xdist: the workers deselect, not this process
+    what = "the tokamax-marked tests" if n is None else f"{n} tokamax-marked tests"
+    terminalreporter.write_line(
+        f"deselected {what}: tokamax needs Python >= 3.12 and jax >= 0.11.1; `make test-latest` runs them"
+    )

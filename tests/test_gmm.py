@@ -20,12 +20,23 @@ from hypothesis import strategies as st
 from lowering import lower_for_cuda
 from numeric import assert_close
 
-from pallas_kernels import GmmTiling, gmm, gmm_reference, make_group_metadata, tgmm, tgmm_reference
+from pallas_kernels import (
+    GmmTiling,
+    gmm,
+    gmm_reference,
+    make_group_metadata,
+    tgmm,
+    tgmm_reference,
+    tokamax_backend,
+)
 from pallas_kernels.implementations import GMM
 
 M, K, N, G = 100, 24, 40, 5  # tm=32 -> 4 M-tiles; tk=tn=16 -> K, N padded
 TILING = (32, 16, 16)
-IMPLS = ["pallas", "chunked", "ragged_dot"]
+# tokamax (an optional extra: Python >= 3.12, jax >= 0.11.1) runs where it is installed, `make test-latest`; the
+# `tokamax` marker deselects it elsewhere, by name (tests/conftest.py).
+TOKAMAX = pytest.param("tokamax", marks=pytest.mark.tokamax)
+IMPLS = ["pallas", "chunked", "ragged_dot", TOKAMAX]
 SMALL_CHUNK = GmmTiling(tm=32, tk=16, tn=16, chunk=16)  # several chunks per group on the CPU-fast path
 
 
@@ -151,14 +162,14 @@ def test_nonfinite_rows_of_other_groups_do_not_leak():
     x, w = _inputs(jnp.float32)
     x = x.at[jnp.asarray([31, 90])].set(jnp.nan)  # row 31: global group 2 (not local), same tile as group 0
     gs = jnp.asarray([30, 0, 50, 0, 0], jnp.int32)
-    for impl in IMPLS:
+    for impl in [i for i in IMPLS if isinstance(i, str)] + (["tokamax"] if tokamax_backend.available() else []):
         out = _fwd(impl)(x, w[:2], gs, 0)
         dx, dw = _grad(impl)(x, w[:2], gs, 0)
         assert np.isfinite(np.asarray(out[:30])).all() and (np.asarray(out[30:]) == 0).all(), impl
         assert np.isfinite(np.asarray(dw)).all() and (np.asarray(dx[30:]) == 0).all(), impl
 
 
-@pytest.mark.parametrize("impl", ["pallas", "chunked"])
+@pytest.mark.parametrize("impl", ["pallas", "chunked", TOKAMAX])
 def test_gmm_inside_shard_map_expert_parallel(impl):
     """4 ranks each hold 2 of 8 experts; every rank computes its groups via group_offset; psum = full gmm."""
     ranks, local = 4, 2
@@ -210,6 +221,7 @@ def test_without_the_triton_backend_auto_falls_back_and_pallas_says_why(monkeypa
     from pallas_kernels import dispatch, dispatch_reference, triton_backend
 
     monkeypatch.setattr(triton_backend, "_module", lambda: None)
+    monkeypatch.setattr(tokamax_backend, "_module", lambda: None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not triton_backend.available()
     assert GMM.resolve("auto") == "ragged_dot" and GMM.resolve("auto", interpret=True) == "pallas"
@@ -224,6 +236,37 @@ def test_without_the_triton_backend_auto_falls_back_and_pallas_says_why(monkeypa
     got = dispatch(ids, valid, table, l2p, ctr, uniforms=u)  # "auto" on a GPU without Triton: the jnp path
     want = dispatch_reference(ids, valid, table, l2p, ctr, uniforms=u)
     assert all(bool((a == b).all()) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("jax_version", "tokamax", "triton", "want"),
+    [
+        ("0.10.2", False, True, "pallas"),  # the jax 0.10 GPU path: the Pallas Triton kernel
+        ("0.11.2", False, True, "ragged_dot"),  # deprecated there: "auto" never picks it
+        ("0.11.2", True, True, "tokamax"),
+        ("0.12.0", True, False, "tokamax"),
+        ("0.12.0", False, False, "ragged_dot"),
+    ],
+)
+def test_auto_on_a_gpu_prefers_tokamax_and_never_the_deprecated_backend(
+    monkeypatch, jax_version, tokamax, triton, want
+):
+    """The GPU order is what the H200 measured (results/gpu/bench_gemm.json): tokamax and the Pallas kernel
+    0.36–0.51 of a dense matmul, `ragged_dot` 0.08–0.11; on jax >= 0.11 "auto" leaves the deprecated backend."""
+    from pallas_kernels import triton_backend
+
+    monkeypatch.setattr(jax, "__version__", jax_version)
+    monkeypatch.setattr(triton_backend, "_module", (lambda: object()) if triton else (lambda: None))
+    monkeypatch.setattr(tokamax_backend, "_module", (lambda: object()) if tokamax else (lambda: None))
+    assert GMM.resolve("auto", on="gpu") == want
+    assert GMM.resolve("auto", on="cpu") == "chunked"
+
+
+def test_tokamax_without_tokamax_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(tokamax_backend, "_module", lambda: None)
+    x, w = _inputs(jnp.float32)
+    with pytest.raises(RuntimeError, match=r"pip install 'tempo-jax\[tokamax\]'"):
+        gmm(x, w, jnp.asarray([30, 0, 41, 9, 0], jnp.int32), implementation="tokamax")
 
 
 def test_importing_the_kernels_does_not_import_the_triton_backend():
@@ -373,8 +416,9 @@ def test_mixed_dtypes_under_strict_promotion():
             assert_close(out, want, jnp.float32)
 
 
+@pytest.mark.parametrize("impl", ["chunked", TOKAMAX])
 @pytest.mark.parametrize("dtype", [np.uint32, np.int64, np.int16, np.uint8, "list", "jax-uint32", "jax-int8"])
-def test_group_sizes_of_any_integer_dtype(dtype):
+def test_group_sizes_of_any_integer_dtype(dtype, impl):
     """tokamax passes uint32 group sizes; numpy int64 and Python lists are what a user has at hand."""
     x, w = _inputs(jnp.float32)
     sizes = [30, 0, 41, 9, 0]
@@ -384,10 +428,11 @@ def test_group_sizes_of_any_integer_dtype(dtype):
         gs = jnp.asarray(sizes, dtype.split("-")[1])
     else:
         gs = np.asarray(sizes, dtype)
-    want = gmm(x, w, jnp.asarray(sizes, jnp.int32), tiling=SMALL_CHUNK)
-    assert_close(gmm(x, w, gs, tiling=SMALL_CHUNK), want, jnp.float32)  # another program per group-size dtype
-    got = tgmm(x, want, gs, tiling=SMALL_CHUNK)
-    assert_close(got, tgmm(x, want, jnp.asarray(sizes, jnp.int32), tiling=SMALL_CHUNK), jnp.float32)
+    kw = dict(tiling=SMALL_CHUNK, implementation=impl)
+    want = gmm_reference(x, w, jnp.asarray(sizes, jnp.int32))
+    assert_close(gmm(x, w, gs, **kw), want, jnp.float32)  # another program per group-size dtype
+    got = tgmm(x, want, gs, **kw)
+    assert_close(got, tgmm_reference(x, want, jnp.asarray(sizes, jnp.int32), num_local_groups=G), jnp.float32)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
