@@ -39,7 +39,7 @@ class MoEConfig:
       slots_per_rank: S physical expert slots per rank (P = D·S must match the placement).
       dtype: activation/weight dtype for the expert FFN (router runs in float32).
       exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded" or "ragged" (`ExchangeImpl`).
-      gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot").
+      gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot", "tokamax").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).
       dispatch: where the dispatch tables come from: "tables" (given to each call: `moe_forward(tables=...)`,
