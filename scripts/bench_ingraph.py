@@ -14,6 +14,11 @@ token balancing) and ``metro`` (activation balancing) over tempo's, on
             every expert once, the spare slots to random experts, shuffled) or EPLB, routing Zipf s ∈ {0, 1.2, 2.0}
             or one hot expert (in every token's top-8, the other 7 uniform), 2 / 16 (flat) and 256 / 1024 (linear)
             tokens per rank, 5 seeds: relief's (and tempo's) makespan / the optimum.
+  copies    dynamic copies (issue 52, `solvers.plan_copies`) against the MILP that chooses copies and splits
+            together (`solvers.copies_milp`, SCIP, proved optimal): EP4 (E = 8) and EP8 (E = 16), 3 slots per rank
+            (the spare ones to random experts), Zipf(1.4) top-2 routing, 64 / 512 / 4096 tokens per rank, k = 1 or
+            2 dynamic slots, DSv3 experts (44 MB in fp8) over NVLink (450 GB/s) or a 50 GB/s link, 4 seeds: the
+            plan's and relief's (no copies) makespan / the optimum, copies made.
 
 Cost: `tempo_jax.MoE` under `nnx.jit` on 8 fake CPU devices, ``dispatch="ingraph"`` against the same layer with
 fixed (EPLB-even) tables, 128 and 512 tokens per device, E = 64 and 256 (interleaved calls, median ms); and the
@@ -52,7 +57,8 @@ from bench_ep import median_ms  # noqa: E402
 from bench_solver import ISSUE_B, ISSUE_SKEWS, SCALE_B, SCALE_CONFIGS, SCALE_SKEWS, eplb, real_instances  # noqa: E402
 
 import tempo_jax  # noqa: E402
-from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve  # noqa: E402
+from solvers import PRESETS, CopyCost, DispatchProblem, Placement, copies_milp, plan_copies, slots_for, solve  # noqa: E402
+from solvers.relief import replica_ranks  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, relief  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 from tempo_jax.workloads import SyntheticRouting  # noqa: E402
@@ -114,6 +120,72 @@ def optimum_instances(seeds: int) -> list[tuple[dict, DispatchProblem]]:
             placement = Placement.from_eplb(load, E + spare, D, spread_idle=True)
         key = dict(suite="optimum", ep=D, E=E, placement=placed, routing=routed, B=B, batch=seed)
         out.append((key, DispatchProblem(counts, placement, COST)))
+    return out
+
+
+COPY_CONFIGS = ((4, 8), (8, 16))  # (D, E), 3 slots per rank
+COPY_B = (64, 512, 4096)
+COPY_LINKS = {"nvlink": 450.0, "50gbps": 50.0}
+EXPERT_BYTES = 3 * 7168 * 2048  # one DSv3 expert in fp8: gate, up, down
+
+
+def copies_instances(seeds: int) -> list[tuple[dict, np.ndarray, np.ndarray, int]]:
+    """The copies suite's instances (see the module): (key, n [E], ranks [E, R], D)."""
+    out = []
+    for (D, E), B, seed in itertools.product(COPY_CONFIGS, COPY_B, range(seeds)):
+        rng = np.random.default_rng(seed)
+        phy2log = np.r_[np.arange(E), rng.integers(0, E, 3 * D - E)]
+        rng.shuffle(phy2log)
+        placement = Placement.from_phy2log(phy2log, D, None, E)
+        n = np.bincount(np.minimum(rng.zipf(1.4, 2 * B * D) - 1, E - 1), minlength=E).astype(np.float64)
+        out.append((dict(suite="copies", ep=D, E=E, B=B, batch=seed), n, replica_ranks(placement.log2phy, 3), D))
+    return out
+
+
+def copies_against_optimum(instances, progress: bool) -> list[dict]:
+    """Per instance and (k, link): the copy plan's and relief's makespan over the MILP optimum, copies made."""
+    rows = []
+    cells = list(itertools.product(instances, (1, 2), COPY_LINKS.items()))
+    for (key, n, ranks, D), k, (link, gbps) in tqdm(cells, desc="copies", disable=not progress):
+        cc = CopyCost(EXPERT_BYTES, gbps)
+        plan = plan_copies(n, ranks, COST, D, k, cc)
+        best = copies_milp(n, ranks, COST, D, k, cc, time_limit=120.0)
+        if not best["optimal"]:
+            raise RuntimeError(f"copies suite: SCIP did not prove {key} k={k} {link} optimal")
+        rows.append(
+            dict(
+                key,
+                k=k,
+                link=link,
+                copy_us=cc.copy_us,
+                optimum=best["makespan"],
+                optimum_copies=len(best["copies"]),
+                plan=plan.makespan,
+                relief=plan.makespan_without,
+                copies=plan.num_copies,
+                plan_over_optimum=plan.makespan / best["makespan"],
+                relief_over_optimum=plan.makespan_without / best["makespan"],
+            )
+        )
+    return rows
+
+
+def copies_summary(rows: list[dict]) -> dict:
+    """Per link and batch size: mean / max of the plan's and relief's makespan over the optimum, copies made."""
+    out = {}
+    for link, B in itertools.product(COPY_LINKS, COPY_B):
+        sel = [r for r in rows if r["link"] == link and r["B"] == B]
+        plan = np.array([r["plan_over_optimum"] for r in sel])
+        rel = np.array([r["relief_over_optimum"] for r in sel])
+        out[f"{link}, B={B}"] = dict(
+            n=len(sel),
+            plan_mean=float(plan.mean()),
+            plan_max=float(plan.max()),
+            relief_mean=float(rel.mean()),
+            relief_max=float(rel.max()),
+            copies=int(sum(r["copies"] for r in sel)),
+            optimum_copies=int(sum(r["optimum_copies"] for r in sel)),
+        )
     return out
 
 
@@ -250,10 +322,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke-sized run")
     ap.add_argument(
         "--suites",
-        default="issue,scale,recorded,optimum,cost",
-        help="comma-separated: issue,scale,recorded,optimum,cost",
+        default="issue,scale,recorded,optimum,copies,cost",
+        help="comma-separated: issue,scale,recorded,optimum,copies,cost",
     )
     ap.add_argument("--optimum-seeds", type=int, default=5, help="seeds per optimum-suite cell")
+    ap.add_argument("--copies-seeds", type=int, default=4, help="seeds per copies-suite cell")
     ap.add_argument("--batches", type=int, default=2, help="batches per grid cell")
     ap.add_argument("--recorded-layers", type=int, default=2, help="layers per recorded trace")
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per layer variant")
@@ -261,16 +334,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/bench_ingraph.json")
     args = ap.parse_args(argv)
     suites = [s for s in args.suites.split(",") if s]
-    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "cost"}
+    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "copies", "cost"}
     if unknown:
-        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, cost")
+        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, copies, cost")
     args.issue_skews, args.issue_b = ISSUE_SKEWS, ISSUE_B
     args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS, SCALE_SKEWS, SCALE_B
     cost_cells = [(e, b) for e in (64, 256) for b in (128, 512)]
     if args.quick:
         args.issue_skews, args.issue_b, args.batches, args.recorded_layers = (1.2,), (64, 1024), 1, 1
         args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS[:1], (1.2,), (256,)
-        args.repeats, cost_cells, args.optimum_seeds = 3, [(64, 128)], 1
+        args.repeats, cost_cells, args.optimum_seeds, args.copies_seeds = 3, [(64, 128)], 1, 1
     t0 = time.time()
     results: dict = dict(
         machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, loadavg=os.getloadavg()),
@@ -286,7 +359,26 @@ def main(argv=None) -> int:
             for k, v in summ.items()
         ]
         print(table(cells, ["policy, regime", "instances", "mean", "p95", "max", "> 1.05×"], "makespan / optimum"))
-    for suite in [s for s in suites if s not in ("cost", "optimum")]:
+    if "copies" in suites:
+        rows = copies_against_optimum(copies_instances(args.copies_seeds), progress=True)
+        summ = copies_summary(rows)
+        results["suites"]["copies"] = dict(summary=summ, rows=rows)
+        cells = [
+            [
+                k,
+                v["n"],
+                f"{v['plan_mean']:.4f}",
+                f"{v['plan_max']:.4f}",
+                f"{v['relief_mean']:.4f}",
+                f"{v['relief_max']:.4f}",
+                v["copies"],
+                v["optimum_copies"],
+            ]
+            for k, v in summ.items()
+        ]
+        heads = ["link, tokens/rank", "n", "plan mean", "plan max", "no-copy mean", "no-copy max", "copies", "MILP's"]
+        print(table(cells, heads, "dynamic copies: makespan / the MILP optimum (copies and splits together)"))
+    for suite in [s for s in suites if s not in ("cost", "optimum", "copies")]:
         rows = quality(grid(suite, args), progress=True)
         summ = summary(rows)
         results["suites"][suite] = dict(summary=summ, rows=rows)

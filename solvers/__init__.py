@@ -8,7 +8,8 @@ Modules, bottom up (imports point down only): `checks` (argument checks), `cost`
 `eplb` → `placement` (layouts, slot budgets), `limits` (token LP by HiGHS and by max-flow, semi-matching) →
 `bounds` (cheap, certified and LP bounds) → `problem` (`DispatchProblem`, `Dispatch`) → `policies`,
 `target_repair`, `level_search` (exact search at one activation level, CP-SAT) → `tempo_moves` (stages 1–3 on a
-dense state) → `tempo_fast` (`TempoOptions`, anytime budget), `milp` → `solve`; beside them `fit` (calibration)
+dense state) → `tempo_fast` (`TempoOptions`, anytime budget), `milp` → `solve`; `relief` (pairwise relief) →
+`copies` (per-batch dynamic copies into spare slots and their exact MILP); beside them `fit` (calibration)
 and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by every producer of
 dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP planning: `attention`
 (App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch
@@ -18,6 +19,7 @@ groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6
 from . import oewf as _oewf
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .bounds import certified_lower_bound
+from .copies import CopyCost, CopyPlan, copies_milp, plan_copies
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, UndeterminedFitWarning, bootstrap_max_affine, fit_max_affine, read_samples
@@ -36,6 +38,8 @@ __all__ = [
     "PLAN_NAMES",
     "POLICIES",
     "PRESETS",
+    "CopyCost",
+    "CopyPlan",
     "CostModel",
     "Dispatch",
     "DispatchProblem",
@@ -46,6 +50,7 @@ __all__ = [
     "TempoOptions",
     "TokenFlow",
     "certified_lower_bound",
+    "copies_milp",
     "drift_corrupt",
     "expected_dispatch",
     "fit_max_affine",
@@ -54,6 +59,7 @@ __all__ = [
     "gpu_loads",
     "inter_node_tokens",
     "node_counts_from_sources",
+    "plan_copies",
     "plan_weights",
     "rebalance_experts",
     "semi_matching",

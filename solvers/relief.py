@@ -60,7 +60,16 @@ from .checks import check_int
 from .cost import CostModel
 from .problem import DispatchProblem
 
-__all__ = ["check_relief_cost", "move_pairs", "relief", "relief_policy", "replica_ranks", "source_quotas"]
+__all__ = [
+    "check_relief_cost",
+    "move_pairs",
+    "rank_loads",
+    "rank_times",
+    "relief",
+    "relief_policy",
+    "replica_ranks",
+    "source_quotas",
+]
 
 #: Rounds of step 3 by default (measured against tempo in docs/results.md: the EP32 / EP64 grids need ~64).
 ROUNDS = 64
@@ -103,6 +112,16 @@ def _loads(x: np.ndarray, ranks: np.ndarray, D: int) -> tuple[np.ndarray, np.nda
     np.add.at(N, ranks[ok], x[ok])
     np.add.at(G, ranks[ok], (x[ok] > 0).astype(np.float64))
     return G, N
+
+
+def rank_times(cost: CostModel, G: np.ndarray, N: np.ndarray) -> np.ndarray:
+    """Each rank's time ``max(a + b·G, c + β·N [, c2 + γ·N])`` from its activations ``G [D]`` and tokens ``N [D]``."""
+    return _times(cost, G, N)
+
+
+def rank_loads(x: np.ndarray, ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(G [D], N [D])``: activations (columns with tokens) and tokens per rank of a plan ``x [E, R]``."""
+    return _loads(x, ranks, num_ranks)
 
 
 def _first_best(score: np.ndarray, group: np.ndarray, D: int) -> np.ndarray:

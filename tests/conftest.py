@@ -74,6 +74,8 @@ def pytest_terminal_summary(terminalreporter, config):
     if tokamax_backend.available():
         return
     n = getattr(config, "_tokamax_deselected", None)  # None under xdist: the workers deselect, not this process
+    if n is None and not config.getoption("numprocesses", None):
+        return  # no tokamax-marked test was collected
     what = "the tokamax-marked tests" if n is None else f"{n} tokamax-marked tests"
     terminalreporter.write_line(
         f"deselected {what}: tokamax needs Python >= 3.12 and jax >= 0.11.1; `make test-latest` runs them"
