@@ -41,7 +41,11 @@ from .checks import check_int, check_real
 from .cost import CostModel
 from .relief import ROUNDS, check_relief_cost, rank_loads, rank_times, relief
 
-__all__ = ["CopyCost", "CopyPlan", "copies_milp", "plan_copies"]
+__all__ = ["SPLIT_EPS", "CopyCost", "CopyPlan", "copies_milp", "plan_copies"]
+
+#: Added before the split's floor: an exact integer must not fall to the one below by rounding, in float64 here and
+#: float32 in the jnp twin (`tempo_jax.layer.copies`), so that both take the same split.
+SPLIT_EPS = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +163,7 @@ def plan_copies(
         gains_act = (on[e_idx, m_idx] == 0).astype(np.float64)  # m gains an activation
         # c. price the whole share and the equalising split
         beta = max(cost.beta, 1e-12)
-        split = np.floor((beta * (N[g] - N[m_idx]) + o[g] - o_m) / (2 * beta))
+        split = np.floor((beta * (N[g] - N[m_idx]) + o[g] - o_m) / (2 * beta) + SPLIT_EPS)
         split = np.clip(split, 1, np.maximum(xe - 1, 1))
         best_after = np.full(e_idx.size, np.inf)
         best_s = np.zeros(e_idx.size)

@@ -161,3 +161,21 @@ def test_the_bench_suite_copies_where_it_pays_on_dsv3_experts():
         if r["B"] == 64:
             assert r["copies"] == 0 and r["optimum_copies"] == 0, r
     assert any(r["copies"] > 0 for r in rows if r["B"] == 4096)
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize(("tokens", "k", "link"), [(4, 1, 50.0), (64, 2, 50.0), (1024, 1, 5.0), (1024, 2, 50.0)])
+def test_the_jitted_plan_equals_the_numpy_twin(seed, tokens, k, link):
+    """`tempo_jax.layer.copies.plan_copies` (jnp, float32, under jit) gives the numpy plan exactly: the same shares,
+    copies, sources and copy tokens (the 36-case grid of the other tests: 36 of 36)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tempo_jax.layer.copies import plan_copies as plan_in_graph
+
+    n, ranks, D = _instance(seed, tokens=tokens)
+    cc = CopyCost(BYTES, link)
+    want = plan_copies(n, ranks, MIXED, D, k, cc)
+    got = jax.jit(lambda n, r: plan_in_graph(n, r, MIXED, D, k, cc))(jnp.asarray(n), jnp.asarray(ranks, jnp.int32))
+    for a, b in zip(got, (want.x, want.copy_expert, want.copy_source, want.copy_tokens), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
