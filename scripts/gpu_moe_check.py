@@ -27,6 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from pallas_kernels import tokamax_backend  # noqa: E402
 from solvers import Placement  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
@@ -48,8 +49,12 @@ def check_layer(*, smoke: bool) -> dict:
         dispatch_tables.placement_arrays(placement),
         dispatch_tables.perturbed(dispatch_tables.uniform(placement), seed=1),
     )
-    exchanges = ("padded",) if smoke else ("padded", "ragged")
-    impls = ("chunked", "pallas") if smoke else ("ragged_dot", "pallas")
+    exchanges = ("padded",) if smoke else ("padded", "ragged", "ragged_split")
+    impls = (
+        ("chunked", "pallas")
+        if smoke
+        else ("ragged_dot", "pallas") + (("tokamax",) if tokamax_backend.available() else ())
+    )
     out = {}
     for exchange in exchanges:
         for gmm_impl in impls:

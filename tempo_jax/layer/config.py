@@ -38,7 +38,8 @@ class MoEConfig:
       hidden: H.  ffn: F (per expert).  experts: E.  top_k: K.
       slots_per_rank: S physical expert slots per rank (P = D·S must match the placement).
       dtype: activation/weight dtype for the expert FFN (router runs in float32).
-      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded" or "ragged" (`ExchangeImpl`).
+      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded", "ragged" or "ragged_split" (each peer's rows
+        in several updates; `ExchangeImpl`).
       gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot", "tokamax").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).

@@ -138,7 +138,7 @@ def replica_sync_method(method: str, impl: str, *, num_ranks: int, slots_per_ran
     """The collective ``method`` (`REPLICA_SYNC`) resolves to with the exchange ``impl`` (see the module)."""
     if method != "auto":
         return method
-    if impl == "ragged":
+    if impl in ("ragged", "ragged_split"):
         return "exchange"
     D, S = num_ranks, slots_per_rank
     ring = 2 * (D - 1) / D * tie_buffer_rows(num_experts, D * S)

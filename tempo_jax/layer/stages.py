@@ -183,8 +183,8 @@ def pack(
 
 
 def exchange_rows(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
-    """Send block j of ``packed.buffer`` to rank j (`tempo_jax.layer.exchange.send_blocks`: ``"padded"`` or
-    ``"ragged"``, same result) and split the received payload into rows and local slot ids."""
+    """Send block j of ``packed.buffer`` to rank j (`tempo_jax.layer.exchange.send_blocks`: ``"padded"``,
+    ``"ragged"`` or ``"ragged_split"``, same result) and split the received payload into rows and local slot ids."""
     recv, recv_counts = send_blocks(packed.buffer, packed.counts, axis=axis, impl=impl)
     return received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_per_rank)
 
