@@ -39,7 +39,8 @@ TOL = 2e-2  # max |y − dense| with TF32 dots on GPU; float32 on CPU lands near
 
 
 def check_layer(*, smoke: bool) -> dict:
-    """Run every (exchange, gmm implementation) pair on one batch; max |y − dense reference| and drops."""
+    """Run every (exchange, gmm implementation) pair on one batch; max |y − dense reference|, drops, and the jitted
+    layer's median time a call (end to end: route, dispatch, exchange, expert FFN, return, combine)."""
     D = jax.device_count()
     E, tokens, hidden, ffn = (16, 32, 32, 16) if smoke else (16, 256, 128, 64)
     placement = Placement.from_eplb(np.arange(E) + 1.0, max(4 * D, E), D)
@@ -77,11 +78,13 @@ def check_layer(*, smoke: bool) -> dict:
                 res = fwd(params, x)
                 err = float(jnp.abs(res.out - moe_reference(to_logical(params, placement), x, cfg)).max())
                 drops = int(res.stats.drops.sum())
-                out[name] = dict(max_abs_err=err, drops=drops, ok=bool(np.isfinite(err) and err < TOL and not drops))
+                ms = _median_ms(lambda x, f=fwd, p=params: f(p, x).out, x, 3 if smoke else 20)  # the layer's call
+                ok = bool(np.isfinite(err) and err < TOL and not drops)
+                out[name] = dict(max_abs_err=err, drops=drops, ms=ms, ok=ok)
             except Exception as e:  # recorded, and the other cases still run
                 out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
             r = out[name]
-            shown = r["error"] if "error" in r else f"max |y − dense| = {r['max_abs_err']:.2e}"
+            shown = r["error"] if "error" in r else f"max |y − dense| = {r['max_abs_err']:.2e}, {r['ms']:.3f} ms a call"
             print(f"  {'ok  ' if out[name]['ok'] else 'FAIL'} {name:20s} {shown}", flush=True)
     return dict(devices=D, backend=jax.default_backend(), jax=jax.__version__, tol=TOL, results=out)
 
@@ -157,6 +160,68 @@ def check_cascade(*, smoke: bool) -> dict:
     return dict(ok=res["equal_outputs"], ran=True, xla_flags=flags, **res)
 
 
+def _median_ms(f, arg, repeats: int) -> float:
+    import statistics
+    import time
+
+    jax.block_until_ready(f(arg))  # compile
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(arg))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _time_plan(D: int, E: int, S: int, B: int, repeats: int) -> dict:
+    """One cell of `time_plans`: D ranks, E experts, S slots per rank (spares to random experts), B tokens per rank."""
+    from solvers import PRESETS, CopyCost
+    from tempo_jax.layer import copies, relief
+    from tempo_jax.workloads.synthetic import SyntheticRouting
+
+    cost = PRESETS["dsv3_fp8_offline"]  # TEMPO Table 6, DSv3 shape
+    rng = np.random.default_rng(0)
+    placement = Placement.from_phy2log(np.r_[np.arange(E), rng.integers(0, E, D * S - E)], D, None, E)
+    counts = jnp.asarray(SyntheticRouting(num_experts=E, top_k=min(8, E // 2), s=1.2, seed=0).batch(B, D, 0))
+    l2p = jnp.asarray(placement.log2phy, jnp.int32)
+    ranks = relief.replica_ranks(l2p, S)
+    cc = CopyCost(3 * 7168 * 2048, 450.0)  # a DSv3 expert in fp8 over NVLink
+    res = {
+        "relief_ms": _median_ms(
+            jax.jit(lambda c: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=cost)), counts, repeats
+        ),
+        "copies_ms": _median_ms(
+            jax.jit(lambda c: copies.plan_copies(jnp.sum(c, 0), ranks, cost, D, 1, cc, num_slots=D * S)),
+            counts,
+            repeats,
+        ),
+    }
+    ran = int(relief.relief(jnp.sum(counts, 0), ranks, cost, D, num_slots=D * S, with_rounds=True)[1])
+    return res | dict(rounds=ran, relief_ms_per_round=res["relief_ms"] / max(ran, 1), ok=True)
+
+
+def time_plans(*, smoke: bool) -> dict:
+    """The in-graph plans on the device: `tempo_jax.layer.relief.plan` (pairwise relief; every rank runs it on the
+    all-gathered counts) and the dynamic copy plan (`tempo_jax.layer.copies.plan_copies`, k = 1), jitted, median of
+    repeated calls, at EP8 / E 256 + 64 and EP32 / E 256 + 64 slots, 512 tokens per rank, Zipf(1.2) top-8 (smoke:
+    EP4 / E 8 + 4). Per call, and per improvement round relief ran (on a GPU: many small ops per round)."""
+    cells = ((4, 8, 3, 64),) if smoke else ((8, 256, 40, 512), (32, 256, 10, 512))  # D, E, S, B
+    out = {}
+    for D, E, S, B in cells:
+        name = f"EP{D} E{E}+{D * S - E} B{B}"
+        try:
+            out[name] = r = _time_plan(D, E, S, B, repeats=3 if smoke else 20)
+            print(
+                f"  plan {name}: relief {r['relief_ms']:.2f} ms ({r['rounds']} rounds, "
+                f"{r['relief_ms_per_round']:.3f} ms each), copies {r['copies_ms']:.2f} ms",
+                flush=True,
+            )
+        except Exception as e:  # recorded, like the other cases
+            out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
+            print(f"  FAIL plan {name}: {out[name]['error']}", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/gpu/moe_check.json", help="JSON output path")
@@ -166,11 +231,13 @@ def main() -> int:
     res = check_layer(smoke=args.smoke)
     res["presets"] = check_presets(args.presets.split(","), smoke=args.smoke)
     res["cascade"] = check_cascade(smoke=args.smoke)
+    res["plans"] = time_plans(smoke=args.smoke)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")
-    ok = all(r["ok"] for r in (*res["results"].values(), *res["presets"].values())) and res["cascade"]["ok"]
+    cases = (*res["results"].values(), *res["presets"].values(), *res["plans"].values())
+    ok = all(r["ok"] for r in cases) and res["cascade"]["ok"]
     return 0 if ok else 1
 
 

@@ -135,12 +135,30 @@ def report(folder: Path) -> str:
                 "ok" if r["ok"] else "FAIL",
                 r.get("max_abs_err", float("nan")),
                 r.get("drops", "—"),
+                r.get("ms", "—"),
                 r.get("error", ""),
             ]
             for name, r in moe["results"].items()
         ]
         out += [f"## MoE layer on {moe['devices']} device(s) ({moe['backend']})\n"]
-        out += [*_md(["exchange/gmm", "verdict", "max abs err vs dense", "drops", "error"], rows), ""]
+        out += [*_md(["exchange/gmm", "verdict", "max abs err vs dense", "drops", "ms a call", "error"], rows), ""]
+        plans = moe.get("plans")
+        if plans is None:
+            out += ["In-graph plans: not measured in this run (an older moe_check.json).", ""]
+        else:
+            rows = [
+                [
+                    name,
+                    r.get("relief_ms", "—"),
+                    r.get("rounds", "—"),
+                    r.get("relief_ms_per_round", "—"),
+                    r.get("copies_ms", "—"),
+                    r.get("error", ""),
+                ]
+                for name, r in plans.items()
+            ]
+            out += ["## In-graph plans (jitted, median ms per call)\n"]
+            out += [*_md(["cell", "relief ms", "rounds", "ms / round", "copies ms", "error"], rows), ""]
     return "\n".join(out) + "\n"
 
 

@@ -64,6 +64,7 @@ def test_gpu_check_smoke(tmp_path):
     )
     assert max(r["max_abs_diff_vs_sync"] for r in cascade["results"]) < 1e-3
     assert all(r["ok"] and r["max_abs_err"] < 1e-4 for r in moe["results"].values())
+    assert moe["plans"] and all(r["ok"] and r["relief_ms"] > 0 and r["copies_ms"] > 0 for r in moe["plans"].values())
     # The profile is what `tempo-jax calibrate` fits: G, N, tiles T and t (µs), all positive.
     with open(tmp_path / "profile.csv") as f:
         rows = list(csv.DictReader(f))
