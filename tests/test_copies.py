@@ -179,3 +179,44 @@ def test_the_jitted_plan_equals_the_numpy_twin(seed, tokens, k, link):
     got = jax.jit(lambda n, r: plan_in_graph(n, r, MIXED, D, k, cc))(jnp.asarray(n), jnp.asarray(ranks, jnp.int32))
     for a, b in zip(got, (want.x, want.copy_expert, want.copy_source, want.copy_tokens), strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_fetch_copies_moves_each_copy_and_returns_its_gradient_to_the_home_slot():
+    """8 ranks × 2 slots, 12 experts: each planned copy arrives in its dynamic slot (zeros where none is made), and
+    the gradient of a loss on the copies lands on the source slot, once per copy, under jit."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from tempo_jax.layer.copies import fetch_copies
+
+    D, S, k, E = 8, 2, 2, 12
+    phy2log = np.r_[np.arange(E), [0, 0, 1, 5]]  # slots 12–15 replicate experts 0, 0, 1, 5
+    logical = np.random.default_rng(0).standard_normal((E, 3, 4)).astype(np.float32)
+    w = jnp.asarray(logical[phy2log])  # [P, 3, 4]
+    cexp = np.full((D, k), -1)
+    csrc = np.full((D, k), -1)
+    for m, j, e, src in ((1, 0, 0, 6), (1, 1, 7, 3), (4, 0, 5, 7), (0, 0, 11, 5), (7, 1, 0, 0)):
+        cexp[m, j], csrc[m, j] = e, src
+    mesh = jax.make_mesh((D,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def per_rank(w, p2l, ce, cs):
+        return fetch_copies({"w": w}, p2l, ce, cs, axis="ep")["w"]
+
+    f = jax.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"), P("ep"), P(), P()), out_specs=P("ep"))
+    args = (jnp.asarray(phy2log, jnp.int32), jnp.asarray(cexp, jnp.int32), jnp.asarray(csrc, jnp.int32))
+    got = np.asarray(jax.jit(f)(w, *args)).reshape(D, k, 3, 4)
+    for m in range(D):
+        for j in range(k):
+            want = logical[cexp[m, j]] if cexp[m, j] >= 0 else np.zeros((3, 4))
+            np.testing.assert_array_equal(got[m, j], want)
+    g = np.random.default_rng(1).standard_normal((D * k, 3, 4)).astype(np.float32)
+    dw = np.asarray(jax.jit(jax.grad(lambda w: jnp.sum(f(w, *args) * g)))(w))
+    want = np.zeros_like(dw)
+    for m in range(D):
+        for j in range(k):
+            if cexp[m, j] >= 0:  # the source's slot of that expert: the home slot of the copy
+                src = csrc[m, j]
+                slot = src * S + int(np.flatnonzero(phy2log[src * S : src * S + S] == cexp[m, j])[0])
+                want[slot] += g[m * k + j]
+    np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-6)

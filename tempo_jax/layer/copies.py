@@ -3,8 +3,10 @@ jittable function of the batch's counts — the computation every rank will run 
 step (static shapes, a fixed number of rounds, no host callback). `solvers.copies` holds the algorithm, its
 break-even guard and its exact yardstick; tests/test_copies.py checks that the two plans are equal.
 
-Not yet wired into `moe_forward` (the copy's `ppermute` round and the gradients back to the home slot are issue 52's
-items 1 and 2): `plan_copies` here is the plan those will execute.
+`fetch_copies` moves the planned copies' weights inside `shard_map`: one all-to-all of ``[D, k, ...]`` per array,
+whose transpose returns each copy's gradient to the slot it was copied from (so training sums it into the home
+slot, and the optimizer state stays there). Not yet wired into `moe_forward` (issue 52, item 1): the dispatch to the
+copy slots is what remains.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from solvers import CopyCost, CostModel
 from solvers.copies import SPLIT_EPS
 from tempo_jax.layer.relief import ROUNDS, relief
 
-__all__ = ["plan_copies"]
+__all__ = ["fetch_copies", "plan_copies"]
 
 
 def _times(cost: CostModel, G, N):
@@ -137,3 +139,31 @@ def plan_copies(
     order = jnp.argsort(cexp < 0, axis=1, stable=True)
     cexp, csrc, ctok = (jnp.take_along_axis(a, order, axis=1) for a in (cexp, csrc, ctok))
     return s["x"], cexp, csrc, ctok
+
+
+def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array, copy_source: jax.Array, *, axis: str):
+    """Inside `shard_map` over ``axis`` (D ranks): this rank's k dynamic slots filled with the planned copies.
+
+    Args:
+      weights: this rank's per-slot expert arrays ``{name: [S, ...]}``.
+      slot_experts: ``[S]`` logical expert of each of this rank's slots.
+      copy_expert, copy_source: ``[D, k]`` the plan (`plan_copies`; the same on every rank): the expert copied into
+        each rank's dynamic slot and the rank it comes from (−1: none).
+
+    Returns:
+      ``{name: [k, ...]}``: slot j holds the weights of ``copy_expert[me, j]`` (zeros where no copy is made).
+
+    One tiled `jax.lax.all_to_all` per array: rank r sends block m = the ``[k, ...]`` weights rank m asked of it
+    (zeros elsewhere), so a rank moves D·k slots of bytes on this padded path. Its transpose is the same all-to-all
+    back: the gradient of a copy lands, summed, on the slot of its source — the home slot.
+    """
+    me = jax.lax.axis_index(axis)
+    serve = copy_source == me  # [D, k]: the requests this rank serves
+    local = jnp.argmax(slot_experts[None, None, :] == copy_expert[:, :, None], axis=-1)  # [D, k] slot of the expert
+    out = {}
+    for name, w in weights.items():
+        mask = serve.reshape(serve.shape + (1,) * (w.ndim - 1))
+        send = jnp.where(mask, w[local], jnp.zeros((), w.dtype))  # [D, k, ...]
+        recv = jax.lax.all_to_all(send, axis, 0, 0, tiled=True)  # block s: what source s sent this rank
+        out[name] = jnp.sum(recv, axis=0)  # only the copy's source sent a non-zero block
+    return out
