@@ -220,3 +220,137 @@ def test_fetch_copies_moves_each_copy_and_returns_its_gradient_to_the_home_slot(
                 slot = src * S + int(np.flatnonzero(phy2log[src * S : src * S + S] == cexp[m, j])[0])
                 want[slot] += g[m * k + j]
     np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def skewed_layer():
+    """The 8-rank layer of tests/ep_case.py (12 experts, 2 slots per rank) on replayed routing that sends 70% of
+    the pairs to expert 3: without copies one rank computes 509 of the 1,024 pairs."""
+    import jax
+    import jax.numpy as jnp
+    from ep_case import E, small_ep_case
+
+    placement, config, params, mesh = small_ep_case(1)
+    T = 8 * 64
+    rng = np.random.default_rng(0)
+    ids = np.where(rng.random((T, 2)) < 0.7, 3, rng.integers(0, E, (T, 2)))
+    ids[:, 1] = np.where(ids[:, 1] == ids[:, 0], (ids[:, 0] + 1) % E, ids[:, 1])
+    routing = (jnp.asarray(ids, jnp.int32), jax.nn.softmax(jax.random.normal(jax.random.key(3), (T, 2)), -1))
+    x = jax.random.normal(jax.random.key(2), (T, 32))
+    return placement, config, params, mesh, x, routing
+
+
+def _layer(skewed_layer, k, link):
+    import dataclasses
+
+    placement, config, params, mesh, x, routing = skewed_layer
+    from tempo_jax.layer import tables as dispatch_tables
+
+    cfg = dataclasses.replace(
+        config,
+        dispatch="ingraph",
+        dispatch_mode="quota",
+        cost=LINEAR,
+        dynamic_slots=k,
+        copy_cost=CopyCost(1e3, link) if k else None,
+    )
+    pa = dispatch_tables.placement_arrays(placement)
+
+    def f(p, x):
+        from tempo_jax.layer import moe_forward
+
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=cfg, routing=routing)
+
+    return cfg, f
+
+
+def test_the_layer_with_dynamic_slots_equals_the_dense_moe_and_copies_only_when_they_pay(skewed_layer):
+    """Copies made (a free link: the hot expert spreads over every rank), none (a link too slow: the same as no
+    dynamic slots), and no dynamic slots: the output is the dense MoE's in each (the central invariant), every pair
+    is computed once, and only the copies move where the work runs."""
+    import jax
+    from numeric import assert_close
+
+    from tempo_jax.layer import moe_reference, to_logical
+
+    placement, config, params, mesh, x, routing = skewed_layer
+    runs = {}
+    for label, k, link in (("copies", 1, 1e6), ("slow link", 1, 1e-6), ("none", 0, None)):
+        cfg, f = _layer(skewed_layer, k, link)
+        res = jax.jit(f)(params, x)
+        assert_close(res.out, moe_reference(to_logical(params, placement), x, cfg, routing=routing))
+        tokens = np.asarray(res.stats.gpu_tokens)
+        assert tokens.sum() == x.shape[0] * 2, label  # every pair computed once
+        runs[label] = tokens
+    np.testing.assert_array_equal(runs["slow link"], runs["none"])
+    assert runs["none"].max() == 509 and runs["copies"].max() <= 140  # the hot rank's 509 pairs spread
+
+
+def test_the_layer_with_copies_has_the_dense_gradients(skewed_layer):
+    """Two dynamic slots per rank, copies made: the gradients of the copies are summed into their home slots, so
+    every replica's gradient is its expert's, as in the dense MoE."""
+    import jax
+    import jax.numpy as jnp
+    from numeric import f32_close
+
+    from tempo_jax.layer import moe_reference, to_logical, to_physical
+
+    placement, config, params, mesh, x, routing = skewed_layer
+    cfg, f = _layer(skewed_layer, 2, 1e6)
+    gp, gx = jax.jit(jax.grad(lambda p, x: jnp.sum(f(p, x).out ** 2), argnums=(0, 1)))(params, x)
+    ref = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg, routing=routing) ** 2), argnums=(0, 1))
+    rp, rx = ref(to_logical(params, placement), x)
+    f32_close(gx, rx, atol=1e-4, rtol=1e-4)
+    rp = to_physical(rp, placement)
+    for name in params:
+        f32_close(gp[name], rp[name], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(dynamic_slots=1, copy_cost=CopyCost(1e3, 50.0)), "set dispatch='ingraph'"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost=LINEAR, dynamic_slots=1), "copy_cost=solvers.CopyCost"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost=LINEAR, copy_cost=CopyCost(1e3, 50.0)), "only with"),
+        (dict(dispatch="ingraph", dispatch_mode="quota", cost=LINEAR, dynamic_slots=-1), "dynamic_slots must be"),
+    ],
+)
+def test_dynamic_slots_are_refused_without_what_they_need(kw, match):
+    from tempo_jax.layer import MoEConfig
+
+    with pytest.raises(ValueError, match=match):
+        MoEConfig(hidden=8, ffn=4, experts=4, top_k=2, slots_per_rank=2, **kw)
+
+
+def test_the_flax_module_with_dynamic_slots_serves_and_trains(skewed_layer):
+    """`tempo_jax.MoE` with dynamic slots under `nnx.jit`: the same output as without them, and an Adam step runs
+    and every stored array moves, keeping its shape (the copies live only inside the step)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from numeric import assert_close
+
+    import tempo_jax
+
+    placement, config, params, mesh, x, _ = skewed_layer
+    base = dataclasses.replace(config, dispatch="ingraph", dispatch_mode="quota", cost=LINEAR)
+    dyn = dataclasses.replace(base, dynamic_slots=1, copy_cost=CopyCost(1e3, 1e6))
+    m, r = (tempo_jax.MoE(c, placement, mesh=mesh, rngs=nnx.Rngs(0), params=params) for c in (dyn, base))
+    step = nnx.jit(lambda m, x: m(x))
+    assert_close(step(m, x * 3), step(r, x * 3))
+    opt = nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def train(m, opt, x):
+        loss, g = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(m)
+        opt.update(m, g)
+        return loss
+
+    before = jax.tree.map(np.asarray, nnx.state(m, nnx.Param))
+    assert np.isfinite(float(train(m, opt, x)))
+    after = jax.tree.map(np.asarray, nnx.state(m, nnx.Param))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        assert a.shape == b.shape and np.isfinite(b).all() and not np.array_equal(a, b)  # the stored slots only

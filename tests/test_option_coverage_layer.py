@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from numeric import assert_close
 
-from solvers import PRESETS, LaunchSchedule, Placement
+from solvers import PRESETS, CopyCost, LaunchSchedule, Placement
 from tempo_jax.layer import MoEConfig, make_mesh, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
@@ -31,6 +31,7 @@ D, E, H, F, T = 8, 16, 16, 8, 256
 BASE = dict(hidden=H, ffn=F, experts=E, top_k=2, slots_per_rank=3, capacity_factor=1.0)
 COST = PRESETS["proxy_serving_3term"]  # its token pieces make the in-graph plan's rounds matter at this size
 INGRAPH = dict(dispatch="ingraph", dispatch_mode="quota", cost=COST)
+FREE_COPY = CopyCost(expert_bytes=1.0, link_gbps=1e6)  # a copy that costs nothing: the plan makes every one that helps
 
 
 def _config(**kw) -> MoEConfig:
@@ -88,6 +89,8 @@ LAYER = {
     "dispatch": ("ingraph", {"dispatch_mode": "quota"}, "where", {"cost": COST}),
     "cost": (PRESETS["dsv3_fp8_offline"], INGRAPH, "where", {"dispatch": "ingraph"}),
     "dispatch_rounds": (1, INGRAPH, "where", {"dispatch": "ingraph"}),
+    "dynamic_slots": (1, INGRAPH, "where", {"copy_cost": FREE_COPY}),  # copies of the hot experts take pairs
+    "copy_cost": (FREE_COPY, INGRAPH, "where", {"dynamic_slots": 1}),
 }
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import DISPATCH_MODES, GMM, DispatchMode, GmmImpl
-from solvers import CostModel, LaunchSchedule
+from solvers import CopyCost, CostModel, LaunchSchedule
 from solvers.checks import check_instance, check_int, plain_scalars
 from solvers.relief import ROUNDS, check_relief_cost
 
@@ -48,6 +48,10 @@ class MoEConfig:
         pairwise relief under ``cost``; needs ``dispatch_mode="quota"``; `tempo_jax.layer.relief`).
       cost: the `solvers.CostModel` the in-graph dispatch minimises (Eq. 1 or Eq. 4; no tile term).
       dispatch_rounds: rounds of pairwise relief per call (in-graph dispatch).
+      dynamic_slots: k spare slots per rank that receive, each call, copies of the experts the in-graph plan chooses
+        (`tempo_jax.layer.copies`; issue 52): made only when the cost model says the copy pays (the break-even
+        guard). Needs ``dispatch="ingraph"`` and ``copy_cost``. 0: none.
+      copy_cost: the `solvers.CopyCost` of one copy (expert bytes, link GB/s, the time hidden behind the exchange).
       router: the `RouterConfig` (scoring, biases, group-limited choice, renormalisation, scaling; default:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
@@ -103,6 +107,8 @@ class MoEConfig:
     dispatch: str = "tables"
     cost: CostModel | None = None
     dispatch_rounds: int = ROUNDS
+    dynamic_slots: int = 0
+    copy_cost: CopyCost | None = None
 
     def __post_init__(self):
         plain_scalars(self)
@@ -199,6 +205,16 @@ class MoEConfig:
                 f"{w}.dispatch_rounds={self.dispatch_rounds:,} exceeds {MAX_DISPATCH_ROUNDS:,} (the plan's round "
                 f"counter is int32, and the plan converges in a few rounds: the default is {ROUNDS})"
             )
+        check_int(f"{w}.dynamic_slots", self.dynamic_slots, minimum=0)
+        if self.dynamic_slots and (self.dispatch != "ingraph" or not isinstance(self.copy_cost, CopyCost)):
+            raise ValueError(
+                f"{w}: dynamic_slots={self.dynamic_slots} are filled by the in-graph plan, priced by a copy's cost: "
+                "set dispatch='ingraph' and copy_cost=solvers.CopyCost(expert_bytes, link_gbps, overlap_us)"
+            )
+        if self.copy_cost is not None and not self.dynamic_slots:
+            raise ValueError(f"{w}: copy_cost is used only with dynamic_slots > 0; set dynamic_slots or leave it out")
+        if self.dynamic_slots and (self.fetches or self.schedule != "sync"):
+            raise ValueError(f"{w}: dynamic_slots do not combine with CascadeEP's fetches or launch schedules yet")
         if self.dispatch == "tables":
             if self.cost is not None or self.dispatch_rounds != ROUNDS:
                 raise ValueError(

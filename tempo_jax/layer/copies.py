@@ -42,16 +42,18 @@ def plan_copies(
     rounds: int = ROUNDS,
     *,
     num_slots: int | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    with_rounds: bool = False,
+) -> tuple[jax.Array, ...]:
     """The copy plan of one batch: ``n [E]`` tokens per expert, ``ranks [E, R]`` the fixed replica columns
     (`relief.replica_ranks`), k = ``dynamic_slots`` spare slots per rank → ``(x [E, R] float32 tokens on the fixed
     columns, copy_expert [D, k] int32 (−1: none), copy_source [D, k] int32, copy_tokens [D, k] float32)`` — equal to
-    `solvers.copies.plan_copies` (steps 1-3); ``num_slots`` bounds relief's candidate moves as in `relief.relief`."""
+    `solvers.copies.plan_copies` (steps 1-3); ``num_slots`` bounds relief's candidate moves as in `relief.relief`;
+    ``with_rounds``: a fifth element, the improvement rounds relief ran (step 1)."""
     D, k = num_ranks, dynamic_slots
     E, R = ranks.shape
     n = n.astype(jnp.float32)
     # Step 1: relief over the fixed replicas.
-    x = relief(n, ranks, cost, D, rounds, num_slots=num_slots)
+    x, ran = relief(n, ranks, cost, D, rounds, num_slots=num_slots, with_rounds=True)
     ok = ranks >= 0
     e_of = jnp.broadcast_to(jnp.arange(E)[:, None], ranks.shape)
     rk = jnp.where(ok, ranks, D)  # columns without a rank go to a dropped rank D
@@ -71,7 +73,7 @@ def plan_copies(
         done=jnp.asarray(False),
     )
     if k == 0:
-        return x, state["cexp"], state["csrc"], state["ctok"]
+        return (x, state["cexp"], state["csrc"], state["ctok"]) + ((ran,) if with_rounds else ())
     beta = max(cost.beta, 1e-12)
     rank_ids = jnp.arange(D)
 
@@ -138,7 +140,7 @@ def plan_copies(
     cexp, csrc, ctok = jnp.where(empty, -1, s["cexp"]), jnp.where(empty, -1, s["csrc"]), jnp.where(empty, 0, s["ctok"])
     order = jnp.argsort(cexp < 0, axis=1, stable=True)
     cexp, csrc, ctok = (jnp.take_along_axis(a, order, axis=1) for a in (cexp, csrc, ctok))
-    return s["x"], cexp, csrc, ctok
+    return (s["x"], cexp, csrc, ctok) + ((ran,) if with_rounds else ())
 
 
 def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array, copy_source: jax.Array, *, axis: str):

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
-from . import cascade_exec, relief, rounds, stages
+from . import cascade_exec, copies, relief, rounds, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE
@@ -264,14 +264,17 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     sample = config.dispatch_mode == "sample"
     shard = jax.lax.axis_index(axes.tokens) if axes.batch else d  # this token shard (tensor ranks share it)
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, shard), (T, K)) if sample else None
+    log2phy, plan = inp.log2phy, None
     if config.dispatch == "ingraph":
-        table, plan_rounds = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
+        table, plan_rounds, plan = _ingraph_table(rt.ids, inp.valid, inp.log2phy, config=config, num_ranks=D, rank=d)
+        if plan is not None:  # dynamic copies: the copy slots are columns of the table after the fixed ones
+            log2phy = plan.log2phy
     else:
         table, plan_rounds = inp.table[(d * groups) // D], jnp.int32(0)
     dp = stages.dispatch_pairs(
         rt,
         table,
-        inp.log2phy,
+        log2phy,
         inp.counter[0],
         mode=config.dispatch_mode,
         uniforms=uniforms,
@@ -279,6 +282,9 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         valid=inp.valid,
     )
     dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
+    if plan is not None:  # a copy column's slot D·S + m·k + j is rank m's dynamic slot S + j
+        k, v = config.dynamic_slots, dp.slot - D * S
+        dest, local = jnp.where(v >= 0, v // k, dest), jnp.where(v >= 0, S + v % k, local)
     real = jnp.repeat(inp.valid, K)
     invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
     # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
@@ -291,6 +297,10 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         impl=impl,
         method=config.replica_sync,
     )
+    if plan is not None:  # dynamic copies: this rank's k extra slots, fetched from their sources
+        mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, d * S, S)
+        got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis)
+        weights = {name: jnp.concatenate([w, got[name]], axis=0) for name, w in weights.items()}
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
@@ -381,31 +391,44 @@ def _local_weights(weights: dict, axes: LayerAxes) -> dict:
     return weights
 
 
+class _CopyPlan(NamedTuple):
+    """The in-graph plan's dynamic copies (`tempo_jax.layer.copies`): ``log2phy [E, R + D·k]`` with the copy
+    columns (slot D·S + m·k + j for rank m's dynamic slot j), and ``copy_expert`` / ``copy_source`` ``[D, k]``."""
+
+    log2phy: jax.Array
+    copy_expert: jax.Array
+    copy_source: jax.Array
+
+
 def _ingraph_table(
     ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int, rank: jax.Array
-) -> jax.Array:
-    """This rank's in-graph table ``[E, R]`` (`tempo_jax.layer.relief`): its valid pair counts all-gathered over the
-    axis ``[D, E]``, pairwise relief of the totals (the same plan on every rank), and this source's quota row; and
-    the improvement rounds the plan ran."""
-    E = config.experts
+):
+    """This rank's in-graph table (`tempo_jax.layer.relief`): its valid pair counts all-gathered over the axis
+    ``[D, E]``, the plan of the totals (the same on every rank) and this source's quota row ``[E, R]``; the
+    improvement rounds the plan ran; and with ``dynamic_slots`` the copies (`_CopyPlan`; the table is then
+    ``[E, R + D·k]``), else None."""
+    E, D, S = config.experts, num_ranks, config.slots_per_rank
     ok = valid[:, None] & (ids >= 0) & (ids < E)
     counts = jax.ops.segment_sum(
         ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1), num_segments=E + 1
     )[:E]
     every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
-    ranks = relief.replica_ranks(log2phy, config.slots_per_rank)
-    x, ran = relief.relief(
-        jnp.sum(every, axis=0),
-        ranks,
-        config.cost,
-        num_ranks,
-        config.dispatch_rounds,
-        num_slots=num_ranks * config.slots_per_rank,
-        with_rounds=True,
-    )
+    ranks = relief.replica_ranks(log2phy, S)
+    n, rounds_, plan = jnp.sum(every, axis=0), config.dispatch_rounds, None
+    if not config.dynamic_slots:
+        x, ran = relief.relief(n, ranks, config.cost, D, rounds_, num_slots=D * S, with_rounds=True)
+    else:
+        k = config.dynamic_slots
+        x, cexp, csrc, ctok, ran = copies.plan_copies(
+            n, ranks, config.cost, D, k, config.copy_cost, rounds_, num_slots=D * S, with_rounds=True
+        )
+        col = jnp.arange(E)[:, None] == cexp.reshape(1, D * k)  # [E, D·k]: the copy columns of each expert
+        x = jnp.concatenate([x, jnp.where(col, ctok.reshape(1, D * k), 0.0)], axis=1)
+        slots = D * S + jnp.arange(D * k, dtype=log2phy.dtype)
+        plan = _CopyPlan(jnp.concatenate([log2phy, jnp.where(col, slots[None, :], -1)], axis=1), cexp, csrc)
     mine = jax.lax.dynamic_slice_in_dim(every, rank, 1, axis=0)  # [1, E]
     before = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < rank, every, 0), axis=0)[None]  # sources before
-    return relief.quotas(jnp.concatenate([before, mine]), x)[1], ran
+    return relief.quotas(jnp.concatenate([before, mine]), x)[1], ran, plan
 
 
 def _exchange_ffn(
