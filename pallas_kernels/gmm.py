@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import tokamax_backend
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
@@ -161,6 +162,15 @@ def _chunks(cfg: _Cfg, tgmm_rows: int | None = None) -> dict:
     big_groups = tgmm_rows >= t.tgmm_fixed_rows * cfg.num_local_groups
     schedule = "fixed" if big_groups else "ladder"
     return dict(chunk=t.tgmm_chunk, small_chunk=t.small_chunk, min_chunk=t.min_chunk, schedule=schedule)
+
+
+def _resolve(implementation: str, interpret: bool) -> str:
+    """The concrete implementation (`implementations.GMM`); "tokamax" is checked here, outside any jit cache, so a
+    missing package is named on every call (`tokamax_backend.INSTALL_HINT`)."""
+    impl = GMM.resolve(implementation, interpret=interpret)
+    if impl == "tokamax":
+        tokamax_backend.ragged_dot_general()
+    return impl
 
 
 def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: bool):
@@ -380,7 +390,7 @@ def gmm(
     )
     out_dtype = _check_out_dtype(preferred_element_type, lhs, rhs, "gmm")
     cfg = _Cfg(
-        GMM.resolve(implementation, interpret=interpret),
+        _resolve(implementation, interpret),
         _as_tiling(tiling),
         interpret,
         out_dtype,
@@ -425,7 +435,7 @@ def tgmm(
         raise ValueError(f"tgmm: num_local_groups must be >= 1, got {num_local_groups}")
     out_dtype = _check_out_dtype(preferred_element_type, lhs, grad, "tgmm")
     cfg = _Cfg(
-        GMM.resolve(implementation, interpret=interpret),
+        _resolve(implementation, interpret),
         _as_tiling(tiling),
         interpret,
         out_dtype,
