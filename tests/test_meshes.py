@@ -49,12 +49,12 @@ def _placement(ep: int) -> Placement:
 
 def _config(shape, **kw) -> MoEConfig:
     data, ep, tensor = shape
+    kw.setdefault("slots_per_rank", 2 * E // ep)
     return MoEConfig(
         hidden=H,
         ffn=F,
         experts=E,
         top_k=K,
-        slots_per_rank=2 * E // ep,
         expert=ExpertConfig(bias=True),
         shared=SharedConfig(count=1, ffn=8, gated=True),
         tensor_axis="tensor" if tensor > 1 else None,
@@ -442,3 +442,46 @@ def test_an_eager_call_keeps_the_inputs_sharding():
         res = moe_forward(params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
         assert res.out.sharding.is_equivalent_to(x.sharding, 2) and res.stats.gpu_tokens.shape == (shards,)
         assert_close(res.out, moe_reference(_logical(config), _x(), config))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 4, 1), pytest.param((1, 4, 2), marks=pytest.mark.slow), (2, 2, 2)],  # (2, 2, 2) has the tensor axis too
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_dynamic_copies_on_multi_axis_meshes(shape):
+    """Dynamic copies (issue 52) on data × ep × tensor meshes: half of the pairs go to expert 3, each EP group
+    copies it into its ranks' spare slots (the weights move over the ep axis only, each tensor rank its F share),
+    and the output and gradients under jit are the dense reference's; the busiest rank computes fewer rows than
+    without copies."""
+    from solvers import CopyCost, CostModel
+
+    data, ep, _ = shape
+    S = E // ep + 1  # expert 3 has one home: rank 0 of 2 (S 5), rank 1 of 4 (S 3)
+    mesh, placement = _mesh(shape), Placement.spread(E, ep, S)
+    linear = CostModel(a=0.0, b=0.0, c=0.0, beta=1.0)
+    base = _config(shape, slots_per_rank=S, dispatch="ingraph", dispatch_mode="quota", cost=linear)
+    rng = np.random.default_rng(0)
+    ids = np.where(rng.random((T, K)) < 0.5, 3, rng.integers(0, E, (T, K)))
+    ids[:, 1] = np.where(ids[:, 1] == ids[:, 0], (ids[:, 0] + 1) % E, ids[:, 1])
+    routing = (jnp.asarray(ids, jnp.int32), jax.nn.softmax(jax.random.normal(jax.random.key(3), (T, K)), -1))
+    logical, x = _logical(base), _x()
+    want = moe_reference(logical, x, base, routing=routing)
+    want_grads = jax.grad(lambda p: jnp.sum(moe_reference(p, x, base, routing=routing) ** 2))(logical)
+    params = to_physical(logical, placement, mesh=mesh, config=base)
+    pa = dispatch_tables.placement_arrays(placement)
+    busiest = {}
+    for k in (0, 1):
+        config = dataclasses.replace(base, dynamic_slots=k, copy_cost=CopyCost(1e3, 1e6) if k else None)
+
+        def loss(p, x, c=config):
+            res = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=c, routing=routing)
+            return jnp.sum(res.out**2), res
+
+        (_, res), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x)
+        assert_close(res.out, want)
+        assert_trees_close(grads, to_physical(want_grads, placement))
+        rows = np.asarray(res.stats.gpu_tokens).reshape(data, ep)
+        assert (rows.sum(axis=1) == T * K // data).all()  # every pair once, in its own group
+        busiest[k] = rows.max()
+    assert busiest[1] < busiest[0], busiest

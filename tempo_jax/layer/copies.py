@@ -5,8 +5,9 @@ break-even guard and its exact yardstick; tests/test_copies.py checks that the t
 
 `fetch_copies` moves the planned copies' weights inside `shard_map`: one all-to-all of ``[D, k, ...]`` per array,
 whose transpose returns each copy's gradient to the slot it was copied from (so training sums it into the home
-slot, and the optimizer state stays there). Not yet wired into `moe_forward` (issue 52, item 1): the dispatch to the
-copy slots is what remains.
+slot, and the optimizer state stays there). `moe_forward` runs both with ``MoEConfig(dynamic_slots=k, copy_cost=)``:
+the copies become extra columns of the in-graph table (rank m's dynamic slot j is physical slot ``D·S + m·k + j``),
+on a 1-D mesh and inside each EP group of a data × ep × tensor mesh.
 """
 
 from __future__ import annotations
