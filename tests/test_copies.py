@@ -354,3 +354,36 @@ def test_the_flax_module_with_dynamic_slots_serves_and_trains(skewed_layer):
     after = jax.tree.map(np.asarray, nnx.state(m, nnx.Param))
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         assert a.shape == b.shape and np.isfinite(b).all() and not np.array_equal(a, b)  # the stored slots only
+
+
+def test_expert_ffn_over_weight_parts_equals_one_array():
+    """`stages.expert_ffn` with each weight as parts along the slot axis (the stored slots and the copies, so the
+    stored ones are never concatenated): the same rows, group sizes and gradients as one concatenated array, with
+    biases, padding rows and an empty copy slot."""
+    import jax
+    import jax.numpy as jnp
+    from numeric import f32_close
+
+    from tempo_jax.layer.experts import ExpertConfig
+    from tempo_jax.layer.stages import expert_ffn
+
+    S, k, H, F, M = 3, 2, 8, 4, 40
+    keys = iter(jax.random.split(jax.random.key(0), 8))
+    shapes = {"w_gate": (H, F), "w_up": (H, F), "w_down": (F, H), "b_gate": (F,), "b_up": (F,), "b_down": (H,)}
+    whole = {n: jax.random.normal(next(keys), (S + k, *sh)) for n, sh in shapes.items()}
+    rows = jax.random.normal(next(keys), (M, H))
+    slots = jnp.asarray(np.random.default_rng(0).choice([0, 1, 2, 3, S + k], M), jnp.int32)  # slot 4 empty
+    kw = dict(expert=ExpertConfig(bias=True), gmm_impl="auto", interpret=False)
+
+    def run(w, split):
+        w = {n: (a[:S], a[S:]) for n, a in w.items()} if split else w
+        y, gs = expert_ffn(rows, slots, w, **kw)
+        return jnp.sum(y**2), (y, gs)
+
+    (_, (y1, g1)), d1 = jax.jit(jax.value_and_grad(lambda w: run(w, False), has_aux=True))(whole)
+    (_, (y2, g2)), d2 = jax.jit(jax.value_and_grad(lambda w: run(w, True), has_aux=True))(whole)
+    f32_close(y2, y1, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(g2, g1)
+    assert g1.shape == (S + k,) and g1[4] == 0
+    for n in whole:
+        f32_close(d2[n], d1[n], atol=1e-4, rtol=1e-5)

@@ -435,6 +435,46 @@ def test_the_in_graph_plan_reports_its_rounds():
     assert samples["tempo_moe_plan_rounds"] == got["ingraph"]
 
 
+def test_dynamic_copies_are_reported_per_rank_and_exported():
+    """``dynamic_slots``: a router that sends most pairs to expert 3 (one home) makes the in-graph plan copy it;
+    ``moe.copies`` holds what each rank received, the record sums them and the Prometheus gauge shows the sum
+    without dynamic slots it is 0."""
+    from solvers import CopyCost, CostModel
+
+    mesh = make_ep_mesh(8)
+    placement = Placement.from_eplb(np.ones(8), 16, 8)
+    linear = CostModel(a=0.0, b=0.0, c=0.0, beta=1.0)
+    x = jax.random.normal(jax.random.key(0), (512, 16))
+    got = {}
+    for k in (0, 1):
+        cfg = MoEConfig(
+            hidden=16,
+            ffn=16,
+            experts=8,
+            top_k=2,
+            slots_per_rank=2,
+            dispatch="ingraph",
+            dispatch_mode="quota",
+            cost=linear,
+            dynamic_slots=k,
+            copy_cost=CopyCost(1e3, 1e6) if k else None,
+        )
+        moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+        w = np.zeros((16, 8), np.float32)
+        w[:, 3] = 5.0  # every token's first choice: expert 3
+        moe.router.set_value(jax.device_put(w, moe.router.get_value().sharding))
+        nnx.jit(lambda m, x: m(x))(moe, x + 1.0)
+        per_rank = np.asarray(moe.copies.get_value())
+        (stats,) = capture(moe).layers()
+        got[k] = layer_record(stats, COST)
+        assert got[k]["copies"] == per_rank.sum() and (per_rank <= k).all()
+    assert got[0]["copies"] == 0 and got[1]["copies"] >= 4, got[1]["copies"]
+    sink = PrometheusSink()
+    sink.write({"step": 0, "kind": "step", "layers": [got[1]], "stalls": {}})
+    samples = {s.name: s.value for f in sink.registry.collect() for s in f.samples}
+    assert samples["tempo_moe_copies"] == got[1]["copies"]
+
+
 def test_a_runtime_that_never_publishes_raises_its_hand(caplog):
     """End to end: a real controller whose every solve misses its budget publishes nothing; the watcher fed by it
     raises the ``publication`` gauge on its /metrics registry and logs what stalled and since when."""
@@ -482,7 +522,7 @@ def test_the_capture_copy_moves_nothing_between_devices():
         cap = capture(moe)
         assert isinstance(cap.arrays, _Packed)
         leaves = jax.tree.leaves(cap.arrays.treedef.unflatten([0] * cap.arrays.treedef.num_leaves))
-        assert len(leaves) == 8  # the 7 statistics and phy2log of the one layer
+        assert len(leaves) == len(STAT_NAMES) + 1  # the statistics and phy2log of the one layer
         arrays = [{name: getattr(moe, name).get_value() for name in (*STAT_NAMES, "phy2log")}]
         specs = tuple(a.sharding.spec for a in jax.tree.leaves(arrays))
         hlo = _packer(mesh, specs).lower(*jax.tree.leaves(arrays)).compile().as_text()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from solvers import CopyCost, CostModel
 from solvers.copies import SPLIT_EPS
@@ -135,7 +136,10 @@ def plan_copies(
         out["done"] = s["done"] | ~take
         return out
 
-    s = jax.lax.fori_loop(0, rounds + D * k, one_round, state)
+    # Rounds until one makes no move (the rest would be no-ops), at most rounds + D·k.
+    _, s = jax.lax.while_loop(
+        lambda c: (c[0] < rounds + D * k) & ~c[1]["done"], lambda c: (c[0] + 1, one_round(c[0], c[1])), (0, state)
+    )
     # Step 3: copies drained of tokens are dropped; made copies first in each rank's slots.
     empty = (s["cexp"] >= 0) & (s["ctok"] <= 0)
     cexp, csrc, ctok = jnp.where(empty, -1, s["cexp"]), jnp.where(empty, -1, s["csrc"]), jnp.where(empty, 0, s["ctok"])
@@ -156,17 +160,42 @@ def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array,
     Returns:
       ``{name: [k, ...]}``: slot j holds the weights of ``copy_expert[me, j]`` (zeros where no copy is made).
 
-    One tiled `jax.lax.all_to_all` per array: rank r sends block m = the ``[k, ...]`` weights rank m asked of it
-    (zeros elsewhere), so a rank moves D·k slots of bytes on this padded path. Its transpose is the same all-to-all
-    back: the gradient of a copy lands, summed, on the slot of its source — the home slot.
+    One tiled `jax.lax.all_to_all` per dtype (the arrays flattened side by side): rank r sends block m = the
+    ``[k, ...]`` weights rank m asked of it (zeros elsewhere), so a rank moves D·k slots of bytes on this padded
+    path; a plan without copies skips it (one `jax.lax.cond`, the same branch on every rank). Its transpose is the
+    same all-to-all back: the gradient of a copy lands, summed, on the slot of its source — the home slot.
     """
     me = jax.lax.axis_index(axis)
     serve = copy_source == me  # [D, k]: the requests this rank serves
     local = jnp.argmax(slot_experts[None, None, :] == copy_expert[:, :, None], axis=-1)  # [D, k] slot of the expert
+    k = copy_expert.shape[1]
+
+    # The [D, k] slots this rank sends (zeros where it serves no request), one buffer per dtype (the arrays
+    # flattened side by side): one all-to-all, one rendezvous, not one per array.
+    dtypes = list(dict.fromkeys(w.dtype for w in weights.values()))
+    names = {dt: [name for name, w in weights.items() if w.dtype == dt] for dt in dtypes}
+    send = {
+        dt: jnp.where(
+            serve[:, :, None],
+            jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2),
+            jnp.zeros((), dt),
+        )
+        for dt in dtypes
+    }
+
+    def move(send):  # block s of the result: what source s sent this rank; only the copy's source sent non-zeros
+        return {dt: jnp.sum(jax.lax.all_to_all(b, axis, 0, 0, tiled=True), axis=0) for dt, b in send.items()}
+
+    def nothing(send):  # k zero slots typed as `move`'s (`serve` varies over the axis, and is all False here)
+        return {dt: jnp.where(serve[me][:, None], b[0], jnp.zeros((), dt)) for dt, b in send.items()}
+
+    # The plan is the same on every rank, so every rank takes the same branch: a batch without copies moves nothing.
+    recv = jax.lax.cond(jnp.any(copy_expert >= 0), move, nothing, send)
     out = {}
-    for name, w in weights.items():
-        mask = serve.reshape(serve.shape + (1,) * (w.ndim - 1))
-        send = jnp.where(mask, w[local], jnp.zeros((), w.dtype))  # [D, k, ...]
-        recv = jax.lax.all_to_all(send, axis, 0, 0, tiled=True)  # block s: what source s sent this rank
-        out[name] = jnp.sum(recv, axis=0)  # only the copy's source sent a non-zero block
+    for dt in dtypes:
+        at = 0
+        for n in names[dt]:
+            size = int(np.prod(weights[n].shape[1:]))
+            out[n] = recv[dt][:, at : at + size].reshape((k, *weights[n].shape[1:]))
+            at += size
     return out

@@ -7,8 +7,9 @@
     moe.shard_counts.get_value()    # [Ng·D, E] the same per device: EP group b's rank d at row b·D + d
     moe.drops.get_value()           # [Ng·D] pairs each source could not send (0 unless a fixed capacity is too small)
     moe.invalid_ids.get_value()     # [Ng·D] routed ids outside [0, E) (replayed routing under jit); gpu_tokens,
-                                    # gpu_activations, rounds, plan_rounds (the in-graph plan's): the rest of the
-                                    # last call's per-device statistics (`tempo_jax.metrics` reads them all)
+                                    # gpu_activations, rounds, plan_rounds (the in-graph plan's), copies (experts
+                                    # copied into each rank's dynamic slots): the rest of the last call's
+                                    # per-device statistics (`tempo_jax.metrics` reads them all)
 
 Trainable weights are `nnx.Param`: the router (replicated) and the physical expert arrays w_gate / w_up /
 w_down ``[P, ...]``, sharded over the ``ep`` axis so each rank holds only its S slots (``nnx.Optimizer`` gives
@@ -341,6 +342,7 @@ class MoE(nnx.Module):
         self.rounds = ShardState(jnp.ones((n,), jnp.int32), **shard)
         self.invalid_ids = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.plan_rounds = ShardState(jnp.zeros((n,), jnp.int32), **shard)
+        self.copies = ShardState(jnp.zeros((n,), jnp.int32), **shard)
         self.total_drops = 0  # fixed capacity, eager calls only (a traced call cannot read its drops on the host)
         self._warned_drops = False
         # the last call's routing, when recording (an empty array would not checkpoint: orbax refuses 0-size arrays)
@@ -646,6 +648,7 @@ class MoE(nnx.Module):
         self.rounds.set_value(res.stats.rounds)
         self.invalid_ids.set_value(res.stats.invalid_ids)
         self.plan_rounds.set_value(res.stats.plan_rounds)
+        self.copies.set_value(res.stats.copies)
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
         self.shard_counts.set_value(jnp.sum(res.stats.replica_counts, axis=-1))

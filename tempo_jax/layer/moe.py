@@ -169,6 +169,8 @@ class MoEStats(NamedTuple):
         ``jit``, where it cannot be refused): they are computed by no expert and contribute nothing.
       plan_rounds: ``[D]`` improvement rounds the in-graph plan ran (``dispatch="ingraph"``: at most
         ``dispatch_rounds``; every rank plans the same); 0 with tables.
+      copies: ``[D]`` experts each rank received into its dynamic slots this call (``dynamic_slots``; 0 otherwise):
+        times one expert's bytes, what its copies moved.
     """
 
     gpu_tokens: jax.Array
@@ -181,6 +183,7 @@ class MoEStats(NamedTuple):
     rounds: jax.Array
     invalid_ids: jax.Array
     plan_rounds: jax.Array
+    copies: jax.Array
 
 
 class MoEAux(NamedTuple):
@@ -300,13 +303,13 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     if plan is not None:  # dynamic copies: this rank's k extra slots, fetched from their sources
         mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, d * S, S)
         got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis)
-        weights = {name: jnp.concatenate([w, got[name]], axis=0) for name, w in weights.items()}
+        weights = {name: (w, got[name]) for name, w in weights.items()}  # parts: the stored slots are not copied
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     weights = _local_weights(weights, axes)
-    slots_total = weights["w_gate"].shape[0]
+    slots_total = stages.num_slots(weights)
     mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
         x_rows, k_rows, combine_gate = (
@@ -366,6 +369,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         rounds=n_rounds[None],
         invalid_ids=invalid_ids[None],
         plan_rounds=plan_rounds[None],
+        copies=(jnp.int32(0) if plan is None else jnp.sum(plan.copy_expert[d] >= 0, dtype=jnp.int32))[None],
     )
     aux = _aux(rt, dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=aux_losses and not given_routing)
     counts, counter = dp.counts, dp.counter
@@ -387,7 +391,8 @@ def _local_weights(weights: dict, axes: LayerAxes) -> dict:
         }
     if axes.tensor is not None and "b_down" in weights:
         first = jax.lax.axis_index(axes.tensor) == 0
-        weights = {**weights, "b_down": jnp.where(first, weights["b_down"], 0).astype(weights["b_down"].dtype)}
+        only_first = jax.tree.map(lambda b: jnp.where(first, b, 0).astype(b.dtype), weights["b_down"])
+        weights = {**weights, "b_down": only_first}
     return weights
 
 

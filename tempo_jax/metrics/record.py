@@ -41,7 +41,16 @@ __all__ = ["STAT_NAMES", "Capture", "balancedness", "capture", "eplb_share", "la
 
 #: The per-device statistics of a layer's last call that a record reads (`tempo_jax.MoE` state, each ``[n]`` but
 #: ``shard_counts [n, E]``; a stack of layers built with ``nnx.vmap`` adds a leading ``[L]``).
-STAT_NAMES = ("shard_counts", "gpu_tokens", "gpu_activations", "drops", "rounds", "invalid_ids", "plan_rounds")
+STAT_NAMES = (
+    "shard_counts",
+    "gpu_tokens",
+    "gpu_activations",
+    "drops",
+    "rounds",
+    "invalid_ids",
+    "plan_rounds",
+    "copies",
+)
 
 
 def moe_layers(model) -> list[MoE]:
@@ -228,15 +237,16 @@ def layer_record(stats: dict, cost: CostModel, *, policy: str | None = None, sha
 
     Args:
       stats: ``shard_counts [n, E]``, ``gpu_tokens [n]``, ``gpu_activations [n]``, ``drops [n]``, ``rounds [n]``,
-        ``invalid_ids [n]``, ``plan_rounds [n]``, ``placement`` and ``groups`` (Ng; n = Ng·D).
+        ``invalid_ids [n]``, ``plan_rounds [n]``, ``copies [n]`` (absent: none), ``placement`` and ``groups``
+        (Ng; n = Ng·D).
       cost: the cost model of the times and makespans.
       policy: also solve this policy on the step's counts (``makespan_us["optimum"]``; None: not computed).
       share: `eplb_share` of the placement, when the caller keeps it (else computed).
 
     Returns:
       ``{"tokens" [n], "activated" [n], "expert_tokens" [E], "pairs", "drops", "invalid_ids", "rounds", "plan_rounds",
-      "balancedness": {"tokens", "time"}, "makespan_us": {"live", "eplb_even", "optimum"}}`` (lists and floats:
-      JSON as it stands).
+      "copies" (dynamic copies received, all ranks), "balancedness": {"tokens", "time"}, "makespan_us": {"live",
+      "eplb_even", "optimum"}}`` (lists and floats: JSON as it stands).
     """
     placement, ng = stats["placement"], int(stats["groups"])
     counts = np.asarray(stats["shard_counts"], dtype=np.float64)
@@ -258,6 +268,7 @@ def layer_record(stats: dict, cost: CostModel, *, policy: str | None = None, sha
         "invalid_ids": int(np.sum(stats["invalid_ids"])),
         "rounds": int(np.max(stats["rounds"])),
         "plan_rounds": int(np.max(stats["plan_rounds"])),
+        "copies": int(np.sum(stats.get("copies", 0))),
         "balancedness": {"tokens": balancedness(toks), "time": balancedness(times)},
         "makespan_us": {"live": float(times.max(initial=0.0)), "eplb_even": float(eplb), "optimum": optimum},
     }

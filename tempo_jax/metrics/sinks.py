@@ -108,6 +108,7 @@ class PrometheusSink:
             )
             m["tempo_moe_dropless_rounds"].labels(lab).set(layer["rounds"])
             m["tempo_moe_plan_rounds"].labels(lab).set(layer["plan_rounds"])
+            m["tempo_moe_copies"].labels(lab).set(layer.get("copies", 0))
             toks = np.asarray(layer["tokens"], dtype=np.float64)
             if toks.mean() > 0:
                 for r in toks / toks.mean():
@@ -192,7 +193,7 @@ def write_tensorboard(writer, record: dict) -> None:
         for tables, us in layer["makespan_us"].items():
             if us is not None:
                 writer.add_scalar(f"{tag}/makespan_{tables}_us", us, step)
-        for key in ("pairs", "drops", "invalid_ids", "rounds", "plan_rounds"):
+        for key in ("pairs", "drops", "invalid_ids", "rounds", "plan_rounds", "copies"):
             writer.add_scalar(f"{tag}/{key}", layer[key], step)
         load = np.asarray(layer["expert_tokens"], dtype=np.float64)
         ids = np.arange(load.size, dtype=np.float64)

@@ -84,6 +84,13 @@ METRICS = (
         "improvement rounds the in-graph plan ran this step (dispatch='ingraph'; 0 with tables)",
     ),
     _M(
+        "tempo_moe_copies",
+        "gauge",
+        "experts",
+        ("layer",),
+        "experts copied into the ranks' dynamic slots this step, all ranks (dynamic_slots; 0 otherwise)",
+    ),
+    _M(
         "tempo_moe_rank_load_ratio",
         "histogram",
         "ratio",
