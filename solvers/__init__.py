@@ -9,7 +9,8 @@ Modules, bottom up (imports point down only): `checks` (argument checks), `cost`
 `bounds` (cheap, certified and LP bounds) → `problem` (`DispatchProblem`, `Dispatch`) → `policies`,
 `target_repair`, `level_search` (exact search at one activation level, CP-SAT) → `tempo_moves` (stages 1–3 on a
 dense state) → `tempo_fast` (`TempoOptions`, anytime budget), `milp` → `solve`; `relief` (pairwise relief) →
-`copies` (per-batch dynamic copies into spare slots and their exact MILP); beside them `fit` (calibration)
+`copies` (per-batch dynamic copies into spare slots and their exact MILP) → `copy_baselines` (MoonEP- and
+LLEP-style token balancing with unpriced copies); beside them `fit` (calibration)
 and `topology` (per-node split); `tables` (the one plan → table-weights conversion, used by every producer of
 dispatch tables) and `worker` (the numpy-only solver process of TEMPO §4.4). CascadeEP planning: `attention`
 (App. B attention-time model), `throughput` (FFN throughput curve, streamFFN threshold), `streamffn` (launch
@@ -20,6 +21,7 @@ from . import oewf as _oewf
 from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
 from .bounds import certified_lower_bound
 from .copies import CopyCost, CopyPlan, copies_milp, plan_copies
+from .copy_baselines import TokenPlan, equalise_rows, least_loaded
 from .cost import PRESETS, CostModel, gpu_loads
 from .eplb import rebalance_experts
 from .fit import FitReport, UndeterminedFitWarning, bootstrap_max_affine, fit_max_affine, read_samples
@@ -49,15 +51,18 @@ __all__ = [
     "bootstrap_max_affine",
     "TempoOptions",
     "TokenFlow",
+    "TokenPlan",
     "certified_lower_bound",
     "copies_milp",
     "drift_corrupt",
+    "equalise_rows",
     "expected_dispatch",
     "fit_max_affine",
     "read_samples",
     "flat_split",
     "gpu_loads",
     "inter_node_tokens",
+    "least_loaded",
     "node_counts_from_sources",
     "plan_copies",
     "plan_weights",
