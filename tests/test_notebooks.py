@@ -170,6 +170,16 @@ def _check_10(d):
         assert 1.0 - 1e-9 <= o["mean"] <= o["max"] + 1e-12 and 1.0 - 1e-9 <= o["p95"] <= o["max"] + 1e-12
 
 
+def _check_11(d):
+    for s in _rows(d, "summary"):  # the guard never makes the batch slower than no copies
+        assert s["dynamic_vs_static"] <= 1 + 1e-9 and s["n"] >= 1
+    for m in _rows(d, "optimum"):  # nothing on the same placement with k slots beats the proved optimum
+        for q in ("static", "moonep", "dynamic"):
+            assert m[f"{q}_over_optimum"] >= 1 - 1e-6, (q, m)
+    for g in _rows(d, "map"):
+        assert g["dynamic_gain"] >= 1 - 1e-9 and g["llep_gain"] > 0 and g["copies"] >= 0
+
+
 INVARIANTS = {
     "01_cost_model": _check_01,
     "02_mixed_regimes": _check_02,
@@ -181,6 +191,7 @@ INVARIANTS = {
     "08_topology": _check_08,
     "09_cascade_ep": _check_09,
     "10_ingraph_dispatch": _check_10,
+    "11_dynamic_copies": _check_11,
 }
 
 
