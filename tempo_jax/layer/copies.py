@@ -170,32 +170,35 @@ def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array,
     local = jnp.argmax(slot_experts[None, None, :] == copy_expert[:, :, None], axis=-1)  # [D, k] slot of the expert
     k = copy_expert.shape[1]
 
-    # The [D, k] slots this rank sends (zeros where it serves no request), one buffer per dtype (the arrays
-    # flattened side by side): one all-to-all, one rendezvous, not one per array.
     dtypes = list(dict.fromkeys(w.dtype for w in weights.values()))
     names = {dt: [name for name, w in weights.items() if w.dtype == dt] for dt in dtypes}
-    send = {
-        dt: jnp.where(
-            serve[:, :, None],
-            jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2),
-            jnp.zeros((), dt),
-        )
-        for dt in dtypes
-    }
 
-    def move(send):  # block s of the result: what source s sent this rank; only the copy's source sent non-zeros
-        return {dt: jnp.sum(jax.lax.all_to_all(b, axis, 0, 0, tiled=True), axis=0) for dt, b in send.items()}
+    def split(flat: dict) -> dict:  # [k, Σ sizes] per dtype → {name: [k, ...]}
+        out = {}
+        for dt in dtypes:
+            at = 0
+            for n in names[dt]:
+                size = int(np.prod(weights[n].shape[1:]))
+                out[n] = flat[dt][:, at : at + size].reshape((k, *weights[n].shape[1:]))
+                at += size
+        return out
 
-    def nothing(send):  # k zero slots typed as `move`'s (`serve` varies over the axis, and is all False here)
-        return {dt: jnp.where(serve[me][:, None], b[0], jnp.zeros((), dt)) for dt, b in send.items()}
+    def move(weights):
+        # The [D, k] slots this rank sends (zeros where it serves no request), one buffer per dtype (the arrays
+        # flattened side by side): one all-to-all, one rendezvous, not one per array. Block s of what arrives:
+        # what source s sent this rank; only the copy's source sent non-zeros.
+        got = {}
+        for dt in dtypes:
+            rows = jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2)
+            send = jnp.where(serve[:, :, None], rows, jnp.zeros((), dt))
+            got[dt] = jnp.sum(jax.lax.all_to_all(send, axis, 0, 0, tiled=True), axis=0)
+        return split(got)
+
+    def nothing(weights):  # k zero slots typed as `move`'s (`serve` varies over the axis, and is all False here)
+        return {
+            n: jnp.where(serve[me].reshape((k,) + (1,) * (w.ndim - 1)), w[local[me]], jnp.zeros((), w.dtype))
+            for n, w in weights.items()
+        }
 
     # The plan is the same on every rank, so every rank takes the same branch: a batch without copies moves nothing.
-    recv = jax.lax.cond(jnp.any(copy_expert >= 0), move, nothing, send)
-    out = {}
-    for dt in dtypes:
-        at = 0
-        for n in names[dt]:
-            size = int(np.prod(weights[n].shape[1:]))
-            out[n] = recv[dt][:, at : at + size].reshape((k, *weights[n].shape[1:]))
-            at += size
-    return out
+    return jax.lax.cond(jnp.any(copy_expert >= 0), move, nothing, weights)
