@@ -182,8 +182,9 @@ def test_the_jitted_plan_equals_the_numpy_twin(seed, tokens, k, link):
 
 
 def test_fetch_copies_moves_each_copy_and_returns_its_gradient_to_the_home_slot():
-    """8 ranks × 2 slots, 12 experts: each planned copy arrives in its dynamic slot (zeros where none is made), and
-    the gradient of a loss on the copies lands on the source slot, once per copy, under jit."""
+    """8 ranks × 2 slots, 12 experts: each planned copy arrives in its dynamic slot (zeros where none is made) —
+    also two copies from one source to one rank, in the reverse of the source's slot order, and an array of another
+    dtype beside — and the gradient of a loss on the copies lands on the source slot, once per copy, under jit."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -196,20 +197,34 @@ def test_fetch_copies_moves_each_copy_and_returns_its_gradient_to_the_home_slot(
     w = jnp.asarray(logical[phy2log])  # [P, 3, 4]
     cexp = np.full((D, k), -1)
     csrc = np.full((D, k), -1)
-    for m, j, e, src in ((1, 0, 0, 6), (1, 1, 7, 3), (4, 0, 5, 7), (0, 0, 11, 5), (7, 1, 0, 0)):
+    for m, j, e, src in (
+        (1, 0, 0, 6),
+        (1, 1, 7, 3),
+        (4, 0, 5, 7),
+        (0, 0, 11, 5),
+        (7, 1, 0, 0),
+        (2, 0, 3, 1),
+        (2, 1, 2, 1),
+    ):
         cexp[m, j], csrc[m, j] = e, src
     mesh = jax.make_mesh((D,), ("ep",), axis_types=(jax.sharding.AxisType.Auto,))
 
-    def per_rank(w, p2l, ce, cs):
-        return fetch_copies({"w": w}, p2l, ce, cs, axis="ep")["w"]
+    def per_rank(w, p2l, ce, cs, both=False):
+        got = fetch_copies({"w": w, "v": w[:, 0].astype(jnp.bfloat16)}, p2l, ce, cs, axis="ep")
+        return (got["w"], got["v"]) if both else got["w"]
 
     f = jax.shard_map(per_rank, mesh=mesh, in_specs=(P("ep"), P("ep"), P(), P()), out_specs=P("ep"))
+    g2 = jax.shard_map(
+        lambda *a: per_rank(*a, both=True), mesh=mesh, in_specs=(P("ep"), P("ep"), P(), P()), out_specs=P("ep")
+    )
     args = (jnp.asarray(phy2log, jnp.int32), jnp.asarray(cexp, jnp.int32), jnp.asarray(csrc, jnp.int32))
-    got = np.asarray(jax.jit(f)(w, *args)).reshape(D, k, 3, 4)
+    got, got_v = (np.asarray(a, np.float32) for a in jax.jit(g2)(w, *args))
+    got, got_v = got.reshape(D, k, 3, 4), got_v.reshape(D, k, 4)
     for m in range(D):
         for j in range(k):
             want = logical[cexp[m, j]] if cexp[m, j] >= 0 else np.zeros((3, 4))
             np.testing.assert_array_equal(got[m, j], want)
+            np.testing.assert_array_equal(got_v[m, j], want[0].astype(jnp.bfloat16).astype(np.float32))
     g = np.random.default_rng(1).standard_normal((D * k, 3, 4)).astype(np.float32)
     dw = np.asarray(jax.jit(jax.grad(lambda w: jnp.sum(f(w, *args) * g)))(w))
     want = np.zeros_like(dw)

@@ -72,3 +72,28 @@ def test_the_ragged_exchanges_lower_with_their_updates(exchange):
     D = mesh.shape["ep"]
     n = D * (SPLIT_UPDATES if exchange == "ragged_split" else 1)
     assert all(f"tensor<{n}xi32>" in line for line in calls), calls[0]
+
+
+@pytest.mark.parametrize("exchange", ["ragged", "ragged_split"])
+def test_dynamic_copies_move_their_weights_with_the_ragged_exchange(exchange):
+    """With dynamic slots and a ragged exchange the copies' weights travel in one more ragged all-to-all (only the
+    copies move on a GPU) beside the rows' two, with the split's D·U metadata (the weight exchange's blocks are
+    k = 1 slot: one update each)."""
+    from solvers import CopyCost, CostModel
+
+    placement, config, params, mesh = small_ep_case(1)
+    x = jax.random.normal(jax.random.key(2), (8 * 16, 32))
+    pa = dispatch_tables.placement_arrays(placement)
+    linear = CostModel(a=0.0, b=0.0, c=0.0, beta=1.0)
+    base = dataclasses.replace(config, exchange=exchange, dispatch="ingraph", dispatch_mode="quota", cost=linear)
+    calls = {}
+    for k in (0, 1):
+        cfg = dataclasses.replace(base, dynamic_slots=k, copy_cost=CopyCost(1e3, 1e6) if k else None)
+        f = jax.jit(lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=c))
+        text = f.lower(params, x).as_text()
+        calls[k] = [line for line in text.splitlines() if "ragged_all_to_all" in line and "custom_call" in line]
+    assert len(calls[1]) == len(calls[0]) + 1, (len(calls[0]), len(calls[1]))
+    D, split = mesh.shape["ep"], exchange == "ragged_split"
+    rows, weights = D * (SPLIT_UPDATES if split else 1), D  # a block of k = 1 slot is one update
+    assert sum(f"tensor<{rows}xi32>" in line for line in calls[1]) >= len(calls[0])
+    assert any(f"tensor<{weights}xi32>" in line and f"tensor<{rows}xi32>" not in line for line in calls[1]) or not split

@@ -18,6 +18,7 @@ import numpy as np
 
 from solvers import CopyCost, CostModel
 from solvers.copies import SPLIT_EPS
+from tempo_jax.layer.exchange import send_blocks
 from tempo_jax.layer.relief import ROUNDS, relief
 
 __all__ = ["fetch_copies", "plan_copies"]
@@ -148,7 +149,15 @@ def plan_copies(
     return (s["x"], cexp, csrc, ctok) + ((ran,) if with_rounds else ())
 
 
-def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array, copy_source: jax.Array, *, axis: str):
+def fetch_copies(
+    weights: dict,
+    slot_experts: jax.Array,
+    copy_expert: jax.Array,
+    copy_source: jax.Array,
+    *,
+    axis: str,
+    impl: str = "padded",
+):
     """Inside `shard_map` over ``axis`` (D ranks): this rank's k dynamic slots filled with the planned copies.
 
     Args:
@@ -156,43 +165,46 @@ def fetch_copies(weights: dict, slot_experts: jax.Array, copy_expert: jax.Array,
       slot_experts: ``[S]`` logical expert of each of this rank's slots.
       copy_expert, copy_source: ``[D, k]`` the plan (`plan_copies`; the same on every rank): the expert copied into
         each rank's dynamic slot and the rank it comes from (−1: none).
+      impl: the exchange (`tempo_jax.layer.exchange.send_blocks`): "padded" (`jax.lax.all_to_all` of every block)
+        or "ragged" / "ragged_split" (`jax.lax.ragged_all_to_all`: only the copies move; GPU / TPU).
 
     Returns:
       ``{name: [k, ...]}``: slot j holds the weights of ``copy_expert[me, j]`` (zeros where no copy is made).
 
-    One tiled `jax.lax.all_to_all` per dtype (the arrays flattened side by side): rank r sends block m = the
-    ``[k, ...]`` weights rank m asked of it (zeros elsewhere), so a rank moves D·k slots of bytes on this padded
-    path; a plan without copies skips it (one `jax.lax.cond`, the same branch on every rank). Its transpose is the
-    same all-to-all back: the gradient of a copy lands, summed, on the slot of its source — the home slot.
+    One exchange per dtype (the arrays flattened side by side) of blocks ``[D, k, Σ sizes]``: block m holds the
+    slots rank m asked of this rank, first (in m's slot order), so ``counts[m]`` rows are real; "padded" moves D·k
+    slots per rank, "ragged" only the copies. A plan without copies skips it (one `jax.lax.cond`, the same branch
+    on every rank). Its transpose is the same exchange back: the gradient of a copy lands, summed, on the slot of
+    its source — the home slot.
     """
     me = jax.lax.axis_index(axis)
-    serve = copy_source == me  # [D, k]: the requests this rank serves
-    local = jnp.argmax(slot_experts[None, None, :] == copy_expert[:, :, None], axis=-1)  # [D, k] slot of the expert
     k = copy_expert.shape[1]
-
+    serve = copy_source == me  # [D, k]: the requests this rank serves
+    first = jnp.argsort(~serve, axis=1, stable=True)  # each block's served slots first, in the receiver's order
+    serve_sorted = jnp.take_along_axis(serve, first, axis=1)
+    want = jnp.take_along_axis(copy_expert, first, axis=1)
+    local = jnp.argmax(slot_experts[None, None, :] == want[:, :, None], axis=-1)  # [D, k] slot of the expert
+    counts = jnp.sum(serve, axis=1, dtype=jnp.int32)  # [D] copies this rank sends each rank
+    mine = copy_source[me]  # [k] where each of this rank's dynamic slots comes from
+    # slot j's row in its source's block: how many of this rank's earlier slots come from the same source
+    row = jnp.sum((mine[None, :] == mine[:, None]) & (jnp.arange(k)[None, :] < jnp.arange(k)[:, None]), axis=1)
+    src = jnp.maximum(mine, 0)
     dtypes = list(dict.fromkeys(w.dtype for w in weights.values()))
     names = {dt: [name for name, w in weights.items() if w.dtype == dt] for dt in dtypes}
 
-    def split(flat: dict) -> dict:  # [k, Σ sizes] per dtype → {name: [k, ...]}
+    def move(weights):
         out = {}
         for dt in dtypes:
+            rows = jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2)
+            send = jnp.where(serve_sorted[:, :, None], rows, jnp.zeros((), dt))
+            recv, _ = send_blocks(send, counts, axis=axis, impl=impl)  # block s: what source s sent this rank
+            got = jnp.where((mine >= 0)[:, None], recv[src, row], jnp.zeros((), dt))  # [k, Σ sizes]
             at = 0
             for n in names[dt]:
                 size = int(np.prod(weights[n].shape[1:]))
-                out[n] = flat[dt][:, at : at + size].reshape((k, *weights[n].shape[1:]))
+                out[n] = got[:, at : at + size].reshape((k, *weights[n].shape[1:]))
                 at += size
         return out
-
-    def move(weights):
-        # The [D, k] slots this rank sends (zeros where it serves no request), one buffer per dtype (the arrays
-        # flattened side by side): one all-to-all, one rendezvous, not one per array. Block s of what arrives:
-        # what source s sent this rank; only the copy's source sent non-zeros.
-        got = {}
-        for dt in dtypes:
-            rows = jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2)
-            send = jnp.where(serve[:, :, None], rows, jnp.zeros((), dt))
-            got[dt] = jnp.sum(jax.lax.all_to_all(send, axis, 0, 0, tiled=True), axis=0)
-        return split(got)
 
     def nothing(weights):  # k zero slots typed as `move`'s (`serve` varies over the axis, and is all False here)
         return {

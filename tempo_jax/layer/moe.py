@@ -302,7 +302,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     )
     if plan is not None:  # dynamic copies: this rank's k extra slots, fetched from their sources
         mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, d * S, S)
-        got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis)
+        got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis, impl=impl)
         weights = {name: (w, got[name]) for name, w in weights.items()}  # parts: the stored slots are not copied
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
