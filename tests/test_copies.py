@@ -402,3 +402,39 @@ def test_expert_ffn_over_weight_parts_equals_one_array():
     assert g1.shape == (S + k,) and g1[4] == 0
     for n in whole:
         f32_close(d2[n], d1[n], atol=1e-4, rtol=1e-5)
+
+
+def test_dynamic_copies_under_a_cascade_launch_schedule(skewed_layer):
+    """Dynamic copies with a CascadeEP launch schedule (two groups of sources, per-source exchanges): the dense
+    output and gradients under jit, the copies made; with OEWF fetches the combination is refused by name."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from numeric import assert_close, f32_close
+
+    from solvers import LaunchSchedule
+    from tempo_jax.layer import moe_forward, moe_reference, to_logical, to_physical
+    from tempo_jax.layer import tables as dispatch_tables
+    from tempo_jax.layer.cascade_plan import WeightFetch
+
+    placement, config, params, mesh, x, routing = skewed_layer
+    cfg, _ = _layer(skewed_layer, 1, 1e6)
+    order = tuple(reversed(range(8)))
+    cfg = dataclasses.replace(cfg, schedule=LaunchSchedule(num_ranks=8, order=order, groups=(order[:4], order[4:])))
+
+    pa = dispatch_tables.placement_arrays(placement)
+
+    def f(p, x):
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=cfg, routing=routing)
+
+    res = jax.jit(f)(params, x)
+    assert_close(res.out, moe_reference(to_logical(params, placement), x, cfg, routing=routing))
+    assert int(res.stats.copies.sum()) > 0 and int(res.stats.gpu_tokens.max()) < 509
+    gp = jax.jit(jax.grad(lambda p: jnp.sum(f(p, x).out ** 2)))(params)
+    rp = jax.grad(lambda p: jnp.sum(moe_reference(p, x, cfg, routing=routing) ** 2))(to_logical(params, placement))
+    rp = to_physical(rp, placement)
+    for name in params:
+        f32_close(gp[name], rp[name], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="use one of them"):
+        dataclasses.replace(cfg, schedule="sync", fetches=(WeightFetch(0, 1, (2,)),))

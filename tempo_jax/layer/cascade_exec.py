@@ -45,7 +45,8 @@ def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: st
 
     Returns:
       ``(dest, local, weights)`` with the helper's redirected pairs and every rank's arrays extended by
-      ``Σ len(experts)`` slots (zeros where the rank is not the helper).
+      ``Σ len(experts)`` slots (zeros where the rank is not the helper), as parts ``(stored [S, ...], fetched
+      [Σ len(experts), ...])`` that `stages.expert_ffn` reads without concatenating them.
     """
     S = slots_per_rank
     me = jax.lax.axis_index(axis)
@@ -64,7 +65,8 @@ def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: st
             dest = jnp.where(hit, me, dest)
             local = jnp.where(hit, S + off + j, local)
         off += len(f.experts)
-    weights = {name: jnp.concatenate([w, *extra[name]], axis=0) for name, w in weights.items()}
+    # two parts along the slot axis (`stages.expert_ffn`): the stored slots are never copied into a longer array
+    weights = {name: (w, jnp.concatenate(extra[name], axis=0)) if extra[name] else w for name, w in weights.items()}
     return dest, local, weights
 
 

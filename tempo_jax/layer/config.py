@@ -213,8 +213,11 @@ class MoEConfig:
             )
         if self.copy_cost is not None and not self.dynamic_slots:
             raise ValueError(f"{w}: copy_cost is used only with dynamic_slots > 0; set dynamic_slots or leave it out")
-        if self.dynamic_slots and (self.fetches or self.schedule != "sync"):
-            raise ValueError(f"{w}: dynamic_slots do not combine with CascadeEP's fetches or launch schedules yet")
+        if self.dynamic_slots and self.fetches:
+            raise ValueError(
+                f"{w}: dynamic_slots and CascadeEP's OEWF fetches both add local slots after the stored ones; use one "
+                "of them (a launch schedule combines with dynamic_slots)"
+            )
         if self.dispatch == "tables":
             if self.cost is not None or self.dispatch_rounds != ROUNDS:
                 raise ValueError(
