@@ -390,18 +390,19 @@ def test_expert_ffn_over_weight_parts_equals_one_array():
     slots = jnp.asarray(np.random.default_rng(0).choice([0, 1, 2, 3, S + k], M), jnp.int32)  # slot 4 empty
     kw = dict(expert=ExpertConfig(bias=True), gmm_impl="auto", interpret=False)
 
-    def run(w, split):
+    def run(w, split, join=None):
         w = {n: (a[:S], a[S:]) for n, a in w.items()} if split else w
-        y, gs = expert_ffn(rows, slots, w, **kw)
+        y, gs = expert_ffn(rows, slots, w, join_parts=join, **kw)
         return jnp.sum(y**2), (y, gs)
 
     (_, (y1, g1)), d1 = jax.jit(jax.value_and_grad(lambda w: run(w, False), has_aux=True))(whole)
-    (_, (y2, g2)), d2 = jax.jit(jax.value_and_grad(lambda w: run(w, True), has_aux=True))(whole)
-    f32_close(y2, y1, atol=1e-5, rtol=1e-5)
-    np.testing.assert_array_equal(g2, g1)
+    for join in (False, True, None):  # summed parts, joined first, and the choice from the shapes
+        (_, (y2, g2)), d2 = jax.jit(jax.value_and_grad(lambda w, j=join: run(w, True, j), has_aux=True))(whole)
+        f32_close(y2, y1, atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(g2, g1)
+        for n in whole:
+            f32_close(d2[n], d1[n], atol=1e-4, rtol=1e-5)
     assert g1.shape == (S + k,) and g1[4] == 0
-    for n in whole:
-        f32_close(d2[n], d1[n], atol=1e-4, rtol=1e-5)
 
 
 def test_dynamic_copies_under_a_cascade_launch_schedule(skewed_layer):

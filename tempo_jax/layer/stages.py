@@ -200,7 +200,14 @@ def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_
 
 
 def expert_ffn(
-    rows: jax.Array, slots: jax.Array, weights: dict, *, expert: ExpertConfig, gmm_impl: str, interpret: bool
+    rows: jax.Array,
+    slots: jax.Array,
+    weights: dict,
+    *,
+    expert: ExpertConfig,
+    gmm_impl: str,
+    interpret: bool,
+    join_parts: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The routed experts' FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this
     rank's ``weights``: ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]`` (+ ``b_gate / b_up [S, F]``, ``b_down
@@ -208,12 +215,20 @@ def expert_ffn(
     ``expert`` (`tempo_jax.layer.experts.glu`), unsort.
 
     Each value may instead be a tuple of parts along the slot axis (``([S, ...], [k, ...])``: the stored slots and
-    the dynamic copies, `num_slots` = S + k): each part's GEMMs run over its own groups (``group_offset``), so the
-    stored weights are never copied into one array.
+    the dynamic copies, `num_slots` = S + k). Each part's GEMMs then run over its own groups (``group_offset``) and
+    their outputs are summed, so the stored weights are not copied into one array — which costs two ``[M, 2F]`` and
+    two ``[M, H]`` buffers more. ``join_parts`` (None: whichever moves fewer elements, from the static shapes)
+    concatenates the parts first instead.
 
     Returns ``(y [M, H], group_sizes [num_slots])``.
     """
     parts = {name: w if isinstance(w, tuple) else (w,) for name, w in weights.items()}
+    if join_parts is None:  # concatenating copies every stored element; summing parts touches 2·(2F + H) per row
+        stored = sum(p[0].size for p in parts.values())
+        width = 2 * parts["w_gate"][0].shape[2] + rows.shape[1]
+        join_parts = stored <= 2 * rows.shape[0] * width
+    if join_parts:
+        parts = {name: (jnp.concatenate(p, axis=0),) if len(p) > 1 else p for name, p in parts.items()}
     S, F = num_slots(weights), parts["w_gate"][0].shape[2]
     offsets = [0]
     for w in parts["w_gate"][:-1]:
