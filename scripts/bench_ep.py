@@ -68,7 +68,7 @@ from tempo_jax.text import table  # noqa: E402
 
 
 def sorted_moe(params, x, config: MoEConfig):
-    """One-device dropless MoE: route, then the layer's own expert FFN (pairs sorted by expert, gate+up and down
+    """One-device dropless MoE: route, then the layer's own expert FFN (pairs sorted by expert, gate, up and down
     grouped GEMMs, unsort) over every pair with the logical experts as groups, combine."""
     T_, K = x.shape[0], config.top_k
     ids, w = route(x, params, config.router, K)[:2]

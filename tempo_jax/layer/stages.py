@@ -211,8 +211,8 @@ def expert_ffn(
 ) -> tuple[jax.Array, jax.Array]:
     """The routed experts' FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this
     rank's ``weights``: ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]`` (+ ``b_gate / b_up [S, F]``, ``b_down
-    [S, H]`` when ``expert.bias``): sort by slot, two grouped GEMMs (gate and up fused), the activation of
-    ``expert`` (`tempo_jax.layer.experts.glu`), unsort.
+    [S, H]`` when ``expert.bias``): sort by slot, grouped GEMMs (gate, up, down), the activation of ``expert``
+    (`tempo_jax.layer.experts.glu`), unsort.
 
     Each value may instead be a tuple of parts along the slot axis (``([S, ...], [k, ...])``: the stored slots and
     the dynamic copies, `num_slots` = S + k). Each part's GEMMs then run over its own groups (``group_offset``) and
@@ -229,7 +229,7 @@ def expert_ffn(
         join_parts = stored <= 2 * rows.shape[0] * width
     if join_parts:
         parts = {name: (jnp.concatenate(p, axis=0),) if len(p) > 1 else p for name, p in parts.items()}
-    S, F = num_slots(weights), parts["w_gate"][0].shape[2]
+    S = num_slots(weights)
     offsets = [0]
     for w in parts["w_gate"][:-1]:
         offsets.append(offsets[-1] + w.shape[0])
@@ -239,22 +239,22 @@ def expert_ffn(
     group_sizes = jnp.bincount(slots, length=S + 1)[:S].astype(jnp.int32)
     mm = dict(implementation=gmm_impl, interpret=interpret)
 
-    def grouped(lhs, name_parts):  # Σ over parts: rows outside a part's groups come back zero from its GEMM
+    def grouped(lhs, name: str):  # Σ over parts: rows outside a part's groups come back zero from its GEMM
         out = None
-        for off, *ws in zip(offsets, *name_parts, strict=True):
-            rhs = ws[0] if len(ws) == 1 else jnp.concatenate(ws, axis=2)
-            y = gmm(lhs, rhs, group_sizes, group_offset=off if len(offsets) > 1 else None, **mm)
+        for off, w in zip(offsets, parts[name], strict=True):
+            y = gmm(lhs, w, group_sizes, group_offset=off if len(offsets) > 1 else None, **mm)
             out = y if out is None else out + y
         return out
 
-    # Gate and up projections as one grouped GEMM of width 2F: larger dots, one pass over the rows.
-    gu = grouped(xs, (parts["w_gate"], parts["w_up"]))
+    # Gate and up as two grouped GEMMs: fusing them into one of width 2F concatenated the stored w_gate and w_up on
+    # every call (a copy of two thirds of the expert weights; measured 24% of the forward at E 256, 128 tokens).
+    gate, up = grouped(xs, "w_gate"), grouped(xs, "w_up")
     if expert.bias:  # per-row biases: each sorted row's slot picks its expert's (padding rows: slot S, zeros)
         slot_sorted = slots[order]
-        bias = jnp.concatenate([jnp.concatenate(parts[b], axis=0) for b in ("b_gate", "b_up")], axis=1)
-        gu = gu + _row_bias(bias, slot_sorted)
-    h = glu(gu[:, :F], gu[:, F:], expert)
-    y = grouped(h, (parts["w_down"],))
+        gate = gate + _row_bias(jnp.concatenate(parts["b_gate"], axis=0), slot_sorted)
+        up = up + _row_bias(jnp.concatenate(parts["b_up"], axis=0), slot_sorted)
+    h = glu(gate, up, expert)
+    y = grouped(h, "w_down")
     if expert.bias:
         y = y + _row_bias(jnp.concatenate(parts["b_down"], axis=0), slot_sorted)
     y = jax.lax.optimization_barrier(y)
