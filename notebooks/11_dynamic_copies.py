@@ -78,7 +78,7 @@ def trace_mix(name: str) -> tuple[object, list[int]]:
     """The recording (the bundled copy when it is not on disk) and the layers used (the first non-degenerate)."""
     try:
         rec = load_trace(name)
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:  # the recording is not on disk: the bundled copy holds the same ids
         rec = load_sample(name)
     return rec, list(rec.layers[:LAYERS])
 

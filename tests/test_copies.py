@@ -3,10 +3,11 @@ copy's own time, against the exact MILP that chooses copies and splits together.
 
 import numpy as np
 import pytest
+from copy_case import random_instance
 
 from solvers import CostModel
 from solvers.copies import CopyCost, copies_milp, plan_copies
-from solvers.relief import relief, replica_ranks
+from solvers.relief import relief
 
 LINEAR = CostModel(a=0.0, b=0.0, c=0.0, beta=1.0)
 MIXED = CostModel(a=10.0, b=2.0, c=0.0, beta=0.1)  # n* = 20 tokens per expert
@@ -14,17 +15,8 @@ BYTES = 3 * 256 * 128 * 2  # one expert of H 256, F 128 in bf16: 3.9 µs at 50 G
 
 
 def _instance(seed: int, D: int = 4, E: int = 8, spr: int = 3, tokens: int = 64):
-    """A random placement (every expert at least once, the spare slots random) and Zipf(1.4) top-2 counts."""
-    rng = np.random.default_rng(seed)
-    slots = np.concatenate([np.arange(E), rng.integers(0, E, D * spr - E)])
-    rng.shuffle(slots)
-    l2p = -np.ones((E, np.bincount(slots, minlength=E).max()), np.int64)
-    fill = np.zeros(E, np.int64)
-    for p, e in enumerate(slots):
-        l2p[e, fill[e]] = p
-        fill[e] += 1
-    n = np.bincount(np.minimum(rng.zipf(1.4, tokens * D * 2) - 1, E - 1), minlength=E).astype(np.float64)
-    return n, replica_ranks(l2p, spr), D
+    """`copy_case.random_instance` at this file's sizes."""
+    return random_instance(seed, D, E, spr, tokens)
 
 
 def _check_plan(plan, n, ranks, D, k, cost, cc):

@@ -3,27 +3,18 @@ LLEP-style least-loaded spilling, both with unpriced copies whose time is counte
 
 import numpy as np
 import pytest
+from copy_case import random_instance
 
 from solvers import CopyCost, CostModel, equalise_rows, least_loaded, plan_copies
 from solvers.copy_baselines import balance_tokens, even_split
-from solvers.relief import replica_ranks
 
 LINEAR = CostModel(a=0.0, b=0.0, c=0.0, beta=1.0)
 FLAT = CostModel(a=0.0, b=14.78, c=0.0, beta=0.0945)  # the DSv3 fp8 shape: n* ≈ 156 tokens per expert
 
 
 def _instance(seed, D=8, E=16, spr=3, tokens=256):
-    """A random placement (every expert once, the spare slots random) and Zipf(1.4) top-2 counts."""
-    rng = np.random.default_rng(seed)
-    slots = np.concatenate([np.arange(E), rng.integers(0, E, D * spr - E)])
-    rng.shuffle(slots)
-    l2p = -np.ones((E, np.bincount(slots, minlength=E).max()), np.int64)
-    fill = np.zeros(E, np.int64)
-    for p, e in enumerate(slots):
-        l2p[e, fill[e]] = p
-        fill[e] += 1
-    n = np.bincount(np.minimum(rng.zipf(1.4, tokens * D * 2) - 1, E - 1), minlength=E).astype(np.float64)
-    return n, replica_ranks(l2p, spr), D
+    """`copy_case.random_instance` at this file's sizes."""
+    return random_instance(seed, D, E, spr, tokens)
 
 
 def _check(plan, n, ranks, D, slots):

@@ -454,7 +454,7 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
     copies it into its ranks' spare slots (the weights move over the ep axis only, each tensor rank its F share),
     and the output and gradients under jit are the dense reference's, with copies made, with dynamic slots but a
     link too slow to copy (the weight exchange skipped) and without dynamic slots; copies lower the busiest rank's
-    rows."""
+    rows; over a data axis the compiled forward sums only counts and losses (no token, no weight)."""
     from solvers import CopyCost, CostModel
 
     data, ep, _ = shape
@@ -485,4 +485,9 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
         rows = np.asarray(res.stats.gpu_tokens).reshape(data, ep)
         assert (rows.sum(axis=1) == T * K // data).all()  # every pair once, in its own group
         busiest[link] = rows.max()
+        # no token and no copied weight crosses a batch axis: over data only counts and losses are summed
+        fwd = jax.jit(lambda p, x, c=config: loss(p, x, c)[0]).lower(params, x).compile()
+        colls = [c for c in program_collectives(fwd.as_text(), mesh) if c.group > 1]
+        over_data = [c for c in colls if "data" in c.axes]
+        assert all(c.kind == "all-reduce" and c.bytes <= 4 * (2 * E + 4) for c in over_data), over_data
     assert busiest[1e6] < busiest[1e-6] == busiest[None], busiest
