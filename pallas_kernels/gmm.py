@@ -173,8 +173,39 @@ def _resolve(implementation: str, interpret: bool) -> str:
     return impl
 
 
+def _part_offsets(parts: tuple, group_offset: jax.Array) -> list:
+    """The first group of each part of ``parts`` (arrays ``[E_p, ...]`` side by side along the groups)."""
+    offs = [group_offset]
+    for w in parts[:-1]:
+        offs.append(offs[-1] + w.shape[0])
+    return offs
+
+
 def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: bool):
-    """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, F] in cfg.out_dtype."""
+    """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, F] in cfg.out_dtype. ``rhs``
+    may be a tuple of parts (`gmm`): "chunked" writes every part's groups into one buffer (``init``), the other
+    implementations sum one output per part (rows outside a part's groups are zero in its output)."""
+    if isinstance(rhs, tuple):
+        out = None
+        for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True):
+            part = dataclasses.replace(cfg, num_local_groups=w.shape[0])
+            if cfg.impl == "chunked":
+                out = gmm_chunked(
+                    lhs,
+                    w,
+                    group_sizes,
+                    off,
+                    transpose_rhs=transpose_rhs,
+                    init=out,
+                    **_chunks(part),
+                    num_local_groups=w.shape[0],
+                    out_dtype=cfg.out_dtype,
+                    precision=cfg.precision,
+                )
+            else:
+                y = _gmm_impl(lhs, w, group_sizes, off, part, transpose_rhs)
+                out = y if out is None else out + y
+        return out
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
@@ -252,8 +283,14 @@ def _gmm_bwd(cfg: _Cfg, res, g):
     dlhs = _gmm_impl(
         g, rhs, group_sizes, group_offset, dataclasses.replace(cfg, out_dtype=lhs.dtype), transpose_rhs=True
     )
-    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group; empty groups give exact zeros.
-    drhs = _tgmm_impl(lhs, g, group_sizes, group_offset, cfg, out_dtype=rhs.dtype)
+    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group (per part); empty groups give exact zeros.
+    if isinstance(rhs, tuple):
+        drhs = tuple(
+            _tgmm_impl(lhs, g, group_sizes, off, dataclasses.replace(cfg, num_local_groups=w.shape[0]), w.dtype)
+            for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True)
+        )
+    else:
+        drhs = _tgmm_impl(lhs, g, group_sizes, group_offset, cfg, out_dtype=rhs.dtype)
     return dlhs, drhs, None, None
 
 
@@ -345,7 +382,11 @@ def gmm(
     Args:
       lhs: [M, H] rows sorted by group (float32 / bfloat16 / float16).
       rhs: [E_loc, H, F] weights of groups [group_offset, group_offset + E_loc) (float32 / bfloat16 / float16;
-        may differ from lhs: then both are cast to float32 per tile or chunk, as megablox does).
+        may differ from lhs: then both are cast to float32 per tile or chunk, as megablox does). Or a tuple of
+        parts ``([E_1, H, F], [E_2, H, F], …)`` (one dtype), side by side along the groups, E_loc = Σ E_p — the
+        same function as their concatenation without copying them into one array ("chunked" writes every
+        part's groups into one output buffer; the other implementations add one output per part); the
+        gradient is then a tuple of the parts' gradients.
       group_sizes: [E] rows per group, any integer dtype (int32, uint32, int64, …; cast to int32), E >= E_loc;
         sum(group_sizes) <= M, the rest is padding. Checked (>= 0, sum <= M) when concrete.
       preferred_element_type: output dtype, float32 / bfloat16 / float16 (default: what `jax.lax.ragged_dot`
@@ -385,19 +426,37 @@ def gmm(
     (~1e-3 relative); pass ``precision=jax.lax.Precision.HIGHEST`` for IEEE float32 (an H200 gave 1.2e-6 relative for
     the Pallas kernel and <= 1.1e-4 for tokamax at the default precision: results/gpu/check.json).
     """
-    lhs, rhs, group_sizes, group_offset = _validate(
-        lhs, rhs, group_sizes, group_offset, rhs_is_weights=True, name="gmm"
+    parts = _check_parts(rhs)
+    lhs, first, group_sizes, group_offset = _validate(
+        lhs, parts[0], group_sizes, group_offset, rhs_is_weights=True, name="gmm"
     )
-    out_dtype = _check_out_dtype(preferred_element_type, lhs, rhs, "gmm")
+    out_dtype = _check_out_dtype(preferred_element_type, lhs, first, "gmm")
     cfg = _Cfg(
         _resolve(implementation, interpret),
         _as_tiling(tiling),
         interpret,
         out_dtype,
-        rhs.shape[0],
+        sum(w.shape[0] for w in parts),
         precision,
     )
+    rhs = (first, *parts[1:]) if isinstance(rhs, tuple | list) else first
     return _gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
+
+
+def _check_parts(rhs) -> tuple:
+    """``rhs`` as a tuple of parts ``[E_p, H, F]`` (one array: one part); parts must agree in H, F and dtype."""
+    if not isinstance(rhs, tuple | list):
+        return (rhs,)
+    parts = tuple(jnp.asarray(w) for w in rhs)
+    if not parts:
+        raise ValueError("gmm: rhs is an empty tuple of parts; pass one [E, H, F] array or parts of it")
+    for i, w in enumerate(parts):
+        if w.ndim != 3 or w.shape[1:] != parts[0].shape[1:] or w.dtype != parts[0].dtype:
+            raise ValueError(
+                f"gmm: rhs part {i} is {w.dtype}{list(w.shape)} but part 0 is {parts[0].dtype}{list(parts[0].shape)}:"
+                " parts of rhs must be [E_p, H, F] arrays of one dtype with the same H and F"
+            )
+    return parts
 
 
 def tgmm(

@@ -107,8 +107,11 @@ def gmm_chunked(
     schedule: str = "ladder",
     precision=None,
     compute_dtype=None,
+    init: jax.Array | None = None,
 ) -> jax.Array:
-    """CPU-fast grouped GEMM: out [M, F]; rows of local groups get lhs @ rhs[j], all other rows zero.
+    """CPU-fast grouped GEMM: out [M, F]; rows of local groups get lhs @ rhs[j], all other rows zero — or, with
+    ``init [M, F]`` (`out_dtype`), their rows of ``init``: the loops write into it, so the local groups of several
+    weight arrays (`gmm`'s parts) fill one output buffer.
 
     `lhs [M, H]`, `rhs [E_loc, H, F]` (or `[E_loc, F, H]` with `transpose_rhs`), `group_sizes [E]`
     int32, `group_offset` int32 scalar. Operands are cast to `compute_dtype` (default: `dot_dtype`, float32
@@ -123,7 +126,7 @@ def gmm_chunked(
     def dot(x, w):
         return lax.dot_general(x.astype(cd), w, dims, precision=precision, preferred_element_type=jnp.float32)
 
-    out0 = jnp.zeros((m, n), out_dtype)
+    out0 = jnp.zeros((m, n), out_dtype) if init is None else init.astype(out_dtype)
     if schedule == "fixed":
         return _gmm_fixed(lhs, rhs, group_sizes, group_offset, num_local_groups, min(chunk, m), cd, dot, out0)
     starts, ends = local_group_rows(group_sizes, m=m, group_offset=group_offset, num_local_groups=num_local_groups)

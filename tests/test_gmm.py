@@ -141,6 +141,41 @@ def test_empty_group_gradients_exactly_zero(impl):
     assert (np.asarray(dx[30:]) == 0).all()
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_parts_of_rhs_equal_their_concatenation(impl):
+    """rhs as parts ([2, K, N], [1, K, N]) after group_offset 1 computes what their concatenation does, values and
+    gradients (one gradient per part), with NaN in the output buffer's other rows kept out: the chunked path
+    writes the second part into the first part's output, so a row it wrote wrongly or left would show."""
+    x, w = _inputs(jnp.float32)
+    x = x.at[:7].set(jnp.nan)  # rows of global group 0, outside the local groups
+    gs = jnp.asarray([7, 30, 0, 41, 20], jnp.int32)
+    kw = dict(group_offset=1, tiling=SMALL_CHUNK if impl == "chunked" else TILING, interpret=impl == "pallas")
+    kw["implementation"] = impl
+
+    def loss(x, parts):
+        y = gmm(x, parts, gs, **kw)
+        return jnp.sum(jnp.where(jnp.isfinite(y), jnp.sin(y), 0.0)), y
+
+    (_, y1), (dx1, dw1) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(x, w[1:4])
+    (_, y2), (dx2, dw2) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(x, (w[1:3], w[3:4]))
+    assert (np.asarray(y2[:7]) == 0).all() and (np.asarray(y2[98:]) == 0).all()  # other groups, padding rows
+    assert_close(y2, y1, jnp.float32)
+    assert_close(dx2, dx1, jnp.float32)
+    assert isinstance(dw2, tuple) and dw2[0].shape == (2, K, N) and dw2[1].shape == (1, K, N)
+    assert_close(jnp.concatenate(dw2), dw1, jnp.float32)
+    assert (np.asarray(dw2[0][1]) == 0).all()  # global group 2 is empty
+
+
+def test_parts_of_rhs_must_agree():
+    x, gs = jnp.ones((4, 3)), jnp.asarray([2, 2], jnp.int32)
+    with pytest.raises(ValueError, match="part 1 is float32\\[1, 3, 6\\]"):
+        gmm(x, (jnp.ones((1, 3, 5)), jnp.ones((1, 3, 6))), gs)
+    with pytest.raises(ValueError, match="part 1 is bfloat16"):
+        gmm(x, (jnp.ones((1, 3, 5)), jnp.ones((1, 3, 5), jnp.bfloat16)), gs)
+    with pytest.raises(ValueError, match="empty tuple"):
+        gmm(x, (), gs)
+
+
 @pytest.mark.parametrize("impl", ["pallas", "chunked"])
 def test_tgmm_matches_reference(impl):
     x, _ = _inputs(jnp.float32)
