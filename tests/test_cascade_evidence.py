@@ -74,6 +74,24 @@ def test_a_fetch_issued_before_the_donors_dispatch_yields_to_it():
     assert prot.end_us < base.end_us < fifo.end_us
 
 
+def test_donors_are_the_ranks_still_in_attention():
+    """§3.3: a helper's donor is a rank still in attention at the helper's instant. With noisy estimates some ranks
+    are predicted in attention after they finished it (their dispatch already on its port): they are no donors,
+    and no move is dropped for arriving after its donor's dispatch left (the old rule took 69 of 1,688 such moves,
+    all dropped)."""
+    stale = moves = 0
+    for seed in range(24):
+        inp = _inputs(seed, noise=0.3)
+        run = layer_timeline(inp, COSTS, "cascade")
+        a, est = inp.attention_us, inp.attention_est_us
+        for r in run.accepted:
+            t = run.ready_us[r.helper]
+            assert a[r.donor] > t, (seed, r)
+            stale += int(((est > t) & (a <= t) & (run.ready_us > t)).sum())
+            moves += 1
+    assert moves > 10 and stale > 0  # the rule had ranks to refuse
+
+
 def test_a_donor_keeps_its_launch_eligibility():
     """App. C: tokens moved to a helper leave the donor's launch groups as they were planned without the move (the
     groups' source sets are those of the run without OEWF; only their token counts shrink)."""

@@ -131,9 +131,10 @@ def _gather(a: np.ndarray, order: np.ndarray) -> np.ndarray:
     return a[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]]
 
 
-def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, pending):
-    """One round of helper decisions (helper ``h [L]`` at ``t [L]``, layers where ``active``): Algorithm 1 + Eq. 6
-    on the predicted state, as `solvers.oewf_decide_at`. Returns (accepted [L], donor, n_trans, bytes, start, end)
+def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, candidates):
+    """One round of helper decisions (helper ``h [L]`` at ``t [L]``, layers where ``active``; donors among
+    ``candidates [L, D]``, None: any rank predicted in attention): Algorithm 1 + Eq. 6 on the predicted state, as
+    `solvers.oewf_decide_at`. Returns (accepted [L], donor, n_trans, bytes, start, end)
     and updates ``n_hat`` / ``floor_abs`` in place."""
     L, D = n_hat.shape
     rows = np.arange(L)
@@ -142,8 +143,8 @@ def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, pending):
     # Step 1: the predicted state at t.
     rem = np.maximum(a_est - t[:, None], 0.0)
     rem[own] = 0.0
-    if pending is not None:
-        rem[~pending] = 0.0
+    if candidates is not None:
+        rem[~candidates] = 0.0
     left = np.where(rem > 0, disp, np.maximum(a_est + disp - t[:, None], 0.0))
     left[own] = 0.0
     floor = np.maximum(floor_abs - t[:, None], 0.0)
@@ -225,7 +226,8 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         active = run_oewf & (t < last)
         if not active.any():
             continue
-        ok, d, n, nbytes, s0, s1 = _decide(costs, inp, h, t, active, n_hat, floor_abs, pending)
+        in_attention = pending & (a > t[:, None])  # §3.3: donors are the ranks still in attention at t
+        ok, d, n, nbytes, s0, s1 = _decide(costs, inp, h, t, active, n_hat, floor_abs, in_attention)
         occ = nbytes / bw
         a_d, free_d, after_d, dur_d = a[rows, d], free[rows, d], after[rows, d], dur[rows, d]
         before = a_d > t

@@ -43,8 +43,10 @@ a layer together: the layer barrier of §3.2).
   combines into it are not charged against each other. The helper's
   reassigned kernel runs on the helper's GPU: queued with its own kernels in ready order (ready = weights
   delivered), lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's measured 97.3% retention of
-  multi-stream execution (§4.3) as the efficiency of the second stream. A donor the runtime already saw dispatch
-  is no candidate, and a move whose weights arrive after the donor's dispatch has left (its FFN submitted, App. C)
+  multi-stream execution (§4.3) as the efficiency of the second stream. Donors are the ranks still in attention
+  at the helper's instant (§3.3: a rank the runtime has seen finish attention is no candidate, even while the
+  estimates still place it there — its dispatch already holds its send port, so a fetch from it would arrive after
+  its FFN started), and a move whose weights arrive after the donor's dispatch has left (its FFN submitted, App. C)
   is dropped at execution; the fetch still used the links.
 - ``"fifo"``: as ``"contention"``, but fetches are served FIFO by issue time like any transfer (the ablation): a
   fetch can delay the donor's dispatch (queued behind it) and the tokens still arriving at the helper.
@@ -323,7 +325,9 @@ def _contended_links(
         t = float(ready[h])
         if base is None or t >= last_attention:
             continue
-        move = oewf_decide_at(base, h, t, *books, curve=costs.curve, pricing=pricing, cost=cost, exclude=~pending)
+        # §3.3: donors are the ranks still in attention at t (the runtime has seen the others leave it)
+        gone = ~pending | (a <= t)
+        move = oewf_decide_at(base, h, t, *books, curve=costs.curve, pricing=pricing, cost=cost, exclude=gone)
         if move is None:
             rejected += 1
             continue
