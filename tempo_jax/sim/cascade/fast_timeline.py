@@ -286,69 +286,102 @@ def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple
     return partition_ends(np.swapaxes(part_arrival, 1, 2), np.swapaxes(part_tokens, 1, 2), rule, theta)
 
 
+def _own_kernels(costs, arr, tk, ends, gpu):
+    """Every rank's own kernels, launch groups back to back from ``gpu [L, D]`` (its dispatch left): arrivals
+    ``arr`` and tokens ``tk [L, d, pos]`` in each destination's arrival order, group ends ``ends [L, d, pos]``.
+    Returns ``(launched, start, end, tokens)`` ``[L, d, pos]``, set at the position that closes each group."""
+    L, D, _ = tk.shape
+    launched = np.zeros((L, D, D), dtype=bool)
+    start, end, tokens = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
+    acc, rdy = np.zeros((L, D)), np.full((L, D), -np.inf)
+    for j in range(D):
+        acc = acc + tk[:, :, j]
+        rdy = np.maximum(rdy, arr[:, :, j])
+        now = ends[:, :, j] & (acc > 0)
+        k0 = np.maximum(rdy, gpu)
+        k1 = k0 + _ffn(costs, acc)
+        gpu = np.where(now, k1, gpu)
+        launched[:, :, j], start[:, :, j], end[:, :, j], tokens[:, :, j] = now, k0, k1, acc
+        acc = np.where(ends[:, :, j], 0.0, acc)
+        rdy = np.where(ends[:, :, j], -np.inf, rdy)
+    return launched, start, end, tokens
+
+
+def _protected_start(launched, start, end, ready, duration):
+    """`reference_timeline.protected_start` for helpers' kernels ``[n, pos]``, weights ready at ``ready [n]``:
+    ``(start [n], fits [n])``."""
+    s0, nxt, stopped = ready.copy(), np.full(ready.shape, np.inf), np.zeros(ready.shape, dtype=bool)
+    for j in range(launched.shape[1]):
+        act = launched[:, j] & ~stopped & (end[:, j] > s0)
+        inside = act & (start[:, j] <= s0)
+        s0 = np.where(inside, end[:, j], s0)
+        hit = act & ~inside
+        nxt, stopped = np.where(hit, start[:, j], nxt), stopped | hit
+    return s0, s0 + duration <= nxt
+
+
+def _in_order(a, order):
+    """``a [L, s, d]`` → ``[L, d, pos]``: destination d's sources in its arrival ``order [L, d, pos]``."""
+    return np.swapaxes(_gather(a, np.swapaxes(order, 1, 2)), 1, 2)
+
+
 def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
     """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L]) of every rank, with or without OEWF."""
     hw = costs.hardware
     bw, lat, cpp = hw.link_bytes_per_us, hw.link_latency_us, costs.combine_bytes_per_pair
     L, D = inp.attention_us.shape
     rows = np.arange(L)
-    tok = inp.sent.copy()
-    side_ready, side_dur = np.full((L, D), np.inf), np.zeros((L, D))
-    side_span = np.full((L, D), -np.inf)  # paper links: the side kernel's end
-    moves, dropped, moved = np.zeros(L), np.zeros(L), np.zeros(L)
-    # Step 1: the moves that execute.
-    if with_moves:
-        for ok, h, d, n, _, s1, delivered in net.moves:
-            moves += ok
-            moved += np.where(ok, n, 0.0)
-            run = ok
-            if links != "paper":
-                late = ok & (delivered >= net.ready[rows, d])
-                dropped += late
-                run = ok & ~late
-            r = rows[run]
-            tok[r, h[run], d[run]] = inp.sent[r, h[run], d[run]] - n[run]
-            if links != "paper":
-                side_ready[r, h[run]] = delivered[run]
-                side_dur[r, h[run]] = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
-            else:
-                side_span[r, h[run]] = s1[run]
-    # Step 2: launch groups per destination.
+    # Step 1: launch groups per destination.
     if launch == "reactive":  # a donor keeps its launch eligibility: tokens before the moves (App. C)
         order, ends = _partition_ends(net.arrival, inp.sent, rule, theta)
     else:  # planned: per destination; layer: one schedule from the mean predicted tokens per destination
         est_ready = inp.attention_est_us + inp.dispatch_us
         est = inp.sent_est if launch == "planned" else np.repeat(inp.sent_est.sum(axis=2, keepdims=True) / D, D, axis=2)
         order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), est, rule, theta)
-    # [L, d, pos]: source at position pos of destination d's arrival order
-    arr = np.swapaxes(_gather(net.arrival, np.swapaxes(order, 1, 2)), 1, 2)
-    tk = np.swapaxes(_gather(tok, np.swapaxes(order, 1, 2)), 1, 2)
+    arr = _in_order(net.arrival, order)  # [L, d, pos]: arrival of the source at position pos of d's order
+    # Step 2: the moves that commit, round by round in decision order (`reference_timeline._timeline`, step 1).
+    tok = inp.sent.copy()
+    side_end = np.full((L, D), -np.inf)
+    moves, dropped, moved = np.zeros(L), np.zeros(L), np.zeros(L)
+    if with_moves:
+        for ok, h, d, n, _, s1, delivered in net.moves:
+            moves += ok
+            moved += np.where(ok, n, 0.0)
+            if links == "paper":  # weights ready at the planned instant, a free side stream
+                r = rows[ok]
+                tok[r, h[ok], d[ok]] = inp.sent[r, h[ok], d[ok]] - n[ok]
+                side_end[r, h[ok]] = s1[ok]
+                continue
+            run = ok & (delivered < net.ready[rows, d])
+            r = rows[run]
+            if r.size:
+                hr = h[run]
+                launched, k0, k1, _ = _own_kernels(
+                    costs, arr[r], _in_order(tok[r], order[r]), ends[r], net.ready[r].copy()
+                )
+                duration = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
+                i = np.arange(r.size)
+                s0, fits = _protected_start(launched[i, hr], k0[i, hr], k1[i, hr], delivered[run], duration)
+                run[r[~fits]] = False
+                r, hr, s0, duration = r[fits], hr[fits], s0[fits], duration[fits]
+                tok[r, hr, d[run]] = inp.sent[r, hr, d[run]] - n[run]
+                side_end[r, hr] = s0 + duration
+            dropped += ok & ~run
+    # Step 3: own kernels back to back on the final tokens; their combines; the helpers' side kernels.
+    tk = _in_order(tok, order)
     is_own = order == np.arange(D)[None, :, None]
-    # Step 3: kernels back to back; the helper's side kernel in ready order; combines.
-    gpu = net.ready.copy()
+    launched, _, k1s, accs = _own_kernels(costs, arr, tk, ends, net.ready.copy())
+    own_tk = np.where(is_own, tk, 0.0)
     done = net.ready.copy()
     port = net.send_free.copy()
-    acc, own, rdy = np.zeros((L, D)), np.zeros((L, D)), np.full((L, D), -np.inf)
+    own = np.zeros((L, D))
     member = np.zeros((L, D, D), dtype=bool)  # [L, d, pos] in the group being gathered
     left_at, sent_by = np.zeros((L, D, D)), np.zeros((L, D, D))  # [L, d, pos] its combine on d's send port
-    side_left = side_ready < np.inf
-    side_end = np.where(side_left, 0.0, side_span)
     kernel_us = np.zeros(L)
     for j in range(D):
-        acc = acc + tk[:, :, j]
-        own = own + np.where(is_own[:, :, j], tk[:, :, j], 0.0)
-        rdy = np.maximum(rdy, arr[:, :, j])
-        launch_now = ends[:, :, j] & (acc > 0)
-        first = launch_now & side_left & (side_ready < rdy)
-        s0 = np.maximum(side_ready, gpu)
-        gpu = np.where(first, s0 + side_dur, gpu)
-        side_end = np.where(first, s0 + side_dur, side_end)
-        side_left &= ~first
-        f = _ffn(costs, acc)
-        k0 = np.maximum(rdy, gpu)
-        k1 = k0 + f
-        gpu = np.where(launch_now, k1, gpu)
-        kernel_us += np.where(launch_now, f, 0.0).sum(axis=1)
+        own = own + own_tk[:, :, j]
+        launch_now, k1, acc = launched[:, :, j], k1s[:, :, j], accs[:, :, j]
+        kernel_us += np.where(launch_now, _ffn(costs, acc), 0.0).sum(axis=1)
         remote = acc - own
         member[:, :, j] = True
         if links == "paper":
@@ -364,11 +397,8 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
             sent_by = np.where(mark, sent_end[:, :, None], sent_by)
         done = np.where(launch_now, np.maximum(done, out), done)
         reset = ends[:, :, j]
-        acc, own = np.where(reset, 0.0, acc), np.where(reset, 0.0, own)
-        rdy = np.where(reset, -np.inf, rdy)
+        own = np.where(reset, 0.0, own)
         member &= ~reset[:, :, None]
-    s0 = np.maximum(side_ready, gpu)
-    side_end = np.where(side_left, s0 + side_dur, side_end)
     done = np.maximum(done, side_end)
     if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
         done = np.maximum(done, _combine_receipts(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk), net))

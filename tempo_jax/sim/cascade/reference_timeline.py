@@ -41,13 +41,15 @@ a layer together: the layer barrier of §3.2).
   whose chunk waits at a busy receiver: not a feasible flow schedule, an upper bound on neither side). A rank is
   done when its outputs have left and its own outputs are back. Fetches still in flight into a rank and the
   combines into it are not charged against each other. The helper's
-  reassigned kernel runs on the helper's GPU: queued with its own kernels in ready order (ready = weights
-  delivered), lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's measured 97.3% retention of
-  multi-stream execution (§4.3) as the efficiency of the second stream. Donors are the ranks still in attention
-  at the helper's instant (§3.3: a rank the runtime has seen finish attention is no candidate, even while the
-  estimates still place it there — its dispatch already holds its send port, so a fetch from it would arrive after
-  its FFN started), and a move whose weights arrive after the donor's dispatch has left (its FFN submitted, App. C)
-  is dropped at execution; the fetch still used the links.
+  reassigned kernel runs on the helper's GPU, lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's
+  measured 97.3% retention of multi-stream execution (§4.3) as the efficiency of the second stream. Donors are
+  the ranks still in attention at the helper's instant (§3.3: a rank the runtime has seen finish attention is no
+  candidate, even while the estimates still place it there — its dispatch already holds its send port, so a fetch
+  from it would arrive after its FFN started). A move commits at weight-ready as App. C does: only if the donor
+  has not submitted the tokens' FFN (weights delivered before its dispatch left) and the helper's GPU has a
+  protected interval for the whole kernel — the first idle interval from the weights' arrival, up to its next own
+  kernel (`protected_start`; "without delaying existing work"); otherwise it is abandoned at execution (the tokens
+  stay with the donor; the fetch still used the links).
 - ``"fifo"``: as ``"contention"``, but fetches are served FIFO by issue time like any transfer (the ablation): a
   fetch can delay the donor's dispatch (queued behind it) and the tokens still arriving at the helper.
 
@@ -101,6 +103,7 @@ __all__ = [
     "SideKernel",
     "idle_fill",
     "layer_timeline",
+    "protected_start",
 ]
 
 LAYER_MODES = ("sync", "async", "async_sf", "cascade")
@@ -207,7 +210,8 @@ class LayerResult:
       kernels: per rank, its kernels (`solvers.LaunchGroup`) in execution order.
       side: OEWF side kernels that ran.
       accepted: accepted OEWF reassignments (times relative to their helper's decision instant r_h).
-      dropped: accepted moves dropped at execution (weights delivered after the donor's dispatch left).
+      dropped: accepted moves abandoned at execution (weights delivered after the donor's dispatch left, or no
+        protected interval on the helper's GPU: `protected_start`).
       rejected: number of helpers that decided without a reassignment.
       base_end_us: for ``cascade``: the same layer without OEWF (the Async+SF end); else ``end_us``.
     """
@@ -459,33 +463,31 @@ def _combine_receipts(costs: PrefillCosts, sends: list, recv_free: np.ndarray) -
     return got
 
 
-def _run_rank(costs, groups, arrival, tokens, d: int, start: float, side=None):
-    """Run launch groups back to back on rank d's GPU from ``start``; ``side = (ready, duration)`` is a reassigned
-    kernel queued in ready order (after own kernels ready at the same time). Returns (kernels, side kernel span)."""
-    kernels = run_partition(groups, arrival, tokens, costs.curve.ffn_time_unchecked, start_us=start)
-    if side is None:
-        return kernels, None
-    s_ready, s_dur = side
-    out, gpu, span = [], start, None
+def _rank_kernels(costs, inp: LayerInputs, net, pairs, d: int, allowed, theta, launch):
+    """(policy, kernels, tokens [D]) of rank d's own launch groups on ``pairs``, run back to back from its
+    dispatch; a donor keeps its launch eligibility: groups from the tokens before the moves (App. C)."""
+    tokens = pairs[:, d, :].sum(axis=1)
+    arrival = net.arrival[:, d]
+    p, groups = _partition(costs, inp, d, allowed, theta, arrival, inp.pairs[:, d, :].sum(axis=1), launch)
+    ks = run_partition(groups, arrival, tokens, costs.curve.ffn_time_unchecked, start_us=float(net.ready[d]))
+    return p, ks, tokens
+
+
+def protected_start(kernels, ready: float, duration: float) -> float | None:
+    """App. C's commit: the start of a reassigned kernel of ``duration`` µs whose weights are ready at ``ready``,
+    in the first idle interval of the helper's GPU from then (after the own kernel running then, if any) — or None
+    when that interval ends, at the next own kernel's start, before the kernel would (it would delay existing
+    work: the reassignment is abandoned and the tokens stay with the donor). ``kernels``: the helper's own, in
+    execution order."""
+    s0 = ready
     for k in kernels:
-        if span is None and s_ready < k.ready_us:
-            s0 = max(s_ready, gpu)
-            span, gpu = (s0, s0 + s_dur), s0 + s_dur
-        k0 = max(k.ready_us, gpu)
-        out.append(
-            LaunchGroup(
-                sources=k.sources,
-                tokens=k.tokens,
-                ready_us=k.ready_us,
-                start_us=k0,
-                end_us=k0 + (k.end_us - k.start_us),
-            )
-        )
-        gpu = k0 + (k.end_us - k.start_us)
-    if span is None:
-        s0 = max(s_ready, gpu)
-        span = (s0, s0 + s_dur)
-    return tuple(out), span
+        if k.end_us <= s0:
+            continue
+        if k.start_us <= s0:
+            s0 = k.end_us
+            continue
+        return s0 if s0 + duration <= k.start_us else None
+    return s0
 
 
 def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost):
@@ -495,42 +497,41 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
         net = _paper_links(costs, inp, run_oewf, pricing, cost)
     else:
         net = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
-    # Step 1: the pairs that stay after the moves that execute.
+    # Step 1: the moves that commit, in decision order (App. C, at weight-ready): the donor has not submitted the
+    # tokens' FFN (weights delivered before its dispatch left) and the helper's GPU has a protected interval for
+    # the whole kernel. A rank that helps is no donor of a later move (it has left attention), so each helper's
+    # own kernels are final when its move commits.
     pairs = inp.pairs.copy()
-    sides: dict[int, tuple] = {}
+    sides: dict[int, tuple] = {}  # helper → (donor, tokens, start, end)
     dropped = 0
     for m, delivered in net.moves:
         r = m.reassignment
-        if links != "paper" and delivered >= net.ready[r.donor]:
-            dropped += 1
-            continue
+        if links == "paper":  # the paper's model: weights ready at the planned instant, a free side stream
+            sides[r.helper] = (r.donor, r.n_trans, delivered, m.end_us)
+        else:
+            duration = float(costs.curve.ffn_time_unchecked(r.n_trans)) / HELPER_STREAM_EFFICIENCY
+            own = _rank_kernels(costs, inp, net, pairs, r.helper, allowed, theta, launch)[1]
+            s0 = protected_start(own, delivered, duration) if delivered < net.ready[r.donor] else None
+            if s0 is None:
+                dropped += 1
+                continue
+            sides[r.helper] = (r.donor, r.n_trans, s0, s0 + duration)
         pairs[r.helper, r.donor, list(r.experts)] = 0.0
-        sides[r.helper] = (r.donor, r.n_trans, delivered, m.end_us)
     # Step 2: per rank, launch groups and kernels; the combine; the helper's side kernel.
     done = np.empty(D)
     policy, kernels, side = [], [], []
     sends: list = []  # combine chunks (contended links)
     for d in range(D):
-        tokens = pairs[:, d, :].sum(axis=1)
-        arrival = net.arrival[:, d]
-        # a donor keeps its launch eligibility: groups from the tokens before the moves (App. C), run on the rest
-        p, groups = _partition(costs, inp, d, allowed, theta, arrival, inp.pairs[:, d, :].sum(axis=1), launch)
+        p, ks, tokens = _rank_kernels(costs, inp, net, pairs, d, allowed, theta, launch)
         start = float(net.ready[d])
-        extra = None
-        if d in sides and links != "paper":
-            donor, n, delivered, _ = sides[d]
-            extra = (delivered, float(costs.curve.ffn_time_unchecked(n)) / HELPER_STREAM_EFFICIENCY)
-        ks, span = _run_rank(costs, groups, arrival, tokens, d, start, extra)
         if links == "paper":
             done[d] = _paper_done(costs, ks, tokens, d, start)
-            if d in sides:
-                donor, n, delivered, end = sides[d]
-                span = (delivered, end)
         else:
             done[d] = _contended_done(costs, ks, tokens, d, start, float(net.send_free[d]), sends)
-        if span is not None:
-            done[d] = max(done[d], span[1])
-            side.append(SideKernel(rank=d, donor=sides[d][0], tokens=sides[d][1], start_us=span[0], end_us=span[1]))
+        if d in sides:
+            donor, n, s0, s1 = sides[d]
+            done[d] = max(done[d], s1)
+            side.append(SideKernel(rank=d, donor=donor, tokens=n, start_us=s0, end_us=s1))
         policy.append(p)
         kernels.append(ks)
     if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
