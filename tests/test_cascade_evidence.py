@@ -92,6 +92,30 @@ def test_donors_are_the_ranks_still_in_attention():
     assert moves > 10 and stale > 0  # the rule had ranks to refuse
 
 
+def test_a_doomed_fetch_yields_to_the_donors_combines():
+    """App. E: weight fetching does not delay the current plan. Rank 1 is predicted in attention until 800 µs but
+    leaves it at 220: the seven helpers' fetches from it spill past its dispatch, all arrive after it and are
+    dropped. What is left of them yields to rank 1's combines, so every rank ends as without OEWF (FIFO behind the
+    dispatch, they held rank 1's send port ahead of its combines and delayed every rank by 0.4–1.0 ms)."""
+    D, E = 8, 256
+    pairs = np.zeros((D, D, E))
+    pairs[:, 1, :32] = 5.0
+    pairs[np.arange(D), np.arange(D), 100] = 50.0
+    pairs[1, 2, 120] = 20_000.0  # rank 1's own dispatch
+    att = np.full(D, 100.0)
+    att[1] = 220.0
+    est = att.copy()
+    est[1] = 800.0
+    sent = pairs.sum(axis=2)
+    disp = COSTS.exchange_us((sent * (1 - np.eye(D))).sum(axis=1), COSTS.dispatch_bytes_per_pair)
+    inp = LayerInputs(attention_us=att, dispatch_us=disp, pairs=pairs, attention_est_us=est, oewf=True)
+    base = layer_timeline(dataclasses.replace(inp, oewf=False), COSTS, "cascade")
+    run = layer_timeline(inp, COSTS, "cascade")
+    assert len(run.accepted) == run.dropped == 7 and not run.side
+    assert all(r.donor == 1 for r in run.accepted)
+    np.testing.assert_array_equal(run.rank_end_us, base.rank_end_us)
+
+
 def test_a_donor_keeps_its_launch_eligibility():
     """App. C: tokens moved to a helper leave the donor's launch groups as they were planned without the move (the
     groups' source sets are those of the run without OEWF; only their token counts shrink)."""

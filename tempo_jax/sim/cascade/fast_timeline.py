@@ -277,7 +277,9 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
     received = np.where(np.isnan(got), cur + left, got) if protected else ends[:, D, :]
     delivered = np.maximum(received, fetch_send) + lat  # [L, helper]
     moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1, _, _ in rounds]
-    return _Net(ready=ready, arrival=arrival, send_free=np.maximum(ready, after), recv_free=port, moves=moves)
+    # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
+    send_free = ready if protected else np.maximum(ready, after)
+    return _Net(ready=ready, arrival=arrival, send_free=send_free, recv_free=port, moves=moves)
 
 
 def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:

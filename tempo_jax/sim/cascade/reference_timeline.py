@@ -32,11 +32,13 @@ a layer together: the layer barrier of §3.2).
   (s → d) also crosses d's receive port, so tokens from s arrive at d at ``max(r_s, chunk end at d) + latency``
   (in-port) — a per-(source, destination) readiness. An OEWF fetch (one expert buffer, issued when the helper's
   dispatch has left) crosses the donor's send port and the helper's receive port as a **protected transfer**
-  (App. E): it runs in the ports' idle time and yields to dispatch traffic (`idle_fill`; a fetch issued before
-  the donor's dispatch is paused while the dispatch holds the port), so no dispatch or chunk waits for it. A rank's
-  combines (one per kernel, issued at the kernel's end) queue on its send port behind its dispatch and any fetch
-  it served; each output chunk (d → s) also crosses s's receive port, queued there behind the dispatch chunks into
-  s in the order the combines left their senders, and arrives ``latency`` after the later of its two ports — the
+  (App. E: weight fetching "does not delay the current plan"): it runs in the ports' idle time and yields to every
+  other transfer (`idle_fill`; a fetch issued before the donor's dispatch is paused while the dispatch holds the
+  port, and what is left of it after the dispatch — a fetch then certain to arrive too late — never holds the
+  port ahead of the donor's combines), so no dispatch, chunk or combine waits for it. A rank's combines (one per
+  kernel, issued at the kernel's end) queue on its send port behind its dispatch (and, under ``"fifo"``, any fetch
+  it served); each output chunk (d → s) also crosses s's receive port, queued there behind the dispatch chunks
+  into s in the order the combines left their senders, and arrives ``latency`` after the later of its two ports — the
   dispatch chunks' two-port model, applied to the combine (it serialises each port but does not re-time a sender
   whose chunk waits at a busy receiver: not a feasible flow schedule, an upper bound on neither side). A rank is
   done when its outputs have left and its own outputs are back. Fetches still in flight into a rank and the
@@ -378,7 +380,8 @@ def _contended_links(
     return _Links(
         ready=ready,
         arrival=arrival,
-        send_free=np.maximum(ready, after),
+        # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
+        send_free=ready if protected else np.maximum(ready, after),
         recv_free=recv_free,
         moves=moves,
         rejected=rejected,
