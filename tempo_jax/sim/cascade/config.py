@@ -95,7 +95,8 @@ class CascadeConfig:
       synthetic_rate_rps: the synthetic trace's Poisson arrival rate (requests per second).
       seed: seeds routing draws, estimation noise and placement tie-breaks, and — with ``vary_workload`` — the
         workload itself (`workload_draw`): seed 0 serves the trace and recording as they are.
-      vary_workload: seed ≥ 1 also draws a workload: the window of the trace (read as a cycle: `RequestTrace.rotate`),
+      vary_workload: seed ≥ 1 also draws a workload: the trace's seed-th window of ``max_requests`` requests (read as
+        a cycle: `RequestTrace.rotate`; windows are disjoint while the trace holds them),
         which recorded layer each model layer replays, and how the experts are laid out over the ranks (a
         permutation of each layer's expert ids: another expert placement). False: seeds vary only the draws and
         the noise on one workload (the earlier behaviour, whose per-request TTFTs correlate ~0.99 across seeds).

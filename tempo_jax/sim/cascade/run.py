@@ -44,14 +44,23 @@ class CascadeRun:
 
     @property
     def busy_s(self) -> float:
-        """Σ of step durations: the time the engine ran (App. A's T_E2E for R_tail)."""
+        """Σ of step durations: the time the engine ran (its busy time; R_tail divides by `e2e_s`)."""
         return float(self.layer_us.sum()) * 1e-6
 
     @property
+    def e2e_s(self) -> float:
+        """App. A's T_E2E: wall-clock time from the first measured request's arrival until the last one's first
+        token (seconds on the trace's clock)."""
+        p = self.prefill
+        return float(p.completion_s.max() - p.arrival_s.min()) if p.arrival_s.size else math.nan
+
+    @property
     def tail_ratio(self) -> float:
-        """R_tail = Σ_i Σ_d w_{d,i} / (D · T_E2E) (App. A): idle share waiting for other replicas' dispatch."""
+        """R_tail = Σ_i Σ_d w_{d,i} / (D · T_E2E) (App. A, Eq. 7): the idle time waiting for the other replicas to
+        *enter* dispatch (`StepRecord.gap_us`), averaged over replicas, over the run's wall-clock time `e2e_s`
+        (not the engine's busy time `busy_s`, which excludes the idle time between steps)."""
         gap = sum(r.gap_us for r in self.records) * 1e-6
-        return gap / (self.config.num_ranks * self.busy_s)
+        return gap / (self.config.num_ranks * self.e2e_s)
 
     @property
     def oewf_longer(self) -> tuple[int, int, int]:

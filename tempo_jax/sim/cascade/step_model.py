@@ -88,7 +88,9 @@ class StepRecord:
         computes ALB from it.
       layer_us: ``[L]`` each layer's time (µs) in this run's mode.
       base_us: ``[L]`` the same layers without OEWF (cascade mode; else equal to ``layer_us``).
-      gap_us: Σ over layers and replicas of the readiness gap max_j r_j − r_d (App. A), µs.
+      gap_us: Σ over layers and replicas of the readiness gap w_d = max_j r_j − r_d (App. A), µs, with r_d the
+        replica's entry into dispatch — the end of its attention stage (App. A times the start of the dispatch
+        kernel, before any payload moves), not its dispatch's completion.
       oewf_moves / oewf_tokens: accepted reassignments and moved tokens over the step's layers.
       oewf_dropped: accepted moves dropped at execution (weights after the donor's dispatch).
       oewf_longer: layers where OEWF's accepted moves made the layer longer than without them.
@@ -297,7 +299,7 @@ class StepModel:
             attention_s=att * 1e-6,
             layer_us=layer_us,
             base_us=base_us,
-            gap_us=float((ready.max(axis=1, keepdims=True) - ready).sum()),
+            gap_us=float((att.max(axis=1, keepdims=True) - att).sum()),  # App. A: at dispatch entry
             oewf_moves=int(moves),
             oewf_tokens=float(moved),
             oewf_dropped=int(dropped),

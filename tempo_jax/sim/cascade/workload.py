@@ -18,14 +18,23 @@ __all__ = ["cascade_trace", "trace_digest", "trace_file", "workload_draw"]
 
 
 # ------------------------------------------------------------------------------------------------ routing
-def workload_draw(seed: int, *, num_requests: int, recorded_layers: int, layers: int, experts: int) -> dict:
+def workload_draw(
+    seed: int, *, num_requests: int, recorded_layers: int, layers: int, experts: int, window: int | None = None
+) -> dict:
     """The workload seed ``seed`` ≥ 1 draws (`CascadeConfig.vary_workload`; each part from its own stream):
     ``{"start": first request of the trace window (`RequestTrace.rotate`), "layer_shift": model layer l replays
     recorded layer (l + shift) mod ``recorded_layers``, "expert_perm": [layers, experts] expert ids per layer (another
-    layout of the experts over the ranks)}``; seed 0 draws the identity (start 0, shift 0, ``expert_perm`` None)."""
+    layout of the experts over the ranks)}``; seed 0 draws the identity (start 0, shift 0, ``expert_perm`` None).
+
+    With ``window`` (the requests a run serves) seed k's window starts at k · window (mod ``num_requests``): seeds
+    0 … ⌊num_requests / window⌋ − 1 serve disjoint windows, so no request is in two of them (later seeds wrap around
+    and share requests with earlier ones); without it the start is drawn uniformly."""
     if seed == 0:
         return {"start": 0, "layer_shift": 0, "expert_perm": None}
-    start = int(np.random.default_rng([seed, 1]).integers(num_requests)) if num_requests else 0
+    if window:
+        start = (seed * int(window)) % num_requests if num_requests else 0
+    else:
+        start = int(np.random.default_rng([seed, 1]).integers(num_requests)) if num_requests else 0
     shift = int(np.random.default_rng([seed, 2]).integers(max(recorded_layers, 1)))
     perm = np.random.default_rng([seed, 3]).permuted(np.tile(np.arange(experts), (layers, 1)), axis=1)
     return {"start": start, "layer_shift": shift, "expert_perm": perm}
@@ -85,7 +94,10 @@ def cascade_trace(config: CascadeConfig) -> RequestTrace:
         limit = None if config.vary_workload and config.seed else config.max_requests  # a window needs them all
         trace = _load_jsonl(str(f), limit, name, stat.st_mtime_ns, stat.st_size)
     if config.trace != "synthetic" and config.vary_workload and config.seed:  # the seed's window of the trace
-        start = workload_draw(config.seed, num_requests=len(trace), recorded_layers=0, layers=0, experts=0)["start"]
+        draw = workload_draw(
+            config.seed, num_requests=len(trace), recorded_layers=0, layers=0, experts=0, window=config.max_requests
+        )
+        start = draw["start"]
         trace = trace.rotate(start)
     if config.max_requests is not None:
         trace = trace.head(min(config.max_requests, len(trace)))
