@@ -228,6 +228,26 @@ def test_seeds_serve_disjoint_windows_of_the_trace():
         np.testing.assert_array_equal(np.diff(t.arrival_s)[:-1], np.diff(full.arrival_s[i])[:-1])
 
 
+def test_each_seed_runs_at_its_own_operating_point():
+    """Per-seed operating points: `capacity_rps_seeds` measures Sync's capacity on each seed's own workload and
+    `run_cascade_seeds(rates=)` serves each seed at its own rate; a seed without a rate is refused."""
+    from tempo_jax.sim.cascade import run_cascade_seeds
+    from tempo_jax.sim.cascade.summary import capacity_rps, capacity_rps_seeds
+
+    cfg = CascadeConfig(trace="mooncake_sample", max_requests=24)
+    kw = dict(workers=1, cache_dir=None, progress=False)
+    caps = capacity_rps_seeds(cfg, (0, 1), **kw)
+    assert caps[0] == pytest.approx(capacity_rps(cfg, **kw)[1]) and caps[0] != caps[1]
+    rates = {s: 0.9 * c for s, c in caps.items()}
+    runs = run_cascade_seeds(cfg, ("sync",), seeds=(0, 1), rates=rates, **kw)
+    for s in (0, 1):
+        assert runs[s]["sync"].config.rate_rps == rates[s] and runs[s]["sync"].config.seed == s
+    with pytest.raises(ValueError, match=r"no rate for seeds \[1\]"):
+        run_cascade_seeds(cfg, ("sync",), seeds=(0, 1), rates={0: 1.0}, **kw)
+    with pytest.raises(ValueError, match="rates\\[0\\]"):
+        run_cascade_seeds(cfg, ("sync",), seeds=(0,), rates={0: 0.0}, **kw)
+
+
 def test_orders_are_claimed_from_paired_differences():
     from tempo_jax.sim.cascade.summary import ordering, paired_difference
 

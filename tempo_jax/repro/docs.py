@@ -219,10 +219,11 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "Fig. 8 CascadeEP TTFT mean / p95 reduction vs Sync: 23.1% / 26.0%",
-        "contention, reactive, at the recorded rate / R_tail matched to 28% / 0.9 of capacity:"
+        "contention, reactive, at the recorded rate / R_tail matched to 28% / 0.9 of capacity (each seed's own):"
         " {09/cut_c_r_rec_cascade:.1%} ({09/order_c_r_rec}) / {09/cut_c_r_tail_cascade:.1%} ({09/order_c_r_tail}) /"
         " {09/cut_c_r_90_cascade:.1%} [{09/cut_c_r_90_cascade_lo:.1%}, {09/cut_c_r_90_cascade_hi:.1%}], p95"
-        " {09/p95cut_c_r_90_cascade:.1%} ({09/order_c_r_90}); the layer's own schedule {09/cut_c_l_rec_cascade:.1%}"
+        " {09/p95cut_c_r_90_cascade:.1%} ({09/order95_c_r_90}, on paired p95s); the layer's own schedule"
+        " {09/cut_c_l_rec_cascade:.1%}"
         " / {09/cut_c_l_tail_cascade:.1%} / {09/cut_c_l_90_cascade:.1%}; planned per destination"
         " {09/cut_c_p_90_cascade:.1%}; paper links, planned {09/cut_p_p_90_cascade:.1%} ({09/order_p_p_90});"
         " orderings from paired per-seed differences",
@@ -250,7 +251,7 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         " layer (App. E, exact estimates)",
         "contention {09/fig9_c_r_ge1:.1%} / {09/fig9_c_r_ge5:.1%} / {09/fig9_c_r_max:.2%}, {09/longer_c_r} layer"
         " forwards made longer with protected transfers ({09/longer_share_c_r:.1%} of those OEWF changed;"
-        " {09/dropped_c_r} of {09/moves_c_r} moves dropped), {09/longer_f_r} ({09/longer_share_f_r:.1%}) with FIFO"
+        " {09/dropped_c_r} of {09/moves_c_r} moves abandoned), {09/longer_f_r} ({09/longer_share_f_r:.1%}) with FIFO"
         " fetches; paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} / {09/fig9_p_r_max:.2%},"
         " {09/longer_p_p} made longer (planned)",
         "09",
@@ -273,8 +274,9 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "R_tail 28%; estimators 90.3% (attention) / 85.9% (token counts); streamFFN efficiency 97.3%",
-        "{09/r_tail:.1%} at 0.9 of capacity ({09/tail_found:.1%} at the matched point: sparse attention, key budget"
-        " {09/tail_budget}); {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) /"
+        "App. A's R_tail {09/r_tail:.1%} at 0.9 of capacity ({09/r_tail_c_r_90_lo:.1%}–{09/r_tail_c_r_90_hi:.1%} by"
+        " seed; {09/tail_found:.1%} at the matched point, {09/tail_lo:.1%}–{09/tail_hi:.1%} by seed: sparse"
+        " attention, key budget {09/tail_budget}); {09/attention_accuracy:.1%} (fitted on App. B's grid; an output) /"
         " {09/token_accuracy:.1%}; {09/ffn_efficiency:.1%} (paper links: R_tail {09/plinks_r_tail:.1%}, streamFFN"
         " {09/plinks_ffn_efficiency:.1%})",
         "09",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.checks import check_choice, check_int
+from solvers.checks import check_choice, check_int, check_real
 
 from ..runner import CACHE_DIR, cached, run_jobs
 from .config import CascadeConfig
@@ -176,16 +176,19 @@ def run_cascade_seeds(
     modes: tuple[str, ...] = LAYER_MODES,
     *,
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
+    rates: dict[int, float] | None = None,
     workers: int = 2,
     cache_dir: str | Path | None = CACHE_DIR,
     progress: bool = True,
     backend: str | None = None,
 ) -> dict[int, dict[str, CascadeRun]]:
     """`run_cascade` for every seed of ``seeds`` (all (seed, mode) jobs in one pool): ``{seed: {mode: run}}``.
+    ``rates``: each seed's request rate (``{seed: rps}``, e.g. a load of each seed's own capacity:
+    `summary.capacity_rps_seeds`), in place of ``config.rate_rps``.
 
     Raises:
       ValueError: an unknown or repeated mode, no seeds, a seed that is not an integer >= 0 (0.5 would run as seed 0
-        under the key 0.5) or a repeated seed.
+        under the key 0.5), a repeated seed, or ``rates`` without a positive rate for every seed.
     """
     for m in modes:
         check_choice("mode", m, LAYER_MODES, where="run_cascade")
@@ -199,8 +202,17 @@ def run_cascade_seeds(
     seeds = tuple(int(s) for s in seeds)
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"run_cascade_seeds: seeds {list(seeds)} repeat a seed; give each once")
+    if rates is not None:
+        missing = [s for s in seeds if s not in rates]
+        if missing:
+            raise ValueError(f"run_cascade_seeds: rates has no rate for seeds {missing}; give one per seed")
+        for s in seeds:
+            check_real(f"rates[{s}]", rates[s], minimum=0.0, strict=True, where="run_cascade_seeds")
     digest = trace_digest(config)
-    cfgs = {s: dataclasses.replace(config, seed=int(s)) for s in seeds}
+    cfgs = {
+        s: dataclasses.replace(config, seed=int(s), **({} if rates is None else {"rate_rps": float(rates[s])}))
+        for s in seeds
+    }
     jobs = [(cfgs[s], m, cache_dir, digest) for s in seeds for m in modes]
     runs = run_jobs(
         _cached_mode, jobs, workers=workers, desc=f"cascade {config.placement}", progress=progress, backend=backend

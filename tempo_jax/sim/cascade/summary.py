@@ -12,7 +12,7 @@ import numpy as np
 from ..runner import bootstrap_ci
 from .config import CascadeConfig
 from .reference_timeline import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
-from .run import CascadeRun, run_cascade, step_batches
+from .run import CascadeRun, run_cascade, run_cascade_seeds, step_batches
 from .step_model import StepModel
 from .workload import cascade_trace
 
@@ -23,6 +23,7 @@ __all__ = [
     "SEED_FIGURES",
     "ablation_rows",
     "budget_for_tail_ratio",
+    "capacity_rps_seeds",
     "capacity_rps",
     "layer_attribution",
     "layer_example",
@@ -145,6 +146,18 @@ def capacity_rps(config: CascadeConfig, *, mode: str = "sync", **run_kw) -> tupl
     return tps, tps / float(run.prefill.input_len.mean())
 
 
+def capacity_rps_seeds(config: CascadeConfig, seeds, *, mode: str = "sync", **run_kw) -> dict[int, float]:
+    """``{seed: requests/s}`` that ``mode`` sustains on each seed's own workload (`capacity_rps` per seed, the runs
+    in one pool): the base of per-seed operating points (a load of each seed's own capacity)."""
+    burst = cascade_trace(dataclasses.replace(config, rate_rps=None)).duration_s <= 0
+    overloaded = dataclasses.replace(config, rate_rps=None if burst else 1e4)
+    runs = run_cascade_seeds(overloaded, (mode,), seeds=tuple(seeds), **run_kw)
+    return {
+        s: float(r[mode].prefill.prompt_throughput_tps / float(r[mode].prefill.input_len.mean()))
+        for s, r in runs.items()
+    }
+
+
 #: `layer_attribution`'s parts of the forward-time cut against Sync (each a share of Sync's forward time).
 ATTRIBUTION = ("early_ffn", "combine_overlap", "oewf")
 
@@ -197,21 +210,26 @@ def budget_for_tail_ratio(
     target: float,
     *,
     load: float = 0.9,
+    seeds=(0,),
     lo: int = 2048,
     hi: int = 1 << 20,
     iters: int = 10,
     **run_kw,
-) -> tuple[int, float, float]:
-    """``(key_budget, R_tail, rate_rps)``: the sparse-attention key budget in ``[lo, hi]`` at which Sync's long-tail
-    ratio R_tail (App. A), served at ``load`` of its own capacity, is closest to ``target`` (e.g. the paper's 28%),
-    by bisection on log2 of the budget — R_tail grows with the budget, from the model's sparse attention towards
-    dense (the request rate cannot set it: measured, R_tail *falls* with the load, to about 33% overloaded). The
-    endpoint when the target lies outside; ``rate_rps`` is that load of the budget's Sync capacity."""
+) -> tuple[int, float, dict[int, float], dict[int, float]]:
+    """``(key_budget, R_tail, rates, tails)``: the sparse-attention key budget in ``[lo, hi]`` at which Sync's
+    long-tail ratio R_tail (App. A), averaged over ``seeds`` — each seed served at ``load`` of its own capacity
+    (`capacity_rps_seeds`) — is closest to ``target`` (e.g. the paper's 28%), by bisection on log2 of the budget:
+    R_tail grows with the budget, from the model's sparse attention towards dense (the request rate cannot set it:
+    measured, R_tail *falls* with the load). The endpoint when the target lies outside. ``rates``: each seed's
+    request rate at that budget; ``tails``: each seed's R_tail (the spread around the mean)."""
+    seeds = tuple(seeds)
 
-    def tail(budget: int) -> tuple[float, float]:
+    def tail(budget: int) -> tuple[float, dict, dict]:
         cfg = dataclasses.replace(config, attention="sparse", key_budget=int(budget))
-        rate = load * capacity_rps(cfg, **run_kw)[1]
-        return run_cascade(dataclasses.replace(cfg, rate_rps=rate), ("sync",), **run_kw)["sync"].tail_ratio, rate
+        rates = {s: load * c for s, c in capacity_rps_seeds(cfg, seeds, **run_kw).items()}
+        runs = run_cascade_seeds(cfg, ("sync",), seeds=seeds, rates=rates, **run_kw)
+        tails = {s: runs[s]["sync"].tail_ratio for s in seeds}
+        return float(np.mean(list(tails.values()))), rates, tails
 
     ends = {b: tail(b) for b in (lo, hi)}
     best = min(ends, key=lambda b: abs(ends[b][0] - target))
