@@ -210,3 +210,68 @@ def test_bad_schedules_and_fetches_are_rejected(setup):
         _run(setup, dataclasses.replace(config, fetches=(WeightFetch(0, 5, (absent,)),)))
     with pytest.raises(ValueError, match="distinct"):
         WeightFetch(3, 3, (1,))
+
+
+def test_the_layer_executes_the_schedule_the_simulator_prices(setup):
+    """launch='layer' (`tempo_jax.sim.cascade`) prices one partition shared by every rank and OEWF's moves decided
+    on the predictions; the layer built from the same predictions executes exactly that: the launch groups read
+    back from its program (the sources of each group's ppermutes) are the simulator's kernels on every rank, and
+    the tokens each rank computes (its own record) move by the simulator's reassignments."""
+    from tempo_jax.sim.cascade import prefill_costs
+    from tempo_jax.sim.cascade.reference_timeline import LayerInputs, layer_timeline
+
+    placement, config, params, x, mesh = setup
+    cfg = dataclasses.replace(config, dispatch_mode="quota")
+    first = _run(setup, cfg)
+    pairs = pair_tokens(first.stats.replica_counts, placement).astype(np.float64)
+    costs = prefill_costs()
+    # Scale the routed pairs to prefill sizes (the schedule and OEWF depend on token counts against θ and F(N));
+    # rank 5 straggles, and the others finish attention at staggered times.
+    scale = costs.threshold / (2.5 * pairs.sum() / D / D)  # about three sources' mean tokens reach θ
+    att = np.array([100.0, 140, 180, 220, 260, 3000, 300, 340])
+    disp = costs.exchange_us((scale * pairs.sum(axis=2) * (1 - np.eye(D))).sum(axis=1), costs.dispatch_bytes_per_pair)
+    inp = LayerInputs(attention_us=att, dispatch_us=disp, pairs=scale * pairs, oewf=True)
+    sim = layer_timeline(inp, costs, "cascade", links="paper", launch="layer")
+    ready = att + disp
+    schedule = LaunchSchedule.from_arrivals(ready, scale * pairs.sum(axis=2), threshold=float(costs.threshold))
+    plan = oewf_at_dispatch(ready, att, disp, scale * pairs.sum(axis=(0, 2)), scale * pairs, **costs.oewf_budget())
+    fetches = fetches_from_plan(plan)
+    assert len(schedule.groups) > 1 and fetches  # the case has both to check
+    run_cfg = dataclasses.replace(cfg, schedule=schedule, fetches=fetches)
+    # Step 1: the launch groups, read back from the program: group g's sources are its ppermutes' senders.
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    jaxpr = jax.make_jaxpr(
+        lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=run_cfg)
+    )(params, x)
+    body = _shard_map_body(jaxpr.jaxpr)
+    scope = lambda e: str(e.source_info.name_stack)  # noqa: E731
+    groups = []
+    for g in range(len(schedule.groups)):
+        perms = [
+            e.params["perm"] for e in body.eqns if e.primitive.name == "ppermute" and f"cascade_shift_{g}_" in scope(e)
+        ]
+        groups.append(tuple(sorted({s for perm in perms for s, _ in perm})))
+    helpers = {
+        tuple(e.params["perm"]) for e in body.eqns if e.primitive.name == "ppermute" and "oewf_fetch_" in scope(e)
+    }
+    assert helpers == {((f.donor, f.helper),) for f in fetches}
+    # Step 2: the simulator's kernels on every rank follow those groups (a group without tokens there launches none).
+    after = pairs.copy()  # the pairs each destination computes once the moves are made
+    for f in fetches:
+        after[f.helper, f.donor, list(f.experts)] = 0.0
+    for d in range(D):
+        want = [grp for grp in groups if after[list(grp), d].sum() > 0]
+        assert [tuple(sorted(k.sources)) for k in sim.kernels[d]] == want, d
+    assert max(len(k) for k in sim.kernels) > 1
+    assert [(r.helper, r.donor, tuple(r.experts)) for r in sim.accepted] == [
+        (f.helper, f.donor, f.experts) for f in fetches
+    ]
+    # Step 3: the layer's own record: each reassignment moves the helper's pairs of its experts off the donor.
+    out = _run(setup, run_cfg)
+    moved = np.zeros(D)
+    for f in fetches:
+        n = pairs[f.helper, f.donor, list(f.experts)].sum()
+        moved[f.helper] += n
+        moved[f.donor] -= n
+    np.testing.assert_array_equal(np.asarray(out.stats.gpu_tokens), pairs.sum(axis=(0, 2)) + moved)
+    f32_close(out.out, first.out)
