@@ -39,6 +39,7 @@ CASCADE = {
     "links": ("paper", {}, {}),
     "launch": ("planned", {}, {}),
     "combine_scale": (0.0, {}, {}),
+    "link_scale": (0.25, {}, {}),
     "guard": (True, {"timeline": "reference", "replication": 1.25}, {}),
     "pricing": ("tempo", {"timeline": "reference"}, {"routing": "zipf", "skew": 2.0}),  # admissions differ when skewed
     "synthetic_requests": (20, {"trace": "synthetic"}, {}),

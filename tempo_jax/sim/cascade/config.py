@@ -88,6 +88,8 @@ class CascadeConfig:
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).
       combine_scale: multiplies the combine's bytes per pair (1 = BF16 outputs; 0 = a free combine: the ablation
         that separates combine overlap from early FFN in notebook 09).
+      link_scale: multiplies the hardware's link bandwidth — dispatch, combine and OEWF fetches alike (2 = twice the
+        bandwidth; notebook 09's sensitivity sweep).
       guard: ``False`` (default) launches with each mode's own rule, as the paper does; ``True`` picks the best
         predicted policy up to the mode's own (see `layer_timeline`).
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
@@ -123,6 +125,7 @@ class CascadeConfig:
     launch: str = "reactive"
     timeline: str = "fast"
     combine_scale: float = 1.0
+    link_scale: float = 1.0
     guard: bool = False
     pricing: str = "paper"
     synthetic_requests: int = 1000
@@ -167,6 +170,7 @@ class CascadeConfig:
         check_choice("launch", self.launch, LAUNCHES, where=fn)
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
+        check_real("link_scale", self.link_scale, where=fn, minimum=0.0, strict=True)
         for name in ("guard", "vary_workload"):  # a string such as "False" is truthy: never read one as a flag
             check_instance(name, getattr(self, name), bool, where=fn, hint="give True or False")
         if self.timeline == "fast":
@@ -233,11 +237,20 @@ class CascadeConfig:
         }
 
     def costs(self) -> PrefillCosts:
-        """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``)."""
+        """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``, link and fetch bandwidth by
+        ``link_scale``)."""
         costs = prefill_costs(self.model, self.hardware, self.num_ranks)
-        if self.combine_scale == 1.0:
-            return costs
-        return dataclasses.replace(costs, combine_bytes_per_pair=costs.combine_bytes_per_pair * self.combine_scale)
+        if self.combine_scale != 1.0:
+            costs = dataclasses.replace(costs, combine_bytes_per_pair=costs.combine_bytes_per_pair * self.combine_scale)
+        if self.link_scale != 1.0:
+            hw = costs.hardware
+            fast = dataclasses.replace(
+                hw,
+                link_bytes_per_us=hw.link_bytes_per_us * self.link_scale,
+                fetch_bytes_per_us=hw.fetch_bytes_per_us * self.link_scale,
+            )
+            costs = dataclasses.replace(costs, hardware=fast)
+        return costs
 
     def attention_truth(self) -> AttentionTruth:
         """The true attention model and the planners' fits (`tempo_jax.sim.cascade.attention_truth`)."""
