@@ -155,6 +155,17 @@ def _check_09(d):
         assert v[f"{pre}sparse_cut_lo"] <= v[f"{pre}sparse_cut"] <= v[f"{pre}sparse_cut_hi"]
     assert v["seeds"] >= (2 if d["small"] else 10)
     assert 0 < v["tail_found"] < 1 and v["tail_budget"] >= 1
+    # per-seed operating points: the matched R_tail and the loads are means over the seeds, with their spread
+    assert v["tail_lo"] <= v["tail_found"] <= v["tail_hi"] and v["capacity_rps_lo"] <= v["capacity_rps_hi"]
+    assert v["rec_load_lo"] <= v["rec_load_mean"] <= v["rec_load_hi"] and 0 <= v["rec_overloaded"] <= v["seeds"]
+    for point in ("rec", "tail", "90"):
+        assert v[f"r_tail_c_r_{point}_lo"] <= v[f"r_tail_c_r_{point}"] <= v[f"r_tail_c_r_{point}_hi"] < 1
+    sens = _rows(d, "sensitivity")  # link bandwidth × imbalance
+    assert {r["imbalance"] for r in sens} == {"sparse", "matched", "dense"}
+    for imb in ("sparse", "matched", "dense"):
+        gbps = [r["link_gbps"] for r in sens if r["imbalance"] == imb]
+        assert gbps == sorted(gbps) and len(gbps) >= 3
+    assert all(0 <= r["fig9_ge1"] <= 1 and 0 < r["r_tail"] < 1 for r in sens)
 
 
 def _check_10(d):

@@ -257,6 +257,15 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         "09",
     ),
     (
+        "Sensitivity (not in the paper): where the ablation departs from the paper's, and where it does not",
+        "link bandwidth × attention imbalance, 0.9 of each seed's capacity: the paper's ordering {09/sens_verdict};"
+        " R_tail matched, Async+SF vs Async {09/sens_matched_x1_sf_over_async:+.1%} at our {09/link_gbps:.0f} GB/s,"
+        " {09/sens_matched_x2_sf_over_async:+.1%} at twice it; layer forwards OEWF cuts ≥ 1%"
+        " {09/sens_matched_x1_fig9_ge1:.1%} / {09/sens_matched_x2_fig9_ge1:.1%} / {09/sens_matched_last_fig9_ge1:.1%}"
+        " at ×1 / ×2 / ×{09/sens_last} (notebooks/figures/cascade_sensitivity.png)",
+        "09",
+    ),
+    (
         "Three models (V4-Flash, V4-Pro, GLM-5.3): CascadeEP's p95 TTFT 1.13× on average",
         "mean-TTFT cut {09/deepseek_v4_flash_cut:.1%} / {09/deepseek_v4_pro_cut:.1%} / {09/glm_5_3_cut:.1%}"
         " (V4-Pro {09/deepseek_v4_pro_order}; GLM-5.3 {09/glm_5_3_order}); paper links"
