@@ -157,6 +157,12 @@ def capacity(cfg, which=SEEDS):
     return _CAPACITY[key]
 
 
+def spread(name, per_seed, mean_name=None):
+    """``{mean_name or name: mean, name_lo: min, name_hi: max}`` of per-seed values (recorded as a figure's spread)."""
+    vals = list(per_seed)
+    return {mean_name or name: float(np.mean(vals)), f"{name}_lo": min(vals), f"{name}_hi": max(vals)}
+
+
 def at_load(cfg, load=LOAD, which=SEEDS):
     """``{seed: requests/s}``: ``load`` of each seed's own Sync capacity (per-seed operating points)."""
     return {s: load * c for s, c in capacity(cfg, which).items()}
@@ -228,20 +234,12 @@ POINT_CFG = {  # (config, per-seed rates)
     "90": (BASE, at_load(BASE)),
 }
 REC.update(
-    capacity_rps=cap_rps,
-    capacity_rps_lo=min(caps.values()),
-    capacity_rps_hi=max(caps.values()),
-    rec_load_mean=float(np.mean(list(rec_loads.values()))),
-    rec_load_lo=min(rec_loads.values()),
-    rec_load_hi=max(rec_loads.values()),
+    **spread("capacity_rps", caps.values()),
+    **spread("rec_load", rec_loads.values(), "rec_load_mean"),
+    **spread("tail", tail_by_seed.values(), "tail_found"),  # tail_found: the mean R_tail the match reached
+    **spread("tail_rate", tail_rates.values()),
     rec_overloaded=sum(v > 1 for v in rec_loads.values()),
     tail_budget=budget,
-    tail_found=tail_found,
-    tail_lo=min(tail_by_seed.values()),
-    tail_hi=max(tail_by_seed.values()),
-    tail_rate=float(np.mean(list(tail_rates.values()))),
-    tail_rate_lo=min(tail_rates.values()),
-    tail_rate_hi=max(tail_rates.values()),
     target_r_tail=TARGET_R_TAIL,
 )
 print(
@@ -316,9 +314,7 @@ for key, (links, launch) in COMBOS.items():
             **{
                 f"order_{key}_{point}": ordering(summ),
                 f"order95_{key}_{point}": ordering(summ, "ttft_p95_s"),  # p95 orderings from paired p95s
-                f"r_tail_{key}_{point}": float(np.mean([grid[key, point][s_]["sync"].tail_ratio for s_ in SEEDS])),
-                f"r_tail_{key}_{point}_lo": min(grid[key, point][s_]["sync"].tail_ratio for s_ in SEEDS),
-                f"r_tail_{key}_{point}_hi": max(grid[key, point][s_]["sync"].tail_ratio for s_ in SEEDS),
+                **spread(f"r_tail_{key}_{point}", [grid[key, point][s_]["sync"].tail_ratio for s_ in SEEDS]),
             }
         )
         sf_vs_async = paired_difference(
