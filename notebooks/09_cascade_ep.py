@@ -33,9 +33,10 @@
 # so the accuracy is an output) and token counts from the previous layer.
 #
 # Every result is reported under the **link models** — `contention` (default: serialised link ports that carry
-# dispatch, combine and OEWF's weight fetches; a combine also crosses its source's receive port; fetches are
-# protected transfers that yield to the dispatches, App. E; the helper's reassigned kernel costs it GPU time at the
-# paper's 97.3% multi-stream retention), `fifo` (the same with fetches served first come, first served: the
+# dispatch, combine and OEWF's weight fetches; a combine also crosses its source's receive port, served there with
+# the dispatch chunks in one FIFO by the time each left its sender; fetches are protected transfers that yield to
+# every other transfer, App. E; the helper's reassigned kernel costs it GPU time at the paper's 97.3% multi-stream
+# retention), `fifo` (the same with fetches served first come, first served: the
 # ablation) and `paper` (uncontended links, free fetches and helper work: the equations as the paper writes them)
 # — and the **launch modes**: `reactive` (actual per-source readiness and counts, the paper's runtime), `planned`
 # (each destination's groups from predicted arrivals and previous-layer counts: what an in-graph schedule per
@@ -884,7 +885,10 @@ for ax, (k, title) in zip(axes, panels, strict=True):
         ax.plot([r["link_gbps"] for r in rs], [100 * r[k] for r in rs], marker="o", label=imb)
     ax.axvline(costs.hardware.link_bytes_per_us / 1e3, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("link bandwidth, GB/s")
+    xs = sorted({r["link_gbps"] for r in sens_rows})
+    ax.set_xticks(xs, [f"{x:.0f}\n×{s:g}" for x, s in zip(xs, sorted(LINK_SCALES), strict=True)])
+    ax.tick_params(axis="x", which="minor", bottom=False)
+    ax.set_xlabel("link bandwidth, GB/s (× the deployment's)")
     ax.set_title(title, fontsize=10)
     ax.set_ylabel("%")
 axes[0].legend(title="attention imbalance", fontsize=8)

@@ -155,6 +155,42 @@ def test_combines_are_charged_to_the_receiving_port():
     assert paper.end_us == pytest.approx(paper.kernels[1][0].end_us + occ + hw.link_latency_us, rel=1e-12)
 
 
+def test_a_receive_port_serves_dispatch_and_combine_chunks_in_one_fifo_by_issue_time():
+    """Rank 1 computes rank 0's tokens and returns them while the straggler (rank 2) is still in attention; rank 2's
+    dispatch chunk into rank 0 is issued while that combine holds rank 0's receive port: it waits behind the combine
+    (issued first), and the combine is not delayed by it. The old rule (every dispatch chunk into a rank ahead of
+    every combine into it) would deliver the chunk at rank 2's dispatch end and the combine after it."""
+    D, E = 8, 256
+    hw = COSTS.hardware
+    pairs = np.zeros((D, D, E))
+    pairs[0, 1, 32] = 20_000.0  # rank 0 → expert 32 on rank 1
+    pairs[2, 0, 0] = 5_000.0  # the straggler → expert 0 on rank 0
+
+    def run(a2: float, links: str = "contention"):
+        att = np.full(D, 1000.0)
+        att[2] = a2
+        disp = COSTS.exchange_us((pairs.sum(axis=2) * (1 - np.eye(D))).sum(axis=1), COSTS.dispatch_bytes_per_pair)
+        return layer_timeline(LayerInputs(attention_us=att, dispatch_us=disp, pairs=pairs, oewf=False), COSTS, "async")
+
+    c0 = run(1e6).kernels[1][0].end_us  # when rank 1's combine leaves (its send port is free: it dispatched nothing)
+    occ_c = 20_000.0 * COSTS.combine_bytes_per_pair / hw.link_bytes_per_us
+    occ_d = 5_000.0 * COSTS.dispatch_bytes_per_pair / hw.link_bytes_per_us
+    a2 = c0 + occ_c / 2  # rank 2 starts dispatching halfway through the combine into rank 0
+    r = run(a2)
+    assert r.kernels[1][0].end_us == c0 and r.ready_us[2] == pytest.approx(a2 + hw.link_latency_us + occ_d)
+    # the chunk waits for the combine: it holds rank 0's port from the combine's end
+    assert r.arrival_us[2, 0] == pytest.approx(c0 + occ_c + occ_d + hw.link_latency_us, rel=1e-12)
+    assert r.arrival_us[2, 0] > r.ready_us[2] + occ_c / 4
+    assert r.kernels[0][0].start_us == r.arrival_us[2, 0]
+    # rank 0 is done when its outputs to rank 2 have left and rank 1's combine is back: one transfer after it
+    # left, not after the chunk
+    k0 = r.kernels[0][0]
+    combine_back = c0 + occ_c + hw.link_latency_us
+    back_to_2 = k0.end_us + occ_d * COSTS.combine_bytes_per_pair / COSTS.dispatch_bytes_per_pair + hw.link_latency_us
+    assert r.rank_end_us[0] == pytest.approx(max(combine_back, back_to_2), rel=1e-12)
+    assert r.rank_end_us[2] == pytest.approx(back_to_2, rel=1e-12)
+
+
 def test_the_layers_own_schedule_is_one_partition_shared_by_every_rank():
     """launch='layer' runs what `tempo_jax.layer.cascade_exec` executes: every destination launches the same source
     groups — `LaunchSchedule.from_arrivals` on the predicted arrivals and the mean predicted tokens per

@@ -17,7 +17,8 @@ Checks run once per call (shapes, modes), never per layer or rank. numpy + solve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -178,8 +179,15 @@ class _Net:
     ready: np.ndarray  # [L, D]
     arrival: np.ndarray  # [L, D(src), D(dst)]
     send_free: np.ndarray  # [L, D]
-    recv_free: np.ndarray  # [L, D] receive port free after the dispatch chunks (and FIFO fetches)
     moves: list  # per round: (ok [L], helper [L], donor [L], n_trans [L], start [L], end [L], delivered [L])
+    # contended links: what the receive ports serve (`_receive`)
+    start: np.ndarray | None = None  # [L, D] when each dispatch started on its send port
+    chunk_us: np.ndarray | None = None  # [L, s, d] receive-port occupancy of the dispatch chunks
+    fetch_us: np.ndarray | None = None  # [L, D] receive-port occupancy of each helper's fetch (0: none)
+    fetch_send: np.ndarray | None = None  # [L, D] when each helper's fetch left its donor's send port
+    rounds: list = field(default_factory=list)  # per round: (ok, helper, donor, n_trans, start, end)
+    protected: bool = True
+    got: np.ndarray | None = None  # [L, D] when each rank has its outputs back (set by `_receive`)
 
 
 def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
@@ -195,9 +203,7 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
             t = _take(ready, h)
             ok, d, n, _, start, end = _decide(costs, inp, h, t, run_oewf & (t < last), n_hat, floor_abs, None)
             moves.append((ok, h, d, n, start, end, start))
-    return _Net(
-        ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, recv_free=ready, moves=moves
-    )
+    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves)
 
 
 def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
@@ -245,41 +251,66 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         free[rows[ok & before], d[ok & before]] = free_new[ok & before]
         after[rows[ok], d[ok]] = after_new[ok]
         rounds.append((ok, h, d, n, s0, s1, send_end, nbytes))
-    # Step 2: receive ports: chunks in the order they left their sources (ties: lower source), then the fetch.
-    fetch_at = np.zeros((L, D))  # fetch bytes into each helper
-    fetch_send = np.zeros((L, D))
+    fetch_us, fetch_send = np.zeros((L, D)), np.zeros((L, D))
     for ok, h, _, _, _, _, send_end, nbytes in rounds:
-        fetch_at[rows[ok], h[ok]] = nbytes[ok]
+        fetch_us[rows[ok], h[ok]] = nbytes[ok] / bw
         fetch_send[rows[ok], h[ok]] = send_end[ok]
-    issued = np.concatenate([np.broadcast_to(start[:, :, None], (L, D, D)), ready[:, None, :]], axis=1)  # [L, s+1, d]
-    occ = np.concatenate([chunk, (0.0 if protected else 1.0) * fetch_at[:, None, :]], axis=1) / bw
+    # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
+    return _Net(
+        ready=ready,
+        arrival=np.repeat(ready[:, :, None], D, axis=2),
+        send_free=ready if protected else np.maximum(ready, after),
+        moves=[],
+        start=start,
+        chunk_us=chunk / bw,
+        fetch_us=fetch_us,
+        fetch_send=fetch_send,
+        rounds=[r[:6] for r in rounds],
+        protected=protected,
+    )
+
+
+def _receive(costs, net: _Net, combines) -> _Net:
+    """`reference_timeline._receive`, all layers at once: each receive port d serves one FIFO by issue time over the
+    dispatch chunks into d, its FIFO fetch and the combine chunks into it (``combines``: ``(issued, sent by, port
+    µs)`` ``[L, sender, receiver]``, port µs 0 where none); a protected fetch fills the idle time between them."""
+    lat = costs.hardware.link_latency_us
+    ready = net.ready
+    L, D = ready.shape
+    rows = np.arange(L)
+    c_iss, c_sent, c_occ = combines
+    # Step 1: the port's items [L, 2D + 1, d]: dispatch chunks (by source), the fetch, combines (by sender).
+    issued = np.concatenate([np.broadcast_to(net.start[:, :, None], (L, D, D)), ready[:, None, :], c_iss], axis=1)
+    occ = np.concatenate([net.chunk_us, (0.0 if net.protected else 1.0) * net.fetch_us[:, None, :], c_occ], axis=1)
+    sent = np.concatenate([np.zeros((L, D + 1, D)), c_sent], axis=1)
     valid = occ > 0
-    issued = np.where(valid, issued, np.inf)
-    order = np.argsort(issued, axis=1, kind="stable")
-    iss_s, occ_s, ok_s = _gather(issued, order), _gather(occ, order), _gather(valid, order)
+    order = np.argsort(np.where(valid, issued, np.inf), axis=1, kind="stable")
+    iss_s, occ_s, ok_s, sent_s = (_gather(x, order) for x in (issued, occ, valid, sent))
+    # Step 2: serve them in order; a protected fetch runs from its instant in the idle time between them.
     port = np.zeros((L, D))
-    ends_s = np.zeros((L, D + 1, D))
-    # protected: each helper's fetch runs from its instant in the idle time between the chunks (`idle_fill`)
-    cur, left, got = ready.copy(), fetch_at / bw, np.full((L, D), np.nan)
-    for j in range(D + 1):
+    ends_s = np.zeros((L, 2 * D + 1, D))
+    got = np.zeros((L, D))
+    cur, left, fetched = ready.copy(), net.fetch_us.copy(), np.full((L, D), np.nan)
+    is_combine = order > D
+    for j in range(2 * D + 1):
         s_j = np.maximum(iss_s[:, j], port)
         new = s_j + occ_s[:, j]
-        fits = ok_s[:, j] & np.isnan(got) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
-        got = np.where(fits, cur + left, got)
-        spent = ok_s[:, j] & np.isnan(got) & (new > cur)
+        fits = ok_s[:, j] & np.isnan(fetched) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
+        fetched = np.where(fits, cur + left, fetched)
+        spent = ok_s[:, j] & np.isnan(fetched) & (new > cur)
         left = np.where(spent, left - np.maximum(s_j - cur, 0.0), left)
         cur = np.where(spent, new, cur)
         port = np.where(ok_s[:, j], new, port)
         ends_s[:, j] = np.where(ok_s[:, j], new, 0.0)
-    ends = np.zeros((L, D + 1, D))
-    ends[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
+        back = ok_s[:, j] & is_combine[:, j]
+        got = np.where(back, np.maximum(got, np.maximum(sent_s[:, j], new) + lat), got)
+    ends = np.zeros((L, 2 * D + 1, D))
+    ends[rows[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
     arrival = np.where(valid[:, :D, :], np.maximum(ready[:, :, None], ends[:, :D, :] + lat), ready[:, :, None])
-    received = np.where(np.isnan(got), cur + left, got) if protected else ends[:, D, :]
-    delivered = np.maximum(received, fetch_send) + lat  # [L, helper]
-    moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1, _, _ in rounds]
-    # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
-    send_free = ready if protected else np.maximum(ready, after)
-    return _Net(ready=ready, arrival=arrival, send_free=send_free, recv_free=port, moves=moves)
+    received = np.where(np.isnan(fetched), cur + left, fetched) if net.protected else ends[:, D, :]
+    delivered = np.maximum(received, net.fetch_send) + lat  # [L, helper]
+    moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1 in net.rounds]
+    return dataclasses.replace(net, arrival=arrival, moves=moves, got=got)
 
 
 def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -328,7 +359,8 @@ def _in_order(a, order):
 
 
 def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
-    """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L]) of every rank, with or without OEWF."""
+    """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L], combines) of every rank, with or without
+    OEWF, on the links' arrivals (``combines``: `_combines`)."""
     hw = costs.hardware
     bw, lat, cpp = hw.link_bytes_per_us, hw.link_latency_us, costs.combine_bytes_per_pair
     L, D = inp.attention_us.shape
@@ -402,30 +434,54 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
         own = np.where(reset, 0.0, own)
         member &= ~reset[:, :, None]
     done = np.maximum(done, side_end)
-    if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
-        done = np.maximum(done, _combine_receipts(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk), net))
-    return done, kernel_us, moves, dropped, moved
+    combines = _combines(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk))
+    return done, kernel_us, moves, dropped, moved, combines
 
 
-def _combine_receipts(costs, order, left_at, sent_by, remote_tokens, net: _Net) -> np.ndarray:
-    """``[L, D]`` when each rank has its outputs back (`reference_timeline._combine_receipts`, all layers at once): the
-    combine chunk d → s (``[L, d, pos]`` arrays, ``order`` mapping positions to sources) crosses s's receive port in
-    the order the chunks left their senders (ties: lower sender), delivered ``latency`` after both ports."""
-    hw = costs.hardware
+def _combines(costs, order, left_at, sent_by, remote_tokens):
+    """The combine chunks ``(issued, sent by, receive-port µs)`` ``[L, sender d, receiver s]`` from ``[L, d, pos]``
+    arrays (``order`` maps positions to sources); all 0 where d sends s nothing."""
     L, D, _ = order.shape
     li, di = np.arange(L)[:, None, None], np.arange(D)[None, :, None]
-    issued, sent, occ = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))  # [L, d, s]
+    issued, sent, occ = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
+    occ[li, di, order] = remote_tokens * costs.combine_bytes_per_pair / costs.hardware.link_bytes_per_us
     issued[li, di, order], sent[li, di, order] = left_at, sent_by
-    occ[li, di, order] = remote_tokens * costs.combine_bytes_per_pair / hw.link_bytes_per_us
     valid = occ > 0
-    by = np.argsort(np.where(valid, issued, np.inf), axis=1, kind="stable")  # per receiver s, senders in order
-    iss_s, sent_s, occ_s, ok_s = (_gather(a, by) for a in (issued, sent, occ, valid))
-    port, got = net.recv_free.copy(), np.zeros((L, D))
-    for j in range(D):
-        new = np.maximum(iss_s[:, j], port) + occ_s[:, j]
-        port = np.where(ok_s[:, j], new, port)
-        got = np.where(ok_s[:, j], np.maximum(got, np.maximum(sent_s[:, j], new) + hw.link_latency_us), got)
-    return got
+    return np.where(valid, issued, 0.0), np.where(valid, sent, 0.0), occ
+
+
+def _rows(x, idx: np.ndarray):
+    """``x`` (an array ``[L, ...]``, a list / tuple of them, or a dataclass of them) at the layers ``idx``."""
+    if isinstance(x, np.ndarray):
+        return x[idx]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rows(v, idx) for v in x)
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: _rows(getattr(x, f.name), idx) for f in dataclasses.fields(x)})
+    return x
+
+
+def _settle(costs, inputs: StepInputs, sent: _Net, how: tuple) -> tuple:
+    """`reference_timeline._timeline` on contended links, all layers at once: the ranks run on the arrivals the
+    previous pass's combines leave, until those leave the arrivals and the fetches' delivery as they were; each
+    pass reruns only the layers still moving. Returns ``(done [L, D], kernel_us [L], moves, dropped, moved [L])``."""
+    L, D = inputs.attention_us.shape
+    out = (np.zeros((L, D)), np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L))
+    live = np.arange(L)  # the layers still moving
+    net = _receive(costs, sent, (np.zeros((L, D, D)),) * 3)
+    for _ in range(2 * D * D + 2):
+        done, *rest, combines = _ranks(costs, inputs, net, *how)
+        nxt = _receive(costs, sent, combines)
+        same = (nxt.arrival == net.arrival).all(axis=(1, 2))
+        for (*_, t_now), (*_, t_next) in zip(net.moves, nxt.moves, strict=True):
+            same &= t_now == t_next
+        for o, v in zip(out, (np.maximum(done, nxt.got), *rest), strict=True):
+            o[live[same]] = v[same]
+        if same.all():
+            return out
+        keep = np.flatnonzero(~same)
+        live, inputs, sent, net = live[keep], _rows(inputs, keep), _rows(sent, keep), _rows(nxt, keep)
+    raise RuntimeError("step_timeline: the receive ports did not settle (a transfer waits for a later one)")
 
 
 def step_timeline(
@@ -451,31 +507,33 @@ def step_timeline(
     theta = float(costs.threshold)
     rule = MODE_POLICIES[mode][-1]
 
-    def net_of(costs, inputs, run_oewf):
+    def timeline(run_oewf):
+        """(ready [L, D], (done, kernel_us, moves, dropped, moved)) with or without OEWF."""
+        with_moves = bool(run_oewf.any())
         if links == "paper":
-            return _paper_net(costs, inputs, run_oewf)
-        return _contended_net(costs, inputs, run_oewf, protected=links == "contention")
+            net = _paper_net(costs, inputs, run_oewf)
+            return net.ready, _ranks(costs, inputs, net, rule, links, launch, theta, with_moves)[:5]
+        sent = _contended_net(costs, inputs, run_oewf, protected=links == "contention")
+        return sent.ready, _settle(costs, inputs, sent, (rule, links, launch, theta, with_moves))
 
     # Step 1: without OEWF (every mode; the base of cascade).
-    base_net = net_of(costs, inputs, np.zeros(L, dtype=bool))
-    done, kernel_us, *_ = _ranks(costs, inputs, base_net, rule, links, launch, theta, False)
+    base_ready, (done, kernel_us, *_) = timeline(np.zeros(L, dtype=bool))
     base = done.max(axis=1)
     zeros = np.zeros(L)
     if mode != "cascade" or not inputs.oewf.any():
         return StepTimes(
             end_us=base,
             base_us=base,
-            ready_us=base_net.ready,
+            ready_us=base_ready,
             moves=zeros,
             dropped=zeros,
             moved_tokens=zeros,
             kernel_us=kernel_us,
         )
     # Step 2: with OEWF where it runs.
-    net = net_of(costs, inputs, inputs.oewf.astype(bool))
-    done, kernel_us2, moves, dropped, moved = _ranks(costs, inputs, net, rule, links, launch, theta, True)
+    ready, (done, kernel_us2, moves, dropped, moved) = timeline(inputs.oewf.astype(bool))
     end = np.where(inputs.oewf, done.max(axis=1), base)
-    ready = np.where(inputs.oewf[:, None], net.ready, base_net.ready)
+    ready = np.where(inputs.oewf[:, None], ready, base_ready)
     return StepTimes(
         end_us=end,
         base_us=base,

@@ -37,12 +37,15 @@ a layer together: the layer barrier of §3.2).
   port, and what is left of it after the dispatch — a fetch then certain to arrive too late — never holds the
   port ahead of the donor's combines), so no dispatch, chunk or combine waits for it. A rank's combines (one per
   kernel, issued at the kernel's end) queue on its send port behind its dispatch (and, under ``"fifo"``, any fetch
-  it served); each output chunk (d → s) also crosses s's receive port, queued there behind the dispatch chunks
-  into s in the order the combines left their senders, and arrives ``latency`` after the later of its two ports — the
-  dispatch chunks' two-port model, applied to the combine (it serialises each port but does not re-time a sender
-  whose chunk waits at a busy receiver: not a feasible flow schedule, an upper bound on neither side). A rank is
-  done when its outputs have left and its own outputs are back. Fetches still in flight into a rank and the
-  combines into it are not charged against each other. The helper's
+  it served); each output chunk (d → s) also crosses s's receive port and arrives ``latency`` after the later of its
+  two ports — the dispatch chunks' two-port model, applied to the combine (it serialises each port but does not
+  re-time a sender whose chunk waits at a busy receiver: not a feasible flow schedule, an upper bound on neither
+  side). A receive port serves **one FIFO by the time each chunk left its sender** over the dispatch chunks and the
+  combine chunks into it (ties: dispatch chunks, then a FIFO fetch, then combines; lower sender first): a combine
+  that left before a straggler's dispatch chunk is served ahead of it. As combines depend on kernels, which depend
+  on arrivals, the ranks are run on the arrivals the previous pass's combines leave until those combines repeat
+  (each transfer waits only for ones that left no later, so the passes settle in time order). A rank is done when
+  its outputs have left and its own outputs are back. The helper's
   reassigned kernel runs on the helper's GPU, lasting ``F(N_trans) / HELPER_STREAM_EFFICIENCY`` — the paper's
   measured 97.3% retention of multi-stream execution (§4.3) as the efficiency of the second stream. Donors are
   the ranks still in attention at the helper's instant (§3.3: a rank the runtime has seen finish attention is no
@@ -84,7 +87,7 @@ numpy + solvers only (no jax).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -240,9 +243,14 @@ class _Links:
     ready: np.ndarray  # [D] dispatch left (GPU free for kernels)
     arrival: np.ndarray  # [D, D] source s ready at destination d
     send_free: np.ndarray  # [D] send port free after dispatch and served fetches
-    recv_free: np.ndarray  # [D] receive port free after the dispatch chunks (and FIFO fetches) into the rank
     moves: list  # [(TimedReassignment, delivered_us or None)] in decision order
     rejected: int
+    # contended links: what the receive ports serve (`_receive`)
+    start: np.ndarray | None = None  # [D] when each dispatch started on its send port
+    chunk_us: np.ndarray | None = None  # [D, D] receive-port occupancy of the dispatch chunk s → d
+    fetches: list = field(default_factory=list)  # [(TimedReassignment, donor send end)]
+    protected: bool = True
+    got: np.ndarray | None = None  # [D] when each rank has its outputs back (set by `_receive`)
 
 
 def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Links:
@@ -266,7 +274,6 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
         ready=ready,
         arrival=np.repeat(ready[:, None], D, axis=1),
         send_free=ready.copy(),
-        recv_free=ready.copy(),
         moves=moves,
         rejected=rejected,
     )
@@ -291,8 +298,9 @@ def idle_fill(start: float, occupancy: float, busy) -> float:
 def _contended_links(
     costs, inp: LayerInputs, pairs: np.ndarray, run_oewf: bool, pricing, cost, protected: bool
 ) -> _Links:
-    """Serialised ports (module doc): dispatches and OEWF fetches in the order they are issued, then arrivals;
-    ``protected``: fetches yield to the dispatches (App. E), else FIFO by issue time."""
+    """Step 1 of the serialised ports (module doc): the send ports — dispatches and OEWF fetches in the order they
+    are issued (``protected``: fetches yield to the dispatches, App. E; else FIFO by issue time). The receive ports,
+    arrivals and the fetches' delivery come from `_receive`."""
     hw = costs.hardware
     bw, lat = hw.link_bytes_per_us, hw.link_latency_us
     D = inp.num_ranks
@@ -352,40 +360,55 @@ def _contended_links(
             end = max(t, max(a[d], free[d]) + dur[d], after[d]) + occ
             after[d] = end
         fetches.append((move, end))
-    # Step 2: receive ports: chunks in the order they left their sources, each helper's fetch from its instant
-    # (protected: in the port's idle time between chunks; FIFO: queued with them by issue time).
-    arrival = np.empty((D, D))
-    recv_free = np.zeros(D)
-    delivered = {}
-    fetch_at = {f[0].reassignment.helper: f for f in fetches}
-    for d in range(D):
-        items = [(start[s], 0, s, chunk[s, d] / bw) for s in range(D) if s != d and chunk[s, d] > 0]
-        if d in fetch_at and not protected:
-            items.append((ready[d], 1, -1, fetch_at[d][0].reassignment.bytes / bw))
-        port = 0.0
-        busy = []  # the chunks' port intervals
-        arrival[:, d] = ready
-        for issued, _, s, occ in sorted(items):
-            busy.append((max(issued, port), max(issued, port) + occ))
-            port = busy[-1][1]
-            if s >= 0:
-                arrival[s, d] = max(ready[s], port + lat)
-            else:
-                delivered[d] = max(port, fetch_at[d][1]) + lat
-        recv_free[d] = port
-        if d in fetch_at and protected:
-            got = idle_fill(float(ready[d]), fetch_at[d][0].reassignment.bytes / bw, busy)
-            delivered[d] = max(got, fetch_at[d][1]) + lat
-    moves = [(m, delivered[m.reassignment.helper]) for m, _ in fetches]
+    # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
     return _Links(
         ready=ready,
-        arrival=arrival,
-        # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
+        arrival=np.repeat(ready[:, None], D, axis=1),
         send_free=ready if protected else np.maximum(ready, after),
-        recv_free=recv_free,
-        moves=moves,
+        moves=[],
         rejected=rejected,
+        start=start,
+        chunk_us=chunk / bw,
+        fetches=fetches,
+        protected=protected,
     )
+
+
+def _receive(costs, net: _Links, combines: tuple) -> _Links:
+    """Step 2 of the contended links: every receive port serves **one FIFO by issue time** (ties: dispatch chunks,
+    then the fetch, then combine chunks; lower sender first) over the dispatch chunks into its rank, its FIFO fetch
+    (``"fifo"``) and the combine chunks into it (``combines``: ``(receiver, issued, sender, sent by, port µs)``, the
+    previous pass's; `_timeline` repeats until they are the ones the ranks send). A protected fetch runs from its
+    instant in the idle time between all of them (`idle_fill`). Returns ``net`` with the arrivals, the moves with
+    their weights' delivery and ``got``."""
+    lat = costs.hardware.link_latency_us
+    bw = costs.hardware.link_bytes_per_us
+    ready = net.ready
+    D = ready.shape[0]
+    arrival = np.repeat(ready[:, None], D, axis=1)
+    got = np.zeros(D)
+    delivered = {}
+    fetch_at = {m.reassignment.helper: (m.reassignment.bytes / bw, end) for m, end in net.fetches}
+    for d in range(D):
+        items = [(net.start[s], 0, s, net.chunk_us[s, d], 0.0) for s in range(D) if net.chunk_us[s, d] > 0]
+        if d in fetch_at and not net.protected:
+            items.append((ready[d], 1, -1, fetch_at[d][0], 0.0))
+        items += [(issued, 2, s, occ, sent) for r, issued, s, sent, occ in combines if r == d]
+        port = 0.0
+        busy = []  # every transfer's port interval
+        for issued, kind, s, occ, sent in sorted(items):
+            busy.append((max(issued, port), max(issued, port) + occ))
+            port = busy[-1][1]
+            if kind == 0:
+                arrival[s, d] = max(ready[s], port + lat)
+            elif kind == 1:
+                delivered[d] = max(port, fetch_at[d][1]) + lat
+            else:
+                got[d] = max(got[d], max(sent, port) + lat)
+        if d in fetch_at and net.protected:
+            delivered[d] = max(idle_fill(float(ready[d]), fetch_at[d][0], busy), fetch_at[d][1]) + lat
+    moves = [(m, delivered[m.reassignment.helper]) for m, _ in net.fetches]
+    return replace(net, arrival=arrival, moves=moves, got=got)
 
 
 # ------------------------------------------------------------------------------------------------ ranks
@@ -433,7 +456,7 @@ def _paper_done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> f
 
 def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, port: float, sends: list) -> float:
     """Serialised combine: the kernels' outputs queue on the rank's send port (free from ``port``) in kernel order.
-    Appends each output chunk ``(source, left at, sent by, receive-port µs, d)`` to ``sends``."""
+    Appends each output chunk ``(source, left at, d, sent by, receive-port µs)`` to ``sends``."""
     hw, per_pair = costs.hardware, costs.combine_bytes_per_pair
     done = start
     for k in kernels:
@@ -443,27 +466,13 @@ def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, 
             port = s0 + remote * per_pair / hw.link_bytes_per_us
             done = max(done, port + hw.link_latency_us)
             sends += [
-                (s, s0, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us, d)
+                (s, s0, d, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us)
                 for s in k.sources
                 if s != d and tokens[s] > 0
             ]
         else:
             done = max(done, k.end_us)
     return done
-
-
-def _combine_receipts(costs: PrefillCosts, sends: list, recv_free: np.ndarray) -> np.ndarray:
-    """``[D]`` when each rank has its outputs back: the combine chunks into a rank cross its receive port (free
-    from ``recv_free``) in the order they left their senders (ties: lower sender), each delivered ``latency`` after
-    the later of its two ports carried it — the dispatch chunks' model, applied to the combine."""
-    lat = costs.hardware.link_latency_us
-    got = np.zeros(recv_free.shape[0])
-    for s in range(got.shape[0]):
-        port = float(recv_free[s])
-        for issued, _, sent, occ in sorted((i, d, e, o) for r, i, e, o, d in sends if r == s):
-            port = max(issued, port) + occ
-            got[s] = max(got[s], max(sent, port) + lat)
-    return got
 
 
 def _rank_kernels(costs, inp: LayerInputs, net, pairs, d: int, allowed, theta, launch):
@@ -494,12 +503,33 @@ def protected_start(kernels, ready: float, duration: float) -> float | None:
 
 
 def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost):
-    """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF."""
-    D = inp.num_ranks
+    """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF.
+
+    Contended links: the receive ports serve the dispatch and combine chunks in one FIFO by issue time, and the
+    combines depend on the kernels, which depend on the arrivals: the ranks are run on the arrivals the previous
+    pass's combines leave, until those leave the arrivals and the fetches' delivery as they were (then the ranks
+    would run as they did). Every transfer waits only for transfers issued no later, each issued after what it
+    depends on arrived, so each pass settles the next transfers in time order and the passes end (at most one per
+    transfer; on the served traces one, sometimes two)."""
     if links == "paper":
         net = _paper_links(costs, inp, run_oewf, pricing, cost)
-    else:
-        net = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
+        done, policy, kernels, side, dropped, _ = _ranks(costs, inp, net, allowed, theta, links, launch)
+        return done, policy, kernels, side, net, dropped
+    sent = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
+    net = _receive(costs, sent, ())
+    for _ in range(2 * inp.num_ranks**2 + 2):
+        done, policy, kernels, side, dropped, sends = _ranks(costs, inp, net, allowed, theta, links, launch)
+        nxt = _receive(costs, sent, tuple(sends))
+        if np.array_equal(nxt.arrival, net.arrival) and [t for _, t in nxt.moves] == [t for _, t in net.moves]:
+            # the ranks would run as they did: a rank is done when its outputs have left and its own are back
+            return np.maximum(done, nxt.got), policy, kernels, side, nxt, dropped
+        net = nxt
+    raise RuntimeError("layer_timeline: the receive ports did not settle (a transfer waits for a later one)")
+
+
+def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, launch: str):
+    """(done [D], policy, kernels, side, dropped, combine chunks) of every rank on the links' arrivals."""
+    D = inp.num_ranks
     # Step 1: the moves that commit, in decision order (App. C, at weight-ready): the donor has not submitted the
     # tokens' FFN (weights delivered before its dispatch left) and the helper's GPU has a protected interval for
     # the whole kernel. A rank that helps is no donor of a later move (it has left attention), so each helper's
@@ -537,9 +567,7 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
             side.append(SideKernel(rank=d, donor=donor, tokens=n, start_us=s0, end_us=s1))
         policy.append(p)
         kernels.append(ks)
-    if links != "paper":  # a rank is done when its outputs have left and its own outputs are back
-        done = np.maximum(done, _combine_receipts(costs, sends, net.recv_free))
-    return done, tuple(policy), tuple(kernels), tuple(side), net, dropped
+    return done, tuple(policy), tuple(kernels), tuple(side), dropped, sends
 
 
 def _result(mode: str, done: np.ndarray, net, policy, kernels, **extra) -> LayerResult:
