@@ -238,10 +238,10 @@ def _fp8_reference(w8: np.ndarray, scale: np.ndarray, block: tuple[int, int]) ->
     return out
 
 
-def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
-    """A DeepSeek-V3 checkpoint in FP8: every expert and shared-expert weight float8_e4m3fn with 4 × 8 block scales
-    (``quantization_config.weight_block_size``; the router and score bias stay float32, as DeepSeek ships them),
-    one tensor at a time into float32, equal to the format's reference dequantization."""
+def _fp8_checkpoint(folder: Path) -> tuple[Path, dict, dict, int]:
+    """The DeepSeek-V3 fixture in FP8 under ``folder``: every expert and shared-expert weight float8_e4m3fn with
+    random 4 × 8 block scales (``quantization_config.weight_block_size``; the router and score bias stay float32, as
+    DeepSeek ships them). Returns ``(folder, config, tensors, layer)``."""
     src = ROOT / "deepseek_v3" / "hub"
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = {
@@ -250,9 +250,9 @@ def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
         "activation_scheme": "dynamic",
         "weight_block_size": [4, 8],
     }
-    z, layer = _fixture("deepseek_v3")
+    _, layer = _fixture("deepseek_v3")
     prefix = f"model.layers.{layer}.mlp."
-    tensors, reference = {}, {}
+    tensors = {}
     for shard in src.glob("*.safetensors"):
         f = SafetensorsFile(shard)
         for k in f.names():
@@ -261,13 +261,26 @@ def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
                 scale = np.random.default_rng(len(k)).uniform(0.01, 0.1, (-(-v.shape[0] // 4), -(-v.shape[1] // 8)))
                 scale = scale.astype(np.float32)
                 full = np.repeat(np.repeat(scale, 4, 0), 8, 1)[: v.shape[0], : v.shape[1]]
-                w8 = (v / full).astype(ml_dtypes.float8_e4m3fn)
-                tensors[k], tensors[k + "_scale_inv"] = w8, scale
-                reference[k] = _fp8_reference(w8, scale, (4, 8))
+                tensors[k], tensors[k + "_scale_inv"] = (v / full).astype(ml_dtypes.float8_e4m3fn), scale
             else:
                 tensors[k] = v
-    save_file(tensors, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, config, tensors, layer
+
+
+def test_fp8_block_scaled_checkpoint_is_dequantized_on_load(tmp_path):
+    """A DeepSeek-V3 checkpoint in FP8 (`_fp8_checkpoint`), one tensor at a time into float32, equal to the
+    format's reference dequantization."""
+    _, _, tensors, layer = _fp8_checkpoint(tmp_path)
+    z, _ = _fixture("deepseek_v3")
+    prefix = f"model.layers.{layer}.mlp."
+    reference = {
+        k: _fp8_reference(w, tensors[k + "_scale_inv"], (4, 8))
+        for k, w in tensors.items()
+        if k + "_scale_inv" in tensors
+    }
     cfg, params, placement = load_moe_layers(tmp_path, layers=[layer])[layer]
     logical = to_logical(params, placement)
     for e in range(cfg.experts):

@@ -20,7 +20,7 @@ import pytest
 from numeric import assert_close
 
 from solvers import PRESETS, CopyCost, LaunchSchedule, Placement
-from tempo_jax.layer import MoEConfig, make_mesh, moe_forward, moe_reference, to_physical
+from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
 from tempo_jax.layer.experts import ExpertConfig, SharedConfig
@@ -91,6 +91,8 @@ LAYER = {
     "dispatch_rounds": (1, INGRAPH, "where", {"dispatch": "ingraph"}),
     "dynamic_slots": (1, INGRAPH, "where", {"copy_cost": FREE_COPY}),  # copies of the hot experts take pairs
     "copy_cost": (FREE_COPY, INGRAPH, "where", {"dynamic_slots": 1}),
+    "expert_dtype": ("fp8_block", {}, "out", None),  # the experts quantized to e4m3 (one scale per weight here)
+    "fp8_block": ((4, 4), {"expert_dtype": "fp8_block"}, "out", {"expert_dtype": "fp8_block"}),
 }
 
 
@@ -103,8 +105,10 @@ def _inputs(cfg: MoEConfig) -> tuple[dict, jax.Array]:
             rng.normal(size=shape) / np.sqrt(shape[-2] if len(shape) > 1 else 4),
             jnp.float32 if n.startswith(("router", "score")) else cfg.dtype,
         )
-        for n, shape in sorted(param_shapes(cfg).items())
+        for n, shape in sorted(param_shapes(dataclasses.replace(cfg, expert_dtype=None, fp8_block=(128, 128))).items())
     }
+    if cfg.expert_dtype == "fp8_block":
+        logical = fp8.quantize_params(logical, cfg.fp8_block)
     return logical, jnp.asarray(rng.normal(size=(T, cfg.hidden)), jnp.float32)
 
 

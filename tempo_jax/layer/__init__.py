@@ -14,8 +14,11 @@
 - `module`: `MoE`, the flax nnx module (bucketed dropless capacity, drop counting).
 - `checkpoint`: `restore_target`, the orbax restore target of a model whose layers were re-placed.
 - `cascade_exec` (in-graph) and `cascade_plan` (host-side, numpy): CascadeEP launch groups and OEWF fetches.
+- `fp8`: FP8 experts in DeepSeek's block-scaled format (``MoEConfig(expert_dtype="fp8_block")``): `fp8.quantize`,
+  `fp8.dequantize`, `fp8.quantize_params`.
 """
 
+from . import fp8
 from .checkpoint import restore_target
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
 from .mesh import LayerAxes, layer_axes, make_mesh, param_shardings
@@ -36,6 +39,7 @@ __all__ = [
     "auto_capacity",
     "aux_losses",
     "capacity_bucket",
+    "fp8",
     "init_logical_params",
     "init_params",
     "layer_axes",

@@ -24,8 +24,10 @@ from .experts import ExpertConfig, SharedConfig
 from .replicas import REPLICA_SYNC
 from .routing import RouterConfig
 
-__all__ = ["MAX_DISPATCH_ROUNDS", "MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
+__all__ = ["EXPERT_DTYPES", "MAX_DISPATCH_ROUNDS", "MoEConfig", "auto_capacity", "capacity_bucket", "make_ep_mesh"]
 
+#: `MoEConfig.expert_dtype` values: the experts in ``dtype``, or block-scaled FP8 (`tempo_jax.layer.fp8`).
+EXPERT_DTYPES = (None, "fp8_block")
 #: The most in-graph plan rounds a config may ask for (the round counter is int32; plans converge in a few rounds).
 MAX_DISPATCH_ROUNDS = 1 << 20
 
@@ -52,6 +54,11 @@ class MoEConfig:
         (`tempo_jax.layer.copies`; issue 52): made only when the cost model says the copy pays (the break-even
         guard). Needs ``dispatch="ingraph"`` and ``copy_cost``. 0: none.
       copy_cost: the `solvers.CopyCost` of one copy (expert bytes, link GB/s, the time hidden behind the exchange).
+      expert_dtype: None (the expert weights in ``dtype``) or ``"fp8_block"``: DeepSeek's block-scaled FP8 kept as
+        stored — float8_e4m3fn weights beside float32 ``{name}_scale_inv`` per block, dequantized on each rank to
+        ``dtype`` for the grouped GEMM (`tempo_jax.layer.fp8`); frozen (zero gradients).
+      fp8_block: HF's ``quantization_config.weight_block_size`` ``(b0, b1)``: each scale covers b0 rows of a
+        weight's outputs × b1 columns of its inputs (DeepSeek: 128 × 128).
       router: the `RouterConfig` (scoring, biases, group-limited choice, renormalisation, scaling; default:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
@@ -109,6 +116,8 @@ class MoEConfig:
     dispatch_rounds: int = ROUNDS
     dynamic_slots: int = 0
     copy_cost: CopyCost | None = None
+    expert_dtype: str | None = None
+    fp8_block: tuple[int, int] = (128, 128)
 
     def __post_init__(self):
         plain_scalars(self)
@@ -163,6 +172,33 @@ class MoEConfig:
         f = self.capacity_factor
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
+        self._check_fp8()
+
+    def _check_fp8(self) -> None:
+        w = "MoEConfig"
+        if self.expert_dtype not in EXPERT_DTYPES:
+            raise ValueError(
+                f"{w}.expert_dtype must be None (the experts in MoEConfig.dtype) or 'fp8_block' (DeepSeek's "
+                f"block-scaled FP8, kept as stored), got {self.expert_dtype!r}"
+            )
+        b = self.fp8_block
+        if not (
+            isinstance(b, tuple | list)
+            and len(b) == 2
+            and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 1 for v in b)
+        ):
+            raise ValueError(
+                f"{w}.fp8_block must be two positive ints (HF's weight_block_size: rows of out, columns of in per "
+                f"scale), got {b!r}"
+            )
+        object.__setattr__(self, "fp8_block", (int(b[0]), int(b[1])))
+        if self.expert_dtype is None and self.fp8_block != (128, 128):
+            raise ValueError(
+                f"{w}.fp8_block={self.fp8_block} is the block of FP8 experts; it needs expert_dtype='fp8_block' "
+                "(refusing to ignore it)"
+            )
+        if self.expert_dtype == "fp8_block" and jnp.dtype(self.dtype).itemsize < 2:
+            raise ValueError(f"{w}.dtype {jnp.dtype(self.dtype)} is what FP8 experts compute in: use bf16 or f32")
 
     def _check_axes(self) -> None:
         w = "MoEConfig"

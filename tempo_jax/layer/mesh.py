@@ -165,6 +165,14 @@ def layer_axes(
             f"{where}: the hidden size H={config.hidden} does not split over the {Fp} devices of fsdp axis "
             f"{fsdp!r} (FSDP shards the expert weights along H)"
         )
+    if config.expert_dtype == "fp8_block":  # a device's share of a weight must hold whole scale blocks
+        for n, size, dim, axis in ((Tp, config.ffn, "F", tensor), (Fp, config.hidden, "H", fsdp)):
+            if n > 1 and any((size // n) % b for b in config.fp8_block):
+                raise ValueError(
+                    f"{where}: FP8 experts split {dim}={size} over the {n} devices of axis {axis!r} into "
+                    f"{size // n} columns, not whole {config.fp8_block[0]}×{config.fp8_block[1]} scale blocks "
+                    "(MoEConfig.fp8_block); use a smaller axis or a block that divides them"
+                )
     return axes
 
 
@@ -193,6 +201,9 @@ def param_spec(name: str, axes: LayerAxes, *, stacked: int = 0) -> P:
         "w_gate": (ep, f, t),
         "w_up": (ep, f, t),
         "w_down": (ep, t, f),
+        "w_gate_scale_inv": (ep, f, t),  # FP8 block scales: split like their weights
+        "w_up_scale_inv": (ep, f, t),
+        "w_down_scale_inv": (ep, t, f),
         "b_gate": (ep, t),
         "b_up": (ep, t),
         "b_down": (ep,),

@@ -51,6 +51,7 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import Placement
 
+from . import fp8
 from .config import MoEConfig
 from .mesh import layer_axes, param_shardings
 from .moe import moe_forward
@@ -62,6 +63,7 @@ from .tables import PlacementArrays, Tables, check_tables, placement_arrays, uni
 __all__ = [
     "BalanceBias",
     "DispatchState",
+    "FrozenExpert",
     "MoE",
     "MoEAuxLoss",
     "MoEAuxState",
@@ -208,6 +210,12 @@ class BalanceBias(nnx.Variable):
     balancing (``config.router.balance_rate``) moves it after every call."""
 
 
+class FrozenExpert(nnx.Variable):
+    """An FP8 expert weight or its block scales (``MoEConfig(expert_dtype="fp8_block")``, `tempo_jax.layer.fp8`):
+    served as stored, not trained (an optimizer over ``nnx.Param`` leaves it alone); re-placements move it like a
+    parameter."""
+
+
 class MoEAuxState(nnx.Variable):
     """The last call's training signals (`tempo_jax.layer.moe.MoEAux`)."""
 
@@ -251,7 +259,8 @@ class MoE(nnx.Module):
         ``config`` (`tempo_jax.layer.params.check_params`) and placed on ``mesh`` (expert arrays sharded). Your
         arrays stay yours: the first `set_placement` moves copies of them (later ones move the layer's own in place).
 
-    Trainable: every parameter but ``score_bias`` (`nnx.Param`); ``self.score_bias`` is a `BalanceBias`.
+    Trainable: every parameter but ``score_bias`` (`nnx.Param`); ``self.score_bias`` is a `BalanceBias`, FP8 expert
+    weights and their scales are `FrozenExpert`.
     ``self.placement`` is the `solvers.Placement` the weights are laid out over (`set_placement` changes it).
     After a call ``self.aux_loss`` / ``self.z_loss`` hold its load-balancing and z losses and ``self.expert_load``
     the pairs per expert.
@@ -285,16 +294,19 @@ class MoE(nnx.Module):
             params = init_params(rngs.params(), config, placement, mesh=mesh)
         check_params(params, config, num_slots=placement.num_slots, where="MoE")
         want = jnp.dtype(config.dtype)
+        frozen = fp8.stored_dtypes(config.expert_dtype)
         odd = sorted(
             k
             for k, v in params.items()
-            if not k.startswith(("router", "score", "expert_scale")) and jnp.result_type(v) != want
+            if not k.startswith(("router", "score", "expert_scale")) and jnp.result_type(v) != frozen.get(k, want)
         )
         if odd:
+            got, need = jnp.result_type(params[odd[0]]), frozen.get(odd[0], want)
             raise ValueError(
-                f"MoE: params {odd} are {jnp.result_type(params[odd[0]])}, the config's dtype is {want}: the layer "
-                f"would train them in another precision than it computes; cast them (e.g. "
-                f"jax.tree.map(lambda a: a.astype({want.name}), ...)) or set MoEConfig.dtype"
+                f"MoE: params {odd} are {got}, this config needs {need} (MoEConfig.dtype {want.name}, expert_dtype "
+                f"{config.expert_dtype!r}): the layer would train them in another precision than it computes; cast "
+                f"them (e.g. jax.tree.map(lambda a: a.astype({want.name}), ...)), set MoEConfig.dtype, or quantize "
+                "with tempo_jax.layer.fp8.quantize_params for FP8 experts"
             )
         self.param_names = tuple(params)  # static: the keys of this config's parameters
         homes = param_shardings(params, mesh, config)
@@ -306,7 +318,7 @@ class MoE(nnx.Module):
             tags = {LAYER_SPEC: _spec_tuple(homes[name].spec, value.ndim)}
             if name in EXPERT_KEYS:
                 tags.update({SLOT_LAYOUT: self.slot_layout, SLOT_RANK: value.ndim, PLACED_AS: placed_as})
-                setattr(self, name, nnx.Param(value, **tags))
+                setattr(self, name, (FrozenExpert if name in frozen else nnx.Param)(value, **tags))
             else:
                 setattr(self, name, (BalanceBias if name == "score_bias" else nnx.Param)(value, **tags))
         self.config = config

@@ -29,11 +29,12 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
-from . import cascade_exec, copies, relief, rounds, stages
+from . import cascade_exec, copies, fp8, relief, rounds, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE
 from .experts import glu, shared_ffn
+from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
 from .replicas import tie_replicas
@@ -75,6 +76,7 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
         ids, w = routing
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(config.dtype)
+    params = fp8.dequantize_weights(params, fp8.layer_block(config.fp8_block), config.dtype)
     if config.router.weight_on == "input":  # Σ_k f_{e_k}(w_k · x): each pair through its expert alone
         return _reference_input_weighted(params, xs, ids, w, config).astype(x.dtype)
     g = jnp.einsum("th,ehf->etf", xs, params["w_gate"], precision=hp)
@@ -308,7 +310,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
-    weights = _local_weights(weights, axes)
+    weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then dequantized on this rank
+    weights = fp8.dequantize_weights(weights, fp8.layer_block(config.fp8_block), config.dtype)
     slots_total = stages.num_slots(weights)
     mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
@@ -384,7 +387,8 @@ def _local_weights(weights: dict, axes: LayerAxes) -> dict:
     the gradients), and with a tensor axis ``b_down`` kept on tensor rank 0 only (the ranks' partial outputs are
     summed, so the bias is added once)."""
     if axes.fsdp is not None:
-        dims = {"w_gate": 1, "w_up": 1, "w_down": 2}  # H, which FSDP splits
+        dims = {"w_gate": 1, "w_up": 1, "w_down": 2}  # H, which FSDP splits (FP8 block scales alike)
+        dims.update({SCALE_KEYS[k]: d for k, d in dims.items()})
         weights = {
             k: (jax.lax.all_gather(w, axes.fsdp, axis=dims[k], tiled=True) if k in dims else w)
             for k, w in weights.items()

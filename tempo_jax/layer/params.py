@@ -19,6 +19,7 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``expert_scale`` | [E] float32 | same | ``router.expert_scale`` (Gemma 4's ``per_expert_scale``; ones at init) |
 | ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always |
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
+| ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
 | ``shared_gate`` | [H] | same | ``shared.gated`` (Qwen2-MoE) |
 """
@@ -35,6 +36,7 @@ from solvers import Placement
 
 from .config import MoEConfig
 from .experts import EXPERT_BIASES, EXPERT_WEIGHTS
+from .fp8 import SCALE_KEYS, layer_block, quantize, scale_shape
 from .mesh import param_shardings
 
 __all__ = [
@@ -49,8 +51,8 @@ __all__ = [
     "to_physical",
 ]
 
-#: Every per-expert array name (physical ``[P, ...]`` in the layer), weights then biases.
-EXPERT_KEYS = EXPERT_WEIGHTS + EXPERT_BIASES
+#: Every per-expert array name (physical ``[P, ...]`` in the layer): weights, biases, FP8 block scales.
+EXPERT_KEYS = EXPERT_WEIGHTS + EXPERT_BIASES + tuple(SCALE_KEYS.values())
 
 
 def expert_keys(params) -> tuple[str, ...]:
@@ -79,6 +81,9 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
         if config.shared.gated:
             shapes["shared_gate"] = (H,)
+    if config.expert_dtype == "fp8_block":  # last: the other keys' draws keep their indices
+        block = layer_block(config.fp8_block)
+        shapes.update({SCALE_KEYS[w]: scale_shape(shapes[w], block) for w in EXPERT_WEIGHTS})
     return shapes
 
 
@@ -147,8 +152,19 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         if scale is None:
             scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
         dtype = jnp.float32 if name.startswith("router") else config.dtype
+        if name in SCALE_KEYS.values():  # drawn with their weights
+            continue
         if name in EXPERT_KEYS:
             rows = jnp.arange(config.experts) if experts is None else experts
+            if config.expert_dtype == "fp8_block" and name in SCALE_KEYS:  # the bf16 draw, quantized row by row
+                block = layer_block(config.fp8_block)
+
+                def fp8_row(e, kk=kk, shape=shape, scale=scale, dtype=dtype, block=block):
+                    w = (jax.random.normal(jax.random.fold_in(kk, e), shape[1:]) * scale).astype(dtype)
+                    return quantize(w, block)
+
+                out[name], out[SCALE_KEYS[name]] = jax.lax.map(fp8_row, rows)
+                continue
 
             # one row at a time (lax.map): the draw's temporaries stay one expert's size, whatever the rows
             def row(e, kk=kk, shape=shape, scale=scale, dtype=dtype):
@@ -162,7 +178,8 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
 
 def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
     """Random *logical* parameters ``[E, ...]`` of every key `param_shapes` names: weights N(0, 1/fan_in) (the
-    router and its biases in float32, the rest in ``config.dtype``), biases N(0, 0.1²), the score bias zero. The
+    router and its biases in float32, the rest in ``config.dtype``; FP8 experts: those values quantized, `fp8`),
+    biases N(0, 0.1²), the score bias zero. The
     router and the three expert weights draw from ``split(key, 4)``, the rest from ``fold_in(key, 1 + their
     index)``; each expert's rows of an array from ``fold_in`` of that array's key with the expert id, so a
     physical layout draws exactly these values slot by slot (`init_params`)."""

@@ -12,13 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from solvers.checks import read_json
 
 from ..config import MoEConfig
+from ..fp8 import SCALE_KEYS, dequantize_weights, layer_block
 from ..params import check_params
 from .families import family, moe_config_from_hf, moe_layer_ids
+from .load import fp8_block
 from .quant import SafetensorsFile
 
 __all__ = ["moe_to_hf", "save_moe_layers"]
@@ -58,8 +61,9 @@ def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: st
 def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | None = None) -> dict[str, np.ndarray]:
     """One MoE block's *logical* parameters (`tempo_jax.layer.to_logical`, `MoE.logical_params`) → its tensors in
     the layout transformers saves for ``config``'s family, keys relative to the block (``gate.weight``,
-    ``experts.0.gate_proj.weight``, …), float32 numpy. ``layer``: its decoder layer (a family whose top-k is per
-    layer needs it to check ``cfg``).
+    ``experts.0.gate_proj.weight``, …), float32 numpy — FP8 experts (``expert_dtype="fp8_block"``) of a family saved
+    per expert as stored (float8_e4m3fn ``[out, in]`` beside ``*.weight_scale_inv``, DeepSeek's format), of a fused
+    layout dequantized. ``layer``: its decoder layer (a family whose top-k is per layer needs it to check ``cfg``).
 
     Raises:
       ValueError: a family the layer does not express, a ``cfg`` that is not the block ``config`` describes
@@ -69,7 +73,11 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     check_block(config, cfg, layer=layer, where="moe_to_hf")
     check_params(logical, cfg, num_slots=None, where="moe_to_hf")
     n = fam.names
-    p = {k: _np(v) for k, v in logical.items()}
+    per_expert = n.fused not in ("interleaved", "dbrx", "input_linear") and not n.hub_fused  # the else below
+    stored = None  # FP8 experts in the per-expert layout: written as stored, beside their block scales
+    if cfg.expert_dtype == "fp8_block" and per_expert:
+        stored = {k: np.asarray(jax.device_get(logical[k])) for k in (*SCALE_KEYS, *SCALE_KEYS.values())}
+    p = {k: _np(v) for k, v in dequantize_weights(logical, layer_block(cfg.fp8_block), jnp.float32).items()}
     E, F = cfg.experts, cfg.ffn
     out: dict[str, np.ndarray] = {n.router[0]: p["router"].T}
     if cfg.router.bias:
@@ -119,11 +127,13 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         if cfg.expert.bias:  # gate first
             out.update({f"{gu}_bias": np.concatenate([p["b_gate"], p["b_up"]], axis=1), f"{dn}_bias": p["b_down"]})
     else:  # per expert, torch Linear [out, in]
-        gn, un, dn = n.experts
         for e in range(E):
-            out[f"experts.{e}.{gn}.weight"] = g[e].T
-            out[f"experts.{e}.{un}.weight"] = u[e].T
-            out[f"experts.{e}.{dn}.weight"] = d[e].T
+            for name, hf, w in zip(SCALE_KEYS, n.experts, (g, u, d), strict=True):
+                key = f"experts.{e}.{hf}.weight"
+                if stored is None:
+                    out[key] = w[e].T
+                else:
+                    out[key], out[f"{key}_scale_inv"] = stored[name][e].T, stored[SCALE_KEYS[name]][e].T
     if cfg.shared is not None:
         prefix = n.shared[0]
         sg, su, sd = p["shared_w_gate"], p["shared_w_up"], p["shared_w_down"]  # [H, Fs], [H, Fs], [Fs, H]
@@ -200,8 +210,35 @@ def save_moe_layers(folder, config: Mapping, blocks: Mapping[int, tuple[MoEConfi
         weight_map, metadata = dict.fromkeys(tensors, path.name), {"written_by": WRITER}
     index_path.write_text(json.dumps({"metadata": metadata, "weight_map": weight_map}, indent=1))
     if not (foreign and config_path.exists()):
-        config_path.write_text(json.dumps(dict(config), indent=1))
+        config_path.write_text(json.dumps(_with_fp8(config, blocks), indent=1))
     return path
+
+
+def _with_fp8(config: Mapping, blocks: Mapping) -> dict:
+    """``config`` as written beside the blocks: with DeepSeek's ``quantization_config`` when FP8 experts are saved
+    as stored and it has none (so loaders find their block size).
+
+    Raises:
+      ValueError: FP8 blocks whose block size is not the one ``config`` states, or that disagree."""
+    sizes = {cfg.fp8_block for cfg, _ in blocks.values() if cfg.expert_dtype == "fp8_block"}
+    out = dict(config)
+    if not sizes:
+        return out
+    stated = fp8_block(config) if config.get("quantization_config") else None
+    if len(sizes) > 1 or (stated is not None and stated not in sizes):
+        raise ValueError(
+            f"save_moe_layers: FP8 experts in {sorted(sizes)} blocks, config.json's quantization_config says "
+            f"{stated}: one checkpoint has one weight_block_size; re-quantize the blocks to it (fp8.quantize_params)"
+        )
+    if stated is None:
+        (b,) = sizes
+        out["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(b),
+        }
+    return out
 
 
 #: The ``written_by`` of the indexes `save_moe_layers` writes.

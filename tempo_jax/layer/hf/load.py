@@ -26,6 +26,7 @@ from solvers import Placement
 from solvers.checks import read_json
 
 from ..config import MoEConfig
+from ..fp8 import stored_dtypes
 from ..mesh import param_shardings
 from ..params import param_shapes
 from .families import family, moe_config_from_hf, moe_layer_ids
@@ -85,6 +86,7 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
     out = {}
     for name, (per_expert, read) in readers.items():
         kind = jnp.float32 if name.startswith("router") or name in ("score_bias", "expert_scale") else dtype
+        kind = stored_dtypes(cfg.expert_dtype).get(name, kind)
         shape = shapes[name]
         if not per_expert:
             value = np.asarray(read(), dtype=kind).reshape(shape)
@@ -128,6 +130,8 @@ def _block(
 ) -> HFBlock:
     mt, fam, _ = family(config)
     kw = dict(dtype=dtype, layer=layer, **overrides)
+    if kw.get("expert_dtype") == "fp8_block" and "fp8_block" not in kw:  # FP8 experts: the checkpoint's blocks
+        kw["fp8_block"] = fp8_block(config)
     probe = moe_config_from_hf(config, slots_per_rank=1, **kw)  # E, before the placement
     placement = resolve_placement(
         probe.experts, placement=placement, mesh=mesh, slots_per_rank=slots_per_rank, axis=probe.axis, where=where

@@ -21,6 +21,10 @@ read (``[n]`` → ``[n, ...]`` in the layer's orientation), the others read whol
 - "input_linear" (Granite): ``input_linear.weight [E, 2F, H]`` (gate rows first), ``output_linear.weight [E, H, F]``;
 - "dbrx": ``experts.mlp.w1 / v1 / w2 [E·F, H]`` (w1 gate, v1 up, w2 the down weight transposed).
 
+With ``MoEConfig(expert_dtype="fp8_block")`` the routed experts stay FP8 (`tempo_jax.layer.fp8`): per-expert FP8
+weights are read as stored with their ``*_scale_inv`` (transposed to the layer's orientation; the checkpoint's
+blocks must be ``MoEConfig.fp8_block``), any other expert weights are quantized on read.
+
 Glossary additions: n experts read."""
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import fp8
 from ..config import MoEConfig
-from .quant import SafetensorsFile, dequant_fp8, dequant_mxfp4
+from .quant import SafetensorsFile, dequant_fp8, dequant_mxfp4, e8m0
 from .spec import TensorNames
 
 __all__ = ["FileSource", "MemorySource", "Reader", "TensorSource", "block_readers"]
@@ -201,8 +206,10 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
         if tuple(shape) not in ((E,), (1, E)):
             raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(shape)}, expected [{E}] or [1, {E}]")
         whole("score_bias", key, tuple(shape), lambda a: a.reshape(E))
-    # Step 2: the routed experts, in whichever layout the block holds.
+    # Step 2: the routed experts, in whichever layout the block holds (FP8 experts: as stored, or quantized).
     _experts(cfg, names, c, src, stacked, where)
+    if cfg.expert_dtype == "fp8_block":
+        _quantized(cfg, out)
     # Step 3: shared experts.
     if cfg.shared is not None:
         Fs = cfg.shared.width
@@ -239,6 +246,39 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     return out
 
 
+def _stored_fp8(cfg: MoEConfig, src: TensorSource, name: str, keys: list[str], stacked) -> None:
+    """Readers of one FP8 expert weight kept as stored: its ``[out, in]`` values and ``*_scale_inv`` grid, both
+    transposed to the layer's ``[in, out]``."""
+    if tuple(src.block) != tuple(cfg.fp8_block):
+        raise ValueError(
+            f"moe_from_hf: the checkpoint's FP8 experts are in {src.block[0]}×{src.block[1]} blocks "
+            f"(quantization_config.weight_block_size) but MoEConfig.fp8_block is {cfg.fp8_block}; leave fp8_block "
+            "unset to keep the checkpoint's blocks"
+        )
+
+    def scale(e, keys=keys):
+        s = np.asarray(src._raw(f"{keys[e]}_scale_inv", None))
+        return (e8m0(s) if s.dtype == np.uint8 or s.dtype.name.startswith("float8_e8m0") else s).astype(np.float32).T
+
+    stacked(name, lambda e, keys=keys: np.asarray(src._raw(keys[e], None)).astype(fp8.FP8_DTYPE).T)
+    stacked(fp8.SCALE_KEYS[name], scale)
+
+
+def _quantized(cfg: MoEConfig, out: dict) -> None:
+    """FP8 experts from weights that are not stored so (bf16 / f32, or another format): each expert weight's reader
+    quantized on read (`fp8.quantize`, ``MoEConfig.fp8_block``), its scales beside it."""
+    block = fp8.layer_block(cfg.fp8_block)
+    for name, key in fp8.SCALE_KEYS.items():
+        if key in out:  # kept as stored
+            continue
+        read = out[name][1]
+
+        def part(i, read=read):
+            return lambda experts: np.asarray(fp8.quantize(read(experts), block)[i])
+
+        out[name], out[key] = (True, part(0)), (True, part(1))
+
+
 def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, stacked, where: str) -> None:
     """The routed experts' readers (see the module's layouts)."""
     H, F, E = cfg.hidden, cfg.ffn, cfg.experts
@@ -249,7 +289,10 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
             for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))
         }
         for n, keys in per.items():
-            stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
+            if cfg.expert_dtype == "fp8_block" and f"{keys[0]}_scale_inv" in c.keys:
+                _stored_fp8(cfg, src, n, keys, stacked)
+            else:
+                stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
         return
     if names.fused == "dbrx":
         w1, v1, w2 = (c.need(f"experts.mlp.{n}", (E * F, H)) for n in ("w1", "v1", "w2"))

@@ -1,0 +1,251 @@
+"""FP8 experts (issue 55, item 2): DeepSeek's block-scaled format kept as stored — the quantizer and its reference,
+the layer on an expert-parallel mesh (equal to its dequantized twin, half the bytes per device, frozen weights, the
+scales moving with their weights through re-placement and dynamic copies), and a DeepSeek FP8 checkpoint loaded as
+stored, quantized from bf16 on load, and exported back bit for bit."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from numeric import assert_close
+from test_copies import _layer
+from test_copies import skewed_layer as skewed_layer  # the fixture
+from test_hf_import import ROOT, _fixture, _fp8_checkpoint, _rel
+
+import tempo_jax
+from solvers import Placement
+from tempo_jax.hf import load_moe_layers, save_moe_layers
+from tempo_jax.layer import MoEConfig, fp8, make_ep_mesh, make_mesh, moe_forward, moe_reference, to_logical
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.hf.quant import dequant_fp8
+from tempo_jax.layer.module import FrozenExpert
+
+D, E, H, F = 8, 12, 32, 16
+BLOCK = (8, 16)  # HF order: 8 output rows × 16 input columns per scale
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return make_ep_mesh(D)
+
+
+def _placement(seed: int) -> Placement:
+    return Placement.from_eplb(np.random.default_rng(seed).random(E) * 100 + 1, 2 * D, D)  # 4 experts replicated
+
+
+def _config(**kw) -> MoEConfig:
+    base = dict(hidden=H, ffn=F, experts=E, top_k=2, slots_per_rank=2, dtype=jnp.bfloat16, dispatch_mode="quota")
+    return MoEConfig(**{**base, "expert_dtype": "fp8_block", "fp8_block": BLOCK, **kw})
+
+
+def _x(seed: int = 2):
+    return jax.random.normal(jax.random.key(seed), (D * 16, H))
+
+
+# ------------------------------------------------------------------------------------------------ the format
+@pytest.mark.parametrize("shape, block", [((3, 16, 24), (8, 8)), ((2, 20, 12), (8, 5)), ((1, 7, 9), (4, 4))])
+def test_quantize_is_deepseeks_rule_and_dequantize_its_reference(shape, block):
+    """Each block's amax is stored as e4m3's 448 and its scale is amax / 448 (partial blocks at the edges too); the
+    values come back within e4m3's half-ulp (2^-4 relative); `dequantize` equals the loader's numpy dequantization
+    of the same bits (HF orientation: the transposed grid)."""
+    w = jax.random.normal(jax.random.key(0), shape) * jnp.linspace(0.1, 3.0, shape[-1])
+    w = w.at[0, : block[0], : block[1]].set(0.0)  # an all-zero block: scale 1, values 0
+    q, s = fp8.quantize(w, block)
+    assert q.dtype == jnp.float8_e4m3fn and s.dtype == jnp.float32 and s.shape == fp8.scale_shape(shape, block)
+    back = fp8.dequantize(q, s, block, jnp.float32)
+    for i in range(s.shape[1]):
+        for j in range(s.shape[2]):
+            rows, cols = slice(i * block[0], (i + 1) * block[0]), slice(j * block[1], (j + 1) * block[1])
+            amax = jnp.max(jnp.abs(w[:, rows, cols]), axis=(1, 2))
+            np.testing.assert_allclose(s[:, i, j], jnp.where(amax > 0, amax / fp8.E4M3_MAX, 1.0), rtol=1e-6)
+            qmax = jnp.max(jnp.abs(q[:, rows, cols].astype(jnp.float32)), axis=(1, 2))
+            np.testing.assert_array_equal(qmax, jnp.where(amax > 0, fp8.E4M3_MAX, 0.0))
+            err = jnp.abs(back[:, rows, cols] - w[:, rows, cols])
+            assert bool(jnp.all(err <= 2.0**-4 * jnp.abs(w[:, rows, cols]) + 2.0**-9 * amax[:, None, None] + 1e-12))
+    assert float(jnp.abs(back[0, : block[0], : block[1]]).max()) == 0.0
+    for e in range(shape[0]):  # the loader's dequantization reads HF's [out, in] with (b0 out, b1 in) blocks
+        hf = dequant_fp8(np.asarray(q[e]).T, np.asarray(s[e]).T, block[::-1])
+        np.testing.assert_array_equal(hf.T, np.asarray(back[e]))
+
+
+# ------------------------------------------------------------------------------------------------ the layer
+def _twin(moe) -> tuple:
+    """The same layer with its experts dequantized to ``MoEConfig.dtype`` (bf16): ``(MoE, its physical params)``."""
+    params = fp8.dequantize_weights(moe.params(), fp8.layer_block(moe.config.fp8_block), jnp.bfloat16)
+    cfg = _config(expert_dtype=None, fp8_block=(128, 128))
+    return tempo_jax.MoE(cfg, moe.placement, mesh=moe.mesh, params=params, rngs=nnx.Rngs(params=0, dispatch=1)), params
+
+
+def _device_bytes(params: dict, keys) -> int:
+    """Bytes device 0 holds of ``keys``."""
+    return sum(s.data.nbytes for k in keys for s in params[k].addressable_shards if s.device == jax.devices()[0])
+
+
+def test_the_fp8_layer_computes_its_dequantized_twin_in_half_the_bytes(mesh):
+    """The FP8 layer's output equals the bf16 layer built from its dequantized weights (the same bf16 GEMMs: equal
+    to the dtype's tolerance), eagerly and under ``nnx.jit``, and the dense reference; each rank holds its own slots
+    in e4m3 with their scales beside them: 0.5 + 4 / (b0·b1) / 2 of the bf16 bytes per device."""
+    moe = tempo_jax.MoE(_config(), _placement(4), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    params = moe.params()
+    for name, key in fp8.SCALE_KEYS.items():
+        assert params[name].dtype == jnp.float8_e4m3fn and params[key].dtype == jnp.float32
+        assert params[name].sharding.spec == params[key].sharding.spec == jax.sharding.PartitionSpec("ep")
+        assert isinstance(getattr(moe, name), FrozenExpert) and isinstance(getattr(moe, key), FrozenExpert)
+    twin, twin_params = _twin(moe)
+    x = _x()
+    y = moe(x)
+    assert_close(y, twin(x), dtype=jnp.bfloat16)
+    assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
+    assert_close(y, moe_reference(moe.logical_params(), x, moe.config), dtype=jnp.bfloat16)
+    keys = [*fp8.SCALE_KEYS, *fp8.SCALE_KEYS.values()]
+    ratio = _device_bytes(params, keys) / _device_bytes(twin_params, fp8.SCALE_KEYS)
+    assert ratio == pytest.approx(0.5 + 4 / (BLOCK[0] * BLOCK[1]) / 2, rel=1e-9) and ratio < 0.52
+
+
+def test_fp8_experts_are_frozen_while_the_router_trains(mesh):
+    """An optimizer over ``nnx.Param`` trains the router and leaves the FP8 experts (`FrozenExpert`) as stored; the
+    functional layer's gradient with respect to them is zero."""
+    moe = tempo_jax.MoE(_config(dtype=jnp.float32), _placement(4), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    opt = nnx.Optimizer(moe, optax.adam(1e-2), wrt=nnx.Param)
+    before = {k: np.asarray(v) for k, v in moe.params().items()}
+    x = _x(3)
+
+    @nnx.jit
+    def step(m, o, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(m)
+        o.update(m, grads)
+        return loss
+
+    step(moe, opt, x)
+    after = moe.params()
+    assert not np.array_equal(np.asarray(after["router"]), before["router"])
+    for k in (*fp8.SCALE_KEYS, *fp8.SCALE_KEYS.values()):
+        np.testing.assert_array_equal(np.asarray(after[k]), before[k], err_msg=k)
+    pa, tables = dispatch_tables.placement_arrays(moe.placement), dispatch_tables.uniform(moe.placement)
+
+    def loss(p):
+        out = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=moe.config, key=jax.random.key(0))
+        return jnp.sum(out.out**2)
+
+    grads = jax.grad(loss)(moe.params())
+    assert float(jnp.abs(grads["router"]).max()) > 0
+    assert all(float(jnp.abs(grads[k].astype(jnp.float32)).max()) == 0 for k in fp8.SCALE_KEYS)
+
+
+def test_scales_move_with_their_weights(mesh):
+    """A re-placement moves every slot's FP8 weights and scales together (bit for bit, the function kept); dynamic
+    copies fetch a hot expert's weights and scales (one exchange per dtype) and compute what the dense reference
+    does."""
+    old, new = _placement(4), _placement(5)
+    moe = tempo_jax.MoE(_config(), old, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    x = _x(6)
+    before, logical = moe(x), moe.logical_params()
+    report = moe.set_placement(new)
+    assert report.moved_slots > 0
+    assert report.slot_bytes == 3 * H * F * 1 + 4 * sum(
+        int(np.prod(moe.params()[k].shape[1:])) for k in fp8.SCALE_KEYS.values()
+    )
+    for k, v in to_logical(moe.params(), new).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(logical[k]), err_msg=k)
+    assert_close(moe(x), before, dtype=jnp.bfloat16)
+
+
+def test_dynamic_copies_carry_the_scales(skewed_layer):
+    """The hot expert's FP8 weights and scales copied to every rank (in-graph plan, a free link; one exchange per
+    dtype): the hot rank's 509 pairs spread, and the layer still computes the dense reference — under ``jit``."""
+    placement, config, params, mesh, x, routing = skewed_layer
+    q = fp8.quantize_params(params, (8, 8))
+    for label, k, link in (("copies", 1, 1e6), ("none", 0, None)):
+        cfg, f = _layer(skewed_layer, k, link)
+        cfg = dataclasses.replace(cfg, expert_dtype="fp8_block", fp8_block=(8, 8))
+        pa = dispatch_tables.placement_arrays(placement)
+        res = jax.jit(
+            lambda p, x, cfg=cfg, pa=pa: moe_forward(
+                p, x, mesh=mesh, placement_arrays=pa, tables=None, config=cfg, routing=routing
+            )
+        )(q, x)
+        assert_close(res.out, moe_reference(to_logical(q, placement), x, cfg, routing=routing))
+        busiest = int(np.asarray(res.stats.gpu_tokens).max())
+        assert busiest == 509 if label == "none" else busiest <= 140, label
+
+
+def test_fp8_config_errors(mesh):
+    with pytest.raises(ValueError, match=r"expert_dtype must be None .* or 'fp8_block'"):
+        _config(expert_dtype="fp8")
+    with pytest.raises(ValueError, match=r"fp8_block must be two positive ints"):
+        _config(fp8_block=(128, 0))
+    with pytest.raises(ValueError, match=r"fp8_block=\(8, 16\) is the block of FP8 experts; it needs"):
+        _config(expert_dtype=None)
+    with pytest.raises(ValueError, match=r"FP8 experts split F=16 over the 2 devices of axis 'tensor' into 8"):
+        tempo_jax.MoE(
+            _config(tensor_axis="tensor", batch_axes=("data",), slots_per_rank=6),
+            Placement.spread(E, 2, 6),
+            mesh=make_mesh(data=2, ep=2, tensor=2),
+            rngs=nnx.Rngs(0),
+        )
+    moe = tempo_jax.MoE(_config(), _placement(4), mesh=mesh, rngs=nnx.Rngs(0))
+    bf16 = {k: v.astype(jnp.bfloat16) if k in fp8.SCALE_KEYS else v for k, v in moe.params().items()}
+    with pytest.raises(ValueError, match=r"are bfloat16, this config needs float8_e4m3fn .*fp8\.quantize_params"):
+        tempo_jax.MoE(_config(), _placement(4), mesh=mesh, params=bf16, rngs=nnx.Rngs(0))
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def _bits(a) -> np.ndarray:
+    """``a`` as numpy, FP8 as its bytes (NaN-safe bit equality)."""
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype == ml_dtypes.float8_e4m3fn else a
+
+
+def test_a_deepseek_fp8_checkpoint_is_served_as_stored_and_exported_bit_for_bit(tmp_path, mesh):
+    """DeepSeek-V3 in FP8 (4 × 8 blocks): with ``expert_dtype="fp8_block"`` the experts keep the checkpoint's bits
+    and scales (transposed to the layer's orientation; the block read from quantization_config), compute what the
+    dequantize-on-load layer computes (float32: to its tolerance), and `save_moe_layers` writes them back as they
+    were — FP8 ``weight_scale_inv`` beside each weight, quantization_config in config.json."""
+    ckpt, config, tensors, layer = _fp8_checkpoint(tmp_path / "fp8")
+    prefix = f"model.layers.{layer}.mlp."
+    cfg, params, placement = load_moe_layers(ckpt, layers=[layer], mesh=mesh, expert_dtype="fp8_block")[layer]
+    assert cfg.fp8_block == (4, 8) and params["w_gate"].dtype == jnp.float8_e4m3fn
+    logical = to_logical(params, placement)
+    for e in range(cfg.experts):
+        for name, hf in (("w_gate", "gate_proj"), ("w_down", "down_proj")):
+            key = f"{prefix}experts.{e}.{hf}.weight"
+            np.testing.assert_array_equal(np.asarray(logical[name][e]).view(np.uint8), tensors[key].T.view(np.uint8))
+            np.testing.assert_array_equal(logical[fp8.SCALE_KEYS[name]][e], tensors[key + "_scale_inv"].T)
+    cfg32, params32, _ = load_moe_layers(ckpt, layers=[layer], mesh=mesh)[layer]  # dequantized on load
+    z, _ = _fixture("deepseek_v3")
+    x = jnp.asarray(z["x"], jnp.float32)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    outs = [
+        moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c, key=jax.random.key(0)).out
+        for p, c in ((params, cfg), (params32, cfg32))
+    ]
+    assert_close(outs[0], outs[1])
+    assert _rel(outs[0], z["out"]) < 0.15  # e4m3 against transformers' float32 block
+    out = tmp_path / "export"
+    save_moe_layers(out, config, {layer: (cfg, logical)})
+    written = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert written["weight_block_size"] == [4, 8]
+    again = load_moe_layers(out, layers=[layer], expert_dtype="fp8_block")[layer]
+    for k, v in to_logical(again.params, again.placement).items():
+        np.testing.assert_array_equal(_bits(v), _bits(logical[k]), err_msg=k)
+    with pytest.raises(ValueError, match=r"in 4×8 blocks .* but MoEConfig.fp8_block is \(8, 8\)"):
+        load_moe_layers(ckpt, layers=[layer], expert_dtype="fp8_block", fp8_block=(8, 8))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe", "mixtral", "qwen3_moe"])
+def test_a_bf16_checkpoint_is_quantized_on_load(name):
+    """A float32 fixture with ``expert_dtype="fp8_block"``: each expert quantized on read (the checkpoint has no
+    blocks: the default 128 × 128 covers each of these small weights with one scale), computing transformers' block
+    to e4m3's accuracy (3 mantissa bits; scripts/fp8_accuracy.py measures 2.7–5.1% of the largest output)."""
+    z, layer = _fixture(name)
+    cfg, params, placement = load_moe_layers(ROOT / name / "hub", layers=[layer], expert_dtype="fp8_block")[layer]
+    assert params["w_up"].dtype == jnp.float8_e4m3fn and params["w_up_scale_inv"].shape[1:] == (1, 1)
+    logical = to_logical(params, placement)
+    err = _rel(moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg), z["out"])
+    assert 1e-3 < err < 0.06  # quantized (not the float32 weights), to FP8 accuracy
