@@ -286,24 +286,27 @@ def _receive(costs, net: _Net, combines) -> _Net:
     valid = occ > 0
     order = np.argsort(np.where(valid, issued, np.inf), axis=1, kind="stable")
     iss_s, occ_s, ok_s, sent_s = (_gather(x, order) for x in (issued, occ, valid, sent))
-    # Step 2: serve them in order; a protected fetch runs from its instant in the idle time between them.
+    # Step 2: serve them in order (the valid ones sort first: as many steps as the busiest port has transfers); a
+    # protected fetch runs from its instant in the idle time between them.
     port = np.zeros((L, D))
     ends_s = np.zeros((L, 2 * D + 1, D))
     got = np.zeros((L, D))
     cur, left, fetched = ready.copy(), net.fetch_us.copy(), np.full((L, D), np.nan)
+    filling = net.protected and bool(net.fetch_us.any())
     is_combine = order > D
-    for j in range(2 * D + 1):
+    for j in range(int(valid.sum(axis=1).max(initial=0))):
+        ok = ok_s[:, j]
         s_j = np.maximum(iss_s[:, j], port)
         new = s_j + occ_s[:, j]
-        fits = ok_s[:, j] & np.isnan(fetched) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
-        fetched = np.where(fits, cur + left, fetched)
-        spent = ok_s[:, j] & np.isnan(fetched) & (new > cur)
-        left = np.where(spent, left - np.maximum(s_j - cur, 0.0), left)
-        cur = np.where(spent, new, cur)
-        port = np.where(ok_s[:, j], new, port)
-        ends_s[:, j] = np.where(ok_s[:, j], new, 0.0)
-        back = ok_s[:, j] & is_combine[:, j]
-        got = np.where(back, np.maximum(got, np.maximum(sent_s[:, j], new) + lat), got)
+        if filling:
+            fits = ok & np.isnan(fetched) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
+            fetched = np.where(fits, cur + left, fetched)
+            spent = ok & np.isnan(fetched) & (new > cur)
+            left = np.where(spent, left - np.maximum(s_j - cur, 0.0), left)
+            cur = np.where(spent, new, cur)
+        port = np.where(ok, new, port)
+        ends_s[:, j] = np.where(ok, new, 0.0)
+        got = np.where(ok & is_combine[:, j], np.maximum(got, np.maximum(sent_s[:, j], new) + lat), got)
     ends = np.zeros((L, 2 * D + 1, D))
     ends[rows[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
     arrival = np.where(valid[:, :D, :], np.maximum(ready[:, :, None], ends[:, :D, :] + lat), ready[:, :, None])
@@ -324,18 +327,21 @@ def _own_kernels(costs, arr, tk, ends, gpu):
     ``arr`` and tokens ``tk [L, d, pos]`` in each destination's arrival order, group ends ``ends [L, d, pos]``.
     Returns ``(launched, start, end, tokens)`` ``[L, d, pos]``, set at the position that closes each group."""
     L, D, _ = tk.shape
-    launched = np.zeros((L, D, D), dtype=bool)
     start, end, tokens = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
-    acc, rdy = np.zeros((L, D)), np.full((L, D), -np.inf)
-    for j in range(D):
+    acc = np.zeros((L, D))
+    for j in range(D):  # the tokens gathered up to each position (the kernels' sizes do not depend on time)
         acc = acc + tk[:, :, j]
-        rdy = np.maximum(rdy, arr[:, :, j])
-        now = ends[:, :, j] & (acc > 0)
-        k0 = np.maximum(rdy, gpu)
-        k1 = k0 + _ffn(costs, acc)
-        gpu = np.where(now, k1, gpu)
-        launched[:, :, j], start[:, :, j], end[:, :, j], tokens[:, :, j] = now, k0, k1, acc
+        tokens[:, :, j] = acc
         acc = np.where(ends[:, :, j], 0.0, acc)
+    launched = ends & (tokens > 0)
+    duration = _ffn(costs, tokens)
+    rdy = np.full((L, D), -np.inf)
+    for j in range(D):
+        rdy = np.maximum(rdy, arr[:, :, j])
+        k0 = np.maximum(rdy, gpu)
+        k1 = k0 + duration[:, :, j]
+        gpu = np.where(launched[:, :, j], k1, gpu)
+        start[:, :, j], end[:, :, j] = k0, k1
         rdy = np.where(ends[:, :, j], -np.inf, rdy)
     return launched, start, end, tokens
 
@@ -404,7 +410,7 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
     # Step 3: own kernels back to back on the final tokens; their combines; the helpers' side kernels.
     tk = _in_order(tok, order)
     is_own = order == np.arange(D)[None, :, None]
-    launched, _, k1s, accs = _own_kernels(costs, arr, tk, ends, net.ready.copy())
+    launched, k0s, k1s, accs = _own_kernels(costs, arr, tk, ends, net.ready.copy())
     own_tk = np.where(is_own, tk, 0.0)
     done = net.ready.copy()
     port = net.send_free.copy()
@@ -415,7 +421,7 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
     for j in range(D):
         own = own + own_tk[:, :, j]
         launch_now, k1, acc = launched[:, :, j], k1s[:, :, j], accs[:, :, j]
-        kernel_us += np.where(launch_now, _ffn(costs, acc), 0.0).sum(axis=1)
+        kernel_us += np.where(launch_now, k1 - k0s[:, :, j], 0.0).sum(axis=1)
         remote = acc - own
         member[:, :, j] = True
         if links == "paper":
