@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from pallas_kernels import DISPATCH_MODES
 from solvers import POLICIES, PRESETS
 
 from ..metrics import WatchOptions
@@ -29,7 +30,7 @@ def register(add) -> None:
         choices={
             "routing": ROUTINGS,
             "trace": TRACES,
-            "dispatch_mode": ("sample", "quota"),
+            "dispatch_mode": DISPATCH_MODES,
             "policy": POLICIES,
             "cost": sorted(PRESETS),
             "solver_mode": SOLVER_MODES,

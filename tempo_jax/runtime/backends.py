@@ -26,7 +26,7 @@ from solvers.worker import FAULTS, SolverWorker, WorkerConfig, WorkerLost, solve
 from .accumulator import Window
 
 __all__ = [
-    "SOLVER_BACKENDS",
+    "SOLVER_MODES",
     "BackendHost",
     "InlineBackend",
     "Job",
@@ -376,17 +376,19 @@ class ProcessBackend:
 
 
 #: ``solver_mode`` → backend class.
-SOLVER_BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
+_BACKENDS = {"inline": InlineBackend, "thread": ThreadBackend, "process": ProcessBackend}
+#: Where the controller's solver runs (`DispatchController(solver_mode=...)`; see `tempo_jax.runtime.controller`).
+SOLVER_MODES = tuple(_BACKENDS)
 
 
 def make_backend(
     solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool
 ) -> SolverBackend:
-    """The backend of ``solver_mode`` (`SOLVER_BACKENDS`)."""
-    check_choice("solver_mode", solver_mode, tuple(SOLVER_BACKENDS), where="DispatchController")
+    """The backend of ``solver_mode`` (one of `SOLVER_MODES`)."""
+    check_choice("solver_mode", solver_mode, SOLVER_MODES, where="DispatchController")
     if solver_mode == "process":
         return ProcessBackend(config, host, hang_s=hang_s, start_timeout_s=start_timeout_s, spare=spare)
-    return SOLVER_BACKENDS[solver_mode](config, host, hang_s=hang_s)
+    return _BACKENDS[solver_mode](config, host, hang_s=hang_s)
 
 
 def check_fault(kind: str) -> str:

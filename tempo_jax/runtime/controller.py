@@ -71,14 +71,13 @@ from solvers.worker import WorkerConfig, solve_window
 
 from ..layer.tables import Tables
 from .accumulator import Window, WindowAccumulator
-from .backends import SOLVER_BACKENDS, Job, ProcessBackend, check_fault, make_backend
+from .backends import SOLVER_MODES, Job, ProcessBackend, check_fault, make_backend
 from .publisher import FALLBACKS, Publisher, prepare_tables
 
 __all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
 
 log = logging.getLogger("tempo_jax.runtime")
 
-SOLVER_MODES = tuple(SOLVER_BACKENDS)
 DROP_REASONS = ("busy", "over_budget", "error", "bad_result", "worker_lost", "worker_down", "replaced")
 
 

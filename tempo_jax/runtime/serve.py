@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels import DISPATCH_MODES
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
 from solvers.checks import check_choice, check_int, check_real, plain_scalars
 from solvers.solve import check_policy
@@ -190,7 +191,7 @@ class ServeConfig:
                 f"{w}: {', '.join(ignored)} only {verb} to model={other!r}; model={self.model!r} would "
                 f"ignore {them}: drop {them} or set model={other!r}"
             )
-        check_choice("dispatch_mode", self.dispatch_mode, ("sample", "quota"), where=w)
+        check_choice("dispatch_mode", self.dispatch_mode, DISPATCH_MODES, where=w)
         if self.cost is not None and self.cost_json is not None:
             raise ValueError(
                 f"{w}: give cost (a preset) or cost_json (a file), not both: cost_json would override "
