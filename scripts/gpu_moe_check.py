@@ -39,8 +39,9 @@ TOL = 2e-2  # max |y − dense| with TF32 dots on GPU; float32 on CPU lands near
 
 
 def check_layer(*, smoke: bool) -> dict:
-    """Run every (exchange, gmm implementation) pair on one batch; max |y − dense reference|, drops, and the jitted
-    layer's median time a call (end to end: route, dispatch, exchange, expert FFN, return, combine)."""
+    """Run every (exchange, gmm implementation) pair on one batch, and each implementation with FP8 experts; max
+    |y − dense reference| (FP8: the reference on the same dequantized weights), drops, and the jitted layer's
+    median time a call (end to end: route, dispatch, exchange, expert FFN, return, combine)."""
     D = jax.device_count()
     E, tokens, hidden, ffn = (16, 32, 32, 16) if smoke else (16, 256, 128, 64)
     placement = Placement.from_eplb(np.arange(E) + 1.0, max(4 * D, E), D)
@@ -57,35 +58,37 @@ def check_layer(*, smoke: bool) -> dict:
         else ("ragged_dot", "pallas") + (("tokamax",) if tokamax_backend.available() else ())
     )
     out = {}
-    for exchange in exchanges:
-        for gmm_impl in impls:
-            name = f"{exchange}/{gmm_impl}"
-            cfg = MoEConfig(
-                hidden=hidden,
-                ffn=ffn,
-                experts=E,
-                top_k=2,
-                slots_per_rank=placement.slots_per_rank,
-                exchange=exchange,
-                gmm_impl=gmm_impl,
-                interpret=smoke,
+    # FP8 experts (DeepSeek's block-scaled e4m3, dequantized per rank before the GEMM) on the first exchange
+    cases = [(ex, g, None) for ex in exchanges for g in impls] + [(exchanges[0], g, "fp8_block") for g in impls]
+    for exchange, gmm_impl, expert_dtype in cases:
+        name = f"{exchange}/{gmm_impl}" + ("/fp8" if expert_dtype else "")
+        cfg = MoEConfig(
+            hidden=hidden,
+            ffn=ffn,
+            experts=E,
+            top_k=2,
+            slots_per_rank=placement.slots_per_rank,
+            exchange=exchange,
+            gmm_impl=gmm_impl,
+            interpret=smoke,
+            expert_dtype=expert_dtype,
+        )
+        try:
+            params = init_params(jax.random.key(1), cfg, placement, mesh=mesh)
+            fwd = jax.jit(
+                lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c)
             )
-            try:
-                params = init_params(jax.random.key(1), cfg, placement, mesh=mesh)
-                fwd = jax.jit(
-                    lambda p, x, c=cfg: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c)
-                )
-                res = fwd(params, x)
-                err = float(jnp.abs(res.out - moe_reference(to_logical(params, placement), x, cfg)).max())
-                drops = int(res.stats.drops.sum())
-                ms = _median_ms(lambda x, f=fwd, p=params: f(p, x).out, x, 3 if smoke else 20)  # the layer's call
-                ok = bool(np.isfinite(err) and err < TOL and not drops)
-                out[name] = dict(max_abs_err=err, drops=drops, ms=ms, ok=ok)
-            except Exception as e:  # recorded, and the other cases still run
-                out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
-            r = out[name]
-            shown = r["error"] if "error" in r else f"max |y − dense| = {r['max_abs_err']:.2e}, {r['ms']:.3f} ms a call"
-            print(f"  {'ok  ' if out[name]['ok'] else 'FAIL'} {name:20s} {shown}", flush=True)
+            res = fwd(params, x)
+            err = float(jnp.abs(res.out - moe_reference(to_logical(params, placement), x, cfg)).max())
+            drops = int(res.stats.drops.sum())
+            ms = _median_ms(lambda x, f=fwd, p=params: f(p, x).out, x, 3 if smoke else 20)  # the layer's call
+            ok = bool(np.isfinite(err) and err < TOL and not drops)
+            out[name] = dict(max_abs_err=err, drops=drops, ms=ms, ok=ok)
+        except Exception as e:  # recorded, and the other cases still run
+            out[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}", ok=False)
+        r = out[name]
+        shown = r["error"] if "error" in r else f"max |y − dense| = {r['max_abs_err']:.2e}, {r['ms']:.3f} ms a call"
+        print(f"  {'ok  ' if out[name]['ok'] else 'FAIL'} {name:20s} {shown}", flush=True)
     return dict(devices=D, backend=jax.default_backend(), jax=jax.__version__, tol=TOL, results=out)
 
 
