@@ -156,6 +156,35 @@ def test_scales_move_with_their_weights(mesh):
     assert_close(moe(x), before, dtype=jnp.bfloat16)
 
 
+def test_fp8_experts_on_a_data_ep_tensor_mesh_with_fsdp(tmp_path):
+    """data 2 × ep 2 × tensor 2 with FSDP over data: each device holds its F / Tp columns and H / Fp rows of its
+    slots' FP8 weights and the matching part of their scale grid; the layer computes the dense reference; an orbax
+    checkpoint of the module state restores the FP8 experts bit for bit into a fresh model."""
+    import orbax.checkpoint as ocp
+
+    mesh = make_mesh(data=2, ep=2, tensor=2)
+    cfg = _config(fp8_block=(8, 8), slots_per_rank=6, batch_axes=("data",), tensor_axis="tensor", fsdp_axis="data")
+    placement = Placement.spread(E, 2, 6)
+    moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    params = moe.params()
+    for name, key in fp8.SCALE_KEYS.items():
+        spec = ("ep", "data", "tensor") if name != "w_down" else ("ep", "tensor", "data")
+        assert params[name].sharding.spec == params[key].sharding.spec == jax.sharding.PartitionSpec(*spec)
+        w, sc = params[name].addressable_shards[0].data, params[key].addressable_shards[0].data
+        assert sc.shape == fp8.scale_shape(w.shape, fp8.layer_block(cfg.fp8_block))  # whole blocks per device
+    x = _x(8)
+    y = nnx.jit(lambda m, x: m(x))(moe, x)
+    assert_close(y, moe_reference(moe.logical_params(), x, cfg), dtype=jnp.bfloat16)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "state", nnx.state(moe))
+    checkpointer.wait_until_finished()
+    fresh = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=5, dispatch=1))
+    target = tempo_jax.restore_target(nnx.state(fresh), checkpointer.metadata(tmp_path / "state"))
+    nnx.update(fresh, checkpointer.restore(tmp_path / "state", target))
+    for k, v in fresh.params().items():
+        np.testing.assert_array_equal(_bits(v), _bits(params[k]), err_msg=k)
+
+
 def test_dynamic_copies_carry_the_scales(skewed_layer):
     """The hot expert's FP8 weights and scales copied to every rank (in-graph plan, a free link; one exchange per
     dtype): the hot rank's 509 pairs spread, and the layer still computes the dense reference — under ``jit``."""
