@@ -149,10 +149,12 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
     xh = jnp.abs(x)
     step = nnx.jit(lambda m, x: m(x))
     donated = nnx.jit(lambda m, x: m(x), donate_argnums=0)
+    tree = nnx.jit(lambda m, x: m(x), graph=False)  # flax's tree mode: only the state that changed comes back
     variants = {
         "eager, auto": lambda: layers["auto"](x),
         "nnx.jit, auto": lambda: step(layers["auto"], x),
         "nnx.jit donated, auto": lambda: donated(layers["auto"], x),
+        "nnx.jit graph=False, auto": lambda: tree(layers["auto"], x),
         "nnx.jit, worst case": lambda: step(layers["worst"], x),
         "nnx.jit donated, worst case": lambda: donated(layers["worst"], x),
         f"nnx.jit donated, fixed {fixed}": lambda: donated(layers["fixed"], x),
@@ -188,11 +190,18 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
 
 # ------------------------------------------------------------------------------------------------ state and traffic
 def empty_call_ms(cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> dict:
-    """Median ms of an ``nnx.jit`` call over the module that does nothing (``lambda m, x: x``), donated or not."""
+    """Median ms of an ``nnx.jit`` call over the module that does nothing (``lambda m, x: x``), donated or not, in
+    flax's graph mode (the default) and tree mode (``graph=False``: only the state that changed is returned)."""
     x = jnp.ones((8, cfg.hidden))
     moe = _layer(cfg, placement, mesh, "auto", params)
     plain, donated = nnx.jit(lambda m, x: x), nnx.jit(lambda m, x: x, donate_argnums=0)
-    fns = {"empty nnx.jit call": lambda: plain(moe, x), "empty nnx.jit call, donated": lambda: donated(moe, x)}
+    tree, tree_donated = nnx.jit(lambda m, x: x, graph=False), nnx.jit(lambda m, x: x, graph=False, donate_argnums=0)
+    fns = {
+        "empty nnx.jit call": lambda: plain(moe, x),
+        "empty nnx.jit call, donated": lambda: donated(moe, x),
+        "empty nnx.jit call, graph=False": lambda: tree(moe, x),
+        "empty nnx.jit call, graph=False, donated": lambda: tree_donated(moe, x),
+    }
     for f in fns.values():
         jax.block_until_ready(f())
         jax.block_until_ready(f())

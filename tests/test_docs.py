@@ -93,7 +93,7 @@ def test_readme_layout_table_matches_the_tree():
     assert named == rooms, f"README layout table vs the tree: missing {rooms - named}, stale {named - rooms}"
     for path in (p for p in named if p.startswith("tempo_jax/") and p.endswith("/")):  # modules a room row names
         row = next(line for line in table.splitlines() if line.startswith(f"| `{path}` |")).split("|")[2]
-        modules = set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", row)))
+        modules = set(re.findall(r"`([a-z_][a-z0-9_]*)`", re.sub(r"\([^)]*\)", "", row)))
         for module in modules:
             found = (ROOT / path / f"{module}.py").exists() or (ROOT / path / module / "__init__.py").exists()
             assert found, f"README layout: {path} has no module {module!r}"

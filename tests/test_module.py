@@ -163,3 +163,38 @@ def test_aux_free_balancing_evens_out_a_skewed_router():
     bias = np.asarray(runs[0.02].model.blocks[0].moe.score_bias.get_value())
     assert np.abs(bias).max() > 0.02 and not hasattr(runs[0.0].model.blocks[0].moe, "score_bias")
     assert np.isfinite(runs[0.02].losses).all()
+
+
+def test_tree_mode_jit_returns_only_the_changed_state_and_computes_the_same():
+    """`nnx.jit(..., graph=False)` (the recipes' choice): the same outputs, statistics and training steps as flax's
+    graph mode, and a call leaves the weight arrays it did not change in place (graph mode returns and replaces
+    every array of the module: XLA copies them) while the counters it did change are replaced."""
+    D, E = 8, 16
+    cfg = tempo_jax.MoEConfig(hidden=32, ffn=16, experts=E, top_k=2, slots_per_rank=2, dispatch_mode="quota")
+    placement = Placement.from_eplb(np.linspace(8.0, 1.0, E), D * 2, D)
+    mesh = tempo_jax.make_ep_mesh(D)
+    x = jax.random.normal(jax.random.key(0), (D * 8, 32))
+    runs = {}
+    for graph in (True, False):
+        moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+        w, c = moe.w_up.get_value(), moe.counter.get_value()
+        y = nnx.jit(lambda m, x: m(x), graph=graph)(moe, x)
+        assert (moe.w_up.get_value() is w) == (not graph) and moe.counter.get_value() is not c
+        opt = nnx.Optimizer(moe, optax.adam(1e-2), wrt=nnx.Param)
+
+        @nnx.jit(graph=graph)
+        def step(m, o, x):
+            loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(m)
+            o.update(m, grads)
+            return loss
+
+        losses = [float(step(moe, opt, x)) for _ in range(2)]
+        counters = [np.asarray(getattr(moe, k).get_value()) for k in ("counter", "drops", "rounds", "gpu_tokens")]
+        runs[graph] = (np.asarray(y), losses, {k: np.asarray(v) for k, v in moe.params().items()}, counters)
+    (y0, l0, p0, s0), (y1, l1, p1, s1) = runs[True], runs[False]
+    np.testing.assert_array_equal(y0, y1)
+    assert l0 == l1
+    for k in p0:
+        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+    for a, b in zip(s0, s1, strict=True):
+        np.testing.assert_array_equal(a, b)

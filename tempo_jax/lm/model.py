@@ -205,7 +205,7 @@ def train(
     opt = nnx.Optimizer(model, optax.adamw(cfg.lr, weight_decay=0.01), wrt=nnx.Param)
     place_on_mesh(opt, mesh)
 
-    @nnx.jit
+    @nnx.jit(graph=False)  # tree mode: only the state that changed comes back (no copy of the rest)
     def step(model, opt, x, y):
         def loss_fn(m):
             loss = optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()

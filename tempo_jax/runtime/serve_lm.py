@@ -112,8 +112,9 @@ def serve_lm(
         slots_per_rank=-(-cfg.experts // D),
     )
     cost = CostModel.load(cfg.cost_json) if cfg.cost_json else PRESETS[cfg.cost]
-    prefill = nnx.jit(lambda m, tokens: m(tokens))
-    decode = nnx.jit(lambda m, tokens: m(tokens, decode=True))
+    # tree mode: a call returns only the state it changed (counters, statistics), never the weights
+    prefill = nnx.jit(lambda m, tokens: m(tokens), graph=False)
+    decode = nnx.jit(lambda m, tokens: m(tokens, decode=True), graph=False)
     draw = _windows(cfg, T // cfg.seq_len, cfg.seq_len, chunked=True)
     # Step 1: the LM (trained if asked) and each layer's placement from its own load on warm-up batches.
     t0 = time.perf_counter()
