@@ -42,7 +42,7 @@ serve: $(STAMP)
 
 # Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too.
 test: $(STAMP)
-	$(PYTEST) -q -n 2 -m "not slow"
+	$(PYTEST) -q -n 2 -m "not slow" --durations=20
 
 # The fast suite again in the second environment (see VENV above): `make demo VENV=.venv-latest` and the rest alike.
 test-latest:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from tempo_jax.sim.cascade import CascadeConfig, serve_mode, trace_file
-from tempo_jax.sim.cascade.reference_timeline import LAYER_MODES
+from tempo_jax.sim.cascade.vocabulary import LAYER_MODES
 from tempo_jax.sim.runner import run_jobs
 from tempo_jax.text import table
 

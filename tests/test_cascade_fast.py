@@ -11,9 +11,9 @@ import pytest
 from tempo_jax.cli import main
 from tempo_jax.sim.cascade import CascadeConfig, StepModel, cascade_trace, run_cascade, run_cascade_seeds
 from tempo_jax.sim.cascade.attention_truth import attention_truth
-from tempo_jax.sim.cascade.reference_timeline import LAYER_MODES
 from tempo_jax.sim.cascade.serving import StepBatch
 from tempo_jax.sim.cascade.summary import SEED_FIGURES, seed_summary
+from tempo_jax.sim.cascade.vocabulary import LAYER_MODES
 from tempo_jax.sim.runner import bootstrap_ci, run_jobs
 from tempo_jax.workloads.requests import MOONCAKE_SAMPLE_PATH
 

@@ -10,14 +10,9 @@ from hypothesis import strategies as st
 from solvers import LaunchGroup, launch_groups
 from tempo_jax.sim.cascade import CascadeConfig, StepModel, run_cascade, step_batches
 from tempo_jax.sim.cascade.costs import MODELS, prefill_costs
-from tempo_jax.sim.cascade.reference_timeline import (
-    HELPER_STREAM_EFFICIENCY,
-    LAYER_MODES,
-    LayerInputs,
-    layer_timeline,
-    protected_start,
-)
+from tempo_jax.sim.cascade.reference_timeline import LayerInputs, layer_timeline, protected_start
 from tempo_jax.sim.cascade.summary import ablation_rows, layer_example, oewf_rows
+from tempo_jax.sim.cascade.vocabulary import HELPER_STREAM_EFFICIENCY, LAYER_MODES
 
 COSTS = prefill_costs()
 D, E = 8, 256

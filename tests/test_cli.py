@@ -100,6 +100,27 @@ def test_cascade_command_prints_the_mode_table(capsys):
     assert "unknown placement 'random'" in capsys.readouterr().err
 
 
+def test_cascade_report_is_what_the_command_prints_and_writes(tmp_path, capsys):
+    """`cascade_report` (the command's body as a function): two seeds at a fixed rate give the paired difference of
+    the neighbouring modes, the JSON the command writes and the tables it prints; bad modes and seed counts are
+    refused naming them."""
+    from tempo_jax.sim.cascade import CascadeConfig
+    from tempo_jax.sim.cascade.report import MAX_SEEDS, cascade_report
+
+    cfg = CascadeConfig(trace="mooncake_sample", max_requests=40, rate_rps=5.0)
+    report = cascade_report(cfg, ("sync", "cascade"), seeds=2, workers=1, progress=False)
+    assert report.seeds == (0, 1) and report.capacity_rps is None and set(report.paired) == {"sync-cascade"}
+    assert report.payload()["paired_ttft_mean_s"]["sync-cascade"]["n"] == 2
+    out = tmp_path / "c.json"
+    argv = ["cascade", "--trace", "mooncake_sample", "--requests", "40", "--rate", "5", "--modes", "sync,cascade"]
+    assert main([*argv, "--seeds", "2", "--workers", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report.payload()))
+    assert report.tables() in capsys.readouterr().out
+    for modes, seeds, match in ((("sync", "fast"), 1, "unknown mode"), (("sync",), MAX_SEEDS + 1, "outside 1")):
+        with pytest.raises(ValueError, match=match):
+            cascade_report(cfg, modes, seeds=seeds, progress=False)
+
+
 def test_block_options_give_the_benchmarks_one_moe_block(capsys):
     """`block_options`: the MoE-block options bench_ep and bench_cascade share, with their defaults; an unknown
     preset is refused naming the valid ones."""

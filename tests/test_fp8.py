@@ -220,7 +220,10 @@ def test_fp8_config_errors(mesh):
         )
     moe = tempo_jax.MoE(_config(), _placement(4), mesh=mesh, rngs=nnx.Rngs(0))
     bf16 = {k: v.astype(jnp.bfloat16) if k in fp8.SCALE_KEYS else v for k, v in moe.params().items()}
-    with pytest.raises(ValueError, match=r"are bfloat16, this config needs float8_e4m3fn .*fp8\.quantize_params"):
+    with pytest.raises(
+        ValueError,
+        match=r"are bfloat16; the config's expert_dtype 'fp8_block' stores them as float8_e4m3fn: .*quantize_params",
+    ):
         tempo_jax.MoE(_config(), _placement(4), mesh=mesh, params=bf16, rngs=nnx.Rngs(0))
 
 

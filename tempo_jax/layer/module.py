@@ -302,11 +302,15 @@ class MoE(nnx.Module):
         )
         if odd:
             got, need = jnp.result_type(params[odd[0]]), frozen.get(odd[0], want)
+            if odd[0] in frozen:
+                raise ValueError(
+                    f"MoE: params {odd} are {got}; the config's expert_dtype {config.expert_dtype!r} stores them as "
+                    f"{need}: quantize the experts with tempo_jax.layer.fp8.quantize_params(params, fp8_block)"
+                )
             raise ValueError(
-                f"MoE: params {odd} are {got}, this config needs {need} (MoEConfig.dtype {want.name}, expert_dtype "
-                f"{config.expert_dtype!r}): the layer would train them in another precision than it computes; cast "
-                f"them (e.g. jax.tree.map(lambda a: a.astype({want.name}), ...)), set MoEConfig.dtype, or quantize "
-                "with tempo_jax.layer.fp8.quantize_params for FP8 experts"
+                f"MoE: params {odd} are {got}, the config's dtype is {want}: the layer "
+                f"would train them in another precision than it computes; cast them (e.g. "
+                f"jax.tree.map(lambda a: a.astype({want.name}), ...)) or set MoEConfig.dtype"
             )
         self.param_names = tuple(params)  # static: the keys of this config's parameters
         homes = param_shardings(params, mesh, config)

@@ -32,13 +32,15 @@ Per step the model uses (costs derived in `costs`):
 
 Modules (each imports only those above it):
 
+- `vocabulary` (the modes, link models, launch modes and their labels).
 - `costs` (`prefill_costs`: a deployment's compute and transfer costs), `attention_truth` (the true attention model
   and the planners' fits), `serving` (`simulate_prefill`: requests on D attention replicas → steps).
 - `reference_timeline` (`layer_timeline`: one layer, scalar, the reference), `fast_timeline` (`step_timeline`: every
   layer of a step at once, numpy arrays; tested equal).
 - `config` (`CascadeConfig`), `workload` (the trace and each seed's draw), `step_model` (`StepModel`: a step's
   layers), `run` (`run_cascade`, `run_cascade_seeds` → `CascadeRun`), `summary` (the notebook's tables, paired
-  orderings, attribution).
+  orderings, attribution), `report` (`cascade_report`: one experiment at an operating point, its tables and JSON:
+  what `tempo-jax cascade` prints).
 
 numpy + solvers only (no jax).
 """
@@ -46,14 +48,16 @@ numpy + solvers only (no jax).
 from .config import TIMELINES, TRACE_NAMES, CascadeConfig
 from .costs import HARDWARE, MODELS, PrefillCosts, prefill_costs
 from .fast_timeline import step_timeline
-from .reference_timeline import LAUNCHES, LAYER_MODES, LINKS, LayerInputs, LayerResult, layer_timeline
+from .reference_timeline import LayerInputs, LayerResult, layer_timeline
 from .run import CascadeRun, run_cascade, run_cascade_seeds, serve_mode, step_batches
 from .serving import PLACEMENT_POLICIES, PrefillResult, StepBatch, simulate_prefill
 from .step_model import StepModel, StepRecord
+from .vocabulary import LABELS, LAUNCHES, LAYER_MODES, LINKS
 from .workload import cascade_trace, trace_digest, trace_file, workload_draw
 
 __all__ = [
     "HARDWARE",
+    "LABELS",
     "LAUNCHES",
     "LAYER_MODES",
     "LINKS",

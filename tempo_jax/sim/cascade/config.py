@@ -11,8 +11,8 @@ from solvers.checks import check_choice, check_instance, check_int, check_real, 
 
 from .attention_truth import AttentionTruth, attention_truth
 from .costs import HARDWARE, MODELS, PrefillCosts, prefill_costs
-from .reference_timeline import LAUNCHES, LINKS
 from .serving import PLACEMENT_POLICIES
+from .vocabulary import LAUNCHES, LINKS
 
 __all__ = ["TIMELINES", "TRACE_NAMES", "CascadeConfig"]
 

@@ -26,7 +26,7 @@ from solvers.checks import check_choice
 from solvers.streamffn import partition_ends
 
 from .costs import PrefillCosts
-from .reference_timeline import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
+from .vocabulary import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 
 __all__ = ["StepInputs", "StepTimes", "step_timeline", "top_shares"]
 

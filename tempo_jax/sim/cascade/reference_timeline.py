@@ -96,13 +96,9 @@ from solvers.checks import check_array, check_choice
 from solvers.streamffn import partition_sources, run_partition
 
 from .costs import PrefillCosts
+from .vocabulary import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 
 __all__ = [
-    "HELPER_STREAM_EFFICIENCY",
-    "LAUNCHES",
-    "LAYER_MODES",
-    "LINKS",
-    "MODE_POLICIES",
     "LayerInputs",
     "LayerResult",
     "SideKernel",
@@ -110,23 +106,6 @@ __all__ = [
     "layer_timeline",
     "protected_start",
 ]
-
-LAYER_MODES = ("sync", "async", "async_sf", "cascade")
-#: Link models (see the module doc).
-LINKS = ("contention", "fifo", "paper")
-#: Launch modes (see the module doc).
-LAUNCHES = ("reactive", "planned", "layer")
-#: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
-#: matched-work FFN throughput): the helper's reassigned kernel lasts F(N_trans) / this under ``links="contention"``.
-HELPER_STREAM_EFFICIENCY = 0.973
-#: Launch policies a rank may pick in each mode: the mode's own rule last (guard=False keeps only that one; the fast
-#: timeline runs that one: ``MODE_POLICIES[mode][-1]``).
-MODE_POLICIES = {
-    "sync": ("sync",),
-    "async": ("sync", "async"),
-    "async_sf": ("sync", "async", "stream"),
-    "cascade": ("sync", "async", "stream"),
-}
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

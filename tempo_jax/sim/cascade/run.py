@@ -14,9 +14,9 @@ from solvers.checks import check_choice, check_int, check_real
 
 from ..runner import CACHE_DIR, cached, run_jobs
 from .config import CascadeConfig
-from .reference_timeline import LAYER_MODES
 from .serving import PrefillResult, StepBatch, simulate_prefill
 from .step_model import StepModel, StepRecord
+from .vocabulary import LAYER_MODES
 from .workload import cascade_trace, trace_digest
 
 __all__ = ["CascadeRun", "run_cascade", "run_cascade_seeds", "serve_mode", "step_batches"]

@@ -15,8 +15,9 @@ from tempo_jax.workloads import load_trace, zipf_popularity
 from .config import CascadeConfig
 from .costs import MODELS
 from .fast_timeline import StepInputs, step_timeline, top_shares
-from .reference_timeline import LAYER_MODES, LayerInputs, layer_timeline
+from .reference_timeline import LayerInputs, layer_timeline
 from .serving import StepBatch
+from .vocabulary import LAYER_MODES
 from .workload import workload_draw
 
 __all__ = ["StepModel", "StepRecord"]

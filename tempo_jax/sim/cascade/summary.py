@@ -11,14 +11,14 @@ import numpy as np
 
 from ..runner import bootstrap_ci
 from .config import CascadeConfig
-from .reference_timeline import LAYER_MODES, LayerInputs, LayerResult, layer_timeline
+from .reference_timeline import LayerInputs, LayerResult, layer_timeline
 from .run import CascadeRun, run_cascade, run_cascade_seeds, step_batches
 from .step_model import StepModel
+from .vocabulary import LABELS, LAYER_MODES
 from .workload import cascade_trace
 
 __all__ = [
     "ATTRIBUTION",
-    "LABELS",
     "PAPER",
     "SEED_FIGURES",
     "ablation_rows",
@@ -121,7 +121,6 @@ def paired_difference(a, b, *, alpha: float = 0.05) -> dict:
     }
 
 
-LABELS = {"sync": "Sync", "async": "Async", "async_sf": "Async+SF", "cascade": "CascadeEP"}
 #: The paper's numbers this module's rows are compared with.
 PAPER = {
     "throughput_ktok_s": {"sync": 247.2, "async": 255.5, "async_sf": 275.1, "cascade": 288.2},
