@@ -14,38 +14,27 @@ import optax
 import pytest
 from flax import nnx
 from numeric import assert_close
+from safetensors.numpy import save_file
 from test_copies import _layer
 from test_copies import skewed_layer as skewed_layer  # the fixture
+from test_expert_parallel import E, F, H, _placement, _x
+from test_expert_parallel import mesh as mesh  # the fixture: the same 8-rank layer case
 from test_hf_import import ROOT, _fixture, _fp8_checkpoint, _rel
 
 import tempo_jax
 from solvers import Placement
 from tempo_jax.hf import load_moe_layers, save_moe_layers
-from tempo_jax.layer import MoEConfig, fp8, make_ep_mesh, make_mesh, moe_forward, moe_reference, to_logical
+from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.hf.quant import dequant_fp8
 from tempo_jax.layer.module import FrozenExpert
 
-D, E, H, F = 8, 12, 32, 16
 BLOCK = (8, 16)  # HF order: 8 output rows × 16 input columns per scale
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return make_ep_mesh(D)
-
-
-def _placement(seed: int) -> Placement:
-    return Placement.from_eplb(np.random.default_rng(seed).random(E) * 100 + 1, 2 * D, D)  # 4 experts replicated
 
 
 def _config(**kw) -> MoEConfig:
     base = dict(hidden=H, ffn=F, experts=E, top_k=2, slots_per_rank=2, dtype=jnp.bfloat16, dispatch_mode="quota")
     return MoEConfig(**{**base, "expert_dtype": "fp8_block", "fp8_block": BLOCK, **kw})
-
-
-def _x(seed: int = 2):
-    return jax.random.normal(jax.random.key(seed), (D * 16, H))
 
 
 # ------------------------------------------------------------------------------------------------ the format
@@ -265,6 +254,10 @@ def test_a_deepseek_fp8_checkpoint_is_served_as_stored_and_exported_bit_for_bit(
         np.testing.assert_array_equal(_bits(v), _bits(logical[k]), err_msg=k)
     with pytest.raises(ValueError, match=r"in 4×8 blocks .* but MoEConfig.fp8_block is \(8, 8\)"):
         load_moe_layers(ckpt, layers=[layer], expert_dtype="fp8_block", fp8_block=(8, 8))
+    e5m2 = {k: v.astype(ml_dtypes.float8_e5m2) if v.dtype == ml_dtypes.float8_e4m3fn else v for k, v in tensors.items()}
+    save_file(e5m2, str(ckpt / "model.safetensors"))  # another FP8 format: refused as stored, never converted quietly
+    with pytest.raises(ValueError, match=r"stored as \['float8_e5m2'\]; FP8 experts keep e4m3"):
+        load_moe_layers(ckpt, layers=[layer], expert_dtype="fp8_block")
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe", "mixtral", "qwen3_moe"])

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from numeric import assert_close
 
 import tempo_jax
 from solvers import PRESETS, Placement
@@ -191,10 +192,10 @@ def test_tree_mode_jit_returns_only_the_changed_state_and_computes_the_same():
         losses = [float(step(moe, opt, x)) for _ in range(2)]
         counters = [np.asarray(getattr(moe, k).get_value()) for k in ("counter", "drops", "rounds", "gpu_tokens")]
         runs[graph] = (np.asarray(y), losses, {k: np.asarray(v) for k, v in moe.params().items()}, counters)
-    (y0, l0, p0, s0), (y1, l1, p1, s1) = runs[True], runs[False]
-    np.testing.assert_array_equal(y0, y1)
-    assert l0 == l1
+    (y0, l0, p0, s0), (y1, l1, p1, s1) = runs[True], runs[False]  # two programs: the dtype's tolerance
+    assert_close(y1, y0)
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
     for k in p0:
-        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+        assert_close(p1[k], p0[k])
     for a, b in zip(s0, s1, strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, b)  # integer counters: where the pairs went

@@ -249,6 +249,12 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
 def _stored_fp8(cfg: MoEConfig, src: TensorSource, name: str, keys: list[str], stacked) -> None:
     """Readers of one FP8 expert weight kept as stored: its ``[out, in]`` values and ``*_scale_inv`` grid, both
     transposed to the layer's ``[in, out]``."""
+    stored = {src.dtype(k) for k in keys}
+    if stored != {"float8_e4m3fn"}:
+        raise ValueError(
+            f"moe_from_hf: {keys[0]!r} is stored as {sorted(stored)}; FP8 experts keep e4m3 (DeepSeek's format) as "
+            "stored: load without expert_dtype='fp8_block' to dequantize it"
+        )
     if tuple(src.block) != tuple(cfg.fp8_block):
         raise ValueError(
             f"moe_from_hf: the checkpoint's FP8 experts are in {src.block[0]}×{src.block[1]} blocks "
