@@ -18,7 +18,13 @@ groups and the rank-uniform `LaunchSchedule`), `oewf` (Algorithm 1 and the Eq. 6
 """
 
 from . import oewf as _oewf
-from .attention import AttentionFitReport, AttentionModel, attention_features, fit_attention
+from .attention import (
+    AttentionFitReport,
+    AttentionModel,
+    attention_features,
+    attention_features_unchecked,
+    fit_attention,
+)
 from .bounds import certified_lower_bound
 from .copies import CopyCost, CopyPlan, copies_milp, plan_copies
 from .copy_baselines import TokenPlan, equalise_rows, least_loaded
@@ -80,6 +86,7 @@ __all__ = [
     "AttentionFitReport",
     "AttentionModel",
     "attention_features",
+    "attention_features_unchecked",
     "fit_attention",
     "DEFAULT_TOKEN_LADDER",
     "ThroughputCurve",

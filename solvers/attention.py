@@ -24,7 +24,13 @@ import numpy as np
 
 from .checks import check_array
 
-__all__ = ["AttentionFitReport", "AttentionModel", "attention_features", "fit_attention"]
+__all__ = [
+    "AttentionFitReport",
+    "AttentionModel",
+    "attention_features",
+    "attention_features_unchecked",
+    "fit_attention",
+]
 
 # Features are summed in int64; refuse inputs whose pair count could leave the exactly representable range.
 _INT64_SAFE = float(2**62)
@@ -124,6 +130,20 @@ def attention_features(input_len, prefix_len, key_budget=None, batch=None, *, nu
     Pi_out = np.zeros(nb, dtype=np.int64)
     np.add.at(Q_out, b, q)
     np.add.at(Pi_out, b, pi)
+    return Q_out, Pi_out
+
+
+def attention_features_unchecked(
+    input_len: np.ndarray, prefix_len: np.ndarray, key_budget: int | None, batch: np.ndarray, num_batches: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`attention_features` without input checks (simulators' inner loops): int64 ``input_len`` / ``prefix_len``
+    ``[n]`` with 0 ≤ P ≤ I, ``key_budget`` None or a whole number ≥ 1, ``batch [n]`` in ``[0, num_batches)``.
+    Returns ``(Q, Pi)`` int64 ``[num_batches]``, the same integers."""
+    k = None if key_budget is None else np.minimum(key_budget, input_len).astype(np.int64)
+    q = input_len - prefix_len
+    Q_out, Pi_out = np.zeros(num_batches, dtype=np.int64), np.zeros(num_batches, dtype=np.int64)
+    np.add.at(Q_out, batch, q)
+    np.add.at(Pi_out, batch, _pair_count(q, prefix_len, k))
     return Q_out, Pi_out
 
 

@@ -16,6 +16,7 @@ from solvers import (
     ThroughputCurve,
     admit,
     attention_features,
+    attention_features_unchecked,
     fit_attention,
     launch_groups,
     oewf_plan,
@@ -58,6 +59,18 @@ def test_pair_count_matches_brute_force(req):
     assert Q == sum(I) - sum(P)
     assert Pi == brute_pairs(I, P, k)
     assert isinstance(Q, np.int64) and isinstance(Pi, np.int64)
+
+
+@given(requests(), st.sampled_from([None, 1, 3, 7]), st.integers(1, 4))
+def test_unchecked_features_are_the_checked_ones(req, budget, num_batches):
+    """The simulators' unchecked path gives the same integers per batch (dense or one budget for all)."""
+    I, P, _, _ = req
+    batch = np.arange(len(I)) % num_batches
+    want = attention_features(I, P, key_budget=budget, batch=batch, num_batches=num_batches)
+    got = attention_features_unchecked(np.asarray(I), np.asarray(P), budget, batch, num_batches)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == np.int64
 
 
 def test_pair_count_cases_and_batches():

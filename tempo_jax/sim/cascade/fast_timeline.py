@@ -126,10 +126,11 @@ def _take(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return a[np.arange(a.shape[0]), idx]
 
 
-def _gather(a: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """``a[l, order[l, j, d], d]`` for ``a [L, N, D]``, ``order [L, M, D]`` (take_along_axis on axis 1)."""
-    L, _, D = a.shape
-    return a[np.arange(L)[:, None, None], order, np.arange(D)[None, None, :]]
+def _along(order: np.ndarray, n: int) -> np.ndarray:
+    """Flat indices into an ``[L, n, D]`` array of ``a[l, order[l, j, d], d]`` for ``order [L, M, D]`` (one
+    `np.take` per array gathered with the same order: take_along_axis on axis 1 at a fraction of its cost)."""
+    L, _, D = order.shape
+    return order * D + (np.arange(L) * (n * D))[:, None, None] + np.arange(D)
 
 
 def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, candidates):
@@ -161,8 +162,8 @@ def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, candidates):
     # Step 3: Eq. 6 (paper pricing) with weights ready bytes / fetch bandwidth after t.
     s_h = nbytes / costs.hardware.fetch_bytes_per_us
     rem_d, left_d = rem[rows, d], left[rows, d]
-    donor_after = np.maximum(rem_d + left_d + _ffn(costs, n_hat[rows, d] - n_trans), floor[rows, d])
-    work = _ffn(costs, n_trans)
+    kept, work = _ffn(costs, np.stack([n_hat[rows, d] - n_trans, n_trans]))  # the donor's kernel, the helper's
+    donor_after = np.maximum(rem_d + left_d + kept, floor[rows, d])
     T_d, T_h = T[rows, d], T[rows, h]
     helper_after = np.maximum(T_h, s_h + work)
     ok &= (s_h < rem_d + left_d) & (np.maximum(donor_after, helper_after) <= np.maximum(T_d, T_h))
@@ -222,7 +223,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
     n_hat, floor_abs = inp.tokens_est.astype(np.float64).copy(), np.zeros((L, D))
     last = inp.attention_est_us.max(axis=1)
     rounds = []
-    for _ in range(D):
+    for _ in range(D if run_oewf.any() else 0):  # without OEWF no port is taken early: each starts at once
         tentative = np.where(pending, np.maximum(a, free) + dur, np.inf)
         h = np.argmin(tentative, axis=1)
         start[rows, h] = np.maximum(a[rows, h], free[rows, h])
@@ -251,6 +252,9 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         free[rows[ok & before], d[ok & before]] = free_new[ok & before]
         after[rows[ok], d[ok]] = after_new[ok]
         rounds.append((ok, h, d, n, s0, s1, send_end, nbytes))
+    if not rounds:
+        start = np.maximum(a, free)
+        ready = start + dur
     fetch_us, fetch_send = np.zeros((L, D)), np.zeros((L, D))
     for ok, h, _, _, _, _, send_end, nbytes in rounds:
         fetch_us[rows[ok], h[ok]] = nbytes[ok] / bw
@@ -270,50 +274,70 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
     )
 
 
-def _receive(costs, net: _Net, combines) -> _Net:
+def _receive(costs, net: _Net, combines=None) -> _Net:
     """`reference_timeline._receive`, all layers at once: each receive port d serves one FIFO by issue time over the
     dispatch chunks into d, its FIFO fetch and the combine chunks into it (``combines``: ``(issued, sent by, port
-    µs)`` ``[L, sender, receiver]``, port µs 0 where none); a protected fetch fills the idle time between them."""
+    µs)`` ``[L, sender, receiver]``, port µs 0 where none; None: no combine yet); a protected fetch fills the idle
+    time between them."""
     lat = costs.hardware.link_latency_us
     ready = net.ready
     L, D = ready.shape
     rows = np.arange(L)
-    c_iss, c_sent, c_occ = combines
-    # Step 1: the port's items [L, 2D + 1, d]: dispatch chunks (by source), the fetch, combines (by sender).
-    issued = np.concatenate([np.broadcast_to(net.start[:, :, None], (L, D, D)), ready[:, None, :], c_iss], axis=1)
-    occ = np.concatenate([net.chunk_us, (0.0 if net.protected else 1.0) * net.fetch_us[:, None, :], c_occ], axis=1)
-    sent = np.concatenate([np.zeros((L, D + 1, D)), c_sent], axis=1)
+    # Step 1: the port's items [L, n, d]: dispatch chunks (by source), the fetch, combines (by sender).
+    issued = [np.broadcast_to(net.start[:, :, None], (L, D, D)), ready[:, None, :]]
+    occ = [net.chunk_us, (0.0 if net.protected else 1.0) * net.fetch_us[:, None, :]]
+    sent = [np.zeros((L, D + 1, D))]
+    if combines is not None:
+        for parts, c in zip((issued, sent, occ), combines, strict=True):
+            parts.append(c)
+    issued, occ, sent = (np.concatenate(parts, axis=1) for parts in (issued, occ, sent))
+    n = issued.shape[1]
     valid = occ > 0
     order = np.argsort(np.where(valid, issued, np.inf), axis=1, kind="stable")
-    iss_s, occ_s, ok_s, sent_s = (_gather(x, order) for x in (issued, occ, valid, sent))
-    # Step 2: serve them in order (the valid ones sort first: as many steps as the busiest port has transfers); a
-    # protected fetch runs from its instant in the idle time between them.
+    at = _along(order, n)
+    iss_s, occ_s, ok_s, sent_s = (np.take(x, at) for x in (np.where(valid, issued, -np.inf), occ, valid, sent))
+    # Step 2: serve them in order (the valid ones sort first: as many steps as the busiest port has transfers; an
+    # invalid item, issued at -inf for 0 µs, leaves the port as it is).
     port = np.zeros((L, D))
-    ends_s = np.zeros((L, 2 * D + 1, D))
-    got = np.zeros((L, D))
-    cur, left, fetched = ready.copy(), net.fetch_us.copy(), np.full((L, D), np.nan)
-    filling = net.protected and bool(net.fetch_us.any())
-    is_combine = order > D
+    ends_s = np.zeros((L, n, D))
     for j in range(int(valid.sum(axis=1).max(initial=0))):
-        ok = ok_s[:, j]
-        s_j = np.maximum(iss_s[:, j], port)
-        new = s_j + occ_s[:, j]
-        if filling:
-            fits = ok & np.isnan(fetched) & (new > cur) & (s_j > cur) & (left <= s_j - cur)
-            fetched = np.where(fits, cur + left, fetched)
-            spent = ok & np.isnan(fetched) & (new > cur)
-            left = np.where(spent, left - np.maximum(s_j - cur, 0.0), left)
-            cur = np.where(spent, new, cur)
-        port = np.where(ok, new, port)
-        ends_s[:, j] = np.where(ok, new, 0.0)
-        got = np.where(ok & is_combine[:, j], np.maximum(got, np.maximum(sent_s[:, j], new) + lat), got)
-    ends = np.zeros((L, 2 * D + 1, D))
-    ends[rows[:, None, None], order, np.arange(D)[None, None, :]] = ends_s
+        port = np.maximum(iss_s[:, j], port) + occ_s[:, j]
+        ends_s[:, j] = port
+    # Step 3: a protected fetch runs from its instant in the idle time between them.
+    if net.protected:
+        received = _idle_fill(ready, net.fetch_us, iss_s, ends_s, ok_s) if net.fetch_us.any() else ready.copy()
+    ends_s = np.where(ok_s, ends_s, 0.0)
+    back = ok_s & (order > D)  # the combines served: each is back one latency after it left
+    got = np.max(np.where(back, np.maximum(sent_s, ends_s) + lat, 0.0), axis=1)
+    ends = np.zeros((L, n, D))
+    np.put(ends, at, ends_s)
     arrival = np.where(valid[:, :D, :], np.maximum(ready[:, :, None], ends[:, :D, :] + lat), ready[:, :, None])
-    received = np.where(np.isnan(fetched), cur + left, fetched) if net.protected else ends[:, D, :]
+    if not net.protected:
+        received = ends[:, D, :]
     delivered = np.maximum(received, net.fetch_send) + lat  # [L, helper]
     moves = [(ok, h, d, n, s0, s1, delivered[rows, h]) for ok, h, d, n, s0, s1 in net.rounds]
     return dataclasses.replace(net, arrival=arrival, moves=moves, got=got)
+
+
+def _idle_fill(start, left, issued, ends, ok):
+    """When each protected fetch of ``left [L, d]`` µs, free to start at ``start [L, d]``, has been received in
+    the idle time of its receive port d, whose items in serving order were issued at ``issued`` and ended at
+    ``ends`` ``[L, item, d]`` (``ok``: real items, a prefix). Each idle gap from ``start`` on is spent in turn (the
+    fetch ``left`` shrinking by it) until one holds what is left; past the last item the fetch runs on.
+    Returns ``[L, d]``, the floats of the item-by-item loop of `reference_timeline._receive`."""
+    L, _, D = ends.shape
+    before = np.concatenate([np.zeros((L, 1, D)), ends[:, :-1]], axis=1)  # the port's end before each item
+    began = np.maximum(issued, before)
+    rel = ok & (ends > start[:, None, :])  # the items that end after the fetch could start (a suffix of the prefix)
+    cur = np.maximum(start[:, None, :], before)  # where the fetch stands when each relevant item comes
+    gap = began - cur
+    spent = np.where(rel, np.maximum(gap, 0.0), 0.0)
+    remaining = np.subtract.accumulate(np.concatenate([left[:, None, :], spent], axis=1), axis=1)  # in turn
+    fits = rel & (gap > 0) & (remaining[:, :-1] <= gap)
+    first = np.argmax(fits, axis=1)[:, None, :]
+    fitted = np.take_along_axis(cur + remaining[:, :-1], first, axis=1)[:, 0]
+    last = np.where(rel.any(axis=1), np.where(rel, ends, -np.inf).max(axis=1), start)
+    return np.where(fits.any(axis=1), fitted, last + remaining[:, -1])
 
 
 def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -322,17 +346,23 @@ def _partition_ends(part_arrival, part_tokens, rule: str, theta: float) -> tuple
     return partition_ends(np.swapaxes(part_arrival, 1, 2), np.swapaxes(part_tokens, 1, 2), rule, theta)
 
 
+def _gathered(x: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``x [L, d, pos]`` summed over each launch group up to each position (from 0 after each group's end)."""
+    out, acc = np.empty(x.shape), np.zeros(x.shape[:2])
+    for j in range(x.shape[2]):
+        acc = acc + x[:, :, j]
+        out[:, :, j] = acc
+        acc = np.where(ends[:, :, j], 0.0, acc)
+    return out
+
+
 def _own_kernels(costs, arr, tk, ends, gpu):
     """Every rank's own kernels, launch groups back to back from ``gpu [L, D]`` (its dispatch left): arrivals
     ``arr`` and tokens ``tk [L, d, pos]`` in each destination's arrival order, group ends ``ends [L, d, pos]``.
     Returns ``(launched, start, end, tokens)`` ``[L, d, pos]``, set at the position that closes each group."""
     L, D, _ = tk.shape
-    start, end, tokens = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
-    acc = np.zeros((L, D))
-    for j in range(D):  # the tokens gathered up to each position (the kernels' sizes do not depend on time)
-        acc = acc + tk[:, :, j]
-        tokens[:, :, j] = acc
-        acc = np.where(ends[:, :, j], 0.0, acc)
+    start, end = np.zeros((L, D, D)), np.zeros((L, D, D))
+    tokens = _gathered(tk, ends)  # the kernels' sizes do not depend on time
     launched = ends & (tokens > 0)
     duration = _ffn(costs, tokens)
     rdy = np.full((L, D), -np.inf)
@@ -359,9 +389,10 @@ def _protected_start(launched, start, end, ready, duration):
     return s0, s0 + duration <= nxt
 
 
-def _in_order(a, order):
-    """``a [L, s, d]`` → ``[L, d, pos]``: destination d's sources in its arrival ``order [L, d, pos]``."""
-    return np.swapaxes(_gather(a, np.swapaxes(order, 1, 2)), 1, 2)
+def _in_order_index(order: np.ndarray) -> np.ndarray:
+    """Flat indices into an ``[L, s, d]`` array of destination d's sources in its arrival ``order [L, d, pos]``."""
+    L, D, _ = order.shape
+    return order * D + (np.arange(L) * (D * D))[:, None, None] + np.arange(D)[None, :, None]
 
 
 def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
@@ -378,7 +409,8 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
         est_ready = inp.attention_est_us + inp.dispatch_us
         est = inp.sent_est if launch == "planned" else np.repeat(inp.sent_est.sum(axis=2, keepdims=True) / D, D, axis=2)
         order, ends = _partition_ends(np.repeat(est_ready[:, :, None], D, axis=2), est, rule, theta)
-    arr = _in_order(net.arrival, order)  # [L, d, pos]: arrival of the source at position pos of d's order
+    at = _in_order_index(order)  # [L, d, pos] → [L, s, d]: the source at position pos of d's order
+    arr = np.take(net.arrival, at)  # [L, d, pos]
     # Step 2: the moves that commit, round by round in decision order (`reference_timeline._timeline`, step 1).
     tok = inp.sent.copy()
     side_end = np.full((L, D), -np.inf)
@@ -396,9 +428,7 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
             r = rows[run]
             if r.size:
                 hr = h[run]
-                launched, k0, k1, _ = _own_kernels(
-                    costs, arr[r], _in_order(tok[r], order[r]), ends[r], net.ready[r].copy()
-                )
+                launched, k0, k1, _ = _own_kernels(costs, arr[r], np.take(tok, at[r]), ends[r], net.ready[r].copy())
                 duration = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
                 i = np.arange(r.size)
                 s0, fits = _protected_start(launched[i, hr], k0[i, hr], k1[i, hr], delivered[run], duration)
@@ -408,37 +438,31 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
                 side_end[r, hr] = s0 + duration
             dropped += ok & ~run
     # Step 3: own kernels back to back on the final tokens; their combines; the helpers' side kernels.
-    tk = _in_order(tok, order)
+    tk = np.take(tok, at)
     is_own = order == np.arange(D)[None, :, None]
     launched, k0s, k1s, accs = _own_kernels(costs, arr, tk, ends, net.ready.copy())
-    own_tk = np.where(is_own, tk, 0.0)
-    done = net.ready.copy()
-    port = net.send_free.copy()
-    own = np.zeros((L, D))
-    member = np.zeros((L, D, D), dtype=bool)  # [L, d, pos] in the group being gathered
-    left_at, sent_by = np.zeros((L, D, D)), np.zeros((L, D, D))  # [L, d, pos] its combine on d's send port
-    kernel_us = np.zeros(L)
-    for j in range(D):
-        own = own + own_tk[:, :, j]
-        launch_now, k1, acc = launched[:, :, j], k1s[:, :, j], accs[:, :, j]
-        kernel_us += np.where(launch_now, k1 - k0s[:, :, j], 0.0).sum(axis=1)
-        remote = acc - own
-        member[:, :, j] = True
-        if links == "paper":
-            out = k1 + np.where(remote > 0, lat + remote * cpp / bw, 0.0)
-        else:
-            sent_start = np.maximum(k1, port)
-            sent_end = sent_start + remote * cpp / bw
-            sending = launch_now & (remote > 0)
-            port = np.where(sending, sent_end, port)
-            out = np.where(remote > 0, sent_end + lat, k1)
-            mark = member & sending[:, :, None]
-            left_at = np.where(mark, sent_start[:, :, None], left_at)
-            sent_by = np.where(mark, sent_end[:, :, None], sent_by)
-        done = np.where(launch_now, np.maximum(done, out), done)
-        reset = ends[:, :, j]
-        own = np.where(reset, 0.0, own)
-        member &= ~reset[:, :, None]
+    remote = accs - _gathered(np.where(is_own, tk, 0.0), ends)  # each kernel's tokens from other ranks
+    per_pos = np.ascontiguousarray(np.swapaxes(np.where(launched, k1s - k0s, 0.0), 1, 2)).sum(axis=2)  # [L, pos]
+    kernel_us = np.cumsum(per_pos, axis=1)[:, -1]  # position by position, as the reference adds them
+    back_us = remote * cpp / bw
+    if links == "paper":
+        out = k1s + np.where(remote > 0, lat + back_us, 0.0)
+        left_at = sent_by = np.zeros((L, D, D))
+    else:  # each kernel's combine waits for d's send port; the group's members' combines leave with it
+        sending = launched & (remote > 0)
+        sent_start, sent_end, port = np.empty((L, D, D)), np.empty((L, D, D)), net.send_free.copy()
+        for j in range(D):
+            sent_start[:, :, j] = np.maximum(k1s[:, :, j], port)
+            sent_end[:, :, j] = sent_start[:, :, j] + back_us[:, :, j]
+            port = np.where(sending[:, :, j], sent_end[:, :, j], port)
+        out = np.where(remote > 0, sent_end + lat, k1s)
+        closing = np.minimum.accumulate(np.where(ends, np.arange(D), D)[:, :, ::-1], axis=2)[:, :, ::-1]
+        member = closing < D  # [L, d, pos] closed by a later (or its own) group end
+        at_close = np.minimum(closing, D - 1) + (np.arange(L * D) * D).reshape(L, D, 1)
+        mark = member & np.take(sending, at_close)
+        left_at = np.where(mark, np.take(sent_start, at_close), 0.0)
+        sent_by = np.where(mark, np.take(sent_end, at_close), 0.0)
+    done = np.maximum(net.ready, np.where(launched, out, -np.inf).max(axis=2))
     done = np.maximum(done, side_end)
     combines = _combines(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk))
     return done, kernel_us, moves, dropped, moved, combines
@@ -448,10 +472,11 @@ def _combines(costs, order, left_at, sent_by, remote_tokens):
     """The combine chunks ``(issued, sent by, receive-port µs)`` ``[L, sender d, receiver s]`` from ``[L, d, pos]``
     arrays (``order`` maps positions to sources); all 0 where d sends s nothing."""
     L, D, _ = order.shape
-    li, di = np.arange(L)[:, None, None], np.arange(D)[None, :, None]
+    at = order + (np.arange(L * D) * D).reshape(L, D, 1)  # flat [L, d, s]
     issued, sent, occ = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
-    occ[li, di, order] = remote_tokens * costs.combine_bytes_per_pair / costs.hardware.link_bytes_per_us
-    issued[li, di, order], sent[li, di, order] = left_at, sent_by
+    np.put(occ, at, remote_tokens * costs.combine_bytes_per_pair / costs.hardware.link_bytes_per_us)
+    np.put(issued, at, left_at)
+    np.put(sent, at, sent_by)
     valid = occ > 0
     return np.where(valid, issued, 0.0), np.where(valid, sent, 0.0), occ
 
@@ -474,7 +499,7 @@ def _settle(costs, inputs: StepInputs, sent: _Net, how: tuple) -> tuple:
     L, D = inputs.attention_us.shape
     out = (np.zeros((L, D)), np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L))
     live = np.arange(L)  # the layers still moving
-    net = _receive(costs, sent, (np.zeros((L, D, D)),) * 3)
+    net = _receive(costs, sent)
     for _ in range(2 * D * D + 2):
         done, *rest, combines = _ranks(costs, inputs, net, *how)
         nxt = _receive(costs, sent, combines)
@@ -513,39 +538,50 @@ def step_timeline(
     theta = float(costs.threshold)
     rule = MODE_POLICIES[mode][-1]
 
-    def timeline(run_oewf):
-        """(ready [L, D], (done, kernel_us, moves, dropped, moved)) with or without OEWF."""
-        with_moves = bool(run_oewf.any())
+    def net_of(run_oewf):
+        """The links' `_Net`: the dispatches (and, where ``run_oewf [L]``, the helpers' decisions and fetches)."""
         if links == "paper":
-            net = _paper_net(costs, inputs, run_oewf)
-            return net.ready, _ranks(costs, inputs, net, rule, links, launch, theta, with_moves)[:5]
-        sent = _contended_net(costs, inputs, run_oewf, protected=links == "contention")
-        return sent.ready, _settle(costs, inputs, sent, (rule, links, launch, theta, with_moves))
+            return _paper_net(costs, inputs, run_oewf)
+        return _contended_net(costs, inputs, run_oewf, protected=links == "contention")
+
+    def ranks(inp, net, with_moves):
+        """(done [L', D], kernel_us, moves, dropped, moved [L']) of the layers of ``inp`` / ``net``."""
+        if links == "paper":
+            return _ranks(costs, inp, net, rule, links, launch, theta, with_moves)[:5]
+        return _settle(costs, inp, net, (rule, links, launch, theta, with_moves))
 
     # Step 1: without OEWF (every mode; the base of cascade).
-    base_ready, (done, kernel_us, *_) = timeline(np.zeros(L, dtype=bool))
+    base_net = net_of(np.zeros(L, dtype=bool))
+    done, kernel_us, *_ = ranks(inputs, base_net, False)
     base = done.max(axis=1)
-    zeros = np.zeros(L)
-    if mode != "cascade" or not inputs.oewf.any():
-        return StepTimes(
-            end_us=base,
-            base_us=base,
-            ready_us=base_ready,
-            moves=zeros,
-            dropped=zeros,
-            moved_tokens=zeros,
-            kernel_us=kernel_us,
-        )
-    # Step 2: with OEWF where it runs.
-    ready, (done, kernel_us2, moves, dropped, moved) = timeline(inputs.oewf.astype(bool))
-    end = np.where(inputs.oewf, done.max(axis=1), base)
-    ready = np.where(inputs.oewf[:, None], ready, base_ready)
-    return StepTimes(
-        end_us=end,
+    times = StepTimes(
+        end_us=base.copy(),
         base_us=base,
-        ready_us=ready,
-        moves=moves,
-        dropped=dropped,
-        moved_tokens=moved,
-        kernel_us=np.where(inputs.oewf, kernel_us2, kernel_us),
+        ready_us=base_net.ready.copy(),
+        moves=np.zeros(L),
+        dropped=np.zeros(L),
+        moved_tokens=np.zeros(L),
+        kernel_us=kernel_us,
     )
+    if mode != "cascade" or not inputs.oewf.any():
+        return times
+    # Step 2: with OEWF where it runs. A layer where no helper takes work runs as its base (the layers' rows never
+    # mix), so only the layers with a move run again.
+    net = net_of(inputs.oewf.astype(bool))
+    taken = np.zeros(L, dtype=bool)
+    for ok, *_ in net.moves if links == "paper" else net.rounds:
+        taken |= ok
+    rows = np.flatnonzero(taken)
+    if not rows.size:
+        return times
+    done, kernel_moved, moves, dropped, moved = ranks(_rows(inputs, rows), _rows(net, rows), True)
+    for out, value in (
+        (times.end_us, done.max(axis=1)),
+        (times.ready_us, net.ready[rows]),
+        (times.moves, moves),
+        (times.dropped, dropped),
+        (times.moved_tokens, moved),
+        (times.kernel_us, kernel_moved),
+    ):
+        out[rows] = value
+    return times

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from solvers import Placement, attention_features, slots_for, solve
+from solvers import Placement, attention_features_unchecked, slots_for, solve
 from solvers.checks import check_choice
 from tempo_jax.workloads import load_trace, zipf_popularity
 
@@ -151,9 +151,7 @@ class StepModel:
         m = np.array([b.num_chunks for b in batches], dtype=np.float64)
         P = np.concatenate([b.P for b in batches])
         I = P + np.concatenate([b.q for b in batches])
-        Q, Pi = attention_features(
-            I, P, self.key_budget, batch=np.repeat(np.arange(D), m.astype(np.int64)), num_batches=D
-        )
+        Q, Pi = attention_features_unchecked(I, P, self.key_budget, np.repeat(np.arange(D), m.astype(np.int64)), D)
         Q, Pi = Q.astype(np.float64), Pi.astype(np.float64)
         idle = Q == 0
         mean = self.truth.mean_us(Q, Pi, m)[self.layer_class]  # [L, D]
