@@ -5,9 +5,16 @@ The suite's time is mostly XLA:CPU compiling small programs; level 0 skips LLVM'
 passes, and so the collectives the tests inspect, are the same) and cuts the time of a compile-bound test file by
 about 30%. Outputs of the tested programs agree with the optimised build to the dtype's tolerance (tests/numeric.py),
 as outputs of any two programs must. Subprocesses the tests start inherit both flags.
+
+Compiled programs are shared across the tests of one run: JAX's persistent compilation cache in a directory made
+for the run (the xdist workers and the subprocesses the tests start inherit it through the environment), removed
+when the run ends. Many tests build the same layer on the same shapes in new closures; the cache (keyed by the
+program, the compile options and the jax version) compiles each once per run. Every run starts cold.
 """
 
 import os
+import shutil
+import tempfile
 
 _FLAGS = os.environ.get("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count=8" not in _FLAGS:
@@ -16,6 +23,12 @@ if "--xla_backend_optimization_level" not in _FLAGS:
     _FLAGS += " --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = _FLAGS.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_OWN_CACHE = "TEMPO_JAX_TEST_XLA_CACHE" not in os.environ  # True in the process that starts the run
+if _OWN_CACHE:
+    os.environ["TEMPO_JAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="tempo-jax-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TEMPO_JAX_TEST_XLA_CACHE"]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 from pathlib import Path  # noqa: E402
 
@@ -80,3 +93,8 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(
         f"deselected {what}: tokamax needs Python >= 3.12 and jax >= 0.11.1; `make test-latest` runs them"
     )
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:  # the run's compiled programs go with it
+        shutil.rmtree(os.environ.pop("TEMPO_JAX_TEST_XLA_CACHE"), ignore_errors=True)

@@ -446,7 +446,8 @@ def test_an_eager_call_keeps_the_inputs_sharding():
 
 @pytest.mark.parametrize(
     "shape",
-    [(2, 4, 1), pytest.param((1, 4, 2), marks=pytest.mark.slow), (2, 2, 2)],  # (2, 2, 2) has the tensor axis too
+    # (2, 2, 2) has every axis (data, ep, tensor): the fast twin of the slow meshes, which check the same properties
+    [pytest.param((2, 4, 1), marks=pytest.mark.slow), pytest.param((1, 4, 2), marks=pytest.mark.slow), (2, 2, 2)],
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_dynamic_copies_on_multi_axis_meshes(shape):
@@ -454,7 +455,7 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
     copies it into its ranks' spare slots (the weights move over the ep axis only, each tensor rank its F share),
     and the output and gradients under jit are the dense reference's, with copies made, with dynamic slots but a
     link too slow to copy (the weight exchange skipped) and without dynamic slots; copies lower the busiest rank's
-    rows; over a data axis the compiled forward sums only counts and losses (no token, no weight)."""
+    rows; over a data axis the compiled forward with copies sums only counts and losses (no token, no weight)."""
     from solvers import CopyCost, CostModel
 
     data, ep, _ = shape
@@ -485,6 +486,8 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
         rows = np.asarray(res.stats.gpu_tokens).reshape(data, ep)
         assert (rows.sum(axis=1) == T * K // data).all()  # every pair once, in its own group
         busiest[link] = rows.max()
+        if link != 1e6:
+            continue  # without copies, test_no_token_crosses_a_batch_axis_and_flops_match_the_1d_mesh's program
         # no token and no copied weight crosses a batch axis: over data only counts and losses are summed
         fwd = jax.jit(lambda p, x, c=config: loss(p, x, c)[0]).lower(params, x).compile()
         colls = [c for c in program_collectives(fwd.as_text(), mesh) if c.group > 1]
