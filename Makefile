@@ -61,6 +61,7 @@ bench-gemm: $(STAMP)
 
 bench-ep: $(STAMP)
 	$(PY) scripts/bench_ep.py
+	$(PY) scripts/bench_layer_stages.py
 
 # The in-graph dispatch (issue 38): relief's makespan / tempo's; the layer's cost in-graph vs fixed tables.
 bench-ingraph: $(STAMP)

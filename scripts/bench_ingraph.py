@@ -29,6 +29,10 @@ all-to-all moves (D·k slots per rank); and the dispatch's own FLOPs and bytes p
 since XLA counts a loop body once; every rank runs the same plan; the copy plan's likewise), to project its GPU
 cost.
 
+Plan (issue 56, item 3; only when named: ``--suites plan``): `relief.plan` alone on one CPU device at E = 64 and
+256, 128 and 512 tokens per device, with a budget of 0, 1, 2, 4 and all rounds (median ms), and the rounds relief
+runs on that batch: the fixed cost, the first round (with its hand-off path search) and each further round.
+
     python scripts/bench_ingraph.py            # everything (~15 min on 2 cores), results/bench_ingraph.json
     python scripts/bench_ingraph.py --quick    # a smoke-sized run
 """
@@ -346,6 +350,28 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int) -> dict:
     return row
 
 
+def plan_rounds(experts: int, tokens: int, repeats: int) -> dict:
+    """`relief.plan` alone on one CPU device at several round budgets, and the rounds relief runs (`cost`'s batch)."""
+    D = 8
+    S = slots_for(experts, D, 1.25) // D
+    routing = SyntheticRouting(num_experts=experts, top_k=8, s=1.2, kappa=math.inf, seed=0)
+    pl = Placement.from_eplb(routing.popularity, D * S, D, spread_idle=True)
+    counts = jnp.asarray(routing.batch(tokens * D, D, 0), jnp.int32)
+    log2phy = jnp.asarray(pl.log2phy)
+    ranks = relief.replica_ranks(log2phy, S)
+    n = jnp.sum(counts, axis=0)
+    _, ran = jax.jit(lambda n, r: relief.relief(n, r, COST, D, relief.ROUNDS, num_slots=D * S, with_rounds=True))(
+        n, ranks
+    )
+    fns = {}
+    for budget in (0, 1, 2, 4, relief.ROUNDS):
+        f = jax.jit(lambda c, l, b=budget: relief.plan(c, l, slots_per_rank=S, num_ranks=D, cost=COST, rounds=b))
+        jax.block_until_ready(f(counts, log2phy))
+        fns[budget] = lambda f=f: f(counts, log2phy)
+    ms = median_ms(fns, max(repeats, 30))
+    return dict(experts=experts, tokens_per_device=tokens, rounds_run=int(ran), ms_by_budget=ms)
+
+
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,9 +390,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/bench_ingraph.json")
     args = ap.parse_args(argv)
     suites = [s for s in args.suites.split(",") if s]
-    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "copies", "cost"}
+    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "copies", "cost", "plan"}
     if unknown:
-        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, copies, cost")
+        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, copies, cost, plan")
     args.issue_skews, args.issue_b = ISSUE_SKEWS, ISSUE_B
     args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS, SCALE_SKEWS, SCALE_B
     cost_cells = [(e, b) for e in (64, 256) for b in (128, 512)]
@@ -421,6 +447,25 @@ def main(argv=None) -> int:
                 cells,
                 ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"],
                 f"{suite}: modelled makespan / tempo's",
+            )
+        )
+    if "plan" in suites:
+        rows = [plan_rounds(e, b, args.repeats) for e, b in cost_cells]
+        results["suites"]["plan"] = dict(rows=rows, goal_ms=2.0)
+        budgets = list(rows[0]["ms_by_budget"])
+        print(
+            table(
+                [
+                    [
+                        r["experts"],
+                        r["tokens_per_device"],
+                        r["rounds_run"],
+                        *(f"{v:.2f}" for v in r["ms_by_budget"].values()),
+                    ]
+                    for r in rows
+                ],
+                ["E", "tokens/device", "rounds run", *[f"ms, ≤ {b} rounds" for b in budgets]],
+                "the in-graph plan alone, one CPU device (median)",
             )
         )
     if "cost" in suites:
