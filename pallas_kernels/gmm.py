@@ -114,7 +114,7 @@ def _as_tiling(tiling) -> GmmTiling:
 class _Cfg:
     """Static configuration threaded through the custom_vjp (hashable)."""
 
-    impl: str
+    implementation: str
     tiling: GmmTiling
     interpret: bool
     out_dtype: jnp.dtype
@@ -189,7 +189,7 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
         out = None
         for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True):
             part = dataclasses.replace(cfg, num_local_groups=w.shape[0])
-            if cfg.impl == "chunked":
+            if cfg.implementation == "chunked":
                 out = gmm_chunked(
                     lhs,
                     w,
@@ -209,10 +209,10 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
-    if cfg.impl == "chunked":
+    if cfg.implementation == "chunked":
         return gmm_chunked(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, **_chunks(cfg), **common)
-    if cfg.impl in ("ragged_dot", "tokamax"):
-        backend = "xla" if cfg.impl == "ragged_dot" else "tokamax"
+    if cfg.implementation in ("ragged_dot", "tokamax"):
+        backend = "xla" if cfg.implementation == "ragged_dot" else "tokamax"
         return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, backend=backend, **common)
     tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
     x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
@@ -240,10 +240,10 @@ def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
     m, k = lhs.shape
     n = grad.shape[1]
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=out_dtype, precision=cfg.precision)
-    if cfg.impl == "chunked":
+    if cfg.implementation == "chunked":
         return tgmm_chunked(lhs, grad, group_sizes, group_offset, **_chunks(cfg, tgmm_rows=m), **common)
-    if cfg.impl in ("ragged_dot", "tokamax"):
-        backend = "xla" if cfg.impl == "ragged_dot" else "tokamax"
+    if cfg.implementation in ("ragged_dot", "tokamax"):
+        backend = "xla" if cfg.implementation == "ragged_dot" else "tokamax"
         return tgmm_ragged(lhs, grad, group_sizes, group_offset, backend=backend, **common)
     tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
     x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)

@@ -39,12 +39,12 @@ def test_pack_exchange_return_move_every_row_with_its_slot(mesh, dtype):
         me = jax.lax.axis_index("ep")
         sl = slot[0]
         packed = stages.pack(x, sl // S, sl % S, top_k=K, num_ranks=D, capacity=T_loc * K, dtype=dtype)
-        recv = stages.exchange_rows(packed, axis="ep", impl="padded", hidden=H, slots_per_rank=S)
+        recv = stages.exchange_rows(packed, axis="ep", exchange="padded", hidden=H, slots_per_rank=S)
         # Tag each received row with its local slot and the receiving rank, then send it back.
         tagged = (
             recv.rows + (recv.slots[..., None] + 10 * me).astype(dtype) * jnp.asarray(recv.slots < S, dtype)[..., None]
         )
-        back = stages.return_rows(tagged, recv.counts, packed, axis="ep", impl="padded")
+        back = stages.return_rows(tagged, recv.counts, packed, axis="ep", exchange="padded")
         return back[None], recv.counts[None], packed.wanted[None]
 
     f = jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P("ep")), out_specs=P("ep"), check_vma=False)

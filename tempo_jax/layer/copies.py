@@ -156,7 +156,7 @@ def fetch_copies(
     copy_source: jax.Array,
     *,
     axis: str,
-    impl: str = "padded",
+    exchange: str = "padded",
 ):
     """Inside `shard_map` over ``axis`` (D ranks): this rank's k dynamic slots filled with the planned copies.
 
@@ -165,7 +165,7 @@ def fetch_copies(
       slot_experts: ``[S]`` logical expert of each of this rank's slots.
       copy_expert, copy_source: ``[D, k]`` the plan (`plan_copies`; the same on every rank): the expert copied into
         each rank's dynamic slot and the rank it comes from (−1: none).
-      impl: the exchange (`tempo_jax.layer.exchange.send_blocks`): "padded" (`jax.lax.all_to_all` of every block)
+      exchange: the exchange (`tempo_jax.layer.exchange.send_blocks`): "padded" (`jax.lax.all_to_all` of every block)
         or "ragged" / "ragged_split" (`jax.lax.ragged_all_to_all`: only the copies move; GPU / TPU).
 
     Returns:
@@ -197,7 +197,7 @@ def fetch_copies(
         for dt in dtypes:
             rows = jnp.concatenate([weights[n][local].reshape(*local.shape, -1) for n in names[dt]], axis=2)
             send = jnp.where(serve_sorted[:, :, None], rows, jnp.zeros((), dt))
-            recv, _ = send_blocks(send, counts, axis=axis, impl=impl)  # block s: what source s sent this rank
+            recv, _ = send_blocks(send, counts, axis=axis, exchange=exchange)  # block s: what source s sent this rank
             got = jnp.where((mine >= 0)[:, None], recv[src, row], jnp.zeros((), dt))  # [k, Σ sizes]
             at = 0
             for n in names[dt]:

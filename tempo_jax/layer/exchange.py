@@ -39,40 +39,40 @@ EXCHANGE = ImplementationTable(
 )
 
 
-def _concrete(impl: str) -> str:
-    if impl not in ("padded", "ragged", "ragged_split"):
+def _concrete(exchange: str) -> str:
+    if exchange not in ("padded", "ragged", "ragged_split"):
         raise ValueError(
-            f"exchange: impl must be a resolved implementation, 'padded', 'ragged' or 'ragged_split', got {impl!r}"
+            f"exchange must be a resolved implementation, 'padded', 'ragged' or 'ragged_split', got {exchange!r}"
         )
-    return impl
+    return exchange
 
 
-def send_blocks(buf: jax.Array, counts: jax.Array, *, axis: str, impl: str) -> tuple[jax.Array, jax.Array]:
+def send_blocks(buf: jax.Array, counts: jax.Array, *, axis: str, exchange: str) -> tuple[jax.Array, jax.Array]:
     """Send block j of ``buf [D, C, W]`` (``counts[j]`` valid rows first) to rank j.
 
     Returns ``(recv [D, C, W], recv_counts [D])``: block s = what source s sent, valid rows first. "padded" moves
     the whole buffer with `jax.lax.all_to_all`; "ragged" moves only the valid rows (`jax.lax.ragged_all_to_all`);
     the valid rows are the same (the padding rows of "ragged" stay zero).
     """
-    impl = _concrete(impl)
+    exchange = _concrete(exchange)
     counts = counts.astype(jnp.int32)
     recv_counts = jax.lax.all_to_all(counts[:, None], axis, 0, 0, tiled=True)[:, 0]
-    if impl == "padded":
+    if exchange == "padded":
         return jax.lax.all_to_all(buf, axis, 0, 0, tiled=True), recv_counts
-    return _ragged(buf, counts, recv_counts, axis, _updates(impl, buf.shape[1])), recv_counts
+    return _ragged(buf, counts, recv_counts, axis, _updates(exchange, buf.shape[1])), recv_counts
 
 
-def return_blocks(y: jax.Array, recv_counts: jax.Array, counts: jax.Array, *, axis: str, impl: str) -> jax.Array:
+def return_blocks(y: jax.Array, recv_counts: jax.Array, counts: jax.Array, *, axis: str, exchange: str) -> jax.Array:
     """Inverse of `send_blocks`: ``y [D, C, W]`` (block s = results for source s, ``recv_counts[s]`` rows) back to
     the senders; returns ``[D, C, W]`` with block j = results from rank j for the ``counts[j]`` rows sent there."""
-    impl = _concrete(impl)
-    if impl == "padded":
+    exchange = _concrete(exchange)
+    if exchange == "padded":
         return jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
-    return _ragged(y, recv_counts.astype(jnp.int32), counts.astype(jnp.int32), axis, _updates(impl, y.shape[1]))
+    return _ragged(y, recv_counts.astype(jnp.int32), counts.astype(jnp.int32), axis, _updates(exchange, y.shape[1]))
 
 
-def _updates(impl: str, capacity: int) -> int:
-    return min(SPLIT_UPDATES, capacity) if impl == "ragged_split" else 1
+def _updates(exchange: str, capacity: int) -> int:
+    return min(SPLIT_UPDATES, capacity) if exchange == "ragged_split" else 1
 
 
 def ragged_metadata(send: jax.Array, recv: jax.Array, me, capacity: int, updates: int = 1):

@@ -237,7 +237,7 @@ class _Call:
     the tables' source groups, whether the routing is given, ``capacity`` = (kind, C), whether to compute
     the auxiliary losses, and the sharding of a concrete input, which the output keeps."""
 
-    impl: str
+    exchange: str
     groups: int
     given_routing: bool
     capacity: tuple[str, int]
@@ -249,8 +249,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     """Per-device body (inside shard_map over ``axes.named``): `tempo_jax.layer.stages` composed synchronously, or
     by the CascadeEP launch schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`. Every collective but the
     counts' and losses' sums runs along ``ep``, inside this device's EP group."""
-    impl, groups, given_routing, capacity, aux_losses = (
-        call.impl,
+    exchange, groups, given_routing, capacity, aux_losses = (
+        call.exchange,
         call.groups,
         call.given_routing,
         call.capacity,
@@ -299,12 +299,12 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         axis=axis,
         slots_per_rank=S,
         num_experts=config.experts,
-        impl=impl,
+        exchange=exchange,
         method=config.replica_sync,
     )
     if plan is not None:  # dynamic copies: this rank's k extra slots, fetched from their sources
         mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, d * S, S)
-        got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis, impl=impl)
+        got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis, exchange=exchange)
         weights = {name: (w, got[name]) for name, w in weights.items()}  # parts: the stored slots are not copied
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
         ids = rt.ids.reshape(-1)
@@ -334,7 +334,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
             top_k=k_rows,
             dtype=config.dtype,
             axis=axis,
-            impl=impl,
+            exchange=exchange,
             hidden=config.hidden,
             slots_total=slots_total,
             **mm,
@@ -347,7 +347,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
             local,
             weights,
             config=config,
-            impl=impl,
+            exchange=exchange,
             capacity=C,
             slots_total=slots_total,
             mm=mm,
@@ -441,7 +441,7 @@ def _ingraph_table(
 
 
 def _exchange_ffn(
-    x, dest, local, weights, *, config: MoEConfig, impl: str, capacity: int, slots_total: int, mm, top_k: int
+    x, dest, local, weights, *, config: MoEConfig, exchange: str, capacity: int, slots_total: int, mm, top_k: int
 ):
     """Steps 3–6 in one exchange of capacity C (the dropless worst case, or a fixed C that drops the rest), or
     by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``. ``x`` holds
@@ -452,10 +452,12 @@ def _exchange_ffn(
     packed = stages.pack(x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
     if config.schedule == "sync":
         # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
-        recv = stages.exchange_rows(packed, axis=axis, impl=impl, hidden=config.hidden, slots_per_rank=slots_total)
+        recv = stages.exchange_rows(
+            packed, axis=axis, exchange=exchange, hidden=config.hidden, slots_per_rank=slots_total
+        )
         rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
         y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
-        y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, impl=impl)
+        y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, exchange=exchange)
     else:
         # Steps 4–6 by the launch schedule: shifted exchanges per group, one grouped GEMM per group (CascadeEP).
         run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)

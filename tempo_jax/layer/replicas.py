@@ -93,7 +93,7 @@ def _sum_over_local(g: jax.Array, mine: jax.Array) -> jax.Array:
     return jnp.einsum("st,tw->sw", same, g, precision=jax.lax.Precision.HIGHEST)
 
 
-def _exchange_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts: int, impl: str) -> jax.Array:
+def _exchange_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts: int, exchange: str) -> jax.Array:
     """The ``"exchange"`` sum of ``g [S, W]`` float32 (every array of the rank side by side): local sums per expert,
     then one block exchange in which each rank sends every other rank its rows of the experts both hold."""
     S = g.shape[0]
@@ -109,7 +109,7 @@ def _exchange_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts: i
     buf = jnp.where(valid[..., None], local[order], 0)  # [D, S, W]
     # Step 2: the exchange; block s holds what rank s sent: its first rows of the experts I hold, in its slot order.
     with jax.named_scope("tie_replicas_exchange"):
-        recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
+        recv, recv_counts = send_blocks(buf, counts, axis=axis, exchange=exchange)
     mine_held = _held(mine[None, :], num_experts)[0]  # [E]
     their = jax.vmap(lambda slots: _outgoing(slots, mine_held[None, :])[0][0])(p2l)  # [D, S] their sent slots
     got = jnp.arange(S)[None, :] < recv_counts[:, None]
@@ -134,11 +134,12 @@ def _all_reduce_sum(g: jax.Array, phy2log: jax.Array, *, axis: str, num_experts:
     return jnp.where((groups < rows)[:, None], total, g)
 
 
-def replica_sync_method(method: str, impl: str, *, num_ranks: int, slots_per_rank: int, num_experts: int) -> str:
-    """The collective ``method`` (`REPLICA_SYNC`) resolves to with the exchange ``impl`` (see the module)."""
+def replica_sync_method(method: str, exchange: str, *, num_ranks: int, slots_per_rank: int, num_experts: int) -> str:
+    """The collective ``method`` (`REPLICA_SYNC`) resolves to with the ``exchange`` implementation (see the
+    module)."""
     if method != "auto":
         return method
-    if impl in ("ragged", "ragged_split"):
+    if exchange in ("ragged", "ragged_split"):
         return "exchange"
     D, S = num_ranks, slots_per_rank
     ring = 2 * (D - 1) / D * tie_buffer_rows(num_experts, D * S)
@@ -166,13 +167,13 @@ def _tie_fwd(weights, phy2log, static):
 
 
 def _tie_bwd(static, phy2log, grads):
-    axis, num_experts, method, impl = static
+    axis, num_experts, method, exchange = static
     names = list(grads)
     S = grads[names[0]].shape[0]
     widths = [int(np.prod(grads[n].shape[1:])) for n in names]
     g = jnp.concatenate([grads[n].reshape(S, -1).astype(jnp.float32) for n in names], axis=1)  # [S, Σ widths]
     if method == "exchange":
-        total = _exchange_sum(g, phy2log, axis=axis, num_experts=num_experts, impl=impl)
+        total = _exchange_sum(g, phy2log, axis=axis, num_experts=num_experts, exchange=exchange)
     else:
         total = _all_reduce_sum(g, phy2log, axis=axis, num_experts=num_experts)
     pieces = jnp.split(total, np.cumsum(widths)[:-1], axis=1)
@@ -189,21 +190,23 @@ def tie_replicas(
     axis: str,
     slots_per_rank: int,
     num_experts: int,
-    impl: str = "padded",
+    exchange: str = "padded",
     method: str = "auto",
 ) -> dict:
     """Identity on this rank's expert arrays ``{name: [S, ...]}``; in the backward pass each replicated slot's
     gradient becomes its replica group's sum (see the module). Call inside ``shard_map`` over ``axis``.
 
-    ``phy2log [P]``: logical expert of every physical slot (replicated). ``impl``: the exchange implementation
+    ``phy2log [P]``: logical expert of every physical slot (replicated). ``exchange``: the exchange implementation
     (``"padded"`` / ``"ragged"``); ``method``: one of `REPLICA_SYNC`."""
     if method not in REPLICA_SYNC:
         raise ValueError(f"tie_replicas: method must be one of {list(REPLICA_SYNC)}, got {method!r}")
     if tie_buffer_rows(num_experts, phy2log.shape[0]) == 0:
         return weights  # P = E: no replicas, nothing to tie
     D = phy2log.shape[0] // slots_per_rank
-    resolved = replica_sync_method(method, impl, num_ranks=D, slots_per_rank=slots_per_rank, num_experts=num_experts)
-    return _tie(weights, phy2log, (axis, num_experts, resolved, impl))
+    resolved = replica_sync_method(
+        method, exchange, num_ranks=D, slots_per_rank=slots_per_rank, num_experts=num_experts
+    )
+    return _tie(weights, phy2log, (axis, num_experts, resolved, exchange))
 
 
 # ------------------------------------------------------------------------------------------------ migration

@@ -40,12 +40,12 @@ def _round_pairs(po: stages.PairOrder, r, C: int) -> tuple[jax.Array, jax.Array,
     return po.order[idx], valid, jnp.clip(po.wanted - r * C, 0, C).astype(jnp.int32)
 
 
-def _send(x, po, r, *, C, top_k, dtype, axis, impl, hidden, slots_total):
+def _send(x, po, r, *, C, top_k, dtype, axis, exchange, hidden, slots_total):
     """Round r's rows to their destinations: ``(received rows [D·C, H], slots [D·C], recv counts [D], counts [D],
     pair [D, C], valid [D, C])``."""
     pair, valid, counts = _round_pairs(po, r, C)
     buf = jnp.where(valid[..., None], stages.with_slots(x[pair // top_k], po.local[pair], dtype), 0)  # [D, C, W]
-    recv, recv_counts = send_blocks(buf, counts, axis=axis, impl=impl)
+    recv, recv_counts = send_blocks(buf, counts, axis=axis, exchange=exchange)
     got = stages.received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_total)
     return got.rows.reshape(-1, hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid
 
@@ -83,7 +83,14 @@ def _rounds_fwd(x, weights, po, static):
 def _forward(x, weights, po, static, *, keep_first: bool):
     s = static
     send = functools.partial(
-        _send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl, hidden=s.hidden, slots_total=s.slots_total
+        _send,
+        C=s.C,
+        top_k=s.top_k,
+        dtype=s.dtype,
+        axis=s.axis,
+        exchange=s.exchange,
+        hidden=s.hidden,
+        slots_total=s.slots_total,
     )
     ffn = _ffn(s)
     D, C, H = s.num_ranks, s.C, s.hidden
@@ -100,7 +107,7 @@ def _forward(x, weights, po, static, *, keep_first: bool):
             y, vjp, gs = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
         else:
             (y, gs), vjp = ffn(rows, slots, weights), None
-        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s.axis, impl=s.impl)
+        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s.axis, exchange=s.exchange)
         return scatter(y_pairs, back, pair, valid), sizes + gs, vjp
 
     # Step 1 (under differentiation): round 0 on its own, its FFN's VJP kept for the backward pass.
@@ -126,7 +133,14 @@ def _rounds_bwd(static, res, cotangents):
     x, weights, po, vjp0, R = res
     dy_pairs = cotangents[0]
     send = functools.partial(
-        _send, C=s.C, top_k=s.top_k, dtype=s.dtype, axis=s.axis, impl=s.impl, hidden=s.hidden, slots_total=s.slots_total
+        _send,
+        C=s.C,
+        top_k=s.top_k,
+        dtype=s.dtype,
+        axis=s.axis,
+        exchange=s.exchange,
+        hidden=s.hidden,
+        slots_total=s.slots_total,
     )
     ffn = _ffn(s)
     D, C, H, K = s.num_ranks, s.C, s.hidden, s.top_k
@@ -135,9 +149,9 @@ def _rounds_bwd(static, res, cotangents):
         """The VJP of round r: result cotangents go where the rows were computed, row cotangents come back."""
         pair, valid, counts = _round_pairs(po, r, C)
         dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(s.dtype)  # [D, C, H] at the source
-        drecv, drecv_counts = send_blocks(dback, counts, axis=s.axis, impl=s.impl)  # transpose of return
+        drecv, drecv_counts = send_blocks(dback, counts, axis=s.axis, exchange=s.exchange)  # transpose of return
         drows, dweights = vjp(drecv.reshape(-1, H).astype(s.dtype))
-        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s.axis, impl=s.impl)
+        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s.axis, exchange=s.exchange)
         token = jnp.where(valid, pair // K, x.shape[0]).reshape(-1)
         dx = dx.at[token].add(dbuf.reshape(-1, H).astype(dx.dtype), mode="drop")
         dw = jax.tree.map(lambda a, b: a + b.astype(a.dtype), dw, dweights)
@@ -173,7 +187,7 @@ def exchange_ffn_rounds(
     top_k: int,
     dtype,
     axis: str,
-    impl: str,
+    exchange: str,
     hidden: int,
     slots_total: int,
     expert,
@@ -197,7 +211,7 @@ def exchange_ffn_rounds(
         top_k=top_k,
         dtype=dtype,
         axis=axis,
-        impl=impl,
+        exchange=exchange,
         hidden=hidden,
         slots_total=slots_total,
         expert=expert,
@@ -218,7 +232,7 @@ class RoundsStatic:
     top_k: int
     dtype: Any
     axis: str
-    impl: str
+    exchange: str
     hidden: int
     slots_total: int
     expert: Any

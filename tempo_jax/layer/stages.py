@@ -184,10 +184,10 @@ def pack(
     return Packed(buf, jnp.minimum(po.wanted, C), po.wanted, po.order, dest_sorted, pos)
 
 
-def exchange_rows(packed: Packed, *, axis: str, impl: str, hidden: int, slots_per_rank: int) -> Received:
+def exchange_rows(packed: Packed, *, axis: str, exchange: str, hidden: int, slots_per_rank: int) -> Received:
     """Send block j of ``packed.buffer`` to rank j (`tempo_jax.layer.exchange.send_blocks`: ``"padded"``,
     ``"ragged"`` or ``"ragged_split"``, same result) and split the received payload into rows and local slot ids."""
-    recv, recv_counts = send_blocks(packed.buffer, packed.counts, axis=axis, impl=impl)
+    recv, recv_counts = send_blocks(packed.buffer, packed.counts, axis=axis, exchange=exchange)
     return received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_per_rank)
 
 
@@ -271,10 +271,10 @@ def _row_bias(bias: jax.Array, slot: jax.Array) -> jax.Array:
     return padded[slot]
 
 
-def return_rows(y: jax.Array, received_counts: jax.Array, packed: Packed, *, axis: str, impl: str) -> jax.Array:
+def return_rows(y: jax.Array, received_counts: jax.Array, packed: Packed, *, axis: str, exchange: str) -> jax.Array:
     """Send results ``y [D, C, H]`` (block s = rows from source s) back; returns ``[T·K, H]`` in pair order
     (dropped pairs: zeros)."""
-    back = return_blocks(y, received_counts, packed.counts, axis=axis, impl=impl)
+    back = return_blocks(y, received_counts, packed.counts, axis=axis, exchange=exchange)
     return unpack_rows(back, packed)
 
 
