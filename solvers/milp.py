@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -240,6 +241,197 @@ def _check_size(n: np.ndarray, ub: float, scale: float, D: int, backend: str) ->
         )
 
 
+@dataclass(frozen=True)
+class _Bounds:
+    """Step 2's incumbents and the bounds they give: ``cands`` (name, x, makespan), the ``warm`` start, LB ``lb``,
+    the slackened UB ``ub_s``, the per-GPU caps ``ncap`` (tokens) / ``kcap`` (experts), the model-unit
+    coefficients ``coef`` at scale ``S`` (``exact``: not floor-rounded)."""
+
+    cands: list
+    warm: tuple
+    lb: float
+    ub_s: float
+    ncap: float
+    kcap: int
+    coef: dict
+    S: float
+    exact: bool
+
+
+@dataclass(frozen=True)
+class _Model:
+    """Steps 3–5's model: the solver adapter ``lib``, the live replica ``edges`` and their variables ``x``, ``z``
+    (and tiles ``y``), the makespan ``M`` in ``[m_lo, m_hi]``, ``K`` = max_g k_g and each GPU's ``k``."""
+
+    lib: object
+    edges: list
+    x: dict
+    z: dict
+    y: dict
+    M: object
+    K: object
+    k: list
+    m_lo: float
+    m_hi: float
+
+
+def _options(problem: DispatchProblem, backend, time_limit, threads, hint, integer_tokens):
+    """Step 1: the options checked → ``(adapter class, its kind, integer_tokens, hint)`` (the hint clipped to the
+    mask)."""
+    if backend not in MILP_BACKENDS:
+        raise ValueError(f"milp: unknown backend {backend!r}; valid backends: {list(MILP_BACKENDS)}")
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, int | float | np.number)
+        or not 0 < time_limit < math.inf
+    ):
+        raise ValueError(f"milp: time_limit must be a positive number of seconds, got {time_limit!r}")
+    if int(threads) != threads or threads < 1:
+        raise ValueError(f"milp: threads must be a positive integer, got {threads!r}")
+    cls, kind = _ADAPTERS[backend]
+    if integer_tokens is None:
+        integer_tokens = cls.integer_only
+    if cls.integer_only and not integer_tokens:
+        raise ValueError(f"milp: backend {backend!r} only supports integer_tokens=True")
+    cost = problem.cost
+    if min(cost.b, cost.beta, cost.b2 or 0.0, cost.gamma or 0.0) < 0:
+        raise ValueError("milp: the model needs non-negative slopes b, beta, b2, gamma")
+    if hint is not None:
+        hint = np.asarray(hint, dtype=np.float64)
+        Dispatch(hint, problem, "hint").validate()
+        hint = np.where(problem.mask, np.maximum(hint, 0.0), 0.0)
+    return cls, kind, integer_tokens, hint
+
+
+def _bounds(problem: DispatchProblem, hint, integer_tokens: bool, integer_only: bool, backend: str) -> _Bounds:
+    """Step 2: incumbents, LB / UB and the caps they imply (any solution with M ≤ UB obeys them)."""
+    cost, n, D = problem.cost, problem.n, problem.mask.shape[1]
+    E = problem.mask.shape[0]
+    cands = [(name, x, cost.makespan(x)) for name, x in _incumbents(problem, hint, integer_tokens)]
+    fits = [c for c in cands if not integer_tokens or np.all(c[1] == np.round(c[1]))]
+    warm = min(fits, key=lambda c: c[2])
+    lb, ub = problem_lower_bound(problem), warm[2]
+    ub_s = ub * (1 + _SLACK) + _SLACK
+    ncap = min([(ub_s - c0) / s for c0, s in ((cost.c, cost.beta), (cost.c2, cost.gamma)) if s] or [math.inf])
+    kcap = math.floor((ub_s - cost.a) / cost.b) if cost.b > 0 else E
+    if integer_tokens and math.isfinite(ncap):
+        ncap = math.floor(ncap)
+    coef, S, exact = _coefficients(cost, integer_only, ub)
+    _check_size(n, ub_s, S, D, backend)
+    return _Bounds(cands, warm, lb, ub_s, ncap, kcap, coef, S, exact)
+
+
+def _build(problem: DispatchProblem, lib, bd: _Bounds, integer_tokens: bool, integer_only: bool) -> _Model:
+    """Steps 3–5: the variables and constraints on live replica edges only (the module's model)."""
+    cost, n, mask = problem.cost, problem.n, problem.mask
+    D = mask.shape[1]
+    live = np.flatnonzero(n > 0)
+    coef, S, lb, ub_s = bd.coef, bd.S, bd.lb, bd.ub_s
+    # Step 3: variables x, z (and tiles y) on live replica edges only.
+    edges = [(int(e), int(g)) for e in live for g in np.flatnonzero(mask[e])]
+    x, z, y = {}, {}, {}
+    for e, g in edges:
+        cap = min(float(n[e]), bd.ncap)
+        cap = int(cap) if integer_tokens else cap
+        x[e, g] = lib.var(0, cap, integer_tokens)
+        z[e, g] = lib.var(0, 1, True)
+        lib.add(x[e, g] <= cap * z[e, g])
+        if integer_tokens:
+            lib.add(x[e, g] >= z[e, g])
+        if "b2" in coef:
+            ymax = math.ceil(cap / cost.tile)
+            y[e, g] = lib.var(0, ymax, True)
+            lib.add(cost.tile * y[e, g] >= x[e, g])
+            lib.add(y[e, g] >= z[e, g])
+            lib.add(y[e, g] <= ymax * z[e, g])
+    # Step 4: makespan M in [LB, UB]; conservation; cover Σ_g z_eg ≥ 1; replica-count cuts.
+    m_lo = math.floor(S * (lb - 1e-12 * abs(lb)) - 1e-9) if integer_only else lb - 1e-12 * abs(lb)
+    m_hi = math.ceil(S * ub_s) if integer_only else ub_s
+    M = lib.var(min(m_lo, m_hi), m_hi, integer_only)
+    token_pieces = [(coef["c"], coef["beta"])] + ([(coef["c2"], coef["gamma"])] if "c2" in coef else [])
+    for e in live:
+        gs = np.flatnonzero(mask[e])
+        lib.add(lib.sum(x[int(e), int(g)] for g in gs) == (int(n[e]) if integer_only else float(n[e])))
+        r_e = lib.sum(z[int(e), int(g)] for g in gs)
+        lib.add(r_e >= 1)
+        # An expert on r replicas puts ≥ n_e/r tokens on one GPU: M ≥ c + β·n_e/r for integer r, i.e. the secants
+        # of this convex function between r = ρ and ρ + 1, ρ(ρ+1)(M − c) ≥ β·n_e·(2ρ + 1 − r). Only hot experts
+        # (c + β·n_e/ρ above LB) need them.
+        for c0, sl in token_pieces:
+            for rho in range(1, gs.size):
+                if (c0 + sl * n[e] / rho) / S <= lb:
+                    break
+                lib.add(rho * (rho + 1) * (M - c0) >= sl * int(n[e]) * (2 * rho + 1) - sl * int(n[e]) * r_e)
+    # Step 5: per GPU, k_g = its active experts, K ≥ k_g, and M above each of its cost pieces.
+    on_gpu = [[e for e, h in edges if h == g] for g in range(D)]
+    k = []
+    K = lib.var(0, min(max(map(len, on_gpu)), max(bd.kcap, 0)), True)  # max_g k_g: branching on it is what works
+    lib.add(M >= coef["a"] + coef["b"] * K)
+    for g in range(D):
+        kg = lib.var(0, min(len(on_gpu[g]), max(bd.kcap, 0)), True)
+        lib.add(kg == lib.sum(z[e, g] for e in on_gpu[g]))
+        lib.add(K >= kg)
+        Ng = lib.sum(x[e, g] for e in on_gpu[g])
+        Tg = lib.sum(y[e, g] for e in on_gpu[g]) if y else kg
+        for piece in _model_pieces(coef, kg, Tg, Ng):
+            lib.add(M >= piece)
+        k.append(kg)
+    return _Model(lib, edges, x, z, y, M, K, k, m_lo, m_hi)
+
+
+def _warm_start(model: _Model, bd: _Bounds, tile: float) -> list:
+    """Step 6: ``(variable, value)`` hints from the best model-feasible incumbent."""
+    wx, edges, D = bd.warm[1], model.edges, len(model.k)
+    wz = wx > 0
+    hints = [(model.x[eg], wx[eg]) for eg in edges] + [(model.z[eg], float(wz[eg])) for eg in edges]
+    wy = np.where(wz, np.maximum(1.0, np.ceil(wx / tile - 1e-9)), 0.0)
+    hints += [(model.y[eg], wy[eg]) for eg in model.y] + [(model.k[g], float(wz[:, g].sum())) for g in range(D)]
+    wm = max(max(_model_pieces(bd.coef, wz[:, g].sum(), wy[:, g].sum(), wx[:, g].sum())) for g in range(D))
+    hints.append((model.M, min(max(wm, model.m_lo), model.m_hi)))
+    hints.append((model.K, float(wz.sum(axis=0).max())))
+    return hints
+
+
+def _read_back(model: _Model, value, problem: DispatchProblem, integer_tokens: bool) -> np.ndarray | None:
+    """Step 8: the solver's ``x [E, D]`` (integers rounded, LP dust on z < ½ dropped, rows re-normalised to n);
+    None when it has none or its rows miss n."""
+    if value is None:
+        return None
+    n = problem.n
+    live = np.flatnonzero(n > 0)
+    xs = np.zeros(problem.mask.shape)
+    for e, g in model.edges:
+        v = value(model.x[e, g])
+        xs[e, g] = 0.0 if value(model.z[e, g]) < 0.5 else max(v, 0.0)
+    near = np.abs(xs - np.round(xs)) <= 1e-6 * np.maximum(1.0, xs)  # solver tolerance dust
+    xs = np.where(near, np.round(xs), xs)
+    if integer_tokens:
+        xs = _round_rows(np.round(xs), n)
+    rows = xs[live].sum(axis=1)
+    xs[live] *= np.where(rows > 0, n[live] / np.where(rows > 0, rows, 1.0), 1.0)[:, None]
+    return xs if np.allclose(xs.sum(axis=1), n, rtol=1e-9, atol=1e-9) else None
+
+
+def _verdict(cands: list, bd: _Bounds, cost: CostModel, integer_tokens: bool, solved) -> tuple:
+    """Step 9: the best incumbent (the solver's first: it wins ties), conservative bounds and an honest status
+    from ``solved = (proven, limited, has a value, raw bound)`` → ``(x, info fields)``."""
+    proven, limited, has_value, raw_bound = solved
+    src, xb, obj = min(cands, key=lambda c: c[2])
+    mb = raw_bound / bd.S if raw_bound is not None and math.isfinite(raw_bound) else -math.inf
+    delta = max(cost.beta, cost.gamma or 0.0) if integer_tokens else 0.0
+    bound = max(bd.lb, min(mb - delta, obj))
+    optimal = proven and abs(obj - mb) <= OPTIMAL_RTOL * max(abs(obj), 1e-12)  # one definition: solvers.problem
+    if optimal:
+        status = "optimal"
+    elif limited:
+        status = "timeout"
+    else:  # stopped on its own: with an incumbent of its own "feasible", without one "not_solved"
+        status = "feasible" if has_value else "not_solved"
+    gap = (obj - bound) / obj if obj > 0 else 0.0
+    fields = dict(status=status, objective=obj, bound=bound, model_bound=mb, gap=gap, incumbent=src)
+    return xb, fields | {"candidates": {name: mk for name, _, mk in cands}}
+
+
 def milp(
     problem: DispatchProblem,
     *,
@@ -289,146 +481,28 @@ def milp(
       RuntimeError: the solver called the model infeasible / invalid (a modelling bug).
     """
     t0 = time.perf_counter()
-    # Step 1: validate options.
-    if backend not in MILP_BACKENDS:
-        raise ValueError(f"milp: unknown backend {backend!r}; valid backends: {list(MILP_BACKENDS)}")
-    if (
-        isinstance(time_limit, bool)
-        or not isinstance(time_limit, int | float | np.number)
-        or not 0 < time_limit < math.inf
-    ):
-        raise ValueError(f"milp: time_limit must be a positive number of seconds, got {time_limit!r}")
-    if int(threads) != threads or threads < 1:
-        raise ValueError(f"milp: threads must be a positive integer, got {threads!r}")
-    cls, kind = _ADAPTERS[backend]
-    if integer_tokens is None:
-        integer_tokens = cls.integer_only
-    if cls.integer_only and not integer_tokens:
-        raise ValueError(f"milp: backend {backend!r} only supports integer_tokens=True")
+    cls, kind, integer_tokens, hint = _options(problem, backend, time_limit, threads, hint, integer_tokens)  # Step 1
     cost, n, mask = problem.cost, problem.n, problem.mask
-    if min(cost.b, cost.beta, cost.b2 or 0.0, cost.gamma or 0.0) < 0:
-        raise ValueError("milp: the model needs non-negative slopes b, beta, b2, gamma")
-    if hint is not None:
-        hint = np.asarray(hint, dtype=np.float64)
-        Dispatch(hint, problem, "hint").validate()
-        hint = np.where(mask, np.maximum(hint, 0.0), 0.0)
-    E, D = mask.shape
-    live = np.flatnonzero(n > 0)
     info = {"backend": backend, "integer_tokens": bool(integer_tokens)}
-    if live.size == 0:
-        x = np.zeros((E, D))
+    if not np.any(n > 0):
+        x = np.zeros(mask.shape)
         obj = cost.makespan(x)
         info.update(status="optimal", objective=obj, bound=obj, model_bound=obj, gap=0.0, solver_status="EMPTY")
         return x, {**info, "incumbent": "empty", "scale": 1.0, "wall_s": time.perf_counter() - t0}
-
-    # Step 2: incumbents, LB / UB and the caps they imply (any solution with M ≤ UB obeys them).
-    cands = [(name, x, cost.makespan(x)) for name, x in _incumbents(problem, hint, integer_tokens)]
-    fits = [c for c in cands if not integer_tokens or np.all(c[1] == np.round(c[1]))]
-    warm = min(fits, key=lambda c: c[2])
-    lb, ub = problem_lower_bound(problem), warm[2]
-    ub_s = ub * (1 + _SLACK) + _SLACK
-    ncap = min([(ub_s - c0) / s for c0, s in ((cost.c, cost.beta), (cost.c2, cost.gamma)) if s] or [math.inf])
-    kcap = math.floor((ub_s - cost.a) / cost.b) if cost.b > 0 else E
-    if integer_tokens and math.isfinite(ncap):
-        ncap = math.floor(ncap)
-    coef, S, exact = _coefficients(cost, cls.integer_only, ub)
-    _check_size(n, ub_s, S, D, backend)
-
-    # Step 3: variables x, z (and tiles y) on live replica edges only.
-    lib = cls(kind)
-    edges = [(int(e), int(g)) for e in live for g in np.flatnonzero(mask[e])]
-    x, z, y = {}, {}, {}
-    for e, g in edges:
-        cap = min(float(n[e]), ncap)
-        cap = int(cap) if integer_tokens else cap
-        x[e, g] = lib.var(0, cap, integer_tokens)
-        z[e, g] = lib.var(0, 1, True)
-        lib.add(x[e, g] <= cap * z[e, g])
-        if integer_tokens:
-            lib.add(x[e, g] >= z[e, g])
-        if "b2" in coef:
-            ymax = math.ceil(cap / cost.tile)
-            y[e, g] = lib.var(0, ymax, True)
-            lib.add(cost.tile * y[e, g] >= x[e, g])
-            lib.add(y[e, g] >= z[e, g])
-            lib.add(y[e, g] <= ymax * z[e, g])
-    # Step 4: makespan M in [LB, UB]; conservation; cover Σ_g z_eg ≥ 1; replica-count cuts.
-    m_lo = math.floor(S * (lb - 1e-12 * abs(lb)) - 1e-9) if cls.integer_only else lb - 1e-12 * abs(lb)
-    m_hi = math.ceil(S * ub_s) if cls.integer_only else ub_s
-    M = lib.var(min(m_lo, m_hi), m_hi, cls.integer_only)
-    token_pieces = [(coef["c"], coef["beta"])] + ([(coef["c2"], coef["gamma"])] if "c2" in coef else [])
-    for e in live:
-        gs = np.flatnonzero(mask[e])
-        lib.add(lib.sum(x[int(e), int(g)] for g in gs) == (int(n[e]) if cls.integer_only else float(n[e])))
-        r_e = lib.sum(z[int(e), int(g)] for g in gs)
-        lib.add(r_e >= 1)
-        # An expert on r replicas puts ≥ n_e/r tokens on one GPU: M ≥ c + β·n_e/r for integer r, i.e. the secants
-        # of this convex function between r = ρ and ρ + 1, ρ(ρ+1)(M − c) ≥ β·n_e·(2ρ + 1 − r). Only hot experts
-        # (c + β·n_e/ρ above LB) need them.
-        for c0, sl in token_pieces:
-            for rho in range(1, gs.size):
-                if (c0 + sl * n[e] / rho) / S <= lb:
-                    break
-                lib.add(rho * (rho + 1) * (M - c0) >= sl * int(n[e]) * (2 * rho + 1) - sl * int(n[e]) * r_e)
-    on_gpu = [[e for e, h in edges if h == g] for g in range(D)]
-    k, N = [], []
-    K = lib.var(0, min(max(map(len, on_gpu)), max(kcap, 0)), True)  # max_g k_g: branching on it is what works
-    lib.add(M >= coef["a"] + coef["b"] * K)
-    for g in range(D):
-        kg = lib.var(0, min(len(on_gpu[g]), max(kcap, 0)), True)
-        lib.add(kg == lib.sum(z[e, g] for e in on_gpu[g]))
-        lib.add(K >= kg)
-        Ng = lib.sum(x[e, g] for e in on_gpu[g])
-        Tg = lib.sum(y[e, g] for e in on_gpu[g]) if y else kg
-        for piece in _model_pieces(coef, kg, Tg, Ng):
-            lib.add(M >= piece)
-        k.append(kg)
-        N.append(Ng)
-    # Step 6: warm start from the best model-feasible incumbent.
-    wx = warm[1]
-    wz = wx > 0
-    hints = [(x[eg], wx[eg]) for eg in edges] + [(z[eg], float(wz[eg])) for eg in edges]
-    wy = np.where(wz, np.maximum(1.0, np.ceil(wx / cost.tile - 1e-9)), 0.0)
-    hints += [(y[eg], wy[eg]) for eg in y] + [(k[g], float(wz[:, g].sum())) for g in range(D)]
-    wm = max(max(_model_pieces(coef, wz[:, g].sum(), wy[:, g].sum(), wx[:, g].sum())) for g in range(D))
-    hints.append((M, min(max(wm, m_lo), m_hi)))
-    hints.append((K, float(wz.sum(axis=0).max())))
+    bd = _bounds(problem, hint, integer_tokens, cls.integer_only, backend)  # Step 2
+    model = _build(problem, cls(kind), bd, integer_tokens, cls.integer_only)  # Steps 3-5
+    hints = _warm_start(model, bd, cost.tile)  # Step 6
     # Step 7: solve.
-    name, proven, limited, value, raw_bound = lib.solve(M, hints, time_limit, threads, bool(deterministic))
-    info.update(solver_status=name, scale=S, exact_scaling=exact, num_vars=len(hints))
+    name, proven, limited, value, raw_bound = model.lib.solve(model.M, hints, time_limit, threads, bool(deterministic))
+    info.update(solver_status=name, scale=bd.S, exact_scaling=bd.exact, num_vars=len(hints))
     info["deterministic"] = bool(deterministic) and backend == "cp_sat"
-    info["wall_limited"] = bool(getattr(lib, "wall_limited", False))
+    info["wall_limited"] = bool(getattr(model.lib, "wall_limited", False))
     if value is None and name in ("INFEASIBLE", "MODEL_INVALID", "UNBOUNDED", "INFEASIBLE_OR_UNBOUNDED"):
         raise RuntimeError(f"milp[{backend}]: solver status {name} on a feasible problem (modelling bug)")
-    # Step 8: read the solution back (round integers; drop LP dust on z < ½ and re-normalise rows).
-    if value is not None:
-        xs = np.zeros((E, D))
-        for e, g in edges:
-            v = value(x[e, g])
-            xs[e, g] = 0.0 if value(z[e, g]) < 0.5 else max(v, 0.0)
-        near = np.abs(xs - np.round(xs)) <= 1e-6 * np.maximum(1.0, xs)  # solver tolerance dust
-        xs = np.where(near, np.round(xs), xs)
-        if integer_tokens:
-            xs = _round_rows(np.round(xs), n)
-        rows = xs[live].sum(axis=1)
-        xs[live] *= np.where(rows > 0, n[live] / np.where(rows > 0, rows, 1.0), 1.0)[:, None]
-        if np.allclose(xs.sum(axis=1), n, rtol=1e-9, atol=1e-9):
-            cands.insert(0, ("solver", xs, cost.makespan(xs)))
-    # Step 9: best incumbent (solver wins ties), conservative bounds and an honest status.
-    src, xb, obj = min(cands, key=lambda c: c[2])
-    mb = raw_bound / S if raw_bound is not None and math.isfinite(raw_bound) else -math.inf
-    delta = max(cost.beta, cost.gamma or 0.0) if integer_tokens else 0.0
-    bound = max(lb, min(mb - delta, obj))
-    optimal = proven and abs(obj - mb) <= OPTIMAL_RTOL * max(abs(obj), 1e-12)  # one definition: solvers.problem
-    if optimal:
-        status = "optimal"
-    elif limited:
-        status = "timeout"
-    else:  # stopped on its own: with an incumbent of its own "feasible", without one "not_solved"
-        status = "feasible" if value is not None else "not_solved"
-    gap = (obj - bound) / obj if obj > 0 else 0.0
-    info.update(status=status, objective=obj, bound=bound, model_bound=mb, gap=gap, incumbent=src)
-    info["candidates"] = {name: mk for name, _, mk in cands}
+    xs = _read_back(model, value, problem, integer_tokens)  # Step 8
+    cands = ([("solver", xs, cost.makespan(xs))] if xs is not None else []) + bd.cands
+    xb, fields = _verdict(cands, bd, cost, integer_tokens, (proven, limited, value is not None, raw_bound))  # Step 9
+    info.update(fields)
     return xb.astype(np.float64), {**info, "wall_s": time.perf_counter() - t0}
 
 
