@@ -86,6 +86,118 @@ def _weighted_lstsq(X: np.ndarray, t: np.ndarray, nonnegative: bool = True) -> n
     return theta
 
 
+@dataclass(frozen=True)
+class _Pieces:
+    """The two pieces' design matrices over the samples (`fit_max_affine`, step 1): ``floor [n, p]`` (1, G
+    [, T − G]) and ``tokens [n, 2]`` (1, N), the times ``t [n]``; ``names`` of the floor piece's parameters."""
+
+    floor: np.ndarray
+    tokens: np.ndarray
+    t: np.ndarray
+    names: tuple[str, ...]
+
+    @property
+    def p_floor(self) -> int:
+        return self.floor.shape[1]
+
+    def refit(self, floor_mask: np.ndarray, prev: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-piece least squares on its samples (a piece with too few keeps ``prev``)."""
+        th_f, th_t = prev
+        if floor_mask.sum() >= self.p_floor:
+            th_f = _weighted_lstsq(self.floor[floor_mask], self.t[floor_mask])
+        if (~floor_mask).sum() >= 2:
+            th_t = _weighted_lstsq(self.tokens[~floor_mask], self.t[~floor_mask])
+        return th_f, th_t
+
+    def predict(self, th: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return self.floor @ th[0], self.tokens @ th[1]
+
+    def rel_err(self, th) -> float:
+        f, k = self.predict(th)
+        return float(np.mean(np.abs(np.maximum(f, k) - self.t) / self.t))
+
+    def alternate(self, mask: np.ndarray, iters: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, int, bool]:
+        """Step 3: alternate assignment and per-piece least squares from ``mask`` → ``(θ, mask, iterations,
+        converged)``."""
+        th = self.refit(mask, (np.zeros(self.p_floor), np.zeros(2)))
+        # The state (mask, θ) after each iteration decides the rest; an assignment that oscillates revisits one,
+        # and the state after ``iters`` iterations is then known without running them (a huge ``iters`` is cheap).
+        seen: dict[bytes, int] = {}
+        states: list[tuple] = []
+        for it in range(1, iters + 1):
+            f, k = self.predict(th)
+            new_mask = f >= k
+            if np.array_equal(new_mask, mask) and it > 1:
+                return th, mask, it, True
+            mask = new_mask
+            th = self.refit(mask, th)
+            key = mask.tobytes() + th[0].tobytes() + th[1].tobytes()
+            if key in seen:  # periodic from iteration seen[key] on, with period it - seen[key]
+                start = seen[key]
+                th, mask = states[start - 1 + (iters - start) % (it - start)]
+                return th, mask, iters, False
+            seen[key] = it
+            states.append((th, mask))
+        return th, mask, iters, False
+
+    def undetermined(self, mask: np.ndarray) -> list[str]:
+        """Parameters of a piece whose samples do not pin them down (rank-deficient design on the piece)."""
+        out = []
+        for keep, X, piece in ((mask, self.floor, self.names), (~mask, self.tokens, ("c", "beta"))):
+            if np.linalg.matrix_rank(X[keep]) < X.shape[1]:
+                out += piece
+        return out
+
+
+def _pieces(G: np.ndarray, N: np.ndarray, t: np.ndarray, T: np.ndarray | None) -> _Pieces:
+    """Step 1: the pieces' design matrices; samples that cannot determine a piece under any assignment (identical
+    rows, one value of G or of N, tiles collinear with G) are refused."""
+    n = G.shape[0]
+    X_floor = np.stack([np.ones(n), G] + ([] if T is None else [T - G]), axis=1)
+    X_tok = np.stack([np.ones(n), N], axis=1)
+    for X, what in ((X_floor, "G" if T is None else "G and tiles − G"), (X_tok, "N")):
+        if np.linalg.matrix_rank(X) < X.shape[1]:
+            raise ValueError(
+                f"fit_max_affine: the samples cannot determine the model: {len(np.unique(G))} distinct G and "
+                f"{len(np.unique(N))} distinct N over {n} samples leave the piece in {what} undetermined (identical "
+                "or collinear samples); measure at more distinct (G, N) points"
+            )
+    return _Pieces(X_floor, X_tok, t, ("a", "b") + (() if T is None else ("b2",)))
+
+
+def _best_start(pieces: _Pieces, ratio: np.ndarray, iters: int) -> tuple:
+    """Step 2: multi-start. Samples with few tokens per expert (``ratio [n]`` = N / G) start on the floor piece;
+    several split quantiles, each alternated (step 3); a fit that determines every parameter beats one that does
+    not, whatever their errors, then the lower error. Returns ``((undetermined, error), θ, mask, iterations,
+    converged)``."""
+    n, p_floor = ratio.shape[0], pieces.p_floor
+    order = np.argsort(ratio, kind="stable")
+    best = None
+    for q in (0.2, 0.35, 0.5, 0.65, 0.8):
+        k = int(np.clip(round(q * n), p_floor, n - 2))
+        mask = np.zeros(n, dtype=bool)
+        mask[order[:k]] = True
+        th, mask, its, conv = pieces.alternate(mask, iters)
+        rank = (len(pieces.undetermined(mask)), pieces.rel_err(th))
+        if best is None or rank[0] < best[0][0] or (rank[0] == best[0][0] and rank[1] < best[0][1] - 1e-12):
+            best = (rank, th, mask, its, conv)
+    return best
+
+
+def _outside_domain(pieces: _Pieces, mask: np.ndarray) -> dict[str, float]:
+    """Step 5: parameters the unconstrained fit of the final pieces would put below 0."""
+    outside = {}
+    t = pieces.t
+    for keep, X, piece, k in (
+        (mask, pieces.floor, pieces.names, pieces.p_floor),
+        (~mask, pieces.tokens, ("c", "beta"), 2),
+    ):
+        if keep.sum() >= k:
+            free = _weighted_lstsq(X[keep], t[keep], nonnegative=False)
+            outside.update({nm: float(v) for nm, v in zip(piece, free, strict=True) if v < 0})
+    return outside
+
+
 def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, FitReport]:
     """Fit ``t ≈ max(a + b·G [+ b2·(T − G)], c + β·N)`` by alternating assignment.
 
@@ -122,86 +234,11 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
     if n < p_floor + 2:
         raise ValueError(f"fit_max_affine: need at least {p_floor + 2} samples for {p_floor + 2} parameters, got {n}")
     iters = check_int("iters", iters, where="fit_max_affine")
-
-    # Step 1: design matrices of the two pieces; samples that cannot determine a piece under any assignment
-    # (identical rows, one value of G or of N, tiles collinear with G) are refused.
-    X_floor = np.stack([np.ones(n), G] + ([] if T is None else [T - G]), axis=1)
-    X_tok = np.stack([np.ones(n), N], axis=1)
-    for X, what in ((X_floor, "G" if T is None else "G and tiles − G"), (X_tok, "N")):
-        if np.linalg.matrix_rank(X) < X.shape[1]:
-            raise ValueError(
-                f"fit_max_affine: the samples cannot determine the model: {len(np.unique(G))} distinct G and "
-                f"{len(np.unique(N))} distinct N over {n} samples leave the piece in {what} undetermined (identical "
-                "or collinear samples); measure at more distinct (G, N) points"
-            )
-
-    def refit(floor_mask: np.ndarray, prev: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        th_f, th_t = prev
-        if floor_mask.sum() >= p_floor:
-            th_f = _weighted_lstsq(X_floor[floor_mask], t[floor_mask])
-        if (~floor_mask).sum() >= 2:
-            th_t = _weighted_lstsq(X_tok[~floor_mask], t[~floor_mask])
-        return th_f, th_t
-
-    def predict(th: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        return X_floor @ th[0], X_tok @ th[1]
-
-    def alternate(mask: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, int, bool]:
-        th = refit(mask, (np.zeros(p_floor), np.zeros(2)))
-        # The state (mask, θ) after each iteration decides the rest; an assignment that oscillates revisits one,
-        # and the state after ``iters`` iterations is then known without running them (a huge ``iters`` is cheap).
-        seen: dict[bytes, int] = {}
-        states: list[tuple] = []
-        for it in range(1, iters + 1):
-            f, k = predict(th)
-            new_mask = f >= k
-            if np.array_equal(new_mask, mask) and it > 1:
-                return th, mask, it, True
-            mask = new_mask
-            th = refit(mask, th)
-            key = mask.tobytes() + th[0].tobytes() + th[1].tobytes()
-            if key in seen:  # periodic from iteration seen[key] on, with period it - seen[key]
-                start = seen[key]
-                th, mask = states[start - 1 + (iters - start) % (it - start)]
-                return th, mask, iters, False
-            seen[key] = it
-            states.append((th, mask))
-        return th, mask, iters, False
-
-    def rel_err(th) -> float:
-        f, k = predict(th)
-        return float(np.mean(np.abs(np.maximum(f, k) - t) / t))
-
-    # Step 2: multi-start. Samples with few tokens per expert start on the floor piece; try several split
-    # quantiles of tokens-per-expert and keep the best converged fit.
-    ratio = N / np.maximum(G, 1.0)
-    order = np.argsort(ratio, kind="stable")
-    names = ["a", "b"] + ([] if T is None else ["b2"])
-
-    def undetermined(mask: np.ndarray) -> list[str]:
-        """Parameters of a piece whose samples do not pin them down (rank-deficient design on the piece)."""
-        out = []
-        for keep, X, piece in ((mask, X_floor, names), (~mask, X_tok, ["c", "beta"])):
-            if np.linalg.matrix_rank(X[keep]) < X.shape[1]:
-                out += piece
-        return out
-
-    best = None
-    for q in (0.2, 0.35, 0.5, 0.65, 0.8):
-        k = int(np.clip(round(q * n), p_floor, n - 2))
-        mask = np.zeros(n, dtype=bool)
-        mask[order[:k]] = True
-        # Step 3: alternate assignment and per-piece least squares; a fit that determines every parameter beats
-        # one that does not, whatever their errors.
-        th, mask, its, conv = alternate(mask)
-        rank = (len(undetermined(mask)), rel_err(th))
-        if best is None or rank[0] < best[0][0] or (rank[0] == best[0][0] and rank[1] < best[0][1] - 1e-12):
-            best = (rank, th, mask, its, conv)
-
+    pieces = _pieces(G, N, t, T)  # Step 1
+    (_, err), (th_f, th_t), mask, its, conv = _best_start(pieces, N / np.maximum(G, 1.0), iters)  # Steps 2-3
     # Step 4: a piece whose final samples do not pin its parameters down leaves them arbitrary however small the
     # error: said loudly (a warning and ``FitReport.undetermined``), never reported as a plain converged fit.
-    (_, err), (th_f, th_t), mask, its, conv = best
-    lost = tuple(undetermined(mask))
+    lost = tuple(pieces.undetermined(mask))
     if lost:
         warnings.warn(
             f"fit_max_affine: the fit is undetermined: the samples assigned to each piece cannot determine "
@@ -211,13 +248,8 @@ def fit_max_affine(G, N, t, *, tiles=None, iters: int = 50) -> tuple[CostModel, 
             UndeterminedFitWarning,
             stacklevel=2,
         )
-
-    # Step 5: package; parameters the unconstrained fit of the final pieces would put below 0.
-    outside = {}
-    for keep, X, piece, k in ((mask, X_floor, names, p_floor), (~mask, X_tok, ["c", "beta"], 2)):
-        if keep.sum() >= k:
-            free = _weighted_lstsq(X[keep], t[keep], nonnegative=False)
-            outside.update({nm: float(v) for nm, v in zip(piece, free, strict=True) if v < 0})
+    # Step 5: package, with the parameters the data would put below 0.
+    outside = _outside_domain(pieces, mask)
     if th_f[1] == 0 and th_t[1] == 0 and (T is None or th_f[2] == 0):
         free = ", ".join(f"{k} = {v:.3g}" for k, v in outside.items()) or "none"
         raise ValueError(
