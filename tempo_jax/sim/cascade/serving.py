@@ -418,6 +418,102 @@ def _call_step_time(step_time: StepTimeFn, batches: tuple[StepBatch, ...], step:
     return dur, rec
 
 
+class _Books:
+    """One serving run's books (`simulate_prefill`): each replica's FIFO queue, the router's view of its
+    outstanding new tokens and its prefix cache; per request its replica, the router's estimate of its new tokens,
+    its hit P_0 (fixed at the first chunk), tokens computed, chunks and completion time; the chunk log."""
+
+    def __init__(self, trace: RequestTrace, router: Router, caches: list[PrefixCache]) -> None:
+        n, D = len(trace), len(caches)
+        self.trace, self.router, self.caches = trace, router, caches
+        self.replica = np.full(n, -1, dtype=np.int64)
+        self.est_new = np.zeros(n, dtype=np.int64)  # router's estimate of new tokens, fixed at placement
+        self.hit = np.full(n, -1, dtype=np.int64)  # P_0, fixed at the first chunk
+        self.done = np.zeros(n, dtype=np.int64)  # new tokens computed so far
+        self.nchunks = np.zeros(n, dtype=np.int64)
+        self.completion = np.full(n, np.inf)
+        self.loads = np.zeros(D, dtype=np.int64)  # outstanding new tokens per replica (router's view)
+        self.queues: list[deque[int]] = [deque() for _ in range(D)]
+        self.log: list[tuple[int, int, int, int, int]] = []  # (step, request, replica, q, P)
+        self.nxt = self.completed = 0
+
+    def place_until(self, t_s: float, *, inclusive: bool) -> None:
+        """Step 2: the router places every request arriving by ``t_s`` (at ``t_s`` too when ``inclusive``)."""
+        trace, arrival, ilen = self.trace, self.trace.arrival_s, self.trace.input_len
+        while self.nxt < len(trace) and (arrival[self.nxt] <= t_s if inclusive else arrival[self.nxt] < t_s):
+            r, blocks = self.nxt, trace.blocks(self.nxt)
+            d = self.router.choose(blocks, self.loads, self.caches)
+            est_hit = self.caches[d].hit_tokens(blocks, ilen[r], block_size=trace.block_size)
+            self.replica[r], self.est_new[r] = d, ilen[r] - est_hit
+            self.loads[d] += self.est_new[r]
+            self.queues[d].append(r)
+            self.nxt += 1
+
+    def batches(self, budget: int, max_req: int | None, chunked_prefill: bool) -> tuple[StepBatch, ...]:
+        """Step 3: one batch per replica (FIFO, token budget, chunked prefill); a request's first chunk fixes its
+        hit and touches its cached blocks."""
+        trace, ilen, bs = self.trace, self.trace.input_len, self.trace.block_size
+        hit, done = self.hit, self.done
+        out = []
+        for d, queue in enumerate(self.queues):
+            rids, qs, Ps = [], [], []
+            left = budget
+            for r in queue:
+                if left == 0 or (max_req is not None and len(rids) == max_req):
+                    break
+                if hit[r] < 0:
+                    P0 = self.caches[d].hit_tokens(trace.blocks(r), ilen[r], block_size=bs)
+                    need = int(ilen[r]) - P0
+                    if not chunked_prefill and need > budget:
+                        raise ValueError(
+                            f"request {r} needs {need} new tokens in one step but max_batch_tokens={budget} "
+                            "(chunked_prefill=False): it can never be scheduled"
+                        )
+                    if not chunked_prefill and need > left:
+                        break  # head of line waits for the next step
+                    self.caches[d].match(trace.blocks(r), touch=True)
+                    hit[r] = P0
+                    self.loads[d] += need - self.est_new[r]
+                q = min(int(ilen[r] - hit[r] - done[r]), left)
+                rids.append(r)
+                qs.append(q)
+                Ps.append(int(hit[r] + done[r]))
+                left -= q
+            ids = np.array(rids, dtype=np.int64)
+            out.append(StepBatch(replica=d, request_ids=ids, q=qs, P=Ps, I=ilen[ids]))
+        return tuple(out)
+
+    def account(self, batches: tuple[StepBatch, ...], k: int, t_end: float) -> None:
+        """Step 5: step ``k``'s chunks at its end ``t_end``; completed requests enter their replica's cache and
+        leave its queue."""
+        ilen = self.trace.input_len
+        for b in batches:
+            d = b.replica
+            for r, q, P in zip(b.request_ids.tolist(), b.q.tolist(), b.P.tolist(), strict=True):
+                self.log.append((k, r, d, q, P))
+                self.done[r] += q
+                self.nchunks[r] += 1
+                self.loads[d] -= q
+                if self.hit[r] + self.done[r] == ilen[r]:
+                    self.completion[r] = t_end
+                    self.caches[d].insert(self.trace.blocks(r))
+                    self.completed += 1
+            queue = self.queues[d]
+            while queue and np.isfinite(self.completion[queue[0]]):
+                queue.popleft()
+
+    def chunks(self) -> np.ndarray:
+        """Step 6: the chunk log ``[chunks, 5]`` (step, request, replica, q, P), once nothing was lost."""
+        n, ilen = len(self.trace), self.trace.input_len
+        chunks = np.array(self.log, dtype=np.int64).reshape(-1, 5)
+        computed = np.bincount(chunks[:, 1], weights=chunks[:, 3], minlength=n).astype(np.int64)
+        hit = self.hit
+        lost = self.completed != n or np.any(hit < 0) or np.any(hit + computed != ilen) or np.any(self.loads != 0)
+        if lost or any(self.queues):
+            raise RuntimeError("simulate_prefill: request accounting failed (a request was lost or double-counted)")
+        return chunks
+
+
 def simulate_prefill(
     trace: RequestTrace,
     *,
@@ -448,7 +544,7 @@ def simulate_prefill(
     Raises ``ValueError`` on bad knobs, on a request that can never fit a batch (``chunked_prefill=False``), and
     on a bad ``step_time`` return; ``RuntimeError`` if the accounting invariants fail (nothing may be lost).
     """
-    # Step 1: check the knobs and set up replica state.
+    # Step 1: check the knobs and set up the books.
     if not isinstance(trace, RequestTrace):
         raise ValueError(f"trace must be a RequestTrace, got {type(trace).__name__}")
     if len(trace) == 0:
@@ -459,133 +555,61 @@ def simulate_prefill(
     router = Router(policy, D, seed=seed)
     budget = _positive_int("max_batch_tokens", max_batch_tokens)
     max_req = None if max_batch_requests is None else _positive_int("max_batch_requests", max_batch_requests)
-    caches = [PrefixCache(_positive_int("cache_blocks", cache_blocks)) for _ in range(D)]
-    n, bs = len(trace), trace.block_size
-    arrival, ilen = trace.arrival_s, trace.input_len
-    replica = np.full(n, -1, dtype=np.int64)
-    est_new = np.zeros(n, dtype=np.int64)  # router's estimate of new tokens, fixed at placement
-    hit = np.full(n, -1, dtype=np.int64)  # P_0, fixed at the first chunk
-    done = np.zeros(n, dtype=np.int64)  # new tokens computed so far
-    nchunks = np.zeros(n, dtype=np.int64)
-    completion = np.full(n, np.inf)
-    loads = np.zeros(D, dtype=np.int64)  # outstanding new tokens per replica (router's view)
-    queues: list[deque[int]] = [deque() for _ in range(D)]
-    steps_start: list[float] = []
-    steps_end: list[float] = []
-    steps_tokens: list[np.ndarray] = []
-    steps_chunks: list[np.ndarray] = []
-    records: list[Any] = []
-    log: list[tuple[int, int, int, int, int]] = []  # (step, request, replica, q, P)
-
-    def place_until(t_s: float, *, inclusive: bool) -> None:
-        nonlocal nxt
-        while nxt < n and (arrival[nxt] <= t_s if inclusive else arrival[nxt] < t_s):
-            blocks = trace.blocks(nxt)
-            d = router.choose(blocks, loads, caches)
-            est_hit = caches[d].hit_tokens(blocks, ilen[nxt], block_size=bs)
-            replica[nxt], est_new[nxt] = d, ilen[nxt] - est_hit
-            loads[d] += est_new[nxt]
-            queues[d].append(nxt)
-            nxt += 1
-
+    books = _Books(trace, router, [PrefixCache(_positive_int("cache_blocks", cache_blocks)) for _ in range(D)])
+    n, arrival = len(trace), trace.arrival_s
+    starts, ends, tokens, nchunks, records = [], [], [], [], []
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc=f"prefill[{policy}]", unit="req")
-    nxt, completed, t = 0, 0, float(arrival[0])
-    while completed < n:
+    t = float(arrival[0])
+    while books.completed < n:
         # Step 2: place arrivals up to now; if nothing is queued, jump to the next arrival.
-        place_until(t, inclusive=True)
-        if not any(queues):
-            t = max(t, float(arrival[nxt]))
+        books.place_until(t, inclusive=True)
+        if not any(books.queues):
+            t = max(t, float(arrival[books.nxt]))
             continue
-        # Step 3: form one batch per replica (FIFO, token budget, chunked prefill).
-        batches = []
-        for d in range(D):
-            rids, qs, Ps = [], [], []
-            left = budget
-            for r in queues[d]:
-                if left == 0 or (max_req is not None and len(rids) == max_req):
-                    break
-                if hit[r] < 0:
-                    P0 = caches[d].hit_tokens(trace.blocks(r), ilen[r], block_size=bs)
-                    need = int(ilen[r]) - P0
-                    if not chunked_prefill and need > budget:
-                        raise ValueError(
-                            f"request {r} needs {need} new tokens in one step but max_batch_tokens={budget} "
-                            "(chunked_prefill=False): it can never be scheduled"
-                        )
-                    if not chunked_prefill and need > left:
-                        break  # head of line waits for the next step
-                    caches[d].match(trace.blocks(r), touch=True)
-                    hit[r] = P0
-                    loads[d] += need - est_new[r]
-                q = min(int(ilen[r] - hit[r] - done[r]), left)
-                rids.append(r)
-                qs.append(q)
-                Ps.append(int(hit[r] + done[r]))
-                left -= q
-            ids = np.array(rids, dtype=np.int64)
-            batches.append(StepBatch(replica=d, request_ids=ids, q=qs, P=Ps, I=ilen[ids]))
-        batches = tuple(batches)
+        batches = books.batches(budget, max_req, chunked_prefill)  # Step 3
         # Step 4: time the step; arrivals during it see the pre-step state.
-        k = len(steps_start)
+        k = len(starts)
         dur, rec = _call_step_time(step_time, batches, k)
         t_end = t + dur
-        place_until(t_end, inclusive=False)
-        # Step 5: account the chunks at the step's end; completed requests enter their replica's cache.
-        for b in batches:
-            d = b.replica
-            for r, q, P in zip(b.request_ids.tolist(), b.q.tolist(), b.P.tolist(), strict=True):
-                log.append((k, r, d, q, P))
-                done[r] += q
-                nchunks[r] += 1
-                loads[d] -= q
-                if hit[r] + done[r] == ilen[r]:
-                    completion[r] = t_end
-                    caches[d].insert(trace.blocks(r))
-                    completed += 1
-            while queues[d] and np.isfinite(completion[queues[d][0]]):
-                queues[d].popleft()
+        books.place_until(t_end, inclusive=False)
+        books.account(batches, k, t_end)  # Step 5
         if bar is not None:
-            bar.update(completed - bar.n)
-        steps_start.append(t)
-        steps_end.append(t_end)
-        steps_tokens.append(np.array([b.new_tokens for b in batches], dtype=np.int64))
-        steps_chunks.append(np.array([b.num_chunks for b in batches], dtype=np.int64))
+            bar.update(books.completed - bar.n)
+        starts.append(t)
+        ends.append(t_end)
+        tokens.append(np.array([b.new_tokens for b in batches], dtype=np.int64))
+        nchunks.append(np.array([b.num_chunks for b in batches], dtype=np.int64))
         records.append(rec)
         t = t_end
     if bar is not None:
         bar.close()
-
-    # Step 6: check that nothing was lost and package the result.
-    chunks = np.array(log, dtype=np.int64).reshape(-1, 5)
-    computed = np.bincount(chunks[:, 1], weights=chunks[:, 3], minlength=n).astype(np.int64)
-    if completed != n or np.any(hit < 0) or np.any(hit + computed != ilen) or np.any(loads != 0) or any(queues):
-        raise RuntimeError("simulate_prefill: request accounting failed (a request was lost or double-counted)")
+    chunks = books.chunks()  # Step 6: nothing lost; package the result.
     return PrefillResult(
         policy=router.policy,
         num_replicas=D,
         max_batch_tokens=budget,
         max_batch_requests=max_req,
-        cache_blocks=caches[0].capacity_blocks,
-        replica=replica,
+        cache_blocks=books.caches[0].capacity_blocks,
+        replica=books.replica,
         arrival_s=arrival.copy(),
-        input_len=ilen.copy(),
-        hit_tokens=hit,
-        completion_s=completion,
-        ttft_s=completion - arrival,
-        num_chunks=nchunks,
-        step_start_s=np.array(steps_start, dtype=np.float64),
-        step_end_s=np.array(steps_end, dtype=np.float64),
-        step_new_tokens=np.array(steps_tokens, dtype=np.int64).reshape(-1, D),
-        step_chunks=np.array(steps_chunks, dtype=np.int64).reshape(-1, D),
+        input_len=trace.input_len.copy(),
+        hit_tokens=books.hit,
+        completion_s=books.completion,
+        ttft_s=books.completion - arrival,
+        num_chunks=books.nchunks,
+        step_start_s=np.array(starts, dtype=np.float64),
+        step_end_s=np.array(ends, dtype=np.float64),
+        step_new_tokens=np.array(tokens, dtype=np.int64).reshape(-1, D),
+        step_chunks=np.array(nchunks, dtype=np.int64).reshape(-1, D),
         step_records=tuple(records),
         chunk_step=chunks[:, 0],
         chunk_request=chunks[:, 1],
         chunk_replica=chunks[:, 2],
         chunk_q=chunks[:, 3],
         chunk_P=chunks[:, 4],
-        cache_evictions=np.array([c.evictions for c in caches], dtype=np.int64),
+        cache_evictions=np.array([c.evictions for c in books.caches], dtype=np.int64),
     )
