@@ -1,5 +1,5 @@
 """`tempo-jax serve`: the MoE layer serving a routing stream with live tables from the solver worker; its options
-are generated from `tempo_jax.runtime.serve.ServeConfig`, its metrics options from
+are generated from `tempo_jax.runtime.serve_config.ServeConfig`, its metrics options from
 `tempo_jax.metrics.WatchOptions`. `tempo-jax report RUN`: the pictures of a watched run (`tempo_jax.metrics.report`)."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from ..metrics import WatchOptions
 from ..metrics.report import render_run
 from ..runtime.controller import SOLVER_MODES
 from ..runtime.publisher import FALLBACKS
-from ..runtime.serve import ROUTINGS, ServeConfig, serve
+from ..runtime.serve import serve
+from ..runtime.serve_config import ROUTINGS, ServeConfig
 from ..workloads import TRACES
 from .args import config_from_args, config_options, prepare_out_dir
 

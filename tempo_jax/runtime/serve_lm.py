@@ -50,6 +50,7 @@ from ..lm import LMConfig, TinyMoELM, corpus, train
 from ..workloads import SyntheticRouting
 from . import serve_shared as shared
 from .controller import DispatchController
+from .serve_config import ServeConfig
 
 #: How the LM labels a re-placement's price (every layer's makespan, averaged).
 _LAYERS_MEAN = "modelled makespan (mean of layers)"
@@ -57,7 +58,7 @@ _LAYERS_MEAN = "modelled makespan (mean of layers)"
 __all__ = ["refresh_time", "serve_lm"]
 
 
-def _windows(cfg, batch: int, seq_len: int, *, chunked: bool = False):
+def _windows(cfg: ServeConfig, batch: int, seq_len: int, *, chunked: bool = False):
     """Reproducible ``[batch, seq_len]`` int32 windows of the corpus, one array per call: at random places, or
     (``chunked``) the next chunk of each of ``batch`` long prompts read in order (chunked prefill: a batch's
     prompts persist over steps, as in a serving engine; a prompt that runs off the corpus restarts elsewhere)."""
@@ -89,10 +90,10 @@ def _layer_loads(model: TinyMoELM, step, draw, batches: int) -> np.ndarray:
 
 
 def serve_lm(
-    cfg, *, out_dir: str | Path | None = "results", quiet: bool = False, figure: bool = True, watch=None
+    cfg: ServeConfig, *, out_dir: str | Path | None = "results", quiet: bool = False, figure: bool = True, watch=None
 ) -> dict:
     """Serve the tiny MoE LM with live per-layer tables (see the module); returns the report (also
-    ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve.ServeConfig` with ``model="lm"``; ``watch``
+    ``<out_dir>/serve.json``). ``cfg`` is a `tempo_jax.runtime.serve_config.ServeConfig` with ``model="lm"``; ``watch``
     the `tempo_jax.metrics.WatchOptions` of the run's metrics (``<out_dir>/metrics.jsonl`` in any case)."""
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
@@ -299,7 +300,7 @@ def _replace(model, new, step: int) -> dict:
     }
 
 
-def _report(cfg, rows, metrics, status, history, refresher, setup_s, D, Ng, L, phases) -> dict:
+def _report(cfg: ServeConfig, rows, metrics, status, history, refresher, setup_s, D, Ng, L, phases) -> dict:
     step_ms = {}
     for kind in ("prefill", "decode"):
         for on in (True, False):  # the first step after a re-placement compiles: not a serving step time

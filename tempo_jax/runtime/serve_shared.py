@@ -17,6 +17,7 @@ from ..layer.mesh import make_mesh, parse_mesh
 from ..metrics import Watcher, WatchOptions
 from .controller import DispatchController
 from .refresher import Refresher
+from .serve_config import ServeConfig
 
 __all__ = [
     "figure_axes",
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-def serving_mesh(cfg):
+def serving_mesh(cfg: ServeConfig):
     """The mesh a serving run uses: ``cfg.mesh`` (e.g. ``"data=2,ep=4"``, `tempo_jax.layer.make_mesh`) or one ``ep``
     axis over every device. Returns ``(mesh, D, Ng, tensor_axis)``: EP ranks, EP groups (data replicas) and the
     tensor axis's name (None without one)."""
@@ -47,7 +48,7 @@ def serving_mesh(cfg):
     return mesh, mesh.shape["ep"], mesh.shape["data"], "tensor" if mesh.shape["tensor"] > 1 else None
 
 
-def watcher(cfg, watch: WatchOptions | None, out_dir, cost, say) -> Watcher:
+def watcher(cfg: ServeConfig, watch: WatchOptions | None, out_dir, cost, say) -> Watcher:
     """The serving loop's `tempo_jax.metrics.Watcher`: ``watch``'s sinks, and ``<out_dir>/metrics.jsonl`` (one
     record per step, what `tempo-jax report` draws) unless ``watch`` names another file or ``out_dir`` is None."""
     watch = WatchOptions() if watch is None else watch
@@ -62,10 +63,12 @@ def group_makespan(makespan: Callable[[np.ndarray], float], counts) -> float:
     return float(max(makespan(c) for c in np.asarray(counts)))
 
 
-def start(cfg, placements, cost, read_counter: Callable[[], object]) -> tuple[DispatchController, Refresher]:
+def start(
+    cfg: ServeConfig, placements, cost, read_counter: Callable[[], object]
+) -> tuple[DispatchController, Refresher]:
     """The runtime of a serving loop: a `DispatchController` over ``placements`` with ``cfg``'s policy, solver mode,
-    budget, staleness, fallback and re-placement period (``cfg``: a `tempo_jax.runtime.serve.ServeConfig`), fed by
-    a `Refresher` that snapshots ``read_counter()`` every ``cfg.period_s`` (or ``cfg.every_steps``)."""
+    budget, staleness, fallback and re-placement period, fed by a `Refresher` that snapshots ``read_counter()``
+    every ``cfg.period_s`` (or ``cfg.every_steps``)."""
     controller = DispatchController(
         placements,
         cost,
