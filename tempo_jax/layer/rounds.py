@@ -80,9 +80,9 @@ def _rounds_fwd(x, weights, po, static):
     return out, (x, weights, po, vjp0, out[2])
 
 
-def _forward(x, weights, po, static, *, keep_first: bool):
-    s = static
-    send = functools.partial(
+def _sender(s) -> functools.partial:
+    """`_send` with the static settings of one call (``s``: its `RoundsStatic`)."""
+    return functools.partial(
         _send,
         C=s.C,
         top_k=s.top_k,
@@ -92,6 +92,11 @@ def _forward(x, weights, po, static, *, keep_first: bool):
         hidden=s.hidden,
         slots_total=s.slots_total,
     )
+
+
+def _forward(x, weights, po, static, *, keep_first: bool):
+    s = static
+    send = _sender(s)
     ffn = _ffn(s)
     D, C, H = s.num_ranks, s.C, s.hidden
     R = num_rounds(po.wanted, C, s.axis)
@@ -132,16 +137,7 @@ def _rounds_bwd(static, res, cotangents):
     s = static
     x, weights, po, vjp0, R = res
     dy_pairs = cotangents[0]
-    send = functools.partial(
-        _send,
-        C=s.C,
-        top_k=s.top_k,
-        dtype=s.dtype,
-        axis=s.axis,
-        exchange=s.exchange,
-        hidden=s.hidden,
-        slots_total=s.slots_total,
-    )
+    send = _sender(s)
     ffn = _ffn(s)
     D, C, H, K = s.num_ranks, s.C, s.hidden, s.top_k
 
