@@ -72,6 +72,7 @@ SOURCES = {"FLAME": {}, "Zipf1.2": {"source": "synthetic", "synthetic": SYN}}
 with tempfile.TemporaryDirectory() as tmp:
     out = Path(tmp) / "bench_ingraph.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_ingraph.py"), "--out", str(out)]
+    cmd += ["--suites", "issue,scale,recorded,optimum,cost"]  # the copies suite is notebook 11's subject
     cmd += ["--quick"] if SMALL else []
     t0 = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

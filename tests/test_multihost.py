@@ -14,11 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(devices: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(
-        JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHON=sys.executable
-    )
-    return env
+    """The run's environment with ``devices`` CPU devices per process (the compile flags of conftest.py kept)."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    flags = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags, PYTHON=sys.executable)
 
 
 def _one_and_two_processes(tmp_path: Path, mode: str = "sample", *args: str):
