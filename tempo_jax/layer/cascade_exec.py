@@ -4,7 +4,8 @@
 `MoEConfig.fetches` is non-empty; they compose the stages of `tempo_jax.layer.stages`. The host-side half (plans →
 `WeightFetch`es, pair counts for the planners) is `tempo_jax.layer.cascade_plan`.
 
-**Asynchronous launching** (`scheduled_exchange_ffn`). The synchronous all-to-all is decomposed into the
+**Asynchronous launching** (`Scheduled`, one of the `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations;
+`scheduled_exchange_ffn`). The synchronous all-to-all is decomposed into the
 schedule's shifts (`LaunchSchedule.shifts`): for launch group g and shift k, every source s of g sends its
 block for rank (s + k) mod D with one `jax.lax.ppermute` (k = 0 is the local block, no collective). After
 group g's D shifts, each rank runs one grouped-GEMM SwiGLU over the blocks of g's sources only and returns
@@ -24,6 +25,8 @@ Glossary additions: m sources in a launch group."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -31,7 +34,7 @@ from solvers import LaunchSchedule
 
 from . import stages
 
-__all__ = ["apply_fetches", "scheduled_exchange_ffn"]
+__all__ = ["Scheduled", "apply_fetches", "scheduled_exchange_ffn"]
 
 
 def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: str, slots_per_rank: int):
@@ -70,34 +73,49 @@ def apply_fetches(fetches, ids, dest, local, phy2log, weights: dict, *, axis: st
     return dest, local, weights
 
 
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+    """Steps 3–6 by a CascadeEP launch ``schedule`` (`solvers.LaunchSchedule`): pack at ``capacity`` C rows per
+    block (the worst case: nothing is dropped), then `scheduled_exchange_ffn`. One of the three
+    `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations."""
+
+    wire: stages.Wire
+    ffn: stages.FFN
+    capacity: int
+    schedule: LaunchSchedule
+
+    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """``x [T, H]`` (``wire.top_k`` pairs per row), ``dest`` / ``local [T·K]``, this rank's ``weights`` →
+        `stages.Exchanged` (``rounds`` = 1)."""
+        w = self.wire
+        packed = stages.pack(
+            x, dest, local, top_k=w.top_k, num_ranks=self.schedule.num_ranks, capacity=self.capacity, dtype=w.dtype
+        )
+        back, group_sizes = scheduled_exchange_ffn(packed, self.schedule, weights, wire=w, ffn=self.ffn)
+        y_pairs = stages.unpack_rows(back, packed)
+        return stages.Exchanged(y_pairs, group_sizes, packed.wanted, packed.counts, jnp.int32(1))
+
+
 def scheduled_exchange_ffn(
-    packed: stages.Packed,
-    schedule: LaunchSchedule,
-    weights: dict,
-    *,
-    axis: str,
-    hidden: int,
-    slots_total: int,
-    expert,
-    gmm_impl: str,
-    interpret: bool,
-):
+    packed: stages.Packed, schedule: LaunchSchedule, weights: dict, *, wire: stages.Wire, ffn: stages.FFN
+) -> tuple[jax.Array, jax.Array]:
     """Exchange and expert FFN shift by shift, one grouped GEMM per launch group (see the module doc).
 
     Args:
       packed: this rank's `stages.Packed` rows (``buffer [D, C, W]``, ``counts [D]``).
       schedule: the static `solvers.LaunchSchedule` (D ranks, groups in launch order).
       weights: the rank's per-slot expert arrays (extended by OEWF's fetched slots).
-      expert: the `ExpertConfig` of the FFN.
-      hidden: H; slots_total: slots including fetched ones (the padding slot id).
+      wire: how the rows travel (`stages.Wire`: the ``ep`` axis, H). ffn: the call's expert FFN (`stages.FFN`).
 
     Returns:
       ``(back [D, C, H], group_sizes [slots_total])``: block j = results of the rows this rank sent to rank j
-      (as `tempo_jax.layer.exchange.return_blocks` gives them), and the rows each slot computed.
+      (as `tempo_jax.layer.exchange.return_blocks` gives them), and the rows each slot computed (slots_total:
+      the local slots with fetched ones, `stages.num_slots`).
     """
     D = schedule.num_ranks
     buf, counts = packed.buffer, packed.counts
     C = buf.shape[1]
+    axis, hidden, slots_total = wire.axis, wire.hidden, stages.num_slots(weights)
     me = jax.lax.axis_index(axis)
     back = jnp.zeros((D, C, hidden), buf.dtype)
     sizes = jnp.zeros((slots_total,), jnp.int32)
@@ -123,14 +141,7 @@ def scheduled_exchange_ffn(
         recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
         # Step 3: one grouped GEMM over g's rows.
         with jax.named_scope(f"cascade_group_{g}"):
-            y, gs = stages.expert_ffn(
-                recv.rows.reshape(-1, hidden),
-                recv.slots.reshape(-1),
-                weights,
-                expert=expert,
-                gmm_impl=gmm_impl,
-                interpret=interpret,
-            )
+            y, gs = ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), weights)
         sizes = sizes + gs
         # Step 4: reverse shifts: results for source (me − k) mod D go back to it.
         per_shift = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))

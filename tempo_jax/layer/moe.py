@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from pallas_kernels import COUNTER_DTYPE
 from solvers import LaunchSchedule
 
-from . import cascade_exec, copies, fp8, relief, rounds, stages
+from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE
@@ -312,48 +312,14 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then dequantized on this rank
     weights = fp8.dequantize_weights(weights, fp8.layer_block(config.fp8_block), config.dtype)
-    slots_total = stages.num_slots(weights)
-    mm = dict(expert=config.expert, gmm_impl=config.gmm_impl, interpret=config.interpret)
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
-        x_rows, k_rows, combine_gate = (
-            (inp.x[:, None, :] * rt.gate[..., None]).reshape(T * K, -1),
-            1,
-            jnp.ones_like(rt.gate),
-        )
+        x_rows = (inp.x[:, None, :] * rt.gate[..., None]).reshape(T * K, -1)
+        k_rows, combine_gate = 1, jnp.ones_like(rt.gate)
     else:
         x_rows, k_rows, combine_gate = inp.x, K, rt.gate
-    how, C = capacity
-    if how == "rounds":
-        # Steps 3–6 in rounds of C rows per block until every pair is computed (dropless, bounded memory).
-        po = stages.order_pairs(dest, local, D)
-        y_pairs, group_sizes, n_rounds = rounds.exchange_ffn_rounds(
-            x_rows,
-            weights,
-            po,
-            capacity=C,
-            top_k=k_rows,
-            dtype=config.dtype,
-            axis=axis,
-            exchange=exchange,
-            hidden=config.hidden,
-            slots_total=slots_total,
-            **mm,
-        )
-        wanted, sent = po.wanted, po.wanted
-    else:
-        y_pairs, group_sizes, wanted, sent = _exchange_ffn(
-            x_rows,
-            dest,
-            local,
-            weights,
-            config=config,
-            exchange=exchange,
-            capacity=C,
-            slots_total=slots_total,
-            mm=mm,
-            top_k=k_rows,
-        )
-        n_rounds = jnp.int32(1)
+    # Steps 3–6: send → expert FFN → return (one exchange, dropless rounds or a CascadeEP launch schedule).
+    path = exchange_ffn.for_call(config, exchange=exchange, capacity=capacity, top_k=k_rows)
+    y_pairs, group_sizes, wanted, sent, n_rounds = path.run(x_rows, dest, local, weights)
     # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens); with a tensor axis every device
     # holds its F / Tp share of each row's result: the one reduction of the layer over that axis.
     out = stages.combine(y_pairs, combine_gate, jnp.float32)
@@ -438,32 +404,6 @@ def _ingraph_table(
     mine = jax.lax.dynamic_slice_in_dim(every, rank, 1, axis=0)  # [1, E]
     before = jnp.sum(jnp.where(jnp.arange(num_ranks)[:, None] < rank, every, 0), axis=0)[None]  # sources before
     return relief.quotas(jnp.concatenate([before, mine]), x)[1], ran, plan
-
-
-def _exchange_ffn(
-    x, dest, local, weights, *, config: MoEConfig, exchange: str, capacity: int, slots_total: int, mm, top_k: int
-):
-    """Steps 3–6 in one exchange of capacity C (the dropless worst case, or a fixed C that drops the rest), or
-    by the CascadeEP launch schedule: ``(y_pairs [T·K, H], group_sizes [S], wanted [D], sent [D])``. ``x`` holds
-    one row per token (``top_k`` = K pairs each) or, weights on the input, one row per pair (``top_k`` = 1)."""
-    axis, K = config.axis, top_k
-    D = jax.lax.axis_size(axis)
-    # Step 3: pack by destination (rows and their slot ids travel together).
-    packed = stages.pack(x, dest, local, top_k=K, num_ranks=D, capacity=capacity, dtype=config.dtype)
-    if config.schedule == "sync":
-        # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
-        recv = stages.exchange_rows(
-            packed, axis=axis, exchange=exchange, hidden=config.hidden, slots_per_rank=slots_total
-        )
-        rows, slots = recv.rows.reshape(-1, config.hidden), recv.slots.reshape(-1)
-        y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
-        y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=axis, exchange=exchange)
-    else:
-        # Steps 4–6 by the launch schedule: shifted exchanges per group, one grouped GEMM per group (CascadeEP).
-        run = functools.partial(cascade_exec.scheduled_exchange_ffn, axis=axis, hidden=config.hidden, **mm)
-        back, group_sizes = run(packed, config.schedule, weights, slots_total=slots_total)
-        y_pairs = stages.unpack_rows(back, packed)
-    return y_pairs, group_sizes, packed.wanted, packed.counts
 
 
 @functools.lru_cache(maxsize=64)

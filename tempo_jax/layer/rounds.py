@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +26,32 @@ import jax.numpy as jnp
 from . import stages
 from .exchange import return_blocks, send_blocks
 
-__all__ = ["RoundsStatic", "exchange_ffn_rounds"]
+__all__ = ["Rounds", "num_rounds"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """Steps 3–6 in dropless rounds of ``capacity`` C rows per block (see the module): one of the three
+    `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations. Hashable: the static argument of the rounds' VJP."""
+
+    wire: stages.Wire
+    ffn: stages.FFN
+    capacity: int
+
+    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """Every pair of this rank through the expert FFN of its destination, in rounds of C rows per block.
+
+        Args:
+          x: ``[T, H]`` this rank's rows (``wire.top_k`` pairs each). dest, local: ``[T·K]`` int32 destination
+            rank (D: never sent) and slot there of each pair. weights: this rank's per-slot expert arrays (with
+            OEWF's fetched slots or the dynamic copies as parts).
+
+        Returns:
+          `stages.Exchanged`: dropless, so ``sent`` = ``wanted``; ``rounds`` = nr.
+        """
+        po = stages.order_pairs(dest, local, jax.lax.axis_size(self.wire.axis))
+        y_pairs, group_sizes, nr = _rounds(x, weights, po, self)
+        return stages.Exchanged(y_pairs, group_sizes, po.wanted, po.wanted, nr)
 
 
 def _round_pairs(po: stages.PairOrder, r, C: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -40,14 +64,15 @@ def _round_pairs(po: stages.PairOrder, r, C: int) -> tuple[jax.Array, jax.Array,
     return po.order[idx], valid, jnp.clip(po.wanted - r * C, 0, C).astype(jnp.int32)
 
 
-def _send(x, po, r, *, C, top_k, dtype, axis, exchange, hidden, slots_total):
+def _send(x, weights, po, r, how: Rounds):
     """Round r's rows to their destinations: ``(received rows [D·C, H], slots [D·C], recv counts [D], counts [D],
     pair [D, C], valid [D, C])``."""
-    pair, valid, counts = _round_pairs(po, r, C)
-    buf = jnp.where(valid[..., None], stages.with_slots(x[pair // top_k], po.local[pair], dtype), 0)  # [D, C, W]
-    recv, recv_counts = send_blocks(buf, counts, axis=axis, exchange=exchange)
-    got = stages.received(recv, recv_counts, hidden=hidden, slots_per_rank=slots_total)
-    return got.rows.reshape(-1, hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid
+    w = how.wire
+    pair, valid, counts = _round_pairs(po, r, how.capacity)
+    buf = jnp.where(valid[..., None], stages.with_slots(x[pair // w.top_k], po.local[pair], w.dtype), 0)  # [D, C, W]
+    recv, recv_counts = send_blocks(buf, counts, axis=w.axis, exchange=w.exchange)
+    got = stages.received(recv, recv_counts, hidden=w.hidden, slots_per_rank=stages.num_slots(weights))
+    return got.rows.reshape(-1, w.hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid
 
 
 def num_rounds(wanted: jax.Array, C: int, axis: str) -> jax.Array:
@@ -57,49 +82,32 @@ def num_rounds(wanted: jax.Array, C: int, axis: str) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _rounds(x, weights, po, static):
+def _rounds(x, weights, po, how: Rounds):
     """Without differentiation: every round in one loop (one traced copy of a round)."""
-    return _forward(x, weights, po, static, keep_first=False)[0]
+    return _forward(x, weights, po, how, keep_first=False)[0]
 
 
-def _ffn(static):
+def _ffn(how: Rounds):
     """The expert FFN of a round, its rows' results in the exchange dtype (weights stored in another dtype promote
     the GEMM's output; the round's VJP takes cotangents in the dtype its results travel in)."""
-    mm = dict(expert=static.expert, gmm_impl=static.gmm_impl, interpret=static.interpret)
 
     def ffn(rows, slots, weights):
-        y, group_sizes = stages.expert_ffn(rows, slots, weights, **mm)
-        return y.astype(static.dtype), group_sizes
+        y, group_sizes = how.ffn(rows, slots, weights)
+        return y.astype(how.wire.dtype), group_sizes
 
     return ffn
 
 
-def _rounds_fwd(x, weights, po, static):
+def _rounds_fwd(x, weights, po, how: Rounds):
     """Under differentiation: round 0 with its FFN's VJP kept (the one round of a balanced batch), then the rest."""
-    out, vjp0 = _forward(x, weights, po, static, keep_first=True)
+    out, vjp0 = _forward(x, weights, po, how, keep_first=True)
     return out, (x, weights, po, vjp0, out[2])
 
 
-def _sender(s) -> functools.partial:
-    """`_send` with the static settings of one call (``s``: its `RoundsStatic`)."""
-    return functools.partial(
-        _send,
-        C=s.C,
-        top_k=s.top_k,
-        dtype=s.dtype,
-        axis=s.axis,
-        exchange=s.exchange,
-        hidden=s.hidden,
-        slots_total=s.slots_total,
-    )
-
-
-def _forward(x, weights, po, static, *, keep_first: bool):
-    s = static
-    send = _sender(s)
-    ffn = _ffn(s)
-    D, C, H = s.num_ranks, s.C, s.hidden
-    R = num_rounds(po.wanted, C, s.axis)
+def _forward(x, weights, po, how: Rounds, *, keep_first: bool):
+    w, ffn = how.wire, _ffn(how)
+    D, C, H = po.wanted.shape[0], how.capacity, w.hidden
+    R = num_rounds(po.wanted, C, w.axis)
     n_pairs = po.order.shape[0]
 
     def scatter(y_pairs, back, pair, valid):
@@ -107,17 +115,17 @@ def _forward(x, weights, po, static, *, keep_first: bool):
         return y_pairs.at[target].set(back.reshape(-1, H).astype(y_pairs.dtype), mode="drop")
 
     def one_round(r, y_pairs, sizes, keep_vjp):
-        rows, slots, recv_counts, counts, pair, valid = send(x, po, r)
+        rows, slots, recv_counts, counts, pair, valid = _send(x, weights, po, r, how)
         if keep_vjp:
-            y, vjp, gs = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
+            y, vjp, gs = jax.vjp(lambda rows, ws: ffn(rows, slots, ws), rows, weights, has_aux=True)
         else:
             (y, gs), vjp = ffn(rows, slots, weights), None
-        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=s.axis, exchange=s.exchange)
+        back = return_blocks(y.reshape(D, C, H), recv_counts, counts, axis=w.axis, exchange=w.exchange)
         return scatter(y_pairs, back, pair, valid), sizes + gs, vjp
 
     # Step 1 (under differentiation): round 0 on its own, its FFN's VJP kept for the backward pass.
-    y_pairs = jnp.zeros((n_pairs, H), s.dtype)
-    sizes = jnp.zeros((s.slots_total,), jnp.int32)
+    y_pairs = jnp.zeros((n_pairs, H), w.dtype)
+    sizes = jnp.zeros((stages.num_slots(weights),), jnp.int32)
     vjp0, first = None, 0
     if keep_first:
         y_pairs, sizes, vjp0 = one_round(0, y_pairs, sizes, True)
@@ -133,105 +141,40 @@ def _forward(x, weights, po, static, *, keep_first: bool):
     return (y_pairs, sizes, R), vjp0
 
 
-def _rounds_bwd(static, res, cotangents):
-    s = static
+def _rounds_bwd(how: Rounds, res, cotangents):
+    w, ffn = how.wire, _ffn(how)
     x, weights, po, vjp0, R = res
     dy_pairs = cotangents[0]
-    send = _sender(s)
-    ffn = _ffn(s)
-    D, C, H, K = s.num_ranks, s.C, s.hidden, s.top_k
+    D, C, H, K = po.wanted.shape[0], how.capacity, w.hidden, w.top_k
 
     def back_round(r, vjp, dx, dw):
         """The VJP of round r: result cotangents go where the rows were computed, row cotangents come back."""
         pair, valid, counts = _round_pairs(po, r, C)
-        dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(s.dtype)  # [D, C, H] at the source
-        drecv, drecv_counts = send_blocks(dback, counts, axis=s.axis, exchange=s.exchange)  # transpose of return
-        drows, dweights = vjp(drecv.reshape(-1, H).astype(s.dtype))
-        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=s.axis, exchange=s.exchange)
+        dback = jnp.where(valid[..., None], dy_pairs[pair], 0).astype(w.dtype)  # [D, C, H] at the source
+        drecv, drecv_counts = send_blocks(dback, counts, axis=w.axis, exchange=w.exchange)  # transpose of return
+        drows, dweights = vjp(drecv.reshape(-1, H).astype(w.dtype))
+        dbuf = return_blocks(drows.reshape(D, C, H), drecv_counts, counts, axis=w.axis, exchange=w.exchange)
         token = jnp.where(valid, pair // K, x.shape[0]).reshape(-1)
         dx = dx.at[token].add(dbuf.reshape(-1, H).astype(dx.dtype), mode="drop")
         dw = jax.tree.map(lambda a, b: a + b.astype(a.dtype), dw, dweights)
         return dx, dw
 
     dx = jnp.zeros(x.shape, jnp.float32)
-    dw = jax.tree.map(lambda w: jnp.zeros(w.shape, jnp.float32), weights)
+    dw = jax.tree.map(lambda v: jnp.zeros(v.shape, jnp.float32), weights)
     # Step 1: round 0 from its saved VJP.
     dx, dw = back_round(0, vjp0, dx, dw)
 
     # Step 2: every further round recomputed (the forward kept no residuals of them), then its VJP.
     def body(carry):
         r, dx, dw = carry
-        rows, slots, *_ = send(x, po, r)
-        _, vjp, _ = jax.vjp(lambda rows, w: ffn(rows, slots, w), rows, weights, has_aux=True)
+        rows, slots, *_ = _send(x, weights, po, r, how)
+        _, vjp, _ = jax.vjp(lambda rows, ws: ffn(rows, slots, ws), rows, weights, has_aux=True)
         dx, dw = back_round(r, vjp, dx, dw)
         return r + 1, dx, dw
 
     _, dx, dw = jax.lax.while_loop(lambda c: c[0] < R, body, (jnp.int32(1), dx, dw))
-    dw = jax.tree.map(lambda g, w: g.astype(w.dtype), dw, weights)
+    dw = jax.tree.map(lambda g, v: g.astype(v.dtype), dw, weights)
     return dx.astype(x.dtype), dw, None
 
 
 _rounds.defvjp(_rounds_fwd, _rounds_bwd)
-
-
-def exchange_ffn_rounds(
-    x: jax.Array,
-    weights: dict,
-    po: stages.PairOrder,
-    *,
-    capacity: int,
-    top_k: int,
-    dtype,
-    axis: str,
-    exchange: str,
-    hidden: int,
-    slots_total: int,
-    expert,
-    gmm_impl: str,
-    interpret: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Every pair of this rank through the expert FFN of its destination, in rounds of ``capacity`` rows per block
-    (see the module).
-
-    Args:
-      x: ``[T, H]`` this rank's tokens. weights: its per-slot expert arrays (with OEWF's fetched slots).
-      po: the destination-sorted pairs (`stages.order_pairs`).
-      capacity: C rows per block per round (static).
-
-    Returns:
-      ``(y_pairs [T·K, H], group_sizes [S], rounds)``: each pair's expert output (pair order), the rows each
-      local slot computed over all rounds, and nr.
-    """
-    static = RoundsStatic(
-        C=int(capacity),
-        top_k=top_k,
-        dtype=dtype,
-        axis=axis,
-        exchange=exchange,
-        hidden=hidden,
-        slots_total=slots_total,
-        expert=expert,
-        gmm_impl=gmm_impl,
-        interpret=interpret,
-        num_ranks=po.wanted.shape[0],
-    )
-    return _rounds(x, weights, po, static)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundsStatic:
-    """The rounds' static configuration (a hashable custom_vjp nondiff argument): C rows per block per round, K,
-    the expert dtype, the ``ep`` axis, the exchange implementation, H, the slots a rank addresses, the expert
-    variant, the grouped-GEMM implementation, interpret mode and D."""
-
-    C: int
-    top_k: int
-    dtype: Any
-    axis: str
-    exchange: str
-    hidden: int
-    slots_total: int
-    expert: Any
-    gmm_impl: str
-    interpret: bool
-    num_ranks: int

@@ -14,7 +14,8 @@ the row dtype (so the slot id travels with its row in one collective: 1 lane for
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +30,13 @@ from .routing import route as route_tokens
 
 __all__ = [
     "Dispatched",
+    "Exchanged",
+    "FFN",
     "Packed",
     "PairOrder",
     "Received",
     "Routing",
+    "Wire",
     "combine",
     "dispatch_pairs",
     "exchange_rows",
@@ -88,6 +92,47 @@ class Received(NamedTuple):
     rows: jax.Array
     slots: jax.Array
     counts: jax.Array
+
+
+class Exchanged(NamedTuple):
+    """Steps 3–6's result on one rank (`tempo_jax.layer.exchange_ffn`): ``y_pairs [T·K, H]`` each pair's expert
+    output in pair order (dropped pairs: zeros), ``group_sizes [num_slots]`` int32 rows each local slot computed,
+    ``wanted [D]`` / ``sent [D]`` int32 rows per destination before and after the capacity cut, ``rounds`` int32
+    exchanges run (nr; 1 for one exchange or a launch schedule)."""
+
+    y_pairs: jax.Array
+    group_sizes: jax.Array
+    wanted: jax.Array
+    sent: jax.Array
+    rounds: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class FFN:
+    """The routed experts' FFN of one layer call, its settings frozen (hashable: carried through the exchange
+    implementations, a static argument of their VJPs): the ``expert`` variant (`ExpertConfig`), the grouped-GEMM
+    implementation ``gmm_impl`` and Pallas ``interpret`` mode. ``ffn(rows, slots, weights)`` is `expert_ffn`."""
+
+    expert: ExpertConfig
+    gmm_impl: str
+    interpret: bool
+
+    def __call__(self, rows: jax.Array, slots: jax.Array, weights: dict) -> tuple[jax.Array, jax.Array]:
+        """``rows [M, H]`` on local ``slots [M]`` → ``(y [M, H], group_sizes [num_slots])`` (`expert_ffn`)."""
+        return expert_ffn(rows, slots, weights, expert=self.expert, gmm_impl=self.gmm_impl, interpret=self.interpret)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """How one call's rows travel (hashable): the ``ep`` ``axis``, the ``exchange`` implementation (``"padded"``,
+    ``"ragged"``, ``"ragged_split"``: `tempo_jax.layer.exchange`), H = ``hidden``, the row ``dtype`` and
+    ``top_k`` pairs per row of the layer's ``x`` (K; 1 when each pair has its own row: weights on the input)."""
+
+    axis: str
+    exchange: str
+    hidden: int
+    dtype: Any
+    top_k: int
 
 
 def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int) -> Routing:

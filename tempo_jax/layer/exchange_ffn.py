@@ -1,0 +1,82 @@
+"""Steps 3–6 of the layer — send each pair's row to its slot's rank, run the expert FFN there, return the result —
+behind one interface with three implementations.
+
+    ExchangeFFN.run(x [T, H], dest [T·K], local [T·K], weights) -> stages.Exchanged(y_pairs, group_sizes,
+                                                                                   wanted, sent, rounds)
+
+- `OneExchange`: pack at C rows per block (the dropless worst case, or a fixed C that drops the rest), one
+  exchange, one expert FFN over every received row, one return.
+- `tempo_jax.layer.rounds.Rounds`: dropless rounds of C rows per block until every pair is computed (the default,
+  ``capacity="auto"``; bounded memory, its own VJP).
+- `tempo_jax.layer.cascade_exec.Scheduled`: CascadeEP's launch schedule — shifted exchanges per launch group, one
+  grouped GEMM per group.
+
+Each is a frozen dataclass of the same two settings, `stages.Wire` (how rows travel) and `stages.FFN` (the expert
+FFN), plus its own (C, the schedule); `for_call` picks one from the config and the call's capacity. All three
+compute every pair they send exactly once with the same FFN, so the layer's output does not depend on the choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+
+from . import stages
+from .cascade_exec import Scheduled
+from .config import MoEConfig
+from .rounds import Rounds
+
+__all__ = ["ExchangeFFN", "OneExchange", "Rounds", "Scheduled", "for_call"]
+
+
+class ExchangeFFN(Protocol):
+    """Steps 3–6 on one rank (inside the layer's `shard_map`)."""
+
+    wire: stages.Wire
+    ffn: stages.FFN
+
+    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """``x [T, H]`` this rank's rows (``wire.top_k`` pairs each), ``dest`` / ``local [T·K]`` int32 destination
+        rank (D: never sent) and local slot there of each pair, this rank's per-slot expert ``weights`` →
+        `stages.Exchanged`."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class OneExchange:
+    """Steps 3–6 in one exchange of ``capacity`` C rows per block (rows past C are dropped and counted)."""
+
+    wire: stages.Wire
+    ffn: stages.FFN
+    capacity: int
+
+    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """See `ExchangeFFN.run`; ``rounds`` = 1."""
+        w = self.wire
+        D = jax.lax.axis_size(w.axis)
+        # Step 3: pack by destination (rows and their slot ids travel together).
+        packed = stages.pack(x, dest, local, top_k=w.top_k, num_ranks=D, capacity=self.capacity, dtype=w.dtype)
+        # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
+        recv = stages.exchange_rows(
+            packed, axis=w.axis, exchange=w.exchange, hidden=w.hidden, slots_per_rank=stages.num_slots(weights)
+        )
+        y, group_sizes = self.ffn(recv.rows.reshape(-1, w.hidden), recv.slots.reshape(-1), weights)
+        y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=w.axis, exchange=w.exchange)
+        return stages.Exchanged(y_pairs, group_sizes, packed.wanted, packed.counts, jnp.int32(1))
+
+
+def for_call(config: MoEConfig, *, exchange: str, capacity: tuple[str, int], top_k: int) -> ExchangeFFN:
+    """The implementation of one layer call: dropless rounds when ``capacity`` is ``("rounds", C)``, else the
+    config's launch schedule (`Scheduled`) or one exchange (``schedule="sync"``) at C rows per block; ``exchange``
+    is the resolved exchange implementation and ``top_k`` the pairs per row of the layer's ``x``."""
+    wire = stages.Wire(config.axis, exchange, config.hidden, config.dtype, top_k)
+    ffn = stages.FFN(config.expert, config.gmm_impl, config.interpret)
+    how, C = capacity
+    if how == "rounds":
+        return Rounds(wire, ffn, C)
+    if config.schedule == "sync":
+        return OneExchange(wire, ffn, C)
+    return Scheduled(wire, ffn, C, config.schedule)
