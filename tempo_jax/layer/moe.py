@@ -245,27 +245,65 @@ class _Call:
     out_sharding: NamedSharding | None = None
 
 
+class _Sent(NamedTuple):
+    """Step 2's result on one rank: the dispatch kernel's ``dp`` (`stages.Dispatched`), each pair's destination rank
+    ``dest`` and local slot there ``local`` ``[T·K]`` int32 (D: never sent), the in-graph plan's dynamic copies
+    ``plan`` (`_CopyPlan` or None) and its improvement rounds ``plan_rounds`` (0 with tables)."""
+
+    dp: stages.Dispatched
+    dest: jax.Array
+    local: jax.Array
+    plan: _CopyPlan | None
+    plan_rounds: jax.Array
+
+
 def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Call) -> MoEOutput:
-    """Per-device body (inside shard_map over ``axes.named``): `tempo_jax.layer.stages` composed synchronously, or
-    by the CascadeEP launch schedule and OEWF fetches of `tempo_jax.layer.cascade_exec`. Every collective but the
-    counts' and losses' sums runs along ``ep``, inside this device's EP group."""
-    exchange, groups, given_routing, capacity, aux_losses = (
-        call.exchange,
-        call.groups,
-        call.given_routing,
-        call.capacity,
-        call.aux_losses,
-    )
-    axis, K, S = config.axis, config.top_k, config.slots_per_rank
-    D = jax.lax.axis_size(axis)
-    d = jax.lax.axis_index(axis)
-    T = inp.x.shape[0]
+    """Per-device body (inside shard_map over ``axes.named``): `tempo_jax.layer.stages` composed, steps 3–6 by the
+    call's `tempo_jax.layer.exchange_ffn` implementation (one exchange, dropless rounds or CascadeEP's schedule).
+    Every collective but the counts' and losses' sums runs along ``ep``, inside this device's EP group."""
+    K = config.top_k
     # Step 1: route (the family's router, or the replayed routing).
-    if given_routing:
+    if call.given_routing:
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
         rt = route(inp.x if inp.router_x is None else inp.router_x, inp.router, config.router, K)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
+    sent = _dispatch(rt, inp, config=config, axes=axes, call=call)
+    # The rank's expert weights: its stored slots, this call's dynamic copies and OEWF's fetched slots (OEWF keeps
+    # the helper's pairs for them on the helper).
+    weights, dest, local = _rank_weights(inp, rt, sent, config=config, axes=axes, exchange=call.exchange)
+    # Steps 3–6: send → expert FFN → return.
+    if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
+        x_rows = (inp.x[:, None, :] * rt.gate[..., None]).reshape(inp.x.shape[0] * K, -1)
+        k_rows, combine_gate = 1, jnp.ones_like(rt.gate)
+    else:
+        x_rows, k_rows, combine_gate = inp.x, K, rt.gate
+    path = exchange_ffn.for_call(config, exchange=call.exchange, capacity=call.capacity, top_k=k_rows)
+    done = path.run(x_rows, dest, local, weights)
+    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens); with a tensor axis every device
+    # holds its F / Tp share of each row's result: the one reduction of the layer over that axis.
+    out = stages.combine(done.y_pairs, combine_gate, jnp.float32)
+    if config.shared is not None:
+        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
+    if axes.tensor is not None:
+        out = jax.lax.psum(out, axes.tensor)
+    stats = _stats(inp, rt, sent, done, config=config)
+    losses = call.aux_losses and not call.given_routing
+    aux = _aux(rt, sent.dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=losses)
+    counts, counter = sent.dp.counts, sent.dp.counter
+    if axes.batch:  # every EP group's source d reads one table row group: count them together
+        counts = jax.lax.psum(counts, axes.batch)
+        counter = inp.counter[0] + counts.astype(counter.dtype)
+    return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux)
+
+
+def _dispatch(rt: Routing, inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Call) -> _Sent:
+    """Step 2 on one rank: this rank's table row group (or the in-graph plan's quota row) → each pair's physical
+    slot (`stages.dispatch_pairs`), split into destination rank and local slot; with dynamic copies, a copy column's
+    slot D·S + m·k + j is rank m's dynamic slot S + j."""
+    axis, K, S = config.axis, config.top_k, config.slots_per_rank
+    D, d = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    T = rt.ids.shape[0]
     sample = config.dispatch_mode == "sample"
     shard = jax.lax.axis_index(axes.tokens) if axes.batch else d  # this token shard (tensor ranks share it)
     uniforms = jax.random.uniform(jax.random.fold_in(inp.key, shard), (T, K)) if sample else None
@@ -275,7 +313,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         if plan is not None:  # dynamic copies: the copy slots are columns of the table after the fixed ones
             log2phy = plan.log2phy
     else:
-        table, plan_rounds = inp.table[(d * groups) // D], jnp.int32(0)
+        table, plan_rounds = inp.table[(d * call.groups) // D], jnp.int32(0)
     dp = stages.dispatch_pairs(
         rt,
         table,
@@ -287,12 +325,19 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         valid=inp.valid,
     )
     dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
-    if plan is not None:  # a copy column's slot D·S + m·k + j is rank m's dynamic slot S + j
+    if plan is not None:
         k, v = config.dynamic_slots, dp.slot - D * S
         dest, local = jnp.where(v >= 0, v // k, dest), jnp.where(v >= 0, S + v % k, local)
-    real = jnp.repeat(inp.valid, K)
-    invalid_ids = jnp.sum(real & (dp.slot < 0)).astype(jnp.int32)
-    # The slot arrays as stored ([S, ...] on this rank, no gather); replicas' gradients summed per group.
+    return _Sent(dp, dest, local, plan, plan_rounds)
+
+
+def _rank_weights(inp: RankInputs, rt: Routing, sent: _Sent, *, config: MoEConfig, axes: LayerAxes, exchange: str):
+    """This rank's expert weights as its FFN reads them → ``(weights, dest, local)``: the stored slots (``[S, ...]``,
+    no gather; replicas' gradients summed per group), this call's dynamic copies and OEWF's fetched slots as a
+    second part along the slots (the stored slots are never copied), gathered over an FSDP axis and dequantized
+    (FP8 experts). OEWF redirects the helper's pairs for the fetched experts to them: ``dest`` / ``local`` ``[T·K]``."""
+    axis, S = config.axis, config.slots_per_rank
+    dest, local, plan = sent.dest, sent.local, sent.plan
     weights = tie_replicas(
         inp.experts,
         inp.phy2log,
@@ -303,7 +348,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         method=config.replica_sync,
     )
     if plan is not None:  # dynamic copies: this rank's k extra slots, fetched from their sources
-        mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, d * S, S)
+        mine = jax.lax.dynamic_slice_in_dim(inp.phy2log, jax.lax.axis_index(axis) * S, S)
         got = copies.fetch_copies(weights, mine, plan.copy_expert, plan.copy_source, axis=axis, exchange=exchange)
         weights = {name: (w, got[name]) for name, w in weights.items()}  # parts: the stored slots are not copied
     if config.fetches:  # OEWF: fetched weights become extra local slots; the helper keeps its pairs for them
@@ -312,40 +357,28 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then dequantized on this rank
     weights = fp8.dequantize_weights(weights, fp8.layer_block(config.fp8_block), config.dtype)
-    if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
-        x_rows = (inp.x[:, None, :] * rt.gate[..., None]).reshape(T * K, -1)
-        k_rows, combine_gate = 1, jnp.ones_like(rt.gate)
-    else:
-        x_rows, k_rows, combine_gate = inp.x, K, rt.gate
-    # Steps 3–6: send → expert FFN → return (one exchange, dropless rounds or a CascadeEP launch schedule).
-    path = exchange_ffn.for_call(config, exchange=exchange, capacity=capacity, top_k=k_rows)
-    y_pairs, group_sizes, wanted, sent, n_rounds = path.run(x_rows, dest, local, weights)
-    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens); with a tensor axis every device
-    # holds its F / Tp share of each row's result: the one reduction of the layer over that axis.
-    out = stages.combine(y_pairs, combine_gate, jnp.float32)
-    if config.shared is not None:
-        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
-    if axes.tensor is not None:
-        out = jax.lax.psum(out, axes.tensor)
-    stats = MoEStats(
-        gpu_tokens=jnp.sum(group_sizes)[None],
-        gpu_activations=jnp.sum(group_sizes > 0)[None],
-        slot_tokens=group_sizes[:S][None],
-        drops=jnp.sum(wanted - sent)[None],
-        max_block=jnp.max(wanted)[None],
-        replica_counts=dp.replica_counts[None],
+    return weights, dest, local
+
+
+def _stats(inp: RankInputs, rt: Routing, sent: _Sent, done: stages.Exchanged, *, config: MoEConfig) -> MoEStats:
+    """This rank's `MoEStats` (each field with a leading axis of 1: the shard_map concatenates the ranks)."""
+    S, K, plan = config.slots_per_rank, config.top_k, sent.plan
+    real = jnp.repeat(inp.valid, K)
+    invalid_ids = jnp.sum(real & (sent.dp.slot < 0)).astype(jnp.int32)
+    d = jax.lax.axis_index(config.axis)
+    return MoEStats(
+        gpu_tokens=jnp.sum(done.group_sizes)[None],
+        gpu_activations=jnp.sum(done.group_sizes > 0)[None],
+        slot_tokens=done.group_sizes[:S][None],
+        drops=jnp.sum(done.wanted - done.sent)[None],
+        max_block=jnp.max(done.wanted)[None],
+        replica_counts=sent.dp.replica_counts[None],
         topk_ids=jnp.where(inp.valid[:, None], rt.ids, -1),
-        rounds=n_rounds[None],
+        rounds=done.rounds[None],
         invalid_ids=invalid_ids[None],
-        plan_rounds=plan_rounds[None],
+        plan_rounds=sent.plan_rounds[None],
         copies=(jnp.int32(0) if plan is None else jnp.sum(plan.copy_expert[d] >= 0, dtype=jnp.int32))[None],
     )
-    aux = _aux(rt, dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=aux_losses and not given_routing)
-    counts, counter = dp.counts, dp.counter
-    if axes.batch:  # every EP group's source d reads one table row group: count them together
-        counts = jax.lax.psum(counts, axes.batch)
-        counter = inp.counter[0] + counts.astype(counter.dtype)
-    return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux)
 
 
 def _local_weights(weights: dict, axes: LayerAxes) -> dict:
