@@ -122,10 +122,7 @@ REC.update(
     relief_over_optimum_max=max(o["max"] for o in optimum if o["case"].startswith("relief")),
 )
 REC.claim("relief_within_5pct_of_optimum", all(o["above_1_05"] == 0 for o in optimum if o["case"].startswith("relief")))
-cost = bench["suites"]["cost"]["rows"]
-# the in-graph dispatch against fixed tables; the bench's dynamic-copy columns belong to notebook 11's issue
-COPY_COLUMNS = ("dynamic_slots", "copies_ms", "copies_ratio", "copies_made", "copied_bytes", "moved_bytes")
-cost = [{k: v for k, v in c.items() if k not in COPY_COLUMNS and not k.startswith("copy_plan_")} for c in cost]
+cost = bench["suites"]["cost"]["rows"]  # the in-graph dispatch against fixed tables (no copies suite: no copies)
 REC.table("cost", cost)
 print(
     table(
