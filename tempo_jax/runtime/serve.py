@@ -82,6 +82,125 @@ def serve(
     return _serve_layer(cfg, out_dir=out_dir, quiet=quiet, figure=figure, watch=watch)
 
 
+class _ServedLayer:
+    """The bare layer as `serve_shared.serve_loop` serves it (`serve_shared.Served`): ``step`` runs one jitted
+    `moe_forward` on the replayed routing with the controller's freshest tables (the placement an argument, so a
+    re-placement compiles nothing), keeps the counter where the layer returns it and checks the output against the
+    dense reference every ``check_every`` steps; ``price`` / ``move`` re-place the experts (`migrate`)."""
+
+    label = "modelled makespan"
+
+    def __init__(self, cfg: ServeConfig, *, mesh, mcfg: MoEConfig, placement: Placement, cost, ids_fn, Ng: int):
+        self.cfg, self.mesh, self.mcfg, self.cost, self.ids_fn, self.Ng = cfg, mesh, mcfg, cost, ids_fn, Ng
+        D, E, K = mesh.shape["ep"], mcfg.experts, mcfg.top_k
+        self.tokens = cfg.tokens_per_rank * D * Ng
+        self.gate = jnp.full((self.tokens, K), 1.0 / K, jnp.float32)
+        # The counter lives where the layer returns it (sharded over ep): one program for every step. The physical
+        # parameters live sharded over ep too, each rank its own slots.
+        self.counter = jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep")))
+        self.params = init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh)
+        self._jitted = jax.jit(self._forward)
+        self._place(placement)
+        logical = to_logical(self.params, placement)  # the function every placement computes
+        self.reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, self.gate)))
+        self.max_diff, self.last_proposal, self.counts = 0.0, -1, None
+
+    def _forward(self, params, phy2log, log2phy, x, ids, table, counter, key):
+        pa = dispatch_tables.PlacementArrays(phy2log, log2phy, "serve")
+        return moe_forward(
+            params,
+            x,
+            mesh=self.mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.keyed(table, pa),
+            config=self.mcfg,
+            key=key,
+            counter=counter,
+            routing=(ids, self.gate),
+        )
+
+    def _place(self, placement: Placement) -> None:
+        self.placement, self.uniform_w = placement, plan_weights("uniform", placement)
+        self.arrays = dispatch_tables.placement_arrays(placement)
+
+    def x_of(self, s: int) -> jax.Array:
+        """Step ``s``'s activations ``[T, H]`` (seeded)."""
+        return jax.random.normal(jax.random.key(self.cfg.seed * 100_003 + s), (self.tokens, self.cfg.hidden))
+
+    def run(self, s: int, table) -> object:
+        """One forward of step ``s``'s batch with ``table`` and the current counter (`MoEOutput`)."""
+        pa, ids, key = self.arrays, jnp.asarray(self.ids_fn(s)), jax.random.key(s)
+        return self._jitted(self.params, pa.phy2log, pa.log2phy, self.x_of(s), ids, table, self.counter, key)
+
+    def step(self, s: int, controller) -> shared.Step:
+        tables, version = controller.latest, controller.version
+        t_step = time.perf_counter()
+        res = self.run(s, tables.table)
+        jax.block_until_ready(res.out)
+        step_ms = (time.perf_counter() - t_step) * 1e3
+        self.counter = res.counter
+        stats = Capture.from_stats(res.stats, self.placement, self.Ng)  # its copy starts; the watcher's thread reads it
+        D, E = self.mesh.shape["ep"], self.mcfg.experts
+        self.counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(self.Ng, D, E)  # each EP group's own
+        cost, counts = self.cost, self.counts
+        live = float(cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max())
+        uniform = shared.group_makespan(
+            lambda c, w=self.uniform_w, p=self.placement: cost.makespan(expected_dispatch(w, c, p)), counts
+        )
+        if self.cfg.check_every and s % self.cfg.check_every == 0:
+            ref = self.reference(self.x_of(s), jnp.asarray(self.ids_fn(s)))
+            self.max_diff = max(self.max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
+        return shared.Step(step_ms, version, live, uniform, stats, row=dict(counts=counts, placement=self.placement))
+
+    def price(self, proposal: Placement, s: int) -> dict:
+        before, after = (
+            shared.group_makespan(
+                lambda c, p=p: solve(DispatchProblem(c, p, self.cost), self.cfg.policy).makespan, self.counts
+            )
+            for p in (self.placement, proposal)
+        )
+        self.plan = plan_migration(self.placement, proposal)
+        verdict = shared.priced(
+            before,
+            after,
+            horizon_steps=s - self.last_proposal,  # the next proposal is expected as many steps later
+            move=shared.move_us(self.plan.busiest_rows, slot_bytes(self.params), self.cfg.move_gbps),
+            margin=self.cfg.move_margin,
+        )
+        self.last_proposal = s
+        return verdict
+
+    def move(self, proposal: Placement, s: int) -> tuple[dict, Placement]:
+        record = self._migrate(self.plan, s)
+        self._place(proposal)
+        return record, proposal
+
+    def _migrate(self, plan, step: int) -> dict:
+        """Move the layer's expert arrays by ``plan`` (`plan_migration`; `migrate`: one all-to-all per array)."""
+        params = self.params
+        keys = [k for k in EXPERT_KEYS if k in params]
+        moved, seconds, compile_s = migrate([params[k] for k in keys], plan, mesh=self.mesh)
+        self.params = {**params, **dict(zip(keys, moved, strict=True))}
+        per_slot = slot_bytes(self.params)
+        return {
+            "step": step,
+            "moved_slots": plan.moved,
+            "bytes_moved": plan.transfers * per_slot,
+            "wire_bytes": self.mesh.shape["ep"] ** 2 * plan.block * per_slot,
+            "seconds": seconds,
+            "compile_seconds": compile_s,
+            "next_step_ms": None,
+        }
+
+    def line(self, s: int, on: bool, step: shared.Step, m: dict) -> str:
+        solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+        return (
+            f"step {s:4d} [{'on ' if on else 'off'}] {step.ms:7.1f} ms | makespan live {step.live:7.1f} µs vs "
+            f"uniform {step.uniform:7.1f} µs | v{step.version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
+            f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}"
+        )
+
+
 def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch) -> dict:
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
@@ -99,165 +218,40 @@ def _serve_layer(cfg: ServeConfig, *, out_dir, quiet: bool, figure: bool, watch)
         dispatch_mode=cfg.dispatch_mode,
         tensor_axis=tensor,
     )
-    Tn = cfg.tokens_per_rank * D * Ng
-    gate = jnp.full((Tn, K), 1.0 / K, jnp.float32)
-
-    @jax.jit
-    def step(params, phy2log, log2phy, x, ids, table, counter, key):
-        # The placement is an argument (its arrays checked where they were built, the table by the controller
-        # against it): one program for every placement of the same shape, so a re-placement compiles nothing.
-        pa = dispatch_tables.PlacementArrays(phy2log, log2phy, "serve")
-        return moe_forward(
-            params,
-            x,
-            mesh=mesh,
-            placement_arrays=pa,
-            tables=dispatch_tables.keyed(table, pa),
-            config=mcfg,
-            key=key,
-            counter=counter,
-            routing=(ids, gate),
-        )
-
-    def make_step(pa):
-        return lambda *a: step(state["params"], pa.phy2log, pa.log2phy, *a)
-
-    # The counter lives where the layer returns it (sharded over ep): one program for every step. The physical
-    # parameters live sharded over ep too, each rank its own slots.
-    state = {
-        "counter": jax.device_put(jnp.zeros((D, E), jnp.uint32), NamedSharding(mesh, P("ep"))),
-        "params": init_params(jax.random.key(cfg.seed), mcfg, placement, mesh=mesh),
-    }
-    step_fn = make_step(dispatch_tables.placement_arrays(placement))
+    layer = _ServedLayer(cfg, mesh=mesh, mcfg=mcfg, placement=placement, cost=cost, ids_fn=ids_fn, Ng=Ng)
     say(
-        f"serve: {cfg.routing} routing, E={E}, top-{K}, {Tn} tokens/step on {mesh.size} {jax.default_backend()} "
-        f"devices ({dict(mesh.shape)}), "
+        f"serve: {cfg.routing} routing, E={E}, top-{K}, {layer.tokens} tokens/step on {mesh.size} "
+        f"{jax.default_backend()} devices ({dict(mesh.shape)}), "
         f"{placement.num_slots} slots; policy {cfg.policy} in solver_mode {cfg.solver_mode}; "
         + (f"refresh every {cfg.every_steps} steps" if cfg.every_steps else f"refresh every {cfg.period_s:g} s")
     )
     # Step 2: warm-up (compile) for every table shape the loop can meet.
-    x_of = lambda s: jax.random.normal(jax.random.key(cfg.seed * 100_003 + s), (Tn, cfg.hidden))  # noqa: E731
     t0 = time.perf_counter()
     shapes = {1: dispatch_tables.uniform(placement)}
     if "static" in (cfg.policy, cfg.fallback):
         shapes[D] = dispatch_tables.static(placement)  # per-source tables [D, E, R]: another program
     for tab in shapes.values():
-        jax.block_until_ready(step_fn(x_of(0), jnp.asarray(ids_fn(0)), tab.table, state["counter"], jax.random.key(0)))
+        jax.block_until_ready(layer.run(0, tab.table))
     compile_s = time.perf_counter() - t0
     # Step 3: the runtime. The refresher reads the counter the serving loop last stored (a device array).
-    ctl, refresher = shared.start(cfg, placement, cost, lambda: host_counter(state["counter"]))
+    ctl, refresher = shared.start(cfg, placement, cost, lambda: host_counter(layer.counter))
     # Step 4: the loop.
-    uniform_w = plan_weights("uniform", placement)
-    logical = to_logical(state["params"], placement)  # the function every placement computes
-    reference = jax.jit(lambda x, ids: moe_reference(logical, x, mcfg, routing=(ids, gate)))
-    rows, on, max_diff, moves, after_move = [], None, 0.0, [], None
-    last_proposal = -1  # the step of the last proposal: the next one is expected as many steps later
     with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
         refresher.refresh()  # the counter's baseline
         try:
-            for s in range(cfg.steps):
-                want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
-                if want_on != on:
-                    on = want_on
-                    if on:
-                        refresher.start()
-                    else:
-                        refresher.stop()
-                ids = jnp.asarray(ids_fn(s))
-                x = x_of(s)
-                tables, version = ctl.latest, ctl.version
-                t_step = time.perf_counter()
-                res = step_fn(x, ids, tables.table, state["counter"], jax.random.key(s))
-                jax.block_until_ready(res.out)
-                step_ms = (time.perf_counter() - t_step) * 1e3
-                state["counter"] = res.counter
-                stats = Capture.from_stats(res.stats, placement, Ng)  # its copy starts; the watcher's thread reads it
-                if on:
-                    refresher.step()
-                counts = np.asarray(res.stats.replica_counts).sum(-1).reshape(Ng, D, E)  # each EP group's own
-                live = float(
-                    cost.gpu_times(np.asarray(res.stats.gpu_activations), np.asarray(res.stats.gpu_tokens)).max()
-                )
-                uniform = shared.group_makespan(
-                    lambda c, w=uniform_w, p=placement: cost.makespan(expected_dispatch(w, c, p)), counts
-                )
-                m = ctl.metrics()
-                extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], counts=counts, placement=placement)
-                rows.append(shared.step_row(s, on, step_ms, version, live, uniform, m, after_move is not None, **extra))
-                if after_move is not None:
-                    moves[-1]["next_step_ms"], after_move = step_ms, None
-                new, moved = ctl.proposal, len(moves)
-                if new is not None:  # the slow timescale: move the experts if the proposal pays for its move
-                    before, after = (
-                        shared.group_makespan(
-                            lambda c, p=p: solve(DispatchProblem(c, p, cost), cfg.policy).makespan, counts
-                        )
-                        for p in (placement, new)
-                    )
-                    plan = plan_migration(placement, new)
-                    verdict = shared.priced(
-                        before,
-                        after,
-                        horizon_steps=s - last_proposal,
-                        move=shared.move_us(plan.busiest_rows, slot_bytes(state["params"]), cfg.move_gbps),
-                        margin=cfg.move_margin,
-                    )
-                    last_proposal = s
-                    if verdict["applied"]:
-                        moves.append(_move_layer(state, plan, mesh, s) | verdict)
-                        placement, uniform_w = new, plan_weights("uniform", new)
-                        step_fn = make_step(dispatch_tables.placement_arrays(new))
-                        ctl.set_placement(new)  # its last window re-solved over the new placement: fresh tables
-                        after_move = s
-                    else:
-                        moves.append({"step": s, **verdict})
-                        ctl.dismiss_proposal()
-                    status(shared.move_text(moves[-1]))
-                watcher.step(
-                    s, stats, step_ms=step_ms, controller=ctl, controller_metrics=m, moves=moves[moved:], feeding=on
-                )
-                solve_txt = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
-                if cfg.check_every and s % cfg.check_every == 0:
-                    ref = reference(x, ids)
-                    max_diff = max(max_diff, float(np.abs(np.asarray(res.out) - np.asarray(ref)).max()))
-                status(
-                    f"step {s:4d} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan live {live:7.1f} µs vs "
-                    f"uniform {uniform:7.1f} µs | v{version} age {m['age_s']:.2f} s | solve {solve_txt} | restarts "
-                    f"{m['restarts']}{' | FALLBACK' if m['in_fallback'] else ''}"
-                )
-                if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
-                    pid = ctl.kill_worker()
-                    status(f"step {s:4d} killed the solver worker (pid {pid})")
-            ctl.wait(timeout=120.0, raise_errors=False)  # let the runtime settle (an in-flight solve, a restart)
-            watcher.flush()
+            rows, moves = shared.serve_loop(cfg, layer, ctl, refresher, watcher, status)
         finally:
             metrics, status_text, _ = shared.stop(ctl, refresher)
         # Step 5: off the clock: every step under static / uniform / oracle tables.
-        report = _report(cfg, rows, cost, metrics, status_text, refresher, compile_s, D, Ng, E, K, placement.num_slots)
+        report = _report(
+            cfg, rows, cost, metrics, status_text, refresher, compile_s, D, Ng, E, K, layer.placement.num_slots
+        )
         report["replacements"] = moves
-        report["max_abs_diff_vs_reference"] = max_diff if cfg.check_every else None
+        report["max_abs_diff_vs_reference"] = layer.max_diff if cfg.check_every else None
         report["watch"] = watcher.summary()
         say(_summary_text(report))
         shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
-
-
-def _move_layer(state: dict, plan, mesh, step: int) -> dict:
-    """Move the layer's expert arrays by ``plan`` (`plan_migration`; `migrate`: one all-to-all per array)."""
-    params = state["params"]
-    keys = [k for k in EXPERT_KEYS if k in params]
-    moved, seconds, compile_s = migrate([params[k] for k in keys], plan, mesh=mesh)
-    state["params"] = {**params, **dict(zip(keys, moved, strict=True))}
-    per_slot = slot_bytes(state["params"])
-    return {
-        "step": step,
-        "moved_slots": plan.moved,
-        "bytes_moved": plan.transfers * per_slot,
-        "wire_bytes": mesh.shape["ep"] ** 2 * plan.block * per_slot,
-        "seconds": seconds,
-        "compile_seconds": compile_s,
-        "next_step_ms": None,
-    }
 
 
 def _report(cfg, rows, cost, metrics, status, refresher, compile_s, D, Ng, E, K, slots) -> dict:

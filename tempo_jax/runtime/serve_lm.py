@@ -156,104 +156,22 @@ def serve_lm(
     # differently (text windows vs one new byte per sequence), so each phase gets its own windows and tables
     # over the layer's one placement. Each step adds its per-source counts to its phase's cumulative counters.
     phases = ("prefill", "decode") if cfg.decode_steps else ("prefill",)
-    cumulative = {"counters": np.zeros((len(phases) * L, D, cfg.experts), np.uint32)}  # swapped whole: no torn read
-    ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: cumulative["counters"])
-    uniform_w = [plan_weights("uniform", p) for p in placements]
-    installed, rows, on, moves, prefill_counts, after_move = ctl.version, [], None, [], None, None
-    prefills_since = 0  # prefill steps since the last proposal: the horizon the next one is priced over
+    served = _ServedLM(
+        cfg,
+        model,
+        placements,
+        phases,
+        cost,
+        shape=(Ng, D, B_dec),
+        inputs=(draw, starts, keys),
+        run=(prefill, decode, sample),
+    )
+    ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: served.counters)
+    # Step 4: the loop.
     with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
         refresher.refresh()  # the counters' baseline
         try:
-            for s in range(cfg.steps):
-                want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
-                if want_on != on:
-                    on = want_on
-                    (refresher.start if on else refresher.stop)()
-                kind = "prefill" if s % (cfg.decode_steps + 1) == 0 else "decode"
-                phase = phases.index(kind)
-                installed = ctl.version  # this phase's freshest tables into every layer (trusted, keyed: no host copy)
-                for block, tables in zip(model.blocks, ctl.latest[phase * L : (phase + 1) * L], strict=True):
-                    block.moe.set_tables(tables)
-                if kind == "prefill":
-                    model.init_cache(B_dec, cfg.decode_steps + 1)
-                    tokens, last = jnp.asarray(draw()), jnp.asarray(starts())
-                else:
-                    tokens = last
-                t_step = time.perf_counter()
-                logits = (prefill if kind == "prefill" else decode)(model, tokens)
-                jax.block_until_ready(logits)
-                step_ms = (time.perf_counter() - t_step) * 1e3
-                if kind == "decode":  # each sequence's next byte, sampled
-                    last = sample(next(keys), logits)
-                counts = np.stack(
-                    [np.asarray(b.moe.counts.get_value()) for b in model.blocks]
-                )  # [L, D, E], groups summed
-                groups = np.stack([np.asarray(b.moe.shard_counts.get_value()).reshape(Ng, D, -1) for b in model.blocks])
-                new = cumulative["counters"].copy()
-                new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
-                cumulative["counters"] = new
-                if on:
-                    refresher.step()
-                live, uniform = [], []
-                for block, placement, uw, c in zip(model.blocks, placements, uniform_w, groups, strict=True):
-                    acts, toks = (
-                        np.asarray(block.moe.gpu_activations.get_value()),
-                        np.asarray(block.moe.gpu_tokens.get_value()),
-                    )
-                    live.append(float(cost.gpu_times(acts, toks).max()))
-                    uniform.append(
-                        shared.group_makespan(lambda g, w=uw, p=placement: cost.makespan(expected_dispatch(w, g, p)), c)
-                    )
-                m = ctl.metrics()
-                rows.append(
-                    shared.step_row(s, on, step_ms, installed, live, uniform, m, after_move is not None, kind=kind)
-                )
-                if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
-                    moves[-1]["next_step_ms"], after_move = step_ms, None
-                if kind == "prefill":
-                    prefill_counts, prefills_since = groups, prefills_since + 1
-                proposal, moved = ctl.proposal, len(moves)
-                if proposal is not None and prefill_counts is not None:  # the slow timescale: priced, then moved
-                    before, after = (_priced(prefill_counts, p, cost, cfg.policy) for p in (placements, proposal[:L]))
-                    verdict = shared.priced(
-                        before,
-                        after,
-                        horizon_steps=prefills_since,
-                        move=_move_cost(model, placements, proposal[:L], cfg.move_gbps),
-                        margin=cfg.move_margin,
-                        scale=L,  # before / after are means over the L layers
-                    )
-                    prefills_since = 0
-                    if verdict["applied"]:
-                        moves.append(_replace(model, proposal[:L], s) | verdict)
-                        placements = list(proposal[:L])
-                        uniform_w = [plan_weights("uniform", p) for p in placements]
-                        ctl.set_placement(tuple(placements) * len(phases))
-                        after_move = s
-                    else:
-                        moves.append({"step": s, **verdict})
-                        ctl.dismiss_proposal()
-                    status(shared.move_text(moves[-1], _LAYERS_MEAN))
-                watcher.step(
-                    s,
-                    model,
-                    kind=kind,
-                    step_ms=step_ms,
-                    controller=ctl,
-                    controller_metrics=m,
-                    moves=moves[moved:],
-                    feeding=on,
-                )
-                solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
-                status(
-                    f"step {s:4d} {kind:7s} [{'on ' if on else 'off'}] {step_ms:7.1f} ms | makespan (mean of {L} "
-                    f"layers) live {np.mean(live):6.1f} µs vs uniform {np.mean(uniform):6.1f} µs | v{installed} "
-                    f"age {m['age_s']:.2f} s | refresh {solve}"
-                )
-                if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
-                    status(f"step {s:4d} killed the solver worker (pid {ctl.kill_worker()})")
-            ctl.wait(timeout=120.0, raise_errors=False)
-            watcher.flush()
+            rows, moves = shared.serve_loop(cfg, served, ctl, refresher, watcher, status)
         finally:
             metrics, status_text, history = shared.stop(ctl, refresher)
         report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
@@ -262,6 +180,96 @@ def serve_lm(
         say(_summary(report))
         shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
     return report
+
+
+class _ServedLM:
+    """The tiny LM as `serve_shared.serve_loop` serves it (`serve_shared.Served`): a prefill, then ``decode_steps``
+    decode steps, over and over; before each step its phase's freshest tables go into every layer; its counts join
+    the phase's cumulative counters ``[phases·L, D, E]`` (``counters``, what the refresher reads). A proposal is
+    priced on the last prefill batch over the prefill steps since the previous one; ``move`` re-places every layer
+    (`tempo_jax.MoE.set_placement`)."""
+
+    label = _LAYERS_MEAN
+
+    def __init__(self, cfg: ServeConfig, model, placements, phases, cost, *, shape, inputs, run):
+        """``shape``: (Ng EP groups, D ranks, B decode sequences); ``inputs``: the prefill windows', the decode
+        sequences' first bytes' and the sampling keys' sources; ``run``: the jitted prefill, decode and sample."""
+        self.cfg, self.model, self.phases, self.cost, self.L = cfg, model, phases, cost, len(model.blocks)
+        (self.Ng, D, self.B), (self.draw, self.starts, self.keys) = shape, inputs
+        self.prefill, self.decode, self.sample = run
+        self._place(list(placements))
+        self.counters = np.zeros((len(phases) * self.L, D, cfg.experts), np.uint32)  # swapped whole: no torn read
+        self.last, self.prefill_counts, self.prefills_since = None, None, 0
+
+    def _place(self, placements: list) -> None:
+        self.placements, self.uniform_w = placements, [plan_weights("uniform", p) for p in placements]
+
+    def step(self, s: int, controller) -> shared.Step:
+        model, L = self.model, self.L
+        kind = "prefill" if s % (self.cfg.decode_steps + 1) == 0 else "decode"
+        phase = self.phases.index(kind)
+        installed = controller.version  # this phase's freshest tables into every layer (trusted, keyed: no host copy)
+        for block, tables in zip(model.blocks, controller.latest[phase * L : (phase + 1) * L], strict=True):
+            block.moe.set_tables(tables)
+        if kind == "prefill":
+            model.init_cache(self.B, self.cfg.decode_steps + 1)
+            tokens, self.last = jnp.asarray(self.draw()), jnp.asarray(self.starts())
+        else:
+            tokens = self.last
+        t_step = time.perf_counter()
+        logits = (self.prefill if kind == "prefill" else self.decode)(model, tokens)
+        jax.block_until_ready(logits)
+        step_ms = (time.perf_counter() - t_step) * 1e3
+        if kind == "decode":  # each sequence's next byte, sampled
+            self.last = self.sample(next(self.keys), logits)
+        counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E], groups summed
+        groups = np.stack(
+            [np.asarray(b.moe.shard_counts.get_value()).reshape(self.Ng, *counts.shape[1:]) for b in model.blocks]
+        )
+        new = self.counters.copy()
+        new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
+        self.counters = new
+        live, uniform = [], []
+        for block, placement, uw, c in zip(model.blocks, self.placements, self.uniform_w, groups, strict=True):
+            acts, toks = np.asarray(block.moe.gpu_activations.get_value()), np.asarray(block.moe.gpu_tokens.get_value())
+            live.append(float(self.cost.gpu_times(acts, toks).max()))
+            uniform.append(
+                shared.group_makespan(lambda g, w=uw, p=placement: self.cost.makespan(expected_dispatch(w, g, p)), c)
+            )
+        if kind == "prefill":
+            self.prefill_counts, self.prefills_since = groups, self.prefills_since + 1
+        return shared.Step(step_ms, installed, live, uniform, model, watch=dict(kind=kind), row=dict(kind=kind))
+
+    def price(self, proposal, s: int) -> dict | None:
+        if self.prefill_counts is None:  # priced on a prefill batch: none yet
+            return None
+        L, cfg = self.L, self.cfg
+        before, after = (
+            _priced(self.prefill_counts, p, self.cost, cfg.policy) for p in (self.placements, proposal[:L])
+        )
+        verdict = shared.priced(
+            before,
+            after,
+            horizon_steps=self.prefills_since,
+            move=_move_cost(self.model, self.placements, proposal[:L], cfg.move_gbps),
+            margin=cfg.move_margin,
+            scale=L,  # before / after are means over the L layers
+        )
+        self.prefills_since = 0
+        return verdict
+
+    def move(self, proposal, s: int) -> tuple[dict, tuple]:
+        record = _replace(self.model, proposal[: self.L], s)
+        self._place(list(proposal[: self.L]))
+        return record, tuple(self.placements) * len(self.phases)
+
+    def line(self, s: int, on: bool, step: shared.Step, m: dict) -> str:
+        solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
+        return (
+            f"step {s:4d} {step.row['kind']:7s} [{'on ' if on else 'off'}] {step.ms:7.1f} ms | makespan (mean of "
+            f"{self.L} layers) live {np.mean(step.live):6.1f} µs vs uniform {np.mean(step.uniform):6.1f} µs | "
+            f"v{step.version} age {m['age_s']:.2f} s | refresh {solve}"
+        )
 
 
 def _priced(counts, placements, cost, policy: str) -> float:

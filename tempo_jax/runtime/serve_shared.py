@@ -1,7 +1,12 @@
-"""What the two serving loops share (`tempo_jax.runtime.serve`: the bare layer; `tempo_jax.runtime.serve_lm`: the
-tiny LM): starting and stopping the runtime, pricing and describing a re-placement, step-time statistics, writing
-the report and the figure's frame, the serving mesh and the modelled makespan of a step whose EP groups (data
-replicas) each dispatch their own tokens over the same tables."""
+"""The serving loop and what its two models share (`tempo_jax.runtime.serve`: the bare layer;
+`tempo_jax.runtime.serve_lm`: the tiny LM).
+
+`serve_loop` drives a `Served` model — ``step`` (run one step on the controller's freshest tables), ``price`` and
+``move`` (the slow timescale: a placement proposal priced, then applied), ``line`` (the status line) — with the
+runtime around it: the refresher on and off in blocks, a row per step, proposals applied or dismissed, the watcher,
+a killed worker. Also here: starting and stopping the runtime, pricing and describing a re-placement, step-time
+statistics, writing the report and the figure's frame, the serving mesh and the modelled makespan of a step whose
+EP groups (data replicas) each dispatch their own tokens over the same tables."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,6 +26,8 @@ from .refresher import Refresher
 from .serve_config import ServeConfig
 
 __all__ = [
+    "Served",
+    "Step",
     "figure_axes",
     "group_makespan",
     "move_text",
@@ -27,6 +35,7 @@ __all__ = [
     "priced",
     "publish_steps",
     "save_figure",
+    "serve_loop",
     "serving_mesh",
     "start",
     "step_row",
@@ -204,3 +213,93 @@ def save_figure(fig, bx, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+@dataclasses.dataclass
+class Step:
+    """One served step as `serve_loop` records it: its time ``ms``, the table ``version`` it ran, the modelled
+    makespans under the live tables and uniform ones, ``live`` / ``uniform`` (µs; a list per layer for the LM), what
+    the watcher reads (``watched``: the layer's `Capture` or the model) with its extra keywords ``watch``, and the
+    step's own fields of its row, ``row``."""
+
+    ms: float
+    version: int
+    live: Any
+    uniform: Any
+    watched: Any
+    watch: dict = dataclasses.field(default_factory=dict)
+    row: dict = dataclasses.field(default_factory=dict)
+
+
+class Served(Protocol):
+    """A model as `serve_loop` serves it: the bare layer (`tempo_jax.runtime.serve`) or the tiny LM
+    (`tempo_jax.runtime.serve_lm`)."""
+
+    #: How a re-placement's modelled makespan is labelled (`move_text`).
+    label: str
+
+    def step(self, s: int, controller: DispatchController) -> Step:
+        """Run step ``s`` on the controller's freshest tables and add its counts to what the refresher reads."""
+        ...
+
+    def price(self, proposal, s: int) -> dict | None:
+        """The placement ``proposal`` priced (`priced`) at step ``s``, or None when it cannot be priced yet."""
+        ...
+
+    def move(self, proposal, s: int) -> tuple[dict, Any]:
+        """Move the experts to ``proposal`` → ``(the move's record, the placements the controller goes on over)``."""
+        ...
+
+    def line(self, s: int, on: bool, step: Step, metrics: dict) -> str:
+        """Step ``s``'s status line (``metrics``: `DispatchController.metrics` after it)."""
+        ...
+
+
+def serve_loop(cfg: ServeConfig, served: Served, controller, refresher, watcher, status) -> tuple[list, list]:
+    """``cfg.steps`` steps of ``served`` → ``(rows, moves)``: the refresher on and off in blocks of ``cfg.block``
+    steps (0: always on), one `step_row` per step (with the controller's restarts and fallback), every placement
+    proposal priced and then applied (the controller continues over the new placements) or dismissed, the
+    ``watcher`` fed, one ``status`` line per step, the solver worker killed after step ``cfg.kill_worker_at``; then
+    the runtime settles (an in-flight solve, a restart) and the watcher flushes."""
+    rows, moves, on, after_move = [], [], None, None
+    for s in range(cfg.steps):
+        want_on = cfg.block == 0 or (s // cfg.block) % 2 == 0
+        if want_on != on:
+            on = want_on
+            (refresher.start if on else refresher.stop)()
+        step = served.step(s, controller)
+        if on:
+            refresher.step()
+        m = controller.metrics()
+        extra = dict(restarts=m["restarts"], fallback=m["in_fallback"], **step.row)
+        rows.append(step_row(s, on, step.ms, step.version, step.live, step.uniform, m, after_move is not None, **extra))
+        if after_move is not None:  # the first step on the new layout (its jitted step compiles again)
+            moves[-1]["next_step_ms"], after_move = step.ms, None
+        proposal, moved = controller.proposal, len(moves)
+        verdict = None if proposal is None else served.price(proposal, s)
+        if verdict is not None:  # the slow timescale: the experts move only if the proposal pays for its move
+            if verdict["applied"]:
+                record, placements = served.move(proposal, s)
+                moves.append(record | verdict)
+                controller.set_placement(placements)  # its last windows re-solved over them: fresh tables
+                after_move = s
+            else:
+                moves.append({"step": s, **verdict})
+                controller.dismiss_proposal()
+            status(move_text(moves[-1], served.label))
+        watcher.step(
+            s,
+            step.watched,
+            step_ms=step.ms,
+            controller=controller,
+            controller_metrics=m,
+            moves=moves[moved:],
+            feeding=on,
+            **step.watch,
+        )
+        status(served.line(s, on, step, m))
+        if cfg.kill_worker_at is not None and s == cfg.kill_worker_at:
+            status(f"step {s:4d} killed the solver worker (pid {controller.kill_worker()})")
+    controller.wait(timeout=120.0, raise_errors=False)
+    watcher.flush()
+    return rows, moves
