@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import itertools
 import json
 import math
@@ -386,48 +385,10 @@ def plan_rounds(experts: int, tokens: int, repeats: int) -> dict:
 
 
 def round_stages(n, ranks, D: int, S: int, repeats: int, iterations: int = 64) -> dict:
-    """Where one improvement round of `relief._improve` goes: its stages cumulatively (loads and times, + the best
-    hand-offs, + pricing, + selection, + applying the moves = a round) and the stuck round's path search, each run
-    alone ``iterations`` times in a `fori_loop` on the first round's plans (both starts under `vmap`, as in the
-    plan), µs per iteration = (t(iterations) − t(0)) / iterations, medians of ``repeats`` calls."""
-    cost = COST
-    moves = relief.move_pairs(ranks, D * S, D)
-    pe, pi, pj, valid = moves
-    g, h = jnp.where(valid, ranks[pe, pi], 0), jnp.where(valid, ranks[pe, pj], 0)
-    n = n.astype(jnp.float32)
-    starts = jnp.stack([relief._seed(n, ranks, cost, D, spread) for spread in (False, True)])
-
-    def round_upto(x, stage: int):  # the round's stages 1..stage (5: the whole round); a float that depends on them
-        G, N = relief._loads(x, ranks, D)
-        t = relief._times(cost, G, N)
-        if stage == 1:
-            return jnp.max(t)
-        fw = relief._forwards(x, ranks, pe, pi, pj, valid, G, N, cost, D)
-        if stage == 2:
-            return jnp.sum(fw["t"])
-        first = fw["f"][0][h] != pe
-        F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in relief._FORWARD_FIELDS}
-        xi = x[pe, pi]
-        mv = relief._price(xi, (x[pe, pj] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
-        if stage == 3:
-            return jnp.sum(jnp.where(jnp.isfinite(mv["gain"]), mv["gain"], 0.0))
-        gain = jnp.where(valid & (xi > 0) & (t[g] >= t[h]) & (mv["gain"] > 0), mv["gain"], -jnp.inf)
-        accepted = relief._select(gain, t[g], g, h, jnp.where(mv["chain"] & (F["m"] != g), F["m"], -1), D)
-        if stage == 4:
-            return jnp.sum(accepted.astype(jnp.float32))
-        s = jnp.where(accepted, mv["share"], 0.0)
-        y = jnp.where(accepted & mv["chain"], F["y"], 0.0)
-        f = jnp.where(F["f"] >= 0, F["f"], 0)
-        x = x.at[pe, pi].add(-s).at[pe, pj].add(s).at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y)
-        return jnp.sum(x)
-
-    def path_search(x):
-        G, N = relief._loads(x, ranks, D)
-        return jnp.sum(relief._augment(x, ranks, cost, D, moves, G, N, relief._times(cost, G, N))[0])
-
-    names = ("loads and times", "+ best hand-offs", "+ pricing", "+ selection", "+ applying the moves (a round)")
-    bodies = {name: functools.partial(round_upto, stage=i + 1) for i, name in enumerate(names)}
-    bodies["path search of a stuck round"] = path_search
+    """Where one improvement round goes (`relief.round_stages`: its stages cumulatively, and the stuck round's path
+    search), each run alone ``iterations`` times in a `fori_loop` on the first round's plans (both starts under
+    `vmap`, as in the plan): µs per iteration = (t(iterations) − t(0)) / iterations, medians of ``repeats`` calls."""
+    starts, bodies = relief.round_stages(n, ranks, COST, D, num_slots=D * S)
     out = {}
     for name, body in bodies.items():
         ms = {}

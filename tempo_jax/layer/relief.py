@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from solvers import CostModel
 from solvers.relief import ROUNDS
 
-__all__ = ["ROUNDS", "move_pairs", "plan", "quotas", "relief", "replica_ranks"]
+__all__ = ["ROUNDS", "move_pairs", "plan", "quotas", "relief", "replica_ranks", "round_stages", "ROUND_STAGES"]
 
 
 def replica_ranks(log2phy: jax.Array, slots_per_rank: int) -> jax.Array:
@@ -338,3 +338,51 @@ def plan(
     ranks = replica_ranks(log2phy, slots_per_rank)
     x = relief(jnp.sum(counts, axis=0), ranks, cost, num_ranks, rounds, num_slots=num_ranks * slots_per_rank)
     return x, quotas(counts, x)
+
+
+#: `round_stages`' names, in the round's order (each cumulative: it runs the stages before it too).
+ROUND_STAGES = ("loads and times", "+ best hand-offs", "+ pricing", "+ selection", "+ applying the moves (a round)")
+
+
+def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, *, num_slots: int):
+    """One improvement round of `relief` cut into its stages, for profiling (`scripts/bench_ingraph.py --suites
+    plan`): ``n [E]`` tokens per expert, ``ranks [E, R]`` → ``(starts [2, E, R], {name: body})``, the two seeded
+    starts and, per name of `ROUND_STAGES` (then ``"path search of a stuck round"``), a function ``x [E, R] → a
+    float32 scalar`` that runs the round up to that stage on ``x`` (its result depends on every stage run)."""
+    D, cost_ = num_ranks, cost
+    moves = move_pairs(ranks, num_slots, D)
+    pe, pi, pj, valid = moves
+    g, h = jnp.where(valid, ranks[pe, pi], 0), jnp.where(valid, ranks[pe, pj], 0)
+    n = n.astype(jnp.float32)
+    starts = jnp.stack([_seed(n, ranks, cost_, D, spread) for spread in (False, True)])
+
+    def upto(x, stage: int):
+        G, N = _loads(x, ranks, D)
+        t = _times(cost_, G, N)
+        if stage == 1:
+            return jnp.max(t)
+        fw = _forwards(x, ranks, pe, pi, pj, valid, G, N, cost_, D)
+        if stage == 2:
+            return jnp.sum(fw["t"])
+        first = fw["f"][0][h] != pe
+        F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
+        xi = x[pe, pi]
+        mv = _price(xi, (x[pe, pj] == 0).astype(jnp.float32), G, N, t, F, g, h, cost_)
+        if stage == 3:
+            return jnp.sum(jnp.where(jnp.isfinite(mv["gain"]), mv["gain"], 0.0))
+        gain = jnp.where(valid & (xi > 0) & (t[g] >= t[h]) & (mv["gain"] > 0), mv["gain"], -jnp.inf)
+        accepted = _select(gain, t[g], g, h, jnp.where(mv["chain"] & (F["m"] != g), F["m"], -1), D)
+        if stage == 4:
+            return jnp.sum(accepted.astype(jnp.float32))
+        s = jnp.where(accepted, mv["share"], 0.0)
+        y = jnp.where(accepted & mv["chain"], F["y"], 0.0)
+        f = jnp.where(F["f"] >= 0, F["f"], 0)
+        return jnp.sum(x.at[pe, pi].add(-s).at[pe, pj].add(s).at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y))
+
+    def path_search(x):
+        G, N = _loads(x, ranks, D)
+        return jnp.sum(_augment(x, ranks, cost_, D, moves, G, N, _times(cost_, G, N))[0])
+
+    bodies = {name: (lambda x, i=i: upto(x, i + 1)) for i, name in enumerate(ROUND_STAGES)}
+    bodies["path search of a stuck round"] = path_search
+    return starts, bodies
