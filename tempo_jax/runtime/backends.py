@@ -7,16 +7,21 @@
   numpy, scipy, OR-Tools and `solvers` only, plus an idle spare; a supervisor thread collects results, notices
   a dead or hung worker, swaps in the spare (or starts a fresh worker) and starts a new spare.
 
-Every backend solves with `solvers.worker.solve_window` and reports to its host through the small public
-`BackendHost` protocol (the `DispatchController` hands each backend one): ``host.finish(job, weights, info)`` for a
-result (without holding the lock), ``host.lose_inflight(kind, message)`` (under ``host.lock``) when the solver
-holding the in-flight job is gone, ``host.event(kind, message)`` for a fault, ``host.count(name)`` for a counter.
+Every backend solves with `solvers.worker.solve_window`. The seam to the controller is one way: a backend reports
+only by posting events through the ``post`` callable it is handed — `Solved` (a result, or the solver's error),
+`SolverLost` (the solver died or hung: the job it held is lost), `Fault` (logged and recorded) and `Restarted` — and
+the controller handles each event at once, in the posting thread, under its own lock. A backend never reads the
+controller's state (it keeps the job it was handed itself; the controller decides, by sequence number, whether an
+event still concerns the job it has in flight) and keeps its own state under its own lock, which it never holds
+while it posts: the controller may call `ready`, `reconfigure` and `worker_metrics` under its lock, so the lock order
+is controller → backend, never the reverse.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,54 +32,72 @@ from .accumulator import Window
 
 __all__ = [
     "SOLVER_MODES",
-    "BackendHost",
+    "Fault",
     "InlineBackend",
     "Job",
     "ProcessBackend",
+    "Restarted",
     "SolverBackend",
+    "SolverLost",
+    "Solved",
     "ThreadBackend",
     "make_backend",
 ]
 
 
-class BackendHost(Protocol):
-    """What a backend may use of its host (the `DispatchController`'s side of the seam)."""
-
-    lock: threading.RLock  # guards the host's in-flight job and counters
-    log: object  # a `logging.Logger`
-
-    @property
-    def inflight(self) -> Job | None: ...  # the job a solver holds now (read under ``lock``)
-
-    @property
-    def closed(self) -> bool: ...
-
-    def finish(self, job: Job, weights, info: dict) -> None: ...  # a result (or ``{"error": ...}``) arrived
-
-    def lose_inflight(self, kind: str, message: str) -> None: ...  # under ``lock``: the solver is gone
-
-    def event(self, kind: str, message: str) -> None: ...  # a fault, logged and recorded
-
-    def count(self, name: str) -> None: ...  # under ``lock``: one more ``restarts`` / ``late_results``
-
-    def check_runtime(self) -> None: ...  # the supervisor's periodic check (staleness, hangs)
-
-
 @dataclass
 class Job:
-    """A window handed to a backend: sequence number, restart generation, submit time, an injected fault, and the
-    window's number among all closed windows (what `DispatchController.metrics` ``age_windows`` counts from)."""
+    """A window handed to a backend: sequence number, submit time, and the window's number among all closed windows
+    (what `DispatchController.metrics` ``age_windows`` counts from)."""
 
     seq: int
-    gen: int
     window: Window
     submitted_at: float
-    fault: tuple[str, float] | None = None
     window_no: int = 0
 
     @property
     def pairs(self) -> float:
         return self.window.pairs
+
+
+# ---------------------------------------------------------------------- the events a backend posts
+@dataclass(frozen=True)
+class Solved:
+    """The solve of job ``seq`` ended: ``weights`` ``[Gs, E, R]`` (or per layer) and ``info``; or ``weights=None``
+    and ``info["error"]``, what the solver raised."""
+
+    seq: int
+    weights: object
+    info: dict
+
+
+@dataclass(frozen=True)
+class SolverLost:
+    """The solver died or hung (``kind``: ``"died"`` / ``"hung"``): job ``seq`` is lost, or, with ``seq=None``,
+    whichever job is in flight (a worker process loses everything it was sent)."""
+
+    kind: str
+    message: str
+    seq: int | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault to log and record (``kind``: ``"worker_lost"``, ``"spare_failed"``, ``"restart_failed"``)."""
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A lost solver was replaced (the spare swapped in, a fresh worker, an abandoned thread)."""
+
+    message: str
+
+
+Event = Solved | SolverLost | Fault | Restarted
+Post = Callable[[Event], None]
 
 
 class SolverBackend(Protocol):
@@ -87,13 +110,13 @@ class SolverBackend(Protocol):
         """Whether a solve can be submitted now (a process backend restarting its worker is not ready)."""
 
     def start(self) -> None:
-        """Start background work (the process backend's supervisor); called once the host holds the backend."""
+        """Start background work (the process backend's supervisor)."""
 
     def submit(self, job: Job) -> BaseException | None:
-        """Start solving ``job``; the result reaches ``host.finish``. Inline: returns what the solver raised."""
+        """Start solving ``job``; its `Solved` event follows. Inline: returns what the solver raised."""
 
     def check(self, now: float) -> None:
-        """Housekeeping: notice a hung solve."""
+        """Housekeeping: notice a hung solve (posts `SolverLost`)."""
 
     def inject(self, kind: str, seconds: float) -> None:
         """Make the next solve fail as ``kind`` (`solvers.worker.FAULTS`)."""
@@ -102,7 +125,16 @@ class SolverBackend(Protocol):
         """Stop whatever runs solves (idempotent)."""
 
     def reconfigure(self, config: WorkerConfig) -> None:
-        """Solve the next windows with ``config`` (a new placement; the host dropped the in-flight job)."""
+        """Solve the next windows with ``config`` (a new placement; the controller dropped the in-flight job)."""
+
+    def kill_worker(self) -> int:
+        """SIGKILL the worker process (process mode; ValueError otherwise). Returns the killed pid."""
+
+    def probe(self, timeout: float = 30.0) -> dict:
+        """What the worker process has imported (process mode; ValueError otherwise)."""
+
+    def worker_metrics(self) -> dict | None:
+        """The worker process's pid, liveness, readiness, start times and spare; None without one."""
 
 
 class InlineBackend:
@@ -110,9 +142,11 @@ class InlineBackend:
 
     name = "inline"
 
-    def __init__(self, config: WorkerConfig, host, *, hang_s: float):
-        self.config, self.host, self.hang_s = config, host, hang_s
+    def __init__(self, config: WorkerConfig, post: Post, *, hang_s: float):
+        self.config, self._post, self.hang_s = config, post, hang_s
         self._fault: tuple[str, float] | None = None
+        self._lock = threading.Lock()  # guards the fault to inject and (threads) the job a thread holds
+        self._sent: Job | None = None  # threads: the newest job a solver thread holds, until it ends or is abandoned
 
     @property
     def ready(self) -> bool:
@@ -121,21 +155,28 @@ class InlineBackend:
     def start(self) -> None:
         return None
 
-    def _take_fault(self):
-        fault, self._fault = self._fault, None
-        return fault
-
     def _run(self, job: Job, fault) -> BaseException | None:
         try:
             weights, info = solve_window(self.config, job.window.counts, fault)
         except Exception as err:
-            self.host.finish(job, None, {"error": f"{type(err).__name__}: {err}"})
-            return err
-        self.host.finish(job, weights, info)
-        return None
+            weights, info, raised = None, {"error": f"{type(err).__name__}: {err}"}, err
+        else:
+            raised = None
+        with self._lock:
+            if self._sent is job:
+                self._sent = None
+        self._post(Solved(job.seq, weights, info))
+        return raised
+
+    def _take(self, job: Job):
+        """The fault to inject into ``job``'s solve (taken once), and ``job`` recorded as the one a solver holds."""
+        with self._lock:
+            fault, self._fault = self._fault, None
+            self._sent = job
+        return fault
 
     def submit(self, job: Job) -> BaseException | None:
-        return self._run(job, self._take_fault())
+        return self._run(job, self._take(job))
 
     def check(self, now: float) -> None:
         pass
@@ -146,13 +187,26 @@ class InlineBackend:
                 f"DispatchController.inject_fault: 'exit' needs solver_mode='process' (it would end "
                 f"this process), not {self.name!r}"
             )
-        self._fault = (kind, float(seconds))
+        with self._lock:
+            self._fault = (kind, float(seconds))
 
     def close(self) -> None:
         pass
 
     def reconfigure(self, config: WorkerConfig) -> None:
         self.config = config
+
+    def _no_worker(self, what: str) -> ValueError:
+        return ValueError(f"DispatchController.{what}: solver_mode {self.name!r} has no worker process")
+
+    def kill_worker(self) -> int:
+        raise self._no_worker("kill_worker")
+
+    def probe(self, timeout: float = 30.0) -> dict:
+        raise self._no_worker("worker_probe")
+
+    def worker_metrics(self) -> dict | None:
+        return None
 
 
 class ThreadBackend(InlineBackend):
@@ -161,17 +215,20 @@ class ThreadBackend(InlineBackend):
     name = "thread"
 
     def submit(self, job: Job) -> None:
-        fault = self._take_fault()
+        fault = self._take(job)
         threading.Thread(target=self._run, args=(job, fault), name="tempo-solve", daemon=True).start()
         return None
 
     def check(self, now: float) -> None:
-        host = self.host
-        with host.lock:
-            job = host.inflight
-            if job is not None and now - job.submitted_at > self.hang_s:
-                host.lose_inflight("hung", f"no result after {self.hang_s:g} s: the solver thread is abandoned")
-                host.count("restarts")
+        with self._lock:
+            job = self._sent
+            hung = job is not None and now - job.submitted_at > self.hang_s
+            if hung:
+                self._sent = None  # abandoned: its thread's result will be late
+        if hung:
+            message = f"no result after {self.hang_s:g} s: the solver thread is abandoned"
+            self._post(SolverLost("hung", message, job.seq))
+            self._post(Restarted("solver thread abandoned"))
 
 
 class ProcessBackend:
@@ -179,11 +236,14 @@ class ProcessBackend:
 
     name = "process"
 
-    def __init__(self, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool):
-        self.config, self.host, self.hang_s = config, host, hang_s
+    def __init__(self, config: WorkerConfig, post: Post, *, hang_s: float, start_timeout_s: float, spare: bool):
+        self.config, self._post, self.hang_s = config, post, hang_s
         self._start_timeout_s = start_timeout_s
         self._want_spare = bool(spare)
+        self._lock = threading.Lock()  # guards the worker / spare swaps, readiness and the job the worker holds
+        self._stop = threading.Event()
         self._spare: SolverWorker | None = None
+        self._sent: Job | None = None  # the newest job sent to the worker, until its result arrives
         self._probe_event = threading.Event()
         self._probe_reply: dict | None = None
         self.worker = SolverWorker(config, start_timeout_s=start_timeout_s).start()
@@ -192,8 +252,7 @@ class ProcessBackend:
         self._supervisor = threading.Thread(target=self._supervise, name="tempo-supervisor", daemon=True)
 
     def start(self) -> None:
-        """Start the supervisor: only now, because it calls back into the host, which must already hold this
-        backend (starting it in the constructor raced the host's assignment: an AttributeError traceback)."""
+        """Start the supervisor (it posts events: only once the controller holds this backend)."""
         self._supervisor.start()
 
     @property
@@ -205,29 +264,29 @@ class ProcessBackend:
         return self._spare is not None
 
     def submit(self, job: Job) -> None:
-        host = self.host
-        with host.lock:
-            if host.inflight is not job or not self._ready:
-                return None  # lost meanwhile (the supervisor counted it)
+        with self._lock:
+            if not self._ready:
+                return None  # the worker was lost meanwhile: the controller dropped the job (SolverLost)
+            self._sent = job
             try:
                 self.worker.submit(job.seq, job.window.counts)
             except WorkerLost:
-                pass  # the supervisor sees the dead worker and drops the job
+                pass  # the supervisor sees the dead worker and posts SolverLost
         return None
 
     def check(self, now: float) -> None:
         pass  # the supervisor watches for hangs
 
     def inject(self, kind: str, seconds: float) -> None:
-        with self.host.lock:
-            try:
+        try:
+            with self._lock:
                 self.worker.inject(kind, seconds)
-            except WorkerLost as err:
-                self.host.event("worker_lost", f"could not inject a fault: {err}")
+        except WorkerLost as err:
+            self._post(Fault("worker_lost", f"could not inject a fault: {err}"))
 
     def kill_worker(self) -> int:
         """SIGKILL the worker process: the supervisor notices and restarts it. Returns the killed pid."""
-        with self.host.lock:
+        with self._lock:
             pid = self.worker.pid
             if self.worker.proc is not None and self.worker.proc.poll() is None:
                 self.worker.proc.kill()
@@ -236,7 +295,7 @@ class ProcessBackend:
     def probe(self, timeout: float = 30.0) -> dict:
         """What the worker process has imported, asked when idle (the supervisor files the reply)."""
         self._probe_event.clear()
-        with self.host.lock:
+        with self._lock:
             self.worker.send(("probe",))
         if not self._probe_event.wait(timeout):
             raise TimeoutError(f"DispatchController.worker_probe: the worker did not answer within {timeout:g} s")
@@ -244,7 +303,7 @@ class ProcessBackend:
 
     def reconfigure(self, config: WorkerConfig) -> None:
         """The worker and the spare solve with ``config`` from now on (and restart with it): a message, no restart."""
-        with self.host.lock:
+        with self._lock:
             self.config = config
             for w in (self.worker, self._spare):
                 if w is None:
@@ -255,18 +314,21 @@ class ProcessBackend:
                 except WorkerLost:
                     pass  # the supervisor restarts it, with the new config
 
-    def metrics(self) -> dict:
-        return {
-            "pid": self.worker.pid,
-            "alive": self.worker.alive,
-            "ready": self._ready,
-            "start_s": list(self.worker.start_s),
-            "spare_ready": self.spare_ready,
-        }
+    def worker_metrics(self) -> dict:
+        with self._lock:
+            return {
+                "pid": self.worker.pid,
+                "alive": self.worker.alive,
+                "ready": self._ready,
+                "start_s": list(self.worker.start_s),
+                "spare_ready": self.spare_ready,
+            }
 
     def close(self) -> None:
-        self._supervisor.join(timeout=10.0)  # the host is closed: the supervisor returns within a poll
-        with self.host.lock:
+        self._stop.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join(timeout=10.0)  # it returns within a poll
+        with self._lock:
             workers = [w for w in (self.worker, self._spare) if w is not None]
             self._spare = None
         for w in workers:
@@ -274,59 +336,52 @@ class ProcessBackend:
 
     # ------------------------------------------------------------------ supervision
     def _supervise(self) -> None:
-        """Collect results, notice a dead or hung worker, restart it. Runs until the host closes."""
-        host = self.host
-        while True:
-            with host.lock:
-                if host.closed:
-                    return
-                worker, job = self.worker, host.inflight
+        """Collect results, notice a dead or hung worker, restart it. Runs until `close`."""
+        while not self._stop.is_set():
+            with self._lock:
+                worker = self.worker
             try:
                 msg = worker.recv(0.02)
             except WorkerLost as err:
-                with host.lock:
-                    self._ready = False
-                    host.lose_inflight("died", str(err))
+                self._lose("died", str(err))
                 self._restart()
                 continue
             if msg is not None and msg[0] == "result":
-                with host.lock:
-                    current = host.inflight
-                if current is not None and current.seq == msg[1]:
-                    host.finish(current, msg[2], msg[3])
-                else:
-                    with host.lock:
-                        host.count("late_results")
-                continue
-            if msg is not None and msg[0] == "probe":
+                with self._lock:
+                    if self._sent is not None and self._sent.seq == msg[1]:
+                        self._sent = None
+                self._post(Solved(msg[1], msg[2], msg[3]))
+            elif msg is not None and msg[0] == "probe":
                 self._probe_reply = msg[1]
                 self._probe_event.set()
-                continue
-            if job is not None and time.monotonic() - job.submitted_at > self.hang_s:
-                with host.lock:
-                    if host.inflight is not job:
-                        continue
-                    self._ready = False
-                    host.lose_inflight("hung", f"no result after {self.hang_s:g} s: killing the worker")
-                worker.kill()
-                self._restart()
-            host.check_runtime()
+            elif msg is None:
+                with self._lock:
+                    job = self._sent
+                if job is not None and time.monotonic() - job.submitted_at > self.hang_s:
+                    self._lose("hung", f"no result after {self.hang_s:g} s: killing the worker")
+                    worker.kill()
+                    self._restart()
+
+    def _lose(self, kind: str, message: str) -> None:
+        """The worker is gone: not ready, and every job it was sent is lost."""
+        with self._lock:
+            self._ready = False
+            self._sent = None
+        self._post(SolverLost(kind, message))
 
     def _start_spare(self) -> None:
         """Start a spare worker on a helper thread (when ``spare``)."""
         if not self._want_spare:
             return
-        host = self.host
 
         def run():
             try:
                 spare = SolverWorker(self.config, start_timeout_s=self._start_timeout_s).start()
             except Exception as err:
-                with host.lock:
-                    host.event("spare_failed", f"{type(err).__name__}: {err}")
+                self._post(Fault("spare_failed", f"{type(err).__name__}: {err}"))
                 return
-            with host.lock:
-                if not host.closed and self._spare is None:
+            with self._lock:
+                if not self._stop.is_set() and self._spare is None:
                     if spare.config is not self.config:  # reconfigured while it started
                         spare.config = self.config
                         try:
@@ -341,36 +396,30 @@ class ProcessBackend:
 
     def _restart(self) -> None:
         """Replace the lost worker: swap in the spare when one is ready, else start a fresh one here (outside the
-        lock: it takes a second or more), retrying with back-off until it works or the host closes."""
-        host = self.host
-        with host.lock:
+        lock: it takes a second or more), retrying with back-off until it works or the backend closes."""
+        with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and spare.alive:
-            with host.lock:
+            with self._lock:
                 old, self.worker = self.worker, spare
                 self._ready = True
-                host.count("restarts")
             old.kill()
-            host.log.warning("dispatch runtime: solver worker replaced by the spare (pid %s)", spare.pid)
+            self._post(Restarted(f"solver worker replaced by the spare (pid {spare.pid})"))
             self._start_spare()
             return
         delay = 0.1
-        while True:
-            with host.lock:
-                if host.closed:
-                    return
+        while not self._stop.is_set():
             try:
                 self.worker.kill()
                 self.worker.start()
             except Exception as err:  # e.g. the machine is out of processes: back off and retry
-                host.event("restart_failed", f"{type(err).__name__}: {err}")
+                self._post(Fault("restart_failed", f"{type(err).__name__}: {err}"))
                 time.sleep(delay)
                 delay = min(2 * delay, 5.0)
                 continue
-            with host.lock:
+            with self._lock:
                 self._ready = True
-                host.count("restarts")
-            host.log.warning("dispatch runtime: solver worker restarted (pid %s)", self.worker.pid)
+            self._post(Restarted(f"solver worker restarted (pid {self.worker.pid})"))
             self._start_spare()
             return
 
@@ -382,13 +431,13 @@ SOLVER_MODES = tuple(_BACKENDS)
 
 
 def make_backend(
-    solver_mode: str, config: WorkerConfig, host, *, hang_s: float, start_timeout_s: float, spare: bool
+    solver_mode: str, config: WorkerConfig, post: Post, *, hang_s: float, start_timeout_s: float, spare: bool
 ) -> SolverBackend:
-    """The backend of ``solver_mode`` (one of `SOLVER_MODES`)."""
+    """The backend of ``solver_mode`` (one of `SOLVER_MODES`), reporting through ``post`` (see the module)."""
     check_choice("solver_mode", solver_mode, SOLVER_MODES, where="DispatchController")
     if solver_mode == "process":
-        return ProcessBackend(config, host, hang_s=hang_s, start_timeout_s=start_timeout_s, spare=spare)
-    return _BACKENDS[solver_mode](config, host, hang_s=hang_s)
+        return ProcessBackend(config, post, hang_s=hang_s, start_timeout_s=start_timeout_s, spare=spare)
+    return _BACKENDS[solver_mode](config, post, hang_s=hang_s)
 
 
 def check_fault(kind: str) -> str:

@@ -10,12 +10,15 @@ The controller is three parts behind one API: a `WindowAccumulator` (counts, cou
 window), a `Publisher` (result checks, versioned tables, the staleness fallback) and a `SolverBackend` chosen by
 ``solver_mode`` (`tempo_jax.runtime.backends`):
 
-- ``"inline"``: the solve runs in the calling thread (`observe` waits for it). A solver error propagates and the
-  window's counts stay pending (they join the next window).
+- ``"inline"``: the solve runs in the calling thread (`observe` waits for it). A solver error propagates (the window
+  is dropped and counted as ``error``, as in every mode).
 - ``"thread"``: the solve runs on a helper thread of this process (it shares the GIL with JAX's host work).
 - ``"process"``: the solve runs in a `solvers.worker.SolverWorker` process that imports numpy, scipy, ortools and
   `solvers` only (the paper's deployment); a supervisor thread collects results, notices a dead or hung worker
   and restarts it.
+
+A backend answers only by posting events (`backends.Solved`, `SolverLost`, `Fault`, `Restarted`) to `_post`, which
+handles each at once under this controller's lock; it never reads the controller's state nor takes its lock.
 
 Faults (each one is counted in `metrics()`, logged on the ``tempo_jax.runtime`` logger, shown by `status_line`):
 
@@ -71,7 +74,7 @@ from solvers.worker import WorkerConfig, solve_window
 
 from ..layer.tables import Tables
 from .accumulator import Window, WindowAccumulator
-from .backends import SOLVER_MODES, Job, ProcessBackend, check_fault, make_backend
+from .backends import SOLVER_MODES, Event, Fault, Job, Restarted, Solved, SolverLost, check_fault, make_backend
 from .publisher import FALLBACKS, Publisher, prepare_tables
 
 __all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
@@ -110,7 +113,7 @@ class DispatchController:
       budget_s: a solve whose result arrives later than this after submission is not published.
       hang_s: no result after this long = a hung solver (default ``max(10 · budget_s, 5 s)``).
       staleness_s: publish the ``fallback`` tables when the published tables' data are older than this
-        (None: never).
+        (None: never); checked at every `observe`, `tick`, `wait` and `metrics` call.
       fallback: ``"uniform"`` or ``"static"``.
       max_window_pairs: counter differences at or above this mean a restart (see `CounterWindows`).
       history_size: solves and latencies kept for `history` and the metrics.
@@ -203,7 +206,6 @@ class DispatchController:
         self._windows = WindowAccumulator(self.config.window_shape, window, max_window_pairs)
         self._publisher = Publisher(placement, fallback=fallback, staleness_s=staleness_s, history_size=history_size)
         self._seq = 0
-        self._gen = 0
         self._data_window = 0  # the closed window whose solve the published tables came from (0: none yet)
         self._last_window: Window | None = None  # the newest closed window with pairs (re-solved on set_placement)
         self._inflight: Job | None = None
@@ -223,7 +225,7 @@ class DispatchController:
         self._backend = make_backend(
             self.solver_mode,
             self.config,
-            _Host(self),
+            self._post,
             hang_s=self.hang_s,
             start_timeout_s=worker_start_timeout_s,
             spare=spare_worker,
@@ -375,7 +377,6 @@ class DispatchController:
             if self._inflight is not None:
                 self._drop("replaced", self._inflight.pairs)
                 self._inflight = None
-            self._gen += 1
             self.placement, self.config = placement, config
             self._publisher.set_placement(placement, resolved)
             self._backend.reconfigure(config)
@@ -443,21 +444,23 @@ class DispatchController:
         weights) or, process mode only, ``"exit"`` (the worker process exits mid-solve). For tests and demos."""
         self._backend.inject(check_fault(kind), seconds)
 
-    def _process_backend(self, what: str) -> ProcessBackend:
-        if not isinstance(self._backend, ProcessBackend):
-            raise ValueError(f"DispatchController.{what}: solver_mode {self.solver_mode!r} has no worker process")
-        return self._backend
-
     def kill_worker(self) -> int:
         """SIGKILL the worker process (process mode): the supervisor notices, keeps the last good tables and
-        restarts it. Returns the killed pid."""
-        return self._process_backend("kill_worker").kill_worker()
+        restarts it. Returns the killed pid.
+
+        Raises:
+          ValueError: ``solver_mode`` is not ``"process"``.
+        """
+        return self._backend.kill_worker()
 
     def worker_probe(self) -> dict:
-        """Process mode: what the worker process has imported (``{"jax": False, ...}``), asked when idle."""
-        backend = self._process_backend("worker_probe")
+        """Process mode: what the worker process has imported (``{"jax": False, ...}``), asked when idle.
+
+        Raises:
+          ValueError: ``solver_mode`` is not ``"process"``.
+        """
         self.wait(raise_errors=False)
-        return backend.probe()
+        return self._backend.probe()
 
     def close(self) -> None:
         """Stop the supervisor and the worker process (idempotent)."""
@@ -514,8 +517,9 @@ class DispatchController:
                 "last_error": self.last_error,
                 "placements": dict(self._placements),
             }
-            if isinstance(self._backend, ProcessBackend):
-                out["worker"] = self._backend.metrics()
+            worker = self._backend.worker_metrics()
+            if worker is not None:
+                out["worker"] = worker
             return out
 
     def status_line(self) -> str:
@@ -531,8 +535,7 @@ class DispatchController:
             f"{m['rejected']} | restarts {m['restarts']} | fallback {fallback}"
         )
 
-    # ------------------------------------------------------------------ internals (backends reach them through
-    # `_Host`, the `backends.BackendHost` this controller hands them)
+    # ------------------------------------------------------------------ internals
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"DispatchController.{what}: the controller is closed; make a new one")
@@ -558,17 +561,35 @@ class DispatchController:
             self._drop("worker_down", window.pairs)
             return None
         self._seq += 1
-        job = Job(self._seq, self._gen, window, time.monotonic(), window_no=self._n["windows"])
+        job = Job(self._seq, window, time.monotonic(), window_no=self._n["windows"])
         self._inflight = job
         return job
 
-    def _finish(self, job: Job, weights, info: dict) -> None:
-        """A result arrived (any thread): publish it, or count why not."""
+    def _post(self, event: Event) -> None:
+        """A backend's event (any thread; `tempo_jax.runtime.backends`): handled at once, under this lock."""
+        if isinstance(event, Solved):
+            self._solved(event)
+            return
+        with self._lock:
+            if isinstance(event, SolverLost):
+                self._lost(event)
+            elif isinstance(event, Restarted):
+                self._n["restarts"] += 1
+                self._event("restart", event.message)
+            elif isinstance(event, Fault):
+                self._event(event.kind, event.message)
+            else:
+                raise TypeError(f"DispatchController: not a backend event: {event!r}")
+
+    def _solved(self, event: Solved) -> None:
+        """A result arrived: publish it, or count why not (a job no longer in flight: a late result)."""
+        weights, info = event.weights, event.info
         tables, bad = (None, None)
         if weights is not None and "error" not in info:
             tables, bad = self._publisher.prepare(weights)  # checks, then one host → device copy
         with self._lock:
-            if self._inflight is not job:  # abandoned (hung) or superseded: ignore
+            job = self._inflight
+            if job is None or job.seq != event.seq:  # abandoned (hung), lost or superseded: ignore
                 self._n["late_results"] += 1
                 return
             self._inflight = None
@@ -605,14 +626,16 @@ class DispatchController:
                 if self._publisher.publish(tables, closed_at=job.window.closed_at, pairs=job.pairs, record=record):
                     log.info("dispatch runtime: fresh tables published; fallback off")
 
-    def _lose_inflight(self, kind: str, message: str) -> None:
-        """Under the lock: the solver holding the in-flight job is gone (``died``) or given up on (``hung``)."""
-        self._n[kind] += 1
-        job, self._inflight = self._inflight, None
-        self._gen += 1
+    def _lost(self, event: SolverLost) -> None:
+        """Under the lock: the solver died or hung; the in-flight job is dropped when it is the one lost."""
+        self._n[event.kind] += 1
+        job = self._inflight
+        if event.seq is not None and (job is None or job.seq != event.seq):
+            job = None  # that job is no longer in flight (its result or a new placement came first)
         if job is not None:
+            self._inflight = None
             self._drop("worker_lost", job.pairs)
-        self._event(f"worker_{kind}", message + ("" if job is None else f"; window {job.seq} dropped"))
+        self._event(f"worker_{event.kind}", event.message + ("" if job is None else f"; window {job.seq} dropped"))
 
     def _check_runtime(self) -> None:
         now = time.monotonic()
@@ -625,35 +648,3 @@ class DispatchController:
                     f"tables are {age:.2f} s old > {self._publisher.staleness_s:g} s: "
                     f"publishing the {self.fallback!r} fallback",
                 )
-
-
-class _Host:
-    """The `backends.BackendHost` a `DispatchController` hands its backend: the few things a backend may use."""
-
-    def __init__(self, controller: DispatchController):
-        self._c = controller
-        self.lock = controller._lock
-        self.log = log
-
-    @property
-    def inflight(self) -> Job | None:
-        return self._c._inflight
-
-    @property
-    def closed(self) -> bool:
-        return self._c._closed
-
-    def finish(self, job: Job, weights, info: dict) -> None:
-        self._c._finish(job, weights, info)
-
-    def lose_inflight(self, kind: str, message: str) -> None:
-        self._c._lose_inflight(kind, message)
-
-    def event(self, kind: str, message: str) -> None:
-        self._c._event(kind, message)
-
-    def count(self, name: str) -> None:
-        self._c._n[name] += 1
-
-    def check_runtime(self) -> None:
-        self._c._check_runtime()
