@@ -123,8 +123,8 @@ def _hot(cfg: MoEConfig, D: int):
 
 
 def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> list[dict]:
-    """``params``: the logical weights (the baseline's experts; each layer lays them out over its placement)."""
-    """Every variant at ``B`` tokens per device (see the module)."""
+    """Every variant at ``B`` tokens per device (see the module). ``params``: the logical weights (the baseline's
+    experts; each layer lays them out over its placement)."""
     D, H = mesh.shape["ep"], cfg.hidden
     rng = np.random.default_rng(B)
     # A shared offset direction skews the router's choices like real routing does.
@@ -326,11 +326,8 @@ def meshes(args, argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--memory-child":
-        memory_child(int(argv[1]), argv[2], json.loads(argv[3]))
-        return 0
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command-line arguments; ``--quick``: 128 tokens per device only, 3 repeats."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens-per-device", default="128,512", help="batch sizes, tokens per device")
     block_options(ap)
@@ -348,9 +345,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens_per_device, args.repeats = "128", 3
-    if args.meshes:
-        return meshes(args, argv)
+    return args
 
+
+def _setup(args) -> tuple[MoEConfig, dict, Placement, jax.sharding.Mesh, dict]:
+    """``(cfg, kw, placement, mesh, params)``: the layer on every device (D of them) — an EPLB placement of Zipf(1.6)
+    expert loads at ``--replication``, its `MoEConfig` (``--preset`` if given) and the keywords it was built from
+    (what `memory` passes its children), the 1-D ``ep`` mesh and the logical weights (the baseline's experts; each
+    layer lays them out over its placement)."""
     D = jax.device_count()
     E = args.experts
     placement = Placement.from_eplb(
@@ -368,33 +370,48 @@ def main(argv=None) -> int:
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(**kw)
     mesh = make_ep_mesh(D)
     params = init_logical_params(jax.random.key(0), cfg)  # the baseline's experts; the layers lay them out
-    load0 = os.getloadavg()
-    print(
-        f"{D} {jax.default_backend()} devices, {jax.process_count()} process(es); E={E}, top-{args.top_k}, "
-        f"H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}",
-        flush=True,
-    )
+    return cfg, kw, placement, mesh, params
+
+
+def _forward(args, cfg: MoEConfig, placement: Placement, params: dict, mesh) -> list[dict]:
+    """`bench` at every ``--tokens-per-device``: its records in order (one per batch size and variant)."""
     results = []
     for B in [int(b) for b in args.tokens_per_device.split(",")]:
         results += bench(B, cfg, placement, params, mesh, args.repeats)
-    mem = memory(args.memory_tokens, kw) if args.memory and not args.preset else []
-    empty = empty_call_ms(cfg, placement, params, mesh, args.repeats)
+    return results
+
+
+def _empty_call(cfg: MoEConfig, placement: Placement, params: dict, mesh, repeats: int) -> dict:
+    """`empty_call_ms`, one printed line per call."""
+    empty = empty_call_ms(cfg, placement, params, mesh, repeats)
     for k, v in empty.items():
         print(f"  {k}: {v:.2f} ms", flush=True)
+    return empty
+
+
+def _collectives(cfg: MoEConfig, placement: Placement, params: dict, mesh) -> list[dict]:
+    """`training_collectives` at 128 tokens per device, printed as a table."""
+    E, P = placement.num_experts, placement.num_slots
     comm = training_collectives(cfg, placement, params, mesh, 128)
     print(
         table(
             [(c["kind"], ", ".join(c["shapes"])[:90], f"{c['bytes']:,}") for c in comm],
             ["collective", "operands (per device)", "bytes"],
-            title=f"\nCollectives of the compiled training step (Adam, E={E}, P={placement.num_slots}: "
-            f"R = P − E = {placement.num_slots - E} replica rows)",
+            title=f"\nCollectives of the compiled training step (Adam, E={E}, P={P}: R = P − E = {P - E} replica rows)",
         )
     )
-    ep_mem = {}
-    if args.ep_memory:
-        import bench_ep_memory
+    return comm
 
-        ep_mem = bench_ep_memory.run()
+
+def _ep_memory() -> dict:
+    """``--ep-memory``: `bench_ep_memory.run` (it prints its own tables)."""
+    import bench_ep_memory
+
+    return bench_ep_memory.run()
+
+
+def _forward_table(results: list[dict]) -> None:
+    """Print `bench`'s records as one table, against the sorted-gmm baseline."""
     rows = [
         (
             r["tokens_per_device"],
@@ -410,41 +427,63 @@ def main(argv=None) -> int:
     ]
     heads = ["B/dev", "variant", "capacity", "ms", "vs sorted gmm", "rounds", "drops", "compile s"]
     print(table(rows, heads, title="\nEP MoE layer (forward, median) vs the one-device sorted-gmm baseline"))
-    if mem:
-        print(
-            table(
-                [
-                    (
-                        m["tokens"],
-                        m["capacity"],
-                        m["peak_rss_gb"],
-                        m.get("rounds"),
-                        m.get("drops"),
-                        f"{m.get('first_call_s', float('nan')):.1f}",
-                    )
-                    for m in mem
-                ],
-                ["T", "capacity", "peak RSS GB", "rounds", "drops", "first call s"],
-                title="\nPeak memory of one jitted forward (fresh process, /usr/bin/time -v)",
-            )
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = _meta(args, argv, load0)
-    out.write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "results": results,
-                "memory": mem,
-                "empty_call_ms": empty,
-                "training_collectives": comm,
-                "ep_memory": ep_mem,
-            },
-            indent=1,
+
+
+def _memory_table(mem: list[dict]) -> None:
+    """Print `memory`'s records as one table (nothing when there are none)."""
+    if not mem:
+        return
+    print(
+        table(
+            [
+                (
+                    m["tokens"],
+                    m["capacity"],
+                    m["peak_rss_gb"],
+                    m.get("rounds"),
+                    m.get("drops"),
+                    f"{m.get('first_call_s', float('nan')):.1f}",
+                )
+                for m in mem
+            ],
+            ["T", "capacity", "peak RSS GB", "rounds", "drops", "first call s"],
+            title="\nPeak memory of one jitted forward (fresh process, /usr/bin/time -v)",
         )
     )
+
+
+def _write(args, argv, load0, parts: dict) -> None:
+    """Write ``{"meta": _meta(...), **parts}`` to ``--out`` and print the load averages and the path."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": _meta(args, argv, load0), **parts}, indent=1))
     print(f"load average {load0[0]:.1f} → {os.getloadavg()[0]:.1f}; wrote {out}")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--memory-child":
+        memory_child(int(argv[1]), argv[2], json.loads(argv[3]))
+        return 0
+    args = _parse(argv)
+    if args.meshes:
+        return meshes(args, argv)
+    cfg, kw, placement, mesh, params = _setup(args)
+    load0 = os.getloadavg()
+    print(
+        f"{jax.device_count()} {jax.default_backend()} devices, {jax.process_count()} process(es); E={args.experts}, "
+        f"top-{args.top_k}, H={args.hidden}, F={args.ffn}, {placement.num_slots} slots; load {load0[0]:.1f}",
+        flush=True,
+    )
+    results = _forward(args, cfg, placement, params, mesh)
+    mem = memory(args.memory_tokens, kw) if args.memory and not args.preset else []
+    empty = _empty_call(cfg, placement, params, mesh, args.repeats)
+    comm = _collectives(cfg, placement, params, mesh)
+    ep_mem = _ep_memory() if args.ep_memory else {}
+    _forward_table(results)
+    _memory_table(mem)
+    parts = dict(results=results, memory=mem, empty_call_ms=empty, training_collectives=comm, ep_memory=ep_mem)
+    _write(args, argv, load0, parts)
     return 0
 
 

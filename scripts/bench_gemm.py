@@ -45,7 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pallas_kernels import GmmTiling, dispatch, dispatch_reference, gmm, gmm_reference, tokamax_backend  # noqa: E402
+from pallas_kernels import (  # noqa: E402
+    DISPATCH_MODES,
+    GmmTiling,
+    dispatch,
+    dispatch_reference,
+    gmm,
+    gmm_reference,
+    tokamax_backend,
+)
 from tempo_jax.workloads.models import MODEL_SPECS  # noqa: E402  (numpy-only: the MoE presets' dimensions)
 
 #: MoE presets whose expert shapes (hidden H, expert FFN width F) the GPU benchmark runs (`--presets`).
@@ -554,7 +562,7 @@ def check_gpu(plan: GpuPlan) -> dict:
     l2p = jnp.arange(e * r, dtype=jnp.int32).reshape(e, r).at[5, 1].set(-1)  # a missing replica
     ctr = jnp.full((e,), 2**32 - 7, jnp.uint32)  # counters about to wrap
     u = jax.random.uniform(jax.random.key(2), (t, kk))
-    for mode in ("sample", "quota"):
+    for mode in DISPATCH_MODES:
         name = f"dispatch {mode}"
         try:
             a = dispatch(

@@ -402,13 +402,21 @@ def round_stages(n, ranks, D: int, S: int, repeats: int, iterations: int = 64) -
 
 
 # ------------------------------------------------------------------------------------------------ main
-def main(argv=None) -> int:
+#: The suites that compare policies' modelled makespans with tempo's (`grid` → `quality`).
+QUALITY_SUITES = ("issue", "scale", "recorded")
+#: Every suite `--suites` takes.
+SUITES = (*QUALITY_SUITES, "optimum", "copies", "cost", "plan")
+
+
+def _parse(argv) -> tuple[argparse.Namespace, list[str], list[tuple[int, int]]]:
+    """The command line: the arguments (with the quality grids, ``--quick``'s overrides applied), the suites named,
+    and the cost and plan suites' (experts, tokens per device) cells."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke-sized run")
     ap.add_argument(
         "--suites",
         default="issue,scale,recorded,optimum,copies,cost",
-        help="comma-separated: issue,scale,recorded,optimum,copies,cost",
+        help=f"comma-separated, of: {','.join(SUITES)} (plan only when named)",
     )
     ap.add_argument("--optimum-seeds", type=int, default=5, help="seeds per optimum-suite cell")
     ap.add_argument("--copies-seeds", type=int, default=4, help="seeds per copies-suite cell")
@@ -418,10 +426,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=relief.ROUNDS, help="relief rounds in the layer")
     ap.add_argument("--out", default="results/bench_ingraph.json")
     args = ap.parse_args(argv)
-    suites = [s for s in args.suites.split(",") if s]
-    unknown = set(suites) - {"issue", "scale", "recorded", "optimum", "copies", "cost", "plan"}
+    suites = list(dict.fromkeys(s for s in args.suites.split(",") if s))  # each once, in the order named
+    unknown = set(suites) - set(SUITES)
     if unknown:
-        ap.error(f"--suites: unknown {sorted(unknown)}; valid: issue, scale, recorded, optimum, copies, cost, plan")
+        ap.error(f"--suites: unknown {sorted(unknown)}; valid: {', '.join(SUITES)}")
     args.issue_skews, args.issue_b = ISSUE_SKEWS, ISSUE_B
     args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS, SCALE_SKEWS, SCALE_B
     cost_cells = [(e, b) for e in (64, 256) for b in (128, 512)]
@@ -429,132 +437,162 @@ def main(argv=None) -> int:
         args.issue_skews, args.issue_b, args.batches, args.recorded_layers = (1.2,), (64, 1024), 1, 1
         args.scale_configs, args.scale_skews, args.scale_b = SCALE_CONFIGS[:1], (1.2,), (256,)
         args.repeats, cost_cells, args.optimum_seeds, args.copies_seeds = 3, [(64, 128)], 1, 1
+    return args, suites, cost_cells
+
+
+def _optimum_suite(args) -> dict:
+    """The optimum suite: runs it, prints makespan / optimum per policy and regime, returns its JSON entry."""
+    rows = against_optimum(optimum_instances(args.optimum_seeds), progress=True)
+    summ = optimum_summary(rows)
+    cells = [
+        [k, v["n"], f"{v['mean']:.4f}", f"{v['p95']:.4f}", f"{v['max']:.4f}", v["above_1_05"]] for k, v in summ.items()
+    ]
+    print(table(cells, ["policy, regime", "instances", "mean", "p95", "max", "> 1.05×"], "makespan / optimum"))
+    return dict(summary=summ, rows=rows, goal=1.05)
+
+
+def _copies_suite(args) -> dict:
+    """The copies suite: runs it, prints the plan's and relief's makespan / the MILP optimum per link and batch size,
+    returns its JSON entry."""
+    rows = copies_against_optimum(copies_instances(args.copies_seeds), progress=True)
+    summ = copies_summary(rows)
+    cells = [
+        [
+            k,
+            v["n"],
+            f"{v['plan_mean']:.4f}",
+            f"{v['plan_max']:.4f}",
+            f"{v['relief_mean']:.4f}",
+            f"{v['relief_max']:.4f}",
+            v["copies"],
+            v["optimum_copies"],
+        ]
+        for k, v in summ.items()
+    ]
+    heads = ["link, tokens/rank", "n", "plan mean", "plan max", "no-copy mean", "no-copy max", "copies", "MILP's"]
+    print(table(cells, heads, "dynamic copies: makespan / the MILP optimum (copies and splits together)"))
+    return dict(summary=summ, rows=rows)
+
+
+def _quality_suite(suite: str, args) -> dict:
+    """One quality suite (``grid``'s): runs it, prints each compared policy's makespan / tempo's, returns its JSON
+    entry."""
+    rows = quality(grid(suite, args), progress=True)
+    summ = summary(rows)
+    cells = [
+        [p, s["n"], f"{s['mean']:.4f}", f"{s['p95']:.4f}", f"{s['max']:.4f}", f"{100 * s['at_tempo']:.0f}%"]
+        for p, s in summ.items()
+    ]
+    heads = ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"]
+    print(table(cells, heads, f"{suite}: modelled makespan / tempo's"))
+    return dict(summary=summ, rows=rows)
+
+
+def _plan_suite(args, cost_cells: list[tuple[int, int]]) -> dict:
+    """The plan suite (`plan_rounds` per cell): runs it, prints the plan's time per round budget and one round stage
+    by stage, returns its JSON entry."""
+    rows = [plan_rounds(e, b, args.repeats) for e, b in cost_cells]
+    budgets = list(rows[0]["ms_by_budget"])
+    print(
+        table(
+            [
+                [
+                    r["experts"],
+                    r["tokens_per_device"],
+                    r["rounds_run"],
+                    *(f"{v:.2f}" for v in r["ms_by_budget"].values()),
+                ]
+                for r in rows
+            ],
+            ["E", "tokens/device", "rounds run", *[f"ms, ≤ {b} rounds" for b in budgets]],
+            "the in-graph plan alone, one CPU device (median)",
+        )
+    )
+    stage_names = list(rows[0]["round_us"])
+    print(
+        table(
+            [[r["experts"], r["tokens_per_device"], *(f"{v:.0f}" for v in r["round_us"].values())] for r in rows],
+            ["E", "tokens/device", *stage_names],
+            "one improvement round, stage by stage (cumulative µs per round, both starts; median)",
+        )
+    )
+    return dict(rows=rows, goal_ms=2.0)
+
+
+def _cost_suite(args, cost_cells: list[tuple[int, int]], with_copies: bool) -> dict:
+    """The cost suite (`cost` per cell; the layer with dynamic copies too when ``with_copies``): runs it, prints the
+    layer's time against fixed tables and the dispatch's work, returns its JSON entry."""
+    print("cost: nnx.jit layer, 8 fake CPU devices, in-graph against fixed tables (interleaved, median)")
+    rows = [cost(e, b, args.repeats, args.rounds, with_copies) for e, b in cost_cells]
+    entry = dict(rows=rows, ratio_max=max(r["ratio"] for r in rows), goal=1.10)
+    if with_copies:
+        entry.update(copies_ratio_max=max(r["copies_ratio"] for r in rows), copies_goal=1.15)
+    cells = [
+        [
+            r["experts"],
+            r["tokens_per_device"],
+            f"{r['fixed_ms']:.1f}",
+            f"{r['ingraph_ms']:.1f}",
+            f"{r['ratio']:.2f}×",
+            f"{r['plan_flops'] / 1e6:.1f}",
+            f"{r['plan_bytes'] / 1e6:.1f}",
+            r["move_candidates"],
+        ]
+        + (
+            [
+                f"{r['copies_ms']:.1f}",
+                f"{r['copies_ratio']:.2f}×",
+                r["copies_made"],
+                f"{r['copied_bytes'] / 1e6:.2f} / {r['moved_bytes'] / 1e6:.1f}",
+                f"{r['copy_plan_flops'] / 1e6:.1f} / {r['copy_plan_bytes'] / 1e6:.1f}",
+            ]
+            if with_copies
+            else []
+        )
+        for r in rows
+    ]
+    heads = [
+        "E",
+        "tokens/device",
+        "fixed ms",
+        "in-graph ms",
+        "ratio (goal ≤ 1.10×)",
+        "plan MFLOP (≤)",
+        "plan MB (≤)",
+        "K moves",
+    ]
+    if with_copies:
+        heads += [
+            f"copies (k={DYNAMIC_SLOTS}) ms",
+            "/ in-graph (goal ≤ 1.15×)",
+            "copies made",
+            "MB copied / moved",
+            "copy plan MFLOP / MB (≤)",
+        ]
+    print(table(cells, heads, "cost of the in-graph dispatch"))
+    return entry
+
+
+def main(argv=None) -> int:
+    args, suites, cost_cells = _parse(argv)
     t0 = time.time()
     results: dict = dict(
         machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, loadavg=os.getloadavg()),
         args=vars(args) | {"scale_configs": None},
         suites={},
     )
+    # In this order: optimum, copies, the quality suites in the order named, plan, cost.
     if "optimum" in suites:
-        rows = against_optimum(optimum_instances(args.optimum_seeds), progress=True)
-        summ = optimum_summary(rows)
-        results["suites"]["optimum"] = dict(summary=summ, rows=rows, goal=1.05)
-        cells = [
-            [k, v["n"], f"{v['mean']:.4f}", f"{v['p95']:.4f}", f"{v['max']:.4f}", v["above_1_05"]]
-            for k, v in summ.items()
-        ]
-        print(table(cells, ["policy, regime", "instances", "mean", "p95", "max", "> 1.05×"], "makespan / optimum"))
+        results["suites"]["optimum"] = _optimum_suite(args)
     if "copies" in suites:
-        rows = copies_against_optimum(copies_instances(args.copies_seeds), progress=True)
-        summ = copies_summary(rows)
-        results["suites"]["copies"] = dict(summary=summ, rows=rows)
-        cells = [
-            [
-                k,
-                v["n"],
-                f"{v['plan_mean']:.4f}",
-                f"{v['plan_max']:.4f}",
-                f"{v['relief_mean']:.4f}",
-                f"{v['relief_max']:.4f}",
-                v["copies"],
-                v["optimum_copies"],
-            ]
-            for k, v in summ.items()
-        ]
-        heads = ["link, tokens/rank", "n", "plan mean", "plan max", "no-copy mean", "no-copy max", "copies", "MILP's"]
-        print(table(cells, heads, "dynamic copies: makespan / the MILP optimum (copies and splits together)"))
-    for suite in [s for s in suites if s not in ("cost", "optimum", "copies")]:
-        rows = quality(grid(suite, args), progress=True)
-        summ = summary(rows)
-        results["suites"][suite] = dict(summary=summ, rows=rows)
-        cells = [
-            [p, s["n"], f"{s['mean']:.4f}", f"{s['p95']:.4f}", f"{s['max']:.4f}", f"{100 * s['at_tempo']:.0f}%"]
-            for p, s in summ.items()
-        ]
-        print(
-            table(
-                cells,
-                ["policy", "instances", "mean", "p95", "max", "≤ 1.001×"],
-                f"{suite}: modelled makespan / tempo's",
-            )
-        )
+        results["suites"]["copies"] = _copies_suite(args)
+    for suite in [s for s in suites if s in QUALITY_SUITES]:
+        results["suites"][suite] = _quality_suite(suite, args)
     if "plan" in suites:
-        rows = [plan_rounds(e, b, args.repeats) for e, b in cost_cells]
-        results["suites"]["plan"] = dict(rows=rows, goal_ms=2.0)
-        budgets = list(rows[0]["ms_by_budget"])
-        print(
-            table(
-                [
-                    [
-                        r["experts"],
-                        r["tokens_per_device"],
-                        r["rounds_run"],
-                        *(f"{v:.2f}" for v in r["ms_by_budget"].values()),
-                    ]
-                    for r in rows
-                ],
-                ["E", "tokens/device", "rounds run", *[f"ms, ≤ {b} rounds" for b in budgets]],
-                "the in-graph plan alone, one CPU device (median)",
-            )
-        )
-        stage_names = list(rows[0]["round_us"])
-        print(
-            table(
-                [[r["experts"], r["tokens_per_device"], *(f"{v:.0f}" for v in r["round_us"].values())] for r in rows],
-                ["E", "tokens/device", *stage_names],
-                "one improvement round, stage by stage (cumulative µs per round, both starts; median)",
-            )
-        )
+        results["suites"]["plan"] = _plan_suite(args, cost_cells)
     if "cost" in suites:
-        print("cost: nnx.jit layer, 8 fake CPU devices, in-graph against fixed tables (interleaved, median)")
-        with_copies = "copies" in suites  # the layer with dynamic copies belongs to the copies suite's subject
-        rows = [cost(e, b, args.repeats, args.rounds, with_copies) for e, b in cost_cells]
-        results["suites"]["cost"] = dict(rows=rows, ratio_max=max(r["ratio"] for r in rows), goal=1.10)
-        if with_copies:
-            results["suites"]["cost"].update(copies_ratio_max=max(r["copies_ratio"] for r in rows), copies_goal=1.15)
-        cells = [
-            [
-                r["experts"],
-                r["tokens_per_device"],
-                f"{r['fixed_ms']:.1f}",
-                f"{r['ingraph_ms']:.1f}",
-                f"{r['ratio']:.2f}×",
-                f"{r['plan_flops'] / 1e6:.1f}",
-                f"{r['plan_bytes'] / 1e6:.1f}",
-                r["move_candidates"],
-            ]
-            + (
-                [
-                    f"{r['copies_ms']:.1f}",
-                    f"{r['copies_ratio']:.2f}×",
-                    r["copies_made"],
-                    f"{r['copied_bytes'] / 1e6:.2f} / {r['moved_bytes'] / 1e6:.1f}",
-                    f"{r['copy_plan_flops'] / 1e6:.1f} / {r['copy_plan_bytes'] / 1e6:.1f}",
-                ]
-                if with_copies
-                else []
-            )
-            for r in rows
-        ]
-        heads = [
-            "E",
-            "tokens/device",
-            "fixed ms",
-            "in-graph ms",
-            "ratio (goal ≤ 1.10×)",
-            "plan MFLOP (≤)",
-            "plan MB (≤)",
-            "K moves",
-        ]
-        if with_copies:
-            heads += [
-                f"copies (k={DYNAMIC_SLOTS}) ms",
-                "/ in-graph (goal ≤ 1.15×)",
-                "copies made",
-                "MB copied / moved",
-                "copy plan MFLOP / MB (≤)",
-            ]
-        print(table(cells, heads, "cost of the in-graph dispatch"))
+        # the layer with dynamic copies belongs to the copies suite's subject
+        results["suites"]["cost"] = _cost_suite(args, cost_cells, with_copies="copies" in suites)
     results["wall_s"] = time.time() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

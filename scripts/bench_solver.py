@@ -347,7 +347,9 @@ def load_snapshot() -> dict:
         return {}
 
 
-def main(argv=None) -> int:
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], dict]:
+    """The arguments with the suites' grids (``--quick`` shrinks them), the suites to run (unknown ones refused) and
+    the warm-up solves per issue / scale cell."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke-sized run")
     ap.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated subset of {SUITES}")
@@ -377,11 +379,85 @@ def main(argv=None) -> int:
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
         raise SystemExit(f"error: unknown suite(s) {unknown}; valid: {list(SUITES)}")
-    baseline = load_baseline(args.baseline) if args.baseline else None
-    runs = variants(baseline)
+    return args, suites, warm
 
+
+def policy_suite(suite: str, instances: list[tuple[dict, DispatchProblem]], args, runs: dict) -> dict:
+    """The synthetic or real suite: every policy (and the MILP) on each instance; prints the ratio table and returns
+    ``{"summary", "rows"}``."""
+    rows = []
+    for key, problem in tqdm(instances, desc=suite, unit="batch"):
+        rows.append({**key, **run_instance(problem, args.milp_time_limit, args.repeats, runs, args.milp_free)})
+    text, summary = summarise(rows, f"\n== {suite}: {len(rows)} batches, ratios vs tempo (lower is better)")
+    print(text)
+    return {"summary": summary, "rows": rows}
+
+
+def timing_suite(args, runs: dict) -> dict:
+    """The paper's operating point (EP8, E=256, s=1.2, κ = 2000, DSv3): every variant's solve time over 20 batches
+    (5 with ``--quick``) per B; prints the table and returns ``{B: {variant: {"median_ms", "p95_ms"}}}``."""
+    routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=args.seed)
+    placement = eplb(routing.popularity, 8)
+    timing = {}
+    for B in (32, 64, 128, 256, 1024, 2048):
+        ms: dict = {name: [] for name in runs}
+        for i in range(20 if not args.quick else 5):
+            problem = DispatchProblem(routing.batch(B, 8, 1000 + i), placement, PRESETS["dsv3_fp8_offline"])
+            for name, run in runs.items():
+                ms[name].append(run(problem)[1])
+        timing[B] = {
+            name: dict(median_ms=float(np.median(v)), p95_ms=float(np.percentile(v, 95))) for name, v in ms.items()
+        }
+    print(
+        table(
+            [(B, *[f"{v[n]['median_ms']:.2f} / {v[n]['p95_ms']:.2f}" for n in runs]) for B, v in timing.items()],
+            ["B", *[f"{n}: ms median / p95" for n in runs]],
+            title="\n== timing: EP8, E=256, 320 slots (64 redundant), κ = 2000, DSv3 (paper: 1.9 ms for B ≤ 256)",
+        )
+    )
+    return timing
+
+
+def warm_variants(runs: dict) -> None:
+    """Solve once with every variant a batch that reaches tempo's CP-SAT level search (its first call loads the
+    solver: ~0.1–0.2 s paid once by a long-lived worker, not per solve)."""
+    routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=0)
+    warm_problem = DispatchProblem(routing.batch(512, 8, 2), eplb(routing.popularity, 8), PRESETS["dsv3_fp8_offline"])
+    for run in runs.values():
+        run(warm_problem)
+
+
+def cell_suite(suite: str, args, runs: dict, warmup: int) -> dict:
+    """The issue or scale suite: `timing_cell` over its grid with ``warmup`` untimed solves per cell; prints its
+    tables and returns ``{"summary", "cells"}``."""
+    timed = args.issue_batches if suite == "issue" else args.scale_batches
+    cells = [
+        timing_cell(c, runs, timed, warmup, args.milp_batches, args.milp_time_limit)
+        for c in tqdm(timing_cells(suite, args), desc=suite, unit="cell")
+    ]
+    text, summary = report_timing(suite, cells, list(runs))
+    print(text)
+    return {"summary": summary, "cells": cells}
+
+
+def write_results(results: dict, out: Path, t0: float) -> None:
+    """Add the end load and the wall time since ``t0`` to ``results``, write it to ``out`` and say so."""
+    results["load_end"] = load_snapshot()
+    results["wall_s"] = time.time() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=float))
+    print(
+        f"\nwrote {out} in {results['wall_s']:.0f} s (load average {results['load_start'].get('loadavg')} → "
+        f"{results['load_end'].get('loadavg')})"
+    )
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, suites, warm = _parse(argv)
+    runs = variants(load_baseline(args.baseline) if args.baseline else None)
     results: dict = {
-        "command": "python scripts/bench_solver.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python scripts/bench_solver.py " + " ".join(argv),
         "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
         "load_start": load_snapshot(),
         "args": {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | tuple | type(None))},
@@ -389,68 +465,16 @@ def main(argv=None) -> int:
     }
     t0 = time.time()
     for suite, make in (("synthetic", synthetic_instances), ("real", real_instances)):
-        if suite not in suites:
-            continue
-        instances = make(args)
-        rows = []
-        for key, problem in tqdm(instances, desc=suite, unit="batch"):
-            rows.append({**key, **run_instance(problem, args.milp_time_limit, args.repeats, runs, args.milp_free)})
-        text, summary = summarise(rows, f"\n== {suite}: {len(rows)} batches, ratios vs tempo (lower is better)")
-        print(text)
-        results["suites"][suite] = {"summary": summary, "rows": rows}
-
-    if "timing" in suites:  # the paper's operating point
-        routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=args.seed)
-        placement = eplb(routing.popularity, 8)
-        timing = {}
-        for B in (32, 64, 128, 256, 1024, 2048):
-            ms: dict = {name: [] for name in runs}
-            for i in range(20 if not args.quick else 5):
-                problem = DispatchProblem(routing.batch(B, 8, 1000 + i), placement, PRESETS["dsv3_fp8_offline"])
-                for name, run in runs.items():
-                    ms[name].append(run(problem)[1])
-            timing[B] = {
-                name: dict(median_ms=float(np.median(v)), p95_ms=float(np.percentile(v, 95))) for name, v in ms.items()
-            }
-        print(
-            table(
-                [(B, *[f"{v[n]['median_ms']:.2f} / {v[n]['p95_ms']:.2f}" for n in runs]) for B, v in timing.items()],
-                ["B", *[f"{n}: ms median / p95" for n in runs]],
-                title="\n== timing: EP8, E=256, 320 slots (64 redundant), κ = 2000, DSv3 (paper: 1.9 ms for B ≤ 256)",
-            )
-        )
-        results["timing"] = timing
-
+        if suite in suites:
+            results["suites"][suite] = policy_suite(suite, make(args), args, runs)
+    if "timing" in suites:
+        results["timing"] = timing_suite(args, runs)
     if "issue" in suites or "scale" in suites:
-        # Warm every variant once per process on a batch that reaches tempo's CP-SAT level search (its first call
-        # loads the solver: ~0.1–0.2 s paid once by a long-lived worker, not per solve).
-        routing = SyntheticRouting(num_experts=256, top_k=8, s=1.2, kappa=2000.0, seed=0)
-        warm_problem = DispatchProblem(
-            routing.batch(512, 8, 2), eplb(routing.popularity, 8), PRESETS["dsv3_fp8_offline"]
-        )
-        for run in runs.values():
-            run(warm_problem)
+        warm_variants(runs)
     for suite in ("issue", "scale"):
-        if suite not in suites:
-            continue
-        timed = args.issue_batches if suite == "issue" else args.scale_batches
-        cells = [
-            timing_cell(c, runs, timed, warm[suite], args.milp_batches, args.milp_time_limit)
-            for c in tqdm(timing_cells(suite, args), desc=suite, unit="cell")
-        ]
-        text, summary = report_timing(suite, cells, list(runs))
-        print(text)
-        results["suites"][suite] = {"summary": summary, "cells": cells}
-
-    results["load_end"] = load_snapshot()
-    results["wall_s"] = time.time() - t0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=float))
-    print(
-        f"\nwrote {out} in {results['wall_s']:.0f} s (load average {results['load_start'].get('loadavg')} → "
-        f"{results['load_end'].get('loadavg')})"
-    )
+        if suite in suites:
+            results["suites"][suite] = cell_suite(suite, args, runs, warm[suite])
+    write_results(results, Path(args.out), t0)
     return 0
 
 

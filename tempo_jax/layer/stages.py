@@ -281,11 +281,10 @@ def expert_ffn(
     # The barriers keep XLA from fusing the row gathers into the GEMM loops (measured 10–25% faster on CPU).
     xs = jax.lax.optimization_barrier(rows[order])
     group_sizes = jnp.bincount(slots, length=S + 1)[:S].astype(jnp.int32)
-    mm = dict(implementation=gmm_impl, interpret=interpret)
 
     def grouped(lhs, name: str):  # the parts side by side along the slots (`gmm` takes them as they are)
         w = parts[name]
-        return gmm(lhs, w if len(w) > 1 else w[0], group_sizes, **mm)
+        return gmm(lhs, w if len(w) > 1 else w[0], group_sizes, implementation=gmm_impl, interpret=interpret)
 
     # Gate and up as two grouped GEMMs: fusing them into one of width 2F concatenated the stored w_gate and w_up on
     # every call (a copy of two thirds of the expert weights; measured 24% of the forward at E 256, 128 tokens).
