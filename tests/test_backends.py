@@ -139,3 +139,26 @@ def _wait(cond, timeout: float = 120.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+def test_a_replaced_job_that_hangs_its_worker_is_noticed():
+    """The backend watches the job it sent, not the controller's in-flight job: a solve dropped by `set_placement`
+    (``replaced``) that then hangs the worker is noticed after ``hang_s``, the worker replaced, and the next window
+    solves (before the events, the supervisor watched only the controller's in-flight job, and the next job queued
+    behind the hung solve was lost a further ``hang_s`` later)."""
+    from tempo_jax import DispatchController
+
+    placement = CONFIG.placement
+    with DispatchController(placement, CONFIG.cost, policy="token_lp", solver_mode="process", hang_s=1.5) as ctl:
+        counts = np.random.default_rng(0).integers(0, 50, (D, E))
+        ctl.inject_fault("hang", 60.0)
+        ctl.observe(counts)
+        ctl.set_placement(placement)  # the in-flight job is dropped as replaced; its solve still hangs the worker
+        _wait(lambda: ctl.metrics()["worker_lost"]["hung"] == 1 and ctl.metrics()["worker"]["ready"])
+        m = ctl.metrics()
+        assert m["restarts"] == 1 and m["windows"]["dropped"]["replaced"] == 1
+        assert m["windows"]["dropped"]["worker_lost"] == 0  # nothing else was in flight
+        version = ctl.version
+        ctl.observe(counts)
+        ctl.wait()
+        assert ctl.version == version + 1 and ctl.metrics()["windows"]["dropped"]["worker_lost"] == 0
