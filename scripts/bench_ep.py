@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -53,9 +52,11 @@ from pathlib import Path
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import bench_meshes  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_meshes import median_ms  # noqa: E402  (bench_ingraph and bench_layer_stages take it from here)
 from flax import nnx  # noqa: E402
 
 from solvers import Placement, slots_for  # noqa: E402
@@ -82,17 +83,6 @@ def dense_bound(params, x, config: MoEConfig):
     xs = jnp.repeat(x, config.top_k, axis=0)
     h = jax.nn.silu(xs @ params["w_gate"][0]) * (xs @ params["w_up"][0])
     return h @ params["w_down"][0]
-
-
-def median_ms(fns: dict, repeats: int) -> dict:
-    """Interleaved calls (each round times every function once), median ms each."""
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _compile_s(f) -> float:
@@ -312,7 +302,6 @@ def _meta(args, argv, load0) -> dict:
 
 def meshes(args, argv) -> int:
     """``--meshes``: `bench_meshes.run` at the first ``--tokens-per-device``, JSON beside ``--out``."""
-    import bench_meshes
 
     kw = dict(hidden=args.hidden, ffn=args.ffn, experts=args.experts, top_k=args.top_k, slots_per_rank=1)
     cfg = moe_preset(args.preset, **kw) if args.preset else MoEConfig(dispatch_mode="quota", **kw)

@@ -52,7 +52,7 @@ MESHES = [
 ]
 
 
-def _median_ms(fns: dict, repeats: int) -> dict:
+def median_ms(fns: dict, repeats: int) -> dict:
     """Interleaved calls (each round times every function once): the median ms of each."""
     times = {k: [] for k in fns}
     for _ in range(repeats):
@@ -179,7 +179,7 @@ def tensor_reduction(rows: int, hidden: int, repeats: int) -> dict:
             "wire_bytes": sum(c.wire_bytes for c in colls),
             "collectives": [c.kind for c in colls],
         }
-    for name, ms in _median_ms(fns, max(repeats, 20)).items():
+    for name, ms in median_ms(fns, max(repeats, 20)).items():
         out[name]["ms"] = ms
     return out
 
@@ -196,7 +196,7 @@ def run(base: MoEConfig, *, tokens_per_device: int, replication: float, repeats:
             continue
         print(f"  mesh {label} …", flush=True)
         rows.append(one_mesh(label, sizes, extra, base, logical, x, load, replication, timed))
-    times = _median_ms(timed, repeats)  # every mesh's module in each round, so drift touches all alike
+    times = median_ms(timed, repeats)  # every mesh's module in each round, so drift touches all alike
     for r in rows:
         r["forward_ms"] = times[r["mesh"]]
     ref = rows[0]

@@ -63,6 +63,7 @@ from .problem import DispatchProblem
 __all__ = [
     "check_relief_cost",
     "move_pairs",
+    "price_moves",
     "rank_loads",
     "rank_times",
     "relief",
@@ -99,10 +100,10 @@ def replica_ranks(log2phy: np.ndarray, slots_per_rank: int) -> np.ndarray:
     return ranks
 
 
-def _times(cost: CostModel, G: np.ndarray, N: np.ndarray) -> np.ndarray:
-    t = np.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
+def _times(cost: CostModel, G: np.ndarray, N: np.ndarray, xp=np) -> np.ndarray:
+    t = xp.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
     if cost.c2 is not None:
-        t = np.maximum(t, cost.c2 + cost.gamma * N)
+        t = xp.maximum(t, cost.c2 + cost.gamma * N)
     return t
 
 
@@ -114,9 +115,10 @@ def _loads(x: np.ndarray, ranks: np.ndarray, D: int) -> tuple[np.ndarray, np.nda
     return G, N
 
 
-def rank_times(cost: CostModel, G: np.ndarray, N: np.ndarray) -> np.ndarray:
-    """Each rank's time ``max(a + b·G, c + β·N [, c2 + γ·N])`` from its activations ``G [D]`` and tokens ``N [D]``."""
-    return _times(cost, G, N)
+def rank_times(cost: CostModel, G: np.ndarray, N: np.ndarray, xp=np) -> np.ndarray:
+    """Each rank's time ``max(a + b·G, c + β·N [, c2 + γ·N])`` from its activations ``G [D]`` and tokens ``N [D]``
+    (``xp``: the array namespace, numpy or `jax.numpy` for the in-graph twin)."""
+    return _times(cost, G, N, xp)
 
 
 def rank_loads(x: np.ndarray, ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,7 +207,7 @@ def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: 
         fw = _forwards(x, ranks, pe, pi, pj, G, N, cost, D)  # Step 3a
         first = fw["f"][0][h] != pe
         F = {k: np.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
-        moves = _price(x[pe, pi], (x[pe, pj] == 0).astype(np.float64), G, N, t, F, g, h, cost)  # Step 3b
+        moves = price_moves(x[pe, pi], (x[pe, pj] == 0).astype(np.float64), G, N, t, F, g, h, cost)  # Step 3b
         gain = np.where((x[pe, pi] > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -np.inf)
         third = np.where(moves["chain"] & (F["m"] != g), F["m"], -1)
         accepted = _select(gain, t[g], g, h, third, D)  # Step 3c
@@ -303,44 +305,50 @@ def _seed(n: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, spread: boo
     return x
 
 
-def _price(xi, new_h, G, N, t, F, g, h, cost) -> dict:
+def price_moves(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel, *, xp=np, dtype=None) -> dict:
     """Step 3b: every candidate move's best price — ``gain``, ``share`` (tokens of e moved) and ``chain`` (with
     h's hand-off) — from e's share on the sender ``xi`` and whether the receiver gains e's activation ``new_h``
-    (all ``[K]``)."""
+    (all ``[K]``), the ranks' activations, tokens and times ``G, N, t [D]``, each rank's best hand-offs ``F``
+    (fields ``[2, D]``: `_forwards`), senders ``g`` and receivers ``h [K]``. ``xp`` / ``dtype``: the array
+    namespace and float dtype (numpy and float64 here; `jax.numpy` and float32 in `tempo_jax.layer.relief`, which
+    prices its moves with this same function)."""
     Gg, Ng, tg, Gh, Nh, th = G[g], N[g], t[g], G[h], N[h], t[h]
     has = F["f"] >= 0
     swap = has & (F["m"] == g)  # the hand-off goes back to the sender
-    out = {"gain": np.full(xi.shape, -np.inf), "share": np.zeros(xi.shape), "chain": np.zeros(xi.shape, bool)}
+    gain_out = xp.full(xi.shape, -xp.inf, dtype)
+    share_out = xp.zeros(xi.shape, dtype)
+    chain_out = xp.zeros(xi.shape, bool)
     for chain in (False, True):
-        y = np.where(has, F["y"], 0.0) if chain else 0.0
-        back = np.where(swap, y, 0.0) if chain else 0.0  # tokens g gets back
-        g_act = np.where(swap, F["new"], 0.0) if chain else 0.0
+        y = xp.where(has, F["y"], 0.0) if chain else 0.0
+        back = xp.where(swap, y, 0.0) if chain else 0.0  # tokens g gets back
+        g_act = xp.where(swap, F["new"], 0.0) if chain else 0.0
         h_act = new_h - (1.0 if chain else 0.0)
-        third = np.where(has & ~swap, F["t"], -np.inf) if chain else -np.inf  # m's time after
-        before = np.maximum(tg, th)
+        third = xp.where(has & ~swap, F["t"], -xp.inf) if chain else -xp.inf  # m's time after
+        before = xp.maximum(tg, th)
         if chain:
-            before = np.maximum(before, np.where(has & ~swap, t[F["m"]], -np.inf))
+            before = xp.maximum(before, xp.where(has & ~swap, t[F["m"]], -xp.inf))
 
         def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
-            return np.maximum(
-                np.maximum(
-                    _times(cost, Gg - frees + g_act, Ng - share + back), _times(cost, Gh + h_act, Nh + share - y)
+            return xp.maximum(
+                xp.maximum(
+                    _times(cost, Gg - frees + g_act, Ng - share + back, xp),
+                    _times(cost, Gh + h_act, Nh + share - y, xp),
                 ),
                 third,
             )
 
         whole = after(xi, 1.0)
         shift = (y + back) if chain else 0.0
-        part = np.clip(np.floor((Ng - Nh + shift) / 2), 1, np.maximum(xi - 1, 1))
-        split = np.where(xi >= 2, after(part, 0.0), np.inf)
-        gain = before - np.minimum(whole, split)
+        part = xp.clip(xp.floor((Ng - Nh + shift) / 2), 1, xp.maximum(xi - 1, 1))
+        split = xp.where(xi >= 2, after(part, 0.0), xp.inf)
+        gain = before - xp.minimum(whole, split)
         if chain:  # only where no plain move gains
-            gain = np.where(has & (out["gain"] <= 0), gain, -np.inf)
-        better = gain > out["gain"]
-        out["gain"] = np.where(better, gain, out["gain"])
-        out["share"] = np.where(better, np.where(split < whole, part, xi), out["share"])
-        out["chain"] = np.where(better, chain, out["chain"])
-    return out
+            gain = xp.where(has & (gain_out <= 0), gain, -xp.inf)
+        better = gain > gain_out
+        gain_out = xp.where(better, gain, gain_out)
+        share_out = xp.where(better, xp.where(split < whole, part, xi), share_out)
+        chain_out = xp.where(better, chain, chain_out)
+    return {"gain": gain_out, "share": share_out, "chain": chain_out}
 
 
 def _select(gain, sender_time, g, h, m, D) -> np.ndarray:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from solvers import CostModel
-from solvers.relief import ROUNDS
+from solvers.relief import ROUNDS, price_moves, rank_times
 
 __all__ = ["ROUNDS", "move_pairs", "plan", "quotas", "relief", "replica_ranks", "round_stages", "ROUND_STAGES"]
 
@@ -35,10 +35,7 @@ def replica_ranks(log2phy: jax.Array, slots_per_rank: int) -> jax.Array:
 
 
 def _times(cost: CostModel, G, N):
-    t = jnp.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
-    if cost.c2 is not None:
-        t = jnp.maximum(t, cost.c2 + cost.gamma * N)
-    return t
+    return rank_times(cost, G, N, xp=jnp)
 
 
 def _loads(x, ranks, D: int):
@@ -111,43 +108,9 @@ def _forwards(x, ranks, pe, pi, pj, valid, G, N, cost: CostModel, D: int) -> dic
 
 
 def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
-    """Step 3b (`solvers.relief._price`): every candidate's best ``gain``, ``share`` and ``chain`` ``[K]``."""
-    Gg, Ng, tg, Gh, Nh, th = G[g], N[g], t[g], G[h], N[h], t[h]
-    has = F["f"] >= 0
-    swap = has & (F["m"] == g)
-    gain_out = jnp.full(xi.shape, -jnp.inf, jnp.float32)
-    share_out = jnp.zeros(xi.shape, jnp.float32)
-    chain_out = jnp.zeros(xi.shape, bool)
-    for chain in (False, True):
-        y = jnp.where(has, F["y"], 0.0) if chain else 0.0
-        back = jnp.where(swap, y, 0.0) if chain else 0.0
-        g_act = jnp.where(swap, F["new"], 0.0) if chain else 0.0
-        h_act = new_h - (1.0 if chain else 0.0)
-        third = jnp.where(has & ~swap, F["t"], -jnp.inf) if chain else -jnp.inf
-        before = jnp.maximum(tg, th)
-        if chain:
-            before = jnp.maximum(before, jnp.where(has & ~swap, t[F["m"]], -jnp.inf))
-
-        def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
-            return jnp.maximum(
-                jnp.maximum(
-                    _times(cost, Gg - frees + g_act, Ng - share + back), _times(cost, Gh + h_act, Nh + share - y)
-                ),
-                third,
-            )
-
-        whole = after(xi, 1.0)
-        shift = (y + back) if chain else 0.0
-        part = jnp.clip(jnp.floor((Ng - Nh + shift) / 2), 1, jnp.maximum(xi - 1, 1))
-        split = jnp.where(xi >= 2, after(part, 0.0), jnp.inf)
-        gain = before - jnp.minimum(whole, split)
-        if chain:
-            gain = jnp.where(has & (gain_out <= 0), gain, -jnp.inf)
-        better = gain > gain_out
-        gain_out = jnp.where(better, gain, gain_out)
-        share_out = jnp.where(better, jnp.where(split < whole, part, xi), share_out)
-        chain_out = jnp.where(better, chain, chain_out)
-    return {"gain": gain_out, "share": share_out, "chain": chain_out}
+    """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief.price_moves`
+    itself, in `jax.numpy` and float32."""
+    return price_moves(xi, new_h, G, N, t, F, g, h, cost, xp=jnp, dtype=jnp.float32)
 
 
 def _select(gain, sender_time, g, h, m, D: int):

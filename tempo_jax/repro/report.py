@@ -54,15 +54,21 @@ def figures_dir(small: bool | None = None) -> Path:
     Args:
       small: the run's size (default: the ``SMALL`` environment variable).
     """
-    small = _small_env() if small is None else small
-    env = os.environ.get("TEMPO_FIGURES")
-    path = Path(env) if env else (Path(tempfile.gettempdir()) / "tempo_jax_figures_small" if small else FIGURES_DIR)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _run_dir("TEMPO_FIGURES", FIGURES_DIR, "tempo_jax_figures_small", small)
 
 
 def _small_env() -> bool:
     return os.environ.get("SMALL", "0") == "1"
+
+
+def _run_dir(variable: str, committed: Path, small_name: str, small: bool | None) -> Path:
+    """``$variable`` if set, else ``committed`` for full-size runs and ``<tmp>/small_name`` for ``SMALL=1`` runs;
+    made if missing."""
+    small = _small_env() if small is None else small
+    env = os.environ.get(variable)
+    path = Path(env) if env else (Path(tempfile.gettempdir()) / small_name if small else committed)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def results_dir(small: bool | None = None) -> Path:
@@ -72,11 +78,7 @@ def results_dir(small: bool | None = None) -> Path:
     Args:
       small: the run's size (default: the ``SMALL`` environment variable).
     """
-    small = _small_env() if small is None else small
-    env = os.environ.get("TEMPO_RESULTS")
-    path = Path(env) if env else (Path(tempfile.gettempdir()) / "tempo_jax_results_small" if small else RESULTS_DIR)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _run_dir("TEMPO_RESULTS", RESULTS_DIR, "tempo_jax_results_small", small)
 
 
 # ------------------------------------------------------------------------------------------------ JSON values
