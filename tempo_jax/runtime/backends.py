@@ -32,6 +32,7 @@ from .accumulator import Window
 
 __all__ = [
     "SOLVER_MODES",
+    "Event",
     "Fault",
     "InlineBackend",
     "Job",
@@ -96,7 +97,9 @@ class Restarted:
     message: str
 
 
+#: What a backend posts.
 Event = Solved | SolverLost | Fault | Restarted
+#: The callable a backend posts through (the controller's `_post`).
 Post = Callable[[Event], None]
 
 
