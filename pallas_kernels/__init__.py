@@ -10,6 +10,8 @@
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); "auto" uses it only on
   jax < 0.11, else tokamax / `ragged_dot` (grouped GEMM) and the jnp dispatch on GPU.
 - `tokamax_backend`: the lazily imported tokamax package (`gmm(implementation="tokamax")`; optional extra).
+- `fp8`: block-scaled FP8 weights (`BlockScaled`, DeepSeek's format) as `gmm` operands, `quantize` / `dequantize`;
+  `fp8_path` says which implementations read them as FP8 in the kernel (tokamax) and which dequantize first.
 
 Shapes: the house's glossary (docs/architecture.md; E counts the GEMM's groups here).
 """
@@ -23,17 +25,20 @@ from pallas_kernels.dispatch import (
     dispatch_reference,
     occurrence_ranks,
 )
-from pallas_kernels.gmm import GmmTiling, gmm, gmm_reference, tgmm, tgmm_reference
+from pallas_kernels.fp8 import BlockScaled
+from pallas_kernels.gmm import FP8_PATHS, GmmTiling, fp8_path, gmm, gmm_reference, tgmm, tgmm_reference
 from pallas_kernels.gmm_metadata import GroupMetadata, make_group_metadata
 from pallas_kernels.implementations import DISPATCH, GMM, DispatchImpl, GmmImpl, ImplementationTable, platform
 
 __all__ = [
+    "BlockScaled",
     "COUNTER_DTYPE",
     "DISPATCH",
     "DISPATCH_MODES",
     "DispatchImpl",
     "DispatchMode",
     "DispatchResult",
+    "FP8_PATHS",
     "GMM",
     "GmmImpl",
     "GmmTiling",
@@ -41,6 +46,7 @@ __all__ = [
     "ImplementationTable",
     "dispatch",
     "dispatch_reference",
+    "fp8_path",
     "gmm",
     "gmm_reference",
     "make_group_metadata",

@@ -43,12 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import tokamax_backend
+from pallas_kernels.fp8 import BlockScaled
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
 from pallas_kernels.implementations import GMM, GmmImpl
 
-__all__ = ["GmmTiling", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
+__all__ = ["FP8_PATHS", "GmmTiling", "fp8_path", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -173,6 +174,48 @@ def _resolve(implementation: str, interpret: bool) -> str:
     return impl
 
 
+#: How a grouped GEMM runs a block-scaled FP8 weight (`pallas_kernels.fp8.BlockScaled`): "fp8", the kernel reads the
+#: e4m3 values and their scales (half the weight bytes streamed); "dequantize", the weight is dequantized to the
+#: compute dtype first and the GEMM runs there.
+FP8_PATHS = ("fp8", "dequantize")
+#: Implementations that take FP8 weights into their kernel: tokamax (its sm90 kernel scales each e4m3 tile on chip
+#: before the bf16 MMA; sm100 has FP8 kernels too; its XLA path, e.g. on CPU, dequantizes inside the call).
+_FP8_IN_KERNEL = ("tokamax",)
+
+
+def fp8_path(
+    implementation: GmmImpl = "auto",
+    *,
+    interpret: bool = False,
+    dtype=jnp.bfloat16,
+    shape: tuple[int, ...] | None = None,
+    block: tuple[int, int] | None = None,
+) -> str:
+    """How `gmm` with ``implementation`` runs a `BlockScaled` weight of ``shape [E, A, B]`` in ``(bA, bB)``
+    blocks against ``dtype`` activations: "fp8" (the implementation takes the FP8 weight: tokamax's GPU kernels
+    scale its e4m3 tiles on chip, its XLA path — CPU — dequantizes inside the call) or "dequantize" (dequantized to
+    ``dtype`` first, then the GEMM). tokamax takes whole blocks only (its scale tiles must divide the weight), and
+    only where this machine compiles its FP8 kernel for ``dtype`` (`tokamax_backend.fp8_compiles`); without
+    ``shape`` / ``block`` the blocks are not checked."""
+    impl = GMM.resolve(implementation, interpret=interpret)
+    if impl not in _FP8_IN_KERNEL or not tokamax_backend.fp8_compiles(jnp.dtype(dtype)):
+        return "dequantize"
+    if shape is not None and block is not None and (shape[-2] % block[0] or shape[-1] % block[1]):
+        return "dequantize"
+    return "fp8"
+
+
+def _fp8_operand(rhs, dtype, cfg: _Cfg):
+    """``rhs`` (an array, a `BlockScaled` or a tuple of parts) with each `BlockScaled` part the GEMM does not read
+    as FP8 (`fp8_path`) dequantized to ``dtype``, the compute dtype of the dot."""
+    if isinstance(rhs, tuple):
+        return tuple(_fp8_operand(w, dtype, cfg) for w in rhs)
+    path = fp8_path if isinstance(rhs, BlockScaled) else None
+    if path and path(cfg.implementation, dtype=dtype, shape=rhs.shape, block=rhs.block) != "fp8":
+        return rhs.dequantize(dtype)
+    return rhs
+
+
 def _part_offsets(parts: tuple, group_offset: jax.Array) -> list:
     """The first group of each part of ``parts`` (arrays ``[E_p, ...]`` side by side along the groups)."""
     offs = [group_offset]
@@ -184,7 +227,10 @@ def _part_offsets(parts: tuple, group_offset: jax.Array) -> list:
 def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: bool):
     """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, F] in cfg.out_dtype. ``rhs``
     may be a tuple of parts (`gmm`): "chunked" writes every part's groups into one buffer (``init``), the other
-    implementations sum one output per part (rows outside a part's groups are zero in its output)."""
+    implementations sum one output per part (rows outside a part's groups are zero in its output). FP8 parts
+    (`BlockScaled`) reach the kernel as they are where it reads FP8 (`fp8_path`), else dequantized to the dtype of
+    ``lhs`` here (inside the VJP: the residuals keep the FP8 weights)."""
+    rhs = _fp8_operand(rhs, lhs.dtype, cfg)
     if isinstance(rhs, tuple):
         out = None
         for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True):
@@ -283,15 +329,18 @@ def _gmm_bwd(cfg: _Cfg, res, g):
     dlhs = _gmm_impl(
         g, rhs, group_sizes, group_offset, dataclasses.replace(cfg, out_dtype=lhs.dtype), transpose_rhs=True
     )
-    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group (per part); empty groups give exact zeros.
+
+    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group (per part); empty groups give exact zeros. FP8 weights
+    # (`BlockScaled`) are frozen: their cotangent is zero.
+    def drhs(w, off):
+        if isinstance(w, BlockScaled):
+            return jax.tree.map(jnp.zeros_like, w)
+        part = dataclasses.replace(cfg, num_local_groups=w.shape[0])
+        return _tgmm_impl(lhs, g, group_sizes, off, part, out_dtype=w.dtype)
+
     if isinstance(rhs, tuple):
-        drhs = tuple(
-            _tgmm_impl(lhs, g, group_sizes, off, dataclasses.replace(cfg, num_local_groups=w.shape[0]), w.dtype)
-            for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True)
-        )
-    else:
-        drhs = _tgmm_impl(lhs, g, group_sizes, group_offset, cfg, out_dtype=rhs.dtype)
-    return dlhs, drhs, None, None
+        return dlhs, tuple(map(drhs, rhs, _part_offsets(rhs, group_offset))), None, None
+    return dlhs, drhs(rhs, group_offset), None, None
 
 
 _gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
@@ -337,7 +386,8 @@ def _check_out_dtype(preferred_element_type, lhs, rhs, name: str) -> jnp.dtype:
 def _validate(lhs, rhs, group_sizes, group_offset, *, rhs_is_weights: bool, name: str):
     """Shape/dtype/value checks shared by gmm and tgmm; returns (lhs, rhs, group_sizes int32 [E],
     group_offset int32 [])."""
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    lhs = jnp.asarray(lhs)
+    rhs = rhs if isinstance(rhs, BlockScaled) else jnp.asarray(rhs)
     if lhs.ndim != 2:
         raise ValueError(f"{name}: lhs must be [M, H], got shape {lhs.shape}")
     if rhs_is_weights:
@@ -346,10 +396,11 @@ def _validate(lhs, rhs, group_sizes, group_offset, *, rhs_is_weights: bool, name
     elif rhs.ndim != 2 or rhs.shape[0] != lhs.shape[0]:
         raise ValueError(f"{name}: grad must be [M={lhs.shape[0]}, F], got shape {rhs.shape}")
     other = "rhs" if rhs_is_weights else "grad"
-    if lhs.dtype not in _FLOATS or rhs.dtype not in _FLOATS:
+    rhs_dtype = lhs.dtype if isinstance(rhs, BlockScaled) else rhs.dtype  # FP8 weights compute in lhs's dtype
+    if lhs.dtype not in _FLOATS or rhs_dtype not in _FLOATS:
         raise ValueError(
             f"{name}: lhs and {other} must each be float32, bfloat16 or float16 (they may differ), "
-            f"got {lhs.dtype}, {rhs.dtype}"
+            f"got {lhs.dtype}, {rhs_dtype}"
         )
     group_sizes = _check_group_sizes(group_sizes, lhs.shape[0], name)
     if group_offset is None:
@@ -386,7 +437,10 @@ def gmm(
         parts ``([E_1, H, F], [E_2, H, F], …)`` (one dtype), side by side along the groups, E_loc = Σ E_p — the
         same function as their concatenation without copying them into one array ("chunked" writes every
         part's groups into one output buffer; the other implementations add one output per part); the
-        gradient is then a tuple of the parts' gradients.
+        gradient is then a tuple of the parts' gradients. Or a block-scaled FP8 weight `BlockScaled` ``(q [E_loc,
+        H, F] e4m3, scale_inv [E_loc, ⌈H/bH⌉, ⌈F/bF⌉] float32, block)`` (or parts of them): the function of its
+        dequantized value in lhs's dtype, read as FP8 by the kernel where the implementation can (`fp8_path`:
+        tokamax), else dequantized inside the call; frozen (its gradient is zero; d lhs flows).
       group_sizes: [E] rows per group, any integer dtype (int32, uint32, int64, …; cast to int32), E >= E_loc;
         sum(group_sizes) <= M, the rest is padding. Checked (>= 0, sum <= M) when concrete.
       preferred_element_type: output dtype, float32 / bfloat16 / float16 (default: what `jax.lax.ragged_dot`
@@ -419,18 +473,21 @@ def gmm(
     with float32 output |Δ| <= 1e-6 · max|out| (measured on CPU, normal bfloat16 / float32 inputs, 8 groups, F =
     256: max |Δ| vs float64 <= 4.5e-7 · max|out| at H = 128 — 2.3e-5 on outputs up to ~53 — and <= 7.5e-7 · max|out|
     up to H = 4096, for every path; `jax.lax.ragged_dot` at Precision.HIGHEST is itself up to 1.4e-5 from float64
-    there). With bfloat16 / float16 output add one rounding of that dtype, |Δ| <= 2^-8 / 2^-11 · |out| more: where
-    the float32 sums of two paths straddle a rounding boundary their results differ by one unit in the last place
-    (measured: 9–52 of 262,144 bfloat16 outputs differ from the correctly rounded float64 result). On a GPU, float32
-    operands with the default ``precision`` run on TF32 tensor cores in the Pallas kernel (Triton's rule) and in XLA
-    (~1e-3 relative); pass ``precision=jax.lax.Precision.HIGHEST`` for IEEE float32 (an H200 gave 1.2e-6 relative for
-    the Pallas kernel and <= 1.1e-4 for tokamax at the default precision: results/gpu/check.json).
+    there). An FP8 weight read by tokamax's kernel is scaled in lhs's dtype (the scale rounded to bfloat16 for bfloat16
+    lhs), where `gmm_reference` dequantizes in float32 and rounds once: the two differ by up to one bfloat16 rounding of
+    each weight (|Δ| <~ 2^-8 · Σ|x·w|). With bfloat16 / float16 output add one rounding of that dtype, |Δ| <= 2^-8 /
+    2^-11 · |out| more: where the float32 sums of two paths straddle a rounding boundary their results differ by one
+    unit in the last place (measured: 9–52 of 262,144 bfloat16 outputs differ from the correctly rounded float64
+    result). On a GPU, float32 operands with the default ``precision`` run on TF32 tensor cores in the Pallas kernel
+    (Triton's rule) and in XLA (~1e-3 relative); pass ``precision=jax.lax.Precision.HIGHEST`` for IEEE float32 (an H200
+    gave 1.2e-6 relative for the Pallas kernel and <= 1.1e-4 for tokamax at the default precision:
+    results/gpu/check.json).
     """
     parts = _check_parts(rhs)
     lhs, first, group_sizes, group_offset = _validate(
         lhs, parts[0], group_sizes, group_offset, rhs_is_weights=True, name="gmm"
     )
-    out_dtype = _check_out_dtype(preferred_element_type, lhs, first, "gmm")
+    out_dtype = _check_out_dtype(preferred_element_type, lhs, lhs if isinstance(first, BlockScaled) else first, "gmm")
     cfg = _Cfg(
         _resolve(implementation, interpret),
         _as_tiling(tiling),
@@ -444,17 +501,25 @@ def gmm(
 
 
 def _check_parts(rhs) -> tuple:
-    """``rhs`` as a tuple of parts ``[E_p, H, F]`` (one array: one part); parts must agree in H, F and dtype."""
+    """``rhs`` as a tuple of parts ``[E_p, H, F]`` (one array or `BlockScaled`: one part); parts must agree in H, F
+    and dtype (all arrays of one dtype, or all `BlockScaled` in one block)."""
     if not isinstance(rhs, tuple | list):
-        return (rhs,)
-    parts = tuple(jnp.asarray(w) for w in rhs)
+        return (rhs.check("gmm"),) if isinstance(rhs, BlockScaled) else (rhs,)
+    parts = tuple(
+        w.check(f"gmm: rhs part {i}") if isinstance(w, BlockScaled) else jnp.asarray(w) for i, w in enumerate(rhs)
+    )
     if not parts:
         raise ValueError("gmm: rhs is an empty tuple of parts; pass one [E, H, F] array or parts of it")
+
+    def kind(w):
+        return f"BlockScaled(block={w.block})" if isinstance(w, BlockScaled) else str(w.dtype)
+
     for i, w in enumerate(parts):
-        if w.ndim != 3 or w.shape[1:] != parts[0].shape[1:] or w.dtype != parts[0].dtype:
+        if w.ndim != 3 or w.shape[1:] != parts[0].shape[1:] or kind(w) != kind(parts[0]):
             raise ValueError(
-                f"gmm: rhs part {i} is {w.dtype}{list(w.shape)} but part 0 is {parts[0].dtype}{list(parts[0].shape)}:"
-                " parts of rhs must be [E_p, H, F] arrays of one dtype with the same H and F"
+                f"gmm: rhs part {i} is {kind(w)}{list(w.shape)} but part 0 is {kind(parts[0])}{list(parts[0].shape)}:"
+                " parts of rhs must be [E_p, H, F] arrays of one dtype (or BlockScaled of one block) with the same H"
+                " and F"
             )
     return parts
 
@@ -520,10 +585,13 @@ def gmm_reference(
 ) -> jax.Array:
     """Pure-jnp truth for `gmm` (a masked loop over local groups; autodiff gives its gradients).
 
-    lhs [M, H], rhs [E_loc, H, F], group_sizes [E] (any integer dtype) -> [M, F]. Same dtype rules as `gmm`:
+    lhs [M, H], rhs [E_loc, H, F] (or a `BlockScaled`: dequantized to lhs's dtype, `pallas_kernels.fp8.dequantize`),
+    group_sizes [E] (any integer dtype) -> [M, F]. Same dtype rules as `gmm`:
     operands cast to their compute dtype, float32 accumulation, output in preferred_element_type (default:
     `jax.lax.ragged_dot`'s output dtype).
     """
+    if isinstance(rhs, BlockScaled):  # FP8: its value, in lhs's dtype
+        rhs = rhs.dequantize(lhs.dtype)
     out_dtype = jnp.dtype(preferred_element_type or default_out_dtype(lhs.dtype, rhs.dtype))
     cd = dot_dtype(lhs, rhs)
     lhs, rhs = lhs.astype(cd), rhs.astype(cd)

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import tokamax_backend
+from pallas_kernels.fp8 import BlockScaled
 from pallas_kernels.gmm_metadata import chunk_ladder, dot_dtype, group_offsets, local_group_rows, make_chunk_schedule
 
 __all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "RAGGED_BACKENDS", "SCHEDULES"]
@@ -344,15 +345,22 @@ def gmm_ragged(
     compute_dtype=None,
     backend: str = "xla",
 ) -> jax.Array:
-    """`ragged_dot` with group_offset (XLA's or tokamax's, `backend`); shapes and dtypes as in `gmm_chunked`."""
-    cd = dot_dtype(lhs, rhs, compute_dtype)
+    """`ragged_dot` with group_offset (XLA's or tokamax's, `backend`); shapes and dtypes as in `gmm_chunked`. With
+    tokamax ``rhs`` may be a `BlockScaled` FP8 weight: it goes in as a qwix ``QArray`` (`tokamax_backend.qarray`)
+    and the dot runs in lhs's dtype."""
+    fp8 = isinstance(rhs, BlockScaled)  # tokamax only (`gmm.fp8_path`): the kernel reads the e4m3 weights
+    cd = lhs.dtype if fp8 else dot_dtype(lhs, rhs, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     if transpose_rhs:
-        rhs = jnp.swapaxes(rhs, 1, 2)
+        rhs = rhs.mT if fp8 else jnp.swapaxes(rhs, 1, 2)
     x = _pad_rows(jnp.roll(lhs, -before, axis=0).astype(cd), backend)
     dot = _ragged_dot_general(backend)
-    y = dot(x, rhs.astype(cd), sizes, _ROWS, precision=precision, preferred_element_type=jnp.float32)[:m]
+    w = tokamax_backend.qarray(rhs, cd) if fp8 else rhs.astype(cd)
+    # tokamax's sm90 FP8 kernel writes its output in lhs's dtype only (a float32 tile does not fit its swizzle): ask
+    # for that when it is the output dtype anyway (the same one rounding of the float32 sums)
+    acc = cd if fp8 and jnp.dtype(out_dtype) == cd else jnp.float32
+    y = dot(x, w, sizes, _ROWS, precision=precision, preferred_element_type=acc)[:m]
     y = jnp.where(jnp.arange(m)[:, None] < total, y, 0)
     return jnp.roll(y, before, axis=0).astype(out_dtype)
 

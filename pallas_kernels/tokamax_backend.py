@@ -7,6 +7,13 @@ tokamax is the successor JAX points to for the Pallas Triton backend's GPU ops: 
 `.venv-latest` environment. The module is imported lazily: `available()` says whether it is there and
 `ragged_dot_general()` returns tokamax's function or raises an error that says how to get it.
 
+FP8 weights (`pallas_kernels.fp8.BlockScaled`) go in as qwix ``QArray``s (`qarray`): tokamax's sm90 kernel
+streams the e4m3 tiles and scales them on chip before its bf16 MMA (it wants one scale per output column and a
+K-tile of whole blocks, so the block grid is spread over the output axis), sm100 has FP8 kernels, and its XLA path
+dequantizes inside the call. Whether this machine's GPU compiler builds the FP8 kernel is asked once per dtype
+(`fp8_compiles`): the sm90 kernel converts e4m3 to the activations' dtype on chip, which Mosaic GPU offers for
+bfloat16 only with a ptxas of PTX ISA >= 9.2 (float16 always); where it cannot, `gmm` dequantizes first.
+
 On CPU tokamax runs XLA's `ragged_dot_general` (its Mosaic kernels refuse the device), so the numerics tested
 on CPU are XLA's; what tokamax's GPU kernels give is measured by `scripts/gpu_check.sh` (results/gpu/).
 """
@@ -16,7 +23,12 @@ from __future__ import annotations
 import functools
 import importlib
 
-__all__ = ["INSTALL_HINT", "available", "ragged_dot_general"]
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.fp8 import FP8_DTYPE, BlockScaled, expand
+
+__all__ = ["INSTALL_HINT", "available", "fp8_compiles", "qarray", "ragged_dot_general"]
 
 INSTALL_HINT = (
     "gmm implementation 'tokamax' needs the tokamax package (Python >= 3.12, jax >= 0.11.1): "
@@ -47,3 +59,41 @@ def ragged_dot_general():
     if mod is None:
         raise RuntimeError(INSTALL_HINT)
     return mod.ragged_dot_general
+
+
+def qarray(w: BlockScaled, dtype):
+    """A `BlockScaled` weight ``[E, K, N]`` (contracted over K) as the qwix ``QArray`` tokamax takes: the e4m3 values
+    as they are and the scales ``[E, K/bK, N]`` in ``dtype`` (each block's factor repeated over its bN output
+    columns: tile ``(1, bK, 1)``, the shape tokamax's sm90 kernel accepts). K must be a multiple of bK
+    (`pallas_kernels.gmm.fp8_path` dequantizes other shapes before they get here).
+
+    Raises:
+      RuntimeError with `INSTALL_HINT` when tokamax (and with it qwix) is not installed.
+    """
+    ragged_dot_general()  # the install hint when tokamax is missing
+    qwix = importlib.import_module("qwix")
+    scale = expand(w.scale_inv, w.shape, w.block, axes=(-1,)).astype(dtype)
+    return qwix.QArray(qvalue=w.q, scale=scale, qtype=jnp.dtype(FP8_DTYPE))
+
+
+@functools.cache
+def fp8_compiles(dtype, platform: str | None = None) -> bool:
+    """Whether tokamax builds its grouped GEMM of ``dtype`` activations with FP8 weights on ``platform`` (default:
+    JAX's default backend). Off a GPU its XLA path takes them (True); on a GPU a small case (128 rows, one 128 × 128
+    block) is lowered and compiled once per dtype, and any failure — e.g. Mosaic GPU's e4m3 → bfloat16 conversion
+    on a ptxas older than PTX ISA 9.2 — answers False (the caller then dequantizes before the GEMM)."""
+    platform = platform or jax.default_backend()
+    if platform not in ("gpu", "cuda", "rocm"):
+        return available()
+    if not available():
+        return False
+    dot = _module().ragged_dot
+    w = BlockScaled(jnp.zeros((1, 128, 128), FP8_DTYPE), jnp.ones((1, 1, 1), jnp.float32), (128, 128))
+    args = (jax.ShapeDtypeStruct((128, 128), dtype), w, jax.ShapeDtypeStruct((1,), jnp.int32))
+    try:
+        jax.jit(lambda x, w, sizes: dot(x, qarray(w, x.dtype), sizes, preferred_element_type=x.dtype)).lower(
+            *args
+        ).compile()
+    except Exception:  # noqa: BLE001 (any refusal of the compiler means: dequantize first)
+        return False
+    return True

@@ -22,6 +22,7 @@ from test_expert_parallel import mesh as mesh  # the fixture: the same 8-rank la
 from test_hf_import import ROOT, _fixture, _fp8_checkpoint, _rel
 
 import tempo_jax
+from pallas_kernels import tokamax_backend
 from solvers import Placement
 from tempo_jax.hf import load_moe_layers, save_moe_layers
 from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_logical
@@ -95,6 +96,54 @@ def test_the_fp8_layer_computes_its_dequantized_twin_in_half_the_bytes(mesh):
     keys = [*fp8.SCALE_KEYS, *fp8.SCALE_KEYS.values()]
     ratio = _device_bytes(params, keys) / _device_bytes(twin_params, fp8.SCALE_KEYS)
     assert ratio == pytest.approx(0.5 + 4 / (BLOCK[0] * BLOCK[1]) / 2, rel=1e-9) and ratio < 0.52
+
+
+@pytest.mark.tokamax
+def test_tokamax_takes_the_fp8_experts_as_stored(mesh, monkeypatch):
+    """``gmm_impl="tokamax"``: every rank hands tokamax its e4m3 slots with their scales (QArrays, recorded at trace:
+    the gate / up and down GEMMs, forward and d x), not dequantized copies; the layer equals its dequantized twin run
+    through tokamax in bf16 and the dense reference, eagerly and under ``jit``, on two placements (the output does not
+    depend on them); d x flows and the experts' gradient is zero."""
+    calls = []
+    real = tokamax_backend.qarray
+
+    def recording(w, dtype):
+        calls.append((w.q.dtype, w.shape))
+        return real(w, dtype)
+
+    monkeypatch.setattr(tokamax_backend, "qarray", recording)
+    jax.clear_caches()
+    cfg = _config(gmm_impl="tokamax")
+    x = _x(2)
+    moe = tempo_jax.MoE(cfg, _placement(4), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    y = moe(x)
+    e4m3 = jnp.dtype(jnp.float8_e4m3fn)
+    assert set(calls) == {(e4m3, (2, H, F)), (e4m3, (2, F, H))}  # w_gate / w_up (one trace), w_down: 2 slots each
+    twin, _ = _twin(moe)
+    twin = tempo_jax.MoE(
+        dataclasses.replace(twin.config, gmm_impl="tokamax"),
+        twin.placement,
+        mesh=mesh,
+        params=twin.params(),
+        rngs=nnx.Rngs(params=0, dispatch=1),
+    )
+    assert_close(y, twin(x), dtype=jnp.bfloat16)
+    assert_close(y, moe_reference(moe.logical_params(), x, cfg), dtype=jnp.bfloat16)
+    assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
+    moe.set_placement(_placement(5))
+    assert_close(moe(x), y, dtype=jnp.bfloat16)
+    pa, tables = dispatch_tables.placement_arrays(moe.placement), dispatch_tables.uniform(moe.placement)
+
+    def loss(p, x):
+        out = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, key=jax.random.key(0))
+        return jnp.sum(out.out.astype(jnp.float32) ** 2)
+
+    calls.clear()
+    jax.clear_caches()
+    dp, dx = jax.jit(jax.grad(loss, argnums=(0, 1)))(moe.params(), x)
+    assert {(e4m3, (2, H, F)), (e4m3, (2, F, H))} == set(calls) and len(calls) >= 4  # forward and d x traces
+    assert float(jnp.abs(dx.astype(jnp.float32)).max()) > 0
+    assert all(float(jnp.abs(dp[k].astype(jnp.float32)).max()) == 0 for k in fp8.SCALE_KEYS)
 
 
 def test_fp8_experts_are_frozen_while_the_router_trains(mesh):

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE
+from pallas_kernels import COUNTER_DTYPE, fp8_path
 from solvers import LaunchSchedule
 
 from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
@@ -332,10 +332,11 @@ def _dispatch(rt: Routing, inp: RankInputs, *, config: MoEConfig, axes: LayerAxe
 
 
 def _rank_weights(inp: RankInputs, rt: Routing, sent: _Sent, *, config: MoEConfig, axes: LayerAxes, exchange: str):
-    """This rank's expert weights as its FFN reads them → ``(weights, dest, local)``: the stored slots (``[S, ...]``,
-    no gather; replicas' gradients summed per group), this call's dynamic copies and OEWF's fetched slots as a
-    second part along the slots (the stored slots are never copied), gathered over an FSDP axis and dequantized
-    (FP8 experts). OEWF redirects the helper's pairs for the fetched experts to them: ``dest`` / ``local`` ``[T·K]``."""
+    """This rank's expert weights as its FFN reads them → ``(weights, dest, local)``: the stored slots (``[S, ...]``, no
+    gather; replicas' gradients summed per group), this call's dynamic copies and OEWF's fetched slots as a second part
+    along the slots (the stored slots are never copied), gathered over an FSDP axis; FP8 experts as `fp8.BlockScaled`
+    where the grouped GEMM reads FP8 in its kernel (tokamax), else dequantized (`fp8.gemm_weights`). OEWF redirects the
+    helper's pairs for the fetched experts to them: ``dest`` / ``local`` ``[T·K]``."""
     axis, S = config.axis, config.slots_per_rank
     dest, local, plan = sent.dest, sent.local, sent.plan
     weights = tie_replicas(
@@ -355,8 +356,9 @@ def _rank_weights(inp: RankInputs, rt: Routing, sent: _Sent, *, config: MoEConfi
         ids = rt.ids.reshape(-1)
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
-    weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then dequantized on this rank
-    weights = fp8.dequantize_weights(weights, fp8.layer_block(config.fp8_block), config.dtype)
+    weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then as the grouped GEMM takes them
+    in_kernel = fp8_path(config.gmm_impl, interpret=config.interpret, dtype=config.dtype) == "fp8"
+    weights = fp8.gemm_weights(weights, fp8.layer_block(config.fp8_block), config.dtype, in_kernel=in_kernel)
     return weights, dest, local
 
 
