@@ -47,13 +47,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pallas_kernels import (  # noqa: E402
     DISPATCH_MODES,
+    BlockScaled,
     GmmTiling,
     dispatch,
     dispatch_reference,
+    fp8_path,
     gmm,
     gmm_reference,
     tokamax_backend,
 )
+from pallas_kernels.fp8 import quantize  # noqa: E402
 from tempo_jax.workloads.models import MODEL_SPECS  # noqa: E402  (numpy-only: the MoE presets' dimensions)
 
 #: MoE presets whose expert shapes (hidden H, expert FFN width F) the GPU benchmark runs (`--presets`).
@@ -377,6 +380,22 @@ def _tokamax():
     return functools.partial(gmm, implementation="tokamax") if tokamax_backend.available() else None
 
 
+#: DeepSeek's FP8 block (128 × 128), shrunk to the weight where a smoke shape is smaller.
+FP8_BLOCK = (128, 128)
+
+
+def _fp8(w: jax.Array) -> BlockScaled:
+    """``w [E, K, N]`` as DeepSeek-format FP8 (e4m3, one scale per 128 × 128 block, or the whole of a smaller K / N)."""
+    block = (min(FP8_BLOCK[0], w.shape[1]), min(FP8_BLOCK[1], w.shape[2]))
+    return BlockScaled(*quantize(w, block), block)
+
+
+def _fp8_impls(impls: dict) -> dict:
+    """The FP8-weight variant of each implementation (same function, a `BlockScaled` weight): tokamax takes the e4m3
+    weights into its kernel where it compiles it, the others dequantize inside the call (`fp8_path`)."""
+    return {f"{name} fp8": fn for name, fn in impls.items() if name != "ragged_dot"}
+
+
 def _lowered_kernels(fn, *args) -> list[str]:
     """Which kernels a jitted call lowers to (Mosaic GPU, Triton, or none: XLA's own ops), so a tokamax row says
     whether tokamax ran its own kernel or fell back to XLA's lowering."""
@@ -453,7 +472,15 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
         out["not_run"] = {"tokamax gmm": tokamax_backend.INSTALL_HINT}
     if best is not None:
         impls = {"pallas gmm": _pallas(plan, best)} | impls
-    # Step 2: model shapes, up (gate+up fused, N = 2F) and down projections, both group-size kinds.
+    fp8_impls = _fp8_impls(impls)
+    out["fp8_path"] = {
+        "tokamax": fp8_path("tokamax") if tk is not None else "not installed",
+        "pallas": fp8_path("pallas", interpret=plan.interpret),
+        "tokamax_fp8_kernels": _lowered_kernels(tk, x, _fp8(w), gs) if tk is not None else [],
+    }
+    print(f"FP8 weights: {out['fp8_path']}", flush=True)
+    # Step 2: model shapes, up (gate+up fused, N = 2F) and down projections, both group-size kinds; bf16 weights,
+    # then the same weights in FP8 (bytes: one per weight element).
     for model, h, f in plan.shapes:
         for proj, (k, n) in {"up": (h, 2 * f), "down": (f, h)}.items():
             x = jax.random.normal(key, (m, k), dt)
@@ -469,6 +496,11 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
                     r = guarded(f"{model} {proj} {kind} {name}", fn, x, w, jnp.asarray(sizes))
                     if r is not None:
                         rows.append(_row(f"{kind:8s} {name}", r, flops, nb, dense, 1e12, ceil))
+                nb8 = nb - int((sizes > 0).sum()) * k * n  # the weights in one byte each
+                for name, fn in fp8_impls.items():
+                    r = guarded(f"{model} {proj} {kind} {name}", fn, x, _fp8(w), jnp.asarray(sizes))
+                    if r is not None:
+                        rows.append(_row(f"{kind:8s} {name}", r, flops, nb8, dense, 1e12, ceil))
             out["shapes"][f"{model}_{proj}"] = {"k": k, "n": n, "rows": rows}
             _print(f"GPU {model} {proj}: [{m}, {k}] x [{g}, {k}, {n}] bf16 (TFLOP/s)", rows, "TFLOP/s")
             checkpoint(out)
@@ -555,6 +587,7 @@ def check_gpu(plan: GpuPlan) -> dict:
                 a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
                 errs[part] = float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) if np.isfinite(a).all() else 1e9
             results[name] = {"max_rel_err": errs, "tol": tol, "ok": all(v <= tol for v in errs.values())}
+    results |= _check_fp8(impls, plan, sizes)
     t, kk, e, r = plan.dispatch_tker
     ids = jax.random.randint(key, (t, kk), 0, e, jnp.int32)
     valid = jnp.arange(t) < t - t // 40
@@ -578,6 +611,36 @@ def check_gpu(plan: GpuPlan) -> dict:
         verdict = {True: "ok  ", False: "FAIL", None: "--  "}[res["ok"]]  # None: not run here (said why)
         print(f"  {verdict} {name}: {res}", flush=True)
     return results
+
+
+def _check_fp8(impls: dict, plan: GpuPlan, sizes: jax.Array) -> dict:
+    """FP8 weights (`BlockScaled`, DeepSeek's 128 × 128 blocks) through each implementation against the reference on
+    their dequantized value: output and d lhs (the weights are frozen), bfloat16 activations, with the path each took
+    (`fp8_path`: tokamax's kernel, or dequantize first)."""
+    m, k, n = plan.check_mkn
+    x = jax.random.normal(jax.random.key(4), (m, k), jnp.bfloat16)
+    w = _fp8(jax.random.normal(jax.random.key(5), (sizes.shape[0], k, n), jnp.float32) / 16)
+    out = {}
+    for label, fn in impls.items():
+        name = f"{label} fp8 bfloat16"
+
+        def loss(f, x):
+            return jnp.sum(jnp.sin(f(x, w, sizes).astype(jnp.float32)))
+
+        try:
+            got, want = fn(x, w, sizes), gmm_reference(x, w, sizes)
+            dgot, dwant = jax.grad(functools.partial(loss, fn))(x), jax.grad(functools.partial(loss, gmm_reference))(x)
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}", "ok": False}
+            continue
+        errs = {}
+        for part, a, b in (("out", got, want), ("dlhs", dgot, dwant)):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            errs[part] = float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) if np.isfinite(a).all() else 1e9
+        impl = "tokamax" if label.startswith("tokamax") else "pallas"
+        path = fp8_path(impl, interpret=plan.interpret, shape=w.shape, block=w.block)
+        out[name] = {"max_rel_err": errs, "tol": 2e-2, "path": path, "ok": all(v <= 2e-2 for v in errs.values())}
+    return out
 
 
 def main() -> int:

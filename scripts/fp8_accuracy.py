@@ -1,9 +1,11 @@
 """FP8 experts against transformers (issue 55, item 2): the layer loaded from the HF fixtures in float32, bf16 and
-FP8 experts (``expert_dtype="fp8_block"``: quantized on load, 128 × 128 blocks), on 8 fake CPU devices, each output
+FP8 experts (``expert_dtype="fp8_block"``: quantized on load, 128 × 128 blocks; and, where tokamax is installed,
+the same FP8 experts through ``gmm_impl="tokamax"``, which takes them as stored), on 8 fake CPU devices, each output
 against what transformers 5.24 computed in float32 (`tests/fixtures/hf/<family>/`), and the expert bytes device 0
 holds.
 
     python scripts/fp8_accuracy.py                      # writes results/fp8_accuracy.json
+    .venv-latest/bin/python scripts/fp8_accuracy.py --out results/fp8_accuracy_tokamax.json   # + tokamax
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from pallas_kernels import fp8_path, tokamax_backend  # noqa: E402
 from tempo_jax.hf import load_moe_layers  # noqa: E402
-from tempo_jax.layer import make_ep_mesh, moe_forward  # noqa: E402
+from tempo_jax.layer import fp8, make_ep_mesh, moe_forward  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.params import EXPERT_KEYS  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
@@ -28,6 +31,9 @@ from tempo_jax.text import table  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
 FAMILIES = ("deepseek_v3", "glm4_moe", "mixtral", "qwen3_moe")
 VARIANTS = {"float32": {}, "bf16": {"dtype": jnp.bfloat16}, "fp8": {"dtype": jnp.bfloat16, "expert_dtype": "fp8_block"}}
+if tokamax_backend.available():  # tokamax takes whole blocks: 8 × 8 ones fit these fixtures (H 16, F 8)
+    VARIANTS["fp8 8x8"] = {**VARIANTS["fp8"], "fp8_block": (8, 8)}
+    VARIANTS["fp8 8x8 tokamax"] = {**VARIANTS["fp8 8x8"], "gmm_impl": "tokamax"}
 
 
 def _device_bytes(params: dict) -> int:
@@ -36,6 +42,14 @@ def _device_bytes(params: dict) -> int:
     return sum(
         s.data.nbytes for k in EXPERT_KEYS if k in params for s in params[k].addressable_shards if s.device == dev
     )
+
+
+def _gemm_path(cfg, params: dict) -> str:
+    """How the grouped GEMM ran the experts: their dtype, or FP8 "fp8" (read by the kernel) / "dequantize"."""
+    if cfg.expert_dtype is None:
+        return jnp.dtype(cfg.dtype).name
+    shape, block = params["w_gate"].shape, fp8.layer_block(cfg.fp8_block)
+    return fp8_path(cfg.gmm_impl, dtype=cfg.dtype, shape=shape, block=block)
 
 
 def main() -> None:
@@ -61,13 +75,12 @@ def main() -> None:
             ).out
             got = np.asarray(out, np.float64)
             rel = float(np.abs(got - want).max() / np.abs(want).max())  # max |Δ| / max |out|, as the HF tests
-            rows.append(
-                {"family": fam, "experts": label, "rel_error": rel, "expert_bytes_device0": _device_bytes(params)}
-            )
+            row = {"family": fam, "experts": label, "rel_error": rel, "expert_bytes_device0": _device_bytes(params)}
+            rows.append(row | {"gemm": _gemm_path(cfg, params)})
     print(
         table(
-            [[r["family"], r["experts"], f"{r['rel_error']:.2e}", r["expert_bytes_device0"]] for r in rows],
-            ["family", "experts", "max |Δ| / max |out| vs transformers (float32)", "expert bytes on device 0"],
+            [[r["family"], r["experts"], r["gemm"], f"{r['rel_error']:.2e}", r["expert_bytes_device0"]] for r in rows],
+            ["family", "experts", "GEMM", "max |Δ| / max |out| vs transformers (float32)", "expert bytes on device 0"],
         )
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
