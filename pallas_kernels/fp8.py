@@ -16,11 +16,21 @@ jax only; imports nothing from `solvers` or `tempo_jax` (`tempo_jax.layer.fp8` b
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["BlockScaled", "E4M3_MAX", "FP8_DTYPE", "dequantize", "quantize", "scale_shape"]
+__all__ = [
+    "BlockScaled",
+    "E4M3_MAX",
+    "FP8_DTYPE",
+    "dequantize",
+    "quantize",
+    "quantize_rows",
+    "row_block",
+    "scale_shape",
+]
 
 FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 #: The largest finite float8_e4m3fn: a block's amax is stored as this.
@@ -62,6 +72,29 @@ def quantize(w: jax.Array, block: tuple[int, int]) -> tuple[jax.Array, jax.Array
     scale_inv = jnp.where(amax > 0, amax / E4M3_MAX, 1.0).astype(jnp.float32)
     q = (w.astype(jnp.float32) / expand(scale_inv, w.shape, block)).astype(FP8_DTYPE)
     return q, scale_inv
+
+
+def row_block(width: int, block: int) -> int:
+    """The columns one activation scale covers for rows ``width`` wide: ``block``, or the whole row when it is
+    narrower (so the scales always tile the row exactly)."""
+    return min(int(block), int(width))
+
+
+def quantize_rows(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """Activations ``x [M, K]`` → ``(q float8_e4m3fn [M, K], scale_inv float32 [M, ⌈K/b⌉])``, one scale per row and
+    ``b = row_block(K, block)`` columns (DeepSeek's 1 × 128 activation tiles; `quantize`'s rule)."""
+    return quantize(x, (1, row_block(x.shape[-1], block)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def fake_quantize_rows(x: jax.Array, block: int) -> jax.Array:
+    """``x [M, K]`` through `quantize_rows` and back, in ``x.dtype``: the values an FP8 × FP8 GEMM multiplies, for
+    implementations that multiply in ``x.dtype``. The gradient passes straight through (as if not quantized)."""
+    q, s = quantize_rows(x, block)
+    return dequantize(q, s, (1, row_block(x.shape[-1], block)), x.dtype)
+
+
+fake_quantize_rows.defvjp(lambda x, block: (fake_quantize_rows(x, block), None), lambda block, _, g: (g,))
 
 
 @jax.tree_util.register_dataclass

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import tokamax_backend
-from pallas_kernels.fp8 import BlockScaled
+from pallas_kernels.fp8 import BlockScaled, fake_quantize_rows
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
@@ -121,6 +121,7 @@ class _Cfg:
     out_dtype: jnp.dtype
     num_local_groups: int
     precision: object = None
+    lhs_block: int | None = None  # `gmm(quantize_lhs=...)`: lhs rows quantized to e4m3 in blocks of this many columns
 
 
 def _next_pow2(x: int) -> int:
@@ -231,6 +232,8 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
     (`BlockScaled`) reach the kernel as they are where it reads FP8 (`fp8_path`), else dequantized to the dtype of
     ``lhs`` here (inside the VJP: the residuals keep the FP8 weights)."""
     rhs = _fp8_operand(rhs, lhs.dtype, cfg)
+    if cfg.lhs_block is not None:  # FP8 activations: the values an e4m3 x e4m3 GEMM multiplies, in lhs's dtype
+        lhs, cfg = fake_quantize_rows(lhs, cfg.lhs_block), dataclasses.replace(cfg, lhs_block=None)
     if isinstance(rhs, tuple):
         out = None
         for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True):
@@ -326,9 +329,9 @@ def _gmm_bwd(cfg: _Cfg, res, g):
     # g [M, F] arrives in the output dtype. Each gradient is computed like a forward call (operands cast to their
     # compute dtype, float32 accumulation, as megablox's backward does) and returned in its operand's dtype.
     # d(lhs) [M, H] = g [M, F] @ rhs[group]^T; rows outside the local groups get exact zeros.
-    dlhs = _gmm_impl(
-        g, rhs, group_sizes, group_offset, dataclasses.replace(cfg, out_dtype=lhs.dtype), transpose_rhs=True
-    )
+    # FP8 activations (``quantize_lhs``): straight through, d lhs as if lhs were not quantized (g is not quantized).
+    back = dataclasses.replace(cfg, out_dtype=lhs.dtype, lhs_block=None)
+    dlhs = _gmm_impl(g, rhs, group_sizes, group_offset, back, transpose_rhs=True)
 
     # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group (per part); empty groups give exact zeros. FP8 weights
     # (`BlockScaled`) are frozen: their cotangent is zero.
@@ -427,6 +430,7 @@ def gmm(
     interpret: bool = False,
     implementation: GmmImpl = "auto",
     precision=None,
+    quantize_lhs: int | None = None,
 ) -> jax.Array:
     """Grouped GEMM, `jax.lax.ragged_dot` semantics plus `group_offset`; differentiable in lhs and rhs.
 
@@ -451,6 +455,12 @@ def gmm(
       interpret: run the Pallas kernel in interpret mode (CPU tests).
       implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" (see the module docstring).
       precision: passed to the inner dots (e.g. `jax.lax.Precision.HIGHEST`).
+      quantize_lhs: None, or FP8 activations: each row of lhs quantized to e4m3 with one scale per this many columns
+        (DeepSeek's 1 × 128 tiles: 128; the whole row when narrower; `pallas_kernels.fp8.quantize_rows`), and their
+        values multiplied in lhs's dtype by every implementation (`fp8.fake_quantize_rows`): no e4m3 × e4m3 kernel
+        is used (tokamax 0.0.17 has none for e4m3 weights: its sm100 FP8-activation kernel takes int4 weights, its
+        sm90 one dequantizes FP8 activations). Gradients pass straight through: d lhs and d rhs as if lhs were not
+        quantized.
     Returns:
       [M, F] in the output dtype: row r of local group g is lhs[r] @ rhs[g - group_offset]; all other rows are
       zero. Gradients come back in each operand's dtype (d lhs in lhs.dtype, d rhs in rhs.dtype); they are
@@ -488,6 +498,12 @@ def gmm(
         lhs, parts[0], group_sizes, group_offset, rhs_is_weights=True, name="gmm"
     )
     out_dtype = _check_out_dtype(preferred_element_type, lhs, lhs if isinstance(first, BlockScaled) else first, "gmm")
+    if quantize_lhs is not None and (
+        isinstance(quantize_lhs, bool) or not isinstance(quantize_lhs, int) or quantize_lhs < 1
+    ):
+        raise ValueError(
+            f"gmm: quantize_lhs must be None or a positive int (columns per scale, e.g. 128), got {quantize_lhs!r}"
+        )
     cfg = _Cfg(
         _resolve(implementation, interpret),
         _as_tiling(tiling),
@@ -495,6 +511,7 @@ def gmm(
         out_dtype,
         sum(w.shape[0] for w in parts),
         precision,
+        quantize_lhs,
     )
     rhs = (first, *parts[1:]) if isinstance(rhs, tuple | list) else first
     return _gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
@@ -582,16 +599,19 @@ def gmm_reference(
     *,
     preferred_element_type=None,
     group_offset: jax.Array | int | None = None,
+    quantize_lhs: int | None = None,
 ) -> jax.Array:
     """Pure-jnp truth for `gmm` (a masked loop over local groups; autodiff gives its gradients).
 
     lhs [M, H], rhs [E_loc, H, F] (or a `BlockScaled`: dequantized to lhs's dtype, `pallas_kernels.fp8.dequantize`),
-    group_sizes [E] (any integer dtype) -> [M, F]. Same dtype rules as `gmm`:
+    group_sizes [E] (any integer dtype), ``quantize_lhs`` as in `gmm` -> [M, F]. Same dtype rules as `gmm`:
     operands cast to their compute dtype, float32 accumulation, output in preferred_element_type (default:
     `jax.lax.ragged_dot`'s output dtype).
     """
     if isinstance(rhs, BlockScaled):  # FP8: its value, in lhs's dtype
         rhs = rhs.dequantize(lhs.dtype)
+    if quantize_lhs is not None:  # FP8 activations: their value, in lhs's dtype (straight-through gradient)
+        lhs = fake_quantize_rows(lhs, quantize_lhs)
     out_dtype = jnp.dtype(preferred_element_type or default_out_dtype(lhs.dtype, rhs.dtype))
     cd = dot_dtype(lhs, rhs)
     lhs, rhs = lhs.astype(cd), rhs.astype(cd)

@@ -10,9 +10,10 @@ tokamax is the successor JAX points to for the Pallas Triton backend's GPU ops: 
 FP8 weights (`pallas_kernels.fp8.BlockScaled`) go in as qwix ``QArray``s (`qarray`): tokamax's sm90 kernel
 streams the e4m3 tiles and scales them on chip before its bf16 MMA (it wants one scale per output column and a
 K-tile of whole blocks, so the block grid is spread over the output axis), sm100 has FP8 kernels, and its XLA path
-dequantizes inside the call. Whether this machine's GPU compiler builds the FP8 kernel is asked once per dtype
+dequantizes inside the call. Whether this GPU runs them in a tokamax kernel is asked once per dtype
 (`fp8_compiles`): the sm90 kernel converts e4m3 to the activations' dtype on chip, which Mosaic GPU offers for
-bfloat16 only with a ptxas of PTX ISA >= 9.2 (float16 always); where it cannot, `gmm` dequantizes first.
+bfloat16 only with a ptxas of PTX ISA >= 9.2 (float16 always), and tokamax 0.0.17's sm100 kernels take int4 weights,
+not e4m3; where it cannot, `gmm` dequantizes first.
 
 On CPU tokamax runs XLA's `ragged_dot_general` (its Mosaic kernels refuse the device), so the numerics tested
 on CPU are XLA's; what tokamax's GPU kernels give is measured by `scripts/gpu_check.sh` (results/gpu/).
@@ -78,10 +79,12 @@ def qarray(w: BlockScaled, dtype):
 
 @functools.cache
 def fp8_compiles(dtype, platform: str | None = None) -> bool:
-    """Whether tokamax builds its grouped GEMM of ``dtype`` activations with FP8 weights on ``platform`` (default:
-    JAX's default backend). Off a GPU its XLA path takes them (True); on a GPU a small case (128 rows, one 128 × 128
-    block) is lowered and compiled once per dtype, and any failure — e.g. Mosaic GPU's e4m3 → bfloat16 conversion
-    on a ptxas older than PTX ISA 9.2 — answers False (the caller then dequantizes before the GEMM)."""
+    """Whether tokamax runs its grouped GEMM of ``dtype`` activations with FP8 weights in a kernel of its own on
+    ``platform`` (default: JAX's default backend). Off a GPU its XLA path takes them (True). On a GPU a small case
+    (128 rows, one 128 × 128 block) is lowered and compiled once per dtype: True only when that works and lowers to
+    a tokamax kernel (Mosaic GPU or Triton), not to XLA's ops — tokamax 0.0.17's sm100 kernels take int4 weights
+    only and fall back to XLA for e4m3 ones, and Mosaic GPU's e4m3 → bfloat16 conversion (sm90) needs a ptxas of
+    PTX ISA >= 9.2. False means the caller dequantizes first (then tokamax's bf16 kernel runs)."""
     platform = platform or jax.default_backend()
     if platform not in ("gpu", "cuda", "rocm"):
         return available()
@@ -91,9 +94,11 @@ def fp8_compiles(dtype, platform: str | None = None) -> bool:
     w = BlockScaled(jnp.zeros((1, 128, 128), FP8_DTYPE), jnp.ones((1, 1, 1), jnp.float32), (128, 128))
     args = (jax.ShapeDtypeStruct((128, 128), dtype), w, jax.ShapeDtypeStruct((1,), jnp.int32))
     try:
-        jax.jit(lambda x, w, sizes: dot(x, qarray(w, x.dtype), sizes, preferred_element_type=x.dtype)).lower(
+        lowered = jax.jit(lambda x, w, sizes: dot(x, qarray(w, x.dtype), sizes, preferred_element_type=x.dtype)).lower(
             *args
-        ).compile()
+        )
+        lowered.compile()
     except Exception:  # noqa: BLE001 (any refusal of the compiler means: dequantize first)
         return False
-    return True
+    text = lowered.as_text()
+    return "mosaic_gpu" in text or "triton" in text

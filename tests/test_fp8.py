@@ -146,6 +146,32 @@ def test_tokamax_takes_the_fp8_experts_as_stored(mesh, monkeypatch):
     assert all(float(jnp.abs(dp[k].astype(jnp.float32)).max()) == 0 for k in fp8.SCALE_KEYS)
 
 
+@pytest.mark.parametrize("gmm_impl", ["auto", pytest.param("tokamax", marks=pytest.mark.tokamax)])
+def test_fp8_activations_quantize_what_enters_each_gemm(mesh, gmm_impl):
+    """``fp8_activations=True``: the rows entering the gate / up and the down GEMMs are quantized to e4m3 per token and
+    1 × b1 block — the layer equals the dense reference that quantizes them alike (eagerly and under ``jit``) and
+    differs from bf16 activations; d x flows straight through."""
+    cfg = _config(fp8_activations=True, gmm_impl=gmm_impl)
+    moe = tempo_jax.MoE(cfg, _placement(4), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    x = _x(7)
+    y = moe(x)
+    ref = moe_reference(moe.logical_params(), x, cfg)
+    assert_close(y, ref, dtype=jnp.bfloat16)
+    assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
+    plain = moe_reference(moe.logical_params(), x, dataclasses.replace(cfg, fp8_activations=False))
+    assert float(jnp.abs(ref.astype(jnp.float32) - plain.astype(jnp.float32)).max()) > 0
+    pa, tables = dispatch_tables.placement_arrays(moe.placement), dispatch_tables.uniform(moe.placement)
+
+    def loss(x):
+        out = moe_forward(
+            moe.params(), x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, key=jax.random.key(0)
+        )
+        return jnp.sum(out.out.astype(jnp.float32) ** 2)
+
+    dx = jax.jit(jax.grad(loss))(x)
+    assert bool(jnp.isfinite(dx).all()) and float(jnp.abs(dx).max()) > 0
+
+
 def test_fp8_experts_are_frozen_while_the_router_trains(mesh):
     """An optimizer over ``nnx.Param`` trains the router and leaves the FP8 experts (`FrozenExpert`) as stored; the
     functional layer's gradient with respect to them is zero."""
@@ -196,12 +222,20 @@ def test_scales_move_with_their_weights(mesh):
 
 def test_fp8_experts_on_a_data_ep_tensor_mesh_with_fsdp(tmp_path):
     """data 2 × ep 2 × tensor 2 with FSDP over data: each device holds its F / Tp columns and H / Fp rows of its
-    slots' FP8 weights and the matching part of their scale grid; the layer computes the dense reference; an orbax
+    slots' FP8 weights and the matching part of their scale grid; the layer, with FP8 activations too, computes the
+    dense reference; an orbax
     checkpoint of the module state restores the FP8 experts bit for bit into a fresh model."""
     import orbax.checkpoint as ocp
 
     mesh = make_mesh(data=2, ep=2, tensor=2)
-    cfg = _config(fp8_block=(8, 8), slots_per_rank=6, batch_axes=("data",), tensor_axis="tensor", fsdp_axis="data")
+    cfg = _config(
+        fp8_block=(8, 8),
+        fp8_activations=True,  # each tensor rank quantizes its F / Tp columns of h: whole 1 × 8 blocks
+        slots_per_rank=6,
+        batch_axes=("data",),
+        tensor_axis="tensor",
+        fsdp_axis="data",
+    )
     placement = Placement.spread(E, 2, 6)
     moe = tempo_jax.MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
     params = moe.params()

@@ -57,6 +57,30 @@ def test_fp8_weights_compute_their_dequantized_value(impl):
         assert float(jnp.abs(leaf.astype(jnp.float32)).max()) == 0.0
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("weights", ["fp8", "bf16"])
+def test_fp8_activations_are_what_the_gemm_multiplies(impl, weights):
+    """``quantize_lhs=16``: each row of lhs quantized to e4m3 per 16 columns — the output equals the reference on the
+    quantized rows (and not the unquantized one) and d lhs passes straight through (the reference's, also straight
+    through), with FP8 or bf16 weights."""
+    w = _weights(5) if weights == "fp8" else _weights(5).dequantize(jnp.bfloat16)
+    x = _x()
+    kw = dict(implementation=impl, interpret=impl == "pallas", tiling=GmmTiling(tm=32, tk=16, tn=16))
+    y = jax.jit(lambda x, w: gmm(x, w, SIZES, quantize_lhs=16, **kw))(x, w)
+    ref = gmm_reference(x, w, SIZES, quantize_lhs=16)
+    assert_close(y, ref, dtype=jnp.bfloat16)
+    assert float(jnp.abs(ref.astype(jnp.float32) - gmm_reference(x, w, SIZES).astype(jnp.float32)).max()) > 0
+    dx = jax.grad(lambda x: jnp.sum(gmm(x, w, SIZES, quantize_lhs=16, **kw).astype(jnp.float32) ** 2))(x)
+    dx_ref = jax.grad(lambda x: jnp.sum(gmm_reference(x, w, SIZES, quantize_lhs=16).astype(jnp.float32) ** 2))(x)
+    assert_close(dx, dx_ref, dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("bad", [0, -128, True, 1.5])
+def test_quantize_lhs_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="quantize_lhs must be None or a positive int"):
+        gmm(_x(), _weights(5), SIZES, quantize_lhs=bad, implementation="chunked")
+
+
 def test_fp8_path_names_which_implementations_read_fp8():
     """Only tokamax takes FP8 weights (and only whole blocks, and only where it compiles its FP8 kernel for the
     activations' dtype); the Pallas kernel, the CPU path and ragged_dot dequantize first."""
@@ -105,7 +129,8 @@ def test_tokamax_gets_the_fp8_weights_as_qarrays_with_tiles_its_kernel_takes(mon
 @pytest.mark.tokamax
 def test_fp8_compiles_refuses_when_the_gpu_compiler_does(monkeypatch):
     """On a GPU the FP8 kernel is compiled once per dtype; a compiler that refuses it (as Mosaic GPU does for e4m3 →
-    bfloat16 on a ptxas older than PTX ISA 9.2) answers False, so `gmm` dequantizes first."""
+    bfloat16 on a ptxas older than PTX ISA 9.2), or a tokamax that falls back to XLA's ops for it (its sm100 kernels
+    with e4m3 weights), answers False, so `gmm` dequantizes first."""
 
     class Refusing:
         @staticmethod
@@ -113,24 +138,29 @@ def test_fp8_compiles_refuses_when_the_gpu_compiler_does(monkeypatch):
             raise NotImplementedError("Hardware has no support for converting from f8E4M3FN to bf16")
 
     tokamax_backend.fp8_compiles.cache_clear()
-    monkeypatch.setattr(tokamax_backend, "_module", lambda: Refusing)
     try:
+        # asked as for a GPU here, tokamax lowers to XLA's ops (its kernels refuse this CPU): not a kernel of its own
         assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "gpu") is False
         assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "cpu") is True  # XLA's path takes them
+        monkeypatch.setattr(tokamax_backend, "_module", lambda: Refusing)
+        tokamax_backend.fp8_compiles.cache_clear()
+        assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "gpu") is False
     finally:
         tokamax_backend.fp8_compiles.cache_clear()
 
 
-def _pretend_h100(monkeypatch, ptx_isa: int):
-    """tokamax's Mosaic GPU ragged dot pinned (no device check) with an H100's answers to what it asks the device,
-    and Mosaic GPU told ptxas speaks PTX ISA ``ptx_isa``: enough to lower its sm90 kernels for CUDA on a CPU."""
+def _pretend_h100(monkeypatch, ptx_isa: int, sm100: bool = False):
+    """tokamax's Mosaic GPU ragged dot pinned (no device check) with an H100's (``sm100``: a B200's) answers to what
+    it asks the device, and Mosaic GPU told ptxas speaks PTX ISA ``ptx_isa``: enough to lower its kernels for CUDA on
+    a CPU."""
     import types
 
     import jax.experimental.mosaic.gpu.fragmented_array as fragmented
     import tokamax._src.ops.ragged_dot.pallas_mosaic_gpu as mosaic
     import tokamax._src.ops.ragged_dot.pallas_mosaic_gpu_kernel_sm90_quant as sm90_quant
 
-    monkeypatch.setattr(mosaic.gpu_utils, "is_sm90", lambda device=None: True)
+    monkeypatch.setattr(mosaic.gpu_utils, "is_sm90", lambda device=None: not sm100)
+    monkeypatch.setattr(mosaic.gpu_utils, "is_sm100", lambda device=None: sm100)
     device = types.SimpleNamespace(get_default_device=lambda: types.SimpleNamespace(core_count=132))
     monkeypatch.setattr(sm90_quant, "backend", device)
     ext = types.SimpleNamespace(_get_ptxas_isa_version=lambda: ptx_isa)
@@ -169,6 +199,8 @@ def test_the_fp8_gemm_lowers_to_tokamaxs_sm90_fp8_kernel_for_cuda(monkeypatch):
     assert "ragged_dot_quant_sm90" in text and "f8E4M3FN" in text
     dx = _lower(jax.grad(lambda x, w, s: jnp.sum(fwd(x, w, s).astype(jnp.float32))), x, w, sizes)
     assert "ragged_dot_quant_sm90" in dx  # d lhs: the transposed FP8 weight through the same kernel
+    w8a8 = _lower(lambda x, w, s: gmm(x, w, s, implementation="tokamax", quantize_lhs=128), x, w, sizes)
+    assert "ragged_dot_quant_sm90" in w8a8  # FP8 activations: their values in bf16, the same kernel
     _pretend_h100(monkeypatch, ptx_isa=88)
     with pytest.raises(NotImplementedError, match="f8E4M3FN to bf16"):
         _lower(fwd, x, w, sizes)
@@ -186,3 +218,17 @@ def test_the_fp8_gemm_lowers_to_tokamaxs_sm90_fp8_kernel_for_cuda(monkeypatch):
 def test_bad_fp8_weights_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         gmm(_x(), bad(_weights(3)), SIZES[:3], implementation="chunked")
+
+
+@pytest.mark.tokamax
+def test_tokamaxs_sm100_kernels_take_no_e4m3_weights_yet(monkeypatch):
+    """Why `fp8_path` asks the device: on sm100 tokamax (0.0.17) refuses e4m3 weights in its Mosaic kernels (they take
+    int4), so its default chain would run XLA's ops there; `tokamax_backend.fp8_compiles` sees that and `gmm`
+    dequantizes first. When this fails, tokamax has grown the kernel: time it on a B200 and drop the note."""
+    _pretend_h100(monkeypatch, ptx_isa=92, sm100=True)
+    x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    w = BlockScaled(
+        jax.ShapeDtypeStruct((4, 256, 384), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((4, 2, 3), jnp.float32), (128, 128)
+    )
+    with pytest.raises(NotImplementedError, match="int4"):
+        _lower(lambda x, w, s: gmm(x, w, s, implementation="tokamax"), x, w, jax.ShapeDtypeStruct((4,), jnp.int32))

@@ -93,6 +93,8 @@ LAYER = {
     "copy_cost": (FREE_COPY, INGRAPH, "where", {"dynamic_slots": 1}),
     "expert_dtype": ("fp8_block", {}, "out", None),  # the experts quantized to e4m3 (one scale per weight here)
     "fp8_block": ((4, 4), {"expert_dtype": "fp8_block"}, "out", {"expert_dtype": "fp8_block"}),
+    # the rows entering each grouped GEMM quantized to e4m3 per token and block (a scale per 8 columns here)
+    "fp8_activations": (True, {"expert_dtype": "fp8_block", "fp8_block": (8, 8)}, "out", {"expert_dtype": "fp8_block"}),
 }
 
 
@@ -105,7 +107,11 @@ def _inputs(cfg: MoEConfig) -> tuple[dict, jax.Array]:
             rng.normal(size=shape) / np.sqrt(shape[-2] if len(shape) > 1 else 4),
             jnp.float32 if n.startswith(("router", "score")) else cfg.dtype,
         )
-        for n, shape in sorted(param_shapes(dataclasses.replace(cfg, expert_dtype=None, fp8_block=(128, 128))).items())
+        for n, shape in sorted(
+            param_shapes(
+                dataclasses.replace(cfg, expert_dtype=None, fp8_block=(128, 128), fp8_activations=False)
+            ).items()
+        )
     }
     if cfg.expert_dtype == "fp8_block":
         logical = fp8.quantize_params(logical, cfg.fp8_block)

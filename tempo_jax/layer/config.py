@@ -55,10 +55,15 @@ class MoEConfig:
         guard). Needs ``dispatch="ingraph"`` and ``copy_cost``. 0: none.
       copy_cost: the `solvers.CopyCost` of one copy (expert bytes, link GB/s, the time hidden behind the exchange).
       expert_dtype: None (the expert weights in ``dtype``) or ``"fp8_block"``: DeepSeek's block-scaled FP8 kept as
-        stored — float8_e4m3fn weights beside float32 ``{name}_scale_inv`` per block, dequantized on each rank to
-        ``dtype`` for the grouped GEMM (`tempo_jax.layer.fp8`); frozen (zero gradients).
+        stored — float8_e4m3fn weights beside float32 ``{name}_scale_inv`` per block, taken by the grouped GEMM as
+        they are where it reads FP8 (``gmm_impl="tokamax"``), else dequantized on each rank to ``dtype``
+        (`tempo_jax.layer.fp8`, `pallas_kernels.fp8_path`); frozen (zero gradients).
       fp8_block: HF's ``quantization_config.weight_block_size`` ``(b0, b1)``: each scale covers b0 rows of a
         weight's outputs × b1 columns of its inputs (DeepSeek: 128 × 128).
+      fp8_activations: with FP8 experts, also quantize the rows entering each grouped GEMM to e4m3, one scale per
+        token and b1 columns (DeepSeek's 1 × 128 activation tiles; `pallas_kernels.gmm`'s ``quantize_lhs``): the
+        numerics of an e4m3 × e4m3 GEMM, multiplied in ``dtype`` (no FP8 × FP8 kernel takes e4m3 weights in
+        tokamax 0.0.17); gradients pass straight through. Default False.
       router: the `RouterConfig` (scoring, biases, group-limited choice, renormalisation, scaling; default:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
@@ -118,6 +123,12 @@ class MoEConfig:
     copy_cost: CopyCost | None = None
     expert_dtype: str | None = None
     fp8_block: tuple[int, int] = (128, 128)
+    fp8_activations: bool = False
+
+    @property
+    def fp8_activation_block(self) -> int | None:
+        """Columns per activation scale when ``fp8_activations`` (the weights' input block b1), else None."""
+        return self.fp8_block[1] if self.fp8_activations else None
 
     def __post_init__(self):
         plain_scalars(self)
@@ -180,6 +191,12 @@ class MoEConfig:
             raise ValueError(
                 f"{w}.expert_dtype must be None (the experts in MoEConfig.dtype) or 'fp8_block' (DeepSeek's "
                 f"block-scaled FP8, kept as stored), got {self.expert_dtype!r}"
+            )
+        if not isinstance(self.fp8_activations, bool | np.bool_):
+            raise ValueError(f"{w}.fp8_activations must be True or False, got {self.fp8_activations!r}")
+        if self.fp8_activations and self.expert_dtype != "fp8_block":
+            raise ValueError(
+                f"{w}.fp8_activations quantizes the activations beside FP8 experts: it needs expert_dtype='fp8_block'"
             )
         b = self.fp8_block
         if not (

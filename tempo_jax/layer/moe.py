@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import COUNTER_DTYPE, fp8_path
+from pallas_kernels.fp8 import fake_quantize_rows
 from solvers import LaunchSchedule
 
 from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
@@ -79,11 +80,13 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     params = fp8.dequantize_weights(params, fp8.layer_block(config.fp8_block), config.dtype)
     if config.router.weight_on == "input":  # Σ_k f_{e_k}(w_k · x): each pair through its expert alone
         return _reference_input_weighted(params, xs, ids, w, config).astype(x.dtype)
-    g = jnp.einsum("th,ehf->etf", xs, params["w_gate"], precision=hp)
-    u = jnp.einsum("th,ehf->etf", xs, params["w_up"], precision=hp)
+    xq = _gemm_input(xs, config)
+    g = jnp.einsum("th,ehf->etf", xq, params["w_gate"], precision=hp)
+    u = jnp.einsum("th,ehf->etf", xq, params["w_up"], precision=hp)
     if config.expert.bias:
         g, u = g + params["b_gate"][:, None], u + params["b_up"][:, None]
-    y = jnp.einsum("etf,efh->eth", glu(g, u, config.expert), params["w_down"], precision=hp)  # [E, T, H]
+    h = _gemm_input(glu(g, u, config.expert), config)
+    y = jnp.einsum("etf,efh->eth", h, params["w_down"], precision=hp)  # [E, T, H]
     if config.expert.bias:
         y = y + params["b_down"][:, None]
     picked = y[ids, jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
@@ -93,15 +96,23 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     return out.astype(x.dtype)
 
 
+def _gemm_input(rows: jax.Array, config: MoEConfig) -> jax.Array:
+    """``rows [..., T, K]`` as a grouped GEMM multiplies them: with ``fp8_activations`` each row quantized to e4m3 per
+    1 × b1 block and back (`pallas_kernels.fp8.fake_quantize_rows`), else as they are."""
+    block = config.fp8_activation_block
+    return rows if block is None else fake_quantize_rows(rows, block)
+
+
 def _reference_input_weighted(params: dict, xs: jax.Array, ids: jax.Array, w: jax.Array, config: MoEConfig):
     """`moe_reference` when the router's weight scales the expert's input (Llama-4): ``[T, H]`` float32."""
     hp = jax.lax.Precision.HIGHEST
-    rows = xs[:, None, :] * w[..., None].astype(xs.dtype)  # [T, K, H]
+    rows = _gemm_input(xs[:, None, :] * w[..., None].astype(xs.dtype), config)  # [T, K, H]
     g = jnp.einsum("tkh,tkhf->tkf", rows, params["w_gate"][ids], precision=hp)
     u = jnp.einsum("tkh,tkhf->tkf", rows, params["w_up"][ids], precision=hp)
     if config.expert.bias:
         g, u = g + params["b_gate"][ids], u + params["b_up"][ids]
-    y = jnp.einsum("tkf,tkfh->tkh", glu(g, u, config.expert), params["w_down"][ids], precision=hp)
+    h = _gemm_input(glu(g, u, config.expert), config)
+    y = jnp.einsum("tkf,tkfh->tkh", h, params["w_down"][ids], precision=hp)
     if config.expert.bias:
         y = y + params["b_down"][ids]
     out = y.sum(axis=1).astype(jnp.float32)

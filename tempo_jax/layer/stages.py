@@ -111,15 +111,18 @@ class Exchanged(NamedTuple):
 class FFN:
     """The routed experts' FFN of one layer call, its settings frozen (hashable: carried through the exchange
     implementations, a static argument of their VJPs): the ``expert`` variant (`ExpertConfig`), the grouped-GEMM
-    implementation ``gmm_impl`` and Pallas ``interpret`` mode. ``ffn(rows, slots, weights)`` is `expert_ffn`."""
+    implementation ``gmm_impl``, Pallas ``interpret`` mode and FP8 activations ``quantize_lhs`` (columns per scale,
+    or None). ``ffn(rows, slots, weights)`` is `expert_ffn`."""
 
     expert: ExpertConfig
     gmm_impl: str
     interpret: bool
+    quantize_lhs: int | None = None
 
     def __call__(self, rows: jax.Array, slots: jax.Array, weights: dict) -> tuple[jax.Array, jax.Array]:
         """``rows [M, H]`` on local ``slots [M]`` → ``(y [M, H], group_sizes [num_slots])`` (`expert_ffn`)."""
-        return expert_ffn(rows, slots, weights, expert=self.expert, gmm_impl=self.gmm_impl, interpret=self.interpret)
+        kw = dict(expert=self.expert, gmm_impl=self.gmm_impl, interpret=self.interpret, quantize_lhs=self.quantize_lhs)
+        return expert_ffn(rows, slots, weights, **kw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +257,7 @@ def expert_ffn(
     gmm_impl: str,
     interpret: bool,
     join_parts: bool | None = None,
+    quantize_lhs: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The routed experts' FFN of ``rows [M, H]`` on their local ``slots [M]`` (S = padding: output 0) with this rank's
     ``weights``: ``w_gate / w_up [S, H, F]``, ``w_down [S, F, H]`` (arrays, or FP8 `pallas_kernels.BlockScaled` weights
@@ -265,6 +269,9 @@ def expert_ffn(
     one array: on CPU ("chunked") every part's groups are written into one output buffer; the other
     implementations add one output per part — two ``[M, 2F]`` and two ``[M, H]`` buffers more, so there
     ``join_parts`` (None: whichever moves fewer elements, from the static shapes) may concatenate them first.
+
+    ``quantize_lhs``: FP8 activations, the rows entering each grouped GEMM quantized to e4m3 per this many columns
+    (`pallas_kernels.gmm`; ``MoEConfig(fp8_activations=True)``), or None.
 
     Returns ``(y [M, H], group_sizes [num_slots])``.
     """
@@ -284,7 +291,8 @@ def expert_ffn(
 
     def grouped(lhs, name: str):  # the parts side by side along the slots (`gmm` takes them as they are)
         w = parts[name]
-        return gmm(lhs, w if len(w) > 1 else w[0], group_sizes, implementation=gmm_impl, interpret=interpret)
+        rhs = w if len(w) > 1 else w[0]
+        return gmm(lhs, rhs, group_sizes, implementation=gmm_impl, interpret=interpret, quantize_lhs=quantize_lhs)
 
     # Gate and up as two grouped GEMMs: fusing them into one of width 2F concatenated the stored w_gate and w_up on
     # every call (a copy of two thirds of the expert weights; measured 24% of the forward at E 256, 128 tokens).
