@@ -119,15 +119,6 @@ def test_tokamax_takes_the_fp8_experts_as_stored(mesh, monkeypatch):
     y = moe(x)
     e4m3 = jnp.dtype(jnp.float8_e4m3fn)
     assert set(calls) == {(e4m3, (2, H, F)), (e4m3, (2, F, H))}  # w_gate / w_up (one trace), w_down: 2 slots each
-    twin, _ = _twin(moe)
-    twin = tempo_jax.MoE(
-        dataclasses.replace(twin.config, gmm_impl="tokamax"),
-        twin.placement,
-        mesh=mesh,
-        params=twin.params(),
-        rngs=nnx.Rngs(params=0, dispatch=1),
-    )
-    assert_close(y, twin(x), dtype=jnp.bfloat16)
     assert_close(y, moe_reference(moe.logical_params(), x, cfg), dtype=jnp.bfloat16)
     assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
     moe.set_placement(_placement(5))
@@ -160,6 +151,8 @@ def test_fp8_activations_quantize_what_enters_each_gemm(mesh, gmm_impl):
     assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
     plain = moe_reference(moe.logical_params(), x, dataclasses.replace(cfg, fp8_activations=False))
     assert float(jnp.abs(ref.astype(jnp.float32) - plain.astype(jnp.float32)).max()) > 0
+    if gmm_impl != "auto":
+        return  # the straight-through gradient is the implementation's business: tests/test_gmm_fp8.py
     pa, tables = dispatch_tables.placement_arrays(moe.placement), dispatch_tables.uniform(moe.placement)
 
     def loss(x):

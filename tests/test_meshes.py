@@ -451,11 +451,11 @@ def test_an_eager_call_keeps_the_inputs_sharding():
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_dynamic_copies_on_multi_axis_meshes(shape):
-    """Dynamic copies (issue 52) on data × ep × tensor meshes: half of the pairs go to expert 3, each EP group
-    copies it into its ranks' spare slots (the weights move over the ep axis only, each tensor rank its F share),
-    and the output and gradients under jit are the dense reference's, with copies made, with dynamic slots but a
-    link too slow to copy (the weight exchange skipped) and without dynamic slots; copies lower the busiest rank's
-    rows; over a data axis the compiled forward with copies sums only counts and losses (no token, no weight)."""
+    """Dynamic copies (issue 52) on data × ep × tensor meshes: half of the pairs go to expert 3, each EP group copies it
+    into its ranks' spare slots (the weights move over the ep axis only, each tensor rank its F share), and the output
+    and gradients under jit are the dense reference's, with copies made, with dynamic slots but a link too slow to copy
+    (the weight exchange skipped) and (slow meshes) without dynamic slots; copies lower the busiest rank's rows; over a
+    data axis the compiled forward with copies sums only counts and losses (no token, no weight)."""
     from solvers import CopyCost, CostModel
 
     data, ep, _ = shape
@@ -473,7 +473,11 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
     params = to_physical(logical, placement, mesh=mesh, config=base)
     pa = dispatch_tables.placement_arrays(placement)
     busiest = {}
-    for k, link in ((0, None), (1, 1e-6), (1, 1e6)):  # no dynamic slots; a link too slow to copy; copies made
+    # no dynamic slots (the slow meshes only: a too-slow link leaves the same busiest rank, tests/test_copies.py has
+    # the guard on the 1-D mesh); a link too slow to copy; copies made
+    slow = shape != (2, 2, 2)
+    variants = ((0, None), (1, 1e-6), (1, 1e6)) if slow else ((1, 1e-6), (1, 1e6))
+    for k, link in variants:
         config = dataclasses.replace(base, dynamic_slots=k, copy_cost=CopyCost(1e3, link) if k else None)
 
         def loss(p, x, c=config):
@@ -493,4 +497,4 @@ def test_dynamic_copies_on_multi_axis_meshes(shape):
         colls = [c for c in program_collectives(fwd.as_text(), mesh) if c.group > 1]
         over_data = [c for c in colls if "data" in c.axes]
         assert all(c.kind == "all-reduce" and c.bytes <= 4 * (2 * E + 4) for c in over_data), over_data
-    assert busiest[1e6] < busiest[1e-6] == busiest[None], busiest
+    assert busiest[1e6] < busiest[1e-6] == busiest.get(None, busiest[1e-6]), busiest
