@@ -27,7 +27,9 @@ agree, float32 when they differ (`gmm_metadata.dot_dtype`; exact for every opera
 float32, and the result is cast once to ``preferred_element_type``, by default the dtype `jax.lax.ragged_dot`
 returns (`gmm_metadata.default_out_dtype`: the common dtype; float32 when either is float32; bfloat16 for
 bfloat16 × float16). ``group_sizes`` may have any integer dtype; it is cast to int32. See `gmm` for the
-accumulation order and tolerance of each path.
+accumulation order and tolerance of each path. ``rhs`` may also be block-scaled FP8 (`pallas_kernels.fp8.BlockScaled`:
+e4m3 values, one float32 scale per block), computed in lhs's dtype: tokamax takes it into its kernel, the others
+dequantize it inside the call (`fp8_path`); ``quantize_lhs`` quantizes lhs's rows to e4m3 per block as well.
 
 Gradients: d(lhs) = gmm(grad, rhs^T) (the kernels read rhs transposed in place) and d(rhs) =
 tgmm(lhs, grad) — both exactly zero for empty groups and for rows outside the local groups.
@@ -180,7 +182,8 @@ def _resolve(implementation: str, interpret: bool) -> str:
 #: compute dtype first and the GEMM runs there.
 FP8_PATHS = ("fp8", "dequantize")
 #: Implementations that take FP8 weights into their kernel: tokamax (its sm90 kernel scales each e4m3 tile on chip
-#: before the bf16 MMA; sm100 has FP8 kernels too; its XLA path, e.g. on CPU, dequantizes inside the call).
+#: before the bf16 MMA; its XLA path, e.g. on CPU, dequantizes inside the call; 0.0.17's sm100 kernels take int4
+#: weights only, which `tokamax_backend.fp8_compiles` finds out on such a GPU).
 _FP8_IN_KERNEL = ("tokamax",)
 
 
@@ -211,10 +214,11 @@ def _fp8_operand(rhs, dtype, cfg: _Cfg):
     as FP8 (`fp8_path`) dequantized to ``dtype``, the compute dtype of the dot."""
     if isinstance(rhs, tuple):
         return tuple(_fp8_operand(w, dtype, cfg) for w in rhs)
-    path = fp8_path if isinstance(rhs, BlockScaled) else None
-    if path and path(cfg.implementation, dtype=dtype, shape=rhs.shape, block=rhs.block) != "fp8":
-        return rhs.dequantize(dtype)
-    return rhs
+    if not isinstance(rhs, BlockScaled):
+        return rhs
+    if fp8_path(cfg.implementation, dtype=dtype, shape=rhs.shape, block=rhs.block) == "fp8":
+        return rhs
+    return rhs.dequantize(dtype)
 
 
 def _part_offsets(parts: tuple, group_offset: jax.Array) -> list:
