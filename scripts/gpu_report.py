@@ -84,7 +84,8 @@ def report(folder: Path) -> str:
             if "error" in r:
                 return r["error"]
             if "max_rel_err" in r:
-                return ", ".join(f"{k} {v:.1e}" for k, v in r["max_rel_err"].items()) + f" (tol {r['tol']:g})"
+                path = f"; FP8 path: {r['path']}" if "path" in r else ""  # tokamax's kernel or dequantize first
+                return ", ".join(f"{k} {v:.1e}" for k, v in r["max_rel_err"].items()) + f" (tol {r['tol']:g}{path})"
             return "bit-exact" if r.get("exact") else "differs"
 
         verdicts = {True: "ok", False: "FAIL", None: "not run"}
@@ -98,6 +99,10 @@ def report(folder: Path) -> str:
         if ceil:
             out.append(f"Measured ceilings: {ceil['tflops']:.0f} TFLOP/s (bf16 matmul), {ceil['gb_per_s']:.0f} GB/s.")
         out.append(f"Tiling chosen by the sweep: `{gpu.get('tiling')}`.\n")
+        if "fp8_path" in gpu:  # the "… fp8" rows: FP8 weights in tokamax's kernel, or dequantized first
+            fp8 = gpu["fp8_path"]
+            kernels = ", ".join(fp8.get("tokamax_fp8_kernels", [])) or "—"
+            out.append(f"FP8 weights: tokamax {fp8['tokamax']} (lowers to {kernels}), Pallas {fp8['pallas']}.\n")
         for shape, s in gpu.get("shapes", {}).items():
             rows = [
                 [
@@ -136,12 +141,13 @@ def report(folder: Path) -> str:
                 r.get("max_abs_err", float("nan")),
                 r.get("drops", "—"),
                 r.get("ms", "—"),
-                r.get("error", ""),
+                r.get("error", "") or r.get("fp8_path", ""),
             ]
             for name, r in moe["results"].items()
         ]
         out += [f"## MoE layer on {moe['devices']} device(s) ({moe['backend']})\n"]
-        out += [*_md(["exchange/gmm", "verdict", "max abs err vs dense", "drops", "ms a call", "error"], rows), ""]
+        heads = ["exchange/gmm", "verdict", "max abs err vs dense", "drops", "ms a call", "error, or FP8 path"]
+        out += [*_md(heads, rows), ""]
         plans = moe.get("plans")
         if plans is None:
             out += ["In-graph plans: not measured in this run (an older moe_check.json).", ""]

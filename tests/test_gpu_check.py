@@ -97,7 +97,9 @@ def test_gpu_check_smoke(tmp_path):
     rep = _report(tmp_path)
     assert rep.returncode == 0, rep.stderr.decode()[-2000:]
     text = (tmp_path / "report.md").read_text()
-    for part in ("Kernel correctness", "dispatch quota | ok | bit-exact", "tiny_down", "vs bound", "n* =", "padded/"):
+    parts = ("Kernel correctness", "dispatch quota | ok | bit-exact", "tiny_down", "vs bound", "n* =", "padded/")
+    fp8 = ("FP8 path: dequantize", "FP8 weights: tokamax", "/fp8 | ok")  # which path the FP8 rows took
+    for part in parts + fp8:
         assert part in text, part
     assert (tmp_path / "profile.png").stat().st_size > 10_000
 
