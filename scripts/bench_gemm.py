@@ -477,6 +477,7 @@ def bench_gpu(plan: GpuPlan, checkpoint=lambda out: None) -> dict:
         "tokamax": fp8_path("tokamax") if tk is not None else "not installed",
         "pallas": fp8_path("pallas", interpret=plan.interpret),
         "tokamax_fp8_kernels": _lowered_kernels(tk, x, _fp8(w), gs) if tk is not None else [],
+        "tokamax_refusal": tokamax_backend.fp8_refusal(jnp.dtype(dt)),  # why not "fp8" (None: it is)
     }
     print(f"FP8 weights: {out['fp8_path']}", flush=True)
     # Step 2: model shapes, up (gate+up fused, N = 2F) and down projections, both group-size kinds; bf16 weights,

@@ -102,7 +102,8 @@ def report(folder: Path) -> str:
         if "fp8_path" in gpu:  # the "… fp8" rows: FP8 weights in tokamax's kernel, or dequantized first
             fp8 = gpu["fp8_path"]
             kernels = ", ".join(fp8.get("tokamax_fp8_kernels", [])) or "—"
-            out.append(f"FP8 weights: tokamax {fp8['tokamax']} (lowers to {kernels}), Pallas {fp8['pallas']}.\n")
+            why = f"; why not fp8: {fp8['tokamax_refusal']}" if fp8.get("tokamax_refusal") else ""
+            out.append(f"FP8 weights: tokamax {fp8['tokamax']} (lowers to {kernels}{why}), Pallas {fp8['pallas']}.\n")
         for shape, s in gpu.get("shapes", {}).items():
             rows = [
                 [

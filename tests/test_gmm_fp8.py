@@ -3,6 +3,8 @@ the function of its dequantized value on every implementation; tokamax takes it 
 scale tiles its sm90 kernel accepts, forward and d lhs) and its FP8 kernel lowers for CUDA from this CPU;
 implementations without an FP8 kernel dequantize inside the call, and `fp8_path` says which is which."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -130,23 +132,31 @@ def test_tokamax_gets_the_fp8_weights_as_qarrays_with_tiles_its_kernel_takes(mon
 def test_fp8_compiles_refuses_when_the_gpu_compiler_does(monkeypatch):
     """On a GPU the FP8 kernel is compiled once per dtype; a compiler that refuses it (as Mosaic GPU does for e4m3 →
     bfloat16 on a ptxas older than PTX ISA 9.2), or a tokamax that falls back to XLA's ops for it (its sm100 kernels
-    with e4m3 weights), answers False, so `gmm` dequantizes first."""
+    with e4m3 weights), answers False — warned once with the reason — so `gmm` dequantizes first."""
 
     class Refusing:
         @staticmethod
         def ragged_dot(*args, **kwargs):
             raise NotImplementedError("Hardware has no support for converting from f8E4M3FN to bf16")
 
-    tokamax_backend.fp8_compiles.cache_clear()
+        ragged_dot_general = ragged_dot
+
+    bf16 = jnp.dtype(jnp.bfloat16)
+    tokamax_backend.fp8_refusal.cache_clear()
     try:
         # asked as for a GPU here, tokamax lowers to XLA's ops (its kernels refuse this CPU): not a kernel of its own
-        assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "gpu") is False
-        assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "cpu") is True  # XLA's path takes them
+        with pytest.warns(RuntimeWarning, match="lowers to XLA's ops, not a tokamax kernel.*gmm dequantizes them"):
+            assert tokamax_backend.fp8_compiles(bf16, "gpu") is False
+        with warnings.catch_warnings():  # asked again: the same answer, no second warning
+            warnings.simplefilter("error")
+            assert "XLA's ops" in tokamax_backend.fp8_refusal(bf16, "gpu")
+        assert tokamax_backend.fp8_compiles(bf16, "cpu") is True  # XLA's path takes them
         monkeypatch.setattr(tokamax_backend, "_module", lambda: Refusing)
-        tokamax_backend.fp8_compiles.cache_clear()
-        assert tokamax_backend.fp8_compiles(jnp.dtype(jnp.bfloat16), "gpu") is False
+        tokamax_backend.fp8_refusal.cache_clear()
+        with pytest.warns(RuntimeWarning, match="NotImplementedError: Hardware has no support .* f8E4M3FN to bf16"):
+            assert tokamax_backend.fp8_compiles(bf16, "gpu") is False
     finally:
-        tokamax_backend.fp8_compiles.cache_clear()
+        tokamax_backend.fp8_refusal.cache_clear()
 
 
 def _pretend_h100(monkeypatch, ptx_isa: int, sm100: bool = False):
