@@ -27,6 +27,7 @@ from solvers import Placement
 from tempo_jax.hf import load_moe_layers, save_moe_layers
 from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.collectives import program_collectives
 from tempo_jax.layer.hf.quant import dequant_fp8
 from tempo_jax.layer.module import FrozenExpert
 
@@ -248,6 +249,47 @@ def test_fp8_experts_on_a_data_ep_tensor_mesh_with_fsdp(tmp_path):
     nnx.update(fresh, checkpointer.restore(tmp_path / "state", target))
     for k, v in fresh.params().items():
         np.testing.assert_array_equal(_bits(v), _bits(params[k]), err_msg=k)
+
+
+@pytest.mark.tokamax
+def test_tokamax_fp8_on_a_data_ep_tensor_mesh_moves_what_the_dequantize_path_moves():
+    """data 2 × ep 2 × tensor 2 with FSDP over data, ``gmm_impl="tokamax"``: the layer computes the dense reference
+    under jit, and its compiled forward has the same collectives (kind, axes, dtype, bytes) as the default dequantize
+    path's — the FSDP gather asks for the e4m3 weights (and their float32 scales), nothing else crosses a device — and
+    no more FLOPs than XLA's ``ragged_dot`` on the dequantized weights: tokamax's CPU path is that same lowering
+    (measured 1,434,306 against 1,429,554; the CPU default, "chunked", 521,958: XLA:CPU's ragged_dot counts work across
+    groups, on every path that uses it)."""
+    mesh = make_mesh(data=2, ep=2, tensor=2)
+    kw = dict(fp8_block=(8, 8), slots_per_rank=6, batch_axes=("data",), tensor_axis="tensor", fsdp_axis="data")
+    placement, x = Placement.spread(E, 2, 6), _x(8)
+    moe = tempo_jax.MoE(_config(gmm_impl="tokamax", **kw), placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    lowered, programs = {}, {}
+    for impl in ("tokamax", "auto", "ragged_dot"):
+        cfg = _config(gmm_impl=impl, **kw)
+
+        def fwd(p, x, cfg=cfg):
+            return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg).out
+
+        lowered[impl] = jax.jit(fwd).lower(moe.params(), x)
+        programs[impl] = lowered[impl].compile()
+    y = programs["tokamax"](moe.params(), x)
+    assert_close(y, moe_reference(moe.logical_params(), x, moe.config), dtype=jnp.bfloat16)
+
+    def moved(compiled):
+        colls = program_collectives(compiled.as_text(), mesh)
+        return sorted((c.kind, c.axes, c.dtype, c.bytes) for c in colls if c.group > 1)
+
+    assert moved(programs["tokamax"]) == moved(programs["auto"])
+    # The program asks for the FSDP gather in e4m3 (XLA:CPU then widens every 8-bit collective to f16, both paths alike)
+    gathers = [line for line in lowered["tokamax"].as_text().splitlines() if "stablehlo.all_gather" in line]
+    assert sum("-> tensor<" in g and "xf8E4M3FN>" in g.split("->")[-1] for g in gathers) == 3  # w_gate, w_up, w_down
+
+    def flops(compiled):
+        ca = compiled.cost_analysis()
+        return float((ca[0] if isinstance(ca, list | tuple) else ca)["flops"])
+
+    assert flops(programs["tokamax"]) <= 1.01 * flops(programs["ragged_dot"])
 
 
 def test_dynamic_copies_carry_the_scales(skewed_layer):
