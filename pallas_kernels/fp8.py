@@ -26,6 +26,7 @@ __all__ = [
     "E4M3_MAX",
     "FP8_DTYPE",
     "dequantize",
+    "fake_quantize_rows",
     "quantize",
     "quantize_rows",
     "row_block",

@@ -330,14 +330,7 @@ def _ragged_dot_general(backend: str, *, ragged_contraction: bool = False):
 
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "num_local_groups",
-        "transpose_rhs",
-        "out_dtype",
-        "precision",
-        "compute_dtype",
-        "backend",
-    ),
+    static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision", "compute_dtype", "backend"),
 )
 def gmm_ragged(
     lhs: jax.Array,

@@ -136,6 +136,11 @@ def test_tokamax_takes_the_fp8_experts_as_stored(mesh, monkeypatch):
     assert {(e4m3, (2, H, F)), (e4m3, (2, F, H))} == set(calls) and len(calls) >= 4  # forward and d x traces
     assert float(jnp.abs(dx.astype(jnp.float32)).max()) > 0
     assert all(float(jnp.abs(dp[k].astype(jnp.float32)).max()) == 0 for k in fp8.SCALE_KEYS)
+    # 24-column blocks do not tile H = 32: the layer dequantizes once per call, tokamax gets bf16 weights
+    calls.clear()
+    odd = tempo_jax.MoE(_config(gmm_impl="tokamax", fp8_block=(8, 24)), _placement(4), mesh=mesh, rngs=nnx.Rngs(0))
+    assert_close(odd(x), moe_reference(odd.logical_params(), x, odd.config), dtype=jnp.bfloat16)
+    assert calls == []
 
 
 @pytest.mark.parametrize("gmm_impl", ["auto", pytest.param("tokamax", marks=pytest.mark.tokamax)])

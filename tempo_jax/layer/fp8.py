@@ -9,7 +9,7 @@ weight (HF's ``weight_scale_inv``: the value is ``fp8 × scale_inv``). HF stores
 The scales are per-slot arrays like the weights (`tempo_jax.layer.params.EXPERT_KEYS`): every re-placement, copy,
 OEWF fetch, checkpoint and export moves them with their weights. After any FSDP gather (so the gather moves FP8) the
 layer hands this rank's slots to the grouped GEMM by `gemm_weights`: as `BlockScaled` operands where the GEMM reads FP8
-in its kernel (``gmm_impl="tokamax"``: its sm90 / sm100 kernels stream the e4m3 weights and scale them on chip), else
+in its kernel (``gmm_impl="tokamax"``: its sm90 kernel streams the e4m3 weights and scales them on chip), else
 dequantized once to ``MoEConfig.dtype`` — the **dequantize-then-GEMM** path every other implementation runs
 (`pallas_kernels.gmm.fp8_path` names which). Stored expert bytes are about half of bf16's (``1 + 4/(b0·b1)`` bytes per
 weight). FP8 experts are frozen (a quantized base): their gradients are zero; train in ``MoEConfig.dtype`` and

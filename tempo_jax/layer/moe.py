@@ -368,9 +368,24 @@ def _rank_weights(inp: RankInputs, rt: Routing, sent: _Sent, *, config: MoEConfi
         fetch = functools.partial(cascade_exec.apply_fetches, axis=axis, slots_per_rank=S)
         dest, local, weights = fetch(config.fetches, ids, dest, local, inp.phy2log, weights)
     weights = _local_weights(weights, axes)  # FP8 experts: gathered as stored, then as the grouped GEMM takes them
-    in_kernel = fp8_path(config.gmm_impl, interpret=config.interpret, dtype=config.dtype) == "fp8"
-    weights = fp8.gemm_weights(weights, fp8.layer_block(config.fp8_block), config.dtype, in_kernel=in_kernel)
+    block = fp8.layer_block(config.fp8_block)
+    weights = fp8.gemm_weights(weights, block, config.dtype, in_kernel=_fp8_in_kernel(weights, config))
     return weights, dest, local
+
+
+def _fp8_in_kernel(weights: dict, config: MoEConfig) -> bool:
+    """Whether this rank's FP8 experts go to the grouped GEMM as stored (`pallas_kernels.fp8_path` is "fp8" for each
+    weight's local shape), decided once per call: a weight the kernel cannot take whole is dequantized here once, not
+    inside every GEMM (a CascadeEP schedule launches several). False without FP8 experts (nothing is asked)."""
+    if config.expert_dtype != "fp8_block":
+        return False
+    block = fp8.layer_block(config.fp8_block)
+    for name in SCALE_KEYS:
+        w = weights[name][0] if isinstance(weights[name], tuple) else weights[name]  # parts share their H and F
+        kw = dict(interpret=config.interpret, dtype=config.dtype, shape=w.shape, block=block)
+        if fp8_path(config.gmm_impl, **kw) != "fp8":
+            return False
+    return True
 
 
 def _stats(inp: RankInputs, rt: Routing, sent: _Sent, done: stages.Exchanged, *, config: MoEConfig) -> MoEStats:
