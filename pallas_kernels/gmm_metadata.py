@@ -24,6 +24,7 @@ __all__ = [
     "group_offsets",
     "local_group_rows",
     "chunk_ladder",
+    "walk_ladder",
     "ChunkSchedule",
     "make_chunk_schedule",
     "dot_dtype",
@@ -172,7 +173,21 @@ def chunk_ladder(chunk: int, min_chunk: int, m: int, small_chunk: int | None = N
     while c >= min_chunk:
         sizes.append(c)
         c //= 2
-    return tuple(dict.fromkeys(min(c, m) for c in sizes))
+    below = tuple(c for c in sizes if c < m)
+    return below if below else (min(sizes[-1], m),)
+
+
+def walk_ladder(start, end, sizes: tuple[int, ...], full, tail, state):
+    """Run rows [start, end) of one group through the ladder ``sizes`` (`chunk_ladder`): ``full(c)`` steps while at
+    least c rows remain (for each c in order), then at most one ``tail(c)`` step of the smallest c for the rest. Each
+    step maps ``(r0, state) → (r0 + c, state)``; returns the final state (`jax.lax.while_loop`s: traceable)."""
+    from jax import lax
+
+    r0 = start
+    for c in sizes:
+        r0, state = lax.while_loop(lambda s, c=c: s[0] + c <= end, full(c), (r0, state))
+    c = sizes[-1]
+    return lax.while_loop(lambda s: s[0] < end, tail(c), (r0, state))[1]
 
 
 class ChunkSchedule(NamedTuple):

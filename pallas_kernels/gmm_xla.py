@@ -50,23 +50,19 @@ from jax import lax
 
 from pallas_kernels import tokamax_backend
 from pallas_kernels.fp8 import BlockScaled
-from pallas_kernels.gmm_metadata import chunk_ladder, dot_dtype, group_offsets, local_group_rows, make_chunk_schedule
+from pallas_kernels.gmm_metadata import (
+    chunk_ladder,
+    dot_dtype,
+    group_offsets,
+    local_group_rows,
+    make_chunk_schedule,
+    walk_ladder,
+)
 
 __all__ = ["gmm_chunked", "tgmm_chunked", "gmm_ragged", "tgmm_ragged", "RAGGED_BACKENDS", "SCHEDULES"]
 
 #: Row-chunk schedules of the CPU-fast path (see the module docstring).
 SCHEDULES = ("ladder", "fixed")
-
-
-def _walk_group(start, end, sizes: tuple[int, ...], full, tail, state):
-    """Run rows [start, end) of one group through the ladder `sizes`: `full(c)` steps while >= c rows remain
-    (for each c in order), then at most one `tail(c)` step of the smallest c for the rest. Each step maps
-    (r0, state) -> (r0 + c, state); returns the final state."""
-    r0 = start
-    for c in sizes:
-        r0, state = lax.while_loop(lambda s, c=c: s[0] + c <= end, full(c), (r0, state))
-    c = sizes[-1]
-    return lax.while_loop(lambda s: s[0] < end, tail(c), (r0, state))[1]
 
 
 def _chunk_rows(sched, t, chunk: int, m: int):
@@ -157,7 +153,7 @@ def gmm_chunked(
 
             return step
 
-        return _walk_group(starts[j], end, sizes, full, tail, out)
+        return walk_ladder(starts[j], end, sizes, full, tail, out)
 
     return lax.fori_loop(0, num_local_groups, group, out0)
 
@@ -257,7 +253,7 @@ def tgmm_chunked(
 
             return step
 
-        a = _walk_group(starts[j], end, sizes, full, tail, jnp.zeros((k, n), jnp.float32))
+        a = walk_ladder(starts[j], end, sizes, full, tail, jnp.zeros((k, n), jnp.float32))
         return lax.dynamic_update_index_in_dim(acc, a, j, axis=0)
 
     return lax.fori_loop(0, num_local_groups, group, acc0).astype(out_dtype)

@@ -121,7 +121,7 @@ def test_each_launch_groups_gemm_depends_only_on_its_own_shifts(setup):
     scope = lambda e: str(e.source_info.name_stack)  # noqa: E731
     for g in range(len(sched.groups)):
         gemms = [e for e in body.eqns if e.primitive.name == "custom_vjp_call" and f"cascade_group_{g}" in scope(e)]
-        assert len(gemms) == 3  # gate, up, down
+        assert len(gemms) == 1  # the group's expert FFN: gate, up and down in one loop on CPU (`ffn_chunked`)
         collectives = [e for e in _ancestors(body, gemms) if e.primitive.name == "ppermute"]
         shifts = {re.search(r"cascade_(shift|return)_(\d+)_(\d+)", scope(e)).groups() for e in collectives}
         assert shifts == {("shift", str(g), str(k)) for k in range(1, D)}, (g, sorted(shifts))

@@ -555,8 +555,12 @@ def test_chunk_ladder():
     assert chunk_ladder(256, 32, 1000) == (256, 128, 64, 32)
     assert chunk_ladder(256, 48, 1000) == (256, 128, 64)  # stops at the last size >= min_chunk
     assert chunk_ladder(16, 32, 1000) == (16,)  # min_chunk > chunk // 2: one size
-    assert chunk_ladder(256, 32, 100) == (100, 64, 32)  # clipped to M, no repeats
-    assert chunk_ladder(8, 1, 3) == (3, 2, 1)
+    # below M, no repeats: a chunk of all M rows is the same window every pass and XLA hoists its dot out of the
+    # loop (every row multiplied for every group: issue 71)
+    assert chunk_ladder(256, 32, 100) == (64, 32)
+    assert chunk_ladder(1024, 32, 512, small_chunk=128) == (128, 64, 32)
+    assert chunk_ladder(8, 1, 3) == (2, 1)
+    assert chunk_ladder(256, 32, 16) == (16,)  # M below every size: one chunk of M (a group's one masked dot)
     assert chunk_ladder(1024, 32, 5000, small_chunk=128) == (1024, 128, 64, 32)  # the default: a jump, then halving
     assert chunk_ladder(256, 32, 5000, small_chunk=1024) == (256, 128, 64, 32)  # small_chunk <= chunk // 2
 

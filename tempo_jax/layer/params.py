@@ -299,10 +299,10 @@ def to_logical(physical: dict, placement) -> dict:
     (replicas are identical); the other keys are kept. ``placement``: a `solvers.Placement` or ``phy2log [P]``."""
     phy2log = _phy2log(placement, "to_logical")
     E = placement.num_experts if isinstance(placement, Placement) else int(phy2log.max()) + 1
-    P = _experts_of(physical, "to_logical")
-    if P is not None and P != phy2log.shape[0]:
+    held = _experts_of(physical, "to_logical")  # (not `P`: that name is PartitionSpec in this module)
+    if held is not None and held != phy2log.shape[0]:
         raise ValueError(
-            f"to_logical: the parameters hold {P} slots but the placement lays out {phy2log.shape[0]}; give the "
+            f"to_logical: the parameters hold {held} slots but the placement lays out {phy2log.shape[0]}; give the "
             "placement the parameters were laid out over"
         )
     _check_layout(phy2log, placement, E, "to_logical")
