@@ -7,10 +7,14 @@
   `to_physical`) and logical ``[E, ...]`` (import / export: `init_logical_params`, `to_logical`).
 - `replicas`: replicas' gradients tied per group; placement changes that migrate weights (`plan_migration`).
 - `stages`: the per-rank stages (route → dispatch → pack → exchange → expert FFN → return → combine).
-- `exchange`: the padded and ragged all-to-all of block buffers.
+- `exchange`: the padded and ragged all-to-all of block buffers; `ring`: the ring instead (``exchange="ring"``:
+  all-gather, local experts, reduce-scatter).
+- `remat`: the layer's named save points (`remat.save_exchanges`: a ``jax.checkpoint`` policy whose backward repeats
+  no exchange).
 - `tables`: dispatch tables and device placement arrays (trusted builders, validate once).
 - `relief`: the in-graph dispatch (``MoEConfig(dispatch="ingraph")``): each batch's tables from its own counts.
-- `moe`: `moe_forward` (the `shard_map` core) and `moe_reference` (dense, one device).
+- `moe`: `moe_forward` (the `shard_map` core) and `moe_reference` (dense, one device); `reduce_aux` (a scanned stack's
+  routing statistics, ``aux_losses="local"``, reduced in one collective).
 - `module`: `MoE`, the flax nnx module (bucketed dropless capacity, drop counting).
 - `checkpoint`: `restore_target`, the orbax restore target of a model whose layers were re-placed.
 - `cascade_exec` (in-graph) and `cascade_plan` (host-side, numpy): CascadeEP launch groups and OEWF fetches.
@@ -18,12 +22,12 @@
   `fp8.dequantize`, `fp8.quantize_params`.
 """
 
-from . import fp8
+from . import fp8, remat
 from .checkpoint import restore_target
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
 from .mesh import LayerAxes, layer_axes, make_mesh, param_shardings
 from .module import aux_losses
-from .moe import MoEOutput, MoEStats, moe_forward, moe_reference
+from .moe import MoEAux, MoEAuxParts, MoEOutput, MoEStats, moe_forward, moe_reference, reduce_aux
 from .params import init_logical_params, init_params, to_logical, to_physical
 from .replicas import MigrationReport, plan_migration
 from .tables import PlacementArrays, Tables, placement_arrays
@@ -31,6 +35,8 @@ from .tables import PlacementArrays, Tables, placement_arrays
 __all__ = [
     "LayerAxes",
     "MigrationReport",
+    "MoEAux",
+    "MoEAuxParts",
     "MoEConfig",
     "MoEOutput",
     "MoEStats",
@@ -50,6 +56,8 @@ __all__ = [
     "param_shardings",
     "placement_arrays",
     "plan_migration",
+    "reduce_aux",
+    "remat",
     "restore_target",
     "to_logical",
     "to_physical",

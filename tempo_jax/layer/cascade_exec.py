@@ -84,16 +84,16 @@ class Scheduled:
     capacity: int
     schedule: LaunchSchedule
 
-    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
-        """``x [T, H]`` (``wire.top_k`` pairs per row), ``dest`` / ``local [T·K]``, this rank's ``weights`` →
-        `stages.Exchanged` (``rounds`` = 1)."""
+    def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """``x [T, H]`` (``wire.top_k`` pairs per row), ``gate [T, K]``, ``dest`` / ``local [T·K]``, this rank's
+        ``weights`` → `stages.Exchanged` (``rounds`` = 1)."""
         w = self.wire
         packed = stages.pack(
             x, dest, local, top_k=w.top_k, num_ranks=self.schedule.num_ranks, capacity=self.capacity, dtype=w.dtype
         )
         back, group_sizes = scheduled_exchange_ffn(packed, self.schedule, weights, wire=w, ffn=self.ffn)
-        y_pairs = stages.unpack_rows(back, packed)
-        return stages.Exchanged(y_pairs, group_sizes, packed.wanted, packed.counts, jnp.int32(1))
+        out = stages.combine(stages.unpack_rows(back, packed), gate, jnp.float32)
+        return stages.Exchanged(out, group_sizes, packed.wanted, packed.counts, jnp.int32(1))
 
 
 def scheduled_exchange_ffn(

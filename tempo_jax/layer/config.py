@@ -171,6 +171,11 @@ class MoEConfig:
             self.shared.validate()
         if not (self.schedule == "sync" or isinstance(self.schedule, LaunchSchedule)):
             raise ValueError(f"MoEConfig.schedule must be 'sync' or a solvers.LaunchSchedule, got {self.schedule!r}")
+        if self.exchange == "ring" and self.schedule != "sync":
+            raise ValueError(
+                "MoEConfig: exchange='ring' gathers every token at once, a CascadeEP launch schedule sends each "
+                "source's rows when it is ready; use exchange='auto' (or a block exchange) with a schedule"
+            )
         object.__setattr__(self, "fetches", tuple(self.fetches))
         if not all(isinstance(f, WeightFetch) for f in self.fetches):
             raise ValueError("MoEConfig.fetches must be tempo_jax.layer.cascade_plan.WeightFetch values")

@@ -9,8 +9,12 @@ and return, on every rank, the blocks it received: block s holds what source s s
 - "ragged_split": the same collective with each peer's rows cut into `SPLIT_UPDATES` updates of at most
   ⌈C / SPLIT_UPDATES⌉ rows (XLA runs the updates of one collective concurrently: one update per peer leaves most of
   a GPU's copy engines idle — 2% of NVLink in xla #33386, +60% from splitting in marin #8077). Same result.
-- "auto": resolved by `EXCHANGE` (`pallas_kernels.implementations.ImplementationTable`): ragged on GPU/TPU, padded
-  elsewhere.
+- "ring": not a block exchange — the layer's steps 3–7 as all-gather / local FFN / reduce-scatter
+  (`tempo_jax.layer.ring`); what moves whole slots beside it (replica gradients, dynamic copies) takes the
+  platform's block exchange (`block_exchange`).
+- "auto": the layer takes the cheaper of the ring and the platform's block exchange for the call's shapes
+  (`exchange_cost`); the block exchange alone is resolved by `EXCHANGE`
+  (`pallas_kernels.implementations.ImplementationTable`): ragged on GPU/TPU, padded elsewhere.
 
 The ragged collectives' metadata (`ragged_metadata`) is ``[D·U]`` per array, update i to peer j at ``j·U + i``
 (XLA's layout): input offsets into this rank's buffer, sizes, and the offsets where the rows land in the receiver's
@@ -19,6 +23,7 @@ buffer (this rank's block there, ``me·C``), which the sender gives.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal, get_args
 
 import jax
@@ -26,9 +31,21 @@ import jax.numpy as jnp
 
 from pallas_kernels import ImplementationTable
 
-__all__ = ["EXCHANGE", "SPLIT_UPDATES", "ExchangeImpl", "ragged_metadata", "return_blocks", "send_blocks"]
+__all__ = [
+    "BANDWIDTH_GBPS",
+    "EXCHANGE",
+    "SPLIT_UPDATES",
+    "ExchangeCost",
+    "ExchangeImpl",
+    "block_exchange",
+    "choose_exchange",
+    "exchange_cost",
+    "ragged_metadata",
+    "return_blocks",
+    "send_blocks",
+]
 
-ExchangeImpl = Literal["auto", "padded", "ragged", "ragged_split"]
+ExchangeImpl = Literal["auto", "padded", "ragged", "ragged_split", "ring"]
 
 #: Updates per peer of the "ragged_split" exchange (fewer when a block has fewer rows than this).
 SPLIT_UPDATES = 8
@@ -37,6 +54,14 @@ SPLIT_UPDATES = 8
 EXCHANGE = ImplementationTable(
     op="exchange", names=get_args(ExchangeImpl), auto={"gpu": ("ragged",), "tpu": ("ragged",), "default": ("padded",)}
 )
+"""The exchange's implementations; "auto" here is the platform's block exchange (the layer's "auto" may take the
+ring instead, by `exchange_cost`)."""
+
+
+def block_exchange(exchange: str) -> str:
+    """The block exchange that moves whole rows per (source, destination) beside the resolved ``exchange``: itself,
+    or for "ring" the platform's ("padded" on XLA:CPU, "ragged" on GPU/TPU)."""
+    return EXCHANGE.resolve("auto") if exchange == "ring" else exchange
 
 
 def _concrete(exchange: str) -> str:
@@ -101,3 +126,88 @@ def _ragged(buf: jax.Array, send: jax.Array, recv: jax.Array, axis: str, updates
     in_off, send_sizes, out_off, recv_sizes = ragged_metadata(send, recv, me, C, updates)
     out = jax.lax.ragged_all_to_all(flat, jnp.zeros_like(flat), in_off, send_sizes, out_off, recv_sizes, axis_name=axis)
     return out.reshape(buf.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangeCost:
+    """What one layer call's steps 3–7 move per rank (`exchange_cost`): ``wire_bytes`` sent over the links (both
+    directions' collectives, forward), ``local_bytes`` read and written in the rank's memory around them (packing,
+    sorting, gathering, the reduction's sums), and ``us`` their modelled time at ``link_gbps`` / ``memory_gbps``."""
+
+    wire_bytes: float
+    local_bytes: float
+    us: float
+
+
+#: Link and memory bandwidth (GB/s) per platform for `exchange_cost`: on XLA:CPU's devices of one process a
+#: collective is a copy in memory (the link is the memory); a GPU node's NVLink (DeepEP's 153 GB/s) beside HBM.
+BANDWIDTH_GBPS = {"cpu": (10.0, 10.0), "gpu": (150.0, 3000.0), "tpu": (100.0, 1500.0)}
+
+
+def exchange_cost(
+    exchange: str,
+    *,
+    tokens_per_rank: int,
+    top_k: int,
+    hidden: int,
+    num_ranks: int,
+    capacity: int,
+    itemsize: int,
+    platform: str = "cpu",
+) -> ExchangeCost:
+    """The modelled cost of ``exchange`` ("padded", "ragged" / "ragged_split" or "ring") for one call's forward on
+    one rank: T = ``tokens_per_rank`` rows of H = ``hidden`` (``itemsize`` bytes each value), K = ``top_k`` pairs
+    each, D = ``num_ranks``, C = ``capacity`` rows per (source, destination) block (a round's).
+
+    - block exchanges send each pair's row (H values + the slot lanes) and get its result back: "padded" moves every
+      block whole, D·C rows each way; "ragged" only the T·K valid rows. Around them: the pairs sorted and packed,
+      the received rows sorted by slot and unsorted, the results unpacked — ~7 passes over a row each.
+    - "ring" all-gathers the group's tokens ((D − 1)·T rows in) and reduce-scatters float32 results ((D − 1)·T rows
+      out, each summed from D): its own pairs gathered and their results added into a D·T-row buffer that is zeroed
+      and summed.
+
+    ``us`` = wire bytes / link + local bytes / memory (`BANDWIDTH_GBPS[platform]`).
+    """
+    D, T, K, H, C, b = num_ranks, tokens_per_rank, top_k, hidden, capacity, itemsize
+    lanes = 1 if b == 4 else 2
+    frac = (D - 1) / D  # the share of a collective's buffer that leaves the rank
+    if exchange == "ring":
+        wire = (D - 1) * T * H * (b + 4) + (D - 1) * T * 2 * K * 4  # tokens in, float32 sums out, (gate, code) in
+        local = D * T * H * 4 * 3 + T * K * H * (b + 4 * 2)  # zero, add and reduce the D·T rows; gather, scatter-add
+    elif exchange in ("padded", "ragged", "ragged_split"):
+        rows = D * C if exchange == "padded" else min(T * K, D * C)
+        wire = frac * rows * ((H + lanes) * b + H * b)
+        local = T * K * H * b * 4 + rows * H * b * 3  # pack, unpack, combine; sort / unsort at the experts
+    else:
+        raise ValueError(
+            f"exchange_cost: exchange must be 'padded', 'ragged', 'ragged_split' or 'ring', got {exchange!r}"
+        )
+    link, memory = BANDWIDTH_GBPS.get(platform, BANDWIDTH_GBPS["cpu"])
+    return ExchangeCost(float(wire), float(local), wire / (link * 1e3) + local / (memory * 1e3))
+
+
+def choose_exchange(
+    block: str,
+    *,
+    tokens_per_rank: int,
+    top_k: int,
+    hidden: int,
+    num_ranks: int,
+    capacity: int,
+    itemsize: int,
+    platform: str,
+) -> str:
+    """What ``exchange="auto"`` runs: the platform's block exchange ``block`` or "ring", whichever `exchange_cost`
+    prices lower for the call's shapes (ties: the block exchange)."""
+    kw = dict(
+        tokens_per_rank=tokens_per_rank,
+        top_k=top_k,
+        hidden=hidden,
+        num_ranks=num_ranks,
+        capacity=capacity,
+        itemsize=itemsize,
+        platform=platform,
+    )
+    if num_ranks < 2:
+        return block
+    return "ring" if exchange_cost("ring", **kw).us < exchange_cost(block, **kw).us else block

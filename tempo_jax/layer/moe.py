@@ -26,14 +26,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE, fp8_path
+from pallas_kernels import COUNTER_DTYPE, fp8_path, platform
 from pallas_kernels.fp8 import fake_quantize_rows
 from solvers import LaunchSchedule
 
 from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
-from .exchange import EXCHANGE
+from .exchange import EXCHANGE, block_exchange, choose_exchange
 from .experts import glu, shared_ffn
 from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, param_spec, token_axes
@@ -43,7 +43,7 @@ from .routing import Routing
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
-__all__ = ["MoEAux", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference"]
+__all__ = ["MoEAux", "MoEAuxParts", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference", "reduce_aux"]
 
 ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_scale")
 SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
@@ -211,6 +211,31 @@ class MoEAux(NamedTuple):
     expert_load: jax.Array
 
 
+class MoEAuxParts(NamedTuple):
+    """`MoEAux`'s sufficient statistics per token shard (``moe_forward(aux_losses="local")``), leading axis Ng·D like
+    `MoEStats` (stack layers in front: ``[L, Ng·D, ...]`` out of a scan): ``load [E]`` pairs per expert,
+    ``prob_sum [E]`` the router probabilities summed over the shard's real tokens, ``z_sum`` Σ logsumexp(logits)²,
+    ``tokens`` real tokens (float32). `reduce_aux` turns them into `MoEAux`: after a scan over layers one reduction
+    over the shards serves the whole stack (one collective), where each layer's own runs once per layer in the loop."""
+
+    load: jax.Array
+    prob_sum: jax.Array
+    z_sum: jax.Array
+    tokens: jax.Array
+
+
+def reduce_aux(parts: MoEAuxParts, top_k: int) -> MoEAux:
+    """`MoEAux` from ``parts`` (`MoEAuxParts`, any leading axes ``[..., Ng·D, ...]``: the shard axis is the one before
+    each field's own): the same values the layer computes with ``aux_losses=True`` — per leading index (a layer of a
+    stack) — from one sum over the shards (under ``jit`` on sharded parts: one all-reduce for every layer at once)."""
+    load, prob = jnp.sum(parts.load, axis=-2), jnp.sum(parts.prob_sum, axis=-2)
+    z, tokens = jnp.sum(parts.z_sum, axis=-1), jnp.maximum(jnp.sum(parts.tokens, axis=-1), 1.0)
+    E = load.shape[-1]
+    fraction = load / (tokens[..., None] * top_k)
+    lb = E * jnp.sum(jax.lax.stop_gradient(fraction) * prob / tokens[..., None], axis=-1)
+    return MoEAux(lb, z / tokens, load)
+
+
 class MoEOutput(NamedTuple):
     """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
     ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`).
@@ -226,20 +251,24 @@ class MoEOutput(NamedTuple):
     aux: MoEAux
 
 
-def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k: int, losses: bool) -> MoEAux:
+def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k: int, mode: str):
     """`MoEAux` from this device's routing, pair counts ``[E]`` and real tokens ``valid [T]``, reduced over the
-    token axes ``axis`` (``losses=False``: the load only)."""
-    load = jax.lax.psum(counts.astype(jnp.float32), axis)
-    if not losses:
+    token axes ``axis`` (``mode``: "layer" the losses, "load" the load only, "local" this shard's `MoEAuxParts` —
+    unreduced, for `reduce_aux`)."""
+    if mode == "load":
         zero = jnp.zeros((), jnp.float32)
-        return MoEAux(zero, zero, load)
+        return MoEAux(zero, zero, jax.lax.psum(counts.astype(jnp.float32), axis))
     w = valid.astype(jnp.float32)
-    T = jnp.maximum(jax.lax.psum(jnp.sum(w), axis), 1.0)
-    mean_prob = jax.lax.psum(jnp.sum(rt.probs * w[:, None], axis=0), axis) / T
-    fraction = load / (T * top_k)
-    lb = load.shape[0] * jnp.sum(jax.lax.stop_gradient(fraction) * mean_prob)
-    z = jax.lax.psum(jnp.sum(w * jax.nn.logsumexp(rt.logits, axis=-1) ** 2), axis) / T
-    return MoEAux(lb, z, load)
+    if rt.probs is None:  # replayed routing: the load only, the rest zero
+        E = counts.shape[0]
+        prob_sum, z_sum = jnp.zeros((E,), jnp.float32), jnp.zeros((), jnp.float32)
+    else:
+        prob_sum = jnp.sum(rt.probs * w[:, None], axis=0)
+        z_sum = jnp.sum(w * jax.nn.logsumexp(rt.logits, axis=-1) ** 2)
+    parts = MoEAuxParts(counts.astype(jnp.float32), prob_sum, z_sum, jnp.sum(w))
+    if mode == "local":
+        return MoEAuxParts(*(a[None] for a in parts))
+    return reduce_aux(MoEAuxParts(*(jax.lax.psum(a, axis)[None] for a in parts)), top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +281,7 @@ class _Call:
     groups: int
     given_routing: bool
     capacity: tuple[str, int]
-    aux_losses: bool
+    aux_losses: bool | str
     out_sharding: NamedSharding | None = None
 
 
@@ -282,25 +311,29 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     sent = _dispatch(rt, inp, config=config, axes=axes, call=call)
     # The rank's expert weights: its stored slots, this call's dynamic copies and OEWF's fetched slots (OEWF keeps
     # the helper's pairs for them on the helper).
-    weights, dest, local = _rank_weights(inp, rt, sent, config=config, axes=axes, exchange=call.exchange)
+    blocks = block_exchange(call.exchange)  # what moves whole slots (replica gradients, copies)
+    weights, dest, local = _rank_weights(inp, rt, sent, config=config, axes=axes, exchange=blocks)
     # Steps 3–6: send → expert FFN → return.
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
         x_rows = (inp.x[:, None, :] * rt.gate[..., None]).reshape(inp.x.shape[0] * K, -1)
-        k_rows, combine_gate = 1, jnp.ones_like(rt.gate)
+        k_rows, row_gate = 1, jnp.ones((x_rows.shape[0], 1), rt.gate.dtype)
     else:
-        x_rows, k_rows, combine_gate = inp.x, K, rt.gate
+        x_rows, k_rows, row_gate = inp.x, K, rt.gate
     path = exchange_ffn.for_call(config, exchange=call.exchange, capacity=call.capacity, top_k=k_rows)
-    done = path.run(x_rows, dest, local, weights)
-    # Step 7: combine (+ the shared experts, data-parallel on this rank's tokens); with a tensor axis every device
-    # holds its F / Tp share of each row's result: the one reduction of the layer over that axis.
-    out = stages.combine(done.y_pairs, combine_gate, jnp.float32)
+    done = path.run(x_rows, row_gate, dest, local, weights)  # Steps 3–7 (the combine included): [rows, H]
+    # + the shared experts, data-parallel on this rank's tokens; with a tensor axis every device holds its F / Tp
+    # share of each row's result: the one reduction of the layer over that axis.
+    out = done.out if k_rows == K else done.out.reshape(inp.x.shape[0], K, -1).sum(axis=1)
     if config.shared is not None:
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
     if axes.tensor is not None:
         out = jax.lax.psum(out, axes.tensor)
     stats = _stats(inp, rt, sent, done, config=config)
-    losses = call.aux_losses and not call.given_routing
-    aux = _aux(rt, sent.dp.counts, inp.valid, axis=axes.tokens, top_k=K, losses=losses)
+    if call.aux_losses == "local":
+        mode = "local"
+    else:
+        mode = "layer" if call.aux_losses and not call.given_routing else "load"
+    aux = _aux(rt, sent.dp.counts, inp.valid, axis=axes.tokens, top_k=K, mode=mode)
     counts, counter = sent.dp.counts, sent.dp.counter
     if axes.batch:  # every EP group's source d reads one table row group: count them together
         counts = jax.lax.psum(counts, axes.batch)
@@ -478,7 +511,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
     D, shards = axes.num_ranks, axes.shards
     body = functools.partial(_local_moe, config=config, axes=axes, call=call)
     tok, ep = axes.token_spec, P(axes.ep)
-    out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), MoEAux(P(), P(), P()))
+    aux_specs = MoEAuxParts(tok, tok, tok, tok) if call.aux_losses == "local" else MoEAux(P(), P(), P())
+    out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), aux_specs)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
     def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x):
@@ -634,6 +668,22 @@ def _check_inputs(
     return ("worst", worst) if capacity >= worst else ("fixed", int(capacity))
 
 
+def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
+    """The call's exchange: the config's, or for "auto" the platform's block exchange or the ring, whichever
+    `tempo_jax.layer.exchange.exchange_cost` prices lower for the call's shapes (never the ring with a launch
+    schedule, which sends each source's rows when they are ready)."""
+    block = EXCHANGE.resolve("auto" if config.exchange in ("auto", "ring") else config.exchange)
+    if config.exchange != "auto":
+        return config.exchange if config.exchange == "ring" else block
+    if config.schedule != "sync":
+        return block
+    axes = layer_axes(config, mesh)
+    per_rank = -(-x.shape[0] // axes.shards)
+    rows, k = (per_rank * config.top_k, 1) if config.router.weight_on == "input" else (per_rank, config.top_k)
+    kw = dict(tokens_per_rank=rows, top_k=k, hidden=config.hidden, num_ranks=axes.num_ranks, capacity=capacity[1])
+    return choose_exchange(block, itemsize=jnp.dtype(config.dtype).itemsize, platform=platform(), **kw)
+
+
 def _check_routing(routing, T: int, E: int, K: int) -> None:
     """``routing = (ids [T, K] integer, weights [T, K] floating)``; ids in [0, E) when concrete."""
     if not isinstance(routing, tuple | list) or len(routing) != 2:
@@ -669,7 +719,7 @@ def moe_forward(
     routing: tuple[jax.Array, jax.Array] | None = None,
     capacity: int | str | None = None,
     mask: jax.Array | None = None,
-    aux_losses: bool = True,
+    aux_losses: bool | str = True,
     router_x: jax.Array | None = None,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
@@ -696,7 +746,9 @@ def moe_forward(
       mask: optional ``[T]`` bool, False for padding tokens of a variable-length batch: they are routed to no
         expert and left out of the counts, counters, drops, statistics, losses and balancing; their output rows
         are the shared experts' alone (zero without shared experts).
-      aux_losses: compute the load-balancing and z losses (False: zeros, no work; eval).
+      aux_losses: compute the load-balancing and z losses (False: zeros, no work; eval). ``"local"``: ``aux`` is this
+        call's `MoEAuxParts` per token shard, not reduced: reduce a scanned stack's with one `reduce_aux` after the
+        scan (one collective for every layer instead of one per layer).
       router_x: optional ``[T, H]`` the router reads instead of ``x`` (Gemma 4 routes the residual stream while its
         experts read a normed copy), split like x; differentiated like x.
 
@@ -721,7 +773,11 @@ def moe_forward(
         table, log2phy = tables.table, tables.log2phy
     sharding = getattr(x, "sharding", None) if not isinstance(x, jax.core.Tracer) else None
     keep = sharding if isinstance(sharding, NamedSharding) and sharding.mesh == mesh else None
-    call = _Call(EXCHANGE.resolve(config.exchange), table.shape[0], routing is not None, C, bool(aux_losses), keep)
+    if isinstance(aux_losses, str) and aux_losses != "local":
+        raise ValueError(f"moe_forward: aux_losses must be True, False or 'local', got {aux_losses!r}")
+    if aux_losses != "local":
+        aux_losses = bool(aux_losses)
+    call = _Call(_exchange(config, x, mesh, C), table.shape[0], routing is not None, C, aux_losses, keep)
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     router_x = None if router_x is None else jnp.asarray(router_x)

@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import stages
+from . import remat, stages
 from .exchange import return_blocks, send_blocks
 
 __all__ = ["Rounds", "num_rounds"]
@@ -38,11 +38,12 @@ class Rounds:
     ffn: stages.FFN
     capacity: int
 
-    def run(self, x: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+    def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
         """Every pair of this rank through the expert FFN of its destination, in rounds of C rows per block.
 
         Args:
-          x: ``[T, H]`` this rank's rows (``wire.top_k`` pairs each). dest, local: ``[T·K]`` int32 destination
+          x: ``[T, H]`` this rank's rows (``wire.top_k`` pairs each). gate: ``[T, K]`` their pairs' weights.
+          dest, local: ``[T·K]`` int32 destination
             rank (D: never sent) and slot there of each pair. weights: this rank's per-slot expert arrays (with
             OEWF's fetched slots or the dynamic copies as parts).
 
@@ -51,7 +52,9 @@ class Rounds:
         """
         po = stages.order_pairs(dest, local, jax.lax.axis_size(self.wire.axis))
         y_pairs, group_sizes, nr = _rounds(x, weights, po, self)
-        return stages.Exchanged(y_pairs, group_sizes, po.wanted, po.wanted, nr)
+        y_pairs = remat.name(y_pairs, remat.RETURNED)
+        out = stages.combine(y_pairs, gate, jnp.float32)  # Step 7: each token's pairs weighted by their gates
+        return stages.Exchanged(out, group_sizes, po.wanted, po.wanted, nr)
 
 
 def _round_pairs(po: stages.PairOrder, r, C: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -101,7 +104,7 @@ def _ffn(how: Rounds):
 def _rounds_fwd(x, weights, po, how: Rounds):
     """Under differentiation: round 0 with its FFN's VJP kept (the one round of a balanced batch), then the rest."""
     out, vjp0 = _forward(x, weights, po, how, keep_first=True)
-    return out, (x, weights, po, vjp0, out[2])
+    return out, (x, weights, po, remat.name(vjp0, remat.DISPATCHED), remat.name(out[2], remat.ROUNDS))
 
 
 def _forward(x, weights, po, how: Rounds, *, keep_first: bool):
