@@ -18,6 +18,7 @@ from solvers import PRESETS, CopyCost, Placement
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, make_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
+from tempo_jax.layer.exchange import choose_exchange, exchange_cost
 from tempo_jax.layer.experts import ExpertConfig, SharedConfig
 from tempo_jax.layer.routing import RouterConfig
 
@@ -183,3 +184,58 @@ def test_ring_is_refused_with_a_launch_schedule():
             exchange="ring",
             schedule=LaunchSchedule.stragglers(D, late=(5,)),
         )
+
+
+@pytest.mark.parametrize(
+    ("D", "K", "platform", "want"),
+    [
+        (8, 2, "cpu", "padded"),  # measured: padded 70 / ring 76 ms (docs/results.md, the exchange table)
+        (8, 8, "cpu", "ring"),  # 301 / 215 ms
+        (2, 2, "cpu", "ring"),  # 30.4 / 29.5 ms
+        (4, 8, "cpu", "ring"),  # 157 / 118 ms
+        (8, 2, "gpu", "ragged"),  # NVLink: the ragged exchange sends only the valid rows
+        (8, 8, "gpu", "ragged"),
+    ],
+)
+def test_exchange_auto_takes_the_cheaper_by_the_cost_model(D, K, platform, want):
+    """`choose_exchange` on the bench's shapes (T 512 per rank, H 256, float32 on CPU, bf16 on GPU, C = 2 × the mean
+    block): the ring where top-k is large against the group or the group is small, the block exchange elsewhere; the
+    model's bytes grow with what each moves (the ring's with D·T, the padded exchange's with D·C, the ragged's with
+    T·K)."""
+    T, H = 512, 256
+    C = -(-2 * T * K // D) // 8 * 8
+    block = "ragged" if platform == "gpu" else "padded"
+    kw = dict(tokens_per_rank=T, top_k=K, hidden=H, num_ranks=D, capacity=C, itemsize=2 if platform == "gpu" else 4)
+    assert choose_exchange(block, platform=platform, **kw) == want
+    ring, padded = (exchange_cost(e, platform=platform, **kw) for e in ("ring", "padded"))
+    ragged = exchange_cost("ragged", platform=platform, **kw)
+    assert ragged.wire_bytes <= padded.wire_bytes and ring.wire_bytes > 0
+    bigger = exchange_cost("ring", platform=platform, **{**kw, "num_ranks": 2 * D})
+    assert bigger.wire_bytes > ring.wire_bytes
+    assert choose_exchange(block, platform=platform, **{**kw, "num_ranks": 1}) == block
+    with pytest.raises(ValueError, match="exchange"):
+        exchange_cost("auto", platform=platform, **kw)
+
+
+def test_the_layers_auto_exchange_follows_the_rule():
+    """128 tokens per rank, top-2: on 2 ranks the layer's default exchange is the ring (no all-to-all in its program),
+    on 8 the padded all-to-all; the same output either way. (At a few tokens per rank the padded blocks' minimum of 8
+    rows makes the ring the cheaper on 8 ranks too.)"""
+    progs = {}
+    for D in (2, 8):
+        mesh = make_ep_mesh(D)
+        placement = Placement.spread(E, D, E // D)
+        cfg = MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, slots_per_rank=E // D)
+        params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
+        pa, tab = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+        x = jax.random.normal(jax.random.key(1), (128 * D, H))
+        f = jax.jit(
+            lambda p, x, mesh=mesh, cfg=cfg, pa=pa, tab=tab: (
+                moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tab, config=cfg).out
+            )
+        )
+        kinds = {c.kind for c in program_collectives(f.lower(params, x).compile().as_text(), mesh) if c.group > 1}
+        progs[D] = kinds
+        assert_close(f(params, x), moe_reference(to_logical(params, placement), x, cfg))
+    assert "all-to-all" not in progs[2] and "reduce-scatter" in progs[2], progs
+    assert "all-to-all" in progs[8] and "reduce-scatter" not in progs[8], progs
