@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest
 # Fake 8 CPU devices for expert parallelism everywhere (tests set it again in conftest.py).
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo serve test test-latest test-all bench bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics gpu-check gpu-smoke notebooks lint venv clean
+.PHONY: demo serve test test-latest test-all bench bench-peers bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics gpu-check gpu-smoke notebooks lint venv clean
 
 venv: $(STAMP)
 
@@ -52,7 +52,23 @@ test-latest:
 test-all: $(STAMP)
 	$(PYTEST) -q -n 2 --dist loadscope -m ""
 
-bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics
+bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics bench-peers
+
+# The layer beside Levanter's MoE (issue 71), in an environment of its own: Levanter (marin-levanter) needs Python >=
+# 3.12 and jax < 0.12 and pins optax < 0.2.7 and safetensors < 0.7, older than this project asks for; the layer runs
+# with them (tempo-jax installed --no-deps beside Levanter, its other dependencies named here).
+PEERS_VENV  := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+$(PEERS_STAMP): pyproject.toml
+	test -x $(PEERS_VENV)/bin/python || $$(scripts/newest_python.sh) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet "jax<0.12" marin-levanter "flax>=0.12.8" scipy ortools matplotlib \
+		tqdm joblib "dask[distributed]" prometheus-client tensorboardX
+	$(PEERS_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python scripts/bench_peers.py
 
 bench-solver: $(STAMP)
 	$(PY) scripts/bench_solver.py

@@ -40,8 +40,10 @@ class MoEConfig:
       hidden: H.  ffn: F (per expert).  experts: E.  top_k: K.
       slots_per_rank: S physical expert slots per rank (P = D·S must match the placement).
       dtype: activation/weight dtype for the expert FFN (router runs in float32).
-      exchange: "auto" (ragged on GPU/TPU, padded on CPU), "padded", "ragged" or "ragged_split" (each peer's rows
-        in several updates; `ExchangeImpl`).
+      exchange: "padded", "ragged" or "ragged_split" (block all-to-alls; the last sends each peer's rows in several
+        updates), "ring" (all-gather the tokens, each rank its own pairs, reduce-scatter: `tempo_jax.layer.ring`), or
+        "auto": the platform's block exchange (ragged on GPU/TPU, padded on CPU) or the ring, whichever
+        `tempo_jax.layer.exchange.exchange_cost` prices lower for the call's shapes (`ExchangeImpl`).
       gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot", "tokamax").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).
