@@ -280,7 +280,7 @@ def exchange_sweep(rounds: int, rng, tokens: int = 512) -> list[dict]:
     from solvers import Placement
     from tempo_jax.layer import MoEConfig, auto_capacity, init_params, moe_forward
     from tempo_jax.layer import tables as dispatch_tables
-    from tempo_jax.layer.exchange import choose_exchange, exchange_cost
+    from tempo_jax.layer.exchange import CallShape, choose_exchange, exchange_cost
 
     E, rows = 16, []
     for D in (2, 4, 8):
@@ -303,9 +303,9 @@ def exchange_sweep(rounds: int, rng, tokens: int = 512) -> list[dict]:
                     calls["forward"][ex] = lambda f=fwd, p=params, x=x: f(p, x)
                     calls["forward+backward"][ex] = lambda f=both, p=params, x=x: f(p, x)
                 C = auto_capacity(cfg, tokens, D)
-                kw = dict(tokens_per_rank=tokens, top_k=K, hidden=HIDDEN, num_ranks=D, capacity=C, itemsize=4)
-                pick = choose_exchange("padded", platform=platform(), **kw)
-                model = {ex: exchange_cost(ex, platform=platform(), **kw).us for ex in ("padded", "ring")}
+                shape = CallShape(tokens, K, HIDDEN, D, C, itemsize=4)
+                pick = choose_exchange("padded", shape, platform())
+                model = {ex: exchange_cost(ex, shape, platform()).us for ex in ("padded", "ring")}
                 for pass_ in PASSES:
                     ms = {k: float(np.median(v)) for k, v in _time(calls[pass_], rounds, rng).items()}
                     rows.append(

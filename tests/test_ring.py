@@ -18,7 +18,7 @@ from solvers import PRESETS, CopyCost, Placement
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, make_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
-from tempo_jax.layer.exchange import choose_exchange, exchange_cost
+from tempo_jax.layer.exchange import CallShape, choose_exchange, exchange_cost
 from tempo_jax.layer.experts import ExpertConfig, SharedConfig
 from tempo_jax.layer.routing import RouterConfig
 
@@ -205,16 +205,14 @@ def test_exchange_auto_takes_the_cheaper_by_the_cost_model(D, K, platform, want)
     T, H = 512, 256
     C = -(-2 * T * K // D) // 8 * 8
     block = "ragged" if platform == "gpu" else "padded"
-    kw = dict(tokens_per_rank=T, top_k=K, hidden=H, num_ranks=D, capacity=C, itemsize=2 if platform == "gpu" else 4)
-    assert choose_exchange(block, platform=platform, **kw) == want
-    ring, padded = (exchange_cost(e, platform=platform, **kw) for e in ("ring", "padded"))
-    ragged = exchange_cost("ragged", platform=platform, **kw)
+    shape = CallShape(T, K, H, D, C, itemsize=2 if platform == "gpu" else 4)
+    assert choose_exchange(block, shape, platform) == want
+    ring, padded, ragged = (exchange_cost(e, shape, platform) for e in ("ring", "padded", "ragged"))
     assert ragged.wire_bytes <= padded.wire_bytes and ring.wire_bytes > 0
-    bigger = exchange_cost("ring", platform=platform, **{**kw, "num_ranks": 2 * D})
-    assert bigger.wire_bytes > ring.wire_bytes
-    assert choose_exchange(block, platform=platform, **{**kw, "num_ranks": 1}) == block
+    assert exchange_cost("ring", dataclasses.replace(shape, num_ranks=2 * D), platform).wire_bytes > ring.wire_bytes
+    assert choose_exchange(block, dataclasses.replace(shape, num_ranks=1), platform) == block
     with pytest.raises(ValueError, match="exchange"):
-        exchange_cost("auto", platform=platform, **kw)
+        exchange_cost("auto", shape, platform)
 
 
 def test_the_layers_auto_exchange_follows_the_rule():

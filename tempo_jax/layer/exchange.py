@@ -34,6 +34,7 @@ from pallas_kernels import ImplementationTable
 __all__ = [
     "BANDWIDTH_GBPS",
     "EXCHANGE",
+    "CallShape",
     "SPLIT_UPDATES",
     "ExchangeCost",
     "ExchangeImpl",
@@ -144,20 +145,23 @@ class ExchangeCost:
 BANDWIDTH_GBPS = {"cpu": (10.0, 10.0), "gpu": (150.0, 3000.0), "tpu": (100.0, 1500.0)}
 
 
-def exchange_cost(
-    exchange: str,
-    *,
-    tokens_per_rank: int,
-    top_k: int,
-    hidden: int,
-    num_ranks: int,
-    capacity: int,
-    itemsize: int,
-    platform: str = "cpu",
-) -> ExchangeCost:
+@dataclasses.dataclass(frozen=True)
+class CallShape:
+    """The shapes one layer call's exchange moves, per rank: T = ``tokens_per_rank`` rows of H = ``hidden`` values of
+    ``itemsize`` bytes, K = ``top_k`` pairs each, D = ``num_ranks``, C = ``capacity`` rows per (source, destination)
+    block (a round's)."""
+
+    tokens_per_rank: int
+    top_k: int
+    hidden: int
+    num_ranks: int
+    capacity: int
+    itemsize: int
+
+
+def exchange_cost(exchange: str, shape: CallShape, platform: str = "cpu") -> ExchangeCost:
     """The modelled cost of ``exchange`` ("padded", "ragged" / "ragged_split" or "ring") for one call's forward on
-    one rank: T = ``tokens_per_rank`` rows of H = ``hidden`` (``itemsize`` bytes each value), K = ``top_k`` pairs
-    each, D = ``num_ranks``, C = ``capacity`` rows per (source, destination) block (a round's).
+    one rank of ``shape`` (`CallShape`):
 
     - block exchanges send each pair's row (H values + the slot lanes) and get its result back: "padded" moves every
       block whole, D·C rows each way; "ragged" only the T·K valid rows. Around them: the pairs sorted and packed,
@@ -166,9 +170,9 @@ def exchange_cost(
       out, each summed from D): its own pairs gathered and their results added into a D·T-row buffer that is zeroed
       and summed.
 
-    ``us`` = wire bytes / link + local bytes / memory (`BANDWIDTH_GBPS[platform]`).
+    ``us`` = wire bytes / link + local bytes / memory (`BANDWIDTH_GBPS[platform]`; docs/algorithms.md §15).
     """
-    D, T, K, H, C, b = num_ranks, tokens_per_rank, top_k, hidden, capacity, itemsize
+    D, T, K, H, C, b = shape.num_ranks, shape.tokens_per_rank, shape.top_k, shape.hidden, shape.capacity, shape.itemsize
     lanes = 1 if b == 4 else 2
     frac = (D - 1) / D  # the share of a collective's buffer that leaves the rank
     if exchange == "ring":
@@ -186,28 +190,9 @@ def exchange_cost(
     return ExchangeCost(float(wire), float(local), wire / (link * 1e3) + local / (memory * 1e3))
 
 
-def choose_exchange(
-    block: str,
-    *,
-    tokens_per_rank: int,
-    top_k: int,
-    hidden: int,
-    num_ranks: int,
-    capacity: int,
-    itemsize: int,
-    platform: str,
-) -> str:
+def choose_exchange(block: str, shape: CallShape, platform: str) -> str:
     """What ``exchange="auto"`` runs: the platform's block exchange ``block`` or "ring", whichever `exchange_cost`
-    prices lower for the call's shapes (ties: the block exchange)."""
-    kw = dict(
-        tokens_per_rank=tokens_per_rank,
-        top_k=top_k,
-        hidden=hidden,
-        num_ranks=num_ranks,
-        capacity=capacity,
-        itemsize=itemsize,
-        platform=platform,
-    )
-    if num_ranks < 2:
+    prices lower for ``shape`` (ties, and a group of one rank: the block exchange)."""
+    if shape.num_ranks < 2:
         return block
-    return "ring" if exchange_cost("ring", **kw).us < exchange_cost(block, **kw).us else block
+    return "ring" if exchange_cost("ring", shape, platform).us < exchange_cost(block, shape, platform).us else block

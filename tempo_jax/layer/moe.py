@@ -33,7 +33,7 @@ from solvers import LaunchSchedule
 from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
-from .exchange import EXCHANGE, block_exchange, choose_exchange
+from .exchange import EXCHANGE, CallShape, block_exchange, choose_exchange
 from .experts import glu, shared_ffn
 from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, param_spec, token_axes
@@ -680,8 +680,8 @@ def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
     axes = layer_axes(config, mesh)
     per_rank = -(-x.shape[0] // axes.shards)
     rows, k = (per_rank * config.top_k, 1) if config.router.weight_on == "input" else (per_rank, config.top_k)
-    kw = dict(tokens_per_rank=rows, top_k=k, hidden=config.hidden, num_ranks=axes.num_ranks, capacity=capacity[1])
-    return choose_exchange(block, itemsize=jnp.dtype(config.dtype).itemsize, platform=platform(), **kw)
+    item = jnp.dtype(config.dtype).itemsize
+    return choose_exchange(block, CallShape(rows, k, config.hidden, axes.num_ranks, capacity[1], item), platform())
 
 
 def _check_routing(routing, T: int, E: int, K: int) -> None:
