@@ -54,7 +54,11 @@ def _skewed(T):
     return jnp.asarray(ids), jnp.full((T, K), 0.5, jnp.float32)
 
 
-@pytest.mark.parametrize("capacity", [None, "auto", 6], ids=["worst", "auto", "fixed6"])
+@pytest.mark.parametrize(
+    "capacity",
+    [pytest.param(None, marks=pytest.mark.slow), "auto", 6],  # worst case: one round, as "auto" here (fast twin)
+    ids=["worst", "auto", "fixed6"],
+)
 def test_ring_equals_the_padded_exchange_under_jit_and_grad(case, capacity):
     """Outputs, every gradient, drops, rows per rank and per slot: the ring's equal the padded exchange's, dropless
     (worst case, rounds) and at a fixed capacity that drops pairs (the same pairs: the source's order per block)."""
