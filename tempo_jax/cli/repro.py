@@ -46,12 +46,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not script.exists():
         raise UsageError(f"{script} not found (benchmarks run from a source checkout)")
     argv, sys.argv = sys.argv, [str(script), *args.rest]
+    path = list(sys.path)
+    sys.path.insert(0, str(script.parent))  # as `python scripts/bench_X.py` has it: the scripts import each other
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:  # the scripts end with `raise SystemExit(main())`
         return int(done.code or 0)
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
     return 0
 
 

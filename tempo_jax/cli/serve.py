@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 
 from pallas_kernels import DISPATCH_MODES
 from solvers import POLICIES, PRESETS
@@ -17,7 +18,7 @@ from ..runtime.publisher import FALLBACKS
 from ..runtime.serve import serve
 from ..runtime.serve_config import ROUTINGS, ServeConfig
 from ..workloads import TRACES
-from .args import config_from_args, config_options, prepare_out_dir
+from .args import UsageError, config_from_args, config_options, prepare_out_dir
 
 __all__ = ["cmd_report", "cmd_serve", "register"]
 
@@ -62,6 +63,8 @@ def register(add) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(ServeConfig, args)
+    if args.logdir is not None:  # the folders and the port before the run: nothing in --out is touched first
+        prepare_out_dir(args.logdir, "--logdir", writes="TensorBoard event files")
     watch = WatchOptions(
         port=args.metrics_port,
         addr=args.metrics_addr,
@@ -71,8 +74,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logdir=args.logdir,
     )
     out = prepare_out_dir(args.out, writes="serve.json, serve.png and metrics.jsonl")
+    if args.metrics_port:
+        check_port_free(args.metrics_addr, args.metrics_port)
     serve(cfg, out_dir=out, quiet=args.quiet, figure=not args.no_figure, watch=watch)
     return 0
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """UsageError naming ``--metrics-port`` when ``addr:port`` cannot be bound now (in use, not this host's)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as probe:
+            probe.bind((addr, port))
+    except OSError as err:
+        raise UsageError(
+            f"--metrics-port {port}: cannot serve /metrics on {addr}:{port} ({err.strerror or err}); pick a free "
+            "port (0 picks one) or stop what holds it"
+        ) from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from .module import DispatchState
+from .module import DispatchState, RankState, ShardState
 
 __all__ = ["REPLACED_SHAPES", "restore_target"]
 
@@ -73,6 +73,14 @@ def restore_target(state, stored):
         shape = tuple(meta.shape)
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):  # stored as its key data: orbax maps it back
             shape = tuple(value.shape)
+        if shape != tuple(value.shape) and isinstance(var, ShardState | RankState):
+            what = "token shards (Ng·D)" if isinstance(var, ShardState) else "EP ranks (D)"
+            raise ValueError(
+                f"restore_target: {where} is stored for {shape[0]} {what}, this model's mesh has {value.shape[0]}: the "
+                "checkpoint was written on another mesh, not with another configuration. Build the model on a mesh "
+                f"of the saved layout to restore it; to move the weights between layouts, restore there and pass "
+                "MoE.logical_params() to the new model's MoE.load_logical"
+            )
         if shape != tuple(value.shape) and not (isinstance(var, DispatchState) and key[-1] in REPLACED_SHAPES):
             raise ValueError(
                 f"restore_target: {where} is stored as {list(shape)}, the model holds {list(value.shape)}: the "

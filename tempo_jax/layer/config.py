@@ -316,6 +316,18 @@ def auto_capacity(config: MoEConfig, tokens_per_rank: int, num_ranks: int) -> in
 
 
 def make_ep_mesh(num_devices: int | None = None, axis: str = "ep") -> jax.sharding.Mesh:
-    """A 1-D mesh over the first ``num_devices`` devices (default all) with an Auto ``ep`` axis."""
-    n = num_devices or len(jax.devices())
+    """A 1-D mesh over the first ``num_devices`` devices (default None: all) with an Auto ``ep`` axis.
+
+    Raises:
+      ValueError: ``num_devices`` not a positive int, or more than the devices there are."""
+    have = len(jax.devices())
+    n = have if num_devices is None else num_devices
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= have:
+        raise ValueError(
+            f"make_ep_mesh: num_devices must be a positive int no larger than the {have} devices (None: all of "
+            f"them), got {num_devices!r}"
+        )
+    n = int(n)
+    if not isinstance(axis, str) or not axis:
+        raise ValueError(f"make_ep_mesh: axis must be a non-empty axis name (MoEConfig.axis, e.g. 'ep'), got {axis!r}")
     return jax.make_mesh((n,), (axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])

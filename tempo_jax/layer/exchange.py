@@ -23,13 +23,16 @@ buffer (this rank's block there, ``me·C``), which the sender gives.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import ImplementationTable
+from pallas_kernels import ImplementationTable, platform
 
 __all__ = [
     "BANDWIDTH_GBPS",
@@ -41,6 +44,8 @@ __all__ = [
     "block_exchange",
     "choose_exchange",
     "exchange_cost",
+    "exchange_platform",
+    "lowering_for",
     "ragged_metadata",
     "return_blocks",
     "send_blocks",
@@ -59,10 +64,43 @@ EXCHANGE = ImplementationTable(
 ring instead, by `exchange_cost`)."""
 
 
+_LOWERING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("tempo_jax_lowering_for", default=None)
+
+
+@contextlib.contextmanager
+def lowering_for(target: str) -> Iterator[None]:
+    """Trace the layer's exchange as for ``target`` ("gpu" or "tpu") on any host.
+
+    Inside the block "auto" takes the target's exchange and the ragged exchanges are not refused on a CPU mesh, so a
+    CPU machine can lower (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``) or read the program a GPU
+    would run. XLA:CPU cannot execute what is traced here with a ragged exchange. Only the exchange follows the
+    target (the grouped GEMM's "auto" follows the default backend).
+    """
+    if target not in ("gpu", "tpu"):
+        raise ValueError(f"lowering_for: target must be 'gpu' or 'tpu', got {target!r}")
+    token = _LOWERING_FOR.set(target)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR.reset(token)
+
+
+def exchange_platform(mesh: jax.sharding.Mesh | None = None) -> str:
+    """The platform the exchange is traced for: `lowering_for`'s target inside one, else the platform of the mesh's
+    devices ("cuda" / "rocm" as "gpu"), else the default backend's."""
+    target = _LOWERING_FOR.get()
+    if target is not None:
+        return target
+    if mesh is None:
+        return platform()
+    name = mesh.devices.flat[0].platform
+    return "gpu" if name in ("gpu", "cuda", "rocm") else name
+
+
 def block_exchange(exchange: str) -> str:
     """The block exchange that moves whole rows per (source, destination) beside the resolved ``exchange``: itself,
     or for "ring" the platform's ("padded" on XLA:CPU, "ragged" on GPU/TPU)."""
-    return EXCHANGE.resolve("auto") if exchange == "ring" else exchange
+    return EXCHANGE.resolve("auto", on=exchange_platform()) if exchange == "ring" else exchange
 
 
 def _concrete(exchange: str) -> str:

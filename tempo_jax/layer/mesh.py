@@ -49,6 +49,7 @@ __all__ = [
     "LayerAxes",
     "layer_axes",
     "make_mesh",
+    "onto_mesh",
     "param_shardings",
     "param_spec",
     "parse_mesh",
@@ -193,6 +194,17 @@ def token_axes(x, mesh: jax.sharding.Mesh) -> tuple[str, ...] | None:
     return () if first is None else ((first,) if isinstance(first, str) else tuple(first))
 
 
+def onto_mesh(value, mesh: jax.sharding.Mesh, axis: str | None = None):
+    """``value`` as it is, or — a concrete array committed to other devices than ``mesh``'s (``jax.device_put(x,
+    jax.devices()[3])``, another layout's parameters) — copied onto the mesh, split over ``axis`` along its first
+    dimension (None: replicated), so one program can read it beside the layer's arrays."""
+    if not isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer) or not value.committed:
+        return value
+    if value.sharding.device_set == set(mesh.devices.flat):
+        return value
+    return jax.device_put(value, NamedSharding(mesh, P(axis) if axis else P()))
+
+
 def param_spec(name: str, axes: LayerAxes, *, stacked: int = 0) -> P:
     """Where parameter ``name`` lives (the module's table); ``stacked`` leading axes in front (layers stacked by
     ``nnx.vmap`` / ``nnx.scan``) stay unsharded."""
@@ -240,12 +252,14 @@ def make_mesh(
     ``("data",)`` when data > 1.
 
     Raises:
-      ValueError: a size that is not a positive int, or data × ep × tensor larger than the devices (or, with ``ep``
-        left out, not dividing them).
+      ValueError: a size that is not a positive int, data × ep × tensor larger than the devices (or, with ``ep``
+        left out, not dividing them), ``explicit`` not a bool, or a device named twice in ``devices``.
     """
+    if not isinstance(explicit, bool | np.bool_):  # "False" is a true string: a typo would flip the mode silently
+        raise ValueError(f"make_mesh: explicit must be True or False, got {explicit!r}")
     if devices is None:
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    devices = list(devices)
+    devices = _distinct_devices(devices, "make_mesh")
     for name, v in (("data", data), ("tensor", tensor)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"make_mesh: {name} must be a positive int, got {v!r}")
@@ -263,6 +277,21 @@ def make_mesh(
     kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
     grid = np.asarray(devices[: data * ep * tensor], dtype=object).reshape(data, ep, tensor)
     return jax.sharding.Mesh(grid, ("data", "ep", "tensor"), axis_types=(kind,) * 3)
+
+
+def _distinct_devices(devices, where: str) -> list:
+    """``devices`` as a list, refused (ValueError naming the device and its positions) when one appears twice: a
+    mesh places one shard per position, and a device holding two would fail inside the first call."""
+    devices = list(devices)
+    seen: dict = {}
+    for i, dev in enumerate(devices):
+        if dev in seen:
+            raise ValueError(
+                f"{where}: device {dev} is listed twice (positions {seen[dev]} and {i}); a mesh needs distinct "
+                "devices, one per position"
+            )
+        seen[dev] = i
+    return devices
 
 
 #: The axes `parse_mesh` accepts, as `make_mesh` names them.

@@ -281,6 +281,12 @@ class MoE(nnx.Module):
     ):
         axes = layer_axes(config, mesh, where="MoE")
         D = axes.num_ranks
+        if placement.num_gpus != D:
+            raise ValueError(
+                f"MoE: the placement spans {placement.num_gpus} ranks, the mesh's {config.axis!r} axis {D}; its "
+                f"slots would land on other ranks than it says. Build it for {D} ranks (e.g. "
+                f"Placement.spread({config.experts}, {D}, {config.slots_per_rank}))"
+            )
         if placement.num_slots != D * config.slots_per_rank:
             raise ValueError(
                 f"placement has {placement.num_slots} slots; the mesh needs {D} ranks × "
@@ -624,6 +630,11 @@ class MoE(nnx.Module):
                 "nnx.remat, nnx.vmap, nnx.jit), or call tempo_jax.moe_forward functionally"
             )
         deterministic = self.deterministic if deterministic is None else bool(deterministic)
+        if jnp.ndim(x) < 1 or jnp.shape(x)[-1] != self.config.hidden:
+            raise ValueError(
+                f"MoE: x must be [..., H={self.config.hidden}] (activations with the hidden size last), got shape "
+                f"{list(jnp.shape(x))}"
+            )
         lead, H = x.shape[:-1], x.shape[-1]
         if mask is not None and (jnp.shape(mask) != lead or jnp.result_type(mask) != jnp.bool_):
             raise ValueError(

@@ -26,17 +26,17 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_kernels import COUNTER_DTYPE, fp8_path, platform
+from pallas_kernels import COUNTER_DTYPE, fp8_path
 from pallas_kernels.fp8 import fake_quantize_rows
 from solvers import LaunchSchedule
 
 from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
-from .exchange import EXCHANGE, CallShape, block_exchange, choose_exchange
+from .exchange import EXCHANGE, CallShape, block_exchange, choose_exchange, exchange_platform
 from .experts import glu, shared_ffn
 from .fp8 import SCALE_KEYS
-from .mesh import LayerAxes, layer_axes, param_spec, token_axes
+from .mesh import LayerAxes, layer_axes, onto_mesh, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
 from .replicas import tie_replicas
 from .routing import Routing
@@ -170,7 +170,7 @@ class MoEStats(NamedTuple):
 
     Attributes:
       gpu_tokens: ``[D]`` rows each rank's experts computed (the paper's N_g).
-      gpu_activations: ``[D]`` non-empty local slots (G_g).
+      gpu_activations: ``[D]`` experts with pairs on the rank (G_g; its slots of one expert are one group).
       slot_tokens: ``[D, S]`` rows each local slot computed.
       drops: ``[D]`` pairs each source rank could not send (blocks over capacity); 0 when dropless.
       max_block: ``[D]`` the largest (source, destination) block each source wanted to send (the capacity a
@@ -369,6 +369,7 @@ def _dispatch(rt: Routing, inp: RankInputs, *, config: MoEConfig, axes: LayerAxe
         valid=inp.valid,
     )
     dest, local = stages.split_slots(dp.slot, S, D)  # padding / masked / out-of-range pairs: rank D, never sent
+    local = stages.merge_rank_replicas(dest, local, inp.phy2log, S)  # one group per (expert, rank)
     if plan is not None:
         k, v = config.dynamic_slots, dp.slot - D * S
         dest, local = jnp.where(v >= 0, v // k, dest), jnp.where(v >= 0, S + v % k, local)
@@ -672,7 +673,15 @@ def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
     """The call's exchange: the config's, or for "auto" the platform's block exchange or the ring, whichever
     `tempo_jax.layer.exchange.exchange_cost` prices lower for the call's shapes (never the ring with a launch
     schedule, which sends each source's rows when they are ready)."""
-    block = EXCHANGE.resolve("auto" if config.exchange in ("auto", "ring") else config.exchange)
+    on = exchange_platform(mesh)
+    if config.exchange in ("ragged", "ragged_split") and on == "cpu":
+        raise ValueError(
+            f"MoEConfig(exchange={config.exchange!r}) sends rows with jax.lax.ragged_all_to_all, which XLA:CPU does "
+            "not implement; on CPU use exchange='padded' (the same pairs in capacity-padded blocks), 'ring' or "
+            "'auto' (the platform's exchange); to lower a GPU program from CPU, trace inside "
+            "tempo_jax.layer.exchange.lowering_for('gpu')"
+        )
+    block = EXCHANGE.resolve("auto" if config.exchange in ("auto", "ring") else config.exchange, on=on)
     if config.exchange != "auto":
         return config.exchange if config.exchange == "ring" else block
     if config.schedule != "sync":
@@ -681,7 +690,7 @@ def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
     per_rank = -(-x.shape[0] // axes.shards)
     rows, k = (per_rank * config.top_k, 1) if config.router.weight_on == "input" else (per_rank, config.top_k)
     item = jnp.dtype(config.dtype).itemsize
-    return choose_exchange(block, CallShape(rows, k, config.hidden, axes.num_ranks, capacity[1], item), platform())
+    return choose_exchange(block, CallShape(rows, k, config.hidden, axes.num_ranks, capacity[1], item), on)
 
 
 def _check_routing(routing, T: int, E: int, K: int) -> None:
@@ -764,8 +773,9 @@ def moe_forward(
         axes = layer_axes(config, mesh, tokens=token_axes(x, mesh))
         config = dataclasses.replace(config, batch_axes=axes.batch)
     C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask, router_x)
+    x, mask, router_x, counter = (onto_mesh(v, mesh) for v in (x, mask, router_x, counter))
     if routing is not None:
-        routing = (jnp.asarray(routing[0]), jnp.asarray(routing[1]))
+        routing = (onto_mesh(jnp.asarray(routing[0]), mesh), onto_mesh(jnp.asarray(routing[1]), mesh))
     if tables is None:  # in-graph dispatch: a placeholder table (unread), the placement's log2phy
         log2phy = placement_arrays.log2phy
         table = jnp.zeros((1,) + tuple(log2phy.shape), jnp.float32)

@@ -37,7 +37,7 @@ from solvers import Placement
 from .config import MoEConfig
 from .experts import EXPERT_BIASES, EXPERT_WEIGHTS
 from .fp8 import SCALE_KEYS, layer_block, quantize, scale_shape
-from .mesh import param_shardings
+from .mesh import onto_mesh, param_shardings
 
 __all__ = [
     "EXPERT_KEYS",
@@ -291,6 +291,9 @@ def to_physical(
         )
     if idx.shape[0] % D:
         raise ValueError(f"to_physical: {idx.shape[0]} slots do not split over the {D} ranks of axis {axis!r}")
+    logical = {
+        k: onto_mesh(v, mesh, axis if k in keys and jnp.shape(v)[0] % D == 0 else None) for k, v in logical.items()
+    }
     return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis if config is None else config))(logical)
 
 

@@ -173,6 +173,28 @@ def split_slots(slot: jax.Array, slots_per_rank: int, num_ranks: int) -> tuple[j
     return jnp.where(slot < 0, num_ranks, slot // slots_per_rank), jnp.where(slot < 0, 0, slot % slots_per_rank)
 
 
+def merge_rank_replicas(dest: jax.Array, local: jax.Array, phy2log: jax.Array, slots_per_rank: int) -> jax.Array:
+    """Each pair's local slot → the first slot of its rank that holds the same expert: a rank holding two replicas
+    of an expert computes that expert's pairs as one group of the grouped GEMM, streaming its weights once (the rank
+    cost every solver, table and metric prices: G_g counts an expert once per rank, docs/algorithms.md §1).
+
+    Args:
+      dest: ``[M]`` destination rank of each pair (D: not sent, left as it is).
+      local: ``[M]`` local slot in [0, S) on ``dest``.
+      phy2log: ``[P = D·S]`` the expert of every physical slot.
+      slots_per_rank: S.
+
+    Returns:
+      ``[M]`` local slots, each the lowest slot on ``dest`` holding ``local``'s expert.
+    """
+    S = slots_per_rank
+    experts = phy2log.reshape(-1, S)  # [D, S]
+    D = experts.shape[0]
+    first = jnp.argmax(experts[:, :, None] == experts[:, None, :], axis=-1).astype(local.dtype)  # [D, S]
+    sent = dest < D
+    return jnp.where(sent, first[jnp.where(sent, dest, 0), jnp.clip(local, 0, S - 1)], local)
+
+
 def slot_lanes(slots: jax.Array, dtype) -> jax.Array:
     """``slots [M]`` int32 (0 ≤ slot < 2^16) as exact small numbers of the row ``dtype``: ``[M, 1]`` for 32-bit rows,
     ``[M, 2]`` (slot // 256, slot % 256) for 16-bit rows, whose 8-bit mantissa holds integers up to 256 exactly.

@@ -10,7 +10,7 @@ Shapes use the house letters (docs/architecture.md); n = Ng·D is the number of 
 Definitions (docs/runtime.md, "Watching it"):
 
 - tokens of a rank: the rows its experts computed (N_g, token–expert pairs: a token routed to K experts counts K
-  times); activated experts of a rank: its non-empty slots (G_g).
+  times); activated experts of a rank: its experts with pairs (G_g; two slots of one expert on it are one group).
 - balancedness (vllm #39178's definition): per layer, mean over ranks / max over ranks, of the tokens (``tokens``)
   and of the cost model's time t_g = max(a + b·G_g, c + β·N_g) (``time``); 1 is perfectly even, 1/n is one rank
   doing everything; 1 when no rank has work.

@@ -41,13 +41,40 @@ def read_run(run: str | Path) -> list[dict]:
             raise ValueError(
                 f"report: {path}:{i} is not a step record (no 'step' and 'layers'); is it a metrics.jsonl?"
             )
-        records.append(rec)
+        _check_layers(rec["layers"], f"{path}:{i}")
+        records.append((i, rec))
     if not records:
         raise ValueError(f"report: {path} holds no step records; the run recorded nothing")
-    widths = {len(r["layers"]) for r in records}
+    widths = {len(r["layers"]) for _, r in records}
     if len(widths) != 1 or 0 in widths:
         raise ValueError(f"report: {path}: the records disagree on the number of MoE layers ({sorted(widths)})")
-    return records
+    first, rec0 = records[0]
+    for i, rec in records[1:]:
+        for j, (a, b) in enumerate(zip(rec0["layers"], rec["layers"], strict=True)):
+            if len(a["expert_tokens"]) != len(b["expert_tokens"]):
+                raise ValueError(
+                    f"report: {path}:{i}: layer {j} has {len(b['expert_tokens'])} experts, {len(a['expert_tokens'])} "
+                    f"at line {first}; one report draws one run (records of one model)"
+                )
+    return [rec for _, rec in records]
+
+
+#: What the report reads of each layer of a record: field → the keys it must hold (None: a list of numbers).
+LAYER_FIELDS = {"expert_tokens": None, "balancedness": ("tokens", "time"), "makespan_us": ("live", "eplb_even")}
+
+
+def _check_layers(layers: list, where: str) -> None:
+    """ValueError naming ``where`` (file:line), the layer and the field a record's layer lacks."""
+    for j, layer in enumerate(layers):
+        for field, keys in LAYER_FIELDS.items():
+            value = layer.get(field) if isinstance(layer, dict) else None
+            ok = isinstance(value, list) if keys is None else isinstance(value, dict) and all(k in value for k in keys)
+            if not ok:
+                want = "a list of numbers" if keys is None else "{" + ", ".join(map(repr, keys)) + "}"
+                raise ValueError(
+                    f"report: {where}: layer {j} has no {field!r} ({want}); was the record written by "
+                    "tempo_jax.metrics (serve --out, train logdir)?"
+                )
 
 
 def _pyplot():
@@ -71,7 +98,12 @@ def render_run(run: str | Path, out: str | Path | None = None) -> dict:
     ``{"figures": [paths], "summary": {...}}`` (per layer mean balancedness, hottest expert, re-placements)."""
     records = read_run(run)
     folder = Path(out) if out is not None else (Path(run) if Path(run).is_dir() else Path(run).parent)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"report: cannot make the folder {str(folder)!r} for the PNGs ({err.strerror or err})"
+        ) from None
     plt = _pyplot()
     steps = np.array([r["step"] for r in records])
     L = len(records[0]["layers"])

@@ -233,6 +233,13 @@ class TensorBoardSink:
         if (logdir is None) == (writer is None):
             raise ValueError("TensorBoardSink: give logdir (a folder for event files) or writer, exactly one")
         if writer is None:
+            try:  # here, not in the writer's thread at the first event: a file in the way is refused at once
+                Path(logdir).mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ValueError(
+                    f"TensorBoardSink: cannot make the logdir folder {str(logdir)!r} ({err.strerror or err}); give a "
+                    "folder path (not a file)"
+                ) from None
             from tensorboardX import SummaryWriter
 
             writer = SummaryWriter(str(logdir))

@@ -101,9 +101,9 @@ METRICS = (
     _M(
         "tempo_moe_rank_active_experts",
         "gauge",
-        "slots",
+        "experts",
         ("layer", "rank"),
-        "the step's non-empty slots of one rank (G_g)",
+        "the step's experts with pairs on one rank (G_g)",
         "per_rank",
     ),
     _M(

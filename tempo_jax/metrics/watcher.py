@@ -31,7 +31,8 @@ import threading
 import time
 
 from solvers import PRESETS, CostModel
-from solvers.checks import check_int, check_real
+from solvers.checks import check_instance, check_int, check_real
+from solvers.solve import check_policy
 
 from .record import Capture, capture, eplb_share, layer_record, moe_layers
 from .sinks import JsonlSink, PrometheusSink, TensorBoardSink, write_tensorboard
@@ -81,6 +82,15 @@ class WatchOptions:
                 raise ValueError(f"{w}: port={self.port} is not a TCP port (0–65535; 0 picks a free one)")
         check_real("linger_s", self.linger_s, minimum=0.0, where=w)
         check_int("optimum_every", self.optimum_every, minimum=0, where=w)
+        for name in ("logdir", "jsonl"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str | os.PathLike) and str(value).strip()):
+                raise ValueError(f"{w}: {name}={value!r} is not a path; give one, or None for no {name}")
+        check_instance("stalls", self.stalls, StallLimits, where=w, hint="tempo_jax.metrics.StallLimits(...)")
+        if not isinstance(self.addr, str) or not self.addr.strip():
+            raise ValueError(f"{w}: addr={self.addr!r} is not an address (e.g. '127.0.0.1', '0.0.0.0')")
+        if self.addr != "127.0.0.1" and self.port is None:
+            raise ValueError(f"{w}: addr={self.addr!r} is where /metrics is served; set port too")
         if (self.per_rank or self.per_expert) and self.port is None:
             raise ValueError(f"{w}: per_rank / per_expert label Prometheus series; set port too")
         if self.linger_s and self.port is None:
@@ -103,20 +113,36 @@ class Watcher:
     """
 
     def __init__(self, options: WatchOptions, *, cost: CostModel | None = None, policy: str = "tempo", say=print):
+        w = "Watcher"
+        check_instance("options", options, WatchOptions, where=w, hint="tempo_jax.metrics.WatchOptions(...)")
+        if cost is not None:
+            check_instance(
+                "cost", cost, CostModel, where=w, hint=f"a solvers.CostModel, e.g. PRESETS[{DEFAULT_COST!r}]"
+            )
+        check_policy(policy)  # the optimum's policy: refused here, not at the step whose record would solve it
+        if not callable(say):
+            raise TypeError(f"{w}: say must be a callable taking one message (e.g. print), got {type(say).__name__}")
         self.options, self.policy = options, policy
         self.cost = PRESETS[DEFAULT_COST] if cost is None else cost
         self.stalls = StallWatch(options.stalls)
         self.sinks = []
         self.prometheus = None
-        if options.jsonl is not None:
-            self.sinks.append(JsonlSink(options.jsonl))
-        if options.logdir is not None:
-            self.sinks.append(TensorBoardSink(options.logdir))
-        if options.port is not None:
-            self.prometheus = PrometheusSink(
-                options.port, addr=options.addr, per_rank=options.per_rank, per_expert=options.per_expert
-            )
-            self.sinks.append(self.prometheus)
+        # What can be refused (a port in use, a logdir that is a file) opens before the JSON lines file, which is
+        # written anew: a refused start never truncates an earlier run's metrics.jsonl.
+        try:
+            if options.port is not None:
+                self.prometheus = PrometheusSink(
+                    options.port, addr=options.addr, per_rank=options.per_rank, per_expert=options.per_expert
+                )
+                self.sinks.append(self.prometheus)
+            if options.logdir is not None:
+                self.sinks.append(TensorBoardSink(options.logdir))
+            if options.jsonl is not None:
+                self.sinks.append(JsonlSink(options.jsonl))
+        except BaseException:
+            for sink in self.sinks:
+                sink.close()
+            raise
         self._say = say
         if self.prometheus is not None:
             say(f"metrics: Prometheus endpoint at {self.url}")
