@@ -147,16 +147,21 @@ def test_tokamax_takes_the_fp8_experts_as_stored(mesh, monkeypatch):
 def test_fp8_activations_quantize_what_enters_each_gemm(mesh, gmm_impl):
     """``fp8_activations=True``: the rows entering the gate / up and the down GEMMs are quantized to e4m3 per token and
     1 × b1 block — the layer equals the dense reference that quantizes them alike (eagerly and under ``jit``) and
-    differs from bf16 activations; d x flows straight through."""
-    cfg = _config(fp8_activations=True, gmm_impl=gmm_impl)
+    differs from unquantized activations; d x flows straight through.
+
+    In float32: there the two programs' intermediates differ by float32 round-off, far below an e4m3 step, so no
+    quantized value rounds the other way (in bfloat16 one in a few thousand did, on jax 0.12.1, moving its output row
+    by one e4m3 step of that value: past bfloat16's tolerance), and quantizing or not differs in almost every output."""
+    cfg = _config(fp8_activations=True, gmm_impl=gmm_impl, dtype=jnp.float32)
     moe = tempo_jax.MoE(cfg, _placement(4), mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
     x = _x(7)
     y = moe(x)
     ref = moe_reference(moe.logical_params(), x, cfg)
-    assert_close(y, ref, dtype=jnp.bfloat16)
-    assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y, dtype=jnp.bfloat16)
+    assert_close(y, ref)
+    assert_close(nnx.jit(lambda m, x: m(x))(moe, x), y)
     plain = moe_reference(moe.logical_params(), x, dataclasses.replace(cfg, fp8_activations=False))
-    assert float(jnp.abs(ref.astype(jnp.float32) - plain.astype(jnp.float32)).max()) > 0
+    apart = np.abs(np.asarray(ref) - np.asarray(plain)) > 1e-4 * np.abs(np.asarray(ref)).max()
+    assert apart.mean() > 0.9, apart.mean()  # the quantization is there (4,079 of 4,096 outputs when written)
     if gmm_impl != "auto":
         return  # the straight-through gradient is the implementation's business: tests/test_gmm_fp8.py
     pa, tables = dispatch_tables.placement_arrays(moe.placement), dispatch_tables.uniform(moe.placement)

@@ -112,6 +112,8 @@ def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
             "3",
             "--rebalance-every",
             "1",
+            "--budget-s",
+            "60",  # every result is published, however slow a loaded box makes the worker (0.2 s lost some)
             "--out",
             str(tmp_path),
             "--no-figure",
