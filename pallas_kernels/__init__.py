@@ -2,9 +2,10 @@
 
 - `gmm` / `tgmm`: grouped GEMM mirroring `jax.lax.ragged_dot` (+ `group_offset`; mixed float operand dtypes,
   group sizes of any integer dtype), with a custom VJP;
-  Pallas (GPU / interpret), tokamax, CPU-fast XLA and `ragged_dot` implementations; `*_reference` in pure jnp.
+  Pallas (GPU / interpret), tokamax, megablox (TPU; `gmm_megablox`), CPU-fast XLA and `ragged_dot` implementations;
+  `*_reference` in pure jnp.
 - `dispatch`: the fused TEMPO dispatch + count kernel (sample and quota modes) with a wrapping uint32 cumulative
-  counter; `dispatch_reference`.
+  counter; `dispatch_reference`; its Pallas TPU program in `dispatch_tpu`.
 - `implementations`: implementation names per op (`GmmImpl`, `DispatchImpl`) and `ImplementationTable.resolve`, the one
   rule that turns "auto" into a concrete implementation on each platform (`GMM`, `DISPATCH`).
 - `triton_backend`: the lazily imported Pallas Triton backend (deprecated in JAX 0.11); "auto" uses it only on

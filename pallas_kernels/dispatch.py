@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_backend
+from pallas_kernels.dispatch_tpu import dispatch_tpu
 from pallas_kernels.implementations import DISPATCH, DispatchImpl
 
 __all__ = [
@@ -271,9 +272,10 @@ def dispatch(
       mode: "sample" (needs `uniforms` [T, K] in [0, 1)) or "quota" (deterministic; `ranks` [T, K], the
         occurrence rank of each pair among its expert's valid pairs, default `occurrence_ranks`).
       block: pairs per kernel program (a power of two).
-      interpret: run the Pallas kernel in interpret mode (CPU tests).
-      implementation: "auto" (Pallas on GPU or when interpret=True, else the jnp reference), "pallas",
-        or "xla" (the jnp reference).
+      interpret: run the Pallas kernel in interpret mode (CPU tests; "pallas_tpu": Pallas's TPU interpret mode).
+      implementation: "auto" (Pallas on GPU or when interpret=True, else the jnp reference), "pallas" (the GPU
+        kernel, Triton lowering), "pallas_tpu" (the TPU kernel, `pallas_kernels.dispatch_tpu`; lowers for TPU,
+        not yet run on one) or "xla" (the jnp reference).
     Returns:
       DispatchResult(slots [T, K], counter [E], counts [E], replica_counts [E, R]).
     Raises:
@@ -283,11 +285,13 @@ def dispatch(
     _validate(topk_ids, valid, table, log2phy, counter, mode, uniforms, ranks, implementation)
     if block < 1 or block & (block - 1):
         raise ValueError(f"dispatch: block must be a positive power of two, got {block}")
-    if DISPATCH.resolve(implementation, interpret=interpret) != "pallas":
+    impl = DISPATCH.resolve(implementation, interpret=interpret)
+    if impl == "xla":
         return dispatch_reference(topk_ids, valid, table, log2phy, counter, mode=mode, uniforms=uniforms, ranks=ranks)
     e_num, r_cols = table.shape
     u = _positions(mode, topk_ids, valid, e_num, uniforms, ranks)
     ok = (valid[:, None] & (topk_ids >= 0) & (topk_ids < e_num)).reshape(-1)
     ids = topk_ids.reshape(-1).astype(jnp.int32)
-    slots, cols, counts = _dispatch_pallas(ids, ok, u.reshape(-1), table, log2phy, block=block, interpret=interpret)
+    kernel = dispatch_tpu if impl == "pallas_tpu" else _dispatch_pallas
+    slots, cols, counts = kernel(ids, ok, u.reshape(-1), table, log2phy, block=block, interpret=interpret)
     return _finish(jnp.where(ok, ids, 0), ok, slots, cols, counts, counter, r_cols, topk_ids.shape)

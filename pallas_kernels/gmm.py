@@ -16,9 +16,11 @@ Implementations (`implementation=`, resolved per platform by `pallas_kernels.imp
 - "ragged_dot": `jax.lax.ragged_dot` with its default lowering.
 - "tokamax": tokamax's `ragged_dot_general` (optional extra; `tokamax_backend`): its Mosaic GPU kernels on sm90 /
   sm100 for the forward and d lhs, its XLA path for d rhs (see `gmm_xla._ragged_dot_general`).
+- "megablox": megablox's Pallas TPU kernels (`gmm_megablox`; ``interpret=True`` runs them in TPU interpret mode).
 - "auto" (default): "pallas" when `interpret=True`; on a GPU "tokamax" where installed, else "pallas" while JAX
-  ships the Pallas Triton backend undeprecated (jax < 0.11; `triton_backend`), else "ragged_dot"; "chunked" on CPU,
-  "ragged_dot" elsewhere (`implementations.GMM`, measured on an H200: docs/results.md).
+  ships the Pallas Triton backend undeprecated (jax < 0.11; `triton_backend`), else "ragged_dot"; "chunked" on CPU;
+  "megablox" on a TPU (MaxText's default there); "ragged_dot" elsewhere (`implementations.GMM`; the GPU order
+  measured on an H200: docs/results.md).
 All implementations compute the same function; `gmm_reference` / `tgmm_reference` are the pure-jnp truth.
 
 Dtypes (megablox's compute rule, `jax.lax.ragged_dot`'s output rule): lhs and rhs may be float32, bfloat16 or
@@ -46,6 +48,7 @@ import numpy as np
 
 from pallas_kernels import tokamax_backend
 from pallas_kernels.fp8 import BlockScaled, fake_quantize_rows
+from pallas_kernels.gmm_megablox import gmm_megablox, tgmm_megablox
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
@@ -261,6 +264,17 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
         return out
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if cfg.implementation == "megablox":
+        return gmm_megablox(
+            lhs,
+            rhs,
+            group_sizes,
+            group_offset,
+            transpose_rhs=transpose_rhs,
+            out_dtype=cfg.out_dtype,
+            compute_dtype=dot_dtype(lhs, rhs),
+            interpret=cfg.interpret,
+        )
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
     if cfg.implementation == "chunked":
         return gmm_chunked(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, **_chunks(cfg), **common)
@@ -292,6 +306,17 @@ def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
     """Dispatch one transposed grouped GEMM; returns [E_loc, H, F] in out_dtype."""
     m, k = lhs.shape
     n = grad.shape[1]
+    if cfg.implementation == "megablox":
+        return tgmm_megablox(
+            lhs,
+            grad,
+            group_sizes,
+            group_offset,
+            num_local_groups=cfg.num_local_groups,
+            out_dtype=out_dtype,
+            compute_dtype=dot_dtype(lhs, grad),
+            interpret=cfg.interpret,
+        )
     common = dict(num_local_groups=cfg.num_local_groups, out_dtype=out_dtype, precision=cfg.precision)
     if cfg.implementation == "chunked":
         return tgmm_chunked(lhs, grad, group_sizes, group_offset, **_chunks(cfg, tgmm_rows=m), **common)
@@ -457,7 +482,8 @@ def gmm(
       group_offset: first local group (int, [] or [1] int array; may be traced). Default 0.
       tiling: `GmmTiling` or (tm, tk, tn).
       interpret: run the Pallas kernel in interpret mode (CPU tests).
-      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" (see the module docstring).
+      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" | "megablox" (see the module
+        docstring).
       precision: passed to the inner dots (e.g. `jax.lax.Precision.HIGHEST`).
       quantize_lhs: None, or FP8 activations: each row of lhs quantized to e4m3 with one scale per this many columns
         (DeepSeek's 1 × 128 tiles: 128; the whole row when narrower; `pallas_kernels.fp8.quantize_rows`), and their
@@ -482,6 +508,7 @@ def gmm(
       - "pallas": the H sum in tk-wide pieces, added in H order (a dot of tk terms per piece).
       - "ragged_dot": XLA's `ragged_dot` lowering.
       - "tokamax": tokamax's `ragged_dot_general` (its Mosaic GPU kernels on sm90 / sm100; XLA's lowering on CPU).
+      - "megablox": the H sum in 128-wide tiles, added in H order (float32 operands: the TPU's float32 matmul).
       - `gmm_reference`: one XLA dot per local group over all rows, masked.
     So the paths agree up to float32 reassociation. Tolerance to expect, against float64 or between any two paths:
     with float32 output |Δ| <= 1e-6 · max|out| (measured on CPU, normal bfloat16 / float32 inputs, 8 groups, F =

@@ -26,8 +26,8 @@ from pallas_kernels import tokamax_backend, triton_backend
 __all__ = ["DISPATCH", "DispatchImpl", "GMM", "GmmImpl", "ImplementationTable", "Platform", "platform"]
 
 Platform = Literal["cpu", "gpu", "tpu"]
-GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot", "tokamax"]
-DispatchImpl = Literal["auto", "pallas", "xla"]
+GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot", "tokamax", "megablox"]
+DispatchImpl = Literal["auto", "pallas", "pallas_tpu", "xla"]
 
 
 def platform() -> str:
@@ -87,17 +87,25 @@ def _triton_not_deprecated() -> bool:
 #: `pallas_kernels.gmm`: on a GPU tokamax where it is installed (jax >= 0.11.1), else the Pallas kernel while
 #: JAX ships its Triton backend undeprecated (jax < 0.11), else `jax.lax.ragged_dot` — "auto" never picks the
 #: deprecated backend (`implementation="pallas"` still does); the chunked XLA path on CPU, `jax.lax.ragged_dot`
-#: elsewhere; interpret mode runs the Pallas kernel. The GPU order is what the H200 measured
+#: elsewhere, on a TPU megablox's Pallas TPU kernels (MaxText's default there; no TPU has timed them against
+#: `ragged_dot` here); interpret mode runs the Pallas kernel. The GPU order is what the H200 measured
 #: (results/gpu/bench_gemm.json: tokamax and the Pallas kernel each several times `ragged_dot`'s TFLOP/s).
 GMM = ImplementationTable(
     op="gmm",
     names=get_args(GmmImpl),
-    auto={"gpu": ("tokamax", "pallas", "ragged_dot"), "cpu": ("chunked",), "default": ("ragged_dot",)},
+    auto={
+        "gpu": ("tokamax", "pallas", "ragged_dot"),
+        "cpu": ("chunked",),
+        "tpu": ("megablox", "ragged_dot"),
+        "default": ("ragged_dot",),
+    },
     requires={"pallas": _triton_not_deprecated, "tokamax": tokamax_backend.available},
     interpret="pallas",
 )
 
-#: `pallas_kernels.dispatch`: the Pallas kernel on a GPU with Triton (or in interpret mode), else the jnp path.
+#: `pallas_kernels.dispatch`: the Pallas kernel on a GPU with Triton (or in interpret mode), else the jnp path. The
+#: TPU kernel ("pallas_tpu", `pallas_kernels.dispatch_tpu`) is checked in TPU interpret mode and lowered for TPU
+#: here but has not run on a TPU, so "auto" on a TPU stays the jnp path until one measures it.
 DISPATCH = ImplementationTable(
     op="dispatch",
     names=get_args(DispatchImpl),
