@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import triton_backend
+from pallas_kernels.dispatch_columns import pick_columns
 from pallas_kernels.dispatch_tpu import dispatch_tpu
 from pallas_kernels.implementations import DISPATCH, DispatchImpl
 
@@ -129,34 +130,15 @@ def _dispatch_kernel(ids_ref, ok_ref, u_ref, table_ref, l2p_ref, slot_ref, col_r
     e = jnp.where(ok, ids_ref[...], 0)
     u = u_ref[...]
     u = jnp.where(u >= 0.0, jnp.minimum(u, 1.0), 0.0)  # NaN or negative -> 0
-    # Step 1: masked weights and their total; a zero total (torn row) falls back to uniform.
+    # Step 1: each pair's replica columns, gathered from the table and sanitised.
     phys, w, has = [], [], []
-    total = jnp.zeros(u.shape, jnp.float32)
-    nrep = jnp.zeros(u.shape, jnp.float32)
     for r in range(r_cols):
         p = l2p_ref[e, r]
         x = table_ref[e, r].astype(jnp.float32)
         h = p >= 0
-        x = jnp.where(h & (x > 0.0) & (x < jnp.inf), x, 0.0)
-        phys.append(p), w.append(x), has.append(h)
-        total = total + x
-        nrep = nrep + h.astype(jnp.float32)
-    torn = total <= 0.0
-    w = [jnp.where(torn, h.astype(jnp.float32), x) for h, x in zip(has, w, strict=True)]
-    total = jnp.where(torn, nrep, total)
-    # Step 2: the first column whose running sum exceeds u * total (clamped to the last positive column).
-    target = u * total
-    run = jnp.zeros(u.shape, jnp.float32)
-    idx = jnp.zeros(u.shape, jnp.int32)
-    last = jnp.full(u.shape, -1, jnp.int32)
-    for r in range(r_cols):
-        run = run + w[r]
-        idx = idx + (run <= target).astype(jnp.int32)
-        last = jnp.where(w[r] > 0.0, r, last)
-    col = jnp.minimum(idx, last)
-    slot = jnp.full(u.shape, -1, jnp.int32)
-    for r in range(r_cols):
-        slot = jnp.where(col == r, phys[r], slot)
+        phys.append(p), has.append(h), w.append(jnp.where(h & (x > 0.0) & (x < jnp.inf), x, 0.0))
+    # Step 2: the column and slot (`dispatch_columns.pick_columns`, shared with the TPU kernel).
+    col, slot = pick_columns(w, has, phys, u)
     slot_ref[...] = jnp.where(ok, slot, -1)
     col_ref[...] = jnp.where(ok, col, -1)
     # Step 3: this block's count per logical expert (padding masked).

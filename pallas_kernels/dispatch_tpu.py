@@ -27,6 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.dispatch_columns import pick_columns
+
 __all__ = ["LANES", "dispatch_tpu"]
 
 #: The TPU's lane width: the padded width of the replica columns and of the expert axis.
@@ -50,30 +52,14 @@ def _kernel(ids_ref, ok_ref, u_ref, table_ref, slots_ref, has_ref, slot_ref, col
     rows = jnp.dot(onehot, table_ref[...], precision=hp, preferred_element_type=jnp.float32)  # [block, 128]
     phys = jnp.dot(onehot, slots_ref[...], precision=hp, preferred_element_type=jnp.float32)
     has = jnp.dot(onehot, has_ref[...], precision=hp, preferred_element_type=jnp.float32) > 0.5
-    # Step 2: the masked weights and their total; a zero total (torn row) falls back to uniform.
-    w = [rows[:, r : r + 1] for r in range(r_cols)]
-    hs = [has[:, r : r + 1] for r in range(r_cols)]
-    total = jnp.zeros(u.shape, jnp.float32)
-    nrep = jnp.zeros(u.shape, jnp.float32)
-    for r in range(r_cols):  # sequential sums: the reference's float operations
-        total = total + w[r]
-        nrep = nrep + hs[r].astype(jnp.float32)
-    torn = total <= 0.0
-    w = [jnp.where(torn, h.astype(jnp.float32), x) for h, x in zip(hs, w, strict=True)]
-    total = jnp.where(torn, nrep, total)
-    # Step 3: the first column whose running sum exceeds u * total (clamped to the last positive column).
-    target = u * total
-    run = jnp.zeros(u.shape, jnp.float32)
-    idx = jnp.zeros(u.shape, jnp.int32)
-    last = jnp.full(u.shape, -1, jnp.int32)
-    for r in range(r_cols):
-        run = run + w[r]
-        idx = idx + (run <= target).astype(jnp.int32)
-        last = jnp.where(w[r] > 0.0, r, last)
-    col = jnp.minimum(idx, last)
-    slot = jnp.full(u.shape, -1, jnp.int32)
-    for r in range(r_cols):
-        slot = jnp.where(col == r, phys[:, r : r + 1].astype(jnp.int32), slot)
+    # Steps 2-3: the column and slot (`dispatch_columns.pick_columns`, shared with the GPU kernel).
+    cols = range(r_cols)
+    col, slot = pick_columns(
+        [rows[:, r : r + 1] for r in cols],
+        [has[:, r : r + 1] for r in cols],
+        [phys[:, r : r + 1].astype(jnp.int32) for r in cols],
+        u,
+    )
     slot_ref[...] = jnp.where(ok, slot, -1)
     col_ref[...] = jnp.where(ok, col, -1)
     # Step 4: this block's count per logical expert (padding masked).

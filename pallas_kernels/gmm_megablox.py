@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.gmm_metadata import group_offsets
+
 # The kernels' module (the package's own `gmm` name is the custom-VJP function, which hides the module).
 megablox = importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
@@ -55,6 +57,17 @@ def _row_tile(m: int) -> int:
     return min(TILE, _round_up(max(m, 1), _ROWS_MIN))
 
 
+def _call_options(tm: int, group_offset: jax.Array, interpret: bool) -> dict:
+    """The keyword arguments megablox's gmm and tgmm share: float32 accumulation, the tiles, the first local group
+    (a ``()`` int32 array) and the interpret mode."""
+    return dict(
+        preferred_element_type=jnp.float32,
+        tiling=(tm, TILE, TILE),
+        group_offset=jnp.asarray(group_offset, jnp.int32).reshape(()),
+        interpret=_interpret(interpret),
+    )
+
+
 def gmm_megablox(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -76,21 +89,12 @@ def gmm_megablox(
     x = _pad(_pad(lhs.astype(dtype), 0, mp), 1, kp)
     w = rhs.astype(dtype)
     w = _pad(_pad(w, 1, np_), 2, kp) if transpose_rhs else _pad(_pad(w, 1, kp), 2, np_)
-    out = megablox.gmm(
-        x,
-        w,
-        group_sizes.astype(jnp.int32),
-        preferred_element_type=jnp.float32,
-        tiling=(tm, TILE, TILE),
-        group_offset=jnp.asarray(group_offset, jnp.int32).reshape(()),
-        transpose_rhs=transpose_rhs,
-        interpret=_interpret(interpret),
-    )
+    sizes = group_sizes.astype(jnp.int32)
+    out = megablox.gmm(x, w, sizes, transpose_rhs=transpose_rhs, **_call_options(tm, group_offset, interpret))
     # megablox leaves rows past the last group unwritten when the local groups run to the end of group_sizes.
-    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    offsets = group_offsets(sizes, m)  # [E + 1]
     o = jnp.asarray(group_offset, jnp.int32).reshape(())
-    start = jnp.where(o > 0, ends[jnp.maximum(o - 1, 0)], 0)
-    stop = ends[jnp.minimum(o + rhs.shape[0], ends.shape[0]) - 1]
+    start, stop = offsets[o], offsets[jnp.minimum(o + rhs.shape[0], sizes.shape[0])]
     row = jnp.arange(m)[:, None]
     return jnp.where((row >= start) & (row < stop), out[:m, :n], 0.0).astype(out_dtype)
 
@@ -119,10 +123,7 @@ def tgmm_megablox(
         x.T,
         g,
         group_sizes.astype(jnp.int32),
-        preferred_element_type=jnp.float32,
-        tiling=(tm, TILE, TILE),
-        group_offset=jnp.asarray(group_offset, jnp.int32).reshape(()),
         num_actual_groups=num_local_groups,
-        interpret=_interpret(interpret),
+        **_call_options(tm, group_offset, interpret),
     )
     return out[:, :k, :n].astype(out_dtype)

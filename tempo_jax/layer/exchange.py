@@ -74,7 +74,8 @@ def lowering_for(target: str) -> Iterator[None]:
     Inside the block "auto" takes the target's exchange and the ragged exchanges are not refused on a CPU mesh, so a
     CPU machine can lower (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``) or read the program a GPU
     would run. XLA:CPU cannot execute what is traced here with a ragged exchange. Only the exchange follows the
-    target (the grouped GEMM's "auto" follows the default backend).
+    target (the grouped GEMM's "auto" follows the default backend). Trace a fresh ``jax.jit`` inside the block: jit
+    caches its traces without the target, so a function traced before (or after) is not traced again.
     """
     if target not in ("gpu", "tpu"):
         raise ValueError(f"lowering_for: target must be 'gpu' or 'tpu', got {target!r}")
