@@ -86,6 +86,39 @@ def test_two_replicas_on_one_rank_are_one_group_and_priced_as_one_activation():
     np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, t: m(t))(moe, x)), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_merged_replicas_give_the_reference_gradients_and_no_extra_flops():
+    """2, under `jax.jit(jax.grad)`: each slot of the rank's twice-held expert gets the expert's whole logical
+    gradient (replicas tied), x's gradient is the reference's, and the compiled forward multiplies no more than on
+    a placement of distinct experts per rank (no row computed twice)."""
+    from tempo_jax.layer import init_logical_params, moe_forward, to_physical
+    from tempo_jax.layer import tables as dispatch_tables
+
+    mesh = make_ep_mesh(8)
+    logical = init_logical_params(jax.random.key(5), CFG)
+    x = _x(256, seed=6)
+
+    def loss_fn(placement):
+        pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+        return lambda p, x: jnp.sum(
+            moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=CFG).out ** 2
+        )
+
+    twice = Placement.from_phy2log(np.repeat(np.arange(8), 2), 8, None, 8)
+    params = to_physical(logical, twice, mesh=mesh, config=CFG)
+    gp, gx = jax.jit(jax.grad(loss_fn(twice), argnums=(0, 1)))(params, x)
+    want_p, want_x = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, CFG) ** 2), argnums=(0, 1))(logical, x)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(want_x), rtol=2e-5, atol=2e-5 * float(jnp.abs(want_x).max()))
+    for k, g in to_physical(want_p, twice).items():
+        scale = float(jnp.abs(g).max())
+        np.testing.assert_allclose(np.asarray(gp[k]), np.asarray(g), rtol=2e-5, atol=2e-5 * scale, err_msg=k)
+
+    def flops(placement):
+        p = to_physical(logical, placement, mesh=mesh, config=CFG)
+        return jax.jit(loss_fn(placement)).lower(p, x).compile().cost_analysis()["flops"]
+
+    assert flops(twice) <= flops(Placement.spread(8, 8, 2))
+
+
 def test_a_mixed_placement_executes_the_groups_the_solvers_price():
     """2, the general rule: ranks holding one expert twice beside ranks holding two experts: the layer's groups per
     rank are the (expert, rank) pairs with tokens — `solvers` G_g of the loads the tables produce — and the live
