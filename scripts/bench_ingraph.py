@@ -393,7 +393,7 @@ def round_stages(n, ranks, D: int, S: int, repeats: int, iterations: int = 64) -
     for name, body in bodies.items():
         ms = {}
         for it in (0, iterations):  # the same x every iteration (0 × a float the stage computed: never folded)
-            step = lambda i, x, body=body: x + 0.0 * jax.vmap(body)(x)[:, None, None]  # noqa: E731
+            step = lambda i, x, body=body: x + 0.0 * jax.vmap(body)(x)[:, None]  # noqa: E731
             f = jax.jit(lambda x, it=it, step=step: jax.lax.fori_loop(0, it, step, x))
             jax.block_until_ready(f(starts))
             ms[it] = median_ms({"f": lambda f=f: f(starts)}, repeats)["f"]

@@ -16,34 +16,120 @@ The output does not depend on it (replicas hold identical weights); only where e
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from solvers import CostModel
 from solvers.relief import ROUNDS, price_moves, rank_times
 
-__all__ = ["ROUNDS", "move_pairs", "plan", "quotas", "relief", "replica_ranks", "round_stages", "ROUND_STAGES"]
+__all__ = [
+    "ROUNDS",
+    "ROUND_STAGES",
+    "Columns",
+    "Moves",
+    "columns",
+    "move_pairs",
+    "plan",
+    "quotas",
+    "relief",
+    "replica_ranks",
+    "round_stages",
+]
 
 
 def replica_ranks(log2phy: jax.Array, slots_per_rank: int) -> jax.Array:
     """``log2phy [E, R]`` (−1 padded) → ``[E, R]`` int32 rank of each column, −1 for none or a repeated rank."""
     ranks = jnp.where(log2phy >= 0, log2phy // slots_per_rank, -1).astype(jnp.int32)
-    for r in range(1, ranks.shape[1]):
-        dup = jnp.any(ranks[:, r : r + 1] == ranks[:, :r], axis=1) & (ranks[:, r] >= 0)
-        ranks = ranks.at[:, r].set(jnp.where(dup, -1, ranks[:, r]))
-    return ranks
+    R = ranks.shape[1]
+    earlier = jnp.arange(R)[None, :] < jnp.arange(R)[:, None]  # [r, r']: r' comes before r
+    dup = jnp.any((ranks[:, :, None] == ranks[:, None, :]) & earlier[None], axis=2) & (ranks >= 0)
+    return jnp.where(dup, -1, ranks)
 
 
 def _times(cost: CostModel, G, N):
     return rank_times(cost, G, N, xp=jnp)
 
 
-def _loads(x, ranks, D: int):
+class Columns(NamedTuple):
+    """The replica columns that hold a rank, packed row-major (an expert's columns side by side, at most D of them),
+    ``C = min(E·R, E·D, P)`` entries, the live ones first. The plan runs on ``x [C]`` rather than ``[E, R]``, which is
+    mostly empty (R is the most replicated expert's slot count; at E 256 + 64 slots, EP8, E·R = 6,912 and C = 320)."""
+
+    expert: jax.Array  # [C] int32 (0 past the live ones)
+    column: jax.Array  # [C] int32 index into R (0 past the live ones)
+    rank: jax.Array  # [C] int32 (D past the live ones)
+    live: jax.Array  # [C] bool
+    D: int  # ranks (static)
+
+
+class Moves(NamedTuple):
+    """Step 1's candidate moves — expert e's share on column a to its column b on another rank — in the row-major
+    (e, i, j) order of `solvers.relief.move_pairs`, at a static size K, padded at the end with invalid entries."""
+
+    a: jax.Array  # [K] int32 sender column (an index into `Columns`; 0 where invalid)
+    b: jax.Array  # [K] int32 receiver column
+    e: jax.Array  # [K] int32 expert
+    g: jax.Array  # [K] int32 sender rank (0 where invalid)
+    h: jax.Array  # [K] int32 receiver rank (0 where invalid)
+    valid: jax.Array  # [K] bool
+    D: int  # ranks (static)
+
+
+def columns(ranks: jax.Array, num_ranks: int, num_slots: int | None = None) -> Columns:
+    """``ranks [E, R]`` (`replica_ranks`) → its columns that hold a rank, packed (`Columns`; ``num_slots`` P bounds
+    their count: each is at least one slot)."""
+    E, R = ranks.shape
+    D = num_ranks
     ok = ranks >= 0
-    seg = jnp.where(ok, ranks, D).reshape(-1)  # columns without a rank go to a dropped segment
-    N = jax.ops.segment_sum(jnp.where(ok, x, 0.0).reshape(-1), seg, num_segments=D + 1)[:D]
-    G = jax.ops.segment_sum(((x > 0) & ok).astype(jnp.float32).reshape(-1), seg, num_segments=D + 1)[:D]
+    C = max(1, min(E * min(R, D), E * R if num_slots is None else num_slots))
+    ce, ci = jnp.nonzero(ok, size=C, fill_value=0)
+    live = jnp.arange(C) < jnp.sum(ok)
+    rank = jnp.where(live, ranks[ce, ci], D).astype(jnp.int32)
+    return Columns(ce.astype(jnp.int32), ci.astype(jnp.int32), rank, live, D)
+
+
+def _neighbours(cols: Columns):
+    """The columns that may share a column's expert (at most D side by side): ``(offset [2D − 1], index [C, 2D − 1]
+    clipped into range, same [C, 2D − 1]: a live column of the same live expert)``."""
+    C, D = cols.rank.shape[0], cols.D
+    off = jnp.arange(-(D - 1), D, dtype=jnp.int32)
+    at = jnp.arange(C, dtype=jnp.int32)[:, None] + off[None]
+    idx = jnp.clip(at, 0, C - 1)
+    same = (at >= 0) & (at < C) & cols.live[idx] & cols.live[:, None] & (cols.expert[idx] == cols.expert[:, None])
+    return off, idx, same
+
+
+def move_pairs(ranks: jax.Array, cols: Columns, num_slots: int) -> Moves:
+    """Step 1's candidate moves (`Moves`) of ``ranks [E, R]`` packed as ``cols``, at the static size
+    K = min(E·R·(R − 1), D·(P − E)) (only replicated experts move: P − E spare slots, at most D ranks each)."""
+    E, R = ranks.shape
+    D = cols.D
+    size = max(1, min(E * R * (R - 1), D * max(num_slots - E, 0)))
+    off, idx, same = _neighbours(cols)
+    pair = same & (cols.rank[idx] != cols.rank[:, None]) & (off != 0)  # [C, 2D − 1], row-major (e, i, j)
+    flat, o = jnp.nonzero(pair, size=size, fill_value=0)
+    valid = jnp.arange(size) < jnp.sum(pair)
+    a = jnp.where(valid, flat, 0).astype(jnp.int32)
+    b = jnp.where(valid, idx[flat, o], 0).astype(jnp.int32)
+    g = jnp.where(valid, cols.rank[a], 0)
+    h = jnp.where(valid, cols.rank[b], 0)
+    return Moves(a, b, cols.expert[a], g, h, valid, D)
+
+
+def _loads(x, cols: Columns):
+    """``(G [D], N [D])``: activations and tokens per rank of ``x [C]`` (whole tokens: exact in float32)."""
+    D = cols.D
+    N = jax.ops.segment_sum(x, cols.rank, num_segments=D + 1)[:D]  # padding columns: rank D, dropped
+    G = jax.ops.segment_sum((x > 0).astype(jnp.float32), cols.rank, num_segments=D + 1)[:D]
     return G, N
+
+
+def _group_first(mask, group, D: int):
+    """Each group's lowest index where ``mask [K]`` holds (K: none) → ``[D]`` int32."""
+    K = mask.shape[0]
+    return jax.ops.segment_min(jnp.where(mask, jnp.arange(K, dtype=jnp.int32), K), group, num_segments=D)
 
 
 def _first_best(score, group, D: int):
@@ -51,9 +137,7 @@ def _first_best(score, group, D: int):
     finite = jnp.isfinite(score)
     best = jax.ops.segment_max(jnp.where(finite, score, -jnp.inf), group, num_segments=D)
     top = finite & (score == best[group])
-    idx = jnp.arange(score.shape[0], dtype=jnp.int32)
-    first = jax.ops.segment_min(jnp.where(top, idx, score.shape[0]), group, num_segments=D)
-    return top & (idx == first[group])
+    return top & (jnp.arange(score.shape[0]) == _group_first(top, group, D)[group])
 
 
 def _lexi_best(primary, secondary, group, D: int):
@@ -63,45 +147,24 @@ def _lexi_best(primary, secondary, group, D: int):
     return _first_best(jnp.where(finite & (primary == best[group]), secondary, -jnp.inf), group, D)
 
 
-_FORWARD_FIELDS = ("f", "ci", "cm", "m", "y", "new", "t")
+_FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
 
 
-def move_pairs(ranks: jax.Array, num_slots: int, num_ranks: int):
-    """Step 1's candidate moves (`solvers.relief.move_pairs`) at a static size K = min(E·R·(R − 1), D·(P − E)):
-    ``(e, i, j, valid)`` ``[K]``, row-major, padded at the end with invalid entries."""
-    E, R = ranks.shape
-    ok = ranks >= 0
-    size = max(1, min(E * R * (R - 1), num_ranks * max(num_slots - E, 0)))
-    # The (e, i) columns in row-major order (at most P of them), then every j of each: row-major (e, i, j) without
-    # the E·R·R mask.
-    cols = min(E * R, max(num_slots, 1))
-    ce, ci = jnp.nonzero(ok, size=cols, fill_value=0)
-    has = jnp.arange(cols) < jnp.sum(ok)
-    j = jnp.arange(R)
-    pair = has[:, None] & ok[ce][:, j] & (ranks[ce, ci][:, None] != ranks[ce][:, j])  # [cols, R]
-    flat, pj = jnp.nonzero(pair, size=size, fill_value=0)
-    valid = jnp.arange(size) < jnp.sum(pair)
-    return ce[flat], ci[flat], pj, valid
-
-
-def _forwards(x, ranks, pe, pi, pj, valid, G, N, cost: CostModel, D: int) -> dict:
+def _forwards(x, mv: Moves, G, N, cost: CostModel) -> dict:
     """Step 3a (`solvers.relief._forwards`): per rank, ``[2, D]`` fields of its best whole hand-off and the best of
-    another expert (``f = −1``: none)."""
-    h, m = ranks[pe, pi], ranks[pe, pj]
-    h = jnp.where(valid, h, 0)
-    y, new = x[pe, pi], (x[pe, pj] == 0).astype(jnp.float32)
-    t_m = _times(cost, G[m] + new, N[m] + y)
-    score = jnp.where(valid & (y > 0), -t_m, -jnp.inf)
-    fields = dict(zip(_FORWARD_FIELDS, (pe, pi, pj, m, y, new, t_m), strict=True))
+    another expert (``f = −1``: none; ``ca``, ``cb``: its columns)."""
+    y, new = x[mv.a], (x[mv.b] == 0).astype(jnp.float32)
+    t_m = _times(cost, G[mv.h] + new, N[mv.h] + y)
+    score = jnp.where(mv.valid & (y > 0), -t_m, -jnp.inf)
+    fields = dict(zip(_FORWARD_FIELDS, (mv.e, mv.a, mv.b, mv.h, y, new, t_m), strict=True))
     out = {k: [] for k in _FORWARD_FIELDS}
-    size = score.shape[0]
+    K, D = score.shape[0], G.shape[0]
     for k in range(2):
         if k:
-            score = jnp.where(pe == out["f"][0][h], -jnp.inf, score)  # the second: another expert
-        best = _first_best(score, h, D)
-        at = jax.ops.segment_min(jnp.where(best, jnp.arange(size), size), h, num_segments=D)  # [D]
-        found = at < size
-        at = jnp.minimum(at, size - 1)
+            score = jnp.where(mv.e == out["f"][0][mv.g], -jnp.inf, score)  # the second: another expert
+        at = _group_first(_first_best(score, mv.g, D), mv.g, D)  # [D]
+        found = at < K
+        at = jnp.minimum(at, K - 1)
         for name, arr in fields.items():
             out[name].append(jnp.where(found, arr[at], -1 if name == "f" else 0).astype(arr.dtype))
     return {k: jnp.stack(v) for k, v in out.items()}
@@ -109,43 +172,53 @@ def _forwards(x, ranks, pe, pi, pj, valid, G, N, cost: CostModel, D: int) -> dic
 
 def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
     """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief.price_moves`
-    itself, in `jax.numpy` and float32."""
-    return price_moves(xi, new_h, G, N, t, F, g, h, cost, xp=jnp, dtype=jnp.float32)
+    itself, in `jax.numpy` and float32.
+
+    Computed once per round: XLA copies an elementwise producer into every fusion that reads it, so the pricing
+    (~150 operations per move) would run once per result it has. Its three results therefore leave it as one
+    complex64 array (gain, 2·share + chain: exact, shares being whole tokens below 2²³), made in a loop of one
+    trip, which nothing fuses across (XLA:CPU drops optimisation barriers)."""
+
+    def packed(*args):
+        p = price_moves(*args, cost, xp=jnp, dtype=jnp.float32)
+        return jax.lax.complex(p["gain"], 2.0 * p["share"] + p["chain"].astype(jnp.float32))
+
+    args = (xi, new_h, G, N, t, F, g, h)
+    once = jnp.minimum(jnp.sum(xi * 0.0).astype(jnp.int32), 0) + 1  # 1, as data XLA cannot fold
+    init = (jnp.int32(0), jnp.zeros(xi.shape, jnp.complex64))
+    out = jax.lax.while_loop(lambda c: c[0] < once, lambda c: (c[0] + 1, packed(*args)), init)[1]
+    code = jnp.imag(out)
+    share = jnp.floor(code / 2.0)
+    return {"gain": jnp.real(out), "share": share, "chain": code > 2.0 * share}
 
 
-def _select(gain, sender_time, g, h, m, D: int):
-    """Step 3c (`solvers.relief._select`): the accepted moves, a mask ``[K]``."""
-    sent = _first_best(gain, g, D)
-    accepted = _lexi_best(jnp.where(sent, sender_time, -jnp.inf), jnp.where(sent, gain, -jnp.inf), h, D)
-    receives = jax.ops.segment_max(accepted.astype(jnp.int32), h, num_segments=D) > 0
-    accepted = accepted & ~receives[g]
+def _select(gain, sender_time, mv: Moves, m):
+    """Step 3c (`solvers.relief._select`): the accepted moves, a mask ``[K]`` (``m``: a chain's third rank, −1:
+    none)."""
+    D = mv.D
+    sent = _first_best(gain, mv.g, D)
+    accepted = _lexi_best(jnp.where(sent, sender_time, -jnp.inf), jnp.where(sent, gain, -jnp.inf), mv.h, D)
+    receives = jax.ops.segment_max(accepted.astype(jnp.int32), mv.h, num_segments=D) > 0
+    accepted = accepted & ~receives[mv.g]
     mm = jnp.where(m >= 0, m, D)
     one = accepted.astype(jnp.int32)
-    used = (
-        jax.ops.segment_sum(one, g, num_segments=D + 1)
-        + jax.ops.segment_sum(one, h, num_segments=D + 1)
-        + jax.ops.segment_sum(one, mm, num_segments=D + 1)
-    )
+    used = jax.ops.segment_sum(jnp.concatenate([one, one, one]), jnp.concatenate([mv.g, mv.h, mm]), num_segments=D + 1)
     return accepted & ((m < 0) | (used[mm] == 1))
 
 
-def _augment(x, ranks, cost: CostModel, D: int, moves: tuple, G, N, t):
+def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
     """Step 3d (`solvers.relief._augment`): the best hand-off path from the slowest rank, applied →
-    ``(x, found)``; ``x`` unchanged when no path lowers the makespan or the ranks at it."""
-    pe, pi, pj, valid = moves
-    K = pe.shape[0]
-    u = jnp.where(valid, ranks[pe, pi], 0)
-    v = jnp.where(valid, ranks[pe, pj], 0)
-    share = jnp.where(valid, x[pe, pi], 0.0)
+    ``(x, found)``; ``x [C]`` unchanged when no path lowers the makespan or the ranks at it."""
+    D, K = cols.D, mv.a.shape[0]
+    u, v = mv.g, mv.h
+    share = jnp.where(mv.valid, x[mv.a], 0.0)
     top = jnp.max(t)
     g = jnp.argmax(t)
-    idx = jnp.arange(K, dtype=jnp.int32)
     rank_ids = jnp.arange(D)
 
     def level(carry):
         _, reached, parent = carry
-        ok = valid & reached[u] & ~reached[v] & (share > 0)
-        first = jax.ops.segment_min(jnp.where(ok, idx, K), jnp.where(ok, v, 0), num_segments=D)
+        first = _group_first(mv.valid & reached[u] & ~reached[v] & (share > 0), v, D)
         new = (first < K) & ~reached
         return jnp.any(new), reached | new, jnp.where(new, first, parent)
 
@@ -159,7 +232,7 @@ def _augment(x, ranks, cost: CostModel, D: int, moves: tuple, G, N, t):
         live = k >= 0
         kk = jnp.where(live, k, 0)
         s_k = jnp.where(live, share[kk], 0.0)
-        gets = jnp.where(live & (x[pe[kk], pj[kk]] == 0), 1.0, 0.0)
+        gets = jnp.where(live & (x[mv.b[kk]] == 0), 1.0, 0.0)
         src, dst = jnp.where(live, u[kk], 0), jnp.where(live, v[kk], 0)
         dG = dG.at[rank_ids, src].add(jnp.where(live, -1.0, 0.0)).at[rank_ids, dst].add(gets)
         dN = dN.at[rank_ids, src].add(-s_k).at[rank_ids, dst].add(s_k)
@@ -180,70 +253,68 @@ def _augment(x, ranks, cost: CostModel, D: int, moves: tuple, G, N, t):
     def apply(carry):
         w, x = carry
         k = parent[w]
-        moved = x[pe[k], pi[k]]
-        return u[k], x.at[pe[k], pj[k]].add(moved).at[pe[k], pi[k]].add(-moved)
+        moved = x[mv.a[k]]
+        return u[k], x.at[mv.b[k]].add(moved).at[mv.a[k]].add(-moved)
 
     # m's path, from its end back to g (none when nothing was found: the walk starts at the root)
     _, x = jax.lax.while_loop(lambda c: parent[c[0]] >= 0, apply, (jnp.where(found, m, g), x))
     return x, found
 
 
-def _seed(n, ranks, cost: CostModel, D: int, spread: bool):
-    """Step 2 (`solvers.relief._seed`): a start ``x [E, R]``, each expert whole on one column."""
-    E = ranks.shape[0]
-    ok = ranks >= 0
-    safe = jnp.where(ok, ranks, 0)
-    rows = jnp.arange(E)
-    single = jnp.sum(ok, axis=1) == 1
-    x = jnp.zeros(ranks.shape, jnp.float32).at[rows, jnp.argmax(ok, axis=1)].set(jnp.where(single, n, 0.0))
-    base = jnp.where(ok, _times(cost, *_loads(x, ranks, D))[safe], jnp.inf)
+def _seed(n, cols: Columns, cost: CostModel, spread: bool):
+    """Step 2 (`solvers.relief._seed`): a start ``x [C]``, each expert whole on one column."""
+    E = n.shape[0]
+    per_expert = jnp.zeros(E, jnp.int32).at[cols.expert].add(cols.live.astype(jnp.int32))  # columns of each expert
+    n_c = n[cols.expert]
+    single = per_expert[cols.expert] == 1
+    x = jnp.where(cols.live & single, n_c, 0.0)
+    t = _times(cost, *_loads(x, cols))
+    base = jnp.where(cols.live, t[jnp.minimum(cols.rank, t.shape[0] - 1)], jnp.inf)
     nth = jnp.zeros(E, jnp.int32)
     if spread:
         order = jnp.argsort(-n, stable=True)
-        nth = nth.at[order].set(jnp.cumsum(~single[order]).astype(jnp.int32) - 1)
-        nth = nth % jnp.maximum(jnp.sum(ok, axis=1), 1)
-    pick = jnp.argsort(base, axis=1, stable=True)[rows, nth]
-    return x.at[rows, pick].add(jnp.where(single, 0.0, n))
+        nth = nth.at[order].set(jnp.cumsum(per_expert[order] != 1).astype(jnp.int32) - 1)
+        nth = nth % jnp.maximum(per_expert, 1)
+    # each column's place among its expert's columns by (base, column): a stable argsort within the expert
+    off, idx, same = _neighbours(cols)
+    before = same & ((base[idx] < base[:, None]) | ((base[idx] == base[:, None]) & (off < 0)))
+    place = jnp.sum(before, axis=1)
+    return x + jnp.where(cols.live & ~single & (place == nth[cols.expert]), n_c, 0.0)
 
 
-def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
-    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [E, R]`` → ``(best plan, its makespan, rounds run)``
+def _improve(x, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
+    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [C]`` → ``(best plan, its makespan, rounds run)``
     (a round that accepts no move ends the loop; it counts)."""
-    pe, pi, pj, valid = moves
-    g = jnp.where(valid, ranks[pe, pi], 0)
-    h = jnp.where(valid, ranks[pe, pj], 0)
+    g, h = mv.g, mv.h
 
     def one_round(carry):
         i, x, best_x, best_ms, _ = carry
-        G, N = _loads(x, ranks, D)
+        G, N = _loads(x, cols)
         t = _times(cost, G, N)
         better = jnp.max(t) < best_ms
         best_x, best_ms = jnp.where(better, x, best_x), jnp.where(better, jnp.max(t), best_ms)
-        fw = _forwards(x, ranks, pe, pi, pj, valid, G, N, cost, D)  # Step 3a
-        first = fw["f"][0][h] != pe
+        fw = _forwards(x, mv, G, N, cost)  # Step 3a
+        first = fw["f"][0][h] != mv.e
         F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
-        xi = x[pe, pi]
-        moves = _price(xi, (x[pe, pj] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
-        gain = jnp.where(valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
-        third = jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1)
-        accepted = _select(gain, t[g], g, h, third, D)  # Step 3c
+        xi = x[mv.a]
+        moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
+        gain = jnp.where(mv.valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
+        accepted = _select(gain, t[g], mv, jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1))  # Step 3c
         s = jnp.where(accepted, moves["share"], 0.0)
-        x = x.at[pe, pi].add(-s).at[pe, pj].add(s)
-        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
-        f = jnp.where(F["f"] >= 0, F["f"], 0)
-        x = x.at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y)
+        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)  # h's hand-off, when the move is a chain
+        x = x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y]))
         return i + 1, x, best_x, best_ms, ~jnp.any(accepted)  # stuck: x unchanged
 
     def pairwise_then_path(carry):
         """Rounds of pairwise moves until one accepts none (or the rounds run out), then, in that stuck round,
         step 3d: the plan's hand-off path. Carried out this way (not a path search inside every round) the
-        search runs once per stuck round even when the two starts run side by side under `jax.vmap`."""
+        search runs once per stuck round (and would under `jax.vmap` of the two starts)."""
         i, x, best_x, best_ms, _ = carry
         i, x, best_x, best_ms, stuck = jax.lax.while_loop(
             lambda c: (c[0] < rounds) & ~c[4], one_round, (i, x, best_x, best_ms, jnp.bool_(False))
         )
-        G, N = _loads(x, ranks, D)
-        x_path, found = _augment(x, ranks, cost, D, (pe, pi, pj, valid), G, N, _times(cost, G, N))
+        G, N = _loads(x, cols)
+        x_path, found = _augment(x, cols, mv, cost, G, N, _times(cost, G, N))
         found = stuck & found
         return i, jnp.where(found, x_path, x), best_x, best_ms, found
 
@@ -254,8 +325,13 @@ def _improve(x, ranks, cost: CostModel, D: int, rounds: int, moves: tuple):
         carry = (ran, x, best_x, best_ms, jnp.bool_(True))
         ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], pairwise_then_path, carry)
     # Step 4: the best of the rounds (the last moves included).
-    last = jnp.max(_times(cost, *_loads(x, ranks, D)))
+    last = jnp.max(_times(cost, *_loads(x, cols)))
     return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms), ran
+
+
+def _unpack(x, cols: Columns, shape) -> jax.Array:
+    """``x [C]`` on the packed columns → ``[E, R]`` (0 on columns without a rank)."""
+    return jnp.zeros(shape, jnp.float32).at[cols.expert, cols.column].add(jnp.where(cols.live, x, 0.0))
 
 
 def relief(
@@ -269,16 +345,19 @@ def relief(
     with_rounds: bool = False,
 ) -> jax.Array:
     """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
-    (`solvers.relief.relief`, step for step; its two starts run side by side under `jax.vmap`); ``num_slots`` P
-    bounds the candidate moves (default: E·R). ``with_rounds``: ``(x, rounds)``, the improvement rounds the chosen
-    start ran (int32, at most ``rounds``)."""
+    (`solvers.relief.relief`, step for step, on the packed columns (`Columns`); its two starts one after the other,
+    each stopping when it is done); ``num_slots`` P bounds the columns and candidate moves (default: E·R). ``with_rounds``:
+    ``(x, rounds)``, the improvement rounds the chosen start ran (int32, at most ``rounds``)."""
     D = num_ranks
     n = n.astype(jnp.float32)
     E, R = ranks.shape
-    moves = move_pairs(ranks, E * R if num_slots is None else num_slots, D)
-    starts = jnp.stack([_seed(n, ranks, cost, D, spread) for spread in (False, True)])  # Step 2
-    xs, ms, ran = jax.vmap(lambda x0: _improve(x0, ranks, cost, D, rounds, moves))(starts)
-    x = jnp.where(ms[1] < ms[0], xs[1], xs[0])
+    P = E * R if num_slots is None else num_slots
+    cols = columns(ranks, D, P)
+    mv = move_pairs(ranks, cols, P)
+    starts = jnp.stack([_seed(n, cols, cost, spread) for spread in (False, True)])  # Step 2
+    outs = [_improve(starts[i], cols, mv, cost, rounds) for i in range(2)]
+    xs, ms, ran = (jnp.stack(v) for v in zip(*outs, strict=True))
+    x = _unpack(jnp.where(ms[1] < ms[0], xs[1], xs[0]), cols, ranks.shape)
     return (x, jnp.where(ms[1] < ms[0], ran[1], ran[0])) if with_rounds else x
 
 
@@ -309,42 +388,41 @@ ROUND_STAGES = ("loads and times", "+ best hand-offs", "+ pricing", "+ selection
 
 def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, *, num_slots: int):
     """One improvement round of `relief` cut into its stages, for profiling (`scripts/bench_ingraph.py --suites
-    plan`): ``n [E]`` tokens per expert, ``ranks [E, R]`` → ``(starts [2, E, R], {name: body})``, the two seeded
-    starts and, per name of `ROUND_STAGES` (then ``"path search of a stuck round"``), a function ``x [E, R] → a
-    float32 scalar`` that runs the round up to that stage on ``x`` (its result depends on every stage run)."""
-    D, cost_ = num_ranks, cost
-    moves = move_pairs(ranks, num_slots, D)
-    pe, pi, pj, valid = moves
-    g, h = jnp.where(valid, ranks[pe, pi], 0), jnp.where(valid, ranks[pe, pj], 0)
+    plan`): ``n [E]`` tokens per expert, ``ranks [E, R]`` → ``(starts [2, C], {name: body})``, the two seeded
+    starts on the packed columns and, per name of `ROUND_STAGES` (then ``"path search of a stuck round"``), a
+    function ``x [C] → a float32 scalar`` that runs the round up to that stage on ``x`` (its result depends on every
+    stage run)."""
+    cols = columns(ranks, num_ranks, num_slots)
+    mv = move_pairs(ranks, cols, num_slots)
+    g, h = mv.g, mv.h
     n = n.astype(jnp.float32)
-    starts = jnp.stack([_seed(n, ranks, cost_, D, spread) for spread in (False, True)])
+    starts = jnp.stack([_seed(n, cols, cost, spread) for spread in (False, True)])
 
     def upto(x, stage: int):
-        G, N = _loads(x, ranks, D)
-        t = _times(cost_, G, N)
+        G, N = _loads(x, cols)
+        t = _times(cost, G, N)
         if stage == 1:
             return jnp.max(t)
-        fw = _forwards(x, ranks, pe, pi, pj, valid, G, N, cost_, D)
+        fw = _forwards(x, mv, G, N, cost)
         if stage == 2:
             return jnp.sum(fw["t"])
-        first = fw["f"][0][h] != pe
+        first = fw["f"][0][h] != mv.e
         F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
-        xi = x[pe, pi]
-        mv = _price(xi, (x[pe, pj] == 0).astype(jnp.float32), G, N, t, F, g, h, cost_)
+        xi = x[mv.a]
+        moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
         if stage == 3:
-            return jnp.sum(jnp.where(jnp.isfinite(mv["gain"]), mv["gain"], 0.0))
-        gain = jnp.where(valid & (xi > 0) & (t[g] >= t[h]) & (mv["gain"] > 0), mv["gain"], -jnp.inf)
-        accepted = _select(gain, t[g], g, h, jnp.where(mv["chain"] & (F["m"] != g), F["m"], -1), D)
+            return jnp.sum(jnp.where(jnp.isfinite(moves["gain"]), moves["gain"], 0.0))
+        gain = jnp.where(mv.valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
+        accepted = _select(gain, t[g], mv, jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1))
         if stage == 4:
             return jnp.sum(accepted.astype(jnp.float32))
-        s = jnp.where(accepted, mv["share"], 0.0)
-        y = jnp.where(accepted & mv["chain"], F["y"], 0.0)
-        f = jnp.where(F["f"] >= 0, F["f"], 0)
-        return jnp.sum(x.at[pe, pi].add(-s).at[pe, pj].add(s).at[f, F["ci"]].add(-y).at[f, F["cm"]].add(y))
+        s = jnp.where(accepted, moves["share"], 0.0)
+        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
+        return jnp.sum(x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y])))
 
     def path_search(x):
-        G, N = _loads(x, ranks, D)
-        return jnp.sum(_augment(x, ranks, cost_, D, moves, G, N, _times(cost_, G, N))[0])
+        G, N = _loads(x, cols)
+        return jnp.sum(_augment(x, cols, mv, cost, G, N, _times(cost, G, N))[0])
 
     bodies = {name: (lambda x, i=i: upto(x, i + 1)) for i, name in enumerate(ROUND_STAGES)}
     bodies["path search of a stuck round"] = path_search
