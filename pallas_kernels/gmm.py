@@ -17,6 +17,10 @@ Implementations (`implementation=`, resolved per platform by `pallas_kernels.imp
 - "tokamax": tokamax's `ragged_dot_general` (optional extra; `tokamax_backend`): its Mosaic GPU kernels on sm90 /
   sm100 for the forward and d lhs, its XLA path for d rhs (see `gmm_xla._ragged_dot_general`).
 - "megablox": megablox's Pallas TPU kernels (`gmm_megablox`; ``interpret=True`` runs them in TPU interpret mode).
+- "mosaic": the project's own Pallas Mosaic GPU kernel for sm90 (`gmm_mosaic`: wgmma + TMA, warp-specialised pipeline,
+  persistent grid over a work list of group-aligned row tiles, a split-K decode configuration, FP8 weights
+  dequantized per tile on chip; jax >= 0.12; ``interpret=True`` runs it in Mosaic GPU's GPU interpret mode on CPU).
+  Checked in interpret mode and lowered for sm_90 only: "auto" never picks it.
 - "auto" (default): "pallas" when `interpret=True`; on a GPU "tokamax" where installed, else "pallas" while JAX
   ships the Pallas Triton backend undeprecated (jax < 0.11; `triton_backend`), else "ragged_dot"; "chunked" on CPU;
   "megablox" on a TPU (MaxText's default there); "ragged_dot" elsewhere (`implementations.GMM`; the GPU order
@@ -50,6 +54,9 @@ from pallas_kernels import tokamax_backend
 from pallas_kernels.fp8 import BlockScaled, fake_quantize_rows
 from pallas_kernels.gmm_megablox import gmm_megablox, tgmm_megablox
 from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
+from pallas_kernels.gmm_mosaic import check_available as _mosaic_check
+from pallas_kernels.gmm_mosaic import fp8_in_kernel as _mosaic_fp8
+from pallas_kernels.gmm_mosaic import gmm_mosaic, tgmm_mosaic
 from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
 from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
 from pallas_kernels.implementations import GMM, GmmImpl
@@ -177,6 +184,8 @@ def _resolve(implementation: str, interpret: bool) -> str:
     impl = GMM.resolve(implementation, interpret=interpret)
     if impl == "tokamax":
         tokamax_backend.ragged_dot_general()
+    if impl == "mosaic":  # jax >= 0.12 with Mosaic GPU, and a GPU or interpret mode (`gmm_mosaic.MOSAIC_HINT`)
+        _mosaic_check(interpret)
     return impl
 
 
@@ -203,8 +212,12 @@ def fp8_path(
     scale its e4m3 tiles on chip, its XLA path — CPU — dequantizes inside the call) or "dequantize" (dequantized to
     ``dtype`` first, then the GEMM). tokamax takes whole blocks only (its scale tiles must divide the weight), and
     only where this machine compiles its FP8 kernel for ``dtype`` (`tokamax_backend.fp8_compiles`); without
-    ``shape`` / ``block`` the blocks are not checked."""
+    ``shape`` / ``block`` the blocks are not checked. "mosaic" (`gmm_mosaic`) reads e4m3 tiles and dequantizes them
+    on chip for bfloat16 / float16 activations and blocks whose extents are multiples of 64, partial edge blocks
+    included (`gmm_mosaic.fp8_in_kernel`)."""
     impl = GMM.resolve(implementation, interpret=interpret)
+    if impl == "mosaic":
+        return "fp8" if _mosaic_fp8((64, 64) if block is None else block, dtype) else "dequantize"
     if impl not in _FP8_IN_KERNEL or not tokamax_backend.fp8_compiles(jnp.dtype(dtype)):
         return "dequantize"
     if shape is not None and block is not None and (shape[-2] % block[0] or shape[-1] % block[1]):
@@ -264,6 +277,17 @@ def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: boo
         return out
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if cfg.implementation == "mosaic":
+        return gmm_mosaic(
+            lhs,
+            rhs,
+            group_sizes,
+            group_offset,
+            transpose_rhs=transpose_rhs,
+            preferred_element_type=cfg.out_dtype,
+            precision=cfg.precision,
+            interpret=cfg.interpret,
+        )
     if cfg.implementation == "megablox":
         return gmm_megablox(
             lhs,
@@ -306,6 +330,16 @@ def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
     """Dispatch one transposed grouped GEMM; returns [E_loc, H, F] in out_dtype."""
     m, k = lhs.shape
     n = grad.shape[1]
+    if cfg.implementation == "mosaic":  # XLA's grouped contraction (no Mosaic GPU tgmm kernel yet: `tgmm_mosaic`)
+        return tgmm_mosaic(
+            lhs,
+            grad,
+            group_sizes,
+            group_offset,
+            num_local_groups=cfg.num_local_groups,
+            out_dtype=out_dtype,
+            precision=cfg.precision,
+        )
     if cfg.implementation == "megablox":
         return tgmm_megablox(
             lhs,
@@ -482,8 +516,8 @@ def gmm(
       group_offset: first local group (int, [] or [1] int array; may be traced). Default 0.
       tiling: `GmmTiling` or (tm, tk, tn).
       interpret: run the Pallas kernel in interpret mode (CPU tests).
-      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" | "megablox" (see the module
-        docstring).
+      implementation: "auto" | "pallas" | "chunked" | "ragged_dot" | "tokamax" | "megablox" | "mosaic" (see the
+        module docstring).
       precision: passed to the inner dots (e.g. `jax.lax.Precision.HIGHEST`).
       quantize_lhs: None, or FP8 activations: each row of lhs quantized to e4m3 with one scale per this many columns
         (DeepSeek's 1 × 128 tiles: 128; the whole row when narrower; `pallas_kernels.fp8.quantize_rows`), and their
@@ -509,6 +543,8 @@ def gmm(
       - "ragged_dot": XLA's `ragged_dot` lowering.
       - "tokamax": tokamax's `ragged_dot_general` (its Mosaic GPU kernels on sm90 / sm100; XLA's lowering on CPU).
       - "megablox": the H sum in 128-wide tiles, added in H order (float32 operands: the TPU's float32 matmul).
+      - "mosaic": the H sum in 64-wide wgmma steps (16-deep instructions) added in H order per K split, split-K
+        partials added in float32 by XLA; float32 operands on TF32 (3×TF32 with ``precision=HIGHEST``).
       - `gmm_reference`: one XLA dot per local group over all rows, masked.
     So the paths agree up to float32 reassociation. Tolerance to expect, against float64 or between any two paths:
     with float32 output |Δ| <= 1e-6 · max|out| (measured on CPU, normal bfloat16 / float32 inputs, 8 groups, F =

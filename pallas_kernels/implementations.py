@@ -26,7 +26,7 @@ from pallas_kernels import tokamax_backend, triton_backend
 __all__ = ["DISPATCH", "DispatchImpl", "GMM", "GmmImpl", "ImplementationTable", "Platform", "platform"]
 
 Platform = Literal["cpu", "gpu", "tpu"]
-GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot", "tokamax", "megablox"]
+GmmImpl = Literal["auto", "pallas", "chunked", "ragged_dot", "tokamax", "megablox", "mosaic"]
 DispatchImpl = Literal["auto", "pallas", "pallas_tpu", "xla"]
 
 
@@ -75,6 +75,14 @@ class ImplementationTable:
         return prefs[-1]
 
 
+def _mosaic_on_gpu() -> bool:
+    """The project's Mosaic GPU kernel can run here: jax >= 0.12 with Pallas Mosaic GPU, on a GPU
+    (`pallas_kernels.gmm_mosaic`; imported only when asked, so jax 0.10 never imports Mosaic GPU)."""
+    from pallas_kernels import gmm_mosaic
+
+    return platform() == "gpu" and gmm_mosaic.available()
+
+
 def _triton_on_gpu() -> bool:
     return triton_backend.available()
 
@@ -90,6 +98,9 @@ def _triton_not_deprecated() -> bool:
 #: elsewhere, on a TPU megablox's Pallas TPU kernels (MaxText's default there; no TPU has timed them against
 #: `ragged_dot` here); interpret mode runs the Pallas kernel. The GPU order is what the H200 measured
 #: (results/gpu/bench_gemm.json: tokamax and the Pallas kernel each several times `ragged_dot`'s TFLOP/s).
+#: "mosaic" (the project's own Mosaic GPU kernel, `pallas_kernels.gmm_mosaic`) is in no "auto" list: it has been
+#: checked only in GPU interpret mode and lowered for sm_90 from CPU; "auto" takes it on a GPU only after a GPU run
+#: measures it faster than tokamax (then it goes first in the "gpu" list, its `requires` check already in place).
 GMM = ImplementationTable(
     op="gmm",
     names=get_args(GmmImpl),
@@ -99,7 +110,7 @@ GMM = ImplementationTable(
         "tpu": ("megablox", "ragged_dot"),
         "default": ("ragged_dot",),
     },
-    requires={"pallas": _triton_not_deprecated, "tokamax": tokamax_backend.available},
+    requires={"pallas": _triton_not_deprecated, "tokamax": tokamax_backend.available, "mosaic": _mosaic_on_gpu},
     interpret="pallas",
 )
 

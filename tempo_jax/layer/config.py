@@ -45,7 +45,7 @@ class MoEConfig:
         "auto": the platform's block exchange (ragged on GPU/TPU, padded on CPU) or the ring, whichever
         `tempo_jax.layer.exchange.exchange_cost` prices lower for the call's shapes (`ExchangeImpl`).
       gmm_impl: `pallas_kernels.gmm` implementation (`GmmImpl`: "auto", "pallas", "chunked", "ragged_dot", "tokamax",
-        "megablox").
+        "megablox", "mosaic").
       interpret: run Pallas kernels in interpret mode (CPU tests).
       dispatch_mode: "sample" (paper: each pair draws its replica from the table) or "quota" (deterministic).
       dispatch: where the dispatch tables come from: "tables" (given to each call: `moe_forward(tables=...)`,
