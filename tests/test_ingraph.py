@@ -144,6 +144,52 @@ def test_source_quotas_split_each_plan_over_its_sources(counts, data):
     np.testing.assert_array_equal(np.asarray(relief.quotas(jnp.asarray(counts), jnp.asarray(x))), q)
 
 
+@pytest.mark.parametrize("experts, ranks_, slots", [(1, 1, 1), (5, 2, 4), (12, 4, 5)])
+def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
+    """Issue 72, item 3: the pieces the faster plan is built from — `replica_ranks` with and without ``num_ranks``
+    (one scatter of first columns vs pairwise comparisons; any row order, −1 padding, repeated ranks), the packed
+    columns and candidate moves (`relief.columns` / `relief.move_pairs`: the same (e, i, j) triples, in the same
+    order, as `solvers.relief.move_pairs`), and the triangular-product cumulative sums and nonzero — equal the numpy
+    twin's and jnp's own, on 25 random placements (every expert in at least one slot, the rest at random)."""
+    from solvers.relief import move_pairs as move_pairs_np
+
+    P = ranks_ * slots
+    R = P - experts + 2  # the most slots one expert can hold, and a padding column
+
+    @jax.jit
+    def pieces(l2p, mask, whole):
+        ranks = relief.replica_ranks(l2p, slots, ranks_)
+        cols = relief.columns(ranks, ranks_, P)
+        mv = relief.move_pairs(ranks, cols, P)
+        cumsums = [relief._cumsum(whole, axis) for axis in (0, 1)]
+        return relief.replica_ranks(l2p, slots), ranks, cols, mv, relief._nonzero(mask, mask.size), cumsums
+
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        phy2log = np.r_[np.arange(experts), rng.integers(0, experts, P - experts)]
+        rng.shuffle(phy2log)
+        held = [rng.permutation(np.flatnonzero(phy2log == e)) for e in range(experts)]  # any order within a row
+        l2p = np.array([np.r_[h, -np.ones(R - len(h), int)] for h in held])
+        mask = rng.random((experts, R)) < 0.4
+        whole = rng.integers(0, 1000, (experts, R)).astype(np.float32)
+        pairwise, ranks, cols, mv, nonzero, cumsums = pieces(l2p, mask, whole)
+        want = replica_ranks(l2p, slots)
+        np.testing.assert_array_equal(np.asarray(pairwise), want)
+        np.testing.assert_array_equal(np.asarray(ranks), want)
+        pe, pi, pj = move_pairs_np(want)
+        k = int(np.sum(np.asarray(mv.valid)))
+        assert k == pe.size and bool(np.all(np.asarray(mv.valid)[:k]))
+        col_e, col_i = np.asarray(cols.expert), np.asarray(cols.column)
+        a, b = np.asarray(mv.a)[:k], np.asarray(mv.b)[:k]
+        for got, ref in ((col_e[a], pe), (col_i[a], pi), (col_e[b], pe), (col_i[b], pj)):
+            np.testing.assert_array_equal(got, ref)
+        for got, ref in zip(nonzero, np.nonzero(mask), strict=True):
+            np.testing.assert_array_equal(np.asarray(got)[: ref.size], ref)
+            assert not np.any(np.asarray(got)[ref.size :])
+        for axis in (0, 1):
+            np.testing.assert_array_equal(np.asarray(cumsums[axis]), np.cumsum(whole, axis))
+
+
 # ------------------------------------------------------------------------------------------------ the layer
 @pytest.fixture(scope="module")
 def setup():

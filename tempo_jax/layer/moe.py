@@ -483,7 +483,7 @@ def _ingraph_table(
         ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1), num_segments=E + 1
     )[:E]
     every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
-    ranks = relief.replica_ranks(log2phy, S)
+    ranks = relief.replica_ranks(log2phy, S, D)
     n, rounds_, plan = jnp.sum(every, axis=0), config.dispatch_rounds, None
     if not config.dynamic_slots:
         x, ran = relief.relief(n, ranks, config.cost, D, rounds_, num_slots=D * S, with_rounds=True)
