@@ -63,6 +63,7 @@ from .problem import DispatchProblem
 __all__ = [
     "check_relief_cost",
     "move_pairs",
+    "price_gathered",
     "price_moves",
     "rank_loads",
     "rank_times",
@@ -312,21 +313,31 @@ def price_moves(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel, *, xp=np, dt
     (fields ``[2, D]``: `_forwards`), senders ``g`` and receivers ``h [K]``. ``xp`` / ``dtype``: the array
     namespace and float dtype (numpy and float64 here; `jax.numpy` and float32 in `tempo_jax.layer.relief`, which
     prices its moves with this same function)."""
-    Gg, Ng, tg, Gh, Nh, th = G[g], N[g], t[g], G[h], N[h], t[h]
     has = F["f"] >= 0
     swap = has & (F["m"] == g)  # the hand-off goes back to the sender
+    t_m = xp.where(has & ~swap, t[xp.where(has, F["m"], 0)], -xp.inf)  # the third rank's time before
+    loads = (G[g], N[g], t[g], G[h], N[h], t[h], t_m)
+    return price_gathered(xi, new_h, loads, has, swap, F["y"], F["new"], F["t"], cost, xp=xp, dtype=dtype)
+
+
+def price_gathered(xi, new_h, loads, has, swap, y_f, new_f, t_f, cost: CostModel, *, xp=np, dtype=None) -> dict:
+    """`price_moves` after its gathers, elementwise over the K candidates: ``loads`` = the sender's and receiver's
+    activations, tokens and times ``(G_g, N_g, t_g, G_h, N_h, t_h)`` and the third rank's time before ``t_m``
+    (−inf: none), ``has`` / ``swap`` (h has a hand-off / it goes back to g) and the hand-off's share ``y_f``, new
+    activation ``new_f`` and time after ``t_f``, all ``[K]``."""
+    Gg, Ng, tg, Gh, Nh, th, t_m = loads
     gain_out = xp.full(xi.shape, -xp.inf, dtype)
     share_out = xp.zeros(xi.shape, dtype)
     chain_out = xp.zeros(xi.shape, bool)
     for chain in (False, True):
-        y = xp.where(has, F["y"], 0.0) if chain else 0.0
+        y = xp.where(has, y_f, 0.0) if chain else 0.0
         back = xp.where(swap, y, 0.0) if chain else 0.0  # tokens g gets back
-        g_act = xp.where(swap, F["new"], 0.0) if chain else 0.0
+        g_act = xp.where(swap, new_f, 0.0) if chain else 0.0
         h_act = new_h - (1.0 if chain else 0.0)
-        third = xp.where(has & ~swap, F["t"], -xp.inf) if chain else -xp.inf  # m's time after
+        third = xp.where(has & ~swap, t_f, -xp.inf) if chain else -xp.inf  # m's time after
         before = xp.maximum(tg, th)
         if chain:
-            before = xp.maximum(before, xp.where(has & ~swap, t[F["m"]], -xp.inf))
+            before = xp.maximum(before, t_m)
 
         def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
             return xp.maximum(

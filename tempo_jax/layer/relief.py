@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from solvers import CostModel
-from solvers.relief import ROUNDS, price_moves, rank_times
+from solvers.relief import ROUNDS, price_gathered, rank_times
 
 __all__ = [
     "ROUNDS",
@@ -208,19 +208,28 @@ def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
     """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief.price_moves`
     itself, in `jax.numpy` and float32.
 
-    Computed once per round: XLA copies an elementwise producer into every fusion that reads it, so the pricing
-    (~150 operations per move) would run once per result it has. Its three results therefore leave it as one
-    complex64 array (gain, 2·share + chain: exact, shares being whole tokens below 2²³), made in a loop of one
-    trip, which nothing fuses across (XLA:CPU drops optimisation barriers)."""
+    Computed once per round, elementwise: the gathers first (`price_moves`' own), then
+    `solvers.relief.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an elementwise
+    producer into every fusion that reads it, so the pricing would run once per result it has, with its gathers
+    inside (scalar code); across a loop nothing fuses (and XLA:CPU drops optimisation barriers). Its three results
+    leave the loop as one complex64 array (gain, 2·share + chain: exact, shares being whole tokens below 2²³)."""
+    has = F["f"] >= 0
+    swap = has & (F["m"] == g)
+    t_m = jnp.where(has & ~swap, t[jnp.where(has, F["m"], 0)], -jnp.inf)
+    args = (xi, new_h, (G[g], N[g], t[g], G[h], N[h], t[h], t_m), has, swap, F["y"], F["new"], F["t"])
 
-    def packed(*args):
-        p = price_moves(*args, cost, xp=jnp, dtype=jnp.float32)
+    def packed(args):
+        p = price_gathered(*args, cost, xp=jnp, dtype=jnp.float32)
         return jax.lax.complex(p["gain"], 2.0 * p["share"] + p["chain"].astype(jnp.float32))
 
-    args = (xi, new_h, G, N, t, F, g, h)
+    def body(carry):
+        i, args, _ = carry
+        # the inputs change (to themselves) each trip, so XLA cannot sink their gathers into the loop either
+        return i + 1, jax.tree.map(lambda a: jnp.where(i >= 0, a, jnp.zeros_like(a)), args), packed(args)
+
     once = jnp.minimum(jnp.sum(xi * 0.0).astype(jnp.int32), 0) + 1  # 1, as data XLA cannot fold
-    init = (jnp.int32(0), jnp.zeros(xi.shape, jnp.complex64))
-    out = jax.lax.while_loop(lambda c: c[0] < once, lambda c: (c[0] + 1, packed(*args)), init)[1]
+    init = (jnp.int32(0), args, jnp.zeros(xi.shape, jnp.complex64))
+    out = jax.lax.while_loop(lambda c: c[0] < once, body, init)[2]
     code = jnp.imag(out)
     share = jnp.floor(code / 2.0)
     return {"gain": jnp.real(out), "share": share, "chain": code > 2.0 * share}
