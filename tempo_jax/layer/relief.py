@@ -155,8 +155,8 @@ def move_pairs(ranks: jax.Array, cols: Columns, num_slots: int) -> Moves:
 def _loads(x, cols: Columns):
     """``(G [D], N [D])``: activations and tokens per rank of ``x [C]`` (whole tokens: exact in float32)."""
     D = cols.D
-    N = jax.ops.segment_sum(x, cols.rank, num_segments=D + 1)[:D]  # padding columns: rank D, dropped
-    G = jax.ops.segment_sum((x > 0).astype(jnp.float32), cols.rank, num_segments=D + 1)[:D]
+    both = jnp.stack([(x > 0).astype(jnp.float32), x], axis=1)  # [C, 2]: one scatter for both sums
+    G, N = jax.ops.segment_sum(both, cols.rank, num_segments=D + 1)[:D].T  # padding columns: rank D, dropped
     return G, N
 
 
@@ -166,12 +166,15 @@ def _group_first(mask, group, D: int):
     return jax.ops.segment_min(jnp.where(mask, jnp.arange(K, dtype=jnp.int32), K), group, num_segments=D)
 
 
-def _first_best(score, group, D: int):
-    """Mask of the entries that are their group's maximum finite score, ties to the lowest index."""
+def _first_best(score, group, D: int, *, with_first: bool = False):
+    """Mask of the entries that are their group's maximum finite score, ties to the lowest index (``with_first``:
+    and each group's index of it, ``[D]``, K where the group has none)."""
     finite = jnp.isfinite(score)
     best = jax.ops.segment_max(jnp.where(finite, score, -jnp.inf), group, num_segments=D)
     top = finite & (score == best[group])
-    return top & (jnp.arange(score.shape[0]) == _group_first(top, group, D)[group])
+    first = _group_first(top, group, D)
+    mask = top & (jnp.arange(score.shape[0]) == first[group])
+    return (mask, first) if with_first else mask
 
 
 def _lexi_best(primary, secondary, group, D: int):
@@ -196,7 +199,7 @@ def _forwards(x, mv: Moves, G, N, cost: CostModel) -> dict:
     for k in range(2):
         if k:
             score = jnp.where(mv.e == out["f"][0][mv.g], -jnp.inf, score)  # the second: another expert
-        at = _group_first(_first_best(score, mv.g, D), mv.g, D)  # [D]
+        at = _first_best(score, mv.g, D, with_first=True)[1]  # [D]
         found = at < K
         at = jnp.minimum(at, K - 1)
         for name, arr in fields.items():
