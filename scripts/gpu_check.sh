@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# The prepared GPU run (issues 5, 6), in three steps that each run even when an earlier one failed:
-#   1. check       correctness of the non-interpret Pallas kernels (gmm/tgmm values + gradients, group_offset;
-#                  dispatch exact) against their references
-#   2. bench_gemm  Pallas gmm vs tokamax vs ragged_dot vs dense on DeepSeek-V3 / Qwen3 expert shapes, the tiling sweep and
-#                  the expert-FFN cost profile (profile.csv: G,N,T,t in µs, for `tempo-jax calibrate`)
-#   3. moe_check   the MoE layer: ragged_all_to_all exchange and Pallas kernels vs padded/XLA and the dense reference;
-#                  CascadeEP launch schedules + OEWF vs the synchronous layer (equality, step time per mode), run
-#                  with XLA's latency-hiding scheduler (needs ≥ 2 GPUs; recorded as not run on one)
+# The prepared GPU run (issues 5, 6, 72), in three steps that each run even when an earlier one failed, inside one
+# device call of at most 9 minutes (the step limits sum to 530 s):
+#   1. check       correctness of the non-interpret kernels (the Mosaic GPU gmm where jax >= 0.12, the Pallas
+#                  Triton gmm, tokamax: values + gradients, group_offset, FP8 weights; dispatch exact) against their
+#                  references
+#   2. bench_gemm  every grouped GEMM this machine has (Mosaic GPU where jax >= 0.12, tokamax, Pallas Triton where
+#                  jax < 0.11, ragged_dot; each missing one a "not run: <reason>" row) vs a dense matmul of the same
+#                  FLOPs on DeepSeek-V3 / Qwen3 expert shapes, bf16 and FP8 weights, balanced and skewed; the measured
+#                  matmul and copy ceilings; the flat-regime sweep (1-256 rows per group, G = 1, 4, 16, 64: µs a
+#                  call, fractions of the ceilings, monotone or not); the expert-FFN cost profile per implementation
+#                  (profile.csv: G,N,T,t in µs, the fastest one's, for `tempo-jax calibrate`)
+#   3. moe_check   the in-graph plan's time a call (relief, EP8 / EP32, E 256 + 64); the MoE layer per call on one
+#                  device for every exchange x gmm pair (+ FP8 experts), each against the dense reference; the same
+#                  on every device where there are several; presets; CascadeEP launch schedules + OEWF vs the
+#                  synchronous layer, run with XLA's latency-hiding scheduler (needs >= 2 GPUs; not run on one)
+# Each step gets a wall-clock limit and, 20 s inside it, a time budget after which its cases say "not run: time
+# budget" instead of starting (the JSON is written after every part, so a step cut short keeps what it measured).
 # Results: <dest>/{check,bench_gemm,moe_check}.{json,log}, <dest>/profile.csv and <dest>/env.txt (8 files at
 # most, what the lent device machine hands back); <dest> is $OUT when set, else results/gpu.
-# Afterwards (any machine): python scripts/gpu_report.py <dest>  ->  <dest>/report.md + profile.png.
+# Afterwards (any machine): python scripts/gpu_report.py <dest>  ->  <dest>/report.md (the issue's goals beside the
+# numbers: met / not met / not run), flat.png and profile.png.
 #
 # Usage (repo root):  bash scripts/gpu_check.sh            on a machine with a CUDA GPU and jax with CUDA
-#                     bash scripts/gpu_check.sh --smoke    the same steps on CPU: tiny shapes, interpret mode
+#                     bash scripts/gpu_check.sh --smoke    the same steps on CPU: tiny shapes, interpret mode (the
+#                                                          Mosaic GPU kernel in Mosaic GPU's interpret mode where
+#                                                          jax >= 0.12, e.g. PY=.venv-latest/bin/python)
 # Python: $PY, else .venv/bin/python when it exists, else python3 (the device image's). The repo root goes on
 # PYTHONPATH, so nothing needs installing. Exit status: 0 when every step passed, else the number of failures.
 set -uo pipefail
@@ -31,7 +43,8 @@ fi
 DEST=${OUT:-results/gpu}
 mkdir -p "$DEST"
 SMOKE=()
-LIMIT_CHECK=120 LIMIT_BENCH=240 LIMIT_MOE=120  # seconds: at most 8 minutes, inside one 10-minute device call
+LIMIT_CHECK=70 LIMIT_BENCH=320 LIMIT_MOE=140  # seconds: 530 s in all, inside one 9-minute device call
+MARGIN=20  # seconds of each limit kept for the cases already running and the JSON: the budget is limit - margin
 if [[ "${1:-}" == "--smoke" ]]; then
   SMOKE=(--smoke)
   LIMIT_CHECK=0 LIMIT_BENCH=0 LIMIT_MOE=0  # no wall-clock limits on CPU: how long a smoke run takes is the machine's
@@ -54,10 +67,15 @@ fi
 
 declare -A STATUS
 step() {  # step NAME LIMIT_S SCRIPT ARGS...: run one step with a time limit (0: none), log it, keep its exit status
-  local name=$1 limit=$2 t0=$SECONDS
+  local name=$1 limit=$2 t0=$SECONDS budget=()
   shift 2
-  if [[ $limit -gt 0 ]]; then echo "=== $name (limit ${limit}s)"; else echo "=== $name"; fi
-  timeout "$limit" "$PY" "$@" 2>&1 | tee "$DEST/$name.log"
+  if [[ $limit -gt 0 ]]; then
+    echo "=== $name (limit ${limit}s)"
+    budget=(--deadline $(($(date +%s) + limit - MARGIN)))  # Unix time: the step's start-up counts too
+  else
+    echo "=== $name"
+  fi
+  timeout "$limit" "$PY" "$@" "${budget[@]}" 2>&1 | tee "$DEST/$name.log"
   STATUS[$name]=${PIPESTATUS[0]}
   echo "=== $name: $((SECONDS - t0)) s"
 }
