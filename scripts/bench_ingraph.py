@@ -316,9 +316,7 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int, with_copies: bool
         plan_bytes=work["bytes accessed"],
         round_flops=once["flops"] - none["flops"],
         round_bytes=once["bytes accessed"] - none["bytes accessed"],
-        move_candidates=int(
-            relief.move_pairs(jnp.asarray(relief.replica_ranks(jnp.asarray(pl.log2phy), S)), D * S, D)[0].shape[0]
-        ),
+        move_candidates=_move_candidates(pl, D, S),
     )
     if with_copies:
         # The copy plan's work: relief's, plus at most (rounds + D·k) copy rounds, each what a plan with copies at one
@@ -359,6 +357,12 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int, with_copies: bool
         flush=True,
     )
     return row
+
+
+def _move_candidates(pl: Placement, D: int, S: int) -> int:
+    """K, the static number of candidate moves relief prices each round for this placement's shapes."""
+    ranks = relief.replica_ranks(jnp.asarray(pl.log2phy), S, D)
+    return int(relief.move_pairs(ranks, relief.columns(ranks, D, D * S), D * S).a.shape[0])
 
 
 def plan_rounds(experts: int, tokens: int, repeats: int) -> dict:
