@@ -119,7 +119,7 @@ def describe(cfg) -> tuple[str, str, str]:
     if r.bias:
         router.append("router bias")
     if r.score_bias:
-        router.append("selection bias")
+        router.append("selection bias" + (" on the logits" if r.bias_on == "logits" else ""))
     if r.n_group > 1:
         router.append(f"groups {r.n_group} / {r.topk_group} ({r.group_score})")
     if r.renormalize:
@@ -142,6 +142,9 @@ def describe(cfg) -> tuple[str, str, str]:
         experts += f" clamped at {e.limit:g}"
     if e.bias:
         experts += ", biases"
+    out = cfg.output
+    experts += "; block output + bias" if out.bias else ""
+    experts += "; block output RMS-normed" if out.norm else ""
     sh = cfg.shared
     shared = "—"
     if sh is not None:

@@ -1157,6 +1157,45 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "experts",
     ),
+    # the selection bias on the raw logits (Kolibri-1), the block output's norm (A.X-K1) and bias (JetMoE)
+    "kolibri1": (
+        dict(
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=12,
+            norm_topk_prob=True,
+            head_dim=8,
+        ),
+        0,
+        "mlp",
+    ),
+    "axk1": (
+        dict(
+            num_hidden_layers=2,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=8,
+            n_shared_experts=1,
+            intermediate_size=32,
+            n_group=4,
+            topk_group=2,
+            kv_lora_rank=8,
+            q_lora_rank=8,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            rms_norm_eps=1e-5,
+        ),
+        1,
+        "mlp",
+    ),
+    "jetmoe": (
+        dict(num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, intermediate_size=8, kv_channels=8),
+        0,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1187,6 +1226,9 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if "mlp.post_mlp_layernorm" in name:  # a norm inside the MoE block (A.X-K1): drawn around 1
+                p.copy_(1 + torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)
+                continue
             if "norm" in name or "layernorm" in name:
                 continue
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)

@@ -141,7 +141,8 @@ def test_every_family_gradients_equal_transformers(name):
         assert err < 1e-5, (k, err)
 
 
-# six families through the expert-parallel layer on 8 devices (two with gradients), the rest forward only
+# families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
+# mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -155,6 +156,9 @@ def test_every_family_gradients_equal_transformers(name):
         "cohere2_moe",
         "openai_privacy_filter",
         "glm5_next",
+        "axk1",
+        "jetmoe",
+        "kolibri1",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -178,6 +182,12 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         assert _rel(g_x, z["grad_x"]) < 1e-5
         if rx is not None:
             assert _rel(g_rx, z["grad_router_x"]) < 1e-5
+    if name in ("axk1", "jetmoe"):  # the block output's parameters, replicated on every rank: their gradients summed
+        cot = jnp.asarray(z["cot"], jnp.float32)
+        g = jax.jit(jax.grad(lambda p: jnp.sum(run(p, x, rx) * cot)))(params)
+        want = _hf_grads_as_logical(name, cfg)
+        for k in cfg.output.keys:
+            assert _rel(g[k], want[k]) < 1e-5, k
 
 
 @pytest.mark.parametrize("name", CLAIMED)

@@ -23,7 +23,7 @@ from solvers import PRESETS, CopyCost, LaunchSchedule, Placement
 from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
-from tempo_jax.layer.experts import ExpertConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.params import param_shapes
 from tempo_jax.layer.routing import RouterConfig
 
@@ -74,6 +74,7 @@ LAYER = {
     "router": (RouterConfig(scoring="sigmoid"), {}, "out", None),
     "expert": (ExpertConfig(activation="gpt_oss"), {}, "out", None),
     "shared": (SharedConfig(count=1, ffn=8), {}, "out", None),
+    "output": (OutputConfig(bias=True, norm=True), {}, "out", None),
     "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),
@@ -222,12 +223,15 @@ ROUTER = {
     "input_scale": (True, {}, None),
     "input_multiplier": (0.25, {}, None),
     "expert_scale": (True, {}, None),
+    "bias_on": ("logits", {"score_bias": True}, {"score_bias": True}),
 }
 EXPERT = {
     "activation": ("gpt_oss", {}, None),
     "bias": (True, {}, None),
     "alpha": (0.5, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
     "limit": (0.25, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
+    "gate_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
+    "up_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
 }
 SHARED = {
     "count": (2, {}, None),
@@ -235,8 +239,18 @@ SHARED = {
     "gated": (True, {}, None),
     "limit": (0.25, {}, None),
     "scale": (0.5, {}, None),
+    "activation": ("gpt_oss", {}, None),
+    "alpha": (0.5, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
+    "gate_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
+    "up_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
 }
-SUB = {"router": (RouterConfig, ROUTER), "expert": (ExpertConfig, EXPERT), "shared": (SharedConfig, SHARED)}
+OUTPUT = {"bias": (True, {}, None), "norm": (True, {}, None), "norm_eps": (0.5, {"norm": True}, {"norm": True})}
+SUB = {
+    "router": (RouterConfig, ROUTER),
+    "expert": (ExpertConfig, EXPERT),
+    "shared": (SharedConfig, SHARED),
+    "output": (OutputConfig, OUTPUT),
+}
 
 
 @pytest.mark.parametrize("sub", sorted(SUB))

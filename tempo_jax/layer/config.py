@@ -20,7 +20,7 @@ from solvers.relief import ROUNDS, check_relief_cost
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
-from .experts import ExpertConfig, SharedConfig
+from .experts import ExpertConfig, OutputConfig, SharedConfig
 from .replicas import REPLICA_SYNC
 from .routing import RouterConfig
 
@@ -71,6 +71,8 @@ class MoEConfig:
         softmax top-k, renormalised, as Mixtral).
       expert: the `ExpertConfig` of the routed experts (activation, biases, clamp; default plain SwiGLU).
       shared: a `SharedConfig` for shared experts beside the routed ones (None: none).
+      output: the `OutputConfig` of the block's output after routed + shared (a learned bias, a learned RMSNorm;
+        default: neither).
       capacity: rows per (source, destination) block of the exchange: ``"auto"`` (default) = dropless in rounds of
         C = capacity_factor × the mean block rows (`auto_capacity`; `tempo_jax.layer.rounds`: as many rounds as the
         largest block needs, memory bounded by C, one compile); None = the dropless worst case T/D·K in one
@@ -110,6 +112,7 @@ class MoEConfig:
     router: RouterConfig = RouterConfig()
     expert: ExpertConfig = ExpertConfig()
     shared: SharedConfig | None = None
+    output: OutputConfig = OutputConfig()
     capacity: int | str | None = "auto"
     capacity_factor: float = 2.0
     axis: str = "ep"
@@ -163,11 +166,12 @@ class MoEConfig:
         if self.replica_sync not in REPLICA_SYNC:
             raise ValueError(f"MoEConfig.replica_sync must be one of {list(REPLICA_SYNC)}, got {self.replica_sync!r}")
         GMM.validate(self.gmm_impl)
-        for name, kind in (("router", RouterConfig), ("expert", ExpertConfig)):
+        for name, kind in (("router", RouterConfig), ("expert", ExpertConfig), ("output", OutputConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"MoEConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
         self.router.validate(self.experts, self.top_k)
         self.expert.validate()
+        self.output.validate()
         if self.shared is not None:
             if not isinstance(self.shared, SharedConfig):
                 raise ValueError(f"MoEConfig.shared must be a SharedConfig or None, got {self.shared!r}")

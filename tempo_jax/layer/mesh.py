@@ -26,7 +26,7 @@ Every other mesh axis sees the layer replicated. `make_mesh` builds the usual ``
 | ``b_gate``, ``b_up`` ``[P, F]`` | ``P(ep, t)`` |
 | ``b_down`` ``[P, H]`` | ``P(ep)`` (added once, on tensor rank 0) |
 | ``shared_w_gate``, ``shared_w_up`` ``[H, Fs]`` / ``shared_w_down`` ``[Fs, H]`` | ``P(None, t)`` / ``P(t, None)`` |
-| ``router``, ``router_bias``, ``score_bias``, ``shared_gate`` | ``P()`` (replicated) |
+| ``router``, ``router_bias``, ``score_bias``, ``shared_gate``, ``out_bias``, ``out_norm`` | ``P()`` (replicated) |
 
 The letters Ng (EP groups), Tp (tensor-axis size) and Fp (FSDP-axis size) are the house glossary's
 (docs/architecture.md).

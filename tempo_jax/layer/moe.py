@@ -34,7 +34,7 @@ from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE, CallShape, block_exchange, choose_exchange, exchange_platform
-from .experts import glu, shared_ffn
+from .experts import OUTPUT_KEYS, block_output, glu, shared_ffn
 from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, onto_mesh, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
@@ -79,7 +79,8 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     xs = x.astype(config.dtype)
     params = fp8.dequantize_weights(params, fp8.layer_block(config.fp8_block), config.dtype)
     if config.router.weight_on == "input":  # Σ_k f_{e_k}(w_k · x): each pair through its expert alone
-        return _reference_input_weighted(params, xs, ids, w, config).astype(x.dtype)
+        out = _reference_input_weighted(params, xs, ids, w, config)
+        return block_output(out, params, config.output).astype(x.dtype)
     xq = _gemm_input(xs, config)
     g = jnp.einsum("th,ehf->etf", xq, params["w_gate"], precision=hp)
     u = jnp.einsum("th,ehf->etf", xq, params["w_up"], precision=hp)
@@ -93,7 +94,7 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     out = jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked)
     if config.shared is not None:
         out = out + shared_ffn(x, params, config.shared, config.dtype).astype(out.dtype)
-    return out.astype(x.dtype)
+    return block_output(out, params, config.output).astype(x.dtype)
 
 
 def _gemm_input(rows: jax.Array, config: MoEConfig) -> jax.Array:
@@ -130,7 +131,8 @@ class RankInputs(NamedTuple):
     `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
     biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
     None). Over ``ep`` only: counter [D, E] (one per EP rank, the same in every EP group). Replicated: router
-    (``router [H, E]``, ``router_bias``, ``score_bias``), table [Gs, E, R], log2phy [E, R], phy2log [P], key.
+    (``router [H, E]``, ``router_bias``, ``score_bias``), output (``out_bias``, ``out_norm``: `OutputConfig`),
+    table [Gs, E, R], log2phy [E, R], phy2log [P], key.
     """
 
     x: jax.Array
@@ -138,6 +140,7 @@ class RankInputs(NamedTuple):
     router: dict
     experts: dict
     shared: dict | None
+    output: dict
     table: jax.Array
     log2phy: jax.Array
     phy2log: jax.Array
@@ -328,6 +331,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
     if axes.tensor is not None:
         out = jax.lax.psum(out, axes.tensor)
+    out = block_output(out, inp.output, config.output)  # the block's output bias and norm, on whole rows
     stats = _stats(inp, rt, sent, done, config=config)
     if call.aux_losses == "local":
         mode = "local"
@@ -539,8 +543,9 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
+        output = {k: params[k] for k in OUTPUT_KEYS if k in params}
         inputs = RankInputs(
-            x, router_x, router, experts, shared, table, log2phy, phy2log, counter, key, ids, gate, valid
+            x, router_x, router, experts, shared, output, table, log2phy, phy2log, counter, key, ids, gate, valid
         )
         specs = inputs.specs(axes)
         if explicit:
@@ -754,7 +759,7 @@ def moe_forward(
         ``config.capacity`` when given; an int is clamped to the dropless worst case T/D·K).
       mask: optional ``[T]`` bool, False for padding tokens of a variable-length batch: they are routed to no
         expert and left out of the counts, counters, drops, statistics, losses and balancing; their output rows
-        are the shared experts' alone (zero without shared experts).
+        are the shared experts' alone (zero without shared experts), through the block's `OutputConfig`.
       aux_losses: compute the load-balancing and z losses (False: zeros, no work; eval). ``"local"``: ``aux`` is this
         call's `MoEAuxParts` per token shard, not reduced: reduce a scanned stack's with one `reduce_aux` after the
         scan (one collective for every layer instead of one per layer).

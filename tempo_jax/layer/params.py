@@ -22,6 +22,7 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
 | ``shared_gate`` | [H] | same | ``shared.gated`` (Qwen2-MoE) |
+| ``out_bias`` / ``out_norm`` | [H] float32 | same | ``output.bias`` (JetMoE) / ``output.norm`` (A.X-K1; ones at init) |
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
         if config.shared.gated:
             shapes["shared_gate"] = (H,)
+    shapes.update({k: (H,) for k in config.output.keys})
     if config.expert_dtype == "fp8_block":  # last: the other keys' draws keep their indices
         block = layer_block(config.fp8_block)
         shapes.update({SCALE_KEYS[w]: scale_shape(shapes[w], block) for w in EXPERT_WEIGHTS})
@@ -114,7 +116,7 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
     if unused:
         raise ValueError(
             f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-            "router.input_scale / router.expert_scale / expert.bias / shared); refusing to ignore them"
+            "router.input_scale / router.expert_scale / expert.bias / shared / output); refusing to ignore them"
         )
     E = config.experts
     for k, shape in shapes.items():
@@ -145,13 +147,13 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         if name == "score_bias":
             out[name] = jnp.zeros(shape, jnp.float32)
             continue
-        if name in ("router_scale", "expert_scale"):
+        if name in ("router_scale", "expert_scale", "out_norm"):
             out[name] = jnp.ones(shape, jnp.float32)
             continue
         scale = {"w_gate": H**-0.5, "w_up": H**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
         if scale is None:
-            scale = 0.1 if name.startswith("b_") or name == "router_bias" else shape[0] ** -0.5
-        dtype = jnp.float32 if name.startswith("router") else config.dtype
+            scale = 0.1 if name.startswith("b_") or name in ("router_bias", "out_bias") else shape[0] ** -0.5
+        dtype = jnp.float32 if name.startswith(("router", "out_")) else config.dtype
         if name in SCALE_KEYS.values():  # drawn with their weights
             continue
         if name in EXPERT_KEYS:
@@ -178,9 +180,9 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
 
 def init_logical_params(key: jax.Array, config: MoEConfig) -> dict:
     """Random *logical* parameters ``[E, ...]`` of every key `param_shapes` names: weights N(0, 1/fan_in) (the
-    router and its biases in float32, the rest in ``config.dtype``; FP8 experts: those values quantized, `fp8`),
-    biases N(0, 0.1²), the score bias zero. The
-    router and the three expert weights draw from ``split(key, 4)``, the rest from ``fold_in(key, 1 + their
+    router, its biases and the block output's bias / norm in float32, the rest in ``config.dtype``; FP8 experts:
+    those values quantized, `fp8`), biases N(0, 0.1²), the score bias zero, scales and norms ones.
+    The router and the three expert weights draw from ``split(key, 4)``, the rest from ``fold_in(key, 1 + their
     index)``; each expert's rows of an array from ``fold_in`` of that array's key with the expert id, so a
     physical layout draws exactly these values slot by slot (`init_params`)."""
     return _draw(key, config, None)

@@ -11,7 +11,8 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
    = sqrt(softplus(logits)) (DeepSeek-V4), ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
    over those k only), or ``sparsemixer`` (PhiMoE in eval, below).
 3. Choice scores = scores + the selection-only ``score_bias`` (DeepSeek-V3's ``e_score_correction_bias``: it
-   changes which experts are chosen, never their weights; no gradient flows into it).
+   changes which experts are chosen, never their weights; no gradient flows into it); with ``bias_on="logits"``
+   the bias is added to the raw logits instead (Kolibri-1 chooses on ``logits + bias``, weights ``sigmoid(logit)``).
 4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
    two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
@@ -53,6 +54,8 @@ class RouterConfig:
       scoring: "softmax", "sigmoid", "sqrt_softplus", "softmax_topk" or "sparsemixer".
       bias: a learned router bias [E] added to the logits (gpt-oss).
       score_bias: a selection-only correction bias [E] (DeepSeek-V3, GLM, DeepSeek-V4).
+      bias_on: what the score bias is added to for the choice: "scores" (after the scoring function: DeepSeek-V3)
+        or "logits" (before it: Kolibri-1).
       n_group: expert groups of the group-limited choice (1: off). topk_group: groups kept.
       group_score: a group's score: "top2" (the sum of its two best choice scores: DeepSeek-V3, GLM, dots1) or
         "max" (its best: DeepSeek-V2's group_limited_greedy).
@@ -74,6 +77,7 @@ class RouterConfig:
     scoring: Scoring = "softmax"
     bias: bool = False
     score_bias: bool = False
+    bias_on: str = "scores"
     n_group: int = 1
     topk_group: int = 1
     renormalize: bool = True
@@ -156,6 +160,10 @@ class RouterConfig:
                 f"{w}.mixer_eps={self.mixer_eps} is sparsemixer's logit window; scoring "
                 f"{self.scoring!r} would ignore it (leave it out or set scoring='sparsemixer')"
             )
+        if self.bias_on not in ("scores", "logits"):
+            raise ValueError(f"{w}.bias_on must be 'scores' or 'logits', got {self.bias_on!r}")
+        if self.bias_on != RouterConfig.bias_on and not self.score_bias:
+            raise ValueError(f"{w}.bias_on={self.bias_on!r} places the score bias; set score_bias=True or leave it out")
         if self.weight_on not in ("output", "input"):
             raise ValueError(f"{w}.weight_on must be 'output' or 'input', got {self.weight_on!r}")
 
@@ -221,7 +229,8 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
     scores = _scores(logits, config.scoring)
     choice = scores
     if config.score_bias:
-        choice = scores + jax.lax.stop_gradient(params["score_bias"].astype(jnp.float32))
+        base = logits if config.bias_on == "logits" else scores
+        choice = base + jax.lax.stop_gradient(params["score_bias"].astype(jnp.float32))
     choice = jax.lax.stop_gradient(choice)
     # Step 2: group-limited choice: a group scores the sum of its two best; experts of other groups are out.
     if config.n_group > 1:

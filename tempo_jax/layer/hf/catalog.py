@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..experts import ExpertConfig, SharedConfig
+from ..experts import ExpertConfig, OutputConfig, SharedConfig
 from ..routing import RouterConfig
 from .rules import (
     all_layers,
@@ -905,3 +905,71 @@ for _name, _twin, _nested, _prefixes in (
     FAMILIES[_name] = dataclasses.replace(
         FAMILIES[_twin], nested=_nested, prefixes=_prefixes, twin=_twin if _twin == "hy_v4" else None
     )
+
+
+def _kolibri1(c: Cfg) -> dict:
+    """Kolibri-1: sigmoid weights of the raw logits, chosen on ``logits + e_score_correction_bias`` (the bias on the
+    logits, not on the sigmoid scores), renormalised without an epsilon; one shared SwiGLU expert."""
+    renorm = c.get("norm_topk_prob", default=False, kind=bool)
+    router = RouterConfig(scoring="sigmoid", score_bias=True, bias_on="logits", renormalize=renorm)
+    fs = c.get("shared_expert_intermediate_size", default=512)
+    return dict(
+        experts=c.get("num_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("moe_intermediate_size"),
+        router=router,
+        shared=SharedConfig(count=1, ffn=fs) if fs else None,
+    )
+
+
+def _axk1(c: Cfg) -> dict:
+    """A.X-K1: DeepSeek-V3's block, then a learned RMSNorm of its output (``post_mlp_layernorm``)."""
+    eps = float(c.get("rms_norm_eps", default=1e-6, kind=float))
+    return {**deepseek(c, scaling=2.5, groups=(8, 4)), "output": OutputConfig(norm=True, norm_eps=eps)}
+
+
+def _jetmoe(c: Cfg) -> dict:
+    """JetMoE's MLP mixture: softmax over the top-k logits, fused gate / up ``input_linear``, a learned output bias.
+    (Its attention experts, the mixture of attention heads, belong to the attention, not to this block.)"""
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="softmax_topk", renormalize=False),
+        output=OutputConfig(bias=True),
+    )
+
+
+def _act_only(key: str):
+    """The refusal of a family whose activation sits at ``key`` (SwiGLU only)."""
+    return lambda c: (
+        None
+        if c.config.get(key, "silu") == "silu"
+        else (f"{key} {c.config[key]!r}: the layer's experts are SwiGLU (silu) only")
+    )
+
+
+FAMILIES.update(
+    {
+        # the hub files keep the selection bias at the decoder layer (moe.router.expert_bias)
+        "kolibri1": Family(
+            _kolibri1,
+            all_layers,
+            siblings=(("model.layers.{}.moe.router.", "moe.router."),),
+            names=TensorNames(score_bias=("moe.router.expert_bias", "gate.e_score_correction_bias")),
+            **_DS,
+        ),
+        "axk1": Family(
+            _axk1,
+            layer_types(1),
+            siblings=(("model.layers.{}.post_mlp_layernorm.", "post_mlp_layernorm."),),
+            **_DS,
+        ),
+        "jetmoe": Family(
+            _jetmoe,
+            all_layers,
+            names=TensorNames(router=("router.layer.weight",), fused="input_linear"),
+            refuse=_act_only("activation_function"),
+        ),
+    }
+)

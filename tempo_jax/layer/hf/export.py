@@ -145,6 +145,10 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
             out.update({f"{prefix}{gn}.weight": sg.T, f"{prefix}{un}.weight": su.T, f"{prefix}{dn}.weight": sd.T})
         if cfg.shared.gated:
             out[n.shared_gate] = p["shared_gate"][None]
+    if cfg.output.bias:
+        out[n.output_bias] = p["out_bias"]
+    if cfg.output.norm:
+        out[n.output_norm] = p["out_norm"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 

@@ -85,7 +85,7 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
     phy2log = np.asarray(placement.phy2log)
     out = {}
     for name, (per_expert, read) in readers.items():
-        kind = jnp.float32 if name.startswith("router") or name in ("score_bias", "expert_scale") else dtype
+        kind = jnp.float32 if name.startswith(("router", "out_")) or name in ("score_bias", "expert_scale") else dtype
         kind = stored_dtypes(cfg.expert_dtype).get(name, kind)
         shape = shapes[name]
         if not per_expert:

@@ -18,7 +18,6 @@ _ROUTED_SHARED = "shared experts weighted by the router (extra router rows norma
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
-    "axk1": "a learned RMSNorm of the block's own output (mlp.post_mlp_layernorm) after routed + shared",
     "ernie4_5_vl_moe": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "inkling_mm_model": _ROUTED_SHARED,
@@ -27,8 +26,6 @@ REFUSED: dict[str, str] = {
     "inkling2_text": _SOFTCAPPED,
     "inkling2_loop": _SOFTCAPPED,
     "inkling2_loop_text": _SOFTCAPPED,
-    "jetmoe": "a learned output bias [H] added to the block's output (mlp.bias) and mixture-of-attention experts",
-    "kolibri1": "a selection bias added to the raw router logits before the sigmoid (not to the scores)",
     "longcat_flash": (
         "zero-computation (identity) experts a token may choose (zero_expert_num; 256 in every released LongCat-Flash)"
     ),

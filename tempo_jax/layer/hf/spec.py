@@ -35,6 +35,8 @@ class TensorNames:
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
       expert_scale: the learned per-expert weight scale ``[E]`` (Gemma 4's ``router.per_expert_scale``).
+      output_bias / output_norm: the block output's learned bias / RMSNorm weight ``[H]`` (JetMoE's ``bias``,
+        A.X-K1's ``post_mlp_layernorm.weight``; `tempo_jax.layer.experts.OutputConfig`).
     """
 
     router: tuple[str, ...] = ("gate.weight",)
@@ -51,6 +53,8 @@ class TensorNames:
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False
     shared_gate: str = "shared_expert_gate.weight"
+    output_bias: str = "bias"
+    output_norm: str = "post_mlp_layernorm.weight"
 
 
 @dataclasses.dataclass(frozen=True)

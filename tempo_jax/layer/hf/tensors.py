@@ -227,7 +227,12 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
             whole("shared_w_down", f"{prefix}{d}.weight", (H, Fs), lambda a: a.T)
         if cfg.shared.gated:
             whole("shared_gate", names.shared_gate, (1, H), lambda a: a[0])
-    # Step 4: nothing left over.
+    # Step 4: the block output's bias and norm.
+    if cfg.output.bias:
+        whole("out_bias", names.output_bias, (H,))
+    if cfg.output.norm:
+        whole("out_norm", names.output_norm, (H,))
+    # Step 5: nothing left over.
     extra = sorted(c.keys - c.used)
     if extra:
         more = " …" if len(extra) > 8 else ""
