@@ -109,6 +109,24 @@ def tested_through(mt: str) -> str | None:
     return None
 
 
+def _activation(name: str, limit, gate_cap, up_cap) -> str:
+    """An expert activation in words (its clamp or soft caps with it)."""
+    words = {
+        "swiglu": "SwiGLU",
+        "swiglu_clamp": "SwiGLU",
+        "geglu_tanh": "GeGLU (tanh)",
+        "geglu": "GeGLU",
+        "gpt_oss": "gpt-oss",
+        "swiglu_post_clamp": "SwiGLU",
+        "swiglu_softcap": "SwiGLU",
+    }[name]
+    if name == "swiglu_post_clamp":
+        return f"{words} clamped after the activation at {limit:g}"
+    if name == "swiglu_softcap":
+        return f"{words} soft-capped at {gate_cap:g} / {up_cap:g}"
+    return words + (f" clamped at {limit:g}" if limit is not None else "")
+
+
 def describe(cfg) -> tuple[str, str, str]:
     """(router, experts, shared experts) of a `MoEConfig`, in words."""
     r = cfg.router
@@ -131,15 +149,7 @@ def describe(cfg) -> tuple[str, str, str]:
     if r.weight_on == "input":
         router.append("weights the expert's input")
     e = cfg.expert
-    experts = {
-        "swiglu": "SwiGLU",
-        "swiglu_clamp": "SwiGLU",
-        "geglu_tanh": "GeGLU (tanh)",
-        "geglu": "GeGLU",
-        "gpt_oss": "gpt-oss",
-    }[e.activation]
-    if e.limit is not None:
-        experts += f" clamped at {e.limit:g}"
+    experts = _activation(e.activation, e.limit, e.gate_cap, e.up_cap)
     if e.bias:
         experts += ", biases"
     out = cfg.output
@@ -149,9 +159,9 @@ def describe(cfg) -> tuple[str, str, str]:
     shared = "—"
     if sh is not None:
         shared = f"{sh.count} × {sh.ffn}" + (", sigmoid-gated" if sh.gated else "")
-        shared += (f", clamped at {sh.limit:g}" if sh.limit is not None else "") + (
-            f", × {sh.scale:g}" if sh.scale != 1 else ""
-        )
+        if sh.activation != "swiglu" or sh.limit is not None:
+            shared += ", " + _activation(sh.activation, sh.limit, sh.gate_cap, sh.up_cap)
+        shared += f", × {sh.scale:g}" if sh.scale != 1 else ""
     return ", ".join(router), experts, shared
 
 

@@ -1196,6 +1196,31 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mlp",
     ),
+    # Step-3.7: routed and shared experts clamped after the activation at per-layer limits that bite
+    "step3p7": (
+        dict(
+            text_config=dict(
+                **COMMON,
+                head_dim=8,
+                num_hidden_layers=2,
+                mlp_layer_types=["dense", "sparse"],
+                num_local_experts=8,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=8,
+                share_expert_dim=12,
+                intermediate_size=24,
+                swiglu_limits=[0.0, 1.5],
+                swiglu_limits_shared=[0.0, 1.0],
+                moe_router_scaling_factor=2.0,
+            ),
+            vision_config=dict(
+                hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28
+            ),
+        ),
+        1,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1249,6 +1274,7 @@ BUILD = {
     "deepseek_ocr2": ("DeepseekOcr2ForConditionalGeneration", "model.language_model.layers"),
     "diffusion_gemma": ("DiffusionGemmaForBlockDiffusion", "model.decoder.layers"),
     "unlimited_ocr": ("AutoModelForImageTextToText", "model.language_model.layers"),
+    "step3p7": ("Step3p7ForConditionalGeneration", "model.language_model.layers"),
 }
 #: families whose shared MLP sits beside the block on the decoder layer (one MoE unit)
 SIBLING_SHARED = ("granitemoeshared", "granitemoehybrid", "granitemoe_swa")

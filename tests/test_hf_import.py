@@ -142,7 +142,8 @@ def test_every_family_gradients_equal_transformers(name):
 
 
 # families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
-# mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits among them)
+# mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
+# after the activation among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -159,6 +160,7 @@ def test_every_family_gradients_equal_transformers(name):
         "axk1",
         "jetmoe",
         "kolibri1",
+        "step3p7",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):

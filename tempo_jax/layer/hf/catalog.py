@@ -973,3 +973,63 @@ FAMILIES.update(
         ),
     }
 )
+
+
+def _step_limit(c: Cfg, key: str) -> float | None:
+    """Step-3.7's clamp of this layer from the per-layer list ``key`` (a 0 / null entry, or no list: no clamp)."""
+    v = c.per_layer(key, "SwiGLU clamp")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+        raise ValueError(f"moe_from_hf: config[{key!r}][{c.layer}] must be a number >= 0 (0: no clamp), got {v!r}")
+    return float(v) if v else None
+
+
+def _step3p7(c: Cfg) -> dict:
+    """Step-3.5 / 3.7: a sigmoid router with a selection bias, renormalised, × moe_router_scaling_factor; SwiGLU
+    experts and one shared expert, each clamped after the activation at its own per-layer limit (``swiglu_limits``,
+    ``swiglu_limits_shared``)."""
+    routed, shared = _step_limit(c, "swiglu_limits"), _step_limit(c, "swiglu_limits_shared")
+    scaling = float(c.get("moe_router_scaling_factor", default=1.0, kind=float))
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts", "moe_num_experts", default=288),
+        top_k=c.get("num_experts_per_tok", "moe_top_k"),
+        ffn=c.get("moe_intermediate_size"),
+        router=RouterConfig(scoring="sigmoid", score_bias=True, renormalize=True, scaling=scaling),
+        expert=ExpertConfig(activation="swiglu_post_clamp", limit=routed) if routed else ExpertConfig(),
+        shared=SharedConfig(
+            count=1,
+            ffn=c.get("share_expert_dim", "share_expert_dims", default=1280),
+            **(dict(activation="swiglu_post_clamp", limit=shared) if shared else {}),
+        ),
+    )
+
+
+def _step3p7_layers(c: Cfg) -> list[int]:
+    """``mlp_layer_types`` ("sparse"), else the legacy ``moe_layers_enum``, else every layer from the fourth on."""
+    if c.config.get("mlp_layer_types") is None and c.config.get("moe_layers_enum") is not None:
+        items = c.config["moe_layers_enum"]
+        items = items.split(",") if isinstance(items, str) else items
+        try:
+            moe = {int(i) for i in items if str(i).strip()}
+        except (TypeError, ValueError):
+            raise ValueError(f"moe_from_hf: config['moe_layers_enum'] must list layer ids, got {items!r}") from None
+        return [i for i in range(c.num_layers()) if i in moe]
+    return layer_types(3, key=None)(c)
+
+
+# Step's hub files keep the block at the decoder layer (moe.*, share_expert.*; the experts as three stacked
+# tensors); transformers' in-memory layout (a fused save) puts it under mlp.
+FAMILIES["step3p7"] = Family(
+    _step3p7,
+    _step3p7_layers,
+    ("model.language_model.layers.{}.mlp.", "model.layers.{}.mlp.", "model.layers.{}."),
+    names=TensorNames(
+        router=("moe.gate.weight", "gate.weight"),
+        score_bias=("moe.router_bias", "gate.e_score_correction_bias"),
+        stacked_names=("moe.gate_proj.weight", "moe.up_proj.weight", "moe.down_proj.weight"),
+        shared=("share_expert.", "shared_experts."),
+    ),
+    refuse=no_mlp_bias,
+    nested="text_config",
+    parts=("moe.", "share_expert.", "gate.", "experts.", "shared_experts."),
+)
+FAMILIES["step3p5"] = dataclasses.replace(FAMILIES["step3p7"], nested=None, twin="step3p7")

@@ -32,22 +32,28 @@ def _np(a) -> np.ndarray:
 
 
 #: The `MoEConfig` fields that make a block what config.json says it is.
-_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared")
+_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared", "output")
 
 
 def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: str) -> None:
     """``cfg`` is the block ``config`` describes (at decoder ``layer`` when given): the same dimensions, router
     (aux-free ``balance_rate`` aside: a training setting), experts and shared experts, so that the tensors written
     load back into the same block."""
-    k = cfg.top_k
+    kw = dict(slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype)
     try:
-        want = moe_config_from_hf(config, slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype, layer=layer)
+        candidates = [moe_config_from_hf(config, **kw, layer=layer)]
     except ValueError as err:
-        if layer is not None or "top-k is per layer" not in str(err):
+        if layer is not None or "is per layer" not in str(err):
             raise ValueError(f"{where}: {err}") from None
-        want = moe_config_from_hf(config, slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype, layer=0, top_k=k)
-    have = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, balance_rate=want.router.balance_rate))
-    wrong = [f for f in _BLOCK_FIELDS if getattr(have, f) != getattr(want, f)]
+        # a family whose top-k or constants are per layer, no layer given: the block must be one of its MoE layers'
+        top_k = {"top_k": cfg.top_k} if "top-k is per layer" in str(err) else {}
+        candidates = [moe_config_from_hf(config, **kw, layer=i, **top_k) for i in moe_layer_ids(config)]
+    wrong = []
+    for want in candidates:
+        have = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, balance_rate=want.router.balance_rate))
+        wrong = [f for f in _BLOCK_FIELDS if getattr(have, f) != getattr(want, f)]
+        if not wrong:
+            break
     if wrong:
         shown = "; ".join(
             f"{f}: config.json says {getattr(want, f)!r}, the block has {getattr(have, f)!r}" for f in wrong
@@ -73,7 +79,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     check_block(config, cfg, layer=layer, where="moe_to_hf")
     check_params(logical, cfg, num_slots=None, where="moe_to_hf")
     n = fam.names
-    per_expert = n.fused not in ("interleaved", "dbrx", "input_linear") and not n.hub_fused  # the else below
+    per_expert = n.fused not in ("interleaved", "dbrx", "input_linear") and not n.hub_fused and not n.stacked_names
     stored = None  # FP8 experts in the per-expert layout: written as stored, beside their block scales
     if cfg.expert_dtype == "fp8_block" and per_expert:
         stored = {k: np.asarray(jax.device_get(logical[k])) for k in (*SCALE_KEYS, *SCALE_KEYS.values())}
@@ -103,6 +109,8 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
                 "experts.down_proj_bias": p["b_down"],
             }
         )
+    elif n.stacked_names is not None:  # three stacked tensors, torch Linear [E, out, in] (Step-3.7's hub files)
+        out.update(dict(zip(n.stacked_names, (g.transpose(0, 2, 1), u.transpose(0, 2, 1), d.transpose(0, 2, 1)))))
     elif n.fused == "dbrx":
         out.update(
             {

@@ -52,12 +52,14 @@ def moe_config_from_hf(
     config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, layer: int | None = None, **overrides
 ) -> MoEConfig:
     """The `MoEConfig` of one MoE block of the model ``config`` (a config.json dict), see the module's table;
-    ``layer``: the decoder layer, for a family whose top-k is a per-layer list (HunYuan's ``moe_topk``).
+    ``layer``: the decoder layer, for a family whose top-k or constants are per layer (HunYuan's ``moe_topk``,
+    Step-3.7's ``swiglu_limits``).
 
     Raises:
       ValueError: unknown ``model_type``, a missing or mistyped key, or a block the layer cannot express.
     """
     mt, fam, c = family(config)
+    c.layer = layer
     why = fam.refuse(c)
     if why:
         raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {why}")

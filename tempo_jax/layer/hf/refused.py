@@ -36,14 +36,6 @@ REFUSED: dict[str, str] = {
     "nemotron_h": "non-gated ReLU² experts (down(relu²(up·x))), optionally behind a latent projection",
     "nllb-moe": _NON_GATED_RELU + " (top-2, tokens beyond expert_capacity dropped)",
     "switch_transformers": "non-gated ReLU experts (T5 wi / wo) with top-1 capacity-limited routing",
-    "step3p5": (
-        "SwiGLU clamped after the activation with per-layer limits (min(silu(g), limit)·clip(u, ±limit); "
-        "swiglu_limits / swiglu_limits_shared)"
-    ),
-    "step3p7": (
-        "SwiGLU clamped after the activation with per-layer limits (min(silu(g), limit)·clip(u, ±limit); "
-        "swiglu_limits / swiglu_limits_shared)"
-    ),
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
     "zaya": "an MLP router that carries router state across layers, and a skip (zero-computation) expert",
 }

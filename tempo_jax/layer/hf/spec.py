@@ -35,6 +35,9 @@ class TensorNames:
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
       expert_scale: the learned per-expert weight scale ``[E]`` (Gemma 4's ``router.per_expert_scale``).
+      stacked_names: the experts as three stacked tensors ``gate [E, F, H]``, ``up [E, F, H]``, ``down [E, H, F]``
+        under these names (Step-3.7's hub files: ``moe.gate_proj.weight``, …), tried before the fused layout; None:
+        no such layout.
       output_bias / output_norm: the block output's learned bias / RMSNorm weight ``[H]`` (JetMoE's ``bias``,
         A.X-K1's ``post_mlp_layernorm.weight``; `tempo_jax.layer.experts.OutputConfig`).
     """
@@ -53,6 +56,7 @@ class TensorNames:
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False
     shared_gate: str = "shared_expert_gate.weight"
+    stacked_names: tuple[str, str, str] | None = None
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"
 
@@ -92,10 +96,26 @@ class TrainingNoiseWarning(UserWarning):
 
 class Cfg:
     """A config.json dict read the way its configuration class reads it: any of a key's spellings (the class's
-    ``attribute_map``), its default when absent, the type checked (``where`` names the family in errors)."""
+    ``attribute_map``), its default when absent, the type checked (``where`` names the family in errors);
+    ``layer`` the decoder layer being imported (None: not given), for the families whose constants are per layer."""
 
-    def __init__(self, config: Mapping, where: str):
-        self.config, self.where = config, where
+    def __init__(self, config: Mapping, where: str, layer: int | None = None):
+        self.config, self.where, self.layer = config, where, layer
+
+    def per_layer(self, key: str, what: str):
+        """``config[key][layer]`` of a per-layer list (None when the config has no list): the ``layer`` given to the
+        import (a ValueError saying so when it is missing or out of range)."""
+        values = self.config.get(key)
+        if values is None:
+            return None
+        if not isinstance(values, list | tuple):
+            raise ValueError(f"moe_from_hf: config[{key!r}] must be a list (one {what} per layer), got {values!r}")
+        if self.layer is None or not 0 <= self.layer < len(values):
+            raise ValueError(
+                f"moe_from_hf: {self.where}'s {what} is per layer ({key}: {list(values)[:8]}…): give layer= "
+                f"(0 … {len(values) - 1})"
+            )
+        return values[self.layer]
 
     def get(self, *keys: str, default=..., kind=int):
         for k in keys:

@@ -294,7 +294,8 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     """The routed experts' readers (see the module's layouts)."""
     H, F, E = cfg.hidden, cfg.ffn, cfg.experts
     g, u, d = names.experts
-    if f"experts.0.{g}.weight" in c.keys or (not _fused_present(c, names) and names.fused != "dbrx"):
+    stacked_here = names.stacked_names is not None and names.stacked_names[0] in c.keys
+    if f"experts.0.{g}.weight" in c.keys or (not (_fused_present(c, names) or stacked_here) and names.fused != "dbrx"):
         per = {
             n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
             for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))
@@ -304,6 +305,12 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
                 _stored_fp8(cfg, src, n, keys, stacked)
             else:
                 stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
+        return
+    if names.stacked_names is not None and names.stacked_names[0] in c.keys:  # three stacked tensors (Step-3.7)
+        gk, uk, dk = (c.need(k, s) for k, s in zip(names.stacked_names, ((E, F, H), (E, F, H), (E, H, F)), strict=True))
+        stacked("w_gate", lambda e: src.read(gk, e).T)
+        stacked("w_up", lambda e: src.read(uk, e).T)
+        stacked("w_down", lambda e: src.read(dk, e).T)
         return
     if names.fused == "dbrx":
         w1, v1, w2 = (c.need(f"experts.mlp.{n}", (E * F, H)) for n in ("w1", "v1", "w2"))
