@@ -110,7 +110,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
             }
         )
     elif n.stacked_names is not None:  # three stacked tensors, torch Linear [E, out, in] (Step-3.7's hub files)
-        out.update(dict(zip(n.stacked_names, (g.transpose(0, 2, 1), u.transpose(0, 2, 1), d.transpose(0, 2, 1)))))
+        out.update({k: w.transpose(0, 2, 1) for k, w in zip(n.stacked_names, (g, u, d), strict=True)})
     elif n.fused == "dbrx":
         out.update(
             {
