@@ -1221,6 +1221,28 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         1,
         "mlp",
     ),
+    # MiniMax-M3: routed and shared experts with gpt-oss's activation, clamped at a limit that bites
+    "minimax_m3_vl_text": (
+        dict(
+            head_dim=8,
+            num_hidden_layers=2,
+            mlp_layer_types=["dense", "sparse"],
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=8,
+            shared_intermediate_size=12,
+            dense_intermediate_size=24,
+            routed_scaling_factor=2.0,
+            swiglu_limit=1.5,
+            rotary_dim=4,
+            index_n_heads=2,
+            index_head_dim=8,
+            index_block_size=4,
+            index_topk_blocks=2,
+        ),
+        1,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1235,6 +1257,19 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         "mlp",
     ),
 }
+
+#: MiniMax-M3's multimodal model: the same text block, whose hub files keep MiniMax's own names
+FAMILIES["minimax_m3_vl"] = (
+    dict(
+        text_config={**COMMON, **FAMILIES["minimax_m3_vl_text"][0]},
+        vision_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28
+        ),
+        projector_hidden_size=16,
+    ),
+    1,
+    "mlp",
+)
 
 
 def _gemma4_block(block, x, router_x):
@@ -1275,6 +1310,7 @@ BUILD = {
     "diffusion_gemma": ("DiffusionGemmaForBlockDiffusion", "model.decoder.layers"),
     "unlimited_ocr": ("AutoModelForImageTextToText", "model.language_model.layers"),
     "step3p7": ("Step3p7ForConditionalGeneration", "model.language_model.layers"),
+    "minimax_m3_vl": ("AutoModelForImageTextToText", "model.language_model.layers"),
 }
 #: families whose shared MLP sits beside the block on the decoder layer (one MoE unit)
 SIBLING_SHARED = ("granitemoeshared", "granitemoehybrid", "granitemoe_swa")

@@ -1033,3 +1033,58 @@ FAMILIES["step3p7"] = Family(
     parts=("moe.", "share_expert.", "gate.", "experts.", "shared_experts."),
 )
 FAMILIES["step3p5"] = dataclasses.replace(FAMILIES["step3p7"], nested=None, twin="step3p7")
+
+
+def _minimax_m3(c: Cfg) -> dict:
+    """MiniMax-M3: a sigmoid router with a selection bias, renormalised, × routed_scaling_factor; routed and shared
+    experts with gpt-oss's activation (gate / up not interleaved) at swiglu_limit / swiglu_alpha."""
+    limit = float(c.get("swiglu_limit", default=7.0, kind=float))
+    alpha = float(c.get("swiglu_alpha", default=1.702, kind=float))
+    act = dict(activation="gpt_oss", limit=limit, alpha=alpha)
+    scaling = float(c.get("routed_scaling_factor", default=2.0, kind=float))
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("intermediate_size"),
+        router=RouterConfig(scoring="sigmoid", score_bias=True, renormalize=True, scaling=scaling),
+        expert=ExpertConfig(**act),
+        shared=SharedConfig(count=1, ffn=c.get("shared_intermediate_size", default=3072), **act),
+    )
+
+
+def _minimax_m3_layers(c: Cfg) -> list[int]:
+    """``mlp_layer_types`` ("sparse"), else the legacy ``moe_layer_freq`` flags, else every layer."""
+    freq = c.config.get("moe_layer_freq")
+    if c.config.get("mlp_layer_types") is None and isinstance(freq, list | tuple):
+        if len(freq) != c.num_layers():
+            raise ValueError(f"moe_from_hf: config['moe_layer_freq'] must list one flag per layer, got {freq!r}")
+        return [i for i, f in enumerate(freq) if f]
+    return layer_types(0, key=None)(c)
+
+
+def _minimax_m3_refuse(c: Cfg) -> str | None:
+    limit = c.config.get("swiglu_limit", 7.0)
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit <= 0:
+        return f"swiglu_limit={limit}: transformers clamps at it (a limit <= 0 zeroes the gate); it must be > 0"
+    return None
+
+
+# the text model saves transformers' in-memory layout (fused experts, a fused shared gate_up); the multimodal model's
+# hub files keep MiniMax's own names (block_sparse_moe, experts.{e}.w1 / w3 / w2)
+FAMILIES["minimax_m3_vl_text"] = Family(
+    _minimax_m3,
+    _minimax_m3_layers,
+    ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    names=TensorNames(hub_fused=True, shared_gate_up=True),
+    refuse=_minimax_m3_refuse,
+)
+FAMILIES["minimax_m3_vl"] = Family(
+    _minimax_m3,
+    _minimax_m3_layers,
+    ("language_model.model.layers.{}.block_sparse_moe.", "model.language_model.layers.{}.mlp."),
+    names=TensorNames(
+        experts=("w1", "w3", "w2"), score_bias=("e_score_correction_bias", "gate.e_score_correction_bias")
+    ),
+    refuse=_minimax_m3_refuse,
+    nested="text_config",
+)

@@ -148,6 +148,9 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         if n.shared_fused:
             out[f"{prefix}input_linear.weight"] = np.concatenate([sg, su], axis=1).T
             out[f"{prefix}output_linear.weight"] = sd.T
+        elif n.shared_gate_up:
+            out[f"{prefix}gate_up_proj.weight"] = np.concatenate([sg, su], axis=1).T
+            out[f"{prefix}down_proj.weight"] = sd.T
         else:
             gn, un, dn = n.shared_names
             out.update({f"{prefix}{gn}.weight": sg.T, f"{prefix}{un}.weight": su.T, f"{prefix}{dn}.weight": sd.T})

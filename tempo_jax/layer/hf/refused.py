@@ -12,7 +12,6 @@ __all__ = ["REFUSED"]
 
 _NON_GATED_RELU = "non-gated ReLU experts (fc1 / fc2 with biases) and capacity-limited routing"
 _SOFTCAPPED = "soft-capped SwiGLU experts (tanh caps on the gate's linear factor and on the up projection)"
-_GPT_OSS_SHARED = "shared experts with the gpt-oss activation ((u + 1)·g·σ(1.702·g), clamped); the layer's are SwiGLU"
 _LATENT = "experts at a latent width (projections with RMSNorms around them) and a per-expert output RMSNorm"
 _ROUTED_SHARED = "shared experts weighted by the router (extra router rows normalised jointly with the routed top-k)"
 
@@ -29,8 +28,6 @@ REFUSED: dict[str, str] = {
     "longcat_flash": (
         "zero-computation (identity) experts a token may choose (zero_expert_num; 256 in every released LongCat-Flash)"
     ),
-    "minimax_m3_vl": _GPT_OSS_SHARED,
-    "minimax_m3_vl_text": _GPT_OSS_SHARED,
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
     "nemotron_h": "non-gated ReLU² experts (down(relu²(up·x))), optionally behind a latent projection",

@@ -35,6 +35,8 @@ class TensorNames:
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
       expert_scale: the learned per-expert weight scale ``[E]`` (Gemma 4's ``router.per_expert_scale``).
+      shared_gate_up: the shared experts' gate and up as one ``gate_up_proj`` Linear ``[2Fs, H]`` (gate rows first)
+        in the layout transformers saves (MiniMax-M3's text model); read wherever present, written when set.
       stacked_names: the experts as three stacked tensors ``gate [E, F, H]``, ``up [E, F, H]``, ``down [E, H, F]``
         under these names (Step-3.7's hub files: ``moe.gate_proj.weight``, …), tried before the fused layout; None:
         no such layout.
@@ -56,6 +58,7 @@ class TensorNames:
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False
     shared_gate: str = "shared_expert_gate.weight"
+    shared_gate_up: bool = False
     stacked_names: tuple[str, str, str] | None = None
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"

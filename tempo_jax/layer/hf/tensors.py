@@ -214,7 +214,11 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     if cfg.shared is not None:
         Fs = cfg.shared.width
         prefix = next((p for p in names.shared if any(k.startswith(p) for k in c.keys)), names.shared[0])
-        if names.shared_fused:
+        if f"{prefix}gate_up_proj.weight" in c.keys:  # gate and up in one Linear, gate rows first (MiniMax-M3)
+            whole("shared_w_gate", f"{prefix}gate_up_proj.weight", (2 * Fs, H), lambda a: a[:Fs].T)
+            whole("shared_w_up", f"{prefix}gate_up_proj.weight", (2 * Fs, H), lambda a: a[Fs:].T)
+            whole("shared_w_down", f"{prefix}down_proj.weight", (H, Fs), lambda a: a.T)
+        elif names.shared_fused:
             whole("shared_w_gate", f"{prefix}input_linear.weight", (2 * Fs, H), lambda a: a[:Fs].T)
             whole("shared_w_up", f"{prefix}input_linear.weight", (2 * Fs, H), lambda a: a[Fs:].T)
             whole("shared_w_down", f"{prefix}output_linear.weight", (H, Fs), lambda a: a.T)
