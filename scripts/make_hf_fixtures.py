@@ -1243,6 +1243,29 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         1,
         "mlp",
     ),
+    # Inkling 2: soft caps small enough to bite on the gate's linear factor and the up projection
+    "inkling2_text": (
+        dict(
+            unpadded_vocab_size=32,
+            head_dim=8,
+            swa_num_attention_heads=2,
+            swa_num_key_value_heads=2,
+            swa_head_dim=8,
+            num_hidden_layers=2,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            route_scale=2.0,
+            mlp_gate_softcap=0.8,
+            mlp_up_softcap=1.5,
+            n_layers_per_attn_res_block=1,
+            sliding_window_size=8,
+            d_rel=4,
+            rel_extent=8,
+        ),
+        0,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1312,6 +1335,8 @@ BUILD = {
     "step3p7": ("Step3p7ForConditionalGeneration", "model.language_model.layers"),
     "minimax_m3_vl": ("AutoModelForImageTextToText", "model.language_model.layers"),
 }
+#: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute
+ROUTER_FP32 = {"inkling2_text": "gate"}
 #: families whose shared MLP sits beside the block on the decoder layer (one MoE unit)
 SIBLING_SHARED = ("granitemoeshared", "granitemoehybrid", "granitemoe_swa")
 
@@ -1352,8 +1377,11 @@ def make(family: str) -> None:
     model.save_pretrained(out / "fused", save_original_format=False)
     if not any((out / "fused").glob("*.safetensors")):
         shutil.rmtree(out / "fused")
-    # The block's own forward and gradients, in float64.
+    # The block's own forward and gradients, in float64 (a router that casts its input to float32 on purpose stays
+    # float32: Inkling 2's).
     block = block.to(torch.float64)
+    if family in ROUTER_FP32:
+        getattr(block, ROUTER_FP32[family]).to(torch.float32)
     g = torch.Generator().manual_seed(1)
     text = getattr(model.config, "text_config", model.config)
     H = model.config.d_model if family == "dbrx" else text.hidden_size

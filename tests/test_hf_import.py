@@ -143,7 +143,7 @@ def test_every_family_gradients_equal_transformers(name):
 
 # families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
-# after the activation, MiniMax-M3's gpt-oss shared experts among them)
+# after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -162,6 +162,7 @@ def test_every_family_gradients_equal_transformers(name):
         "kolibri1",
         "step3p7",
         "minimax_m3_vl_text",
+        "inkling2_text",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):

@@ -1088,3 +1088,62 @@ FAMILIES["minimax_m3_vl"] = Family(
     refuse=_minimax_m3_refuse,
     nested="text_config",
 )
+
+
+def _inkling2(c: Cfg) -> dict:
+    """Inkling 2: a sigmoid router with a selection bias, renormalised (+1e-20), × route_scale; soft-capped SwiGLU
+    experts (``mlp_gate_softcap`` / ``mlp_up_softcap``), no shared experts."""
+    defaults = (("gate_softcap", 4.0), ("up_softcap", 25.0))
+    caps = {k: float(c.get(f"mlp_{k}", default=d, kind=float)) for k, d in defaults}
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-20,
+        scaling=float(c.get("route_scale", "routed_scaling_factor", default=8.0, kind=float)),
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("moe_intermediate_size", "intermediate_size"),
+        router=router,
+        expert=ExpertConfig(activation="swiglu_softcap", gate_cap=caps["gate_softcap"], up_cap=caps["up_softcap"]),
+    )
+
+
+def _inkling2_refuse(c: Cfg) -> str | None:
+    scoring = c.config.get("scoring_func", "sigmoid")
+    if scoring != "sigmoid":
+        return f"scoring_func {scoring!r}: the layer reads Inkling 2's router as sigmoid scores"
+    for key in ("mlp_gate_softcap", "mlp_up_softcap"):
+        v = c.config.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            return f"{key}={v!r}: a soft cap c·tanh(x / c) needs c > 0"
+    return None
+
+
+# the hub files keep the text model under model.llm (transformers renames it on load), the experts fused as
+# w13_weight [E, 2F, H] (gate and up rows alternating) / w2_weight and the selection bias as gate.bias
+_INKLING2_NAMES = TensorNames(
+    score_bias=("gate.bias", "gate.e_score_correction_bias"),
+    hub_fused=True,
+    fused_names=("experts.w13_weight", "experts.w2_weight"),
+    fused_interleaved=True,
+)
+FAMILIES["inkling2_text"] = Family(
+    _inkling2,
+    all_layers,
+    ("model.llm.layers.{}.mlp.", "model.layers.{}.mlp."),
+    names=_INKLING2_NAMES,
+    refuse=_inkling2_refuse,
+)
+FAMILIES["inkling2"] = dataclasses.replace(
+    FAMILIES["inkling2_text"],
+    prefixes=("model.llm.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    nested="text_config",
+    twin="inkling2_text",
+)
+# Inkling 2 Loop: the same block; its looped layers run several passes with the same weights (one MoE block per
+# physical layer, which is what its files hold and what `moe_layer_ids` lists)
+FAMILIES["inkling2_loop_text"] = dataclasses.replace(FAMILIES["inkling2_text"], twin="inkling2_text")
+FAMILIES["inkling2_loop"] = dataclasses.replace(FAMILIES["inkling2"], twin="inkling2_text")

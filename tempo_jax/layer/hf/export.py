@@ -130,6 +130,9 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         gu, dn = n.fused_names
         if n.transposed:
             out.update({gu: np.concatenate([g, u], axis=2), dn: d})
+        elif n.fused_interleaved:  # gate and up rows alternating (Inkling 2's w13_weight)
+            gate_up = np.stack([g, u], axis=3).reshape(E, g.shape[1], 2 * F)
+            out.update({gu: gate_up.transpose(0, 2, 1), dn: d.transpose(0, 2, 1)})
         else:
             out.update({gu: np.concatenate([g, u], axis=2).transpose(0, 2, 1), dn: d.transpose(0, 2, 1)})
         if cfg.expert.bias:  # gate first

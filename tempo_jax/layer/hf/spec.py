@@ -31,6 +31,8 @@ class TensorNames:
       hub_fused: transformers saves the "gate_up" experts fused (no per-expert conversion for the family), so the
         export writes them so. fused_names: the hub names of the fused gate_up / down tensors (Aria:
         ``experts.fc1.weight`` / ``experts.fc2.weight``); the in-memory names are read too.
+        fused_interleaved: under the hub names, gate and up rows alternate along 2F (Inkling 2's ``w13_weight``:
+        row 2i the gate's i-th, 2i + 1 the up's; transformers de-interleaves on load).
       shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
@@ -54,6 +56,7 @@ class TensorNames:
     transposed: bool | None = False
     hub_fused: bool = False
     fused_names: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")
+    fused_interleaved: bool = False
     shared: tuple[str, ...] = ("shared_experts.",)
     shared_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared_fused: bool = False

@@ -358,6 +358,7 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     gu_key, dn_key = (hub_gu, hub_dn) if hub_dn in c.keys else ("experts.gate_up_proj", "experts.down_proj")
     down = c.src.shape(dn_key) if dn_key in c.keys else (E, H, F)
     transposed = names.transposed if names.transposed is not None else tuple(down) == (E, F, H)
+    interleaved = names.fused_interleaved and gu_key == hub_gu  # the hub's alternating rows (Inkling 2)
     if transposed:
         gk, dk = c.need(gu_key, (E, H, 2 * F)), c.need(dn_key, (E, F, H))
         stacked("w_gate", lambda e: src.read(gk, e)[:, :F])
@@ -365,8 +366,9 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         stacked("w_down", lambda e: src.read(dk, e))
     else:
         gk, dk = c.need(gu_key, (E, 2 * F, H)), c.need(dn_key, (E, H, F))
-        stacked("w_gate", lambda e: src.read(gk, e)[:F].T)
-        stacked("w_up", lambda e: src.read(gk, e)[F:].T)
+        gate, up = (slice(0, None, 2), slice(1, None, 2)) if interleaved else (slice(None, F), slice(F, None))
+        stacked("w_gate", lambda e: src.read(gk, e)[gate].T)
+        stacked("w_up", lambda e: src.read(gk, e)[up].T)
         stacked("w_down", lambda e: src.read(dk, e).T)
     if cfg.expert.bias:  # concatenated, gate first (OpenAI's privacy filter)
         gb, db = c.need(f"{gu_key}_bias", (E, 2 * F)), c.need(f"{dn_key}_bias", (E, H))
