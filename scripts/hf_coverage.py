@@ -144,6 +144,10 @@ def describe(cfg) -> tuple[str, str, str]:
         router.append("renormalised" + (f" (+{r.renorm_eps:g})" if r.renorm_eps else ""))
     if r.expert_scale:
         router.append("× per-expert scale")
+    if r.shared_rows:
+        router.append(f"{r.shared_rows} shared-expert rows normalised with the top-k")
+    if r.gain:
+        router.append("× learned gain")
     if r.scaling != 1:
         router.append(f"× {r.scaling:g}")
     if r.weight_on == "input":
@@ -159,6 +163,7 @@ def describe(cfg) -> tuple[str, str, str]:
     shared = "—"
     if sh is not None:
         shared = f"{sh.count} × {sh.ffn}" + (", sigmoid-gated" if sh.gated else "")
+        shared += ", router-weighted" if r.shared_rows else ""
         if sh.activation != "swiglu" or sh.limit is not None:
             shared += ", " + _activation(sh.activation, sh.limit, sh.gate_cap, sh.up_cap)
         shared += f", × {sh.scale:g}" if sh.scale != 1 else ""

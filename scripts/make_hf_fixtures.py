@@ -1266,6 +1266,26 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mlp",
     ),
+    # Inkling: two shared experts weighted by the router beside the routed top-2
+    "inkling_text": (
+        dict(
+            head_dim=8,
+            swa_num_attention_heads=2,
+            swa_num_key_value_heads=2,
+            swa_head_dim=8,
+            num_hidden_layers=2,
+            intermediate_size=32,
+            moe_intermediate_size=8,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            route_scale=2.0,
+            d_rel=4,
+            sliding_window_size=8,
+        ),
+        0,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1294,6 +1314,19 @@ FAMILIES["minimax_m3_vl"] = (
     "mlp",
 )
 
+#: Inkling's multimodal model: the same text block, whose hub files interleave gate and up rows under model.llm
+FAMILIES["inkling_mm_model"] = (
+    dict(
+        text_config={**COMMON, **FAMILIES["inkling_text"][0]},
+        vision_config=dict(
+            num_hidden_layers=4, num_attention_heads=2, patch_size=2, temporal_patch_size=2, text_hidden_size=16
+        ),
+        audio_config=dict(n_mel_bins=4, mel_vocab_size=8, text_hidden_size=16),
+    ),
+    0,
+    "mlp",
+)
+
 
 def _gemma4_block(block, x, router_x):
     """Gemma 4's MoE unit in its decoder layer: the router on the residual stream, the experts on their input."""
@@ -1309,7 +1342,7 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "mlp.post_mlp_layernorm" in name:  # a norm inside the MoE block (A.X-K1): drawn around 1
+            if "mlp.post_mlp_layernorm" in name or "gate.global_scale" in name:  # norms, gains: around 1
                 p.copy_(1 + torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)
                 continue
             if "norm" in name or "layernorm" in name:
@@ -1334,6 +1367,7 @@ BUILD = {
     "unlimited_ocr": ("AutoModelForImageTextToText", "model.language_model.layers"),
     "step3p7": ("Step3p7ForConditionalGeneration", "model.language_model.layers"),
     "minimax_m3_vl": ("AutoModelForImageTextToText", "model.language_model.layers"),
+    "inkling_mm_model": ("InklingForConditionalGeneration", "model.language_model.layers"),
 }
 #: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute
 ROUTER_FP32 = {"inkling2_text": "gate"}

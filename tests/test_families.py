@@ -19,10 +19,10 @@ from safetensors.numpy import save_file
 
 import tempo_jax
 from solvers import LaunchSchedule, Placement
-from tempo_jax.layer import MoEConfig, make_ep_mesh, moe_forward, moe_reference
+from tempo_jax.layer import MoEConfig, init_logical_params, make_ep_mesh, moe_forward, moe_reference
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
-from tempo_jax.layer.experts import ExpertConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.hf import load_moe_layers, moe_config_from_hf, moe_from_hf, moe_layer_ids
 from tempo_jax.layer.presets import MOE_PRESETS, moe_preset, preset_spec
 from tempo_jax.layer.routing import RouterConfig
@@ -335,9 +335,48 @@ def test_presets_have_real_dimensions_and_sources():
         ({"expert": ExpertConfig(activation="gpt_oss", alpha=-1.0)}, "alpha must be"),
         ({"shared": SharedConfig(count=0, ffn=4)}, "SharedConfig.count must be"),
         ({"shared": 2}, "MoEConfig.shared must be a SharedConfig or None"),
+        ({"router": RouterConfig(scoring="sigmoid", shared_rows=2)}, r"give shared=SharedConfig\(count=2"),
+        (
+            {"router": RouterConfig(scoring="sigmoid", shared_rows=2), "shared": SharedConfig(count=1, ffn=4)},
+            "but shared has count=1",
+        ),
+        (
+            {
+                "router": RouterConfig(scoring="sigmoid", shared_rows=1),
+                "shared": SharedConfig(count=1, ffn=4),
+                "tensor_axis": "tensor",
+            },
+            "use them without tensor_axis",
+        ),
+        ({"router": RouterConfig(shared_rows=1)}, "needs an elementwise scoring"),
+        ({"router": RouterConfig(bias_on="logits")}, "set score_bias=True"),
+        ({"expert": ExpertConfig(activation="swiglu_softcap", gate_cap=4.0)}, "needs gate_cap= and up_cap="),
+        ({"expert": ExpertConfig(activation="swiglu_post_clamp")}, "without a limit is plain 'swiglu'"),
+        ({"shared": SharedConfig(count=1, ffn=4, gate_cap=2.0)}, "soft caps of activation 'swiglu_softcap'"),
+        ({"output": OutputConfig(norm_eps=1e-5)}, "with norm=False it would be ignored"),
+        ({"output": "norm"}, "MoEConfig.output must be an OutputConfig"),
     ],
 )
 def test_family_options_are_validated_at_the_config(kw, match):
     base = dict(hidden=16, ffn=8, experts=8, top_k=2, slots_per_rank=2)
     with pytest.raises(ValueError, match=match):
         MoEConfig(**{**base, **kw})
+
+
+def test_router_weighted_shared_experts_refuse_replayed_routing():
+    """Replayed routing carries the routed experts' weights only: a router that also weights the shared experts
+    (Inkling) says so rather than leaving the shared experts unweighted."""
+    cfg = MoEConfig(
+        hidden=16,
+        ffn=8,
+        experts=8,
+        top_k=2,
+        slots_per_rank=1,
+        router=RouterConfig(scoring="sigmoid", shared_rows=1, gain=True),
+        shared=SharedConfig(count=1, ffn=8),
+    )
+    params = init_logical_params(jax.random.key(0), cfg)
+    x = jnp.ones((4, 16))
+    routing = (jnp.zeros((4, 2), jnp.int32), jnp.full((4, 2), 0.5))
+    with pytest.raises(ValueError, match="replayed routing does not carry"):
+        moe_reference(params, x, cfg, routing=routing)

@@ -143,7 +143,8 @@ def test_every_family_gradients_equal_transformers(name):
 
 # families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
-# after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps among them)
+# after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
+# experts among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -163,6 +164,7 @@ def test_every_family_gradients_equal_transformers(name):
         "step3p7",
         "minimax_m3_vl_text",
         "inkling2_text",
+        "inkling_text",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -186,11 +188,12 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         assert _rel(g_x, z["grad_x"]) < 1e-5
         if rx is not None:
             assert _rel(g_rx, z["grad_router_x"]) < 1e-5
-    if name in ("axk1", "jetmoe"):  # the block output's parameters, replicated on every rank: their gradients summed
+    replicated = {"axk1": ("out_norm",), "jetmoe": ("out_bias",), "inkling_text": ("router_shared", "router_gain")}
+    if name in replicated:  # parameters replicated on every rank, read per token: their gradients summed over ranks
         cot = jnp.asarray(z["cot"], jnp.float32)
         g = jax.jit(jax.grad(lambda p: jnp.sum(run(p, x, rx) * cot)))(params)
         want = _hf_grads_as_logical(name, cfg)
-        for k in cfg.output.keys:
+        for k in replicated[name]:
             assert _rel(g[k], want[k]) < 1e-5, k
 
 

@@ -224,7 +224,12 @@ ROUTER = {
     "input_multiplier": (0.25, {}, None),
     "expert_scale": (True, {}, None),
     "bias_on": ("logits", {"score_bias": True}, {"score_bias": True}),
+    # the shared experts weighted by two more router columns (the layer's shared experts given by LAYER_CONTEXT)
+    "shared_rows": (2, {"scoring": "sigmoid"}, {"scoring": "sigmoid"}),
+    "gain": (True, {}, None),
 }
+#: MoEConfig fields both runs of a sub-config entry share, where the option needs them
+LAYER_CONTEXT = {("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)}}
 EXPERT = {
     "activation": ("gpt_oss", {}, None),
     "bias": (True, {}, None),
@@ -263,12 +268,13 @@ def test_every_sub_config_option_has_an_entry(sub):
 def test_each_sub_config_option_changes_the_output_or_is_refused_without_what_it_needs(sub, name):
     kind, table = SUB[sub]
     value, context, needs = table[name]
+    layer = LAYER_CONTEXT.get((sub, name), {})
     if needs is not None:
         with pytest.raises(ValueError, match=name):
-            _config(**{sub: kind(**{**{k: v for k, v in context.items() if k not in needs}, name: value})})
+            _config(**layer, **{sub: kind(**{**{k: v for k, v in context.items() if k not in needs}, name: value})})
     if name == "balance_rate":
         return  # it acts on the score bias between calls, not on one call's output: test_balance_rate_acts
-    before, after = (_output(_config(**{sub: kind(**kw)})) for kw in (context, {**context, name: value}))
+    before, after = (_output(_config(**layer, **{sub: kind(**kw)})) for kw in (context, {**context, name: value}))
     assert _differ(before, after), f"{sub}.{name}"
 
 

@@ -168,7 +168,8 @@ class MoEConfig:
         GMM.validate(self.gmm_impl)
         for name, kind in (("router", RouterConfig), ("expert", ExpertConfig), ("output", OutputConfig)):
             if not isinstance(getattr(self, name), kind):
-                raise ValueError(f"MoEConfig.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+                article = "an" if kind.__name__[0] in "AEIOU" else "a"
+                raise ValueError(f"MoEConfig.{name} must be {article} {kind.__name__}, got {getattr(self, name)!r}")
         self.router.validate(self.experts, self.top_k)
         self.expert.validate()
         self.output.validate()
@@ -176,6 +177,7 @@ class MoEConfig:
             if not isinstance(self.shared, SharedConfig):
                 raise ValueError(f"MoEConfig.shared must be a SharedConfig or None, got {self.shared!r}")
             self.shared.validate()
+        self._check_routed_shared()
         if not (self.schedule == "sync" or isinstance(self.schedule, LaunchSchedule)):
             raise ValueError(f"MoEConfig.schedule must be 'sync' or a solvers.LaunchSchedule, got {self.schedule!r}")
         if self.exchange == "ring" and self.schedule != "sync":
@@ -196,6 +198,22 @@ class MoEConfig:
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
         self._check_fp8()
+
+    def _check_routed_shared(self) -> None:
+        rows = self.router.shared_rows
+        if not rows:
+            return
+        count = None if self.shared is None else self.shared.count
+        if count != rows:
+            raise ValueError(
+                f"MoEConfig: router.shared_rows={rows} weights {rows} shared experts, but shared has "
+                f"{'none' if count is None else f'count={count}'}; give shared=SharedConfig(count={rows}, ffn=...)"
+            )
+        if self.tensor_axis is not None:
+            raise ValueError(
+                "MoEConfig: router-weighted shared experts (router.shared_rows) scale each shared expert's whole "
+                "hidden width, which tensor_axis splits; use them without tensor_axis"
+            )
 
     def _check_fp8(self) -> None:
         w = "MoEConfig"

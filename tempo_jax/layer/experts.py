@@ -203,13 +203,17 @@ def glu(g: jax.Array, u: jax.Array, config: ExpertConfig) -> jax.Array:
     return (u + 1) * g * jax.nn.sigmoid(config.alpha * g)
 
 
-def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype) -> jax.Array:
+def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype, weights: jax.Array | None = None) -> jax.Array:
     """Shared experts on ``x [T, H]``: ``shared_w_gate / shared_w_up [H, Fs]``, ``shared_w_down [Fs, H]``, and
-    ``shared_gate [H]`` when gated → ``[T, H]`` float32."""
+    ``shared_gate [H]`` when gated → ``[T, H]`` float32. ``weights [T, count]``: the router's weight of each shared
+    expert per token (`tempo_jax.layer.routing.RouterConfig.shared_rows`), scaling its hidden activations (columns
+    ``s·ffn … (s+1)·ffn``) before the down projection; None: unweighted."""
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(dtype)
     g, u = jnp.dot(xs, params["shared_w_gate"], precision=hp), jnp.dot(xs, params["shared_w_up"], precision=hp)
     h = glu(g, u, config.ffn_config)
+    if weights is not None:
+        h = h * jnp.repeat(weights, config.ffn, axis=1).astype(h.dtype)
     y = jnp.dot(h, params["shared_w_down"], precision=hp, preferred_element_type=jnp.float32)
     if config.scale != 1.0:
         y = y * config.scale

@@ -45,7 +45,7 @@ from .tables import PlacementArrays, Tables, check_placement_arrays, check_table
 
 __all__ = ["MoEAux", "MoEAuxParts", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference", "reduce_aux"]
 
-ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_scale")
+ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_scale", "router_shared", "router_gain")
 SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
@@ -70,10 +70,12 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
             "tempo_jax.layer.to_logical(params, placement)"
         )
     check_params(params, config, num_slots=None, where="moe_reference")
+    shared_w = None
     if routing is None:
         rt = route(x if router_x is None else router_x, params, config.router, config.top_k)
-        ids, w = rt.ids, rt.gate
+        ids, w, shared_w = rt.ids, rt.gate, rt.shared
     else:
+        _no_replay_with_routed_shared(config, "moe_reference")
         ids, w = routing
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(config.dtype)
@@ -93,8 +95,16 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     picked = y[ids, jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
     out = jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked)
     if config.shared is not None:
-        out = out + shared_ffn(x, params, config.shared, config.dtype).astype(out.dtype)
+        out = out + shared_ffn(x, params, config.shared, config.dtype, shared_w).astype(out.dtype)
     return block_output(out, params, config.output).astype(x.dtype)
+
+
+def _no_replay_with_routed_shared(config: MoEConfig, where: str) -> None:
+    if config.router.shared_rows:
+        raise ValueError(
+            f"{where}: routing= replays the routed experts' ids and weights, but this router also weights the shared "
+            "experts (RouterConfig.shared_rows), which replayed routing does not carry; run the router (routing=None)"
+        )
 
 
 def _gemm_input(rows: jax.Array, config: MoEConfig) -> jax.Array:
@@ -328,7 +338,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     # share of each row's result: the one reduction of the layer over that axis.
     out = done.out if k_rows == K else done.out.reshape(inp.x.shape[0], K, -1).sum(axis=1)
     if config.shared is not None:
-        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype)
+        out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype, rt.shared)
     if axes.tensor is not None:
         out = jax.lax.psum(out, axes.tensor)
     out = block_output(out, inp.output, config.output)  # the block's output bias and norm, on whole rows
@@ -650,6 +660,7 @@ def _check_inputs(
     if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
         check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
     if routing is not None:
+        _no_replay_with_routed_shared(config, "moe_forward")
         _check_routing(routing, T, E, K)
     if counter is not None:
         got = (jnp.shape(counter), jnp.result_type(counter))

@@ -17,6 +17,7 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``score_bias`` | [E] float32 | same | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
 | ``router_scale`` | [H] float32 | same | ``router.input_scale`` (Gemma 4's router ``scale``; ones at init) |
 | ``expert_scale`` | [E] float32 | same | ``router.expert_scale`` (Gemma 4's ``per_expert_scale``; ones at init) |
+| ``router_shared`` / ``router_gain`` | [H, S] / [1] float32 | same | ``router.shared_rows`` / ``router.gain`` |
 | ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always |
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
 | ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
@@ -75,6 +76,10 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes["router_scale"] = (H,)
     if config.router.expert_scale:
         shapes["expert_scale"] = (E,)
+    if config.router.shared_rows:
+        shapes["router_shared"] = (H, config.router.shared_rows)
+    if config.router.gain:
+        shapes["router_gain"] = (1,)
     if config.expert.bias:
         shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, H))
     if config.shared is not None:
@@ -116,7 +121,8 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
     if unused:
         raise ValueError(
             f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-            "router.input_scale / router.expert_scale / expert.bias / shared / output); refusing to ignore them"
+            "router.input_scale / router.expert_scale / router.shared_rows / router.gain / expert.bias / shared / "
+            "output); refusing to ignore them"
         )
     E = config.experts
     for k, shape in shapes.items():
@@ -147,7 +153,7 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         if name == "score_bias":
             out[name] = jnp.zeros(shape, jnp.float32)
             continue
-        if name in ("router_scale", "expert_scale", "out_norm"):
+        if name in ("router_scale", "expert_scale", "out_norm", "router_gain"):
             out[name] = jnp.ones(shape, jnp.float32)
             continue
         scale = {"w_gate": H**-0.5, "w_up": H**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)

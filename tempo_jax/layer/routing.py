@@ -18,6 +18,11 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
    ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by the chosen experts' learned
    ``expert_scale [E]`` (Gemma 4's ``per_expert_scale``) and by ``scaling`` (routed_scaling_factor).
+6. Router-weighted shared experts (``shared_rows`` S > 0; Inkling): S more router columns ``router_shared [H, S]``
+   score the shared experts with the same function; the routed top-k and all S shared scores are renormalised
+   together (their sum), and every weight is multiplied by ``scaling`` and, with ``gain``, by a learned scalar
+   ``router_gain [1]``. The S shared weights ``[T, S]`` scale each shared expert's hidden activations
+   (`tempo_jax.layer.experts.shared_ffn`).
 
 Sparsemixer (PhiMoE): the k-th choice is the best logit m_k among the experts not yet chosen; its weight is its
 softmax over those experts whose logit l is within a relative ``2·mixer_eps`` of it, ``(m_k − l) / max(|l|, m_k)
@@ -72,6 +77,9 @@ class RouterConfig:
       input_multiplier: a constant multiplying the router's input (Gemma 4: H^-1/2).
       expert_scale: a learned ``expert_scale [E]`` multiplies each chosen expert's weight after renormalisation
         (Gemma 4's ``per_expert_scale``; trained like the router).
+      shared_rows: S router columns for the shared experts, normalised with the routed top-k (step 6; Inkling; 0:
+        the shared experts, if any, are unweighted). Needs ``MoEConfig.shared`` with ``count`` = S.
+      gain: a learned scalar ``router_gain [1]`` multiplies every weight (Inkling's ``global_scale``).
     """
 
     scoring: Scoring = "softmax"
@@ -92,6 +100,8 @@ class RouterConfig:
     input_scale: bool = False
     input_multiplier: float = 1.0
     expert_scale: bool = False
+    shared_rows: int = 0
+    gain: bool = False
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -101,7 +111,7 @@ class RouterConfig:
         w = "RouterConfig"
         if self.scoring not in SCORINGS:
             raise ValueError(f"{w}: unknown scoring {self.scoring!r}; one of {list(SCORINGS)}")
-        for name in ("bias", "score_bias", "renormalize", "input_norm", "input_scale", "expert_scale"):
+        for name in ("bias", "score_bias", "renormalize", "input_norm", "input_scale", "expert_scale", "gain"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{w}.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("n_group", "topk_group"):
@@ -166,17 +176,29 @@ class RouterConfig:
             raise ValueError(f"{w}.bias_on={self.bias_on!r} places the score bias; set score_bias=True or leave it out")
         if self.weight_on not in ("output", "input"):
             raise ValueError(f"{w}.weight_on must be 'output' or 'input', got {self.weight_on!r}")
+        v = self.shared_rows
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{w}.shared_rows must be an integer >= 0, got {v!r}")
+        if v and self.scoring not in ("sigmoid", "sqrt_softplus"):
+            raise ValueError(
+                f"{w}.shared_rows={v} scores the shared experts beside the routed ones one by one: it needs an "
+                f"elementwise scoring ('sigmoid' or 'sqrt_softplus'), got {self.scoring!r}"
+            )
+        if v and self.weight_on != "output":
+            raise ValueError(f"{w}.shared_rows weights the shared experts' outputs: it needs weight_on='output'")
 
 
 class Routing(NamedTuple):
     """A rank's routing: ``ids [T, K]`` int32 experts, ``gate [T, K]`` float32 combine weights, ``probs [T, E]``
     float32 router probabilities (scores normalised over experts: the load-balancing loss reads them), ``logits
-    [T, E]`` float32 (the z-loss reads them)."""
+    [T, E]`` float32 (the z-loss reads them), ``shared [T, S]`` float32 the shared experts' weights (step 6; None
+    without ``shared_rows``)."""
 
     ids: jax.Array
     gate: jax.Array
     probs: jax.Array
     logits: jax.Array
+    shared: jax.Array | None = None
 
 
 def _scores(logits: jax.Array, scoring: str) -> jax.Array:
@@ -219,7 +241,8 @@ def router_input(x: jax.Array, params: dict, config: RouterConfig) -> jax.Array:
 
 def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routing:
     """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``,
-    ``score_bias [E]``, ``router_scale [H]`` and ``expert_scale [E]``) → `Routing`."""
+    ``score_bias [E]``, ``router_scale [H]``, ``expert_scale [E]``, ``router_shared [H, S]``, ``router_gain [1]``)
+    → `Routing`."""
     x = router_input(x, params, config)
     logits = jnp.dot(x, params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     if config.bias:
@@ -253,8 +276,16 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
         probs = jax.nn.softmax(logits, axis=-1)
     else:
         gate = picked
+        shared = None
+        if config.shared_rows:  # step 6: the shared experts' scores, renormalised with the routed top-k
+            hp = jax.lax.Precision.HIGHEST
+            shared = _scores(jnp.dot(x, params["router_shared"].astype(jnp.float32), precision=hp), config.scoring)
         if config.renormalize:
-            gate = gate / (jnp.sum(gate, axis=-1, keepdims=True) + config.renorm_eps)
+            total = jnp.sum(gate, axis=-1, keepdims=True) + config.renorm_eps
+            if shared is not None:
+                total = total + jnp.sum(shared, axis=-1, keepdims=True)
+                shared = shared / total
+            gate = gate / total
         if config.scoring == "softmax":
             probs = scores
         elif config.scoring == "sparsemixer":
@@ -263,6 +294,11 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
             probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
     if config.expert_scale:
         gate = gate * params["expert_scale"].astype(jnp.float32)[ids]
+    if config.shared_rows:
+        gain = config.scaling * (params["router_gain"].astype(jnp.float32)[0] if config.gain else 1.0)
+        return Routing(ids.astype(jnp.int32), gate * gain, probs, logits, shared * gain)
+    if config.gain:
+        gate = gate * params["router_gain"].astype(jnp.float32)[0]
     return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
 
 

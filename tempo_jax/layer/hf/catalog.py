@@ -1147,3 +1147,67 @@ FAMILIES["inkling2"] = dataclasses.replace(
 # physical layer, which is what its files hold and what `moe_layer_ids` lists)
 FAMILIES["inkling2_loop_text"] = dataclasses.replace(FAMILIES["inkling2_text"], twin="inkling2_text")
 FAMILIES["inkling2_loop"] = dataclasses.replace(FAMILIES["inkling2"], twin="inkling2_text")
+
+
+def _inkling(c: Cfg) -> dict:
+    """Inkling: sigmoid scores; the top-k routed (chosen with the selection bias) and the n_shared_experts shared
+    experts' scores (extra router rows) renormalised together, × route_scale × a learned global_scale; the shared
+    experts' weights scale their hidden activations."""
+    S = c.get("n_shared_experts", default=2)
+    F = c.config["intermediate_size"] if "dense_intermediate_size" in c.config else c.get("moe_intermediate_size")
+    if isinstance(F, bool) or not isinstance(F, int):
+        raise ValueError(f"moe_from_hf: inkling's expert width must be an integer, got {F!r}")
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        renormalize=True,
+        scaling=float(c.get("route_scale", "routed_scaling_factor", default=8.0, kind=float)),
+        shared_rows=S,
+        gain=True,
+    )
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=F,
+        router=router,
+        shared=SharedConfig(count=S, ffn=F) if S else None,
+    )
+
+
+def _inkling_layers(c: Cfg) -> list[int]:
+    """``mlp_layer_types`` ("sparse"), else the legacy ``dense_mlp_idx`` first layers dense."""
+    if c.config.get("mlp_layer_types") is None and c.config.get("dense_mlp_idx") is not None:
+        return list(range(min(c.get("dense_mlp_idx"), c.num_layers()), c.num_layers()))
+    return layer_types(0, key=None)(c)
+
+
+def _inkling_refuse(c: Cfg) -> str | None:
+    if not c.config.get("n_shared_experts", 2):
+        return "n_shared_experts=0: Inkling's router normalises over its shared experts; without them it is untested"
+    return swiglu_only(c)
+
+
+_INKLING_NAMES = TensorNames(
+    router_gain="gate.global_scale",
+    hub_fused=True,
+    shared_stacked=("gate_proj", "up_proj", "down_proj"),
+)
+FAMILIES["inkling_text"] = Family(
+    _inkling, _inkling_layers, ("model.layers.{}.mlp.",), names=_INKLING_NAMES, refuse=_inkling_refuse
+)
+# the multimodal model's hub files: the text model under model.llm, experts and shared experts as row-interleaved
+# w13 tensors, the selection bias as gate.bias (transformers renames and de-interleaves on load)
+FAMILIES["inkling_mm_model"] = Family(
+    _inkling,
+    _inkling_layers,
+    ("model.llm.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    names=dataclasses.replace(
+        _INKLING_NAMES,
+        score_bias=("gate.bias", "gate.e_score_correction_bias"),
+        fused_names=("experts.w13_weight", "experts.w2_weight"),
+        fused_interleaved=True,
+        shared_interleaved=("shared_w13_weight", "shared_w2_weight"),
+    ),
+    refuse=_inkling_refuse,
+    nested="text_config",
+)

@@ -86,6 +86,10 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     p = {k: _np(v) for k, v in dequantize_weights(logical, layer_block(cfg.fp8_block), jnp.float32).items()}
     E, F = cfg.experts, cfg.ffn
     out: dict[str, np.ndarray] = {n.router[0]: p["router"].T}
+    if cfg.router.shared_rows:  # the shared experts' rows after the routed ones (Inkling)
+        out[n.router[0]] = np.concatenate([p["router"], p["router_shared"]], axis=1).T
+    if cfg.router.gain:
+        out[n.router_gain] = p["router_gain"]
     if cfg.router.bias:
         out[n.router_bias] = p["router_bias"]
     if cfg.router.input_scale:
@@ -148,7 +152,17 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     if cfg.shared is not None:
         prefix = n.shared[0]
         sg, su, sd = p["shared_w_gate"], p["shared_w_up"], p["shared_w_down"]  # [H, Fs], [H, Fs], [Fs, H]
-        if n.shared_fused:
+        S, Fe = cfg.shared.count, cfg.shared.ffn
+        stack = lambda w: w.T.reshape(S, Fe, -1)  # noqa: E731  [H, S·Fe] → [S, Fe, H]
+        if n.shared_interleaved:
+            gu = np.stack([stack(sg), stack(su)], axis=2).reshape(S, 2 * Fe, -1)
+            out[f"{prefix}{n.shared_interleaved[0]}"] = gu
+            out[f"{prefix}{n.shared_interleaved[1]}"] = stack(sd.T).transpose(0, 2, 1)
+        elif n.shared_stacked:
+            gn, un, dn = n.shared_stacked
+            out.update({f"{prefix}{gn}": stack(sg), f"{prefix}{un}": stack(su)})
+            out[f"{prefix}{dn}"] = sd.reshape(S, Fe, -1).transpose(0, 2, 1)
+        elif n.shared_fused:
             out[f"{prefix}input_linear.weight"] = np.concatenate([sg, su], axis=1).T
             out[f"{prefix}output_linear.weight"] = sd.T
         elif n.shared_gate_up:

@@ -12,14 +12,11 @@ __all__ = ["REFUSED"]
 
 _NON_GATED_RELU = "non-gated ReLU experts (fc1 / fc2 with biases) and capacity-limited routing"
 _LATENT = "experts at a latent width (projections with RMSNorms around them) and a per-expert output RMSNorm"
-_ROUTED_SHARED = "shared experts weighted by the router (extra router rows normalised jointly with the routed top-k)"
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
     "ernie4_5_vl_moe": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
-    "inkling_mm_model": _ROUTED_SHARED,
-    "inkling_text": _ROUTED_SHARED,
     "longcat_flash": (
         "zero-computation (identity) experts a token may choose (zero_expert_num; 256 in every released LongCat-Flash)"
     ),

@@ -36,7 +36,12 @@ class TensorNames:
       shared: the shared experts' prefixes (``shared_experts.``, …), gate / up / down names, and the per-token
         shared gate ``[1, H]``; ``shared_fused``: gate and up in one ``input_linear [2Fs, H]`` (Granite).
       router_scale: the router input's learned scale ``[H]`` (Gemma 4's ``router.scale``).
+      router_gain: the learned scalar ``[1]`` multiplying every router weight (Inkling's ``gate.global_scale``); with
+        ``RouterConfig.shared_rows`` S the router tensor holds E + S rows, the routed experts' first.
       expert_scale: the learned per-expert weight scale ``[E]`` (Gemma 4's ``router.per_expert_scale``).
+      shared_stacked: the shared experts as three stacked tensors under these names (no ``.weight``): gate / up
+        ``[S, Fs, H]``, down ``[S, H, Fs]`` (Inkling); ``shared_interleaved``: the hub's ``(gate_up, down)`` names of
+        the same with gate and up rows alternating in one ``[S, 2Fs, H]`` (Inkling's multimodal files).
       shared_gate_up: the shared experts' gate and up as one ``gate_up_proj`` Linear ``[2Fs, H]`` (gate rows first)
         in the layout transformers saves (MiniMax-M3's text model); read wherever present, written when set.
       stacked_names: the experts as three stacked tensors ``gate [E, F, H]``, ``up [E, F, H]``, ``down [E, H, F]``
@@ -62,6 +67,9 @@ class TensorNames:
     shared_fused: bool = False
     shared_gate: str = "shared_expert_gate.weight"
     shared_gate_up: bool = False
+    shared_stacked: tuple[str, str, str] | None = None
+    shared_interleaved: tuple[str, str] | None = None
+    router_gain: str | None = None
     stacked_names: tuple[str, str, str] | None = None
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"

@@ -192,8 +192,13 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
         out[name] = (True, lambda experts: np.stack([fn(int(e)) for e in experts]))
 
     # Step 1: the router, its bias and the selection-only score bias.
-    router = c.first(names.router)
-    whole("router", router or names.router[0], (E, H), lambda a: a.T)
+    router = c.first(names.router) or names.router[0]
+    rows = cfg.router.shared_rows  # the shared experts' rows follow the routed ones (Inkling)
+    whole("router", router, (E + rows, H), lambda a: a[:E].T)
+    if rows:
+        whole("router_shared", router, (E + rows, H), lambda a: a[E:].T)
+    if cfg.router.gain:
+        whole("router_gain", names.router_gain, (1,))
     if cfg.router.bias:
         whole("router_bias", names.router_bias, (E,))
     if cfg.router.input_scale:
@@ -214,7 +219,18 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     if cfg.shared is not None:
         Fs = cfg.shared.width
         prefix = next((p for p in names.shared if any(k.startswith(p) for k in c.keys)), names.shared[0])
-        if f"{prefix}gate_up_proj.weight" in c.keys:  # gate and up in one Linear, gate rows first (MiniMax-M3)
+        S, Fe = cfg.shared.count, cfg.shared.ffn
+        if names.shared_interleaved and f"{prefix}{names.shared_interleaved[0]}" in c.keys:  # rows alternating
+            gu, dn = (f"{prefix}{n}" for n in names.shared_interleaved)
+            whole("shared_w_gate", gu, (S, 2 * Fe, H), lambda a: a[:, 0::2].reshape(S * Fe, H).T)
+            whole("shared_w_up", gu, (S, 2 * Fe, H), lambda a: a[:, 1::2].reshape(S * Fe, H).T)
+            whole("shared_w_down", dn, (S, H, Fe), lambda a: a.transpose(0, 2, 1).reshape(S * Fe, H))
+        elif names.shared_stacked:  # [S, Fe, H] / [S, H, Fe]: expert s's columns s·Fe … (s+1)·Fe of the layer's
+            g, u, d = (f"{prefix}{n}" for n in names.shared_stacked)
+            whole("shared_w_gate", g, (S, Fe, H), lambda a: a.reshape(S * Fe, H).T)
+            whole("shared_w_up", u, (S, Fe, H), lambda a: a.reshape(S * Fe, H).T)
+            whole("shared_w_down", d, (S, H, Fe), lambda a: a.transpose(0, 2, 1).reshape(S * Fe, H))
+        elif f"{prefix}gate_up_proj.weight" in c.keys:  # gate and up in one Linear, gate rows first (MiniMax-M3)
             whole("shared_w_gate", f"{prefix}gate_up_proj.weight", (2 * Fs, H), lambda a: a[:Fs].T)
             whole("shared_w_up", f"{prefix}gate_up_proj.weight", (2 * Fs, H), lambda a: a[Fs:].T)
             whole("shared_w_down", f"{prefix}down_proj.weight", (H, Fs), lambda a: a.T)
