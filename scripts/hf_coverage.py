@@ -156,6 +156,8 @@ def describe(cfg) -> tuple[str, str, str]:
     experts = _activation(e.activation, e.limit, e.gate_cap, e.up_cap)
     if e.bias:
         experts += ", biases"
+    if cfg.zero_experts:
+        experts += f" + {cfg.zero_experts} zero-computation ({cfg.zero_expert_output})"
     out = cfg.output
     experts += "; block output + bias" if out.bias else ""
     experts += "; block output RMS-normed" if out.norm else ""

@@ -1286,6 +1286,26 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mlp",
     ),
+    # LongCat-Flash: four zero-computation (identity) experts beside eight routed ones, chosen often enough
+    "longcat_flash": (
+        dict(
+            num_layers=1,
+            ffn_hidden_size=32,
+            expert_ffn_hidden_size=8,
+            n_routed_experts=8,
+            zero_expert_num=4,
+            moe_topk=3,
+            routed_scaling_factor=2.0,
+            q_lora_rank=8,
+            kv_lora_rank=8,
+            qk_nope_head_dim=4,
+            qk_rope_head_dim=4,
+            v_head_dim=4,
+            head_dim=4,
+        ),
+        0,
+        "mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(

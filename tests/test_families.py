@@ -380,3 +380,51 @@ def test_router_weighted_shared_experts_refuse_replayed_routing():
     routing = (jnp.zeros((4, 2), jnp.int32), jnp.full((4, 2), 0.5))
     with pytest.raises(ValueError, match="replayed routing does not carry"):
         moe_reference(params, x, cfg, routing=routing)
+
+
+@pytest.mark.parametrize("output", ["identity", "zero"])
+def test_zero_computation_experts_run_nowhere_and_keep_the_output(output):
+    """LongCat-Flash's zero-computation experts (ids E … E+Z−1): the layer on 8 devices equals the dense reference
+    under every dispatch mode (sampled and quota tables over replicas), their pairs are computed by no rank (the
+    ranks' rows are the other pairs), counted as neither invalid nor load, and replayed routing may name them."""
+    mesh = make_ep_mesh(8)
+    cfg = MoEConfig(
+        hidden=16,
+        ffn=8,
+        experts=8,
+        top_k=3,
+        slots_per_rank=2,
+        zero_experts=4,
+        zero_expert_output=output,
+        router=RouterConfig(score_bias=True, renormalize=False, scaling=2.0),
+    )
+    logical = init_logical_params(jax.random.key(0), cfg)
+    logical["score_bias"] = logical["score_bias"].at[8:].set(0.05)  # the zero-computation experts chosen often
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    want = moe_reference(logical, x, cfg)
+    placement = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    params = tempo_jax.layer.to_physical(logical, placement, mesh=mesh)
+    pa = dispatch_tables.placement_arrays(placement)
+    for mode in ("sample", "quota"):
+        c = dataclasses.replace(cfg, dispatch_mode=mode)
+        res = jax.jit(
+            lambda p, x, c=c: moe_forward(
+                p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=c
+            )
+        )(params, x)
+        np.testing.assert_allclose(np.asarray(res.out), np.asarray(want), rtol=1e-5, atol=1e-5)
+        ids = np.asarray(res.stats.topk_ids)
+        on_zero = int((ids >= 8).sum())
+        assert on_zero > 10
+        assert int(res.stats.gpu_tokens.sum()) == ids.size - on_zero
+        assert int(res.stats.invalid_ids.sum()) == 0 and int(res.aux.expert_load.sum()) == ids.size - on_zero
+    replay = moe_forward(
+        params,
+        x,
+        mesh=mesh,
+        placement_arrays=pa,
+        tables=dispatch_tables.uniform(placement),
+        config=cfg,
+        routing=(jnp.asarray(ids), jnp.full(ids.shape, 0.5)),
+    )
+    assert int(replay.stats.invalid_ids.sum()) == 0

@@ -75,6 +75,8 @@ LAYER = {
     "expert": (ExpertConfig(activation="gpt_oss"), {}, "out", None),
     "shared": (SharedConfig(count=1, ffn=8), {}, "out", None),
     "output": (OutputConfig(bias=True, norm=True), {}, "out", None),
+    "zero_experts": (2, {}, "out", None),  # two zero-computation (identity) experts the router may choose
+    "zero_expert_output": ("zero", {"zero_experts": 2}, "out", {"zero_experts": 2}),
     "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),

@@ -73,6 +73,11 @@ class MoEConfig:
       shared: a `SharedConfig` for shared experts beside the routed ones (None: none).
       output: the `OutputConfig` of the block's output after routed + shared (a learned bias, a learned RMSNorm;
         default: neither).
+      zero_experts: Z zero-computation experts beside the E routed ones (LongCat-Flash): the router scores E + Z,
+        a token may choose ids E … E+Z−1 like any other, and such a pair runs no FFN and crosses no link — its
+        output is the token itself (``zero_expert_output="identity"``: ``w · x``) or nothing (``"zero"``). Their
+        pairs count nowhere in the dispatch (tables, counts, plan, statistics: the cost model prices them at zero).
+      zero_expert_output: "identity" (LongCat-Flash) or "zero" (a skip expert).
       capacity: rows per (source, destination) block of the exchange: ``"auto"`` (default) = dropless in rounds of
         C = capacity_factor × the mean block rows (`auto_capacity`; `tempo_jax.layer.rounds`: as many rounds as the
         largest block needs, memory bounded by C, one compile); None = the dropless worst case T/D·K in one
@@ -113,6 +118,8 @@ class MoEConfig:
     expert: ExpertConfig = ExpertConfig()
     shared: SharedConfig | None = None
     output: OutputConfig = OutputConfig()
+    zero_experts: int = 0
+    zero_expert_output: str = "identity"
     capacity: int | str | None = "auto"
     capacity_factor: float = 2.0
     axis: str = "ep"
@@ -155,8 +162,12 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.slots_per_rank must be < 65536 (slot ids travel in 16 bits), got {self.slots_per_rank}"
             )
-        if self.top_k > self.experts:
-            raise ValueError(f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}")
+        check_int("MoEConfig.zero_experts", self.zero_experts, minimum=0)
+        if self.top_k > self.experts + self.zero_experts:
+            raise ValueError(
+                f"MoEConfig.top_k={self.top_k} exceeds experts={self.experts}"
+                + (f" + zero_experts={self.zero_experts}" if self.zero_experts else "")
+            )
         if self.dispatch_mode not in DISPATCH_MODES:
             raise ValueError(
                 f"MoEConfig.dispatch_mode must be one of {list(DISPATCH_MODES)}, got {self.dispatch_mode!r}"
@@ -170,7 +181,8 @@ class MoEConfig:
             if not isinstance(getattr(self, name), kind):
                 article = "an" if kind.__name__[0] in "AEIOU" else "a"
                 raise ValueError(f"MoEConfig.{name} must be {article} {kind.__name__}, got {getattr(self, name)!r}")
-        self.router.validate(self.experts, self.top_k)
+        self.router.validate(self.routed_choices, self.top_k)
+        self._check_zero_experts()
         self.expert.validate()
         self.output.validate()
         if self.shared is not None:
@@ -198,6 +210,31 @@ class MoEConfig:
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < float("inf"):
             raise ValueError(f"MoEConfig.capacity_factor must be a finite number > 0, got {f!r}")
         self._check_fp8()
+
+    @property
+    def routed_choices(self) -> int:
+        """The router's columns: the E experts and the Z zero-computation ones (ids E … E+Z−1)."""
+        return self.experts + self.zero_experts
+
+    def _check_zero_experts(self) -> None:
+        w = "MoEConfig"
+        if self.zero_expert_output not in ("identity", "zero"):
+            raise ValueError(f"{w}.zero_expert_output must be 'identity' or 'zero', got {self.zero_expert_output!r}")
+        if not self.zero_experts:
+            if self.zero_expert_output != MoEConfig.zero_expert_output:
+                raise ValueError(f"{w}.zero_expert_output is the output of zero_experts; set zero_experts > 0")
+            return
+        if self.router.weight_on != "output":
+            raise ValueError(f"{w}: zero_experts output w·x (or nothing); weight_on='input' is not defined with them")
+        if self.router.expert_scale:
+            raise ValueError(
+                f"{w}: router.expert_scale holds one scale per routed expert; zero_experts have none (use one)"
+            )
+        if self.router.balance_rate:
+            raise ValueError(
+                f"{w}: router.balance_rate moves the selection bias by each expert's load; zero_experts' pairs are "
+                "counted nowhere, so their bias would drift (use one of them)"
+            )
 
     def _check_routed_shared(self) -> None:
         rows = self.router.shared_rows

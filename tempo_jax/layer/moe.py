@@ -92,7 +92,11 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     y = jnp.einsum("etf,efh->eth", h, params["w_down"], precision=hp)  # [E, T, H]
     if config.expert.bias:
         y = y + params["b_down"][:, None]
-    picked = y[ids, jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
+    picked = y[jnp.minimum(ids, config.experts - 1), jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
+    if config.zero_experts:  # a zero-computation expert's output: the token itself, or nothing
+        zero = (ids >= config.experts)[..., None]
+        kept = xs[:, None, :].astype(picked.dtype) if config.zero_expert_output == "identity" else 0
+        picked = jnp.where(zero, kept, picked)
     out = jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked)
     if config.shared is not None:
         out = out + shared_ffn(x, params, config.shared, config.dtype, shared_w).astype(out.dtype)
@@ -191,7 +195,7 @@ class MoEStats(NamedTuple):
       replica_counts: ``[D, E, R]`` pairs each source sent to each replica column.
       topk_ids: ``[T, K]`` the routing (for traces).
       rounds: ``[D]`` exchange rounds of the call (``capacity="auto"``: ⌈largest block / C⌉; otherwise 1).
-      invalid_ids: ``[D]`` pairs of real tokens whose routed expert id lies outside [0, E) (replayed routing under
+      invalid_ids: ``[D]`` pairs of real tokens whose routed expert id lies outside [0, E + Z) (replayed routing under
         ``jit``, where it cannot be refused): they are computed by no expert and contribute nothing.
       plan_rounds: ``[D]`` improvement rounds the in-graph plan ran (``dispatch="ingraph"``: at most
         ``dispatch_rounds``; every rank plans the same); 0 with tables.
@@ -275,8 +279,8 @@ def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k
     if rt.probs is None:  # replayed routing: the load only, the rest zero
         E = counts.shape[0]
         prob_sum, z_sum = jnp.zeros((E,), jnp.float32), jnp.zeros((), jnp.float32)
-    else:
-        prob_sum = jnp.sum(rt.probs * w[:, None], axis=0)
+    else:  # the routed experts' probabilities (zero-computation experts' columns, after them, left out)
+        prob_sum = jnp.sum(rt.probs[:, : counts.shape[0]] * w[:, None], axis=0)
         z_sum = jnp.sum(w * jax.nn.logsumexp(rt.logits, axis=-1) ** 2)
     parts = MoEAuxParts(counts.astype(jnp.float32), prob_sum, z_sum, jnp.sum(w))
     if mode == "local":
@@ -341,6 +345,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype, rt.shared)
     if axes.tensor is not None:
         out = jax.lax.psum(out, axes.tensor)
+    if config.zero_experts and config.zero_expert_output == "identity":  # w·x of pairs on zero-computation experts
+        out = out + _identity_pairs(inp.x, rt, inp.valid, config.experts)
     out = block_output(out, inp.output, config.output)  # the block's output bias and norm, on whole rows
     stats = _stats(inp, rt, sent, done, config=config)
     if call.aux_losses == "local":
@@ -353,6 +359,13 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         counts = jax.lax.psum(counts, axes.batch)
         counter = inp.counter[0] + counts.astype(counter.dtype)
     return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux)
+
+
+def _identity_pairs(x: jax.Array, rt: Routing, valid: jax.Array, experts: int) -> jax.Array:
+    """``Σ_k w_k · x`` over each token's pairs on zero-computation experts (ids >= ``experts``) → ``[T, H]``
+    float32: computed where the token is, sent nowhere."""
+    w = jnp.where((rt.ids >= experts) & valid[:, None], rt.gate, 0.0)
+    return jnp.sum(w, axis=1)[:, None] * x.astype(jnp.float32)
 
 
 def _dispatch(rt: Routing, inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Call) -> _Sent:
@@ -440,7 +453,9 @@ def _stats(inp: RankInputs, rt: Routing, sent: _Sent, done: stages.Exchanged, *,
     """This rank's `MoEStats` (each field with a leading axis of 1: the shard_map concatenates the ranks)."""
     S, K, plan = config.slots_per_rank, config.top_k, sent.plan
     real = jnp.repeat(inp.valid, K)
-    invalid_ids = jnp.sum(real & (sent.dp.slot < 0)).astype(jnp.int32)
+    E = config.experts  # pairs on zero-computation experts (ids E … E+Z−1) are sent nowhere by design: not invalid
+    zero = ((rt.ids >= E) & (rt.ids < config.routed_choices)).reshape(-1)
+    invalid_ids = jnp.sum(real & ~zero & (sent.dp.slot < 0)).astype(jnp.int32)
     d = jax.lax.axis_index(config.axis)
     return MoEStats(
         gpu_tokens=jnp.sum(done.group_sizes)[None],
@@ -661,7 +676,7 @@ def _check_inputs(
         check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
     if routing is not None:
         _no_replay_with_routed_shared(config, "moe_forward")
-        _check_routing(routing, T, E, K)
+        _check_routing(routing, T, config.routed_choices, K)
     if counter is not None:
         got = (jnp.shape(counter), jnp.result_type(counter))
         if got != ((D, E), COUNTER_DTYPE):

@@ -12,7 +12,7 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 
 | key | logical | physical | when |
 | --- | --- | --- | --- |
-| ``router`` | [H, E] float32 | same | always |
+| ``router`` | [H, E] float32 (E + Z with ``zero_experts``, their columns last; the biases alike) | same | always |
 | ``router_bias`` | [E] float32 | same | ``router.bias`` (gpt-oss) |
 | ``score_bias`` | [E] float32 | same | ``router.score_bias`` (DeepSeek-V3 ``e_score_correction_bias``; not trained) |
 | ``router_scale`` | [H] float32 | same | ``router.input_scale`` (Gemma 4's router ``scale``; ones at init) |
@@ -67,11 +67,12 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
     physical layout) or, when None, with E (the logical layout); see the module's table."""
     H, F, E = config.hidden, config.ffn, config.experts
     n = E if num_slots is None else num_slots
-    shapes = {"router": (H, E), "w_gate": (n, H, F), "w_up": (n, H, F), "w_down": (n, F, H)}
+    N = config.routed_choices  # the router's columns: E, and the zero-computation experts after them
+    shapes = {"router": (H, N), "w_gate": (n, H, F), "w_up": (n, H, F), "w_down": (n, F, H)}
     if config.router.bias:
-        shapes["router_bias"] = (E,)
+        shapes["router_bias"] = (N,)
     if config.router.score_bias:
-        shapes["score_bias"] = (E,)
+        shapes["score_bias"] = (N,)
     if config.router.input_scale:
         shapes["router_scale"] = (H,)
     if config.router.expert_scale:
@@ -275,10 +276,7 @@ def to_physical(
     E = _experts_of(logical, "to_physical")
     if E is not None:
         _check_layout(phy2log, placement, E, "to_physical")
-        if "router" in logical and jnp.shape(logical["router"])[-1] != E:
-            raise ValueError(
-                f"to_physical: the router scores {jnp.shape(logical['router'])[-1]} experts, the expert arrays hold {E}"
-            )
+        _check_router_width(logical, E, config, "to_physical", "the expert arrays hold")
     idx = phy2log.astype(np.int32)
     keys = expert_keys(logical)
     take = _take_refusing_grads(idx) if np.unique(idx).size < idx.size else lambda v: jnp.take(v, idx, axis=0)
@@ -305,6 +303,21 @@ def to_physical(
     return jax.jit(gather, out_shardings=param_shardings(logical, mesh, axis if config is None else config))(logical)
 
 
+def _check_router_width(params: dict, E: int, config, where: str, holds: str) -> None:
+    """The router scores ``config.routed_choices`` columns when the config is known, else at least the E experts
+    (zero-computation experts add columns after them, `MoEConfig.zero_experts`)."""
+    if "router" not in params:
+        return
+    n = jnp.shape(params["router"])[-1]
+    want = None if config is None else config.routed_choices
+    if (want is not None and n != want) or n < E:
+        raise ValueError(
+            f"{where}: the router scores {n} experts, {holds} {E}"
+            + (f" (+ {config.zero_experts} zero-computation)" if config is not None and config.zero_experts else "")
+            + "; give the placement and config the parameters were made for"
+        )
+
+
 def to_logical(physical: dict, placement) -> dict:
     """Physical ``[P, ...]`` → logical ``[E, ...]`` (for export): each expert's rows from its first replica
     (replicas are identical); the other keys are kept. ``placement``: a `solvers.Placement` or ``phy2log [P]``."""
@@ -317,11 +330,7 @@ def to_logical(physical: dict, placement) -> dict:
             "placement the parameters were laid out over"
         )
     _check_layout(phy2log, placement, E, "to_logical")
-    if "router" in physical and jnp.shape(physical["router"])[-1] != E:
-        raise ValueError(
-            f"to_logical: the router scores {jnp.shape(physical['router'])[-1]} experts, the placement lays out {E}; "
-            "give the placement the parameters were laid out over"
-        )
+    _check_router_width(physical, E, None, "to_logical", "the placement lays out")
     experts, first = np.unique(phy2log, return_index=True)  # the first slot of each expert
     keys = expert_keys(physical)
     index = jnp.asarray(first, jnp.int32)

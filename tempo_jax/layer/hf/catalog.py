@@ -32,7 +32,7 @@ from .rules import (
     softmax,
     swiglu_only,
 )
-from .spec import Cfg, Family, TensorNames
+from .spec import MAX_LAYERS, Cfg, Family, TensorNames
 
 __all__ = ["FAMILIES"]
 
@@ -1210,4 +1210,48 @@ FAMILIES["inkling_mm_model"] = Family(
     ),
     refuse=_inkling_refuse,
     nested="text_config",
+)
+
+
+def _longcat(c: Cfg) -> dict:
+    """LongCat-Flash: softmax over the E routed and Z zero-computation (identity) experts, chosen with the selection
+    bias, not renormalised, × routed_scaling_factor; SwiGLU experts."""
+    return dict(
+        experts=c.get("n_routed_experts", "num_local_experts"),
+        zero_experts=c.get("zero_expert_num", default=0),
+        top_k=c.get("moe_topk", "num_experts_per_tok"),
+        ffn=c.get("expert_ffn_hidden_size", "moe_intermediate_size"),
+        router=RouterConfig(
+            scoring="softmax",
+            score_bias=True,
+            renormalize=False,
+            scaling=float(c.get("routed_scaling_factor", default=6.0, kind=float)),
+        ),
+    )
+
+
+def _longcat_layers(c: Cfg) -> list[int]:
+    """Every decoder layer (``num_layers``; each holds two attention sublayers and one MoE)."""
+    n = c.get("num_layers", default=None)
+    if n is None:  # num_hidden_layers is its property 2 · num_layers
+        n = c.num_layers() // 2
+    if not 1 <= n <= MAX_LAYERS:
+        raise ValueError(f"moe_from_hf: config['num_layers'] = {n}; it must lie in [1, {MAX_LAYERS:,}]")
+    return list(range(n))
+
+
+def _longcat_refuse(c: Cfg) -> str | None:
+    if c.config.get("router_bias"):
+        return (
+            "router_bias=true: transformers 5.24 gives the router a bias (router.classifier.bias) that its forward "
+            "never adds; refusing to guess which of the two a checkpoint means"
+        )
+    return swiglu_only(c)
+
+
+FAMILIES["longcat_flash"] = Family(
+    _longcat,
+    _longcat_layers,
+    names=TensorNames(router=("router.classifier.weight",), score_bias=("router.e_score_correction_bias",)),
+    refuse=_longcat_refuse,
 )

@@ -32,7 +32,7 @@ def _np(a) -> np.ndarray:
 
 
 #: The `MoEConfig` fields that make a block what config.json says it is.
-_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared", "output")
+_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared", "output", "zero_experts")
 
 
 def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: str) -> None:
@@ -134,6 +134,10 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         gu, dn = n.fused_names
         if n.transposed:
             out.update({gu: np.concatenate([g, u], axis=2), dn: d})
+        elif cfg.zero_experts:  # transformers holds gate / up rows for the zero-computation experts: zeros
+            gate_up = np.concatenate([g, u], axis=2).transpose(0, 2, 1)
+            pad = np.zeros((cfg.zero_experts, *gate_up.shape[1:]), np.float32)
+            out.update({gu: np.concatenate([gate_up, pad]), dn: d.transpose(0, 2, 1)})
         elif n.fused_interleaved:  # gate and up rows alternating (Inkling 2's w13_weight)
             gate_up = np.stack([g, u], axis=3).reshape(E, g.shape[1], 2 * F)
             out.update({gu: gate_up.transpose(0, 2, 1), dn: d.transpose(0, 2, 1)})
@@ -149,6 +153,8 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
                     out[key] = w[e].T
                 else:
                     out[key], out[f"{key}_scale_inv"] = stored[name][e].T, stored[SCALE_KEYS[name]][e].T
+        for e in range(E, E + cfg.zero_experts):  # gate / up transformers needs to load and never reads: zeros
+            out.update({f"experts.{e}.{hf}.weight": np.zeros((F, g.shape[1]), np.float32) for hf in n.experts[:2]})
     if cfg.shared is not None:
         prefix = n.shared[0]
         sg, su, sd = p["shared_w_gate"], p["shared_w_up"], p["shared_w_down"]  # [H, Fs], [H, Fs], [Fs, H]

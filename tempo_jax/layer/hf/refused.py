@@ -17,9 +17,6 @@ _LATENT = "experts at a latent width (projections with RMSNorms around them) and
 REFUSED: dict[str, str] = {
     "ernie4_5_vl_moe": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
-    "longcat_flash": (
-        "zero-computation (identity) experts a token may choose (zero_expert_num; 256 in every released LongCat-Flash)"
-    ),
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
     "nemotron_h": "non-gated ReLU² experts (down(relu²(up·x))), optionally behind a latent projection",

@@ -193,24 +193,25 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
 
     # Step 1: the router, its bias and the selection-only score bias.
     router = c.first(names.router) or names.router[0]
-    rows = cfg.router.shared_rows  # the shared experts' rows follow the routed ones (Inkling)
-    whole("router", router, (E + rows, H), lambda a: a[:E].T)
+    N = cfg.routed_choices  # the zero-computation experts' rows follow the routed ones (LongCat-Flash)
+    rows = cfg.router.shared_rows  # and the shared experts' after those (Inkling)
+    whole("router", router, (N + rows, H), lambda a: a[:N].T)
     if rows:
-        whole("router_shared", router, (E + rows, H), lambda a: a[E:].T)
+        whole("router_shared", router, (N + rows, H), lambda a: a[N:].T)
     if cfg.router.gain:
         whole("router_gain", names.router_gain, (1,))
     if cfg.router.bias:
-        whole("router_bias", names.router_bias, (E,))
+        whole("router_bias", names.router_bias, (N,))
     if cfg.router.input_scale:
         whole("router_scale", names.router_scale, (H,))
     if cfg.router.expert_scale:
         whole("expert_scale", names.expert_scale, (E,))
     if cfg.router.score_bias:
         key = c.first(names.score_bias) or names.score_bias[0]
-        shape = c.src.shape(key) if key in c.keys else (E,)
-        if tuple(shape) not in ((E,), (1, E)):
-            raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(shape)}, expected [{E}] or [1, {E}]")
-        whole("score_bias", key, tuple(shape), lambda a: a.reshape(E))
+        shape = c.src.shape(key) if key in c.keys else (N,)
+        if tuple(shape) not in ((N,), (1, N)):
+            raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(shape)}, expected [{N}] or [1, {N}]")
+        whole("score_bias", key, tuple(shape), lambda a: a.reshape(N))
     # Step 2: the routed experts, in whichever layout the block holds (FP8 experts: as stored, or quantized).
     _experts(cfg, names, c, src, stacked, where)
     if cfg.expert_dtype == "fp8_block":
@@ -316,6 +317,9 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     g, u, d = names.experts
     stacked_here = names.stacked_names is not None and names.stacked_names[0] in c.keys
     if f"experts.0.{g}.weight" in c.keys or (not (_fused_present(c, names) or stacked_here) and names.fused != "dbrx"):
+        for e in range(E, E + cfg.zero_experts):  # transformers stores gate / up rows it never reads for them
+            for p in (g, u):
+                c.need(f"experts.{e}.{p}.weight", (F, H))
         per = {
             n: [c.need(f"experts.{i}.{p}.weight", s) for i in range(E)]
             for n, p, s in (("w_gate", g, (F, H)), ("w_up", u, (F, H)), ("w_down", d, (H, F)))
@@ -380,8 +384,8 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         stacked("w_gate", lambda e: src.read(gk, e)[:, :F])
         stacked("w_up", lambda e: src.read(gk, e)[:, F:])
         stacked("w_down", lambda e: src.read(dk, e))
-    else:
-        gk, dk = c.need(gu_key, (E, 2 * F, H)), c.need(dn_key, (E, H, F))
+    else:  # (LongCat-Flash's fused gate_up also holds rows for its zero-computation experts, never read)
+        gk, dk = c.need(gu_key, (E + cfg.zero_experts, 2 * F, H)), c.need(dn_key, (E, H, F))
         gate, up = (slice(0, None, 2), slice(1, None, 2)) if interleaved else (slice(None, F), slice(F, None))
         stacked("w_gate", lambda e: src.read(gk, e)[gate].T)
         stacked("w_up", lambda e: src.read(gk, e)[up].T)
