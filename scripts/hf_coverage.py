@@ -119,6 +119,11 @@ def _activation(name: str, limit, gate_cap, up_cap) -> str:
         "gpt_oss": "gpt-oss",
         "swiglu_post_clamp": "SwiGLU",
         "swiglu_softcap": "SwiGLU",
+        "relu": "plain ReLU",
+        "relu2": "plain ReLU²",
+        "gelu": "plain GELU",
+        "gelu_tanh": "plain GELU (tanh)",
+        "silu": "plain SiLU",
     }[name]
     if name == "swiglu_post_clamp":
         return f"{words} clamped after the activation at {limit:g}"

@@ -1306,6 +1306,30 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mlp",
     ),
+    # Nemotron-H: plain relu² experts (no gate projection) and a relu² shared expert, DeepSeek-V3's router
+    "nemotron_h": (
+        dict(
+            layers_block_type=["moe", "full_attention"],
+            head_dim=8,
+            intermediate_size=32,
+            moe_intermediate_size=8,
+            moe_shared_expert_intermediate_size=12,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            mamba_num_heads=4,
+            mamba_head_dim=4,
+            ssm_state_size=4,
+            n_groups=1,
+            expand=2,
+            chunk_size=8,
+        ),
+        0,
+        "mixer",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(

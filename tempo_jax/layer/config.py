@@ -281,6 +281,11 @@ class MoEConfig:
                 f"{w}.fp8_block={self.fp8_block} is the block of FP8 experts; it needs expert_dtype='fp8_block' "
                 "(refusing to ignore it)"
             )
+        if self.expert_dtype == "fp8_block" and not self.expert.gated:
+            raise ValueError(
+                f"{w}: FP8 experts (expert_dtype='fp8_block') are gated here; plain experts (activation "
+                f"{self.expert.activation!r}) keep their weights in MoEConfig.dtype"
+            )
         if self.expert_dtype == "fp8_block" and jnp.dtype(self.dtype).itemsize < 2:
             raise ValueError(f"{w}.dtype {jnp.dtype(self.dtype)} is what FP8 experts compute in: use bf16 or f32")
 

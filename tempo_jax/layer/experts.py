@@ -1,6 +1,7 @@
 """Expert variants and shared experts of the MoE families the layer expresses.
 
-Routed experts are gated FFNs ``down(act(gate(x), up(x)))`` with ``ExpertConfig.activation``:
+Routed experts are gated FFNs ``down(act(gate(x), up(x)))``, or plain ones ``down(act(up(x)))`` (no gate projection),
+by ``ExpertConfig.activation``. Gated:
 
 - ``"swiglu"``: ``silu(g) · u`` (Mixtral, Qwen2/3-MoE, DeepSeek-V3, GLM).
 - ``"swiglu_clamp"``: ``silu(min(g, limit)) · clip(u, −limit, limit)`` (DeepSeek-V4's ``swiglu_limit``).
@@ -11,6 +12,9 @@ Routed experts are gated FFNs ``down(act(gate(x), up(x)))`` with ``ExpertConfig.
   activation, with a per-layer limit).
 - ``"swiglu_softcap"``: ``cap(g, gate_cap) · sigmoid(g) · cap(u, up_cap)`` with ``cap(v, c) = c·tanh(v / c)``
   (Inkling 2: the soft caps bound the gate's linear factor and the up projection; the sigmoid sees the raw gate).
+
+Plain (`PLAIN_ACTIVATIONS`; no ``w_gate`` / ``b_gate``): ``"relu"`` (Switch Transformers' T5 experts), ``"relu2"`` =
+``relu(u)²`` (Nemotron-H), ``"gelu"``, ``"gelu_tanh"``, ``"silu"``.
 
 With ``bias`` every projection has a per-expert bias (gpt-oss): ``b_gate``, ``b_up`` ``[E, F]`` and ``b_down``
 ``[E, H]``. They are physical-slot arrays like the weights, so they follow each row's expert through the exchange
@@ -40,6 +44,7 @@ __all__ = [
     "EXPERT_BIASES",
     "EXPERT_WEIGHTS",
     "OUTPUT_KEYS",
+    "PLAIN_ACTIVATIONS",
     "ExpertConfig",
     "OutputConfig",
     "SharedConfig",
@@ -48,8 +53,23 @@ __all__ = [
     "shared_ffn",
 ]
 
-Activation = Literal["swiglu", "swiglu_clamp", "gpt_oss", "geglu_tanh", "geglu", "swiglu_post_clamp", "swiglu_softcap"]
+Activation = Literal[
+    "swiglu",
+    "swiglu_clamp",
+    "gpt_oss",
+    "geglu_tanh",
+    "geglu",
+    "swiglu_post_clamp",
+    "swiglu_softcap",
+    "relu",
+    "relu2",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
+#: Activations of plain experts ``down(act(up(x)))``: no gate projection.
+PLAIN_ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "silu")
 #: Per-expert parameter arrays: physical ``[P, ...]`` in the layer, logical ``[E, ...]`` at import / export.
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 EXPERT_BIASES = ("b_gate", "b_up", "b_down")
@@ -124,9 +144,15 @@ class ExpertConfig:
         _check_activation(self, w)
 
     @property
+    def gated(self) -> bool:
+        """Whether the experts have a gate projection (``w_gate``): every activation but `PLAIN_ACTIVATIONS`."""
+        return self.activation not in PLAIN_ACTIVATIONS
+
+    @property
     def keys(self) -> tuple[str, ...]:
         """The per-expert parameter names of this variant."""
-        return EXPERT_WEIGHTS + (EXPERT_BIASES if self.bias else ())
+        keys = EXPERT_WEIGHTS + (EXPERT_BIASES if self.bias else ())
+        return keys if self.gated else tuple(k for k in keys if k not in ("w_gate", "b_gate"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,8 +209,10 @@ class SharedConfig:
         )
 
 
-def glu(g: jax.Array, u: jax.Array, config: ExpertConfig) -> jax.Array:
-    """The gated activation of ``config`` on gate and up projections ``g, u [M, F]``."""
+def glu(g: jax.Array | None, u: jax.Array, config: ExpertConfig) -> jax.Array:
+    """The activation of ``config`` on gate and up projections ``g, u [M, F]`` (``g`` None for plain experts)."""
+    if not config.gated:
+        return _plain(u, config.activation)
     if config.activation == "swiglu":
         return jax.nn.silu(g) * u
     if config.activation in ("geglu_tanh", "geglu"):
@@ -203,6 +231,16 @@ def glu(g: jax.Array, u: jax.Array, config: ExpertConfig) -> jax.Array:
     return (u + 1) * g * jax.nn.sigmoid(config.alpha * g)
 
 
+def _plain(u: jax.Array, activation: str) -> jax.Array:
+    if activation == "relu":
+        return jax.nn.relu(u)
+    if activation == "relu2":
+        return jnp.square(jax.nn.relu(u))
+    if activation == "silu":
+        return jax.nn.silu(u)
+    return jax.nn.gelu(u, approximate=activation == "gelu_tanh")
+
+
 def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype, weights: jax.Array | None = None) -> jax.Array:
     """Shared experts on ``x [T, H]``: ``shared_w_gate / shared_w_up [H, Fs]``, ``shared_w_down [Fs, H]``, and
     ``shared_gate [H]`` when gated → ``[T, H]`` float32. ``weights [T, count]``: the router's weight of each shared
@@ -210,8 +248,8 @@ def shared_ffn(x: jax.Array, params: dict, config: SharedConfig, dtype, weights:
     ``s·ffn … (s+1)·ffn``) before the down projection; None: unweighted."""
     hp = jax.lax.Precision.HIGHEST
     xs = x.astype(dtype)
-    g, u = jnp.dot(xs, params["shared_w_gate"], precision=hp), jnp.dot(xs, params["shared_w_up"], precision=hp)
-    h = glu(g, u, config.ffn_config)
+    g = jnp.dot(xs, params["shared_w_gate"], precision=hp) if config.ffn_config.gated else None
+    h = glu(g, jnp.dot(xs, params["shared_w_up"], precision=hp), config.ffn_config)
     if weights is not None:
         h = h * jnp.repeat(weights, config.ffn, axis=1).astype(h.dtype)
     y = jnp.dot(h, params["shared_w_down"], precision=hp, preferred_element_type=jnp.float32)

@@ -84,10 +84,11 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
         out = _reference_input_weighted(params, xs, ids, w, config)
         return block_output(out, params, config.output).astype(x.dtype)
     xq = _gemm_input(xs, config)
-    g = jnp.einsum("th,ehf->etf", xq, params["w_gate"], precision=hp)
+    gated = config.expert.gated  # plain experts: no gate projection
+    g = jnp.einsum("th,ehf->etf", xq, params["w_gate"], precision=hp) if gated else None
     u = jnp.einsum("th,ehf->etf", xq, params["w_up"], precision=hp)
     if config.expert.bias:
-        g, u = g + params["b_gate"][:, None], u + params["b_up"][:, None]
+        g, u = (g + params["b_gate"][:, None] if gated else None), u + params["b_up"][:, None]
     h = _gemm_input(glu(g, u, config.expert), config)
     y = jnp.einsum("etf,efh->eth", h, params["w_down"], precision=hp)  # [E, T, H]
     if config.expert.bias:
@@ -122,10 +123,11 @@ def _reference_input_weighted(params: dict, xs: jax.Array, ids: jax.Array, w: ja
     """`moe_reference` when the router's weight scales the expert's input (Llama-4): ``[T, H]`` float32."""
     hp = jax.lax.Precision.HIGHEST
     rows = _gemm_input(xs[:, None, :] * w[..., None].astype(xs.dtype), config)  # [T, K, H]
-    g = jnp.einsum("tkh,tkhf->tkf", rows, params["w_gate"][ids], precision=hp)
+    gated = config.expert.gated
+    g = jnp.einsum("tkh,tkhf->tkf", rows, params["w_gate"][ids], precision=hp) if gated else None
     u = jnp.einsum("tkh,tkhf->tkf", rows, params["w_up"][ids], precision=hp)
     if config.expert.bias:
-        g, u = g + params["b_gate"][ids], u + params["b_up"][ids]
+        g, u = (g + params["b_gate"][ids] if gated else None), u + params["b_up"][ids]
     h = _gemm_input(glu(g, u, config.expert), config)
     y = jnp.einsum("tkf,tkfh->tkh", h, params["w_down"][ids], precision=hp)
     if config.expert.bias:
@@ -648,6 +650,13 @@ def _check_inputs(
                 "give one of them"
             )
     padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards Ng·D
+    window = config.router.capacity_window
+    if window is not None and (T % shards or (T // shards) % window):
+        raise ValueError(
+            f"moe_forward: capacity-limited routing counts claims per sequence of {window} tokens "
+            f"(RouterConfig.capacity_window), so each of the {shards} token shards must hold whole sequences: T={T} "
+            f"must be a multiple of {shards}·{window} = {shards * window}"
+        )
     if placement_arrays.phy2log.shape[0] != D * S:
         raise ValueError(
             f"placement has {placement_arrays.phy2log.shape[0]} slots but the mesh needs D·S = {D}·{S} = {D * S}"

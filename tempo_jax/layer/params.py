@@ -18,7 +18,7 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``router_scale`` | [H] float32 | same | ``router.input_scale`` (Gemma 4's router ``scale``; ones at init) |
 | ``expert_scale`` | [E] float32 | same | ``router.expert_scale`` (Gemma 4's ``per_expert_scale``; ones at init) |
 | ``router_shared`` / ``router_gain`` | [H, S] / [1] float32 | same | ``router.shared_rows`` / ``router.gain`` |
-| ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always |
+| ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always (no ``w_gate``: plain) |
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
 | ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
@@ -83,15 +83,19 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes["router_gain"] = (1,)
     if config.expert.bias:
         shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, H))
+    if not config.expert.gated:  # plain experts: down(act(up(x)))
+        shapes = {k: v for k, v in shapes.items() if k not in ("w_gate", "b_gate")}
     if config.shared is not None:
         Fs = config.shared.width
         shapes.update(shared_w_gate=(H, Fs), shared_w_up=(H, Fs), shared_w_down=(Fs, H))
+        if not config.shared.ffn_config.gated:
+            del shapes["shared_w_gate"]
         if config.shared.gated:
             shapes["shared_gate"] = (H,)
     shapes.update({k: (H,) for k in config.output.keys})
     if config.expert_dtype == "fp8_block":  # last: the other keys' draws keep their indices
         block = layer_block(config.fp8_block)
-        shapes.update({SCALE_KEYS[w]: scale_shape(shapes[w], block) for w in EXPERT_WEIGHTS})
+        shapes.update({SCALE_KEYS[w]: scale_shape(shapes[w], block) for w in EXPERT_WEIGHTS if w in shapes})
     return shapes
 
 

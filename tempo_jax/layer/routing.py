@@ -18,11 +18,16 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
    ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by the chosen experts' learned
    ``expert_scale [E]`` (Gemma 4's ``per_expert_scale``) and by ``scaling`` (routed_scaling_factor).
-6. Router-weighted shared experts (``shared_rows`` S > 0; Inkling): S more router columns ``router_shared [H, S]``
+6. Capacity-limited routing (``expert_capacity`` C, ``capacity_window`` W; Switch Transformers): the rows in
+   consecutive windows of W tokens (a sequence each); in each window an expert takes at most C pairs, claimed in
+   row order (then by k), and the pairs past it are dropped: weight 0, so a token whose pairs all drop passes
+   through the block as 0 (the model's residual keeps it), as the family computes in eval mode too.
+7. Router-weighted shared experts (``shared_rows`` S > 0; Inkling): S more router columns ``router_shared [H, S]``
    score the shared experts with the same function; the routed top-k and all S shared scores are renormalised
    together (their sum), and every weight is multiplied by ``scaling`` and, with ``gain``, by a learned scalar
    ``router_gain [1]``. The S shared weights ``[T, S]`` scale each shared expert's hidden activations
    (`tempo_jax.layer.experts.shared_ffn`).
+   Step 6 runs after the weights (a dropped pair's weight is 0) and before step 7.
 
 Sparsemixer (PhiMoE): the k-th choice is the best logit m_k among the experts not yet chosen; its weight is its
 softmax over those experts whose logit l is within a relative ``2·mixer_eps`` of it, ``(m_k − l) / max(|l|, m_k)
@@ -80,6 +85,9 @@ class RouterConfig:
       shared_rows: S router columns for the shared experts, normalised with the routed top-k (step 6; Inkling; 0:
         the shared experts, if any, are unweighted). Needs ``MoEConfig.shared`` with ``count`` = S.
       gain: a learned scalar ``router_gain [1]`` multiplies every weight (Inkling's ``global_scale``).
+      expert_capacity: C pairs per expert per window (step 6; Switch's ``expert_capacity``); None: no limit.
+      capacity_window: W, the tokens of one window (a sequence: the layer's tokens are W-row sequences one after
+        another, and every token shard holds whole ones). Set with ``expert_capacity``.
     """
 
     scoring: Scoring = "softmax"
@@ -102,6 +110,8 @@ class RouterConfig:
     expert_scale: bool = False
     shared_rows: int = 0
     gain: bool = False
+    expert_capacity: int | None = None
+    capacity_window: int | None = None
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -176,6 +186,15 @@ class RouterConfig:
             raise ValueError(f"{w}.bias_on={self.bias_on!r} places the score bias; set score_bias=True or leave it out")
         if self.weight_on not in ("output", "input"):
             raise ValueError(f"{w}.weight_on must be 'output' or 'input', got {self.weight_on!r}")
+        for name in ("expert_capacity", "capacity_window"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{w}.{name} must be None or an integer >= 1, got {v!r}")
+        if (self.expert_capacity is None) != (self.capacity_window is None):
+            raise ValueError(
+                f"{w}: expert_capacity (pairs per expert per window) and capacity_window (tokens per window) go "
+                f"together; got expert_capacity={self.expert_capacity}, capacity_window={self.capacity_window}"
+            )
         v = self.shared_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{w}.shared_rows must be an integer >= 0, got {v!r}")
@@ -294,12 +313,29 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routi
             probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
     if config.expert_scale:
         gate = gate * params["expert_scale"].astype(jnp.float32)[ids]
+    if config.expert_capacity is not None:
+        gate = jnp.where(_within_capacity(ids, E, config.expert_capacity, config.capacity_window), gate, 0.0)
     if config.shared_rows:
         gain = config.scaling * (params["router_gain"].astype(jnp.float32)[0] if config.gain else 1.0)
         return Routing(ids.astype(jnp.int32), gate * gain, probs, logits, shared * gain)
     if config.gain:
         gate = gate * params["router_gain"].astype(jnp.float32)[0]
     return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
+
+
+def _within_capacity(ids: jax.Array, experts: int, capacity: int, window: int) -> jax.Array:
+    """Step 6: ``[T, K]`` whether each pair is among the first ``capacity`` claims of its expert in its window of
+    ``window`` rows (claims in row order, then by k). T must be a multiple of ``window``."""
+    T, K = ids.shape
+    if T % window:
+        raise ValueError(
+            f"route: capacity-limited routing counts claims per window of {window} tokens (RouterConfig."
+            f"capacity_window), but this shard holds {T} tokens; give whole windows (T a multiple of {window})"
+        )
+    claims = jax.nn.one_hot(ids.reshape(T // window, window * K), experts, dtype=jnp.int32)  # [n, W·K, E]
+    rank = jnp.cumsum(claims, axis=1)  # the claim's place in its expert's queue (1-based)
+    place = jnp.sum(rank * claims, axis=-1).reshape(T, K)
+    return place <= capacity
 
 
 def balance_update(score_bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:

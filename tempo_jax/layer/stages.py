@@ -306,7 +306,7 @@ def expert_ffn(
     parts = {name: w if isinstance(w, tuple) else (w,) for name, w in weights.items()}
     if join_parts is None:  # concatenating copies every stored element; summing parts touches 2·(2F + H) per row
         stored = sum(p[0].size for p in parts.values())
-        width = 2 * parts["w_gate"][0].shape[2] + rows.shape[1]
+        width = (2 if "w_gate" in parts else 1) * parts["w_up"][0].shape[2] + rows.shape[1]
         chunked = GMM.resolve(gmm_impl, interpret=interpret) == "chunked"  # one buffer: parts cost nothing
         join_parts = not chunked and stored <= 2 * rows.shape[0] * width
     if join_parts:  # (FP8 weights, `BlockScaled`, concatenate their values and scales alike)
@@ -344,9 +344,10 @@ def _three_gemms(xs, slot_sorted, group_sizes, parts: dict, expert, gmm_impl, in
 
     # Gate and up as two grouped GEMMs: fusing them into one of width 2F concatenated the stored w_gate and w_up on
     # every call (a copy of two thirds of the expert weights; measured 24% of the forward at E 256, 128 tokens).
-    gate, up = grouped(xs, "w_gate"), grouped(xs, "w_up")
-    if expert.bias:  # per-row biases: each sorted row's slot picks its expert's (padding rows: slot S, zeros)
+    gate, up = (grouped(xs, "w_gate") if expert.gated else None), grouped(xs, "w_up")
+    if expert.bias and expert.gated:  # per-row biases: each sorted row's slot picks its expert's (padding: zeros)
         gate = gate + _row_bias(jnp.concatenate(parts["b_gate"], axis=0), slot_sorted)
+    if expert.bias:
         up = up + _row_bias(jnp.concatenate(parts["b_up"], axis=0), slot_sorted)
     h = glu(gate, up, expert)
     y = grouped(h, "w_down")
@@ -368,8 +369,8 @@ class _Activation:
 def _fused_ffn(parts: dict, gmm_impl: str, interpret: bool, quantize_lhs) -> FfnChunks | None:
     """The chunk settings when the FFN runs fused (`pallas_kernels.ffn_chunked`): where the grouped GEMM is XLA:CPU's
     "chunked" path, without FP8 activations or FP8 weights (those keep the three GEMMs that handle them); else None."""
-    if GMM.resolve(gmm_impl, interpret=interpret) != "chunked" or quantize_lhs is not None:
-        return None
+    if GMM.resolve(gmm_impl, interpret=interpret) != "chunked" or quantize_lhs is not None or "w_gate" not in parts:
+        return None  # (plain experts, without a gate projection: the two grouped GEMMs)
     if any(isinstance(w, BlockScaled) for p in parts.values() for w in p):
         return None
     t = GmmTiling()
@@ -382,7 +383,7 @@ def _join(*parts: jax.Array) -> jax.Array:
 
 def num_slots(weights: dict) -> int:
     """Local slots of an `expert_ffn` weights dict (the parts of a tuple value summed)."""
-    w = weights["w_gate"]
+    w = weights["w_up"]
     return sum(p.shape[0] for p in w) if isinstance(w, tuple) else w.shape[0]
 
 

@@ -1255,3 +1255,64 @@ FAMILIES["longcat_flash"] = Family(
     names=TensorNames(router=("router.classifier.weight",), score_bias=("router.e_score_correction_bias",)),
     refuse=_longcat_refuse,
 )
+
+
+#: transformers' activation names (ACT2FN) → the layer's plain activations
+_PLAIN = {
+    "relu": "relu",
+    "relu2": "relu2",
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
+
+
+def _plain_refuse(key: str, default: str):
+    def refuse(c: Cfg) -> str | None:
+        act = c.config.get(key, default)
+        if act not in _PLAIN:
+            return f"{key} {act!r}: the layer's plain experts take {sorted(_PLAIN)}"
+        return None
+
+    return refuse
+
+
+def _nemotron_h(c: Cfg) -> dict:
+    """Nemotron-H: DeepSeek-V3's router (sigmoid, selection bias, groups, renormalised + 1e-20, scaling); plain
+    experts down(act(up(x))) (relu² by default) and one plain shared expert of its own width."""
+    act = _PLAIN[c.config.get("mlp_hidden_act", "relu2")]
+    fields = deepseek(c, scaling=1.0, groups=(1, 1), experts=("n_routed_experts", "num_local_experts"), n_shared=())
+    fs = c.get("moe_shared_expert_intermediate_size", default=7688)
+    return {**fields, "expert": ExpertConfig(activation=act), "shared": SharedConfig(count=1, ffn=fs, activation=act)}
+
+
+def _nemotron_h_layers(c: Cfg) -> list[int]:
+    """The "moe" entries of ``layers_block_type`` (``layer_types``), or the "E"s of the legacy
+    ``hybrid_override_pattern``."""
+    types = c.config.get("layers_block_type", c.config.get("layer_types"))
+    if types is None and isinstance(c.config.get("hybrid_override_pattern"), str):
+        return [i for i, t in enumerate(c.config["hybrid_override_pattern"]) if t == "E"]
+    if not isinstance(types, list | tuple):
+        raise ValueError(f"moe_from_hf: nemotron_h's config.json lacks 'layers_block_type' (a list), got {types!r}")
+    return [i for i, t in enumerate(types) if t == "moe"]
+
+
+def _nemotron_h_refuse(c: Cfg) -> str | None:
+    if c.config.get("moe_latent_size"):
+        return (
+            f"moe_latent_size={c.config['moe_latent_size']}: latent projections around the routed experts "
+            "(fc1_latent_proj / fc2_latent_proj) are not a layer option yet"
+        )
+    if c.config.get("mlp_bias"):
+        return "mlp_bias=true: the shared expert has biases, which the layer's shared experts lack"
+    return _plain_refuse("mlp_hidden_act", "relu2")(c)
+
+
+FAMILIES["nemotron_h"] = Family(
+    _nemotron_h,
+    _nemotron_h_layers,
+    ("backbone.layers.{}.mixer.", "model.layers.{}.mixer."),
+    refuse=_nemotron_h_refuse,
+)

@@ -99,8 +99,12 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     if cfg.router.score_bias:
         out[n.score_bias[0]] = p["score_bias"][None] if mt == "ernie4_5_moe" else p["score_bias"]
     # the routed experts, in the family's saved layout
-    g, u, d = p["w_gate"], p["w_up"], p["w_down"]  # [E, H, F], [E, H, F], [E, F, H]
-    if n.fused == "interleaved":  # gpt-oss
+    g, u, d = p.get("w_gate"), p["w_up"], p["w_down"]  # [E, H, F], [E, H, F], [E, F, H]
+    if not cfg.expert.gated:  # plain experts: up / down per expert, torch Linear [out, in]
+        for e in range(E):
+            out[n.expert_key.format(e=e, p=n.experts[1])] = u[e].T
+            out[n.expert_key.format(e=e, p=n.experts[2])] = d[e].T
+    elif n.fused == "interleaved":  # gpt-oss
         gu = np.empty((E, g.shape[1], 2 * F), np.float32)
         gu[..., 0::2], gu[..., 1::2] = g, u
         gub = np.empty((E, 2 * F), np.float32)
@@ -157,7 +161,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
             out.update({f"experts.{e}.{hf}.weight": np.zeros((F, g.shape[1]), np.float32) for hf in n.experts[:2]})
     if cfg.shared is not None:
         prefix = n.shared[0]
-        sg, su, sd = p["shared_w_gate"], p["shared_w_up"], p["shared_w_down"]  # [H, Fs], [H, Fs], [Fs, H]
+        sg, su, sd = p.get("shared_w_gate"), p["shared_w_up"], p["shared_w_down"]  # [H, Fs], [H, Fs], [Fs, H]
         S, Fe = cfg.shared.count, cfg.shared.ffn
         stack = lambda w: w.T.reshape(S, Fe, -1)  # noqa: E731  [H, S·Fe] → [S, Fe, H]
         if n.shared_interleaved:
@@ -176,7 +180,9 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
             out[f"{prefix}down_proj.weight"] = sd.T
         else:
             gn, un, dn = n.shared_names
-            out.update({f"{prefix}{gn}.weight": sg.T, f"{prefix}{un}.weight": su.T, f"{prefix}{dn}.weight": sd.T})
+            out.update({f"{prefix}{un}.weight": su.T, f"{prefix}{dn}.weight": sd.T})
+            if sg is not None:
+                out[f"{prefix}{gn}.weight"] = sg.T
         if cfg.shared.gated:
             out[n.shared_gate] = p["shared_gate"][None]
     if cfg.output.bias:

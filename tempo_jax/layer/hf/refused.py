@@ -19,7 +19,6 @@ REFUSED: dict[str, str] = {
     "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
-    "nemotron_h": "non-gated ReLU² experts (down(relu²(up·x))), optionally behind a latent projection",
     "nllb-moe": _NON_GATED_RELU + " (top-2, tokens beyond expert_capacity dropped)",
     "switch_transformers": "non-gated ReLU experts (T5 wi / wo) with top-1 capacity-limited routing",
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",

@@ -23,7 +23,11 @@ class TensorNames:
       router: the router weight ``[E, H]`` (on-disk name first, then the in-memory one).
       router_bias: the learned router bias ``[E]`` (gpt-oss).
       score_bias: the selection-only score bias (``[E]`` or ``[1, E]``).
-      experts: the per-expert names of gate / up / down under ``experts.{e}.`` (torch Linear ``[out, in]``).
+      experts: the per-expert names of gate / up / down under ``experts.{e}.`` (torch Linear ``[out, in]``); plain
+        experts (no gate) read up / down only.
+      expert_key: the per-expert tensor name from the expert ``e`` and that name ``p`` (Switch Transformers:
+        ``experts.expert_{e}.{p}.weight``); plain experts saved fused are ``experts.{up}`` ``[E, F, H]`` /
+        ``experts.{down}`` ``[E, H, F]`` (Nemotron-H's in-memory layout).
       fused: the fused layout's kind: "gate_up" (``experts.gate_up_proj [E, 2F, H]`` gate rows first, or
         ``[E, H, 2F]`` gate columns first when ``transposed``), "interleaved" (gpt-oss: gate / up alternate),
         "input_linear" (Granite), "dbrx" (``experts.mlp.w1 / v1 / w2 [E·F, H]``, w2 the down weight transposed).
@@ -57,6 +61,7 @@ class TensorNames:
     expert_scale: str | None = None
     score_bias: tuple[str, ...] = ("gate.e_score_correction_bias",)
     experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    expert_key: str = "experts.{e}.{p}.weight"
     fused: str = "gate_up"
     transposed: bool | None = False
     hub_fused: bool = False

@@ -241,9 +241,10 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
             whole("shared_w_down", f"{prefix}output_linear.weight", (H, Fs), lambda a: a.T)
         else:
             g, u, d = names.shared_names
-            if f"{prefix}{g}.weight" not in c.keys and f"{prefix}gate_proj.weight" in c.keys:
+            if f"{prefix}{u}.weight" not in c.keys and f"{prefix}up_proj.weight" in c.keys:
                 g, u, d = "gate_proj", "up_proj", "down_proj"  # the in-memory names (a fused save)
-            whole("shared_w_gate", f"{prefix}{g}.weight", (Fs, H), lambda a: a.T)
+            if cfg.shared.ffn_config.gated:  # (plain shared experts: up / down only)
+                whole("shared_w_gate", f"{prefix}{g}.weight", (Fs, H), lambda a: a.T)
             whole("shared_w_up", f"{prefix}{u}.weight", (Fs, H), lambda a: a.T)
             whole("shared_w_down", f"{prefix}{d}.weight", (H, Fs), lambda a: a.T)
         if cfg.shared.gated:
@@ -315,6 +316,17 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
     """The routed experts' readers (see the module's layouts)."""
     H, F, E = cfg.hidden, cfg.ffn, cfg.experts
     g, u, d = names.experts
+    if not cfg.expert.gated:  # plain experts: up / down only, per expert or stacked [E, F, H] / [E, H, F]
+        _, u, d = names.experts
+        if names.expert_key.format(e=0, p=u) in c.keys or f"experts.{u}" not in c.keys:
+            for n, p, shape in (("w_up", u, (F, H)), ("w_down", d, (H, F))):
+                keys = [c.need(names.expert_key.format(e=i, p=p), shape) for i in range(E)]
+                stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
+        else:
+            uk, dk = c.need(f"experts.{u}", (E, F, H)), c.need(f"experts.{d}", (E, H, F))
+            stacked("w_up", lambda e: src.read(uk, e).T)
+            stacked("w_down", lambda e: src.read(dk, e).T)
+        return
     stacked_here = names.stacked_names is not None and names.stacked_names[0] in c.keys
     if f"experts.0.{g}.weight" in c.keys or (not (_fused_present(c, names) or stacked_here) and names.fused != "dbrx"):
         for e in range(E, E + cfg.zero_experts):  # transformers stores gate / up rows it never reads for them
