@@ -241,9 +241,11 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
             whole("shared_w_down", f"{prefix}output_linear.weight", (H, Fs), lambda a: a.T)
         else:
             g, u, d = names.shared_names
-            if f"{prefix}{u}.weight" not in c.keys and f"{prefix}up_proj.weight" in c.keys:
+            gated = cfg.shared.ffn_config.gated
+            probe, memory = (g, "gate_proj") if gated else (u, "up_proj")
+            if f"{prefix}{probe}.weight" not in c.keys and f"{prefix}{memory}.weight" in c.keys:
                 g, u, d = "gate_proj", "up_proj", "down_proj"  # the in-memory names (a fused save)
-            if cfg.shared.ffn_config.gated:  # (plain shared experts: up / down only)
+            if gated:  # (plain shared experts: up / down only)
                 whole("shared_w_gate", f"{prefix}{g}.weight", (Fs, H), lambda a: a.T)
             whole("shared_w_up", f"{prefix}{u}.weight", (Fs, H), lambda a: a.T)
             whole("shared_w_down", f"{prefix}{d}.weight", (H, Fs), lambda a: a.T)
