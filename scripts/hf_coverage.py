@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCAN = ROOT / "tests" / "fixtures" / "hf_coverage.json"
 DOC = ROOT / "docs" / "hf.md"
 BEGIN, END = "<!-- coverage table: begin -->", "<!-- coverage table: end -->"
+#: the fixtures' x is one sequence of this many tokens (Switch Transformers' capacity counts per sequence)
+SEQUENCE = 24
 #: a modeling file defines routed experts when it assigns them (``self.experts = ...``)
 EXPERTS = re.compile(r"^\s+self\.experts\s*=", re.M)
 MODEL_TYPE = re.compile(r'^\s+model_type\s*=\s*"([a-z0-9_-]+)"', re.M)
@@ -153,6 +155,8 @@ def describe(cfg) -> tuple[str, str, str]:
         router.append(f"{r.shared_rows} shared-expert rows normalised with the top-k")
     if r.gain:
         router.append("× learned gain")
+    if r.expert_capacity is not None:
+        router.append(f"at most {r.expert_capacity} tokens per expert per sequence")
     if r.scaling != 1:
         router.append(f"× {r.scaling:g}")
     if r.weight_on == "input":
@@ -201,10 +205,11 @@ def measure(name: str) -> tuple[float, float]:
     fwd = 0.0
     for layout in ("hub", "fused"):
         if (FIXTURES / name / layout).exists():
-            cfg, params, placement = load_moe_layers(FIXTURES / name / layout, layers=[layer])[layer]
+            blocks = load_moe_layers(FIXTURES / name / layout, layers=[layer], sequence_length=SEQUENCE)
+            cfg, params, placement = blocks[layer]
             logical = to_logical(params, placement)
             fwd = max(fwd, rel(moe_reference(logical, x, cfg, router_x=rx), z["out"]))
-    cfg, params, placement = load_moe_layers(FIXTURES / name / "hub", layers=[layer])[layer]
+    cfg, params, placement = load_moe_layers(FIXTURES / name / "hub", layers=[layer], sequence_length=SEQUENCE)[layer]
     logical = to_logical(params, placement)
     gp, gx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg, router_x=rx) * cot), argnums=(0, 1))(logical, x)
     state = {k[5:]: z[k] for k in z.files if k.startswith("grad/")}
@@ -238,7 +243,7 @@ def render_table(data: dict, errors: dict[str, tuple[float, float]]) -> str:
                 raise SystemExit(f"{mt}: handled but no fixture tests it")
             meta = json.loads((FIXTURES / name / "meta.json").read_text())
             layer = int(meta["layer"])
-            cfg = load_moe_layers(FIXTURES / name / "hub", layers=[layer])[layer].config
+            cfg = load_moe_layers(FIXTURES / name / "hub", layers=[layer], sequence_length=SEQUENCE)[layer].config
             router, experts, shared = describe(cfg)
             ref = f"transformers {meta['transformers']}" + ("" if name == mt else f", as `{name}`")
             fwd, grad = errors[name]

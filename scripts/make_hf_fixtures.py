@@ -1330,6 +1330,24 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         0,
         "mixer",
     ),
+    # Switch Transformers: top-1 with a capacity of 3 tokens per expert in the 24-token sequence (tokens drop)
+    "switch_transformers": (
+        dict(
+            d_model=16,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_sparse_encoder_layers=1,
+            num_sparse_decoder_layers=1,
+            num_heads=2,
+            d_kv=8,
+            d_ff=8,
+            num_experts=8,
+            expert_capacity=3,
+            router_jitter_noise=0.0,
+        ),
+        1,
+        "layer.1.mlp",
+    ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
         dict(
@@ -1412,6 +1430,7 @@ BUILD = {
     "step3p7": ("Step3p7ForConditionalGeneration", "model.language_model.layers"),
     "minimax_m3_vl": ("AutoModelForImageTextToText", "model.language_model.layers"),
     "inkling_mm_model": ("InklingForConditionalGeneration", "model.language_model.layers"),
+    "switch_transformers": ("SwitchTransformersForConditionalGeneration", "encoder.block"),
 }
 #: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute
 ROUTER_FP32 = {"inkling2_text": "gate"}
@@ -1436,13 +1455,13 @@ def _build(family: str):
     else:
         model = build._from_config(cfg, dtype=torch.float32)
     model.eval()
-    return model, getattr(_layers(model, path)[layer], attr), layer
+    return model, _layers(_layers(model, path)[layer], attr), layer
 
 
 def _layers(model, path: str):
-    """The decoder layers of ``model`` at dotted ``path``."""
+    """The module of ``model`` at dotted ``path`` (a number indexes a module list: ``layer.1.mlp``)."""
     for part in path.split("."):
-        model = getattr(model, part)
+        model = model[int(part)] if part.isdigit() else getattr(model, part)
     return model
 
 

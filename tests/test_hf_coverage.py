@@ -69,14 +69,15 @@ def test_a_type_tested_through_its_twin_reads_the_twins_block_under_its_own_layo
     root = hf_coverage.FIXTURES / twin
     layer = int(np.load(root / "block.npz")["layer"])
     twin_config = json.loads((root / "hub" / "config.json").read_text())
-    cfg, params, placement = load_moe_layers(root / "hub", layers=[layer])[layer]
+    cfg, params, placement = load_moe_layers(root / "hub", layers=[layer], sequence_length=24)[layer]
     config = _as(mt, family(twin_config)[2].config)
-    assert moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, layer=layer) == cfg
+    assert moe_config_from_hf(config, slots_per_rank=placement.slots_per_rank, layer=layer, sequence_length=24) == cfg
     assert moe_layer_ids(config) == moe_layer_ids(twin_config)
     save_moe_layers(tmp_path, config, {layer: (cfg, to_logical(params, placement))})
     names = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
-    assert all(k.startswith(FAMILIES[mt].prefixes[0].format(layer)) for k in names), sorted(names)[:3]
-    again = load_moe_layers(tmp_path, layers=[layer])[layer]
+    own = FAMILIES[mt].prefixes_at(family(config)[2], layer)[0]
+    assert all(k.startswith(own) for k in names), sorted(names)[:3]
+    again = load_moe_layers(tmp_path, layers=[layer], sequence_length=24)[layer]
     assert again.config == cfg
     for k in params:
         np.testing.assert_array_equal(np.asarray(again.params[k]), np.asarray(params[k]), err_msg=k)

@@ -36,6 +36,8 @@ from tempo_jax.layer.mesh import param_shardings
 ROOT = Path(__file__).resolve().parent / "fixtures" / "hf"
 CLAIMED = sorted(p.name for p in ROOT.iterdir() if p.is_dir())
 D = 8
+#: every fixture's x is one sequence of 24 tokens (a family whose routing counts per sequence reads it: Switch)
+SEQ = {"sequence_length": 24}
 
 
 def _fixture(name: str):
@@ -51,7 +53,7 @@ def _rel(a, b) -> float:
 
 def _load(name: str, layout: str = "hub", **kw):
     z, layer = _fixture(name)
-    cfg, params, placement = load_moe_layers(ROOT / name / layout, layers=[layer], **kw)[layer]
+    cfg, params, placement = load_moe_layers(ROOT / name / layout, layers=[layer], **SEQ, **kw)[layer]
     return z, cfg, params, placement
 
 
@@ -95,10 +97,10 @@ def test_every_family_loads_from_bf16_files(name, tmp_path):
             {k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in arrays.items()}, str(shard)
         )
     z, layer = _fixture(name)
-    cfg, params, placement = load_moe_layers(dst, layers=[layer], dtype=jnp.bfloat16)[layer]
+    cfg, params, placement = load_moe_layers(dst, layers=[layer], dtype=jnp.bfloat16, **SEQ)[layer]
     assert params["w_up"].dtype == jnp.bfloat16 and params["router"].dtype == jnp.float32
     _, _, f32, _ = _load(name)
-    cfg32, exact, _ = load_moe_layers(dst, layers=[layer])[layer]  # the bf16 values, held in float32
+    cfg32, exact, _ = load_moe_layers(dst, layers=[layer], **SEQ)[layer]  # the bf16 values, held in float32
     for k in f32:
         want = np.asarray(f32[k]).astype(ml_dtypes.bfloat16).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(exact[k]), want, err_msg=k)
@@ -145,7 +147,7 @@ def test_every_family_gradients_equal_transformers(name):
 # families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
 # after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
-# experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts among them)
+# experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -168,14 +170,15 @@ def test_every_family_gradients_equal_transformers(name):
         "inkling_text",
         "longcat_flash",
         "nemotron_h",
+        "switch_transformers",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
     mesh = make_ep_mesh(D)
     z, layer = _fixture(name)
-    cfg0 = load_moe_layers(ROOT / name / "hub", layers=[layer])[layer].config
+    cfg0 = load_moe_layers(ROOT / name / "hub", layers=[layer], **SEQ)[layer].config
     placement = Placement.from_eplb(np.arange(cfg0.experts) + 1.0, 2 * D, D)
-    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement)[layer]
+    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement, **SEQ)[layer]
     pa = dispatch_tables.placement_arrays(placement)
     x, rx = jnp.asarray(z["x"], jnp.float32), _router_x(z)
 
@@ -184,6 +187,13 @@ def test_the_layer_on_8_devices_equals_transformers(name):
             p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg, router_x=rx
         ).out
 
+    if cfg.router.capacity_window is not None:  # per-sequence capacity: every token shard holds whole sequences,
+        # so the batch is D copies of the fixture's one sequence (each routed on its own: D copies of its output)
+        tiled = jnp.tile(x, (D, 1))
+        assert _rel(jax.jit(run)(params, tiled, None), np.tile(z["out"], (D, 1))) < 1e-5
+        with pytest.raises(ValueError, match="must hold whole sequences"):
+            run(params, x, rx)
+        return
     assert _rel(jax.jit(run)(params, x, rx), z["out"]) < 1e-5
     if name in ("deepseek_v4", "llama4_text", "gemma4_text"):
         cot = jnp.asarray(z["cot"], jnp.float32)
@@ -207,10 +217,10 @@ def test_every_family_loads_sharded_over_a_mesh_onto_a_placement(name):
     load lays over the same placement."""
     mesh = make_ep_mesh(D)
     z, layer = _fixture(name)
-    E = load_moe_layers(ROOT / name / "hub", layers=[layer])[layer].config.experts
+    E = load_moe_layers(ROOT / name / "hub", layers=[layer], **SEQ)[layer].config.experts
     placement = Placement.from_eplb(np.arange(E) + 1.0, 2 * D, D)
-    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement)[layer]
-    _, whole, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], placement=placement)[layer]
+    cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement, **SEQ)[layer]
+    _, whole, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], placement=placement, **SEQ)[layer]
     homes = param_shardings(params, mesh, cfg)
     for k in params:
         assert params[k].sharding.is_equivalent_to(homes[k], params[k].ndim), k
@@ -224,11 +234,11 @@ def test_export_gives_back_what_transformers_wrote_and_round_trips(name, tmp_pat
     block as it loaded its own), and ``load → save_moe_layers → load`` is the identity."""
     z, cfg, params, placement = _load(name)
     config = json.loads((ROOT / name / "hub" / "config.json").read_text())
-    mt, fam, _ = family(config)
+    mt, fam, c = family(config)
     exported = moe_to_hf(config, cfg, to_logical(params, placement))
     index = _weight_map(ROOT / name / "hub")
     layer = int(z["layer"])
-    prefix = next(p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in index))
+    prefix = next(p for p in fam.prefixes_at(c, layer) if any(k.startswith(p) for k in index))
     written = set()
     for key, value in exported.items():
         outside = next((o.format(layer) + key[len(i) :] for o, i in fam.siblings if key.startswith(i)), prefix + key)
@@ -248,7 +258,7 @@ def test_export_gives_back_what_transformers_wrote_and_round_trips(name, tmp_pat
     }
     assert written == block, f"transformers' tensors not exported: {sorted(block - written)}"
     save_moe_layers(tmp_path, config, {layer: (cfg, to_logical(params, placement))})
-    again = load_moe_layers(tmp_path, layers=[layer])[layer]
+    again = load_moe_layers(tmp_path, layers=[layer], **SEQ)[layer]
     for k in params:
         np.testing.assert_array_equal(np.asarray(again.params[k]), np.asarray(params[k]), err_msg=k)
 
@@ -545,3 +555,20 @@ def test_every_family_preset_is_what_its_public_config_imports_to(name):
     assert preset == imported
     spec = tempo_jax.layer.presets.preset_spec(name)
     assert spec.moe_layers == len(ids) and spec.family == config["model_type"] and spec.source
+
+
+def test_switch_transformers_encoder_and_decoder_layers_load_and_save_under_their_own_prefixes(tmp_path):
+    """Switch numbers its encoder's sparse blocks and then its decoder's (num_layers + j): each loads from its own
+    stack's prefix, saves back there, and the round trip is the identity."""
+    blocks = load_moe_layers(ROOT / "switch_transformers" / "hub", **SEQ)
+    assert sorted(blocks) == [1, 3]  # encoder block 1, decoder block 1 (num_layers = 2)
+    config = json.loads((ROOT / "switch_transformers" / "hub" / "config.json").read_text())
+    save_moe_layers(tmp_path, config, {i: (b.config, to_logical(b.params, b.placement)) for i, b in blocks.items()})
+    names = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {n.split(".mlp.")[0] for n in names} == {"encoder.block.1.layer.1", "decoder.block.1.layer.2"}
+    again = load_moe_layers(tmp_path, **SEQ)
+    for i, b in blocks.items():
+        for k in b.params:
+            np.testing.assert_array_equal(np.asarray(again[i].params[k]), np.asarray(b.params[k]), err_msg=k)
+    with pytest.raises(ValueError, match="give sequence_length="):
+        load_moe_layers(ROOT / "switch_transformers" / "hub")

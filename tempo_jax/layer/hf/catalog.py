@@ -1316,3 +1316,72 @@ FAMILIES["nemotron_h"] = Family(
     ("backbone.layers.{}.mixer.", "model.layers.{}.mixer."),
     refuse=_nemotron_h_refuse,
 )
+
+
+def _switch(c: Cfg) -> dict:
+    """Switch Transformers: softmax router (with its bias when router_bias), top-1, not renormalised; plain experts
+    (T5's wi / wo, ReLU by default); at most ``expert_capacity`` tokens per expert per sequence, claimed in position
+    order — a token past it gets no expert (the layer's output 0, the model's residual passes it through)."""
+    if c.sequence is None:
+        raise ValueError(
+            f"moe_from_hf: switch_transformers routes at most expert_capacity={c.config.get('expert_capacity', 64)} "
+            "tokens to an expert per sequence: give sequence_length= (the tokens per sequence of your batches; the "
+            "layer's tokens are such sequences one after another) to moe_config_from_hf / moe_from_hf / "
+            "load_moe_layers"
+        )
+    router = RouterConfig(
+        scoring="softmax",
+        bias=c.get("router_bias", default=False, kind=bool),
+        renormalize=False,
+        expert_capacity=c.positive("expert_capacity", default=64),
+        capacity_window=c.sequence,
+    )
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=1,
+        ffn=c.get("d_ff"),
+        router=router,
+        expert=ExpertConfig(activation=_PLAIN[c.config.get("dense_act_fn", "relu")]),
+    )
+
+
+def _switch_sparse(c: Cfg, layers: str, sparse: str) -> list[int]:
+    """The sparse blocks of one stack: every ``num_layers // num_sparse``-th from the second (``i % step == 1``, or
+    every block when the step is 1), as transformers builds them."""
+    n, k = c.positive(layers, default=12), c.get(sparse, default=3)
+    step = n // k if k > 0 else n
+    return [i for i in range(n) if step == 1 or i % step == 1]
+
+
+def _switch_layers(c: Cfg) -> list[int]:
+    """The encoder's sparse blocks (ids 0 … num_layers − 1), then the decoder's (num_layers + j)."""
+    n = c.positive("num_layers", default=12)
+    decoder = _switch_sparse(c, "num_decoder_layers", "num_sparse_decoder_layers")
+    return _switch_sparse(c, "num_layers", "num_sparse_encoder_layers") + [n + j for j in decoder]
+
+
+def _switch_locate(c: Cfg, layer: int) -> tuple[str, ...]:
+    n = c.positive("num_layers", default=12)
+    return (f"encoder.block.{layer}.layer.1.mlp.",) if layer < n else (f"decoder.block.{layer - n}.layer.2.mlp.",)
+
+
+def _switch_refuse(c: Cfg) -> str | None:
+    if c.config.get("router_dtype", "float32") != "float32":
+        return f"router_dtype {c.config['router_dtype']!r}: the layer's router computes in float32"
+    return _plain_refuse("dense_act_fn", "relu")(c)
+
+
+FAMILIES["switch_transformers"] = Family(
+    _switch,
+    _switch_layers,
+    ("encoder.block.{}.layer.1.mlp.",),
+    names=TensorNames(
+        router=("router.classifier.weight",),
+        router_bias="router.classifier.bias",
+        experts=("wi", "wi", "wo"),
+        expert_key="experts.expert_{e}.{p}.weight",
+    ),
+    refuse=_switch_refuse,
+    noise=noise_keys("router_jitter_noise"),
+    locate=_switch_locate,
+)

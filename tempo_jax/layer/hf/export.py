@@ -39,7 +39,7 @@ def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: st
     """``cfg`` is the block ``config`` describes (at decoder ``layer`` when given): the same dimensions, router
     (aux-free ``balance_rate`` aside: a training setting), experts and shared experts, so that the tensors written
     load back into the same block."""
-    kw = dict(slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype)
+    kw = dict(slots_per_rank=cfg.slots_per_rank, dtype=cfg.dtype, sequence_length=cfg.router.capacity_window)
     try:
         candidates = [moe_config_from_hf(config, **kw, layer=layer)]
     except ValueError as err:
@@ -209,7 +209,7 @@ def save_moe_layers(folder, config: Mapping, blocks: Mapping[int, tuple[MoEConfi
     """
     from safetensors.numpy import save_file
 
-    mt, fam, _ = family(config)
+    mt, fam, cfg_keys = family(config)
     ids = moe_layer_ids(config)
     bad = sorted(set(blocks) - set(ids), key=str)
     if bad:
@@ -240,7 +240,7 @@ def save_moe_layers(folder, config: Mapping, blocks: Mapping[int, tuple[MoEConfi
             )
     tensors: dict[str, np.ndarray] = {}
     for layer, (cfg, logical) in blocks.items():
-        prefix = fam.prefixes[0].format(layer)
+        prefix = fam.prefixes_at(cfg_keys, layer)[0]
         siblings = {inside: outside.format(layer) for outside, inside in fam.siblings}
         for key, value in moe_to_hf(config, cfg, logical, layer=layer).items():
             inside = next((s for s in siblings if key.startswith(s)), None)

@@ -49,17 +49,25 @@ def family(config) -> tuple[str, Family, Cfg]:
 
 
 def moe_config_from_hf(
-    config: Mapping, *, slots_per_rank: int, dtype=jnp.float32, layer: int | None = None, **overrides
+    config: Mapping,
+    *,
+    slots_per_rank: int,
+    dtype=jnp.float32,
+    layer: int | None = None,
+    sequence_length: int | None = None,
+    **overrides,
 ) -> MoEConfig:
     """The `MoEConfig` of one MoE block of the model ``config`` (a config.json dict), see the module's table;
     ``layer``: the decoder layer, for a family whose top-k or constants are per layer (HunYuan's ``moe_topk``,
-    Step-3.7's ``swiglu_limits``).
+    Step-3.7's ``swiglu_limits``); ``sequence_length``: the tokens per sequence of the batches the layer will see,
+    for a family whose routing counts per sequence (Switch Transformers' expert capacity: the layer's tokens are
+    sequences of this length one after another).
 
     Raises:
       ValueError: unknown ``model_type``, a missing or mistyped key, or a block the layer cannot express.
     """
     mt, fam, c = family(config)
-    c.layer = layer
+    c.layer, c.sequence = layer, sequence_length
     why = fam.refuse(c)
     if why:
         raise ValueError(f"moe_from_hf: the {mt} block cannot be expressed: {why}")

@@ -245,7 +245,7 @@ def load_moe_layers(
     if not folder.is_dir():
         raise ValueError(f"load_moe_layers: {folder} is not a folder (a local checkpoint: config.json + *.safetensors)")
     config = read_json(folder / "config.json", "config.json")
-    _, fam, _ = family(config)
+    _, fam, cfg_keys = family(config)
     ids = moe_layer_ids(config)
     if layers is not None:
         if isinstance(layers, int | str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
@@ -268,14 +268,11 @@ def load_moe_layers(
     opened: dict = {}  # shard → its header, read once for every layer
     out = {}
     for layer in ids:
-        prefix = next(
-            (p.format(layer) for p in fam.prefixes if any(k.startswith(p.format(layer)) for k in files)), None
-        )
+        here = fam.prefixes_at(cfg_keys, layer)
+        prefix = next((p for p in here if any(k.startswith(p) for k in files)), None)
         if prefix is None:
-            raise ValueError(
-                f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} "
-                f"({' or '.join(p.format(layer) + '*' for p in fam.prefixes)})"
-            )
+            wanted = " or ".join(p + "*" for p in here)
+            raise ValueError(f"load_moe_layers: {folder} holds no tensors of MoE layer {layer} ({wanted})")
         block = {k[len(prefix) :]: (files[k], k) for k in files if k.startswith(prefix) and fam.owns(k[len(prefix) :])}
         for outside, inside in fam.siblings:  # parts of the MoE unit beside the block (Granite's shared MLP)
             p = outside.format(layer)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 __all__ = ["REFUSED"]
 
-_NON_GATED_RELU = "non-gated ReLU experts (fc1 / fc2 with biases) and capacity-limited routing"
 _LATENT = "experts at a latent width (projections with RMSNorms around them) and a per-expert output RMSNorm"
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
@@ -19,8 +18,13 @@ REFUSED: dict[str, str] = {
     "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
-    "nllb-moe": _NON_GATED_RELU + " (top-2, tokens beyond expert_capacity dropped)",
-    "switch_transformers": "non-gated ReLU experts (T5 wi / wo) with top-1 capacity-limited routing",
+    "nllb-moe": (
+        "transformers 5.24's NllbMoe block is not its routed mixture: NllbMoeExperts one-hots the already one-hot "
+        "router mask, so only experts 0 and 1 ever run (top-1 pairs on expert 1's weights, top-2 on expert 0's), "
+        "and there is no reference to test the mixture against; its plain ReLU experts with biases are a layer "
+        "option, its top-2 capacity (every top-1 claim before any top-2) and eval scaling by 1 - moe_token_dropout "
+        "are not"
+    ),
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
     "zaya": "an MLP router that carries router state across layers, and a skip (zero-computation) expert",
 }

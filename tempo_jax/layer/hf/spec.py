@@ -90,7 +90,9 @@ class Family:
     sub-prefixes under the prefix that belong to the block when it sits directly in the decoder layer beside
     attention and norms (Gemma 4: ``router.``, ``experts.``; empty: everything under the prefix), ``nested`` where
     its MoE keys sit in config.json (a dotted path, or several tried in order; "" the top level), ``twin`` the family
-    whose transformers fixture tests the same block under another config layout (`tests/test_hf_coverage.py`)."""
+    whose transformers fixture tests the same block under another config layout (`tests/test_hf_coverage.py`),
+    ``locate(c, layer)`` → the block's prefixes for a layer where one template cannot say (Switch Transformers:
+    encoder and decoder MoE layers numbered one after the other; None: ``prefixes`` formatted with the layer)."""
 
     fields: Callable
     layers: Callable
@@ -102,6 +104,13 @@ class Family:
     twin: str | None = None
     noise: Callable = lambda c: {}  # noqa: E731
     parts: tuple[str, ...] = ()
+    locate: Callable | None = None
+
+    def prefixes_at(self, c, layer: int) -> tuple[str, ...]:
+        """The block's prefixes at decoder ``layer`` of config ``c`` (a `Cfg`), the first that holds tensors wins."""
+        if self.locate is not None:
+            return tuple(self.locate(c, layer))
+        return tuple(p.format(layer) for p in self.prefixes)
 
     def owns(self, key: str) -> bool:
         """Whether ``key`` (relative to the block's prefix) is one of the block's tensors."""
@@ -120,6 +129,7 @@ class Cfg:
 
     def __init__(self, config: Mapping, where: str, layer: int | None = None):
         self.config, self.where, self.layer = config, where, layer
+        self.sequence: int | None = None  # the tokens per sequence, where routing counts per sequence
 
     def per_layer(self, key: str, what: str):
         """``config[key][layer]`` of a per-layer list (None when the config has no list): the ``layer`` given to the
