@@ -10,12 +10,20 @@ from __future__ import annotations
 
 __all__ = ["REFUSED"]
 
-_LATENT = "experts at a latent width (projections with RMSNorms around them) and a per-expert output RMSNorm"
+_LATENT = (
+    "experts at a latent width: a down projection and a (1 + w) RMSNorm before the experts (the router reads the "
+    "full width, its logits × output_multiplier), an RMSNorm on each expert's output, an up projection after the sum"
+)
+_MODALITY = (
+    "modality-split experts: text and vision tokens (moe_mm_token_type_ids, a model input) go to two routers and two "
+    "expert sets of different widths (moe_intermediate_size [text, vision]); the layer has one router and one expert "
+    "width per call"
+)
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
-    "ernie4_5_vl_moe": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
-    "ernie4_5_vl_moe_text": "modality-split experts (text_moe / vision_moe, chosen by moe_mm_token_type_ids)",
+    "ernie4_5_vl_moe": _MODALITY,
+    "ernie4_5_vl_moe_text": _MODALITY,
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
     "nllb-moe": (
@@ -26,5 +34,9 @@ REFUSED: dict[str, str] = {
         "are not"
     ),
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
-    "zaya": "an MLP router that carries router state across layers, and a skip (zero-computation) expert",
+    "zaya": (
+        "a router that is a small MLP (RMSNorm, two GELU layers) over a state carried from layer to layer within a "
+        "forward (s_l = D_l·x_l + b_l + γ_l ⊙ s_(l−1)), with a skip class whose output is zero: the state would be a "
+        "per-layer router input the model computes, and the MLP router is not a layer option yet"
+    ),
 }
