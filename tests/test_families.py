@@ -330,7 +330,7 @@ def test_presets_have_real_dimensions_and_sources():
         ({"router": RouterConfig(scoring="sparsemixer", score_bias=True)}, "sparsemixer chooses on the raw logits"),
         ({"router": RouterConfig(scoring="sparsemixer", mixer_eps=-0.1)}, "mixer_eps must be a finite number"),
         ({"router": "sigmoid"}, "MoEConfig.router must be a RouterConfig"),
-        ({"expert": ExpertConfig(activation="gelu")}, "unknown activation 'gelu'"),
+        ({"expert": ExpertConfig(activation="gelu_fast")}, "unknown activation 'gelu_fast'"),
         ({"expert": ExpertConfig(limit=7.0)}, "'swiglu' has no clamp"),
         ({"expert": ExpertConfig(activation="gpt_oss", alpha=-1.0)}, "alpha must be"),
         ({"shared": SharedConfig(count=0, ffn=4)}, "SharedConfig.count must be"),

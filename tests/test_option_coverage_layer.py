@@ -229,6 +229,9 @@ ROUTER = {
     # the shared experts weighted by two more router columns (the layer's shared experts given by LAYER_CONTEXT)
     "shared_rows": (2, {"scoring": "sigmoid"}, {"scoring": "sigmoid"}),
     "gain": (True, {}, None),
+    # one pair per expert per window instead of a capacity nothing reaches; windows of 2 tokens instead of all T
+    "expert_capacity": (1, {"capacity_window": 2, "expert_capacity": 50}, {"capacity_window": 2}),
+    "capacity_window": (2, {"expert_capacity": 1, "capacity_window": T}, {"expert_capacity": 1}),
 }
 #: MoEConfig fields both runs of a sub-config entry share, where the option needs them
 LAYER_CONTEXT = {("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)}}
