@@ -31,7 +31,7 @@ from tempo_jax.layer import (
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
 from tempo_jax.layer.exchange import lowering_for
-from tempo_jax.layer.experts import ExpertConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.replicas import shared_rows
 
 E, H, F, K, T = 8, 32, 16, 2, 64
@@ -122,6 +122,34 @@ def test_outputs_gradients_and_shardings_on_every_mesh(shape, reference):
     for k in params:
         for moment in (state[0].mu[k], state[0].nu[k], updates[k]):
             assert moment.sharding.is_equivalent_to(params[k].sharding, moment.ndim), k
+
+
+def test_the_families_block_options_on_a_data_ep_tensor_mesh():
+    """Plain relu² experts with biases (no gate projection), a plain shared expert, zero-computation experts and the
+    block output's bias and norm (issue 74's options, together) on data 2 × ep 2 × tensor 2 with FSDP over data:
+    output and every gradient equal the dense reference under jit; the expert arrays split as the layout says."""
+    shape = (2, 2, 2)
+    mesh = _mesh(shape)
+    config = dataclasses.replace(
+        _config(shape, fsdp_axis="data"),
+        expert=ExpertConfig(activation="relu2", bias=True),
+        shared=SharedConfig(count=1, ffn=8, activation="relu2"),
+        zero_experts=2,
+        output=OutputConfig(bias=True, norm=True),
+    )
+    placement = _placement(shape[1])
+    logical = _logical(config)
+    params = to_physical(logical, placement, mesh=mesh, config=config)
+    assert "w_gate" not in params and "b_gate" not in params and "shared_w_gate" not in params
+    S = config.slots_per_rank
+    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, H // 2, F // 2)}
+    x = jax.device_put(_x(), NamedSharding(mesh, layer_axes(config, mesh).token_spec))
+    (_, res), grads = jax.jit(jax.value_and_grad(_loss_fn(mesh, config, placement), has_aux=True))(params, x)
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical)
+    assert_close(res.out, moe_reference(logical, _x(), config))
+    assert_trees_close(grads, to_physical(want, placement))
+    on_zero = int((np.asarray(res.stats.topk_ids) >= E).sum())
+    assert on_zero > 0 and int(res.counts.sum()) == T * K - on_zero
 
 
 def test_no_token_crosses_a_batch_axis_and_flops_match_the_1d_mesh():
