@@ -155,6 +155,8 @@ def describe(cfg) -> tuple[str, str, str]:
         router.append(f"{r.shared_rows} shared-expert rows normalised with the top-k")
     if r.gain:
         router.append("× learned gain")
+    if r.expert_sets > 1:
+        router.append(f"{r.expert_sets} expert sets, each token within its own")
     if r.expert_capacity is not None:
         router.append(f"at most {r.expert_capacity} tokens per expert per sequence")
     if r.scaling != 1:
@@ -201,6 +203,7 @@ def measure(name: str) -> tuple[float, float]:
     z = np.load(FIXTURES / name / "block.npz")
     layer = int(z["layer"])
     rx = jnp.asarray(z["router_x"], jnp.float32) if "router_x" in z.files else None
+    sets = {"expert_set": jnp.asarray(z["expert_set"])} if "expert_set" in z.files else {}
     x, cot = jnp.asarray(z["x"], jnp.float32), jnp.asarray(z["cot"], jnp.float32)
     fwd = 0.0
     for layout in ("hub", "fused"):
@@ -208,10 +211,12 @@ def measure(name: str) -> tuple[float, float]:
             blocks = load_moe_layers(FIXTURES / name / layout, layers=[layer], sequence_length=SEQUENCE)
             cfg, params, placement = blocks[layer]
             logical = to_logical(params, placement)
-            fwd = max(fwd, rel(moe_reference(logical, x, cfg, router_x=rx), z["out"]))
+            fwd = max(fwd, rel(moe_reference(logical, x, cfg, router_x=rx, **sets), z["out"]))
     cfg, params, placement = load_moe_layers(FIXTURES / name / "hub", layers=[layer], sequence_length=SEQUENCE)[layer]
     logical = to_logical(params, placement)
-    gp, gx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg, router_x=rx) * cot), argnums=(0, 1))(logical, x)
+    gp, gx = jax.grad(lambda p, x: jnp.sum(moe_reference(p, x, cfg, router_x=rx, **sets) * cot), argnums=(0, 1))(
+        logical, x
+    )
     state = {k[5:]: z[k] for k in z.files if k.startswith("grad/")}
     state |= {k[7:]: np.zeros_like(z[k]) for k in z.files if k.startswith("buffer/")}
     state |= {k[6:]: np.zeros_like(z[k]) for k in z.files if k.startswith("param/") and "grad/" + k[6:] not in z}

@@ -1389,6 +1389,26 @@ FAMILIES["inkling_mm_model"] = (
     "mlp",
 )
 
+#: ERNIE-4.5-VL: text and vision experts of different widths, each token routed within its modality's set
+_ERNIE_TEXT = dict(
+    **COMMON,
+    num_hidden_layers=2,
+    intermediate_size=32,
+    moe_intermediate_size=[8, 4],
+    moe_num_experts=8,
+    moe_k=2,
+    moe_num_shared_experts=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [1, 1, 2]},
+)
+FAMILIES["ernie4_5_vl_moe_text"] = (_ERNIE_TEXT, 1, "mlp")
+FAMILIES["ernie4_5_vl_moe"] = (
+    dict(text_config=_ERNIE_TEXT, vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32)),
+    1,
+    "mlp",
+)
+#: families whose block reads each token's modality: the token types of the fixture's 24 tokens (1: vision)
+TOKEN_TYPES = {name: [0] * 8 + [1] * 10 + [0] * 6 for name in ("ernie4_5_vl_moe_text", "ernie4_5_vl_moe")}
+
 
 def _gemma4_block(block, x, router_x):
     """Gemma 4's MoE unit in its decoder layer: the router on the residual stream, the experts on their input."""
@@ -1431,6 +1451,8 @@ BUILD = {
     "minimax_m3_vl": ("AutoModelForImageTextToText", "model.language_model.layers"),
     "inkling_mm_model": ("InklingForConditionalGeneration", "model.language_model.layers"),
     "switch_transformers": ("SwitchTransformersForConditionalGeneration", "encoder.block"),
+    "ernie4_5_vl_moe_text": ("Ernie4_5_VLMoeTextModel", "layers"),
+    "ernie4_5_vl_moe": ("Ernie4_5_VLMoeForConditionalGeneration", "model.language_model.layers"),
 }
 #: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute
 ROUTER_FP32 = {"inkling2_text": "gate"}
@@ -1490,6 +1512,8 @@ def make(family: str) -> None:
         decoder = _layers(model, BUILD.get(family, ("", "model.layers"))[1])[layer].to(torch.float64)
         block = torch.nn.ModuleDict({"router": decoder.router, "experts": decoder.experts})
         res = ROUTER_INPUT[family](block, x[0], router_x[0])
+    elif family in TOKEN_TYPES:  # the block routes each token within its modality's experts
+        res = block(x, moe_mm_token_type_ids=torch.tensor([TOKEN_TYPES[family]]))
     else:
         res = block(x)
     y = (res[0] if isinstance(res, tuple) else res).reshape(x.shape)  # Llama-4's block returns [T, H]
@@ -1507,6 +1531,8 @@ def make(family: str) -> None:
     }
     if router_x is not None:
         arrays.update(router_x=router_x[0].detach().numpy(), grad_router_x=router_x.grad[0].numpy())
+    if family in TOKEN_TYPES:
+        arrays["expert_set"] = np.array(TOKEN_TYPES[family], np.int32)
     for name, p in block.named_parameters():
         if p.grad is not None:
             arrays[f"grad/{name}"] = p.grad.numpy()

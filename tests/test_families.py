@@ -428,3 +428,42 @@ def test_zero_computation_experts_run_nowhere_and_keep_the_output(output):
         routing=(jnp.asarray(ids), jnp.full(ids.shape, 0.5)),
     )
     assert int(replay.stats.invalid_ids.sum()) == 0
+
+
+def test_expert_sets_route_each_token_within_its_own_set():
+    """ERNIE-4.5-VL's modality-split experts as `RouterConfig(expert_sets=2)`: each token's pairs land in its own
+    set (a selection bias favouring the other set changes nothing), the layer on 8 devices — and the `MoE` module —
+    equal the dense reference given the same ``expert_set``, and a bad ``expert_set`` is refused with the fix."""
+    mesh = make_ep_mesh(8)
+    cfg = MoEConfig(
+        hidden=16,
+        ffn=8,
+        experts=8,
+        top_k=2,
+        slots_per_rank=1,
+        router=RouterConfig(score_bias=True, expert_sets=2),
+    )
+    logical = init_logical_params(jax.random.key(0), cfg)
+    logical["score_bias"] = logical["score_bias"].at[4:].set(5.0)  # the second set looks best to everyone
+    x = jax.random.normal(jax.random.key(1), (32, 16))
+    sets = jnp.asarray(np.arange(32) % 3 == 0, jnp.int32)
+    want = moe_reference(logical, x, cfg, expert_set=sets)
+    placement = Placement.from_eplb(np.ones(8), 8, 8)
+    params = tempo_jax.layer.to_physical(logical, placement, mesh=mesh)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    res = jax.jit(
+        lambda p, x, s: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, expert_set=s)
+    )(params, x, sets)
+    np.testing.assert_allclose(np.asarray(res.out), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert (np.asarray(res.stats.topk_ids) // 4 == np.asarray(sets)[:, None]).all()
+    moe = tempo_jax.MoE(cfg, mesh=mesh, placement=placement, rngs=nnx.Rngs(0))
+    for k, v in params.items():
+        getattr(moe, k).set_value(v)
+    np.testing.assert_allclose(np.asarray(moe(x, expert_set=sets)), np.asarray(want), rtol=1e-5, atol=1e-5)
+    run = dict(mesh=mesh, placement_arrays=pa, tables=tables, config=cfg)
+    with pytest.raises(ValueError, match=r"expert_set values must lie in \[0, 2\)"):
+        moe_forward(params, x, expert_set=sets + 1, **run)
+    with pytest.raises(ValueError, match="must be an integer"):
+        moe_forward(params, x, expert_set=sets[:5], **run)
+    with pytest.raises(ValueError, match="expert_sets is 1"):
+        moe_forward(params, x, expert_set=sets, **{**run, "config": dataclasses.replace(cfg, router=RouterConfig())})

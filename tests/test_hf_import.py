@@ -62,6 +62,12 @@ def _router_x(z):
     return jnp.asarray(z["router_x"], jnp.float32) if "router_x" in z.files else None
 
 
+def _sets(z) -> dict:
+    """``{"expert_set": [T]}`` where the family routes each token within its modality's experts (ERNIE-4.5-VL's
+    token types), else nothing."""
+    return {"expert_set": jnp.asarray(z["expert_set"])} if "expert_set" in z.files else {}
+
+
 def _layouts(name: str) -> list[str]:
     return [d for d in ("hub", "fused") if (ROOT / name / d).exists()]
 
@@ -74,7 +80,7 @@ def test_every_family_loads_what_transformers_writes_and_computes_its_block(name
     loaded = {layout: _load(name, layout) for layout in _layouts(name)}
     z, cfg, params, placement = loaded["hub"]
     logical = to_logical(params, placement)
-    out = moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg, router_x=_router_x(z))
+    out = moe_reference(logical, jnp.asarray(z["x"], jnp.float32), cfg, router_x=_router_x(z), **_sets(z))
     assert _rel(out, z["out"]) < 1e-5
     for layout, (_, cfg_b, params_b, _) in loaded.items():
         assert cfg_b == cfg, layout
@@ -105,8 +111,8 @@ def test_every_family_loads_from_bf16_files(name, tmp_path):
         want = np.asarray(f32[k]).astype(ml_dtypes.bfloat16).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(exact[k]), want, err_msg=k)
     x, rx = jnp.asarray(z["x"], jnp.float32), _router_x(z)
-    out = moe_reference(to_logical(params, placement), x, cfg, router_x=rx)
-    assert _rel(out, moe_reference(to_logical(exact, placement), x, cfg32, router_x=rx)) < 3e-2
+    out = moe_reference(to_logical(params, placement), x, cfg, router_x=rx, **_sets(z))
+    assert _rel(out, moe_reference(to_logical(exact, placement), x, cfg32, router_x=rx, **_sets(z))) < 3e-2
 
 
 # ------------------------------------------------------------------------------------------------ gradients
@@ -129,7 +135,7 @@ def test_every_family_gradients_equal_transformers(name):
     logical = to_logical(params, placement)
     cot, rx = jnp.asarray(z["cot"], jnp.float32), _router_x(z)
     g_params, g_x, g_rx = jax.grad(
-        lambda p, x, rx: jnp.sum(moe_reference(p, x, cfg, router_x=rx) * cot), argnums=(0, 1, 2)
+        lambda p, x, rx: jnp.sum(moe_reference(p, x, cfg, router_x=rx, **_sets(z)) * cot), argnums=(0, 1, 2)
     )(logical, jnp.asarray(z["x"], jnp.float32), rx)
     assert _rel(g_x, z["grad_x"]) < 1e-5
     if rx is not None:
@@ -147,7 +153,8 @@ def test_every_family_gradients_equal_transformers(name):
 # families through the expert-parallel layer on 8 devices (some with gradients), the rest forward only: one per
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
 # after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
-# experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity among them)
+# experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity,
+# ERNIE-4.5-VL's expert sets among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -171,6 +178,7 @@ def test_every_family_gradients_equal_transformers(name):
         "longcat_flash",
         "nemotron_h",
         "switch_transformers",
+        "ernie4_5_vl_moe",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -180,11 +188,18 @@ def test_the_layer_on_8_devices_equals_transformers(name):
     placement = Placement.from_eplb(np.arange(cfg0.experts) + 1.0, 2 * D, D)
     cfg, params, _ = load_moe_layers(ROOT / name / "hub", layers=[layer], mesh=mesh, placement=placement, **SEQ)[layer]
     pa = dispatch_tables.placement_arrays(placement)
-    x, rx = jnp.asarray(z["x"], jnp.float32), _router_x(z)
+    x, rx, sets = jnp.asarray(z["x"], jnp.float32), _router_x(z), _sets(z)
 
     def run(p, x, rx):
         return moe_forward(
-            p, x, mesh=mesh, placement_arrays=pa, tables=dispatch_tables.uniform(placement), config=cfg, router_x=rx
+            p,
+            x,
+            mesh=mesh,
+            placement_arrays=pa,
+            tables=dispatch_tables.uniform(placement),
+            config=cfg,
+            router_x=rx,
+            **sets,
         ).out
 
     if cfg.router.capacity_window is not None:  # per-sequence capacity: every token shard holds whole sequences,

@@ -232,6 +232,7 @@ ROUTER = {
     # one pair per expert per window instead of a capacity nothing reaches; windows of 2 tokens instead of all T
     "expert_capacity": (1, {"capacity_window": 2, "expert_capacity": 50}, {"capacity_window": 2}),
     "capacity_window": (2, {"expert_capacity": 1, "capacity_window": T}, {"expert_capacity": 1}),
+    "expert_sets": (2, {}, None),  # every token (no expert_set given) then chooses among the first half only
 }
 #: MoEConfig fields both runs of a sub-config entry share, where the option needs them
 LAYER_CONTEXT = {("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)}}

@@ -601,6 +601,7 @@ class MoE(nnx.Module):
         router_x: jax.Array | None = None,
         mask: jax.Array | None = None,
         deterministic: bool | None = None,
+        expert_set: jax.Array | None = None,
     ) -> jax.Array:
         """``x [..., H]`` → ``[..., H]``: any number of tokens (flattened, padded to a multiple of D inside, split
         over the ep axis).
@@ -612,6 +613,8 @@ class MoE(nnx.Module):
           mask: optional bool ``[...]`` (x's leading shape): False marks padding tokens of a variable-length
             batch, left out of routing statistics, counts, counters, drops, losses and balancing; their output rows
             hold only the shared experts' contribution (zeros without shared experts).
+          expert_set: optional int ``[...]`` (x's leading shape): each token's expert set with
+            ``RouterConfig.expert_sets`` > 1 (ERNIE-4.5-VL's text 0 / vision 1; None: set 0).
           deterministic: evaluation (default: ``self.deterministic``, set by ``model.eval()`` / ``nnx.view``): no
             load-balancing / z-loss work and no aux-free bias update. What keeps counting in eval: the dispatch
             counter, counts and per-rank loads (``counter``, ``counts``, ``gpu_tokens``, …) that a serving runtime
@@ -666,6 +669,7 @@ class MoE(nnx.Module):
                 mask=None if mask is None else jnp.reshape(mask, (-1,)),
                 aux_losses=not deterministic,
                 router_x=None if router_x is None else router_x.reshape(-1, H),
+                expert_set=None if expert_set is None else jnp.reshape(expert_set, (-1,)),
             )
 
         res = run(None)

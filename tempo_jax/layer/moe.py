@@ -49,13 +49,16 @@ ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_sc
 SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
-def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None) -> jax.Array:
+def moe_reference(
+    params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None, expert_set=None
+) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
     ``[T, H]`` → ``[T, H]``. ``params``: the *logical* layout ``[E, ...]`` (`tempo_jax.layer.params.to_logical`
     of the layer's physical parameters).
 
     ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`);
-    ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`).
+    ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`); ``expert_set``:
+    optional ``[T]`` int each token's expert set (``RouterConfig.expert_sets``; as in `moe_forward`).
 
     Raises:
       ValueError: parameters in the physical layout ``[P, ...]`` (one row per slot: `to_logical` them first), or
@@ -72,7 +75,7 @@ def moe_reference(params: dict, x: jax.Array, config: MoEConfig, routing=None, r
     check_params(params, config, num_slots=None, where="moe_reference")
     shared_w = None
     if routing is None:
-        rt = route(x if router_x is None else router_x, params, config.router, config.top_k)
+        rt = route(x if router_x is None else router_x, params, config.router, config.top_k, expert_set)
         ids, w, shared_w = rt.ids, rt.gate, rt.shared
     else:
         _no_replay_with_routed_shared(config, "moe_reference")
@@ -142,7 +145,8 @@ class RankInputs(NamedTuple):
     """What each device's body receives; `specs` gives the shard_map spec of every field.
 
     Split over the token axes (batch axes, then ``ep``: ``[Ng·D·n, ...]`` globally, ``[n, ...]`` per device): x
-    [T, H], router_x [T, H] (the router's own input, or None: x), ids / gate [T, K] (replayed routing), valid [T]
+    [T, H], router_x [T, H] (the router's own input, or None: x), expert_set [T] (each token's expert set, or
+    None), ids / gate [T, K] (replayed routing), valid [T]
     (False: a padding or masked token). Split by
     `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
     biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
@@ -153,6 +157,7 @@ class RankInputs(NamedTuple):
 
     x: jax.Array
     router_x: jax.Array | None
+    expert_set: jax.Array | None
     router: dict
     experts: dict
     shared: dict | None
@@ -166,7 +171,7 @@ class RankInputs(NamedTuple):
     gate: jax.Array
     valid: jax.Array
 
-    _TOKENS = ("x", "router_x", "ids", "gate", "valid")
+    _TOKENS = ("x", "router_x", "expert_set", "ids", "gate", "valid")
 
     def specs(self, axes: LayerAxes) -> RankInputs:
         """The shard_map spec of every field of these inputs on ``axes``."""
@@ -325,7 +330,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     if call.given_routing:
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
-        rt = route(inp.x if inp.router_x is None else inp.router_x, inp.router, config.router, K)
+        rt = route(inp.x if inp.router_x is None else inp.router_x, inp.router, config.router, K, inp.expert_set)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sent = _dispatch(rt, inp, config=config, axes=axes, call=call)
     # The rank's expert weights: its stored slots, this call's dynamic copies and OEWF's fetched slots (OEWF keeps
@@ -547,7 +552,7 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
     out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), aux_specs)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
-    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x):
+    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x, expert_set):
         T = x.shape[0]
         x_sharding = jax.typeof(x).sharding if explicit else None
         if x_sharding is not None and tuple(x_sharding.mesh.axis_names) != tuple(mesh.axis_names):
@@ -567,12 +572,28 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
             valid = jnp.pad(valid, (0, pad))
             if router_x is not None:
                 router_x = jnp.pad(router_x, ((0, pad), (0, 0)))
+            if expert_set is not None:
+                expert_set = jnp.pad(expert_set, (0, pad))
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
         output = {k: params[k] for k in OUTPUT_KEYS if k in params}
         inputs = RankInputs(
-            x, router_x, router, experts, shared, output, table, log2phy, phy2log, counter, key, ids, gate, valid
+            x,
+            router_x,
+            expert_set,
+            router,
+            experts,
+            shared,
+            output,
+            table,
+            log2phy,
+            phy2log,
+            counter,
+            key,
+            ids,
+            gate,
+            valid,
         )
         specs = inputs.specs(axes)
         if explicit:
@@ -602,7 +623,18 @@ def _reshard(value, spec, mesh):
 
 
 def _check_inputs(
-    params, x, mesh, placement_arrays, tables, config, routing, capacity, counter=None, mask=None, router_x=None
+    params,
+    x,
+    mesh,
+    placement_arrays,
+    tables,
+    config,
+    routing,
+    capacity,
+    counter=None,
+    mask=None,
+    router_x=None,
+    expert_set=None,
 ) -> tuple[str, int]:
     """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
     per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
@@ -649,6 +681,7 @@ def _check_inputs(
                 "moe_forward: routing= replaces the router, so router_x (the router's input) would be unused; "
                 "give one of them"
             )
+    _check_expert_set(expert_set, T, config, routing)
     padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards Ng·D
     window = config.router.capacity_window
     if window is not None and (T % shards or (T // shards) % window):
@@ -733,6 +766,29 @@ def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
     return choose_exchange(block, CallShape(rows, k, config.hidden, axes.num_ranks, capacity[1], item), on)
 
 
+def _check_expert_set(expert_set, T: int, config: MoEConfig, routing) -> None:
+    """``expert_set`` is None or an integer ``[T]`` of sets in [0, expert_sets), with a router that has sets."""
+    if expert_set is None:
+        return
+    sets = config.router.expert_sets
+    if sets == 1:
+        raise ValueError(
+            "moe_forward: expert_set= chooses each token's expert set, but RouterConfig.expert_sets is 1 (one set): "
+            "set expert_sets or leave expert_set out"
+        )
+    if routing is not None:
+        raise ValueError("moe_forward: routing= replaces the router, so expert_set= would be unused; give one of them")
+    if jnp.shape(expert_set) != (T,) or not jnp.issubdtype(jnp.result_type(expert_set), jnp.integer):
+        raise ValueError(
+            f"moe_forward: expert_set must be an integer [T={T}] (each token's expert set), got "
+            f"{jnp.result_type(expert_set)}{list(jnp.shape(expert_set))}"
+        )
+    if not isinstance(expert_set, jax.core.Tracer):
+        e = np.asarray(expert_set)
+        if e.size and (e.min() < 0 or e.max() >= sets):
+            raise ValueError(f"moe_forward: expert_set values must lie in [0, {sets}), got {e.min()} … {e.max()}")
+
+
 def _check_routing(routing, T: int, E: int, K: int) -> None:
     """``routing = (ids [T, K] integer, weights [T, K] floating)``; ids in [0, E) when concrete."""
     if not isinstance(routing, tuple | list) or len(routing) != 2:
@@ -770,6 +826,7 @@ def moe_forward(
     mask: jax.Array | None = None,
     aux_losses: bool | str = True,
     router_x: jax.Array | None = None,
+    expert_set: jax.Array | None = None,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
@@ -800,6 +857,8 @@ def moe_forward(
         scan (one collective for every layer instead of one per layer).
       router_x: optional ``[T, H]`` the router reads instead of ``x`` (Gemma 4 routes the residual stream while its
         experts read a normed copy), split like x; differentiated like x.
+      expert_set: optional ``[T]`` int, each token's expert set with ``RouterConfig.expert_sets`` > 1 (ERNIE-4.5-VL:
+        0 text, 1 vision), split like x; None: every token in set 0.
 
     Returns:
       `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
@@ -812,8 +871,10 @@ def moe_forward(
     if config.batch_axes is None:  # the axes the tokens are sharded over (`tempo_jax.layer.mesh.layer_axes`)
         axes = layer_axes(config, mesh, tokens=token_axes(x, mesh))
         config = dataclasses.replace(config, batch_axes=axes.batch)
-    C = _check_inputs(params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask, router_x)
-    x, mask, router_x, counter = (onto_mesh(v, mesh) for v in (x, mask, router_x, counter))
+    C = _check_inputs(
+        params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask, router_x, expert_set
+    )
+    x, mask, router_x, counter, expert_set = (onto_mesh(v, mesh) for v in (x, mask, router_x, counter, expert_set))
     if routing is not None:
         routing = (onto_mesh(jnp.asarray(routing[0]), mesh), onto_mesh(jnp.asarray(routing[1]), mesh))
     if tables is None:  # in-graph dispatch: a placeholder table (unread), the placement's log2phy
@@ -831,4 +892,5 @@ def moe_forward(
     run = _program(mesh, config, call)
     mask = None if mask is None else jnp.asarray(mask)
     router_x = None if router_x is None else jnp.asarray(router_x)
-    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask, router_x)
+    expert_set = None if expert_set is None else jnp.asarray(expert_set, jnp.int32)
+    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask, router_x, expert_set)

@@ -13,6 +13,10 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
 3. Choice scores = scores + the selection-only ``score_bias`` (DeepSeek-V3's ``e_score_correction_bias``: it
    changes which experts are chosen, never their weights; no gradient flows into it); with ``bias_on="logits"``
    the bias is added to the raw logits instead (Kolibri-1 chooses on ``logits + bias``, weights ``sigmoid(logit)``).
+   With ``expert_sets`` > 1 (ERNIE-4.5-VL: text and vision experts), the E experts are that many equal consecutive
+   sets and each token chooses only in its own (``expert_set [T]``, given per call; 0 for every token when not):
+   the other sets' logits are −∞ before scoring, so a softmax normalises over the token's set alone, and their
+   choice scores −∞ (a selection bias cannot lift them).
 4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
    two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
@@ -85,6 +89,8 @@ class RouterConfig:
       shared_rows: S router columns for the shared experts, normalised with the routed top-k (step 6; Inkling; 0:
         the shared experts, if any, are unweighted). Needs ``MoEConfig.shared`` with ``count`` = S.
       gain: a learned scalar ``router_gain [1]`` multiplies every weight (Inkling's ``global_scale``).
+      expert_sets: the E experts in this many equal consecutive sets; a token routes within its own set only
+        (step 3; `route`'s ``expert_set``; ERNIE-4.5-VL's text and vision experts). 1: one set.
       expert_capacity: C pairs per expert per window (step 6; Switch's ``expert_capacity``); None: no limit.
       capacity_window: W, the tokens of one window (a sequence: the layer's tokens are W-row sequences one after
         another, and every token shard holds whole ones). Set with ``expert_capacity``.
@@ -112,6 +118,7 @@ class RouterConfig:
     gain: bool = False
     expert_capacity: int | None = None
     capacity_window: int | None = None
+    expert_sets: int = 1
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -195,6 +202,15 @@ class RouterConfig:
                 f"{w}: expert_capacity (pairs per expert per window) and capacity_window (tokens per window) go "
                 f"together; got expert_capacity={self.expert_capacity}, capacity_window={self.capacity_window}"
             )
+        v = self.expert_sets
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{w}.expert_sets must be an integer >= 1, got {v!r}")
+        if experts % v:
+            raise ValueError(f"{w}: expert_sets={v} does not divide the router's {experts} experts into equal sets")
+        if v > 1 and top_k > experts // v:
+            raise ValueError(f"{w}: top_k={top_k} exceeds the {experts // v} experts of one set (expert_sets={v})")
+        if v > 1 and (self.n_group > 1 or self.scoring == "sparsemixer"):
+            raise ValueError(f"{w}: expert_sets > 1 is not defined with group-limited choice or sparsemixer scoring")
         v = self.shared_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{w}.shared_rows must be an integer >= 0, got {v!r}")
@@ -258,21 +274,28 @@ def router_input(x: jax.Array, params: dict, config: RouterConfig) -> jax.Array:
     return x
 
 
-def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int) -> Routing:
+def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int, expert_set: jax.Array | None = None) -> Routing:
     """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``,
     ``score_bias [E]``, ``router_scale [H]``, ``expert_scale [E]``, ``router_shared [H, S]``, ``router_gain [1]``)
-    → `Routing`."""
+    → `Routing`. ``expert_set [T]`` int: each token's set with ``config.expert_sets`` > 1 (None: set 0)."""
     x = router_input(x, params, config)
     logits = jnp.dot(x, params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     if config.bias:
         logits = logits + params["router_bias"].astype(jnp.float32)
     T, E = logits.shape
+    in_set = None
+    if config.expert_sets > 1:  # a token chooses within its own set: the other sets' logits are -inf
+        own = jnp.zeros((T,), jnp.int32) if expert_set is None else expert_set.astype(jnp.int32)
+        in_set = jnp.arange(E)[None, :] // (E // config.expert_sets) == own[:, None]
+        logits = jnp.where(in_set, logits, -jnp.inf)
     # Step 1: scores, and the choice scores (selection-only bias, no gradient into it).
     scores = _scores(logits, config.scoring)
     choice = scores
     if config.score_bias:
         base = logits if config.bias_on == "logits" else scores
         choice = base + jax.lax.stop_gradient(params["score_bias"].astype(jnp.float32))
+    if in_set is not None:  # (a selection bias must not lift another set's expert)
+        choice = jnp.where(in_set, choice, -jnp.inf)
     choice = jax.lax.stop_gradient(choice)
     # Step 2: group-limited choice: a group scores the sum of its two best; experts of other groups are out.
     if config.n_group > 1:

@@ -141,10 +141,11 @@ class Wire:
     top_k: int
 
 
-def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int) -> Routing:
-    """This rank's routing: ``x [T, H]`` through the router of ``router`` (`tempo_jax.layer.routing.route`) →
-    `Routing` (``ids [T, K]``, ``gate [T, K]``, ``probs [T, E]``, ``logits [T, E]``)."""
-    return route_tokens(x, params, router, top_k)
+def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int, expert_set=None) -> Routing:
+    """This rank's routing: ``x [T, H]`` through the router of ``router`` (`tempo_jax.layer.routing.route`; each
+    token within its ``expert_set [T]`` when the router has sets) → `Routing` (``ids [T, K]``, ``gate [T, K]``,
+    ``probs [T, E]``, ``logits [T, E]``)."""
+    return route_tokens(x, params, router, top_k, expert_set)
 
 
 def dispatch_pairs(

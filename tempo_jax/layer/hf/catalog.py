@@ -1385,3 +1385,54 @@ FAMILIES["switch_transformers"] = Family(
     noise=noise_keys("router_jitter_noise"),
     locate=_switch_locate,
 )
+
+
+def _ernie_vl(c: Cfg) -> dict:
+    """ERNIE-4.5-VL: text and vision tokens route to their own E_s experts (two sets: `RouterConfig.expert_sets`),
+    softmax over the set with the selection bias, renormalised (transformers clamps the sum at moe_norm_min, which
+    only a sum below 1e-12 would meet); the vision experts' width may differ (moe_intermediate_size [text, vision]:
+    the layer's F is the wider, the narrower set zero-padded); shared experts n_shared × the text width."""
+    widths = c.config.get("moe_intermediate_size")
+    widths = [widths, widths] if isinstance(widths, int) and not isinstance(widths, bool) else widths
+    if not (isinstance(widths, list | tuple) and len(widths) == 2 and all(isinstance(w, int) for w in widths)):
+        raise ValueError(f"moe_from_hf: ernie's moe_intermediate_size must be [text, vision] widths, got {widths!r}")
+    Es = c.get("moe_num_experts", "num_experts")
+    n_shared = c.get("moe_num_shared_experts", default=2)
+    router = RouterConfig(scoring="softmax", score_bias=True, renormalize=True, expert_sets=2)
+    return dict(
+        experts=2 * Es,
+        top_k=c.get("moe_k", "num_experts_per_tok"),
+        ffn=max(widths),
+        router=router,
+        shared=SharedConfig(count=n_shared, ffn=widths[0]) if n_shared else None,
+    )
+
+
+def _ernie_vl_refuse(c: Cfg) -> str | None:
+    if c.config.get("use_bias"):
+        return "use_bias=true: the shared experts have biases, which the layer's shared experts lack"
+    return swiglu_only(c)
+
+
+_ERNIE_SETS = ("text_moe.", "vision_moe.")
+FAMILIES["ernie4_5_vl_moe_text"] = Family(
+    _ernie_vl,
+    layer_types(1, key=None),
+    ("layers.{}.mlp.", "model.layers.{}.mlp."),
+    names=TensorNames(expert_sets=_ERNIE_SETS, hub_fused=True),
+    refuse=_ernie_vl_refuse,
+)
+# the multimodal model's hub files: the routers transposed (gate.weight, gate.weight_1), the selection biases
+# stacked, the experts per expert (text 0 … E_s − 1, vision after them)
+FAMILIES["ernie4_5_vl_moe"] = Family(
+    _ernie_vl,
+    layer_types(1, key=None),
+    ("model.layers.{}.mlp.", "model.language_model.layers.{}.mlp."),
+    names=TensorNames(
+        router=("gate.weight", "gate.weight_1"),
+        score_bias=("moe_statics.e_score_correction_bias",),
+        expert_sets=_ERNIE_SETS,
+    ),
+    refuse=_ernie_vl_refuse,
+    nested="text_config",
+)

@@ -100,7 +100,9 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         out[n.score_bias[0]] = p["score_bias"][None] if mt == "ernie4_5_moe" else p["score_bias"]
     # the routed experts, in the family's saved layout
     g, u, d = p.get("w_gate"), p["w_up"], p["w_down"]  # [E, H, F], [E, H, F], [E, F, H]
-    if not cfg.expert.gated:  # plain experts: up / down per expert, torch Linear [out, in]
+    if n.expert_sets is not None:  # experts in sets (ERNIE-4.5-VL): the routers, biases and experts set by set
+        out = _expert_sets(n, p, _set_widths(config, len(n.expert_sets)))
+    elif not cfg.expert.gated:  # plain experts: up / down per expert, torch Linear [out, in]
         for e in range(E):
             out[n.expert_key.format(e=e, p=n.experts[1])] = u[e].T
             out[n.expert_key.format(e=e, p=n.experts[2])] = d[e].T
@@ -190,6 +192,39 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     if cfg.output.norm:
         out[n.output_norm] = p["out_norm"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _set_widths(config: Mapping, sets: int) -> list[int]:
+    """Each expert set's width from config.json (ERNIE-4.5-VL's ``moe_intermediate_size`` [text, vision])."""
+    widths = family(config)[2].config.get("moe_intermediate_size")
+    return [widths] * sets if isinstance(widths, int) else list(widths)
+
+
+def _expert_sets(n, p: dict, widths: list[int]) -> dict[str, np.ndarray]:
+    """The routers, selection biases and experts of a block with expert sets, each set at its own width (the
+    layer's zero padding cut off): per set under its sub-block in the in-memory layout (``hub_fused``), else as the
+    hub files hold them (routers transposed, biases stacked, experts per expert set after set)."""
+    sets, router, bias = n.expert_sets, p["router"], p["score_bias"]
+    Es = router.shape[1] // len(sets)
+    out: dict[str, np.ndarray] = {}
+    for i, prefix in enumerate(sets):
+        part, Fs = slice(i * Es, (i + 1) * Es), widths[i]
+        g, u, d = p["w_gate"][part, :, :Fs], p["w_up"][part, :, :Fs], p["w_down"][part, :Fs]
+        if n.hub_fused:
+            out[f"{prefix}gate.weight"] = router[:, part].T
+            out[f"{prefix}gate.moe_statics.e_score_correction_bias"] = bias[part][None]
+            out[f"{prefix}experts.gate_up_proj"] = np.concatenate([g, u], axis=2).transpose(0, 2, 1)
+            out[f"{prefix}experts.down_proj"] = d.transpose(0, 2, 1)
+            continue
+        out[n.router[i]] = router[:, part]
+        gn, un, dn = n.experts
+        for j in range(Es):
+            e = i * Es + j
+            out.update({f"experts.{e}.{gn}.weight": g[j].T, f"experts.{e}.{un}.weight": u[j].T})
+            out[f"experts.{e}.{dn}.weight"] = d[j].T
+    if not n.hub_fused:
+        out[n.score_bias[0]] = bias.reshape(len(sets), Es)
+    return out
 
 
 def save_moe_layers(folder, config: Mapping, blocks: Mapping[int, tuple[MoEConfig, dict]]) -> Path:

@@ -14,16 +14,9 @@ _LATENT = (
     "experts at a latent width: a down projection and a (1 + w) RMSNorm before the experts (the router reads the "
     "full width, its logits × output_multiplier), an RMSNorm on each expert's output, an up projection after the sum"
 )
-_MODALITY = (
-    "modality-split experts: text and vision tokens (moe_mm_token_type_ids, a model input) go to two routers and two "
-    "expert sets of different widths (moe_intermediate_size [text, vision]); the layer has one router and one expert "
-    "width per call"
-)
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
-    "ernie4_5_vl_moe": _MODALITY,
-    "ernie4_5_vl_moe_text": _MODALITY,
     "muse_spark": _LATENT,
     "muse_spark_text": _LATENT,
     "nllb-moe": (

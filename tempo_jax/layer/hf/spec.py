@@ -51,6 +51,11 @@ class TensorNames:
       stacked_names: the experts as three stacked tensors ``gate [E, F, H]``, ``up [E, F, H]``, ``down [E, H, F]``
         under these names (Step-3.7's hub files: ``moe.gate_proj.weight``, …), tried before the fused layout; None:
         no such layout.
+      expert_sets: the sub-blocks of expert sets a token type chooses between, in set order (ERNIE-4.5-VL's
+        ``text_moe.`` / ``vision_moe.``: a router, a selection bias ``[1, E_s]`` and fused experts each, their widths
+        may differ: narrower sets are zero-padded to the layer's F, which changes no output or gradient); their hub
+        files hold the routers as ``names.router`` transposed ``[H, E_s]`` one per set, the biases stacked ``[sets,
+        E_s]`` under ``names.score_bias[0]`` and the experts per expert, set after set. None: one set.
       output_bias / output_norm: the block output's learned bias / RMSNorm weight ``[H]`` (JetMoE's ``bias``,
         A.X-K1's ``post_mlp_layernorm.weight``; `tempo_jax.layer.experts.OutputConfig`).
     """
@@ -76,6 +81,7 @@ class TensorNames:
     shared_interleaved: tuple[str, str] | None = None
     router_gain: str | None = None
     stacked_names: tuple[str, str, str] | None = None
+    expert_sets: tuple[str, ...] | None = None
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"
 

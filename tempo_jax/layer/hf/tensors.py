@@ -180,7 +180,6 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
       ValueError: a missing, misshapen, integer or unexpected tensor (naming the key), quantized tensors without
         their scales.
     """
-    H, E = cfg.hidden, cfg.experts
     c = _Checked(src)
     out: dict[str, tuple[bool, Reader]] = {}
 
@@ -191,7 +190,21 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     def stacked(name, fn):
         out[name] = (True, lambda experts: np.stack([fn(int(e)) for e in experts]))
 
-    # Step 1: the router, its bias and the selection-only score bias.
+    if names.expert_sets is not None:  # Steps 1–2 set by set (ERNIE-4.5-VL), the other router options refused
+        _expert_sets(cfg, names, c, src, out, stacked)
+    else:
+        _router(cfg, names, c, whole)
+        # Step 2: the routed experts, in whichever layout the block holds (FP8 experts: as stored, or quantized).
+        _experts(cfg, names, c, src, stacked, where)
+    if cfg.expert_dtype == "fp8_block":
+        _quantized(cfg, out)
+    _shared_and_rest(cfg, names, c, src, out, whole, where)
+    return out
+
+
+def _router(cfg: MoEConfig, names: TensorNames, c: _Checked, whole) -> None:
+    """Step 1: the router, its bias and the selection-only score bias."""
+    H, E = cfg.hidden, cfg.experts
     router = c.first(names.router) or names.router[0]
     N = cfg.routed_choices  # the zero-computation experts' rows follow the routed ones (LongCat-Flash)
     rows = cfg.router.shared_rows  # and the shared experts' after those (Inkling)
@@ -212,10 +225,66 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
         if tuple(shape) not in ((N,), (1, N)):
             raise ValueError(f"moe_from_hf: state[{key!r}] has shape {list(shape)}, expected [{N}] or [1, {N}]")
         whole("score_bias", key, tuple(shape), lambda a: a.reshape(N))
-    # Step 2: the routed experts, in whichever layout the block holds (FP8 experts: as stored, or quantized).
-    _experts(cfg, names, c, src, stacked, where)
-    if cfg.expert_dtype == "fp8_block":
-        _quantized(cfg, out)
+
+
+def _expert_sets(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, out: dict, stacked) -> None:
+    """Steps 1–2 for experts in sets (`TensorNames.expert_sets`): each set's router, selection bias and experts,
+    set after set; a narrower set's experts zero-padded to F (zero columns of gate / up and rows of down add
+    nothing, and their gradients stay zero)."""
+    H, E, F = cfg.hidden, cfg.experts, cfg.ffn
+    sets = names.expert_sets
+    Es = E // len(sets)
+
+    def joined(name, keys, fn):
+        out[name] = (False, lambda: np.concatenate([fn(src.read(k)) for k in keys], axis=-1))
+
+    def pad(a: np.ndarray, axis: int) -> np.ndarray:  # zero-pad axis to F
+        width = [(0, 0)] * a.ndim
+        width[axis] = (0, F - a.shape[axis])
+        return np.pad(a, width)
+
+    if f"{sets[0]}gate.weight" in c.keys:  # the in-memory layout: one sub-block per set
+        joined("router", [c.need(f"{p}gate.weight", (Es, H)) for p in sets], lambda a: a.T)
+        bias = [c.need(f"{p}gate.moe_statics.e_score_correction_bias", (1, Es)) for p in sets]
+        joined("score_bias", bias, lambda a: a.reshape(Es))
+        gate_up, down = [], []
+        for p in sets:
+            Fs = c.src.shape(f"{p}experts.down_proj")[-1] if f"{p}experts.down_proj" in c.keys else F
+            if Fs > F:
+                raise ValueError(f"moe_from_hf: {p}experts are {Fs} wide, wider than the layer's F = {F}")
+            gate_up.append((c.need(f"{p}experts.gate_up_proj", (Es, 2 * Fs, H)), Fs))
+            down.append(c.need(f"{p}experts.down_proj", (Es, H, Fs)))
+
+        def expert(e, part):
+            (gk, Fs), dk = gate_up[e // Es], down[e // Es]
+            if part == "down":
+                return pad(src.read(dk, e % Es).T, 0)
+            gu = src.read(gk, e % Es)
+            return pad((gu[:Fs] if part == "gate" else gu[Fs:]).T, 1)
+
+    else:  # the hub: per-set routers transposed, the biases stacked, the experts per expert set after set
+        routers = list(names.router[: len(sets)])
+        joined("router", [c.need(k, (H, Es)) for k in routers], lambda a: a)
+        key = c.need(names.score_bias[0], (len(sets), Es))
+        out["score_bias"] = (False, lambda: src.read(key).reshape(E))
+        g, u, d = names.experts
+        keys = {}
+        for e in range(E):
+            Fs = c.src.shape(f"experts.{e}.{g}.weight")[0] if f"experts.{e}.{g}.weight" in c.keys else F
+            keys[e] = [c.need(f"experts.{e}.{n}.weight", s) for n, s in ((g, (Fs, H)), (u, (Fs, H)), (d, (H, Fs)))]
+
+        def expert(e, part):
+            gk, uk, dk = keys[e]
+            return pad(src.read(dk).T, 0) if part == "down" else pad(src.read(gk if part == "gate" else uk).T, 1)
+
+    stacked("w_gate", lambda e: expert(e, "gate"))
+    stacked("w_up", lambda e: expert(e, "up"))
+    stacked("w_down", lambda e: expert(e, "down"))
+
+
+def _shared_and_rest(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, out, whole, where) -> None:
+    """Step 3 (the shared experts), step 4 (the block output's bias and norm) and step 5 (nothing left over)."""
+    H = cfg.hidden
     # Step 3: shared experts.
     if cfg.shared is not None:
         Fs = cfg.shared.width
@@ -272,7 +341,6 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
             f"moe_from_hf: unexpected tensors for a {where} MoE block: {extra[:8]}{more}{hint}; give "
             "only the block's tensors (keys relative to it)"
         )
-    return out
 
 
 def _stored_fp8(cfg: MoEConfig, src: TensorSource, name: str, keys: list[str], stacked) -> None:
