@@ -15,7 +15,8 @@ Per family, in ``tests/fixtures/hf/<family>/``:
   forward (transformers' module, eval mode), ``grad_x`` and ``grad/<name>`` = the gradients of ``sum(out · cot)``
   w.r.t. x and every block parameter (in-memory names), and ``layer`` (the decoder layer index); where the router
   reads its own input (Gemma 4: the residual stream, while the experts read a normed copy), also ``router_x``
-  and ``grad_router_x``, and the block is the decoder layer's ``router`` and ``experts``;
+  and ``grad_router_x``, and the block is the decoder layer's ``router`` and ``experts``; where the block reads each
+  token's modality (ERNIE-4.5-VL), ``expert_set [T]`` (its ``moe_mm_token_type_ids``, 1: vision);
 - the weights are redrawn N(0, 0.3²) (score biases N(0, 0.1²)) so that routing is far from uniform.
 
 The CI tests (`tests/test_hf_import.py`) read these files with numpy only: the layer loads what transformers wrote and
