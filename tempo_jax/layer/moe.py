@@ -460,9 +460,10 @@ def _stats(inp: RankInputs, rt: Routing, sent: _Sent, done: stages.Exchanged, *,
     """This rank's `MoEStats` (each field with a leading axis of 1: the shard_map concatenates the ranks)."""
     S, K, plan = config.slots_per_rank, config.top_k, sent.plan
     real = jnp.repeat(inp.valid, K)
-    E = config.experts  # pairs on zero-computation experts (ids E … E+Z−1) are sent nowhere by design: not invalid
-    zero = ((rt.ids >= E) & (rt.ids < config.routed_choices)).reshape(-1)
-    invalid_ids = jnp.sum(real & ~zero & (sent.dp.slot < 0)).astype(jnp.int32)
+    unsent = real & (sent.dp.slot < 0)
+    if config.zero_experts:  # pairs on zero-computation experts (ids E … E+Z−1) are sent nowhere by design
+        unsent = unsent & ~((rt.ids >= config.experts) & (rt.ids < config.routed_choices)).reshape(-1)
+    invalid_ids = jnp.sum(unsent).astype(jnp.int32)
     d = jax.lax.axis_index(config.axis)
     return MoEStats(
         gpu_tokens=jnp.sum(done.group_sizes)[None],
