@@ -141,6 +141,8 @@ def describe(cfg) -> tuple[str, str, str]:
     router = [words.get(r.scoring, r.scoring)]
     if r.input_norm:
         router.insert(0, "own RMS-normed, scaled input")
+    elif r.input_multiplier != 1:
+        router.insert(0, f"input × {r.input_multiplier:.3g}")
     if r.bias:
         router.append("router bias")
     if r.score_bias:
@@ -167,6 +169,10 @@ def describe(cfg) -> tuple[str, str, str]:
     experts = _activation(e.activation, e.limit, e.gate_cap, e.up_cap)
     if e.bias:
         experts += ", biases"
+    if cfg.latent is not None:
+        experts += f" at latent width {cfg.latent.width}" + (" (normed)" if cfg.latent.norm else "")
+    if cfg.expert.out_norm_eps is not None:
+        experts += ", outputs RMS-normed"
     if cfg.zero_experts:
         experts += f" + {cfg.zero_experts} zero-computation ({cfg.zero_expert_output})"
     out = cfg.output

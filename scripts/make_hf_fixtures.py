@@ -1327,6 +1327,7 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
             n_groups=1,
             expand=2,
             chunk_size=8,
+            moe_latent_size=12,
         ),
         0,
         "mixer",
@@ -1348,6 +1349,23 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
         ),
         1,
         "layer.1.mlp",
+    ),
+    # MuSE-Spark: experts at a latent width of 12 behind normed projections, each expert's output normed
+    "muse_spark_text": (
+        dict(
+            num_hidden_layers=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            intermediate_size=32,
+            moe_intermediate_size=8,
+            moe_hidden_size=12,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            routed_scaling_factor=1.5,
+            sliding_window=8,
+        ),
+        0,
+        "mlp",
     ),
     # a wide sparsemixer window (2 × 0.4 relative) so that its softmax weights are not all 1
     "phimoe": (
@@ -1425,6 +1443,9 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if "pre_expert_norm" in name or "post_expert_norm" in name:  # norms used as (1 + w): w around 0
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)
+                continue
             if "mlp.post_mlp_layernorm" in name or "gate.global_scale" in name:  # norms, gains: around 1
                 p.copy_(1 + torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * 0.3)
                 continue
@@ -1453,6 +1474,7 @@ BUILD = {
     "inkling_mm_model": ("InklingForConditionalGeneration", "model.language_model.layers"),
     "switch_transformers": ("SwitchTransformersForConditionalGeneration", "encoder.block"),
     "ernie4_5_vl_moe_text": ("Ernie4_5_VLMoeTextModel", "layers"),
+    "muse_spark_text": ("AutoModel", "layers"),
     "ernie4_5_vl_moe": ("Ernie4_5_VLMoeForConditionalGeneration", "model.language_model.layers"),
 }
 #: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute

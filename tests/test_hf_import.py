@@ -154,7 +154,7 @@ def test_every_family_gradients_equal_transformers(name):
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
 # after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
 # experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity,
-# ERNIE-4.5-VL's expert sets among them)
+# ERNIE-4.5-VL's expert sets, MuSE-Spark's latent experts among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -179,6 +179,7 @@ def test_every_family_gradients_equal_transformers(name):
         "nemotron_h",
         "switch_transformers",
         "ernie4_5_vl_moe",
+        "muse_spark_text",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -216,7 +217,12 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         assert _rel(g_x, z["grad_x"]) < 1e-5
         if rx is not None:
             assert _rel(g_rx, z["grad_router_x"]) < 1e-5
-    replicated = {"axk1": ("out_norm",), "jetmoe": ("out_bias",), "inkling_text": ("router_shared", "router_gain")}
+    replicated = {
+        "axk1": ("out_norm",),
+        "jetmoe": ("out_bias",),
+        "inkling_text": ("router_shared", "router_gain"),
+        "muse_spark_text": ("latent_in", "latent_norm", "latent_out", "expert_out_scale"),
+    }
     if name in replicated:  # parameters replicated on every rank, read per token: their gradients summed over ranks
         cot = jnp.asarray(z["cot"], jnp.float32)
         g = jax.jit(jax.grad(lambda p: jnp.sum(run(p, x, rx) * cot)))(params)

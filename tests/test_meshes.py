@@ -31,7 +31,7 @@ from tempo_jax.layer import (
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
 from tempo_jax.layer.exchange import lowering_for
-from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, LatentConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.replicas import shared_rows
 
 E, H, F, K, T = 8, 32, 16, 2, 64
@@ -125,9 +125,10 @@ def test_outputs_gradients_and_shardings_on_every_mesh(shape, reference):
 
 
 def test_the_families_block_options_on_a_data_ep_tensor_mesh():
-    """Plain relu² experts with biases (no gate projection), a plain shared expert, zero-computation experts and the
-    block output's bias and norm (issue 74's options, together) on data 2 × ep 2 × tensor 2 with FSDP over data:
-    output and every gradient equal the dense reference under jit; the expert arrays split as the layout says."""
+    """Plain relu² experts with biases (no gate projection) at a latent width, a plain shared expert, zero-computation
+    experts and the block output's bias and norm (issue 74's options, together) on data 2 × ep 2 × tensor 2 with FSDP
+    over data: output and every gradient equal the dense reference under jit; the expert arrays split as the layout
+    says."""
     shape = (2, 2, 2)
     mesh = _mesh(shape)
     config = dataclasses.replace(
@@ -135,14 +136,16 @@ def test_the_families_block_options_on_a_data_ep_tensor_mesh():
         expert=ExpertConfig(activation="relu2", bias=True),
         shared=SharedConfig(count=1, ffn=8, activation="relu2"),
         zero_experts=2,
+        zero_expert_output="zero",
         output=OutputConfig(bias=True, norm=True),
+        latent=LatentConfig(width=16, norm=True),
     )
     placement = _placement(shape[1])
     logical = _logical(config)
     params = to_physical(logical, placement, mesh=mesh, config=config)
     assert "w_gate" not in params and "b_gate" not in params and "shared_w_gate" not in params
     S = config.slots_per_rank
-    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, H // 2, F // 2)}
+    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, 16 // 2, F // 2)}
     x = jax.device_put(_x(), NamedSharding(mesh, layer_axes(config, mesh).token_spec))
     (_, res), grads = jax.jit(jax.value_and_grad(_loss_fn(mesh, config, placement), has_aux=True))(params, x)
     want = jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical)
@@ -190,7 +193,7 @@ def test_fsdp_gathers_weights_in_and_reduce_scatters_gradients_out():
     assert params["w_gate"].sharding.spec == P("ep", "data", "tensor")
     assert params["w_down"].sharding.spec == P("ep", "tensor", "data")
     S = config.slots_per_rank
-    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, H // 2, F // 2)}
+    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, 16 // 2, F // 2)}
     loss = _loss_fn(mesh, config, placement)
     grad_fn = jax.grad(lambda p, x: loss(p, x)[0])
     colls = [c for c in _collectives(grad_fn, mesh, params, _x()) if c.group > 1 and "data" in c.axes]

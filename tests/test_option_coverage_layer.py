@@ -23,7 +23,7 @@ from solvers import PRESETS, CopyCost, LaunchSchedule, Placement
 from tempo_jax.layer import MoEConfig, fp8, make_mesh, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
-from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, LatentConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.params import param_shapes
 from tempo_jax.layer.routing import RouterConfig
 
@@ -77,6 +77,7 @@ LAYER = {
     "output": (OutputConfig(bias=True, norm=True), {}, "out", None),
     "zero_experts": (2, {}, "out", None),  # two zero-computation (identity) experts the router may choose
     "zero_expert_output": ("zero", {"zero_experts": 2}, "out", {"zero_experts": 2}),
+    "latent": (LatentConfig(width=12, norm=True), {}, "out", None),  # the experts at width 12 behind projections
     "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),
@@ -243,6 +244,7 @@ EXPERT = {
     "limit": (0.25, {"activation": "gpt_oss"}, {"activation": "gpt_oss"}),
     "gate_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
     "up_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
+    "out_norm_eps": (1e-6, {}, None),  # each expert's output scaled and RMS-normed before its weight
 }
 SHARED = {
     "count": (2, {}, None),
@@ -256,11 +258,17 @@ SHARED = {
     "up_cap": (0.5, {"activation": "swiglu_softcap", "gate_cap": 30.0, "up_cap": 30.0}, {"activation": None}),
 }
 OUTPUT = {"bias": (True, {}, None), "norm": (True, {}, None), "norm_eps": (0.5, {"norm": True}, {"norm": True})}
+LATENT = {
+    "width": (8, {"width": 12}, None),
+    "norm": (True, {"width": 12}, None),
+    "norm_eps": (0.5, {"width": 12, "norm": True}, {"norm": True}),
+}
 SUB = {
     "router": (RouterConfig, ROUTER),
     "expert": (ExpertConfig, EXPERT),
     "shared": (SharedConfig, SHARED),
     "output": (OutputConfig, OUTPUT),
+    "latent": (LatentConfig, LATENT),
 }
 
 

@@ -20,7 +20,7 @@ from solvers.relief import ROUNDS, check_relief_cost
 
 from .cascade_plan import WeightFetch
 from .exchange import EXCHANGE, ExchangeImpl
-from .experts import ExpertConfig, OutputConfig, SharedConfig
+from .experts import ExpertConfig, LatentConfig, OutputConfig, SharedConfig
 from .replicas import REPLICA_SYNC
 from .routing import RouterConfig
 
@@ -78,6 +78,8 @@ class MoEConfig:
         output is the token itself (``zero_expert_output="identity"``: ``w · x``) or nothing (``"zero"``). Their
         pairs count nowhere in the dispatch (tables, counts, plan, statistics: the cost model prices them at zero).
       zero_expert_output: "identity" (LongCat-Flash) or "zero" (a skip expert).
+      latent: a `LatentConfig`: the routed experts at width L (tokens projected before they are sent and back after
+        the weighted sum; MuSE-Spark, Nemotron-H's moe_latent_size); None: at H.
       capacity: rows per (source, destination) block of the exchange: ``"auto"`` (default) = dropless in rounds of
         C = capacity_factor × the mean block rows (`auto_capacity`; `tempo_jax.layer.rounds`: as many rounds as the
         largest block needs, memory bounded by C, one compile); None = the dropless worst case T/D·K in one
@@ -120,6 +122,7 @@ class MoEConfig:
     output: OutputConfig = OutputConfig()
     zero_experts: int = 0
     zero_expert_output: str = "identity"
+    latent: LatentConfig | None = None
     capacity: int | str | None = "auto"
     capacity_factor: float = 2.0
     axis: str = "ep"
@@ -183,6 +186,7 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be {article} {kind.__name__}, got {getattr(self, name)!r}")
         self.router.validate(self.routed_choices, self.top_k)
         self._check_zero_experts()
+        self._check_latent()
         self.expert.validate()
         self.output.validate()
         if self.shared is not None:
@@ -215,6 +219,30 @@ class MoEConfig:
     def routed_choices(self) -> int:
         """The router's columns: the E experts and the Z zero-computation ones (ids E … E+Z−1)."""
         return self.experts + self.zero_experts
+
+    @property
+    def expert_width(self) -> int:
+        """The routed experts' input and output width: L with a `LatentConfig`, else H."""
+        return self.hidden if self.latent is None else self.latent.width
+
+    def _check_latent(self) -> None:
+        w = "MoEConfig"
+        if self.latent is not None:
+            if not isinstance(self.latent, LatentConfig):
+                raise ValueError(f"{w}.latent must be a LatentConfig or None, got {self.latent!r}")
+            self.latent.validate()
+            if self.zero_experts and self.zero_expert_output == "identity":
+                raise ValueError(f"{w}: identity zero-computation experts with latent experts are not defined")
+            if self.router.weight_on != "output":
+                raise ValueError(f"{w}: latent experts need weight_on='output' (the weight applies at width L)")
+        if self.expert.out_norm_eps is not None:
+            if self.tensor_axis is not None:
+                raise ValueError(
+                    f"{w}: expert.out_norm_eps normalises each expert's whole output row, which tensor_axis splits "
+                    "into partial sums; use it without tensor_axis"
+                )
+            if self.expert_dtype is not None:
+                raise ValueError(f"{w}: expert.out_norm_eps scales w_down per call; FP8 experts keep it as stored")
 
     def _check_zero_experts(self) -> None:
         w = "MoEConfig"

@@ -27,6 +27,12 @@ optionally scaled per token by ``sigmoid(x · shared_gate)`` (Qwen2-MoE) and by 
 
 The block's output (`OutputConfig`, `block_output`): after routed + shared, optionally a learned bias ``out_bias
 [H]`` (JetMoE's ``mlp.bias``), then a learned RMSNorm ``out_norm [H]`` (A.X-K1's ``post_mlp_layernorm``).
+
+Latent experts (`LatentConfig`; MuSE-Spark, Nemotron-H's ``moe_latent_size``): the routed experts run at a width L
+≠ H — each token projected ``latent_in [H, L]`` (then, optionally, RMS-normed with ``(1 + latent_norm) [L]``) before
+it is sent, the weighted sum of its experts' outputs projected back by ``latent_out [L, H]``; the router and the shared
+experts read the token at H. `ExpertConfig.out_norm_eps`: each expert's output ``o [L]`` scaled by ``(1 +
+expert_out_scale) [L]`` and RMS-normalised before its weight (MuSE-Spark's per-expert output norm).
 """
 
 from __future__ import annotations
@@ -43,13 +49,18 @@ __all__ = [
     "ACTIVATIONS",
     "EXPERT_BIASES",
     "EXPERT_WEIGHTS",
+    "LATENT_KEYS",
     "OUTPUT_KEYS",
     "PLAIN_ACTIVATIONS",
     "ExpertConfig",
+    "LatentConfig",
     "OutputConfig",
     "SharedConfig",
     "block_output",
+    "expert_out_norm",
     "glu",
+    "latent_back",
+    "latent_rows",
     "shared_ffn",
 ]
 
@@ -75,6 +86,8 @@ EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 EXPERT_BIASES = ("b_gate", "b_up", "b_down")
 #: The block-output parameters (`OutputConfig`), ``[H]`` each, replicated.
 OUTPUT_KEYS = ("out_bias", "out_norm")
+#: The latent experts' projections and norms (`LatentConfig`, `ExpertConfig.out_norm_eps`), replicated.
+LATENT_KEYS = ("latent_in", "latent_norm", "latent_out", "expert_out_scale")
 
 
 def _positive(v) -> bool:
@@ -125,6 +138,8 @@ class ExpertConfig:
       alpha: gpt-oss's sigmoid slope (1.702).
       limit: the clamp of "swiglu_clamp", "swiglu_post_clamp" and "gpt_oss" (swiglu_limit; None: no clamp).
       gate_cap / up_cap: the soft caps of "swiglu_softcap" (Inkling 2's mlp_gate_softcap / mlp_up_softcap).
+      out_norm_eps: each expert's output times ``(1 + expert_out_scale)`` (a learned vector shared by the experts)
+        and RMS-normalised with this epsilon before its weight (MuSE-Spark's ``post_expert_norm``); None: off.
     """
 
     activation: Activation = "swiglu"
@@ -133,6 +148,7 @@ class ExpertConfig:
     limit: float | None = None
     gate_cap: float | None = None
     up_cap: float | None = None
+    out_norm_eps: float | None = None
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -142,6 +158,11 @@ class ExpertConfig:
         if not isinstance(self.bias, bool):
             raise ValueError(f"{w}.bias must be True or False, got {self.bias!r}")
         _check_activation(self, w)
+        e = self.out_norm_eps
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int | float) or not 0 <= e < float("inf")):
+            raise ValueError(f"{w}.out_norm_eps must be None or a finite number >= 0, got {e!r}")
+        if e is not None and self.bias:
+            raise ValueError(f"{w}: out_norm_eps normalises each expert's output; with bias=True it is not defined")
 
     @property
     def gated(self) -> bool:
@@ -314,3 +335,58 @@ def block_output(y: jax.Array, params: dict, config: OutputConfig) -> jax.Array:
         z = z * jax.lax.rsqrt(jnp.mean(z * z, axis=-1, keepdims=True) + config.norm_eps)
         z = z * params["out_norm"].astype(jnp.float32)
     return z.astype(y.dtype)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LatentConfig:
+    """The routed experts at a latent width (see the module).
+
+    Attributes:
+      width: L, the experts' input and output width.
+      norm: RMS-normalise the projected token with ``(1 + latent_norm)`` (MuSE-Spark's ``pre_expert_norm``).
+      norm_eps: its epsilon.
+    """
+
+    width: int
+    norm: bool = False
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        plain_scalars(self)
+
+    def validate(self) -> None:
+        w = "LatentConfig"
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"{w}.width must be an integer >= 1, got {self.width!r}")
+        if not isinstance(self.norm, bool):
+            raise ValueError(f"{w}.norm must be True or False, got {self.norm!r}")
+        e = self.norm_eps
+        if isinstance(e, bool) or not isinstance(e, int | float) or not 0 <= e < float("inf"):
+            raise ValueError(f"{w}.norm_eps must be a finite number >= 0, got {e!r}")
+        if not self.norm and e != LatentConfig.norm_eps:
+            raise ValueError(f"{w}.norm_eps={e} is the epsilon of norm=True; it would be ignored (leave it out)")
+
+
+def latent_rows(x: jax.Array, params: dict, config: LatentConfig, dtype) -> jax.Array:
+    """Tokens ``x [T, H]`` at the experts' latent width: ``x · latent_in`` (then RMS-normed × ``(1 +
+    latent_norm)``) → ``[T, L]`` in ``dtype``."""
+    hp = jax.lax.Precision.HIGHEST
+    z = jnp.dot(x.astype(jnp.float32), params["latent_in"].astype(jnp.float32), precision=hp)
+    if config.norm:
+        z = z * jax.lax.rsqrt(jnp.mean(z * z, axis=-1, keepdims=True) + config.norm_eps)
+        z = z * (1.0 + params["latent_norm"].astype(jnp.float32))
+    return z.astype(dtype)
+
+
+def latent_back(y: jax.Array, params: dict) -> jax.Array:
+    """The weighted sum of a token's experts ``y [T, L]`` back at the hidden width: ``y · latent_out`` → ``[T, H]``
+    float32."""
+    hp = jax.lax.Precision.HIGHEST
+    return jnp.dot(y.astype(jnp.float32), params["latent_out"].astype(jnp.float32), precision=hp)
+
+
+def expert_out_norm(y: jax.Array, eps: float) -> jax.Array:
+    """Each row of experts' outputs ``y [M, L]`` (already times ``1 + expert_out_scale``) RMS-normalised; padding
+    rows (zeros) stay zero."""
+    z = y.astype(jnp.float32)
+    return (z * jax.lax.rsqrt(jnp.mean(z * z, axis=-1, keepdims=True) + eps)).astype(y.dtype)

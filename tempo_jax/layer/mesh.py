@@ -161,10 +161,10 @@ def layer_axes(
             f"{where}: the shared experts' width Fs={config.shared.width} does not split over the {Tp} devices of "
             f"tensor axis {tensor!r}"
         )
-    if config.hidden % Fp:
+    if config.expert_width % Fp:
         raise ValueError(
-            f"{where}: the hidden size H={config.hidden} does not split over the {Fp} devices of fsdp axis "
-            f"{fsdp!r} (FSDP shards the expert weights along H)"
+            f"{where}: the experts' width {config.expert_width} (H, or the latent L) does not split over the {Fp} "
+            f"devices of fsdp axis {fsdp!r} (FSDP shards the expert weights along it)"
         )
     if config.expert_dtype == "fp8_block":  # a device's share of a weight must hold whole scale blocks
         for n, size, dim, axis in ((Tp, config.ffn, "F", tensor), (Fp, config.hidden, "H", fsdp)):

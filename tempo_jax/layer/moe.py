@@ -34,7 +34,16 @@ from . import cascade_exec, copies, exchange_ffn, fp8, relief, stages
 from .cascade_plan import check_fetches
 from .config import MoEConfig, auto_capacity
 from .exchange import EXCHANGE, CallShape, block_exchange, choose_exchange, exchange_platform
-from .experts import OUTPUT_KEYS, block_output, glu, shared_ffn
+from .experts import (
+    LATENT_KEYS,
+    OUTPUT_KEYS,
+    block_output,
+    expert_out_norm,
+    glu,
+    latent_back,
+    latent_rows,
+    shared_ffn,
+)
 from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, onto_mesh, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
@@ -86,25 +95,39 @@ def moe_reference(
     if config.router.weight_on == "input":  # Σ_k f_{e_k}(w_k · x): each pair through its expert alone
         out = _reference_input_weighted(params, xs, ids, w, config)
         return block_output(out, params, config.output).astype(x.dtype)
-    xq = _gemm_input(xs, config)
+    xl = xs if config.latent is None else latent_rows(x, params, config.latent, config.dtype)  # at the experts' width
+    xq = _gemm_input(xl, config)
     gated = config.expert.gated  # plain experts: no gate projection
     g = jnp.einsum("th,ehf->etf", xq, params["w_gate"], precision=hp) if gated else None
     u = jnp.einsum("th,ehf->etf", xq, params["w_up"], precision=hp)
     if config.expert.bias:
         g, u = (g + params["b_gate"][:, None] if gated else None), u + params["b_up"][:, None]
     h = _gemm_input(glu(g, u, config.expert), config)
-    y = jnp.einsum("etf,efh->eth", h, params["w_down"], precision=hp)  # [E, T, H]
+    y = jnp.einsum("etf,efh->eth", h, _scaled_down(params, config), precision=hp)  # [E, T, L]
     if config.expert.bias:
         y = y + params["b_down"][:, None]
+    if config.expert.out_norm_eps is not None:
+        y = expert_out_norm(y, config.expert.out_norm_eps)
     picked = y[jnp.minimum(ids, config.experts - 1), jnp.arange(x.shape[0])[:, None]]  # [T, K, H]
     if config.zero_experts:  # a zero-computation expert's output: the token itself, or nothing
         zero = (ids >= config.experts)[..., None]
         kept = xs[:, None, :].astype(picked.dtype) if config.zero_expert_output == "identity" else 0
         picked = jnp.where(zero, kept, picked)
     out = jnp.einsum("tk,tkh->th", w.astype(picked.dtype), picked)
+    if config.latent is not None:
+        out = latent_back(out, params)
     if config.shared is not None:
         out = out + shared_ffn(x, params, config.shared, config.dtype, shared_w).astype(out.dtype)
     return block_output(out, params, config.output).astype(x.dtype)
+
+
+def _scaled_down(weights: dict, config: MoEConfig):
+    """``w_down`` with each output column times ``1 + expert_out_scale`` where the experts' outputs are normed
+    (`ExpertConfig.out_norm_eps`: the scale before the norm, folded into the weight), else as it is (parts too)."""
+    if config.expert.out_norm_eps is None:
+        return weights["w_down"]
+    scale = 1.0 + weights["expert_out_scale"].astype(jnp.float32)
+    return jax.tree.map(lambda w: (w.astype(jnp.float32) * scale).astype(w.dtype), weights["w_down"])
 
 
 def _no_replay_with_routed_shared(config: MoEConfig, where: str) -> None:
@@ -337,17 +360,23 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     # the helper's pairs for them on the helper).
     blocks = block_exchange(call.exchange)  # what moves whole slots (replica gradients, copies)
     weights, dest, local = _rank_weights(inp, rt, sent, config=config, axes=axes, exchange=blocks)
+    if config.expert.out_norm_eps is not None:  # the experts' output scale folded into w_down (one [L] vector)
+        weights = {**weights, "w_down": _scaled_down({**weights, **inp.output}, config)}
     # Steps 3–6: send → expert FFN → return.
     if config.router.weight_on == "input":  # Llama-4: each pair's row is its token scaled by the pair's weight
         x_rows = (inp.x[:, None, :] * rt.gate[..., None]).reshape(inp.x.shape[0] * K, -1)
         k_rows, row_gate = 1, jnp.ones((x_rows.shape[0], 1), rt.gate.dtype)
     else:
         x_rows, k_rows, row_gate = inp.x, K, rt.gate
+    if config.latent is not None:  # the experts' width L: each token projected before it is sent
+        x_rows = latent_rows(inp.x, inp.output, config.latent, config.dtype)
     path = exchange_ffn.for_call(config, exchange=call.exchange, capacity=call.capacity, top_k=k_rows)
     done = path.run(x_rows, row_gate, dest, local, weights)  # Steps 3–7 (the combine included): [rows, H]
     # + the shared experts, data-parallel on this rank's tokens; with a tensor axis every device holds its F / Tp
     # share of each row's result: the one reduction of the layer over that axis.
     out = done.out if k_rows == K else done.out.reshape(inp.x.shape[0], K, -1).sum(axis=1)
+    if config.latent is not None:  # (a linear map: with a tensor axis each device's partial sum, summed below)
+        out = latent_back(out, inp.output)
     if config.shared is not None:
         out = out + shared_ffn(inp.x, inp.shared, config.shared, config.dtype, rt.shared)
     if axes.tensor is not None:
@@ -578,7 +607,7 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
-        output = {k: params[k] for k in OUTPUT_KEYS if k in params}
+        output = {k: params[k] for k in OUTPUT_KEYS + LATENT_KEYS if k in params}
         inputs = RankInputs(
             x,
             router_x,

@@ -23,6 +23,8 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
 | ``shared_w_gate``, ``shared_w_up`` / ``shared_w_down`` | [H, Fs] / [Fs, H] | same | ``shared`` (Fs = count·ffn) |
 | ``shared_gate`` | [H] | same | ``shared.gated`` (Qwen2-MoE) |
+| ``latent_in`` / ``latent_out``, ``latent_norm`` | [H, L] / [L, H], [L] | same | ``latent`` (the experts' H is L) |
+| ``expert_out_scale`` | [L] | same | ``expert.out_norm_eps`` (MuSE-Spark; zeros at init: the scale is 1 + it) |
 | ``out_bias`` / ``out_norm`` | [H] float32 | same | ``output.bias`` (JetMoE) / ``output.norm`` (A.X-K1; ones at init) |
 """
 
@@ -68,7 +70,8 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
     H, F, E = config.hidden, config.ffn, config.experts
     n = E if num_slots is None else num_slots
     N = config.routed_choices  # the router's columns: E, and the zero-computation experts after them
-    shapes = {"router": (H, N), "w_gate": (n, H, F), "w_up": (n, H, F), "w_down": (n, F, H)}
+    L = config.expert_width  # the experts' width: H, or the latent L
+    shapes = {"router": (H, N), "w_gate": (n, L, F), "w_up": (n, L, F), "w_down": (n, F, L)}
     if config.router.bias:
         shapes["router_bias"] = (N,)
     if config.router.score_bias:
@@ -82,7 +85,7 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
     if config.router.gain:
         shapes["router_gain"] = (1,)
     if config.expert.bias:
-        shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, H))
+        shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, L))
     if not config.expert.gated:  # plain experts: down(act(up(x)))
         shapes = {k: v for k, v in shapes.items() if k not in ("w_gate", "b_gate")}
     if config.shared is not None:
@@ -93,6 +96,12 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         if config.shared.gated:
             shapes["shared_gate"] = (H,)
     shapes.update({k: (H,) for k in config.output.keys})
+    if config.latent is not None:
+        shapes.update(latent_in=(H, L), latent_out=(L, H))
+        if config.latent.norm:
+            shapes["latent_norm"] = (L,)
+    if config.expert.out_norm_eps is not None:
+        shapes["expert_out_scale"] = (L,)
     if config.expert_dtype == "fp8_block":  # last: the other keys' draws keep their indices
         block = layer_block(config.fp8_block)
         shapes.update({SCALE_KEYS[w]: scale_shape(shapes[w], block) for w in EXPERT_WEIGHTS if w in shapes})
@@ -155,16 +164,17 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
     out = {}
     for i, (name, shape) in enumerate(shapes.items()):
         kk = keys.get(name, jax.random.fold_in(key, 1 + i))
-        if name == "score_bias":
+        if name in ("score_bias", "latent_norm", "expert_out_scale"):  # (the last two are used as 1 + w)
             out[name] = jnp.zeros(shape, jnp.float32)
             continue
         if name in ("router_scale", "expert_scale", "out_norm", "router_gain"):
             out[name] = jnp.ones(shape, jnp.float32)
             continue
-        scale = {"w_gate": H**-0.5, "w_up": H**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
+        L = config.expert_width
+        scale = {"w_gate": L**-0.5, "w_up": L**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
         if scale is None:
             scale = 0.1 if name.startswith("b_") or name in ("router_bias", "out_bias") else shape[0] ** -0.5
-        dtype = jnp.float32 if name.startswith(("router", "out_")) else config.dtype
+        dtype = jnp.float32 if name.startswith(("router", "out_", "latent_", "expert_out")) else config.dtype
         if name in SCALE_KEYS.values():  # drawn with their weights
             continue
         if name in EXPERT_KEYS:

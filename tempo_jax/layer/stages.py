@@ -25,7 +25,7 @@ from pallas_kernels.ffn_chunked import FfnChunks, ffn_chunked
 from pallas_kernels.implementations import GMM
 
 from .exchange import return_blocks, send_blocks
-from .experts import ExpertConfig, glu
+from .experts import ExpertConfig, expert_out_norm, glu
 from .routing import RouterConfig, Routing
 from .routing import route as route_tokens
 
@@ -318,7 +318,7 @@ def expert_ffn(
     xs = rows if presorted else jax.lax.optimization_barrier(rows[order])
     group_sizes = jnp.bincount(slots, length=S + 1)[:S].astype(jnp.int32)
 
-    fused = _fused_ffn(parts, gmm_impl, interpret, quantize_lhs)
+    fused = None if expert.out_norm_eps is not None else _fused_ffn(parts, gmm_impl, interpret, quantize_lhs)
     if fused is not None:  # CPU: the whole FFN per row chunk, one loop (`pallas_kernels.ffn_chunked`)
         w = {name: p if len(p) > 1 or name.startswith("w_") else p[0] for name, p in parts.items()}
         w.update({b: jnp.concatenate(parts[b], axis=0) for b in ("b_gate", "b_up", "b_down") if b in parts})
@@ -354,6 +354,8 @@ def _three_gemms(xs, slot_sorted, group_sizes, parts: dict, expert, gmm_impl, in
     y = grouped(h, "w_down")
     if expert.bias:
         y = y + _row_bias(jnp.concatenate(parts["b_down"], axis=0), slot_sorted)
+    if expert.out_norm_eps is not None:  # each expert's output row normed (its scale is in w_down already)
+        y = expert_out_norm(y, expert.out_norm_eps)
     return y
 
 

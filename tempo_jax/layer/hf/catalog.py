@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..experts import ExpertConfig, OutputConfig, SharedConfig
+from ..experts import ExpertConfig, LatentConfig, OutputConfig, SharedConfig
 from ..routing import RouterConfig
 from .rules import (
     all_layers,
@@ -1285,7 +1285,13 @@ def _nemotron_h(c: Cfg) -> dict:
     act = _PLAIN[c.config.get("mlp_hidden_act", "relu2")]
     fields = deepseek(c, scaling=1.0, groups=(1, 1), experts=("n_routed_experts", "num_local_experts"), n_shared=())
     fs = c.get("moe_shared_expert_intermediate_size", default=7688)
-    return {**fields, "expert": ExpertConfig(activation=act), "shared": SharedConfig(count=1, ffn=fs, activation=act)}
+    latent = c.get("moe_latent_size", default=None)
+    return {
+        **fields,
+        "expert": ExpertConfig(activation=act),
+        "shared": SharedConfig(count=1, ffn=fs, activation=act),
+        "latent": LatentConfig(width=latent) if latent else None,
+    }
 
 
 def _nemotron_h_layers(c: Cfg) -> list[int]:
@@ -1300,13 +1306,11 @@ def _nemotron_h_layers(c: Cfg) -> list[int]:
 
 
 def _nemotron_h_refuse(c: Cfg) -> str | None:
-    if c.config.get("moe_latent_size"):
-        return (
-            f"moe_latent_size={c.config['moe_latent_size']}: latent projections around the routed experts "
-            "(fc1_latent_proj / fc2_latent_proj) are not a layer option yet"
-        )
     if c.config.get("mlp_bias"):
-        return "mlp_bias=true: the shared expert has biases, which the layer's shared experts lack"
+        return (
+            "mlp_bias=true: the shared expert and the latent projections have biases, which the layer's shared "
+            "experts and latent projections lack"
+        )
     return _plain_refuse("mlp_hidden_act", "relu2")(c)
 
 
@@ -1314,6 +1318,7 @@ FAMILIES["nemotron_h"] = Family(
     _nemotron_h,
     _nemotron_h_layers,
     ("backbone.layers.{}.mixer.", "model.layers.{}.mixer."),
+    names=TensorNames(latent=("fc1_latent_proj.weight", None, "fc2_latent_proj.weight", None)),
     refuse=_nemotron_h_refuse,
 )
 
@@ -1435,4 +1440,52 @@ FAMILIES["ernie4_5_vl_moe"] = Family(
     ),
     refuse=_ernie_vl_refuse,
     nested="text_config",
+)
+
+
+def _muse_spark(c: Cfg) -> dict:
+    """MuSE-Spark: a sigmoid router on the token × output_multiplier (the logits scaled: the router has no bias)
+    with a selection bias, renormalised (+1e-15), × routed_scaling_factor; SwiGLU experts at moe_hidden_size behind a
+    projection and a (1 + w) RMSNorm, each expert's output scaled (1 + w) and RMS-normed before its weight, the sum
+    projected back."""
+    router = RouterConfig(
+        scoring="sigmoid",
+        score_bias=True,
+        renormalize=True,
+        renorm_eps=1e-15,
+        scaling=float(c.get("routed_scaling_factor", default=1.0, kind=float)),
+        input_multiplier=float(c.get("output_multiplier", default=0.1767766952966369, kind=float)),
+    )
+    eps = float(c.get("rms_norm_eps", default=1e-5, kind=float))
+    return dict(
+        experts=c.get("num_local_experts", "num_experts"),
+        top_k=c.get("num_experts_per_tok"),
+        ffn=c.get("moe_intermediate_size"),
+        router=router,
+        expert=ExpertConfig(out_norm_eps=float(c.get("post_norm_eps", default=1e-8, kind=float))),
+        latent=LatentConfig(width=c.get("moe_hidden_size"), norm=True, norm_eps=eps),
+    )
+
+
+_MUSE = Family(
+    _muse_spark,
+    layer_types(0, key=None),
+    ("layers.{}.mlp.", "model.layers.{}.mlp."),
+    names=TensorNames(
+        hub_fused=True,
+        latent=(
+            "pre_expert_proj.weight",
+            "pre_expert_norm.weight",
+            "post_expert_proj.weight",
+            "experts.post_expert_norm.weight",
+        ),
+    ),
+    **_DS,
+)
+FAMILIES["muse_spark_text"] = _MUSE
+FAMILIES["muse_spark"] = dataclasses.replace(
+    _MUSE,
+    prefixes=("model.language_model.layers.{}.mlp.", "language_model.layers.{}.mlp."),
+    nested="text_config",
+    twin="muse_spark_text",
 )

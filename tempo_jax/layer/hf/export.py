@@ -32,7 +32,7 @@ def _np(a) -> np.ndarray:
 
 
 #: The `MoEConfig` fields that make a block what config.json says it is.
-_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared", "output", "zero_experts")
+_BLOCK_FIELDS = ("hidden", "ffn", "experts", "top_k", "router", "expert", "shared", "output", "zero_experts", "latent")
 
 
 def check_block(config: Mapping, cfg: MoEConfig, *, layer: int | None, where: str) -> None:
@@ -187,6 +187,12 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
                 out[f"{prefix}{gn}.weight"] = sg.T
         if cfg.shared.gated:
             out[n.shared_gate] = p["shared_gate"][None]
+    if cfg.latent is not None:
+        out[n.latent[0]], out[n.latent[2]] = p["latent_in"].T, p["latent_out"].T
+        if cfg.latent.norm:
+            out[n.latent[1]] = p["latent_norm"]
+    if cfg.expert.out_norm_eps is not None:
+        out[n.latent[3]] = p["expert_out_scale"]
     if cfg.output.bias:
         out[n.output_bias] = p["out_bias"]
     if cfg.output.norm:

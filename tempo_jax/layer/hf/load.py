@@ -76,6 +76,10 @@ def resolve_placement(
     return Placement.spread(num_experts, D, int(S))
 
 
+#: small parameters kept in float32 whatever the experts' dtype (the router's, the norms', the scales')
+_FLOAT32 = ("score_bias", "expert_scale", "expert_out_scale")
+
+
 def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dict:
     """The physical parameters from the block's readers: per-expert arrays ``[P, ...]`` (with ``mesh``: built by
     `jax.make_array_from_callback`, each device reading its own slots' rows and keeping its tensor / fsdp share;
@@ -85,7 +89,7 @@ def _assemble(readers, cfg: MoEConfig, placement: Placement, mesh, dtype) -> dic
     phy2log = np.asarray(placement.phy2log)
     out = {}
     for name, (per_expert, read) in readers.items():
-        kind = jnp.float32 if name.startswith(("router", "out_")) or name in ("score_bias", "expert_scale") else dtype
+        kind = jnp.float32 if name.startswith(("router", "out_", "latent_")) or name in _FLOAT32 else dtype
         kind = stored_dtypes(cfg.expert_dtype).get(name, kind)
         shape = shapes[name]
         if not per_expert:

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 __all__ = ["REFUSED"]
 
-_LATENT = (
-    "experts at a latent width: a down projection and a (1 + w) RMSNorm before the experts (the router reads the "
-    "full width, its logits × output_multiplier), an RMSNorm on each expert's output, an up projection after the sum"
-)
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
-    "muse_spark": _LATENT,
-    "muse_spark_text": _LATENT,
     "nllb-moe": (
         "transformers 5.24's NllbMoe block is not its routed mixture: NllbMoeExperts one-hots the already one-hot "
         "router mask, so only experts 0 and 1 ever run (top-1 pairs on expert 1's weights, top-2 on expert 0's), "

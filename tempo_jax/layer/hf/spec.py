@@ -56,6 +56,10 @@ class TensorNames:
         may differ: narrower sets are zero-padded to the layer's F, which changes no output or gradient); their hub
         files hold the routers as ``names.router`` transposed ``[H, E_s]`` one per set, the biases stacked ``[sets,
         E_s]`` under ``names.score_bias[0]`` and the experts per expert, set after set. None: one set.
+      latent: the latent experts' tensors (``LatentConfig``): the in-projection ``[L, H]``, the norm weight ``[L]``
+        (or None), the out-projection ``[H, L]`` and the experts' shared output scale ``[L]`` (or None) — MuSE-Spark's
+        ``pre_expert_proj`` / ``pre_expert_norm`` / ``post_expert_proj`` / ``experts.post_expert_norm``, Nemotron-H's
+        ``fc1_latent_proj`` / ``fc2_latent_proj``.
       output_bias / output_norm: the block output's learned bias / RMSNorm weight ``[H]`` (JetMoE's ``bias``,
         A.X-K1's ``post_mlp_layernorm.weight``; `tempo_jax.layer.experts.OutputConfig`).
     """
@@ -82,6 +86,7 @@ class TensorNames:
     router_gain: str | None = None
     stacked_names: tuple[str, str, str] | None = None
     expert_sets: tuple[str, ...] | None = None
+    latent: tuple[str | None, ...] | None = None
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"
 

@@ -283,7 +283,8 @@ def _expert_sets(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSou
 
 
 def _shared_and_rest(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, out, whole, where) -> None:
-    """Step 3 (the shared experts), step 4 (the block output's bias and norm) and step 5 (nothing left over)."""
+    """Step 3 (the shared experts), step 4 (the latent projections, the block output's bias and norm) and step 5
+    (nothing left over)."""
     H = cfg.hidden
     # Step 3: shared experts.
     if cfg.shared is not None:
@@ -320,7 +321,15 @@ def _shared_and_rest(cfg: MoEConfig, names: TensorNames, c: _Checked, src: Tenso
             whole("shared_w_down", f"{prefix}{d}.weight", (H, Fs), lambda a: a.T)
         if cfg.shared.gated:
             whole("shared_gate", names.shared_gate, (1, H), lambda a: a[0])
-    # Step 4: the block output's bias and norm.
+    # Step 4: the latent experts' projections and norms, the block output's bias and norm.
+    if cfg.latent is not None:
+        L, (k_in, k_norm, k_out, _) = cfg.latent.width, names.latent
+        whole("latent_in", k_in, (L, H), lambda a: a.T)
+        whole("latent_out", k_out, (H, L), lambda a: a.T)
+        if cfg.latent.norm:
+            whole("latent_norm", k_norm, (L,))
+    if cfg.expert.out_norm_eps is not None:
+        whole("expert_out_scale", names.latent[3], (cfg.expert_width,))
     if cfg.output.bias:
         whole("out_bias", names.output_bias, (H,))
     if cfg.output.norm:
@@ -383,8 +392,8 @@ def _quantized(cfg: MoEConfig, out: dict) -> None:
 
 
 def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, stacked, where: str) -> None:
-    """The routed experts' readers (see the module's layouts)."""
-    H, F, E = cfg.hidden, cfg.ffn, cfg.experts
+    """The routed experts' readers (see the module's layouts; their width H is the latent L where the block has one)."""
+    H, F, E = cfg.expert_width, cfg.ffn, cfg.experts
     g, u, d = names.experts
     if not cfg.expert.gated:  # plain experts: up / down only, per expert or stacked [E, F, H] / [E, H, F]
         _, u, d = names.experts
