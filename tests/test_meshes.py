@@ -145,7 +145,9 @@ def test_the_families_block_options_on_a_data_ep_tensor_mesh():
     params = to_physical(logical, placement, mesh=mesh, config=config)
     assert "w_gate" not in params and "b_gate" not in params and "shared_w_gate" not in params
     S = config.slots_per_rank
-    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, 16 // 2, F // 2)}
+    assert {s.data.shape for s in params["w_up"].addressable_shards} == {
+        (S, 16 // 2, F // 2)
+    }  # latent L = 16 over data
     x = jax.device_put(_x(), NamedSharding(mesh, layer_axes(config, mesh).token_spec))
     (_, res), grads = jax.jit(jax.value_and_grad(_loss_fn(mesh, config, placement), has_aux=True))(params, x)
     want = jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical)
@@ -193,7 +195,7 @@ def test_fsdp_gathers_weights_in_and_reduce_scatters_gradients_out():
     assert params["w_gate"].sharding.spec == P("ep", "data", "tensor")
     assert params["w_down"].sharding.spec == P("ep", "tensor", "data")
     S = config.slots_per_rank
-    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, 16 // 2, F // 2)}
+    assert {s.data.shape for s in params["w_up"].addressable_shards} == {(S, H // 2, F // 2)}
     loss = _loss_fn(mesh, config, placement)
     grad_fn = jax.grad(lambda p, x: loss(p, x)[0])
     colls = [c for c in _collectives(grad_fn, mesh, params, _x()) if c.group > 1 and "data" in c.axes]
