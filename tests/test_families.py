@@ -18,11 +18,11 @@ from hf_reference import FAMILY_CONFIGS, dims, fused_state, hf_block, hf_state
 from safetensors.numpy import save_file
 
 import tempo_jax
-from solvers import LaunchSchedule, Placement
+from solvers import PRESETS, CopyCost, LaunchSchedule, Placement
 from tempo_jax.layer import MoEConfig, init_logical_params, make_ep_mesh, moe_forward, moe_reference
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.cascade_plan import WeightFetch
-from tempo_jax.layer.experts import ExpertConfig, OutputConfig, SharedConfig
+from tempo_jax.layer.experts import ExpertConfig, LatentConfig, OutputConfig, SharedConfig
 from tempo_jax.layer.hf import load_moe_layers, moe_config_from_hf, moe_from_hf, moe_layer_ids
 from tempo_jax.layer.presets import MOE_PRESETS, moe_preset, preset_spec
 from tempo_jax.layer.routing import RouterConfig
@@ -467,3 +467,57 @@ def test_expert_sets_route_each_token_within_its_own_set():
         moe_forward(params, x, expert_set=sets[:5], **run)
     with pytest.raises(ValueError, match="expert_sets is 1"):
         moe_forward(params, x, expert_set=sets, **{**run, "config": dataclasses.replace(cfg, router=RouterConfig())})
+
+
+@pytest.mark.parametrize("path", ["ring", "cascade", "ingraph_copies"])
+def test_latent_and_zero_computation_experts_keep_the_output_on_every_exchange_path(path):
+    """The new block options that change what is sent (latent experts: L-wide rows; each expert's output normed;
+    zero-computation experts: pairs sent nowhere) through the ring, a CascadeEP launch schedule and the in-graph plan
+    with dynamic copies, on 8 devices under jit: output and the latent parameters' gradients = the dense reference."""
+    mesh = make_ep_mesh(8)
+    cfg = MoEConfig(
+        hidden=16,
+        ffn=8,
+        experts=8,
+        top_k=2,
+        slots_per_rank=2,
+        latent=LatentConfig(width=12, norm=True),
+        expert=ExpertConfig(out_norm_eps=1e-6),
+        zero_experts=2,
+        zero_expert_output="zero",
+        router=RouterConfig(scoring="sigmoid", score_bias=True),
+        shared=SharedConfig(count=1, ffn=8),
+    )
+    options = {
+        "ring": dict(exchange="ring"),
+        "cascade": dict(schedule=LaunchSchedule.stragglers(8, late=(5, 7))),
+        "ingraph_copies": dict(
+            dispatch="ingraph",
+            dispatch_mode="quota",
+            cost=PRESETS["dsv3_fp8_offline"],
+            dynamic_slots=1,
+            copy_cost=CopyCost(expert_bytes=1.0, link_gbps=1e6),
+        ),
+    }[path]
+    c = dataclasses.replace(cfg, **options)
+    keys = iter(jax.random.split(jax.random.key(7), 4))
+    logical = {
+        k: v + 0.3 * jax.random.normal(next(keys), v.shape)
+        if k in ("latent_norm", "expert_out_scale", "score_bias")
+        else v
+        for k, v in init_logical_params(jax.random.key(0), cfg).items()
+    }
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    placement = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    params = tempo_jax.layer.to_physical(logical, placement, mesh=mesh)
+    tables = None if c.dispatch == "ingraph" else dispatch_tables.uniform(placement)
+    pa = dispatch_tables.placement_arrays(placement)
+
+    def out(p):
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=c).out
+
+    np.testing.assert_allclose(np.asarray(jax.jit(out)(params)), np.asarray(moe_reference(logical, x, cfg)), atol=2e-6)
+    got = jax.jit(jax.grad(lambda p: jnp.sum(out(p) ** 2)))(params)
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, x, cfg) ** 2))(logical)
+    for k in ("latent_in", "latent_norm", "latent_out", "expert_out_scale"):
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-4, atol=1e-4, err_msg=k)
