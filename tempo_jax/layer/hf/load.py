@@ -165,7 +165,9 @@ def moe_from_hf(
       mesh: the layer's mesh: the parameters are placed on it (per-expert arrays sharded over ``ep``).
       slots_per_rank: S when no placement is given (default ⌈E / D⌉).
       dtype: the experts' dtype in the layer (the router stays float32).
-      **overrides: other `MoEConfig` fields (dispatch_mode, capacity, …).
+      **overrides: other `MoEConfig` fields (dispatch_mode, capacity, …), and ``sequence_length`` — the tokens per
+        sequence of the batches the layer will see — for a family whose routing counts per sequence (Switch
+        Transformers' expert capacity; `tempo_jax.layer.hf.families.moe_config_from_hf`).
 
     Raises:
       ValueError: unknown model_type, missing / misshapen / unexpected tensors, quantized tensors without their
