@@ -42,15 +42,19 @@ serve: $(STAMP)
 
 # Fast suite (no `slow` marker). pytest exits 5 when it collected nothing: that is a failure here too. Each test file
 # runs on one worker (--dist loadscope): its module fixtures are built once (jax 0.12: 1,167 → 1,106 worker-seconds).
+# A worker that dies (a native crash) ends the run at once, naming its test (--max-worker-restart 0): pytest-xdist
+# 3.8's loadscope scheduler can deadlock after replacing a crashed worker (pytest-dev/pytest-xdist#1378), which once
+# held CI until its time limit.
+XDIST := -n 2 --dist loadscope --max-worker-restart 0
 test: $(STAMP)
-	$(PYTEST) -q -n 2 --dist loadscope -m "not slow" --durations=20
+	$(PYTEST) -q $(XDIST) -m "not slow" --durations=20
 
 # The fast suite again in the second environment (see VENV above): `make demo VENV=.venv-latest` and the rest alike.
 test-latest:
 	$(MAKE) test VENV=$(LATEST_VENV)
 
 test-all: $(STAMP)
-	$(PYTEST) -q -n 2 --dist loadscope -m ""
+	$(PYTEST) -q $(XDIST) -m ""
 
 bench: bench-solver bench-gemm bench-ep bench-ingraph bench-cascade bench-sim bench-refresh bench-metrics bench-peers
 
