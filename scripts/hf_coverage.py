@@ -143,6 +143,9 @@ def describe(cfg) -> tuple[str, str, str]:
         router.insert(0, "own RMS-normed, scaled input")
     elif r.input_multiplier != 1:
         router.insert(0, f"input × {r.input_multiplier:.3g}")
+    if r.mlp_width:
+        carried = ", adds the previous layer's router state" if r.carried_state else ""
+        router.insert(0, f"router MLP (width {r.mlp_width}{carried})")
     if r.bias:
         router.append("router bias")
     if r.score_bias:
@@ -210,6 +213,8 @@ def measure(name: str) -> tuple[float, float]:
     layer = int(z["layer"])
     rx = jnp.asarray(z["router_x"], jnp.float32) if "router_x" in z.files else None
     sets = {"expert_set": jnp.asarray(z["expert_set"])} if "expert_set" in z.files else {}
+    if "router_state" in z.files:  # the previous layer's router state (Zaya)
+        sets["router_state"] = jnp.asarray(z["router_state"], jnp.float32)
     x, cot = jnp.asarray(z["x"], jnp.float32), jnp.asarray(z["cot"], jnp.float32)
     fwd = 0.0
     for layout in ("hub", "fused"):

@@ -16,7 +16,9 @@ Per family, in ``tests/fixtures/hf/<family>/``:
   w.r.t. x and every block parameter (in-memory names), and ``layer`` (the decoder layer index); where the router
   reads its own input (Gemma 4: the residual stream, while the experts read a normed copy), also ``router_x``
   and ``grad_router_x``, and the block is the decoder layer's ``router`` and ``experts``; where the block reads each
-  token's modality (ERNIE-4.5-VL), ``expert_set [T]`` (its ``moe_mm_token_type_ids``, 1: vision);
+  token's modality (ERNIE-4.5-VL), ``expert_set [T]`` (its ``moe_mm_token_type_ids``, 1: vision); where it reads
+  the router state the previous layer's router handed on (Zaya), ``router_state [T, Rh]`` (drawn N(0, 1)), its
+  gradient ``grad_router_state`` and the state the block hands on, ``router_state_out``;
 - the weights are redrawn N(0, 0.3²) (score biases N(0, 0.1²)) so that routing is far from uniform.
 
 The CI tests (`tests/test_hf_import.py`) read these files with numpy only: the layer loads what transformers wrote and
@@ -1382,6 +1384,39 @@ FAMILIES: dict[str, tuple[dict, int, str]] = {
     ),
 }
 
+#: Zaya: a router MLP over the router state carried from layer 0 (layer 1 records it), one skip class beside 8 experts
+FAMILIES["zaya"] = (
+    dict(
+        num_hidden_layers=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        moe_intermediate_size=8,
+        num_experts=8,
+        num_experts_per_tok=1,
+        router_hidden_size=8,
+    ),
+    1,
+    "mlp",
+)
+#: families whose block reads the router state the previous layer's router handed on: the config key of its width
+ROUTER_STATE = {"zaya": "router_hidden_size"}
+
+
+def _zaya_spread(model: torch.nn.Module, g: torch.Generator) -> None:
+    """Zaya's router MLP ends in probabilities near 1/9: a wider output projection and a selection bias of their
+    scale (the skip class's raised) so that every expert and the skip class are chosen."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            router = layer.mlp.gate
+            router.router_mlp.out_proj.weight.mul_(4.0)
+            bias = torch.randn(router.balancing_biases.shape, generator=g, dtype=torch.float64) * 0.02
+            bias[-1] += 0.15
+            router.balancing_biases.copy_(bias.to(router.balancing_biases.dtype))
+
+
+#: families whose redrawn weights need a further adjustment so that the fixture exercises their mechanism
+SPREAD = {"zaya": _zaya_spread}
+
 #: MiniMax-M3's multimodal model: the same text block, whose hub files keep MiniMax's own names
 FAMILIES["minimax_m3_vl"] = (
     dict(
@@ -1513,6 +1548,8 @@ def _layers(model, path: str):
 def make(family: str) -> None:
     model, block, layer = _build(family)
     _redraw(model, seed=sum(map(ord, family)))
+    if family in SPREAD:
+        SPREAD[family](model, torch.Generator().manual_seed(2))
     out = ROOT / family
     shutil.rmtree(out, ignore_errors=True)
     model.save_pretrained(out / "hub", max_shard_size="24KB")  # the default: the per-expert hub layout, sharded
@@ -1529,12 +1566,16 @@ def make(family: str) -> None:
     H = model.config.d_model if family == "dbrx" else text.hidden_size
     x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 1.5).requires_grad_(True)
     cot = torch.randn(1, T, H, generator=g, dtype=torch.float64)
-    router_x = None
+    router_x = router_state = None
     if family in ROUTER_INPUT:  # the router reads its own input (Gemma 4: the residual stream)
         router_x = (torch.randn(1, T, H, generator=g, dtype=torch.float64) * 3.0).requires_grad_(True)
         decoder = _layers(model, BUILD.get(family, ("", "model.layers"))[1])[layer].to(torch.float64)
         block = torch.nn.ModuleDict({"router": decoder.router, "experts": decoder.experts})
         res = ROUTER_INPUT[family](block, x[0], router_x[0])
+    elif family in ROUTER_STATE:  # the previous layer's router state, an input of the block (and of the gradients)
+        width = getattr(text, ROUTER_STATE[family])
+        router_state = torch.randn(1, T, width, generator=g, dtype=torch.float64).requires_grad_(True)
+        res = block(x, router_state)
     elif family in TOKEN_TYPES:  # the block routes each token within its modality's experts
         res = block(x, moe_mm_token_type_ids=torch.tensor([TOKEN_TYPES[family]]))
     else:
@@ -1554,6 +1595,9 @@ def make(family: str) -> None:
     }
     if router_x is not None:
         arrays.update(router_x=router_x[0].detach().numpy(), grad_router_x=router_x.grad[0].numpy())
+    if router_state is not None:  # the state in, its gradient, and the state the block hands on
+        arrays.update(router_state=router_state[0].detach().numpy(), grad_router_state=router_state.grad[0].numpy())
+        arrays["router_state_out"] = res[1][0].detach().numpy()
     if family in TOKEN_TYPES:
         arrays["expert_set"] = np.array(TOKEN_TYPES[family], np.int32)
     for name, p in block.named_parameters():

@@ -521,3 +521,56 @@ def test_latent_and_zero_computation_experts_keep_the_output_on_every_exchange_p
     want = jax.grad(lambda p: jnp.sum(moe_reference(p, x, cfg) ** 2))(logical)
     for k in ("latent_in", "latent_norm", "latent_out", "expert_out_scale"):
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+def _zaya_like(carried: bool) -> MoEConfig:
+    return MoEConfig(
+        hidden=16,
+        ffn=8,
+        experts=8,
+        top_k=2,
+        slots_per_rank=2,
+        zero_experts=1,
+        zero_expert_output="zero",
+        router=RouterConfig(score_bias=True, renormalize=False, mlp_width=8, carried_state=carried, norm_eps=1e-5),
+    )
+
+
+def test_a_router_state_carried_through_two_modules_equals_the_reference_chain():
+    """A router MLP carrying its state between layers (Zaya), as a model runs it: two `MoE` modules under
+    ``nnx.jit`` on 8 devices, layer 0 handing its router state to layer 1 (``MoE`` returns ``(y, router_state)``),
+    equal the dense reference chain (`route`'s state in between); the state changes layer 1's output; and a state the
+    router would not read, of another shape, or beside replayed routing is refused."""
+    mesh = make_ep_mesh(D)
+    placement = Placement.from_eplb(np.arange(8) + 1.0, 16, 8)
+    first = tempo_jax.MoE(_zaya_like(False), placement, mesh=mesh, rngs=nnx.Rngs(0))
+    second = tempo_jax.MoE(_zaya_like(True), placement, mesh=mesh, rngs=nnx.Rngs(1))
+    x = jax.random.normal(jax.random.key(2), (2, 32, 16))
+
+    @nnx.jit
+    def chain(a, b, x):
+        y0, s0 = a(x)
+        y1, s1 = b(x + y0, router_state=s0)
+        return y1, s1
+
+    y1, s1 = chain(first, second, x)
+    tokens = x.reshape(-1, 16)
+    p0, p1 = first.logical_params(), second.logical_params()
+    s0 = tempo_jax.layer.routing.route(tokens, p0, first.config.router, 2).state
+    y0 = moe_reference(p0, tokens, first.config)
+    want = moe_reference(p1, tokens + y0, second.config, router_state=s0)
+    np.testing.assert_allclose(np.asarray(y1).reshape(-1, 16), np.asarray(want), atol=2e-6)
+    want_s = tempo_jax.layer.routing.route(tokens + y0, p1, second.config.router, 2, state=s0).state
+    np.testing.assert_allclose(np.asarray(s1).reshape(-1, 8), np.asarray(want_s), atol=2e-6)
+    assert rel_err(moe_reference(p1, tokens + y0, second.config), want) > 1e-2  # the state is read
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    run = dict(mesh=mesh, placement_arrays=pa, tables=tables)
+    with pytest.raises(ValueError, match="carried_state=True"):
+        moe_forward(first.params(), tokens, config=first.config, router_state=s0, **run)
+    with pytest.raises(ValueError, match=r"router_state must be a floating-point \[T=64, Rh=8\]"):
+        moe_forward(second.params(), tokens, config=second.config, router_state=s0[:, :4], **run)
+    with pytest.raises(ValueError, match="routing= replaces the router"):
+        routing = (jnp.zeros((64, 2), jnp.int32), jnp.ones((64, 2)))
+        moe_forward(second.params(), tokens, config=second.config, router_state=s0, routing=routing, **run)
+    with pytest.raises(ValueError, match="needs mlp_width > 0"):
+        RouterConfig(carried_state=True).validate(8, 2)

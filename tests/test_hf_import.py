@@ -63,9 +63,13 @@ def _router_x(z):
 
 
 def _sets(z) -> dict:
-    """``{"expert_set": [T]}`` where the family routes each token within its modality's experts (ERNIE-4.5-VL's
-    token types), else nothing."""
-    return {"expert_set": jnp.asarray(z["expert_set"])} if "expert_set" in z.files else {}
+    """The per-token inputs the family's block reads beside x: ``{"expert_set": [T]}`` where it routes each token
+    within its modality's experts (ERNIE-4.5-VL's token types), ``{"router_state": [T, Rh]}`` where its router adds
+    the previous layer's router state (Zaya); else nothing."""
+    out = {"expert_set": jnp.asarray(z["expert_set"])} if "expert_set" in z.files else {}
+    if "router_state" in z.files:
+        out["router_state"] = jnp.asarray(z["router_state"], jnp.float32)
+    return out
 
 
 def _layouts(name: str) -> list[str]:
@@ -133,13 +137,17 @@ def _hf_grads_as_logical(name: str, cfg) -> dict:
 def test_every_family_gradients_equal_transformers(name):
     z, cfg, params, placement = _load(name)
     logical = to_logical(params, placement)
-    cot, rx = jnp.asarray(z["cot"], jnp.float32), _router_x(z)
-    g_params, g_x, g_rx = jax.grad(
-        lambda p, x, rx: jnp.sum(moe_reference(p, x, cfg, router_x=rx, **_sets(z)) * cot), argnums=(0, 1, 2)
-    )(logical, jnp.asarray(z["x"], jnp.float32), rx)
+    cot, rx, sets = jnp.asarray(z["cot"], jnp.float32), _router_x(z), _sets(z)
+    state = sets.pop("router_state", None)
+    g_params, g_x, g_rx, g_state = jax.grad(
+        lambda p, x, rx, s: jnp.sum(moe_reference(p, x, cfg, router_x=rx, router_state=s, **sets) * cot),
+        argnums=(0, 1, 2, 3),
+    )(logical, jnp.asarray(z["x"], jnp.float32), rx, state)
     assert _rel(g_x, z["grad_x"]) < 1e-5
     if rx is not None:
         assert _rel(g_rx, z["grad_router_x"]) < 1e-5
+    if state is not None:  # (Zaya: the previous layer's router state, through this layer's router)
+        assert _rel(g_state, z["grad_router_state"]) < 1e-5
     want = _hf_grads_as_logical(name, cfg)
     scale = max(float(np.abs(v).max()) for v in want.values())
     for k, v in want.items():
@@ -154,7 +162,7 @@ def test_every_family_gradients_equal_transformers(name):
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
 # after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
 # experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity,
-# ERNIE-4.5-VL's expert sets, MuSE-Spark's latent experts among them)
+# ERNIE-4.5-VL's expert sets, MuSE-Spark's latent experts, Zaya's router MLP with its carried state among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -180,6 +188,7 @@ def test_every_family_gradients_equal_transformers(name):
         "switch_transformers",
         "ernie4_5_vl_moe",
         "muse_spark_text",
+        "zaya",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -191,17 +200,12 @@ def test_the_layer_on_8_devices_equals_transformers(name):
     pa = dispatch_tables.placement_arrays(placement)
     x, rx, sets = jnp.asarray(z["x"], jnp.float32), _router_x(z), _sets(z)
 
+    def layer(p, x, rx, **kw):
+        tables = dispatch_tables.uniform(placement)
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, router_x=rx, **kw)
+
     def run(p, x, rx):
-        return moe_forward(
-            p,
-            x,
-            mesh=mesh,
-            placement_arrays=pa,
-            tables=dispatch_tables.uniform(placement),
-            config=cfg,
-            router_x=rx,
-            **sets,
-        ).out
+        return layer(p, x, rx, **sets).out
 
     if cfg.router.capacity_window is not None:  # per-sequence capacity: every token shard holds whole sequences,
         # so the batch is D copies of the fixture's one sequence (each routed on its own: D copies of its output)
@@ -222,6 +226,7 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         "jetmoe": ("out_bias",),
         "inkling_text": ("router_shared", "router_gain"),
         "muse_spark_text": ("latent_in", "latent_norm", "latent_out", "expert_out_scale"),
+        "zaya": ("router", "router_in", "router_in_bias", "router_carry", "router_norm", "router_fc1", "router_fc2"),
     }
     if name in replicated:  # parameters replicated on every rank, read per token: their gradients summed over ranks
         cot = jnp.asarray(z["cot"], jnp.float32)
@@ -229,6 +234,14 @@ def test_the_layer_on_8_devices_equals_transformers(name):
         want = _hf_grads_as_logical(name, cfg)
         for k in replicated[name]:
             assert _rel(g[k], want[k]) < 1e-5, k
+    if "router_state" in sets:  # Zaya: the state handed to the next layer, and the gradient into the one received
+        others = {k: v for k, v in sets.items() if k != "router_state"}
+        res = jax.jit(lambda s: layer(params, x, rx, router_state=s, **others))(sets["router_state"])
+        assert _rel(res.router_state, z["router_state_out"]) < 1e-5
+        assert res.router_state.sharding.spec == res.out.sharding.spec  # split over the tokens like x
+        cot = jnp.asarray(z["cot"], jnp.float32)
+        loss = lambda s: jnp.sum(layer(params, x, rx, router_state=s, **others).out * cot)  # noqa: E731
+        assert _rel(jax.jit(jax.grad(loss))(sets["router_state"]), z["grad_router_state"]) < 1e-5
 
 
 @pytest.mark.parametrize("name", CLAIMED)
@@ -265,7 +278,9 @@ def test_export_gives_back_what_transformers_wrote_and_round_trips(name, tmp_pat
         outside = next((o.format(layer) + key[len(i) :] for o, i in fam.siblings if key.startswith(i)), prefix + key)
         shard = ROOT / name / "hub" / index[outside]
         stored = np.asarray(SafetensorsFile(shard).array(outside))
-        unused = _zero_expert_rows(key, cfg)  # rows transformers stores for zero-computation experts, never reads
+        unused = _zero_expert_rows(
+            key, cfg, fam.names
+        )  # rows transformers stores for zero-computation experts, never reads
         if unused is not None:
             assert stored.shape == value.shape and not value[unused].any(), key
             stored, value = np.delete(stored, unused, axis=0), np.delete(value, unused, axis=0)
@@ -292,11 +307,11 @@ def _weight_map(folder: Path) -> dict[str, str]:
     return dict.fromkeys(SafetensorsFile(folder / "model.safetensors").names(), "model.safetensors")
 
 
-def _zero_expert_rows(key: str, cfg) -> np.ndarray | slice | None:
+def _zero_expert_rows(key: str, cfg, names) -> np.ndarray | slice | None:
     """The leading-axis rows of exported tensor ``key`` that hold LongCat-Flash's zero-computation experts' gate / up
-    (exported as zeros; transformers saved random ones it never reads), or None."""
+    (exported as zeros; transformers saved random ones it never reads), or None (Zaya's skip class has none)."""
     E, Z = cfg.experts, cfg.zero_experts
-    if not Z:
+    if not Z or not names.zero_expert_rows:
         return None
     m = re.fullmatch(r"experts\.(\d+)\..*", key)
     if m:

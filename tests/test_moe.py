@@ -55,7 +55,8 @@ def test_output_independent_of_tables(setup, mode):
     }
     seen_loads = set()
     for name, tables in candidates.items():
-        out, c, _, aux, _ = f(params, x, tables.table, jax.random.key(7))
+        res = f(params, x, tables.table, jax.random.key(7))
+        out, c, aux = res.out, res.counts, res.stats
         f32_close(out, ref)
         np.testing.assert_array_equal(c, counts)  # counts depend on routing only
         assert int(aux.drops.sum()) == 0, name
@@ -72,7 +73,8 @@ def test_skewed_and_single_expert_batches(setup):
     x_pos = x.at[:, 0].set(5.0 + jnp.abs(x[:, 0]))  # every token carries feature 0
     ids = np.asarray(jax.lax.top_k(x_pos @ hot["router"], 1)[1])
     assert (ids == 5).all()
-    out, counts, _, aux, _ = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
+    res = f(hot, x_pos, dispatch_tables.static(placement).table, jax.random.key(1))
+    out, counts, aux = res.out, res.counts, res.stats
     f32_close(out, moe_reference(to_logical(hot, placement), x_pos, config))
     assert int(np.asarray(counts)[:, 5].sum()) == TOKENS
     assert int(aux.drops.sum()) == 0
@@ -114,7 +116,8 @@ def test_quota_mode_realises_the_plan(setup):
     f = _forward(placement, config, mesh)
     _, counts, *_ = f(params, x, dispatch_tables.uniform(placement).table, jax.random.key(0))
     d = solve(DispatchProblem(np.asarray(counts), placement, PRESETS["dsv3_fp8_offline"]), "tempo")
-    _, _, _, aux, _ = f(params, x, dispatch_tables.from_dispatch(d).table, jax.random.key(0))
+    res = f(params, x, dispatch_tables.from_dispatch(d).table, jax.random.key(0))
+    aux = res.stats
     rc = np.asarray(aux.replica_counts).sum(axis=0)  # [E, R] pairs per replica column
     l2p = placement.log2phy
     realised = np.zeros((E, D))

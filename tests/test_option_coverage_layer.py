@@ -128,7 +128,10 @@ _reference = jax.jit(moe_reference, static_argnums=2)
 def _output(cfg: MoEConfig) -> np.ndarray:
     """What the config computes: the dense reference's ``out [T, H]`` (float32)."""
     logical, x = _inputs(cfg)
-    return np.asarray(_reference(logical, x, cfg), np.float32)
+    state = None
+    if cfg.router.carried_state:  # the previous layer's router state [T, Rh]
+        state = jnp.asarray(np.random.default_rng(2).normal(size=(T, cfg.router.mlp_width)), jnp.float32)
+    return np.asarray(_reference(logical, x, cfg, router_state=state), np.float32)
 
 
 def _differ(a: np.ndarray, b: np.ndarray) -> bool:
@@ -234,6 +237,9 @@ ROUTER = {
     "expert_capacity": (1, {"capacity_window": 2, "expert_capacity": 50}, {"capacity_window": 2}),
     "capacity_window": (2, {"expert_capacity": 1, "capacity_window": T}, {"expert_capacity": 1}),
     "expert_sets": (2, {}, None),  # every token (no expert_set given) then chooses among the first half only
+    "mlp_width": (8, {}, None),  # the router an MLP of width 8 over the token
+    # the previous layer's router state added (`_output` gives one where the router carries it)
+    "carried_state": (True, {"mlp_width": 8}, {"mlp_width": 8}),
 }
 #: MoEConfig fields both runs of a sub-config entry share, where the option needs them
 LAYER_CONTEXT = {("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)}}

@@ -143,7 +143,8 @@ def test_moe_layer_output_does_not_depend_on_a_repaired_plan():
             params, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config, routing=(ids, weights)
         )
 
-    out, counts, _, aux, _ = run(dispatch_tables.from_dispatch(plan))
+    res = run(dispatch_tables.from_dispatch(plan))
+    out, counts, aux = res.out, res.counts, res.stats
     np.testing.assert_array_equal(np.asarray(counts), problem.tokens)  # the replayed batch is the solved one
     np.testing.assert_allclose(
         out, moe_reference(to_logical(params, placement), x, config, routing=(ids, weights)), atol=2e-5, rtol=2e-5

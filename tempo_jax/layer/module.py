@@ -602,9 +602,11 @@ class MoE(nnx.Module):
         mask: jax.Array | None = None,
         deterministic: bool | None = None,
         expert_set: jax.Array | None = None,
-    ) -> jax.Array:
+        router_state: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """``x [..., H]`` → ``[..., H]``: any number of tokens (flattened, padded to a multiple of D inside, split
-        over the ep axis).
+        over the ep axis). With a router MLP (``RouterConfig.mlp_width`` Rh: Zaya) → ``(y [..., H], router_state
+        [..., Rh])``, the state the next layer's router reads (as transformers' block returns it).
 
         Args:
           x: ``[..., H]`` activations.
@@ -615,6 +617,8 @@ class MoE(nnx.Module):
             hold only the shared experts' contribution (zeros without shared experts).
           expert_set: optional int ``[...]`` (x's leading shape): each token's expert set with
             ``RouterConfig.expert_sets`` > 1 (ERNIE-4.5-VL's text 0 / vision 1; None: set 0).
+          router_state: optional ``[..., Rh]`` (x's leading shape): the previous layer's router state
+            (``RouterConfig.carried_state``; None at a model's first MoE layer).
           deterministic: evaluation (default: ``self.deterministic``, set by ``model.eval()`` / ``nnx.view``): no
             load-balancing / z-loss work and no aux-free bias update. What keeps counting in eval: the dispatch
             counter, counts and per-rank loads (``counter``, ``counts``, ``gpu_tokens``, …) that a serving runtime
@@ -649,6 +653,12 @@ class MoE(nnx.Module):
                 f"MoE: router_x (the router's own input) must have x's shape {list(x.shape)}, got "
                 f"{list(jnp.shape(router_x))}"
             )
+        Rh = self.config.router.mlp_width
+        if router_state is not None and jnp.shape(router_state) != (*lead, Rh):
+            raise ValueError(
+                f"MoE: router_state (the previous layer's router state) must be [..., Rh={Rh}] with x's leading shape "
+                f"{list(lead)}, got {list(jnp.shape(router_state))}"
+            )
         self._check_layout()
         key = self.rngs() if self.rngs is not None else jax.random.key(0)
         tokens = x.reshape(-1, H)
@@ -670,6 +680,7 @@ class MoE(nnx.Module):
                 aux_losses=not deterministic,
                 router_x=None if router_x is None else router_x.reshape(-1, H),
                 expert_set=None if expert_set is None else jnp.reshape(expert_set, (-1,)),
+                router_state=None if router_state is None else jnp.reshape(router_state, (-1, Rh)),
             )
 
         res = run(None)
@@ -696,6 +707,8 @@ class MoE(nnx.Module):
                 self.score_bias.set_value(balance_update(self.score_bias.get_value(), res.aux.expert_load, rate))
         if self.record:
             self.topk_ids.set_value(res.stats.topk_ids)
+        if Rh:
+            return res.out.reshape(*lead, H), res.router_state.reshape(*lead, Rh)
         return res.out.reshape(*lead, H)
 
     # ------------------------------------------------------------------ capacity

@@ -54,12 +54,28 @@ from .tables import PlacementArrays, Tables, check_placement_arrays, check_table
 
 __all__ = ["MoEAux", "MoEAuxParts", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference", "reduce_aux"]
 
-ROUTER_KEYS = ("router", "router_bias", "score_bias", "router_scale", "expert_scale", "router_shared", "router_gain")
+ROUTER_KEYS = (
+    "router",
+    "router_bias",
+    "score_bias",
+    "router_scale",
+    "expert_scale",
+    "router_shared",
+    "router_gain",
+    "router_in",
+    "router_in_bias",
+    "router_carry",
+    "router_norm",
+    "router_fc1",
+    "router_fc1_bias",
+    "router_fc2",
+    "router_fc2_bias",
+)
 SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
 def moe_reference(
-    params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None, expert_set=None
+    params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None, expert_set=None, router_state=None
 ) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
     ``[T, H]`` → ``[T, H]``. ``params``: the *logical* layout ``[E, ...]`` (`tempo_jax.layer.params.to_logical`
@@ -67,7 +83,9 @@ def moe_reference(
 
     ``routing``: optional ``(topk_ids [T, K], weights [T, K])`` replacing the router (as in `moe_forward`);
     ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`); ``expert_set``:
-    optional ``[T]`` int each token's expert set (``RouterConfig.expert_sets``; as in `moe_forward`).
+    optional ``[T]`` int each token's expert set (``RouterConfig.expert_sets``; as in `moe_forward`);
+    ``router_state``: optional ``[T, Rh]`` the previous layer's router state (``RouterConfig.carried_state``; as in
+    `moe_forward`; the state this layer hands on is `tempo_jax.layer.routing.route`'s ``state``).
 
     Raises:
       ValueError: parameters in the physical layout ``[P, ...]`` (one row per slot: `to_logical` them first), or
@@ -84,7 +102,7 @@ def moe_reference(
     check_params(params, config, num_slots=None, where="moe_reference")
     shared_w = None
     if routing is None:
-        rt = route(x if router_x is None else router_x, params, config.router, config.top_k, expert_set)
+        rt = route(x if router_x is None else router_x, params, config.router, config.top_k, expert_set, router_state)
         ids, w, shared_w = rt.ids, rt.gate, rt.shared
     else:
         _no_replay_with_routed_shared(config, "moe_reference")
@@ -169,7 +187,8 @@ class RankInputs(NamedTuple):
 
     Split over the token axes (batch axes, then ``ep``: ``[Ng·D·n, ...]`` globally, ``[n, ...]`` per device): x
     [T, H], router_x [T, H] (the router's own input, or None: x), expert_set [T] (each token's expert set, or
-    None), ids / gate [T, K] (replayed routing), valid [T]
+    None), router_state [T, Rh] (the previous layer's router state, or None), ids / gate [T, K] (replayed routing),
+    valid [T]
     (False: a padding or masked token). Split by
     `tempo_jax.layer.mesh.param_spec`: experts (the physical expert arrays ``[P, ...]``: w_gate, w_up, w_down,
     biases; over ``ep``, and the tensor / fsdp axes when named) and shared (the shared experts' parameters, or
@@ -181,6 +200,7 @@ class RankInputs(NamedTuple):
     x: jax.Array
     router_x: jax.Array | None
     expert_set: jax.Array | None
+    router_state: jax.Array | None
     router: dict
     experts: dict
     shared: dict | None
@@ -194,7 +214,7 @@ class RankInputs(NamedTuple):
     gate: jax.Array
     valid: jax.Array
 
-    _TOKENS = ("x", "router_x", "expert_set", "ids", "gate", "valid")
+    _TOKENS = ("x", "router_x", "expert_set", "router_state", "ids", "gate", "valid")
 
     def specs(self, axes: LayerAxes) -> RankInputs:
         """The shard_map spec of every field of these inputs on ``axes``."""
@@ -285,7 +305,9 @@ def reduce_aux(parts: MoEAuxParts, top_k: int) -> MoEAux:
 
 class MoEOutput(NamedTuple):
     """`moe_forward`'s result: ``out [T, H]``, ``counts [D, E]`` pairs per source rank and logical expert,
-    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`).
+    ``counter [D, E]`` uint32 updated cumulative counters, ``stats`` (`MoEStats`), ``aux`` (`MoEAux`),
+    ``router_state [T, Rh]`` float32 the router state a router MLP hands to the next layer (``RouterConfig.mlp_width``;
+    None otherwise, and with replayed routing).
 
     With batch axes (Ng EP groups) ``counts`` and ``counter`` are summed over the groups: source rank d of every
     group reads the same table row group, so the tables balance what all of them send (what a
@@ -296,6 +318,7 @@ class MoEOutput(NamedTuple):
     counter: jax.Array
     stats: MoEStats
     aux: MoEAux
+    router_state: jax.Array | None = None
 
 
 def _aux(rt: Routing | None, counts: jax.Array, valid: jax.Array, *, axis, top_k: int, mode: str):
@@ -353,7 +376,8 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     if call.given_routing:
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
-        rt = route(inp.x if inp.router_x is None else inp.router_x, inp.router, config.router, K, inp.expert_set)
+        x_router = inp.x if inp.router_x is None else inp.router_x
+        rt = route(x_router, inp.router, config.router, K, inp.expert_set, inp.router_state)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sent = _dispatch(rt, inp, config=config, axes=axes, call=call)
     # The rank's expert weights: its stored slots, this call's dynamic copies and OEWF's fetched slots (OEWF keeps
@@ -394,7 +418,7 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
     if axes.batch:  # every EP group's source d reads one table row group: count them together
         counts = jax.lax.psum(counts, axes.batch)
         counter = inp.counter[0] + counts.astype(counter.dtype)
-    return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux)
+    return MoEOutput(out.astype(inp.x.dtype), counts[None], counter[None], stats, aux, rt.state)
 
 
 def _identity_pairs(x: jax.Array, rt: Routing, valid: jax.Array, experts: int) -> jax.Array:
@@ -579,10 +603,11 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
     body = functools.partial(_local_moe, config=config, axes=axes, call=call)
     tok, ep = axes.token_spec, P(axes.ep)
     aux_specs = MoEAuxParts(tok, tok, tok, tok) if call.aux_losses == "local" else MoEAux(P(), P(), P())
-    out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), aux_specs)
+    state = tok if config.router.mlp_width and not call.given_routing else None
+    out_specs = MoEOutput(tok, ep, ep, MoEStats(*(tok for _ in MoEStats._fields)), aux_specs, state)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
-    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x, expert_set):
+    def run(params, x, table, log2phy, phy2log, counter, key, routing, mask, router_x, expert_set, router_state):
         T = x.shape[0]
         x_sharding = jax.typeof(x).sharding if explicit else None
         if x_sharding is not None and tuple(x_sharding.mesh.axis_names) != tuple(mesh.axis_names):
@@ -604,6 +629,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
                 router_x = jnp.pad(router_x, ((0, pad), (0, 0)))
             if expert_set is not None:
                 expert_set = jnp.pad(expert_set, (0, pad))
+            if router_state is not None:
+                router_state = jnp.pad(router_state, ((0, pad), (0, 0)))
         router = {k: params[k] for k in ROUTER_KEYS if k in params}
         shared = {k: params[k] for k in SHARED_KEYS if k in params} if config.shared is not None else None
         experts = {k: params[k] for k in EXPERT_KEYS if k in params}
@@ -612,6 +639,7 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
             x,
             router_x,
             expert_set,
+            router_state,
             router,
             experts,
             shared,
@@ -632,6 +660,8 @@ def _program(mesh: jax.sharding.Mesh, config: MoEConfig, call: _Call):
         res = sharded(inputs)
         if pad:
             res = res._replace(out=res.out[:T], stats=res.stats._replace(topk_ids=res.stats.topk_ids[:T]))
+            if res.router_state is not None:
+                res = res._replace(router_state=res.router_state[:T])
         if x_sharding is not None and not pad:  # the output keeps the input's sharding
             res = res._replace(out=jax.reshard(res.out, x_sharding))
         elif call.out_sharding is not None and not pad:
@@ -665,6 +695,7 @@ def _check_inputs(
     mask=None,
     router_x=None,
     expert_set=None,
+    router_state=None,
 ) -> tuple[str, int]:
     """Every consistency check `moe_forward` can make before tracing; returns how pairs are exchanged and the
     per-rank capacity C: ``("rounds", C)`` (dropless rounds), ``("worst", T/D·K)`` or ``("fixed", C)``.
@@ -712,6 +743,7 @@ def _check_inputs(
                 "give one of them"
             )
     _check_expert_set(expert_set, T, config, routing)
+    _check_router_state(router_state, T, config, routing)
     padded = -(-T // shards) * shards  # tokens after padding to a multiple of the token shards Ng·D
     window = config.router.capacity_window
     if window is not None and (T % shards or (T // shards) % window):
@@ -796,6 +828,26 @@ def _exchange(config: MoEConfig, x, mesh, capacity: tuple[str, int]) -> str:
     return choose_exchange(block, CallShape(rows, k, config.hidden, axes.num_ranks, capacity[1], item), on)
 
 
+def _check_router_state(state, T: int, config: MoEConfig, routing) -> None:
+    """``router_state``: a float ``[T, Rh]`` where the router carries a state from the previous layer."""
+    if state is None:
+        return
+    Rh = config.router.mlp_width
+    if not config.router.carried_state:
+        raise ValueError(
+            "moe_forward: router_state is the previous layer's router state, added to this layer's router MLP "
+            f"with RouterConfig(carried_state=True); this router (mlp_width={Rh}, carried_state=False) would ignore "
+            "it: leave it out (a model's first MoE layer has none)"
+        )
+    if jnp.shape(state) != (T, Rh) or not jnp.issubdtype(jnp.result_type(state), jnp.floating):
+        raise ValueError(
+            f"moe_forward: router_state must be a floating-point [T={T}, Rh={Rh}] (the previous layer's "
+            f"MoEOutput.router_state), got {jnp.result_type(state)}{list(jnp.shape(state))}"
+        )
+    if routing is not None:
+        raise ValueError("moe_forward: routing= replaces the router, so router_state would be unused; give one of them")
+
+
 def _check_expert_set(expert_set, T: int, config: MoEConfig, routing) -> None:
     """``expert_set`` is None or an integer ``[T]`` of sets in [0, expert_sets), with a router that has sets."""
     if expert_set is None:
@@ -857,6 +909,7 @@ def moe_forward(
     aux_losses: bool | str = True,
     router_x: jax.Array | None = None,
     expert_set: jax.Array | None = None,
+    router_state: jax.Array | None = None,
 ) -> MoEOutput:
     """Expert-parallel MoE forward pass.
 
@@ -889,9 +942,11 @@ def moe_forward(
         experts read a normed copy), split like x; differentiated like x.
       expert_set: optional ``[T]`` int, each token's expert set with ``RouterConfig.expert_sets`` > 1 (ERNIE-4.5-VL:
         0 text, 1 vision), split like x; None: every token in set 0.
+      router_state: optional ``[T, Rh]`` the previous layer's router state (``RouterConfig.carried_state``: Zaya's
+        layers after the first; the previous layer's ``MoEOutput.router_state``), split like x; differentiated.
 
     Returns:
-      `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux)``.
+      `MoEOutput` ``(out [T, H], counts [D, E], counter [D, E], stats, aux, router_state)``.
 
     Raises:
       ValueError: before tracing, on inconsistent shapes, non-float activations, non-integer routing ids,
@@ -902,9 +957,23 @@ def moe_forward(
         axes = layer_axes(config, mesh, tokens=token_axes(x, mesh))
         config = dataclasses.replace(config, batch_axes=axes.batch)
     C = _check_inputs(
-        params, x, mesh, placement_arrays, tables, config, routing, capacity, counter, mask, router_x, expert_set
+        params,
+        x,
+        mesh,
+        placement_arrays,
+        tables,
+        config,
+        routing,
+        capacity,
+        counter,
+        mask,
+        router_x,
+        expert_set,
+        router_state,
     )
-    x, mask, router_x, counter, expert_set = (onto_mesh(v, mesh) for v in (x, mask, router_x, counter, expert_set))
+    x, mask, router_x, counter, expert_set, router_state = (
+        onto_mesh(v, mesh) for v in (x, mask, router_x, counter, expert_set, router_state)
+    )
     if routing is not None:
         routing = (onto_mesh(jnp.asarray(routing[0]), mesh), onto_mesh(jnp.asarray(routing[1]), mesh))
     if tables is None:  # in-graph dispatch: a placeholder table (unread), the placement's log2phy
@@ -923,4 +992,18 @@ def moe_forward(
     mask = None if mask is None else jnp.asarray(mask)
     router_x = None if router_x is None else jnp.asarray(router_x)
     expert_set = None if expert_set is None else jnp.asarray(expert_set, jnp.int32)
-    return run(params, x, table, log2phy, placement_arrays.phy2log, counter, key, routing, mask, router_x, expert_set)
+    router_state = None if router_state is None else jnp.asarray(router_state)
+    return run(
+        params,
+        x,
+        table,
+        log2phy,
+        placement_arrays.phy2log,
+        counter,
+        key,
+        routing,
+        mask,
+        router_x,
+        expert_set,
+        router_state,
+    )

@@ -18,6 +18,9 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 | ``router_scale`` | [H] float32 | same | ``router.input_scale`` (Gemma 4's router ``scale``; ones at init) |
 | ``expert_scale`` | [E] float32 | same | ``router.expert_scale`` (Gemma 4's ``per_expert_scale``; ones at init) |
 | ``router_shared`` / ``router_gain`` | [H, S] / [1] float32 | same | ``router.shared_rows`` / ``router.gain`` |
+| ``router_in`` / ``router_fc1``, ``router_fc2`` | [H, Rh] / [Rh, Rh] float32 | same | ``router.mlp_width`` Rh (Zaya) |
+| ``router_in_bias``, ``router_fc*_bias``, ``router_norm`` | [Rh] float32 | same | same (``router`` is [Rh, E]) |
+| ``router_carry`` | [Rh] float32 | same | ``router.carried_state`` (ones at init) |
 | ``w_gate``, ``w_up`` / ``w_down`` | [E, H, F] / [E, F, H] | [P, H, F] / [P, F, H] | always (no ``w_gate``: plain) |
 | ``b_gate``, ``b_up`` / ``b_down`` | [E, F] / [E, H] | [P, F] / [P, H] | ``expert.bias`` (gpt-oss) |
 | ``w_*_scale_inv`` | [E, ⌈in/b1⌉, ⌈out/b0⌉] float32 | [P, ...] | ``expert_dtype="fp8_block"`` (weights: e4m3) |
@@ -71,7 +74,8 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
     n = E if num_slots is None else num_slots
     N = config.routed_choices  # the router's columns: E, and the zero-computation experts after them
     L = config.expert_width  # the experts' width: H, or the latent L
-    shapes = {"router": (H, N), "w_gate": (n, L, F), "w_up": (n, L, F), "w_down": (n, F, L)}
+    Rh = config.router.mlp_width
+    shapes = {"router": (Rh or H, N), "w_gate": (n, L, F), "w_up": (n, L, F), "w_down": (n, F, L)}
     if config.router.bias:
         shapes["router_bias"] = (N,)
     if config.router.score_bias:
@@ -84,6 +88,11 @@ def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, t
         shapes["router_shared"] = (H, config.router.shared_rows)
     if config.router.gain:
         shapes["router_gain"] = (1,)
+    if Rh:  # a router MLP (Zaya)
+        shapes.update(router_in=(H, Rh), router_in_bias=(Rh,), router_norm=(Rh,))
+        shapes.update(router_fc1=(Rh, Rh), router_fc1_bias=(Rh,), router_fc2=(Rh, Rh), router_fc2_bias=(Rh,))
+        if config.router.carried_state:
+            shapes["router_carry"] = (Rh,)
     if config.expert.bias:
         shapes.update(b_gate=(n, F), b_up=(n, F), b_down=(n, L))
     if not config.expert.gated:  # plain experts: down(act(up(x)))
@@ -135,7 +144,8 @@ def check_params(params, config: MoEConfig, *, num_slots: int | None, where: str
     if unused:
         raise ValueError(
             f"{where}: params {unused} are not used by this config (router.bias / router.score_bias / "
-            "router.input_scale / router.expert_scale / router.shared_rows / router.gain / expert.bias / shared / "
+            "router.input_scale / router.expert_scale / router.shared_rows / router.gain / router.mlp_width / "
+            "router.carried_state / expert.bias / shared / "
             "output); refusing to ignore them"
         )
     E = config.experts
@@ -167,13 +177,14 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         if name in ("score_bias", "latent_norm", "expert_out_scale"):  # (the last two are used as 1 + w)
             out[name] = jnp.zeros(shape, jnp.float32)
             continue
-        if name in ("router_scale", "expert_scale", "out_norm", "router_gain"):
+        if name in ("router_scale", "expert_scale", "out_norm", "router_gain", "router_norm", "router_carry"):
             out[name] = jnp.ones(shape, jnp.float32)
             continue
         L = config.expert_width
-        scale = {"w_gate": L**-0.5, "w_up": L**-0.5, "w_down": F**-0.5, "router": H**-0.5}.get(name)
+        Rh = config.router.mlp_width or H
+        scale = {"w_gate": L**-0.5, "w_up": L**-0.5, "w_down": F**-0.5, "router": Rh**-0.5}.get(name)
         if scale is None:
-            scale = 0.1 if name.startswith("b_") or name in ("router_bias", "out_bias") else shape[0] ** -0.5
+            scale = 0.1 if name.startswith("b_") or name.endswith("_bias") else shape[0] ** -0.5
         dtype = jnp.float32 if name.startswith(("router", "out_", "latent_", "expert_out")) else config.dtype
         if name in SCALE_KEYS.values():  # drawn with their weights
             continue

@@ -6,7 +6,11 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
    learned vector ``router_scale [H]``, times the constant ``input_multiplier`` (Gemma 4: H^-1/2), in float32. The
    router may read another input than the experts (``moe_forward(..., router_x=)``: Gemma 4 routes the residual
    stream while its experts read a differently normed one).
-1. ``logits = x·W (+ b)`` in float32 (``b``: gpt-oss's router bias).
+1. ``logits = x·W (+ b)`` in float32 (``b``: gpt-oss's router bias). With a router MLP (``mlp_width`` Rh > 0;
+   Zaya): the router's hidden ``s = x·D + d (+ γ ⊙ s_prev)`` ``[T, Rh]`` — ``s_prev`` the state the previous layer's
+   router handed on (``carried_state``; absent at a model's first MoE layer) — is the state this layer hands on, and
+   ``logits = gelu(gelu(rms(s)·n·A + a)·B + b)·W`` (``rms``: an RMS norm with ``norm_eps`` and learned weight ``n``;
+   exact erf GELU; ``W [Rh, E]``).
 2. Scores: ``softmax`` over all E experts (Mixtral, Qwen2/3-MoE), ``sigmoid`` (DeepSeek-V3, GLM), ``sqrt_softplus``
    = sqrt(softplus(logits)) (DeepSeek-V4), ``softmax_topk`` (gpt-oss: the top-k of the raw logits, softmax
    over those k only), or ``sparsemixer`` (PhiMoE in eval, below).
@@ -54,7 +58,7 @@ import jax.numpy as jnp
 
 from solvers.checks import plain_scalars
 
-__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route", "router_input"]
+__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route", "router_input", "router_mlp"]
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk", "sparsemixer"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
@@ -89,6 +93,11 @@ class RouterConfig:
       shared_rows: S router columns for the shared experts, normalised with the routed top-k (step 6; Inkling; 0:
         the shared experts, if any, are unweighted). Needs ``MoEConfig.shared`` with ``count`` = S.
       gain: a learned scalar ``router_gain [1]`` multiplies every weight (Inkling's ``global_scale``).
+      mlp_width: Rh, the width of a router MLP (step 1; Zaya): the router's input is projected to Rh, then RMS-normed
+        (learned weight, ``norm_eps``) and passed through two GELU layers before ``router [Rh, E]``; the projection
+        ``s [T, Rh]`` is the router state the layer returns. 0: the linear router.
+      carried_state: add the previous layer's router state times a learned ``router_carry [Rh]`` to ``s`` (Zaya's
+        layers after the first); the state is given per call (`route`'s ``state``; None: nothing added).
       expert_sets: the E experts in this many equal consecutive sets; a token routes within its own set only
         (step 3; `route`'s ``expert_set``; ERNIE-4.5-VL's text and vision experts). 1: one set.
       expert_capacity: C pairs per expert per window (step 6; Switch's ``expert_capacity``); None: no limit.
@@ -119,6 +128,8 @@ class RouterConfig:
     expert_capacity: int | None = None
     capacity_window: int | None = None
     expert_sets: int = 1
+    mlp_width: int = 0
+    carried_state: bool = False
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -128,7 +139,16 @@ class RouterConfig:
         w = "RouterConfig"
         if self.scoring not in SCORINGS:
             raise ValueError(f"{w}: unknown scoring {self.scoring!r}; one of {list(SCORINGS)}")
-        for name in ("bias", "score_bias", "renormalize", "input_norm", "input_scale", "expert_scale", "gain"):
+        for name in (
+            "bias",
+            "score_bias",
+            "renormalize",
+            "input_norm",
+            "input_scale",
+            "expert_scale",
+            "gain",
+            "carried_state",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{w}.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("n_group", "topk_group"):
@@ -154,10 +174,10 @@ class RouterConfig:
             raise ValueError(f"{w}.scaling must be > 0 (every routed output would be 0)")
         if self.input_multiplier == 0:
             raise ValueError(f"{w}.input_multiplier must be > 0 (every router input would be 0)")
-        if not self.input_norm and self.norm_eps != RouterConfig.norm_eps:
+        if not (self.input_norm or self.mlp_width) and self.norm_eps != RouterConfig.norm_eps:
             raise ValueError(
-                f"{w}.norm_eps={self.norm_eps} is the epsilon of the router's input norm; with input_norm=False "
-                "it would be ignored (leave it out or set input_norm=True)"
+                f"{w}.norm_eps={self.norm_eps} is the epsilon of the router's input norm or of its MLP's norm; with "
+                "input_norm=False and mlp_width=0 it would be ignored (leave it out or set input_norm=True)"
             )
         if self.scoring == "softmax_topk" and self.renorm_eps:
             raise ValueError(
@@ -211,6 +231,21 @@ class RouterConfig:
             raise ValueError(f"{w}: top_k={top_k} exceeds the {experts // v} experts of one set (expert_sets={v})")
         if v > 1 and (self.n_group > 1 or self.scoring == "sparsemixer"):
             raise ValueError(f"{w}: expert_sets > 1 is not defined with group-limited choice or sparsemixer scoring")
+        v = self.mlp_width
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{w}.mlp_width must be an integer >= 0 (0: a linear router), got {v!r}")
+        if self.carried_state and not v:
+            raise ValueError(
+                f"{w}.carried_state adds the previous layer's router state to the router MLP's input: it "
+                "needs mlp_width > 0"
+            )
+        if v and (self.input_norm or self.input_scale or self.input_multiplier != 1.0):
+            raise ValueError(
+                f"{w}: mlp_width={v} projects the router's input before its own norm; input_norm, "
+                "input_scale and input_multiplier are not defined with it"
+            )
+        if v and (self.shared_rows or self.scoring == "sparsemixer"):
+            raise ValueError(f"{w}: mlp_width={v} is not defined with shared_rows or sparsemixer scoring")
         v = self.shared_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{w}.shared_rows must be an integer >= 0, got {v!r}")
@@ -227,13 +262,15 @@ class Routing(NamedTuple):
     """A rank's routing: ``ids [T, K]`` int32 experts, ``gate [T, K]`` float32 combine weights, ``probs [T, E]``
     float32 router probabilities (scores normalised over experts: the load-balancing loss reads them), ``logits
     [T, E]`` float32 (the z-loss reads them), ``shared [T, S]`` float32 the shared experts' weights (step 6; None
-    without ``shared_rows``)."""
+    without ``shared_rows``), ``state [T, Rh]`` float32 the router state a router MLP hands on (None without
+    ``mlp_width``)."""
 
     ids: jax.Array
     gate: jax.Array
     probs: jax.Array
     logits: jax.Array
     shared: jax.Array | None = None
+    state: jax.Array | None = None
 
 
 def _scores(logits: jax.Array, scoring: str) -> jax.Array:
@@ -274,11 +311,40 @@ def router_input(x: jax.Array, params: dict, config: RouterConfig) -> jax.Array:
     return x
 
 
-def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int, expert_set: jax.Array | None = None) -> Routing:
+def router_mlp(x: jax.Array, params: dict, config: RouterConfig, state: jax.Array | None = None):
+    """Step 1 with a router MLP (``config.mlp_width`` Rh): ``x [T, H]`` and the previous layer's ``state [T, Rh]``
+    (``carried_state``; None: nothing carried) → ``(features [T, Rh], state [T, Rh])``, float32: the router state
+    ``s = x·router_in + router_in_bias (+ router_carry ⊙ state)`` and the MLP's last hidden
+    ``gelu(gelu(rms(s)·router_norm·router_fc1 + router_fc1_bias)·router_fc2 + router_fc2_bias)``."""
+    hp, f32 = jax.lax.Precision.HIGHEST, jnp.float32
+    s = jnp.dot(x.astype(f32), params["router_in"].astype(f32), precision=hp) + params["router_in_bias"].astype(f32)
+    if config.carried_state and state is not None:
+        s = s + state.astype(f32) * params["router_carry"].astype(f32)
+    h = s * jax.lax.rsqrt(jnp.mean(s * s, axis=-1, keepdims=True) + config.norm_eps) * params["router_norm"]
+    for layer in ("router_fc1", "router_fc2"):
+        h = jnp.dot(h, params[layer].astype(f32), precision=hp) + params[f"{layer}_bias"].astype(f32)
+        h = jax.nn.gelu(h, approximate=False)
+    return h, s
+
+
+def route(
+    x: jax.Array,
+    params: dict,
+    config: RouterConfig,
+    top_k: int,
+    expert_set: jax.Array | None = None,
+    state: jax.Array | None = None,
+) -> Routing:
     """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``,
-    ``score_bias [E]``, ``router_scale [H]``, ``expert_scale [E]``, ``router_shared [H, S]``, ``router_gain [1]``)
-    → `Routing`. ``expert_set [T]`` int: each token's set with ``config.expert_sets`` > 1 (None: set 0)."""
-    x = router_input(x, params, config)
+    ``score_bias [E]``, ``router_scale [H]``, ``expert_scale [E]``, ``router_shared [H, S]``, ``router_gain [1]``;
+    with a router MLP ``router [Rh, E]`` and the `router_mlp` arrays) → `Routing`. ``expert_set [T]`` int: each
+    token's set with ``config.expert_sets`` > 1 (None: set 0); ``state [T, Rh]``: the previous layer's router state
+    (``carried_state``; None: nothing carried)."""
+    carried = None
+    if config.mlp_width:
+        x, carried = router_mlp(x, params, config, state)
+    else:
+        x = router_input(x, params, config)
     logits = jnp.dot(x, params["router"].astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     if config.bias:
         logits = logits + params["router_bias"].astype(jnp.float32)
@@ -343,7 +409,7 @@ def route(x: jax.Array, params: dict, config: RouterConfig, top_k: int, expert_s
         return Routing(ids.astype(jnp.int32), gate * gain, probs, logits, shared * gain)
     if config.gain:
         gate = gate * params["router_gain"].astype(jnp.float32)[0]
-    return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits)
+    return Routing(ids.astype(jnp.int32), gate * config.scaling, probs, logits, None, carried)
 
 
 def _within_capacity(ids: jax.Array, experts: int, capacity: int, window: int) -> jax.Array:

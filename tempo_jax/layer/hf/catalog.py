@@ -1252,7 +1252,9 @@ def _longcat_refuse(c: Cfg) -> str | None:
 FAMILIES["longcat_flash"] = Family(
     _longcat,
     _longcat_layers,
-    names=TensorNames(router=("router.classifier.weight",), score_bias=("router.e_score_correction_bias",)),
+    names=TensorNames(
+        router=("router.classifier.weight",), score_bias=("router.e_score_correction_bias",), zero_expert_rows=True
+    ),
     refuse=_longcat_refuse,
 )
 
@@ -1488,4 +1490,53 @@ FAMILIES["muse_spark"] = dataclasses.replace(
     prefixes=("model.language_model.layers.{}.mlp.", "language_model.layers.{}.mlp."),
     nested="text_config",
     twin="muse_spark_text",
+)
+
+
+def _zaya(c: Cfg) -> dict:
+    """Zaya: a router MLP over the router state carried from the previous layer (RouterConfig.mlp_width,
+    carried_state after the first layer), softmax over the E experts and one skip class (a zero-computation expert
+    whose output is zero), chosen with the selection bias ``balancing_biases``, weights not renormalised; SwiGLU
+    experts."""
+    if c.layer is None:
+        raise ValueError(
+            "moe_from_hf: Zaya's router is per layer (the first layer's carries no state from a previous layer, the "
+            "others' do): give layer= (0 … num_hidden_layers - 1)"
+        )
+    return dict(
+        experts=c.get("num_experts"),
+        zero_experts=1,
+        zero_expert_output="zero",
+        top_k=c.get("num_experts_per_tok", default=1),
+        ffn=c.get("moe_intermediate_size"),
+        router=RouterConfig(
+            scoring="softmax",
+            score_bias=True,
+            renormalize=False,
+            mlp_width=c.positive("router_hidden_size", default=256),
+            carried_state=c.layer != 0,
+            norm_eps=float(c.get("rms_norm_eps", default=1e-5, kind=float)),
+        ),
+    )
+
+
+FAMILIES["zaya"] = Family(
+    _zaya,
+    lambda c: list(range(c.num_layers())),
+    names=TensorNames(
+        router=("gate.router_mlp.out_proj.weight",),
+        score_bias=("gate.balancing_biases",),
+        hub_fused=True,
+        router_mlp=(
+            "gate.down_proj.weight",
+            "gate.down_proj.bias",
+            "gate.router_states_scale",
+            "gate.router_mlp.norm.weight",
+            "gate.router_mlp.fc1.weight",
+            "gate.router_mlp.fc1.bias",
+            "gate.router_mlp.fc2.weight",
+            "gate.router_mlp.fc2.bias",
+        ),
+    ),
+    refuse=swiglu_only,
 )

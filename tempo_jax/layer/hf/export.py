@@ -88,6 +88,13 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
     out: dict[str, np.ndarray] = {n.router[0]: p["router"].T}
     if cfg.router.shared_rows:  # the shared experts' rows after the routed ones (Inkling)
         out[n.router[0]] = np.concatenate([p["router"], p["router_shared"]], axis=1).T
+    if cfg.router.mlp_width:  # a router MLP (Zaya): torch Linear [out, in]
+        proj, proj_bias, carry, norm, fc1, fc1_bias, fc2, fc2_bias = n.router_mlp
+        out.update({proj: p["router_in"].T, proj_bias: p["router_in_bias"], norm: p["router_norm"]})
+        out.update({fc1: p["router_fc1"].T, fc1_bias: p["router_fc1_bias"]})
+        out.update({fc2: p["router_fc2"].T, fc2_bias: p["router_fc2_bias"]})
+        if cfg.router.carried_state:
+            out[carry] = p["router_carry"]
     if cfg.router.gain:
         out[n.router_gain] = p["router_gain"]
     if cfg.router.bias:
@@ -140,7 +147,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         gu, dn = n.fused_names
         if n.transposed:
             out.update({gu: np.concatenate([g, u], axis=2), dn: d})
-        elif cfg.zero_experts:  # transformers holds gate / up rows for the zero-computation experts: zeros
+        elif cfg.zero_experts and n.zero_expert_rows:  # gate / up rows for the zero-computation experts: zeros
             gate_up = np.concatenate([g, u], axis=2).transpose(0, 2, 1)
             pad = np.zeros((cfg.zero_experts, *gate_up.shape[1:]), np.float32)
             out.update({gu: np.concatenate([gate_up, pad]), dn: d.transpose(0, 2, 1)})
@@ -159,7 +166,7 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
                     out[key] = w[e].T
                 else:
                     out[key], out[f"{key}_scale_inv"] = stored[name][e].T, stored[SCALE_KEYS[name]][e].T
-        for e in range(E, E + cfg.zero_experts):  # gate / up transformers needs to load and never reads: zeros
+        for e in range(E, E + cfg.zero_experts * n.zero_expert_rows):  # gate / up loaded and never read: zeros
             out.update({f"experts.{e}.{hf}.weight": np.zeros((F, g.shape[1]), np.float32) for hf in n.experts[:2]})
     if cfg.shared is not None:
         prefix = n.shared[0]

@@ -21,9 +21,4 @@ REFUSED: dict[str, str] = {
         "are not"
     ),
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
-    "zaya": (
-        "a router that is a small MLP (RMSNorm, two GELU layers) over a state carried from layer to layer within a "
-        "forward (s_l = D_l·x_l + b_l + γ_l ⊙ s_(l−1)), with a skip class whose output is zero: the state would be a "
-        "per-layer router input the model computes, and the MLP router is not a layer option yet"
-    ),
 }

@@ -60,6 +60,11 @@ class TensorNames:
         (or None), the out-projection ``[H, L]`` and the experts' shared output scale ``[L]`` (or None) — MuSE-Spark's
         ``pre_expert_proj`` / ``pre_expert_norm`` / ``post_expert_proj`` / ``experts.post_expert_norm``, Nemotron-H's
         ``fc1_latent_proj`` / ``fc2_latent_proj``.
+      router_mlp: a router MLP's tensors (``RouterConfig.mlp_width`` Rh; Zaya): the input projection ``[Rh, H]`` and its
+        bias, the carried state's scale ``[Rh]`` (read with ``carried_state``), the MLP's RMSNorm weight ``[Rh]``, its
+        two Linear ``[Rh, Rh]`` layers and their biases; ``router`` is then its output projection ``[E, Rh]``.
+      zero_expert_rows: the experts' gate / up tensors also hold rows for the zero-computation experts, which
+        transformers loads and never reads (LongCat-Flash; the export writes zeros there); False: E rows (Zaya).
       output_bias / output_norm: the block output's learned bias / RMSNorm weight ``[H]`` (JetMoE's ``bias``,
         A.X-K1's ``post_mlp_layernorm.weight``; `tempo_jax.layer.experts.OutputConfig`).
     """
@@ -87,6 +92,8 @@ class TensorNames:
     stacked_names: tuple[str, str, str] | None = None
     expert_sets: tuple[str, ...] | None = None
     latent: tuple[str | None, ...] | None = None
+    router_mlp: tuple[str, ...] | None = None
+    zero_expert_rows: bool = False
     output_bias: str = "bias"
     output_norm: str = "post_mlp_layernorm.weight"
 

@@ -202,13 +202,29 @@ def block_readers(cfg: MoEConfig, names: TensorNames, src: TensorSource, where: 
     return out
 
 
+def _zero_rows(cfg: MoEConfig, names: TensorNames) -> int:
+    """Rows the experts' gate / up tensors hold for the zero-computation experts (never read: LongCat-Flash)."""
+    return cfg.zero_experts if names.zero_expert_rows else 0
+
+
 def _router(cfg: MoEConfig, names: TensorNames, c: _Checked, whole) -> None:
     """Step 1: the router, its bias and the selection-only score bias."""
     H, E = cfg.hidden, cfg.experts
     router = c.first(names.router) or names.router[0]
     N = cfg.routed_choices  # the zero-computation experts' rows follow the routed ones (LongCat-Flash)
     rows = cfg.router.shared_rows  # and the shared experts' after those (Inkling)
-    whole("router", router, (N + rows, H), lambda a: a[:N].T)
+    Rh = cfg.router.mlp_width  # a router MLP (Zaya): the router is its output projection [N, Rh]
+    whole("router", router, (N + rows, Rh or H), lambda a: a[:N].T)
+    if Rh:
+        proj, proj_bias, carry, norm, fc1, fc1_bias, fc2, fc2_bias = names.router_mlp
+        whole("router_in", proj, (Rh, H), lambda a: a.T)
+        whole("router_in_bias", proj_bias, (Rh,))
+        if cfg.router.carried_state:
+            whole("router_carry", carry, (Rh,))
+        whole("router_norm", norm, (Rh,))
+        for name, w, b in (("router_fc1", fc1, fc1_bias), ("router_fc2", fc2, fc2_bias)):
+            whole(name, w, (Rh, Rh), lambda a: a.T)
+            whole(f"{name}_bias", b, (Rh,))
     if rows:
         whole("router_shared", router, (N + rows, H), lambda a: a[N:].T)
     if cfg.router.gain:
@@ -408,7 +424,7 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         return
     stacked_here = names.stacked_names is not None and names.stacked_names[0] in c.keys
     if f"experts.0.{g}.weight" in c.keys or (not (_fused_present(c, names) or stacked_here) and names.fused != "dbrx"):
-        for e in range(E, E + cfg.zero_experts):  # transformers stores gate / up rows it never reads for them
+        for e in range(E, E + _zero_rows(cfg, names)):  # transformers stores gate / up rows it never reads for them
             for p in (g, u):
                 c.need(f"experts.{e}.{p}.weight", (F, H))
         per = {
@@ -476,7 +492,7 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
         stacked("w_up", lambda e: src.read(gk, e)[:, F:])
         stacked("w_down", lambda e: src.read(dk, e))
     else:  # (LongCat-Flash's fused gate_up also holds rows for its zero-computation experts, never read)
-        gk, dk = c.need(gu_key, (E + cfg.zero_experts, 2 * F, H)), c.need(dn_key, (E, H, F))
+        gk, dk = c.need(gu_key, (E + _zero_rows(cfg, names), 2 * F, H)), c.need(dn_key, (E, H, F))
         gate, up = (slice(0, None, 2), slice(1, None, 2)) if interleaved else (slice(None, F), slice(F, None))
         stacked("w_gate", lambda e: src.read(gk, e)[gate].T)
         stacked("w_up", lambda e: src.read(gk, e)[up].T)
