@@ -262,6 +262,8 @@ def render_table(data: dict, errors: dict[str, tuple[float, float]]) -> str:
             cfg = load_moe_layers(FIXTURES / name / "hub", layers=[layer], sequence_length=SEQUENCE)[layer].config
             router, experts, shared = describe(cfg)
             ref = f"transformers {meta['transformers']}" + ("" if name == mt else f", as `{name}`")
+            if "corrected" in meta:  # recorded with one transformers bug corrected (scripts/make_hf_fixtures.py)
+                ref += f" with `{meta['corrected']}` corrected"
             fwd, grad = errors[name]
             lines.append(f"| `{mt}` | handled | {router} | {experts} | {shared} | {ref} | {fwd:.1e} / {grad:.1e} |")
         elif mt in REFUSED:

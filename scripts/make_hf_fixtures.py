@@ -19,6 +19,8 @@ Per family, in ``tests/fixtures/hf/<family>/``:
   token's modality (ERNIE-4.5-VL), ``expert_set [T]`` (its ``moe_mm_token_type_ids``, 1: vision); where it reads
   the router state the previous layer's router handed on (Zaya), ``router_state [T, Rh]`` (drawn N(0, 1)), its
   gradient ``grad_router_state`` and the state the block hands on, ``router_state_out``;
+- NLLB-MoE's block is transformers' with its expert loop corrected (`_nllb_experts_corrected`: transformers 5.24
+  runs only experts 0 and 1), its meta.json saying so;
 - the weights are redrawn N(0, 0.3²) (score biases N(0, 0.1²)) so that routing is far from uniform.
 
 The CI tests (`tests/test_hf_import.py`) read these files with numpy only: the layer loads what transformers wrote and
@@ -27,6 +29,7 @@ is compared with what transformers computed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import sys
@@ -1398,6 +1401,50 @@ FAMILIES["zaya"] = (
     1,
     "mlp",
 )
+#: NLLB-MoE: top-2 over 8 plain ReLU experts with biases in the encoder's second layer (its sparse layers: every 2nd)
+FAMILIES["nllb-moe"] = (
+    dict(
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=8,
+        decoder_ffn_dim=12,
+        num_experts=8,
+        encoder_sparse_step=2,
+        decoder_sparse_step=2,
+        max_position_embeddings=64,
+        vocab_size=32,
+        router_bias=True,
+    ),
+    1,
+    "ffn",
+)
+
+
+def _nllb_experts_corrected(self, hidden_states, router_mask, router_probs):
+    """transformers 5.24's `NllbMoeExperts.forward` with its expert loop corrected. transformers one-hots the router
+    mask, which is one-hot already ([T, E] → [T, E, E]), so only "experts" 0 and 1 ever run: a kept top-1 pair on
+    expert 1's weights and the rest on expert 0's, whichever experts were chosen. Here each expert e runs on the
+    tokens its combine weight ``router_probs[:, e]`` (the router's, capacity and renormalisation applied) keeps, as
+    the NLLB paper's top-2 mixture and fairseq compute; everything else is transformers' code: the router, the
+    experts' modules and the eval scaling by 1 − moe_token_dropout."""
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        (rows,) = torch.nonzero(router_probs[:, e] > 0, as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        h = self[f"expert_{e}"](hidden_states[rows]) * router_probs[rows, e, None]
+        if self.moe_token_dropout > 0 and not self.training:
+            h = h * (1 - self.moe_token_dropout)
+        out.index_add_(0, rows, h.to(hidden_states.dtype))
+    return out
+
+
+#: families whose transformers block is corrected before it is recorded (module class → its corrected forward)
+CORRECTED = {"nllb-moe": ("transformers.models.nllb_moe.modeling_nllb_moe", "NllbMoeExperts", _nllb_experts_corrected)}
+
 #: families whose block reads the router state the previous layer's router handed on: the config key of its width
 ROUTER_STATE = {"zaya": "router_hidden_size"}
 
@@ -1511,6 +1558,7 @@ BUILD = {
     "ernie4_5_vl_moe_text": ("Ernie4_5_VLMoeTextModel", "layers"),
     "muse_spark_text": ("AutoModel", "layers"),
     "ernie4_5_vl_moe": ("Ernie4_5_VLMoeForConditionalGeneration", "model.language_model.layers"),
+    "nllb-moe": ("NllbMoeForConditionalGeneration", "model.encoder.layers"),
 }
 #: families whose router computes in float32 whatever its input (``hidden_states.float()``): the router's attribute
 ROUTER_FP32 = {"inkling2_text": "gate"}
@@ -1546,6 +1594,9 @@ def _layers(model, path: str):
 
 
 def make(family: str) -> None:
+    if family in CORRECTED:
+        module, cls, forward = CORRECTED[family]
+        getattr(importlib.import_module(module), cls).forward = forward
     model, block, layer = _build(family)
     _redraw(model, seed=sum(map(ord, family)))
     if family in SPREAD:
@@ -1615,6 +1666,7 @@ def make(family: str) -> None:
                 "family": family,
                 "layer": layer,
                 "tokens": T,
+                **({"corrected": CORRECTED[family][1] + ".forward"} if family in CORRECTED else {}),
             },
             indent=1,
         )

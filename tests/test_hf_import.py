@@ -162,7 +162,8 @@ def test_every_family_gradients_equal_transformers(name):
 # mechanism (A.X-K1's output norm, JetMoE's output bias, Kolibri-1's selection bias on the logits, Step-3.7's clamps
 # after the activation, MiniMax-M3's gpt-oss shared experts, Inkling 2's soft caps, Inkling's router-weighted shared
 # experts, LongCat-Flash's zero-computation experts, Nemotron-H's plain relu² experts, Switch's capacity,
-# ERNIE-4.5-VL's expert sets, MuSE-Spark's latent experts, Zaya's router MLP with its carried state among them)
+# ERNIE-4.5-VL's expert sets, MuSE-Spark's latent experts, Zaya's router MLP with its carried state, NLLB-MoE's plain
+# experts with biases among them)
 @pytest.mark.parametrize(
     "name",
     [
@@ -189,6 +190,7 @@ def test_every_family_gradients_equal_transformers(name):
         "ernie4_5_vl_moe",
         "muse_spark_text",
         "zaya",
+        "nllb-moe",
     ],
 )
 def test_the_layer_on_8_devices_equals_transformers(name):
@@ -471,6 +473,7 @@ def test_the_module_imports_and_derives_the_slots():
     [
         ("phimoe", {"input_jitter_noise": 0.01}, "input_jitter_noise"),
         ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
+        ("nllb-moe", {"moe_token_dropout": 0.1}, "moe_token_dropout"),  # eval: × 0.9; training: dropout
         (
             "dbrx",
             {"ffn_config": {"moe_num_experts": 8, "moe_top_k": 2, "ffn_hidden_size": 8, "moe_jitter_eps": 0.01}},
@@ -479,10 +482,11 @@ def test_the_module_imports_and_derives_the_slots():
     ],
 )
 def test_training_time_noise_is_said_not_dropped_silently(name, change, key):
-    """Jitter transformers applies only in training mode: the layer computes the eval-mode block and warns."""
+    """Noise transformers applies only in training mode (jitter; NLLB-MoE's token dropout, which eval replaces by a
+    scale): the layer computes the eval-mode block and warns."""
     config = {**json.loads((ROOT / name / "hub" / "config.json").read_text()), **change}
     with pytest.warns(TrainingNoiseWarning, match=rf"{name} {key}=0.\d+ is training-time noise; .* eval mode"):
-        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1)
+        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1, layer=_fixture(name)[1])
 
 
 @pytest.mark.parametrize(
@@ -504,12 +508,16 @@ def test_training_time_noise_is_said_not_dropped_silently(name, change, key):
         ("deepseek_v2", {"mlp_bias": True}, "shared experts have biases"),
         ("ernie4_5_moe", {"use_bias": True}, "shared experts have biases"),
         ("qwen3_moe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ("nllb-moe", {"second_expert_policy": "sampling"}, "draws the second expert at random"),
+        ("nllb-moe", {"moe_eval_capacity_token_fraction": 0.5}, "drops pairs counted over the whole call"),
+        ("nllb-moe", {"activation_function": "tanh"}, "plain experts take"),
+        ("zaya", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ],
 )
 def test_family_options_the_layer_cannot_express_are_refused(name, change, fragment):
     config = {**json.loads((ROOT / name / "hub" / "config.json").read_text()), **change}
     with pytest.raises(ValueError, match=fragment):
-        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1)
+        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1, layer=_fixture(name)[1])
 
 
 def _copy(name: str, tmp_path: Path, **config_changes) -> Path:
@@ -608,3 +616,23 @@ def test_switch_transformers_encoder_and_decoder_layers_load_and_save_under_thei
             np.testing.assert_array_equal(np.asarray(again[i].params[k]), np.asarray(b.params[k]), err_msg=k)
     with pytest.raises(ValueError, match="give sequence_length="):
         load_moe_layers(ROOT / "switch_transformers" / "hub")
+
+
+def test_nllb_moe_encoder_and_decoder_layers_load_at_their_own_widths(tmp_path):
+    """NLLB-MoE's sparse layers (every encoder_sparse_step-th of each stack) load from the encoder's and the decoder's
+    prefixes at their own expert widths (encoder_ffn_dim 8, decoder_ffn_dim 12), save back there and round-trip; a
+    config read without a layer says which to give."""
+    blocks = load_moe_layers(ROOT / "nllb-moe" / "hub")
+    assert sorted(blocks) == [1, 3]  # encoder layer 1, decoder layer 1 (encoder_layers = 2)
+    assert (blocks[1].config.ffn, blocks[3].config.ffn) == (8, 12)
+    assert blocks[3].params["b_up"].shape[-1] == 12 and blocks[3].params["b_down"].shape[-1] == 16
+    config = json.loads((ROOT / "nllb-moe" / "hub" / "config.json").read_text())
+    save_moe_layers(tmp_path, config, {i: (b.config, to_logical(b.params, b.placement)) for i, b in blocks.items()})
+    names = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {n.split(".ffn.")[0] for n in names} == {"model.encoder.layers.1", "model.decoder.layers.1"}
+    again = load_moe_layers(tmp_path)
+    for i, b in blocks.items():
+        for k in b.params:
+            np.testing.assert_array_equal(np.asarray(again[i].params[k]), np.asarray(b.params[k]), err_msg=k)
+    with pytest.raises(ValueError, match="expert width is per layer"):
+        tempo_jax.hf.moe_config_from_hf(config, slots_per_rank=1)

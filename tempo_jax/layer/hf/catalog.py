@@ -1540,3 +1540,85 @@ FAMILIES["zaya"] = Family(
     ),
     refuse=swiglu_only,
 )
+
+
+def _nllb_encoder_layers(c: Cfg) -> int:
+    return c.positive("encoder_layers", "num_hidden_layers", default=12)
+
+
+def _nllb(c: Cfg) -> dict:
+    """NLLB-MoE in eval: softmax router (its bias when router_bias), top-2 renormalised, every expert's output ×
+    (1 − moe_token_dropout); plain experts with biases (fc2(act(fc1 x)), ReLU by default), the encoder's and the
+    decoder's of their own widths. Its eval capacity ⌈moe_eval_capacity_token_fraction · tokens⌉ is every token at
+    the default fraction 1 (nothing drops: `_nllb_refuse` refuses less)."""
+    if c.layer is None:
+        raise ValueError(
+            "moe_from_hf: NLLB-MoE's expert width is per layer (encoder_ffn_dim in the encoder, decoder_ffn_dim in "
+            f"the decoder): give layer= (encoder MoE layers from 0, the decoder's from {_nllb_encoder_layers(c)})"
+        )
+    dropout = float(c.get("moe_token_dropout", default=0.2, kind=float))
+    if not 0 <= dropout < 1:
+        raise ValueError(f"moe_from_hf: config['moe_token_dropout'] must lie in [0, 1), got {dropout}")
+    encoder = c.layer < _nllb_encoder_layers(c)
+    return dict(
+        experts=c.get("num_experts"),
+        top_k=2,
+        ffn=c.positive("encoder_ffn_dim" if encoder else "decoder_ffn_dim", default=4096),
+        router=RouterConfig(
+            scoring="softmax", bias=c.get("router_bias", default=False, kind=bool), scaling=1.0 - dropout
+        ),
+        expert=ExpertConfig(activation=_PLAIN[c.config.get("activation_function", "relu")], bias=True),
+    )
+
+
+def _nllb_layers(c: Cfg) -> list[int]:
+    """The sparse layers of each stack — layer i when (i + 1) % sparse_step == 0 (none with step 0) — the encoder's
+    numbered from 0, the decoder's after them (encoder_layers + j)."""
+
+    def sparse(layers: str, step: str, default: int) -> list[int]:
+        n, k = c.positive(layers, default=default), c.get(step, default=4)
+        return [i for i in range(n) if k > 0 and (i + 1) % k == 0]
+
+    n = _nllb_encoder_layers(c)
+    decoder = sparse("decoder_layers", "decoder_sparse_step", 12)
+    return sparse("encoder_layers", "encoder_sparse_step", 12) + [n + j for j in decoder]
+
+
+def _nllb_locate(c: Cfg, layer: int) -> tuple[str, ...]:
+    n = _nllb_encoder_layers(c)
+    return (f"model.encoder.layers.{layer}.ffn.",) if layer < n else (f"model.decoder.layers.{layer - n}.ffn.",)
+
+
+def _nllb_refuse(c: Cfg) -> str | None:
+    policy = c.config.get("second_expert_policy", "all")
+    if policy != "all":
+        return (
+            f"second_expert_policy {policy!r}: transformers draws the second expert at random (Gumbel noise or a coin "
+            "per token), in eval too; the layer's routing is deterministic ('all')"
+        )
+    fraction = c.config.get("moe_eval_capacity_token_fraction", 1.0)
+    if not isinstance(fraction, int | float) or fraction < 1:
+        return (
+            f"moe_eval_capacity_token_fraction {fraction!r}: an eval capacity below every token drops pairs counted "
+            "over the whole call (every top-1 claim before any top-2), which the layer's per-sequence capacity "
+            "does not express; 1 (the default) drops none"
+        )
+    if c.config.get("router_dtype", "float32") != "float32":
+        return f"router_dtype {c.config['router_dtype']!r}: the layer's router computes in float32"
+    return _plain_refuse("activation_function", "relu")(c)
+
+
+FAMILIES["nllb-moe"] = Family(
+    _nllb,
+    _nllb_layers,
+    ("model.encoder.layers.{}.ffn.",),
+    names=TensorNames(
+        router=("router.classifier.weight",),
+        router_bias="router.classifier.bias",
+        experts=("fc1", "fc1", "fc2"),
+        expert_key="experts.expert_{e}.{p}.weight",
+    ),
+    refuse=_nllb_refuse,
+    noise=noise_keys("moe_token_dropout"),
+    locate=_nllb_locate,
+)

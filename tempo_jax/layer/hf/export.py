@@ -111,8 +111,11 @@ def moe_to_hf(config: Mapping, cfg: MoEConfig, logical: dict, *, layer: int | No
         out = _expert_sets(n, p, _set_widths(config, len(n.expert_sets)))
     elif not cfg.expert.gated:  # plain experts: up / down per expert, torch Linear [out, in]
         for e in range(E):
-            out[n.expert_key.format(e=e, p=n.experts[1])] = u[e].T
-            out[n.expert_key.format(e=e, p=n.experts[2])] = d[e].T
+            up, down = (n.expert_key.format(e=e, p=part) for part in n.experts[1:])
+            out[up], out[down] = u[e].T, d[e].T
+            if cfg.expert.bias:  # beside each weight (NLLB-MoE's fc1 / fc2)
+                out[up.removesuffix("weight") + "bias"] = p["b_up"][e]
+                out[down.removesuffix("weight") + "bias"] = p["b_down"][e]
     elif n.fused == "interleaved":  # gpt-oss
         gu = np.empty((E, g.shape[1], 2 * F), np.float32)
         gu[..., 0::2], gu[..., 1::2] = g, u

@@ -74,7 +74,7 @@ def moe_config_from_hf(
     for key, value in fam.noise(c).items():
         warnings.warn(
             f"moe_from_hf: {mt} {key}={value} is training-time noise; the layer computes the block as "
-            "transformers does in eval mode (without it), in training too",
+            "transformers does in eval mode, in training too",
             TrainingNoiseWarning,
             stacklevel=3,
         )

@@ -13,12 +13,5 @@ __all__ = ["REFUSED"]
 
 #: model_type → the mechanism the layer lacks (the refusal's reason)
 REFUSED: dict[str, str] = {
-    "nllb-moe": (
-        "transformers 5.24's NllbMoe block is not its routed mixture: NllbMoeExperts one-hots the already one-hot "
-        "router mask, so only experts 0 and 1 ever run (top-1 pairs on expert 1's weights, top-2 on expert 0's), "
-        "and there is no reference to test the mixture against; its plain ReLU experts with biases are a layer "
-        "option, its top-2 capacity (every top-1 claim before any top-2) and eval scaling by 1 - moe_token_dropout "
-        "are not"
-    ),
     "vitpose_backbone": "not a routed MoE: the expert is chosen by the dataset_index input, not by a learned router",
 }

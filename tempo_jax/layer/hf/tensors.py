@@ -407,6 +407,11 @@ def _quantized(cfg: MoEConfig, out: dict) -> None:
         out[name], out[key] = (True, part(0)), (True, part(1))
 
 
+def _bias_key(weight_key: str) -> str:
+    """The bias beside a torch Linear's weight: ``….weight`` → ``….bias``."""
+    return weight_key.removesuffix("weight") + "bias"
+
+
 def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource, stacked, where: str) -> None:
     """The routed experts' readers (see the module's layouts; their width H is the latent L where the block has one)."""
     H, F, E = cfg.expert_width, cfg.ffn, cfg.experts
@@ -417,6 +422,9 @@ def _experts(cfg: MoEConfig, names: TensorNames, c: _Checked, src: TensorSource,
             for n, p, shape in (("w_up", u, (F, H)), ("w_down", d, (H, F))):
                 keys = [c.need(names.expert_key.format(e=i, p=p), shape) for i in range(E)]
                 stacked(n, lambda e, keys=keys: src.read(keys[e]).T)
+                if cfg.expert.bias:  # each Linear's bias beside its weight (NLLB-MoE's fc1 / fc2)
+                    biases = [c.need(_bias_key(k), shape[:1]) for k in keys]
+                    stacked(f"b_{n[2:]}", lambda e, biases=biases: src.read(biases[e]))
         else:
             uk, dk = c.need(f"experts.{u}", (E, F, H)), c.need(f"experts.{d}", (E, H, F))
             stacked("w_up", lambda e: src.read(uk, e).T)
