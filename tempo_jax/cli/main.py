@@ -7,6 +7,7 @@ Commands:
   phase      a phase-diagram panel: winning fixed policy and TEMPO's gain per (skew, batch size)
   cascade    CascadeEP prefill: serve a request trace under Sync / Async / Async+SF / CascadeEP, print the table
   serve      the MoE layer serving a routing stream with live tables from the solver worker (the runtime)
+  plan       will a preset's MoE layer fit on a mesh: memory per device and collectives, compiled ahead of time
   report     a watched run's pictures: expert-load heatmap, balancedness over time, re-placements
   bench      run a benchmark script (solver, gemm, ep, cascade)
   reproduce  execute the figure notebooks headless and report failures; --docs renders docs/reproduced.md's tables
@@ -25,13 +26,13 @@ import re
 import sys
 import traceback
 
-from . import demo, repro, serve, sim, solve
+from . import demo, plan, repro, serve, sim, solve
 from .args import EXIT_FAILURE, EXIT_USAGE, Parser, fake_cpu_devices
 
 __all__ = ["build_parser", "main"]
 
 #: The command groups, each a module with ``register(add)``, in the order of ``--help``.
-COMMAND_GROUPS = (demo, solve, sim, serve, repro)
+COMMAND_GROUPS = (demo, solve, sim, serve, plan, repro)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     on stderr (``--debug``: with the traceback)."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     debug = "--debug" in argv
-    fake_cpu_devices()  # before anything imports jax: the layer's commands run on 8 CPU devices without a GPU
+    # before jax starts: the layer's commands run on 8 CPU devices without a GPU (`plan`: as many as its --mesh has)
+    fake_cpu_devices(plan.devices_needed(argv) or 8)
     try:
         args = build_parser().parse_args(argv)
         debug = debug or bool(getattr(args, "debug", False))

@@ -92,6 +92,23 @@ _SPECS = [
         "routed_scaling_factor 2.5, first_k_dense_replace 3 of 61 layers",
     ),
     ModelSpec(
+        name="kimi_k2",
+        family="deepseek_v3",
+        hidden=7168,
+        ffn=2048,
+        experts=384,
+        top_k=8,
+        layers=61,
+        moe_layers=60,
+        router={**_DSV3_ROUTER, "scaling": 2.827},
+        shared={"count": 1, "ffn": 2048},
+        total_params="1.04T",
+        active_params="32B",
+        source="Kimi-K2 config.json (moonshotai/Kimi-K2-Instruct, model_type kimi_k2 on DeepSeek-V3's code): hidden "
+        "7168, moe_intermediate 2048, 384 routed + 1 shared, top-8, n_group 1, topk_group 1, routed_scaling_factor "
+        "2.827, sigmoid with the selection bias, first_k_dense_replace 1 of 61 layers",
+    ),
+    ModelSpec(
         name="deepseek_v4_flash",
         family="deepseek_v4",
         hidden=4096,
