@@ -4,6 +4,7 @@ alone (`tempo_jax.layer.aot`; nothing is allocated), with per device the compile
 and peak beside the analytic minimum, the collectives per mesh axis, and the GPUs it fits.
 
     python scripts/aot_plan.py                       # every preset × mesh below → results/aot_plans.json
+    .venv-latest/bin/python scripts/aot_plan.py      # the same under the newest jax (what docs/meshes.md shows)
     python scripts/aot_plan.py --presets deepseek_v3 --meshes ep=64 --tokens-per-rank 4096
 
 Prints one table (GB per device) and writes the JSON (`tempo_jax.cli.plan.plan_rows`, one record per plan).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=64")
 
+import jax  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tempo_jax.cli.plan import plan_for, plan_rows  # noqa: E402
@@ -77,7 +79,12 @@ def main() -> int:
     print(table(lines, heads, title=f"GB per device, {args.tokens_per_rank} tokens per rank, {args.dtype}"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"tokens_per_rank": args.tokens_per_rank, "dtype": args.dtype, "devices": "fake CPU devices (XLA:CPU)"}
+    meta = {
+        "tokens_per_rank": args.tokens_per_rank,
+        "dtype": args.dtype,
+        "devices": "fake CPU devices (XLA:CPU)",
+        "jax": jax.__version__,
+    }
     out.write_text(json.dumps({"meta": meta, "plans": rows}, indent=1))
     print(f"wrote {out}")
     return 0
