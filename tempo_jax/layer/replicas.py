@@ -16,7 +16,9 @@ one rank are summed locally; across ranks, one of two collectives (`REPLICA_SYNC
 
 ``"auto"`` takes the exchange when it is ragged, else whichever sends fewer bytes per rank (the padded blocks'
 (D − 1)·S rows against the ring all-reduce's 2·(D − 1)/D·Rb). Both read the replica groups in-graph from
-``phy2log`` (no host data: a new placement is new data, not a new program) and serve every placement. Without
+``phy2log`` (no host data: a new placement is new data, not a new program) and serve every placement. At real size
+the sum runs in column chunks, one after another, so that one chunk's buffer stays within `TIE_CHUNK_BYTES`
+(`tie_chunks`; DeepSeek-V3 on EP64 would otherwise hold 64 redundant experts' float32 gradients, 11.3 GB). Without
 redundancy (P = E) nothing is exchanged: expert gradients never leave their rank. Every collective runs along
 ``ep``, inside each EP group, on each device's tensor / FSDP share of the arrays.
 
@@ -54,12 +56,16 @@ __all__ = [
     "plan_migration",
     "replica_sync_method",
     "shared_rows",
+    "TIE_CHUNK_BYTES",
     "tie_buffer_rows",
+    "tie_chunks",
     "tie_replicas",
 ]
 
 #: How replicas' gradients are summed across ranks (see the module).
 REPLICA_SYNC = ("auto", "exchange", "all_reduce")
+#: The largest float32 buffer one step of the replicas' gradient sum holds (`tie_chunks`): 256 MiB.
+TIE_CHUNK_BYTES = 1 << 28
 
 
 # ------------------------------------------------------------------------------------------------ tied replicas
@@ -166,6 +172,15 @@ def _tie_fwd(weights, phy2log, static):
     return weights, phy2log
 
 
+def tie_chunks(method: str, *, num_ranks: int, slots_per_rank: int, num_experts: int, width: int) -> int:
+    """How many column chunks the replicas' gradient sum runs in, one after another: enough that each chunk's
+    collective buffer — ``[Rb, w]`` for ``"all_reduce"``, ``[D, S, w]`` for ``"exchange"``, float32 — stays within
+    `TIE_CHUNK_BYTES` (at real size the whole width would not: DeepSeek-V3 on EP64, 64 redundant experts × 176 MB)."""
+    D, S = num_ranks, slots_per_rank
+    rows = tie_buffer_rows(num_experts, D * S) if method == "all_reduce" else D * S
+    return max(1, min(width, -(-rows * width * 4 // TIE_CHUNK_BYTES)))
+
+
 def _tie_bwd(static, phy2log, grads):
     axis, num_experts, method, exchange = static
     names = list(grads)
@@ -173,9 +188,24 @@ def _tie_bwd(static, phy2log, grads):
     widths = [int(np.prod(grads[n].shape[1:])) for n in names]
     g = jnp.concatenate([grads[n].reshape(S, -1).astype(jnp.float32) for n in names], axis=1)  # [S, Σ widths]
     if method == "exchange":
-        total = _exchange_sum(g, phy2log, axis=axis, num_experts=num_experts, exchange=exchange)
+        sum_over = functools.partial(_exchange_sum, axis=axis, num_experts=num_experts, exchange=exchange)
     else:
-        total = _all_reduce_sum(g, phy2log, axis=axis, num_experts=num_experts)
+        sum_over = functools.partial(_all_reduce_sum, axis=axis, num_experts=num_experts)
+    W = g.shape[1]
+    n = tie_chunks(method, num_ranks=phy2log.shape[0] // S, slots_per_rank=S, num_experts=num_experts, width=W)
+    if n == 1:
+        total = sum_over(g, phy2log)
+    else:  # column chunks in sequence, each summed and written back over its own columns: one chunk's buffer at a time
+        w = -(-W // n)
+        full = W // w
+
+        def chunk(i, g):
+            cols = sum_over(jax.lax.dynamic_slice_in_dim(g, i * w, w, axis=1), phy2log)
+            return jax.lax.dynamic_update_slice_in_dim(g, cols, i * w, axis=1)
+
+        total = jax.lax.fori_loop(0, full, chunk, g)
+        if full * w < W:  # the remaining columns, narrower than a chunk
+            total = total.at[:, full * w :].set(sum_over(total[:, full * w :], phy2log))
     pieces = jnp.split(total, np.cumsum(widths)[:-1], axis=1)
     return {n: p.reshape(grads[n].shape).astype(grads[n].dtype) for n, p in zip(names, pieces, strict=True)}, None
 
