@@ -38,6 +38,7 @@ CASCADE = {
     "attention_step_noise": (0.3, {}, {}),
     "links": ("paper", {}, {}),
     "launch": ("planned", {}, {}),
+    "commit": ("any", {}, {"routing": "zipf", "skew": 1.2}),  # App. C's other reading: moves the first abandons
     "combine_scale": (0.0, {}, {}),
     "link_scale": (0.25, {}, {}),
     "guard": (True, {"timeline": "reference", "replication": 1.25}, {}),

@@ -12,7 +12,7 @@ from solvers.checks import check_choice, check_instance, check_int, check_real, 
 from .attention_truth import AttentionTruth, attention_truth
 from .costs import HARDWARE, MODELS, PrefillCosts, prefill_costs
 from .serving import PLACEMENT_POLICIES
-from .vocabulary import LAUNCHES, LINKS
+from .vocabulary import COMMITS, LAUNCHES, LINKS
 
 __all__ = ["TIMELINES", "TRACE_NAMES", "CascadeConfig"]
 
@@ -85,6 +85,9 @@ class CascadeConfig:
         ``"planned"`` (each destination's groups from predicted arrivals and previous-layer counts) or ``"layer"``
         (one schedule shared by every rank from the mean predicted tokens per destination: what
         `tempo_jax.layer.cascade_exec` executes); see `reference_timeline`.
+      commit: App. C's commit of a reassigned kernel (`COMMITS`): ``"first"`` (the default: the helper's first idle
+        interval from the weights' arrival, else abandoned) or ``"any"`` (the earliest idle interval that holds the
+        whole kernel, wherever the helper's own kernels are not delayed); `reference_timeline.protected_start`.
       timeline: ``"fast"`` (all layers of a step at once) or ``"reference"`` (the scalar layer timeline).
       combine_scale: multiplies the combine's bytes per pair (1 = BF16 outputs; 0 = a free combine: the ablation
         that separates combine overlap from early FFN in notebook 09).
@@ -123,6 +126,7 @@ class CascadeConfig:
     attention_step_noise: float = 0.05
     links: str = "contention"
     launch: str = "reactive"
+    commit: str = "first"
     timeline: str = "fast"
     combine_scale: float = 1.0
     link_scale: float = 1.0
@@ -168,6 +172,12 @@ class CascadeConfig:
         check_real("attention_step_noise", self.attention_step_noise, where=fn, minimum=0.0, maximum=0.5)
         check_choice("links", self.links, LINKS, where=fn)
         check_choice("launch", self.launch, LAUNCHES, where=fn)
+        check_choice("commit", self.commit, COMMITS, where=fn)
+        if self.commit != "first" and self.links == "paper":
+            raise ValueError(
+                f"{fn}: commit={self.commit!r} reads App. C's commit on the helper's GPU; links='paper' gives the "
+                "helper a free side stream and commits every move (use links='contention' or 'fifo', or leave commit)"
+            )
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
         check_real("link_scale", self.link_scale, where=fn, minimum=0.0, strict=True)

@@ -26,7 +26,7 @@ from solvers.checks import check_choice
 from solvers.streamffn import partition_ends
 
 from .costs import PrefillCosts
-from .vocabulary import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
+from .vocabulary import COMMITS, HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 
 __all__ = ["StepInputs", "StepTimes", "step_timeline", "top_shares"]
 
@@ -376,15 +376,18 @@ def _own_kernels(costs, arr, tk, ends, gpu):
     return launched, start, end, tokens
 
 
-def _protected_start(launched, start, end, ready, duration):
-    """`reference_timeline.protected_start` for helpers' kernels ``[n, pos]``, weights ready at ``ready [n]``:
-    ``(start [n], fits [n])``."""
+def _protected_start(launched, start, end, ready, duration, commit="first"):
+    """`reference_timeline.protected_start` for helpers' kernels ``[n, pos]``, weights ready at ``ready [n]``, under
+    either commit reading (`COMMITS`): ``(start [n], fits [n])``."""
     s0, nxt, stopped = ready.copy(), np.full(ready.shape, np.inf), np.zeros(ready.shape, dtype=bool)
     for j in range(launched.shape[1]):
         act = launched[:, j] & ~stopped & (end[:, j] > s0)
         inside = act & (start[:, j] <= s0)
         s0 = np.where(inside, end[:, j], s0)
         hit = act & ~inside
+        if commit == "any":  # a kernel the side kernel does not fit before: try the interval after it
+            hit &= s0 + duration <= start[:, j]
+            s0 = np.where(act & ~inside & ~hit, end[:, j], s0)
         nxt, stopped = np.where(hit, start[:, j], nxt), stopped | hit
     return s0, s0 + duration <= nxt
 
@@ -395,7 +398,17 @@ def _in_order_index(order: np.ndarray) -> np.ndarray:
     return order * D + (np.arange(L) * (D * D))[:, None, None] + np.arange(D)[None, :, None]
 
 
-def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str, theta: float, with_moves: bool):
+def _ranks(
+    costs,
+    inp: StepInputs,
+    net: _Net,
+    rule: str,
+    links: str,
+    launch: str,
+    theta: float,
+    with_moves: bool,
+    commit: str = "first",
+):
     """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L], combines) of every rank, with or without
     OEWF, on the links' arrivals (``combines``: `_combines`)."""
     hw = costs.hardware
@@ -431,7 +444,7 @@ def _ranks(costs, inp: StepInputs, net: _Net, rule: str, links: str, launch: str
                 launched, k0, k1, _ = _own_kernels(costs, arr[r], np.take(tok, at[r]), ends[r], net.ready[r].copy())
                 duration = _ffn(costs, n[run]) / HELPER_STREAM_EFFICIENCY
                 i = np.arange(r.size)
-                s0, fits = _protected_start(launched[i, hr], k0[i, hr], k1[i, hr], delivered[run], duration)
+                s0, fits = _protected_start(launched[i, hr], k0[i, hr], k1[i, hr], delivered[run], duration, commit)
                 run[r[~fits]] = False
                 r, hr, s0, duration = r[fits], hr[fits], s0[fits], duration[fits]
                 tok[r, hr, d[run]] = inp.sent[r, hr, d[run]] - n[run]
@@ -516,14 +529,20 @@ def _settle(costs, inputs: StepInputs, sent: _Net, how: tuple) -> tuple:
 
 
 def step_timeline(
-    inputs: StepInputs, costs: PrefillCosts, mode: str, *, links: str = "contention", launch: str = "reactive"
+    inputs: StepInputs,
+    costs: PrefillCosts,
+    mode: str,
+    *,
+    links: str = "contention",
+    launch: str = "reactive",
+    commit: str = "first",
 ) -> StepTimes:
     """Every layer of one step under ``mode`` (the rules of `layer_timeline` with ``guard=False``, paper pricing).
 
     Args:
       inputs: the step's `StepInputs` (all layers).
       costs: the deployment's `PrefillCosts`.
-      mode: one of `LAYER_MODES`; links: one of `LINKS`; launch: one of `LAUNCHES`.
+      mode: one of `LAYER_MODES`; links: one of `LINKS`; launch: one of `LAUNCHES`; commit: one of `COMMITS`.
 
     Returns:
       `StepTimes` (per layer).
@@ -532,6 +551,7 @@ def step_timeline(
     mode = check_choice("mode", mode, LAYER_MODES, where=fn)
     links = check_choice("links", links, LINKS, where=fn)
     launch = check_choice("launch", launch, LAUNCHES, where=fn)
+    commit = check_choice("commit", commit, COMMITS, where=fn)
     if not isinstance(inputs, StepInputs) or inputs.attention_us.shape[1] != costs.num_ranks:
         raise ValueError(f"{fn}: needs StepInputs with D = {costs.num_ranks} ranks")
     L = inputs.attention_us.shape[0]
@@ -547,8 +567,8 @@ def step_timeline(
     def ranks(inp, net, with_moves):
         """(done [L', D], kernel_us, moves, dropped, moved [L']) of the layers of ``inp`` / ``net``."""
         if links == "paper":
-            return _ranks(costs, inp, net, rule, links, launch, theta, with_moves)[:5]
-        return _settle(costs, inp, net, (rule, links, launch, theta, with_moves))
+            return _ranks(costs, inp, net, rule, links, launch, theta, with_moves, commit)[:5]
+        return _settle(costs, inp, net, (rule, links, launch, theta, with_moves, commit))
 
     # Step 1: without OEWF (every mode; the base of cascade).
     base_net = net_of(np.zeros(L, dtype=bool))

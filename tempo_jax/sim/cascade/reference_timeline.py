@@ -96,7 +96,7 @@ from solvers.checks import check_array, check_choice
 from solvers.streamffn import partition_sources, run_partition
 
 from .costs import PrefillCosts
-from .vocabulary import HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
+from .vocabulary import COMMITS, HELPER_STREAM_EFFICIENCY, LAUNCHES, LAYER_MODES, LINKS, MODE_POLICIES
 
 __all__ = [
     "LayerInputs",
@@ -464,12 +464,13 @@ def _rank_kernels(costs, inp: LayerInputs, net, pairs, d: int, allowed, theta, l
     return p, ks, tokens
 
 
-def protected_start(kernels, ready: float, duration: float) -> float | None:
+def protected_start(kernels, ready: float, duration: float, commit: str = "first") -> float | None:
     """App. C's commit: the start of a reassigned kernel of ``duration`` µs whose weights are ready at ``ready``,
     in the first idle interval of the helper's GPU from then (after the own kernel running then, if any) — or None
     when that interval ends, at the next own kernel's start, before the kernel would (it would delay existing
-    work: the reassignment is abandoned and the tokens stay with the donor). ``kernels``: the helper's own, in
-    execution order."""
+    work: the reassignment is abandoned and the tokens stay with the donor). ``commit="any"`` (`COMMITS`: the other
+    reading) takes the earliest idle interval from then that holds the whole kernel, before or after the helper's
+    later kernels, so it never delays them and never abandons. ``kernels``: the helper's own, in execution order."""
     s0 = ready
     for k in kernels:
         if k.end_us <= s0:
@@ -477,11 +478,17 @@ def protected_start(kernels, ready: float, duration: float) -> float | None:
         if k.start_us <= s0:
             s0 = k.end_us
             continue
-        return s0 if s0 + duration <= k.start_us else None
+        if s0 + duration <= k.start_us:
+            return s0
+        if commit == "first":
+            return None
+        s0 = k.end_us  # "any": the interval after this kernel
     return s0
 
 
-def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost):
+def _timeline(
+    costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost, commit="first"
+):
     """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF.
 
     Contended links: the receive ports serve the dispatch and combine chunks in one FIFO by issue time, and the
@@ -492,12 +499,12 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
     transfer; on the served traces one, sometimes two)."""
     if links == "paper":
         net = _paper_links(costs, inp, run_oewf, pricing, cost)
-        done, policy, kernels, side, dropped, _ = _ranks(costs, inp, net, allowed, theta, links, launch)
+        done, policy, kernels, side, dropped, _ = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
         return done, policy, kernels, side, net, dropped
     sent = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
     net = _receive(costs, sent, ())
     for _ in range(2 * inp.num_ranks**2 + 2):
-        done, policy, kernels, side, dropped, sends = _ranks(costs, inp, net, allowed, theta, links, launch)
+        done, policy, kernels, side, dropped, sends = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
         nxt = _receive(costs, sent, tuple(sends))
         if np.array_equal(nxt.arrival, net.arrival) and [t for _, t in nxt.moves] == [t for _, t in net.moves]:
             # the ranks would run as they did: a rank is done when its outputs have left and its own are back
@@ -506,7 +513,7 @@ def _timeline(costs, inp: LayerInputs, allowed, theta, links: str, launch: str, 
     raise RuntimeError("layer_timeline: the receive ports did not settle (a transfer waits for a later one)")
 
 
-def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, launch: str):
+def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, launch: str, commit: str = "first"):
     """(done [D], policy, kernels, side, dropped, combine chunks) of every rank on the links' arrivals."""
     D = inp.num_ranks
     # Step 1: the moves that commit, in decision order (App. C, at weight-ready): the donor has not submitted the
@@ -523,7 +530,7 @@ def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, lau
         else:
             duration = float(costs.curve.ffn_time_unchecked(r.n_trans)) / HELPER_STREAM_EFFICIENCY
             own = _rank_kernels(costs, inp, net, pairs, r.helper, allowed, theta, launch)[1]
-            s0 = protected_start(own, delivered, duration) if delivered < net.ready[r.donor] else None
+            s0 = protected_start(own, delivered, duration, commit) if delivered < net.ready[r.donor] else None
             if s0 is None:
                 dropped += 1
                 continue
@@ -574,6 +581,7 @@ def layer_timeline(
     guard: bool = False,
     pricing: str = "paper",
     cost: CostModel | None = None,
+    commit: str = "first",
 ) -> LayerResult:
     """Simulate one MoE layer under ``mode`` (see the module doc): the reference timeline.
 
@@ -587,6 +595,7 @@ def layer_timeline(
         policy up to the mode's own (``True``).
       pricing: OEWF's admission model, ``"paper"`` (Eqs. 3–6) or ``"tempo"`` (max-affine, beyond the paper).
       cost: the `CostModel` for ``pricing="tempo"`` (default `PrefillCosts.tempo_cost_model`).
+      commit: App. C's commit reading, ``"first"`` or ``"any"`` (`COMMITS`; `protected_start`).
 
     Returns:
       `LayerResult`.
@@ -595,6 +604,7 @@ def layer_timeline(
     mode = check_choice("mode", mode, LAYER_MODES, where=fn)
     links = check_choice("links", links, LINKS, where=fn)
     launch = check_choice("launch", launch, LAUNCHES, where=fn)
+    commit = check_choice("commit", commit, COMMITS, where=fn)
     if guard and launch == "layer":
         raise ValueError(
             f"{fn}: launch='layer' runs one schedule on every rank; guard=True would pick a policy per "
@@ -611,13 +621,15 @@ def layer_timeline(
     if pricing == "tempo" and cost is None:
         cost = costs.tempo_cost_model()
     # Step 1: every rank's launch policy and kernels (the Async+SF plan in cascade mode).
-    done, policy, kernels, _, net, _ = _timeline(costs, inputs, allowed, theta, links, launch, False, pricing, cost)
+    done, policy, kernels, _, net, _ = _timeline(
+        costs, inputs, allowed, theta, links, launch, False, pricing, cost, commit
+    )
     base = float(done.max())
     if mode != "cascade" or not inputs.oewf:
         return _result(mode, done, net, policy, kernels, base_end_us=base)
     # Step 2: OEWF on top, decided on the predictions, run on the truth.
     done, policy, kernels, side, net, dropped = _timeline(
-        costs, inputs, allowed, theta, links, launch, True, pricing, cost
+        costs, inputs, allowed, theta, links, launch, True, pricing, cost, commit
     )
     return _result(
         mode,

@@ -268,7 +268,7 @@ class StepModel:
                 fetch_experts=self.fetch_experts,
                 oewf=np.arange(L) > 0,
             )
-            t = step_timeline(inputs, costs, self.mode, links=cfg.links, launch=cfg.launch)
+            t = step_timeline(inputs, costs, self.mode, links=cfg.links, launch=cfg.launch, commit=cfg.commit)
             layer_us, base_us, ready = t.end_us, t.base_us, t.ready_us
             moves, moved, dropped, kernel_us = t.moves.sum(), t.moved_tokens.sum(), t.dropped.sum(), t.kernel_us.sum()
         else:
@@ -286,7 +286,14 @@ class StepModel:
                     oewf=layer > 0,
                 )
                 res = layer_timeline(
-                    inp, costs, self.mode, links=cfg.links, launch=cfg.launch, guard=cfg.guard, pricing=cfg.pricing
+                    inp,
+                    costs,
+                    self.mode,
+                    links=cfg.links,
+                    launch=cfg.launch,
+                    guard=cfg.guard,
+                    pricing=cfg.pricing,
+                    commit=cfg.commit,
                 )
                 layer_us[layer], base_us[layer], ready[layer] = res.end_us, res.base_end_us, res.ready_us
                 moves += len(res.accepted)

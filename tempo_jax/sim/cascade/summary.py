@@ -303,7 +303,14 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
     inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs, oewf=layer > 0)
     return {
         m: layer_timeline(
-            inputs, model.costs, m, links=exact.links, launch=exact.launch, guard=exact.guard, pricing=exact.pricing
+            inputs,
+            model.costs,
+            m,
+            links=exact.links,
+            launch=exact.launch,
+            guard=exact.guard,
+            pricing=exact.pricing,
+            commit=exact.commit,
         )
         for m in LAYER_MODES
     }

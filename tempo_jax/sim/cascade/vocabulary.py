@@ -5,7 +5,7 @@ numpy-free, no imports."""
 
 from __future__ import annotations
 
-__all__ = ["HELPER_STREAM_EFFICIENCY", "LABELS", "LAUNCHES", "LAYER_MODES", "LINKS", "MODE_POLICIES"]
+__all__ = ["COMMITS", "HELPER_STREAM_EFFICIENCY", "LABELS", "LAUNCHES", "LAYER_MODES", "LINKS", "MODE_POLICIES"]
 
 #: The paper's four modes (§4.3's ablation): synchronous EP, per-source launching, + streamFFN, + OEWF.
 LAYER_MODES = ("sync", "async", "async_sf", "cascade")
@@ -15,6 +15,10 @@ LABELS = {"sync": "Sync", "async": "Async", "async_sf": "Async+SF", "cascade": "
 LINKS = ("contention", "fifo", "paper")
 #: Launch modes: actual readiness, predicted groups per destination, the layer's one shared schedule.
 LAUNCHES = ("reactive", "planned", "layer")
+#: App. C's commit of a reassigned kernel, two readings (`reference_timeline.protected_start`): in the helper's first
+#: idle interval from the weights' arrival, else abandoned (``"first"``, the default), or in the earliest idle
+#: interval after it that holds the whole kernel (``"any"``: wherever the helper's own kernels are not delayed).
+COMMITS = ("first", "any")
 #: Throughput a kernel on a second stream retains (CascadeEP §4.3: streamFFN keeps 97.3% of synchronous EP's
 #: matched-work FFN throughput): the helper's reassigned kernel lasts F(N_trans) / this under ``links="contention"``.
 HELPER_STREAM_EFFICIENCY = 0.973
