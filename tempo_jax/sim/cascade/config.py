@@ -137,6 +137,11 @@ class CascadeConfig:
     seed: int = 0
     vary_workload: bool = True
 
+    def timeline_options(self) -> dict:
+        """The keywords `reference_timeline.layer_timeline` takes from this config: links, launch, guard, pricing
+        and commit."""
+        return dict(links=self.links, launch=self.launch, guard=self.guard, pricing=self.pricing, commit=self.commit)
+
     def __post_init__(self) -> None:
         plain_scalars(self)
         fn = "CascadeConfig"

@@ -285,16 +285,7 @@ class StepModel:
                     tokens_est=tokens_est[layer],
                     oewf=layer > 0,
                 )
-                res = layer_timeline(
-                    inp,
-                    costs,
-                    self.mode,
-                    links=cfg.links,
-                    launch=cfg.launch,
-                    guard=cfg.guard,
-                    pricing=cfg.pricing,
-                    commit=cfg.commit,
-                )
+                res = layer_timeline(inp, costs, self.mode, **cfg.timeline_options())
                 layer_us[layer], base_us[layer], ready[layer] = res.end_us, res.base_end_us, res.ready_us
                 moves += len(res.accepted)
                 moved += float(sum(r.n_trans for r in res.accepted))

@@ -301,16 +301,4 @@ def layer_example(run: CascadeRun, *, layer: int = 1, step: int | None = None) -
     if model.expert_placements is None:
         pairs = model.expert_pairs(layer, pairs)
     inputs = LayerInputs(attention_us=x["att"][layer], dispatch_us=x["dispatch"][layer], pairs=pairs, oewf=layer > 0)
-    return {
-        m: layer_timeline(
-            inputs,
-            model.costs,
-            m,
-            links=exact.links,
-            launch=exact.launch,
-            guard=exact.guard,
-            pricing=exact.pricing,
-            commit=exact.commit,
-        )
-        for m in LAYER_MODES
-    }
+    return {m: layer_timeline(inputs, model.costs, m, **exact.timeline_options()) for m in LAYER_MODES}
