@@ -574,3 +574,26 @@ def test_a_router_state_carried_through_two_modules_equals_the_reference_chain()
         moe_forward(second.params(), tokens, config=second.config, router_state=s0, routing=routing, **run)
     with pytest.raises(ValueError, match="needs mlp_width > 0"):
         RouterConfig(carried_state=True).validate(8, 2)
+
+
+def test_a_router_mlp_runs_on_each_rank_for_its_own_tokens_only():
+    """The router MLP (Zaya) adds, per device of the compiled 8-device layer (`cost_analysis`), about the FLOPs of
+    its own T / 8 tokens' MLP — not all T tokens' (measured 1.12×: the MLP's matmuls plus its norm and GELUs)."""
+    mesh = make_ep_mesh(D)
+    placement = Placement.spread(8, D, 2)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    n, H, Rh = 512, 64, 256
+
+    def flops(router):
+        cfg = MoEConfig(hidden=H, ffn=32, experts=8, top_k=1, slots_per_rank=2, router=router)
+        p = tempo_jax.layer.init_params(jax.random.key(0), cfg, placement, mesh=mesh)
+        f = jax.jit(
+            lambda p, x: (
+                moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=cfg, aux_losses=False).out
+            )
+        )
+        return f.lower(p, jnp.ones((n, H))).compile().cost_analysis()["flops"]
+
+    extra = flops(RouterConfig(mlp_width=Rh)) - flops(RouterConfig())
+    own = 2 * (n // D) * (H * Rh + 2 * Rh * Rh + Rh * 8 - H * 8)  # the MLP's matmuls on this device's tokens
+    assert 1.0 <= extra / own < 1.5, extra / own

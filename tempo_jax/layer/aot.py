@@ -43,7 +43,7 @@ from .collectives import program_collectives
 from .config import MoEConfig, auto_capacity
 from .mesh import layer_axes, param_shardings
 from .moe import moe_forward
-from .params import param_shapes
+from .params import param_dtype, param_shapes
 
 __all__ = ["AotPlan", "Analytic", "Memory", "aot_plan"]
 
@@ -110,15 +110,7 @@ class AotPlan:
 def _structs(config: MoEConfig, mesh, num_slots: int) -> dict:
     shapes = param_shapes(config, num_slots)
     homes = param_shardings(shapes, mesh, config)
-    out = {}
-    for k, shape in shapes.items():
-        dtype = jnp.float32 if k.startswith(("router", "score", "out_", "latent_", "expert_out")) else config.dtype
-        if k.endswith("_scale_inv"):
-            dtype = jnp.float32
-        elif k in ("w_gate", "w_up", "w_down") and config.expert_dtype == "fp8_block":
-            dtype = jnp.float8_e4m3fn
-        out[k] = jax.ShapeDtypeStruct(shape, dtype, sharding=homes[k])
-    return out
+    return {k: jax.ShapeDtypeStruct(shape, param_dtype(k, config), sharding=homes[k]) for k, shape in shapes.items()}
 
 
 def _bytes_per_device(structs: dict) -> int:

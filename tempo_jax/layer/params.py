@@ -52,6 +52,7 @@ __all__ = [
     "expert_keys",
     "init_logical_params",
     "init_params",
+    "param_dtype",
     "param_shapes",
     "slot_bytes",
     "to_logical",
@@ -65,6 +66,17 @@ EXPERT_KEYS = EXPERT_WEIGHTS + EXPERT_BIASES + tuple(SCALE_KEYS.values())
 def expert_keys(params) -> tuple[str, ...]:
     """The per-expert keys present in ``params`` (weights, and biases where the config has them)."""
     return tuple(k for k in EXPERT_KEYS if k in params)
+
+
+def param_dtype(name: str, config: MoEConfig):
+    """The dtype parameter ``name`` is held in (`init_params`, the import): float32 for the router's, the score bias,
+    the block output's, the latent projections', the experts' output scale and FP8 block scales; e4m3 for FP8 expert
+    weights; ``config.dtype`` for the rest."""
+    if name.endswith("_scale_inv") or name.startswith(("router", "score", "out_", "latent_", "expert_out")):
+        return jnp.float32
+    if name in EXPERT_WEIGHTS and config.expert_dtype == "fp8_block":
+        return jnp.float8_e4m3fn
+    return config.dtype
 
 
 def param_shapes(config: MoEConfig, num_slots: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -185,7 +197,7 @@ def _draw(key: jax.Array, config: MoEConfig, experts: jax.Array | None) -> dict:
         scale = {"w_gate": L**-0.5, "w_up": L**-0.5, "w_down": F**-0.5, "router": Rh**-0.5}.get(name)
         if scale is None:
             scale = 0.1 if name.startswith("b_") or name.endswith("_bias") else shape[0] ** -0.5
-        dtype = jnp.float32 if name.startswith(("router", "out_", "latent_", "expert_out")) else config.dtype
+        dtype = config.dtype if name in EXPERT_WEIGHTS else param_dtype(name, config)  # (FP8: drawn, then quantized)
         if name in SCALE_KEYS.values():  # drawn with their weights
             continue
         if name in EXPERT_KEYS:

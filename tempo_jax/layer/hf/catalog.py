@@ -1372,10 +1372,15 @@ def _switch_locate(c: Cfg, layer: int) -> tuple[str, ...]:
     return (f"encoder.block.{layer}.layer.1.mlp.",) if layer < n else (f"decoder.block.{layer - n}.layer.2.mlp.",)
 
 
-def _switch_refuse(c: Cfg) -> str | None:
+def _float32_router(c: Cfg) -> str | None:
+    """Why a ``router_dtype`` other than float32 is refused (Switch, NLLB-MoE), or None."""
     if c.config.get("router_dtype", "float32") != "float32":
         return f"router_dtype {c.config['router_dtype']!r}: the layer's router computes in float32"
-    return _plain_refuse("dense_act_fn", "relu")(c)
+    return None
+
+
+def _switch_refuse(c: Cfg) -> str | None:
+    return _float32_router(c) or _plain_refuse("dense_act_fn", "relu")(c)
 
 
 FAMILIES["switch_transformers"] = Family(
@@ -1603,9 +1608,7 @@ def _nllb_refuse(c: Cfg) -> str | None:
             "over the whole call (every top-1 claim before any top-2), which the layer's per-sequence capacity "
             "does not express; 1 (the default) drops none"
         )
-    if c.config.get("router_dtype", "float32") != "float32":
-        return f"router_dtype {c.config['router_dtype']!r}: the layer's router computes in float32"
-    return _plain_refuse("activation_function", "relu")(c)
+    return _float32_router(c) or _plain_refuse("activation_function", "relu")(c)
 
 
 FAMILIES["nllb-moe"] = Family(
