@@ -120,6 +120,11 @@ def _check_08(d):
         assert s["topology"] <= s["flat"] + 1e-12 and s["makespan_gap"] < 1e-6
 
 
+def _key(row) -> str:
+    """Notebook 09's combo key (``c_r``, ...) of a table row's links and launch."""
+    return f"{row['links'][0]}_{row['launch'][0]}"
+
+
 def _check_09(d):
     v = d["values"]
     links, launches = {"c": "contention", "f": "fifo", "p": "paper"}, {"r": "reactive", "p": "planned", "l": "layer"}
@@ -134,7 +139,27 @@ def _check_09(d):
             assert v[f"thr_{key}_{m}_lo"] <= v[f"thr_{key}_{m}"] <= v[f"thr_{key}_{m}_hi"]
         assert 0 <= v[f"fig9_{key}_ge5"] <= v[f"fig9_{key}_ge1"] <= 1 and v[f"fig9_{key}_max"] < 1
         assert 0 <= v[f"dropped_{key}"] <= v[f"moves_{key}"] and 0 <= v[f"longer_share_{key}"] <= 1
-    assert v["dropped_p_r"] == v["dropped_p_p"] == 0  # the paper's links never drop a move
+        # every accepted move executed, abandoned at commit or dropped at execution; refusals are not moves
+        parts = v[f"executed_{key}"] + v[f"abandoned_{key}"] + v[f"dropped_{key}"]
+        assert parts == v[f"moves_{key}"] and v[f"refused_{key}"] >= 0
+    for key in ("p_r", "p_p"):  # the paper's links commit every move
+        assert v[f"dropped_{key}"] == v[f"abandoned_{key}"] == 0 and v[f"executed_{key}"] == v[f"moves_{key}"]
+    readings = _rows(d, "commit_readings")  # App. C's two readings, wherever links are not the paper's
+    assert {(r["links"], r["launch"], r["commit"]) for r in readings} == {
+        (links, launch, c) for links, launch in combos.values() if links != "paper" for c in ("first", "any")
+    }
+    for r in readings:
+        assert r["executed"] + r["abandoned"] + r["dropped"] == r["moves"]
+        assert r["commit"] == "first" or r["abandoned"] == 0  # "any" never abandons at commit
+        assert r["commit"] == "any" or r["cut_90"] == v[f"cut_{_key(r)}_90_cascade"]  # the default is the grid's
+    factors = _rows(d, "fig9_factors")  # one factor at a time, ours first in each
+    assert {r["factor"] for r in factors} >= {"imbalance", "links", "budget", "theta", "combine", "commit"}
+    ours = [r for r in factors if r["ours"]]
+    assert len({(round(r["fig9_ge1"], 12), round(r["oewf_alone"], 12)) for r in ours}) == 1  # the same runs ...
+    assert ours[0]["fig9_ge1"] == pytest.approx(v["fig9_c_r_ge1"], abs=1e-12)  # ... as the headline's
+    for r in factors:
+        assert r["fig9_ge1_lo"] <= r["fig9_ge1"] <= r["fig9_ge1_hi"] and 0 <= r["fig9_ge5"] <= r["fig9_ge1"] <= 1
+        assert r["oewf_alone_lo"] <= r["oewf_alone"] <= r["oewf_alone_hi"] and 0 <= r["executed_share"] <= 1
     assert 0 <= v["r_tail"] < 1 and 0 < v["attention_accuracy"] < 1 and 0 < v["ffn_efficiency"] <= 1
     assert 0 < v["fig1_movable_share"] < 1 and v["fig1_cascade_cut"] <= v["fig1_movable_share"]
     assert all(r["lo"] <= r["p95_speedup"] <= r["hi"] for r in _rows(d, "sweep"))

@@ -41,6 +41,8 @@ CASCADE = {
     "commit": ("any", {}, {"routing": "zipf", "skew": 1.2}),  # App. C's other reading: moves the first abandons
     "combine_scale": (0.0, {}, {}),
     "link_scale": (0.25, {}, {}),
+    "helper_budget_experts": (1, {}, {}),
+    "stream_rho": (0.8, {}, {}),
     "guard": (True, {"timeline": "reference", "replication": 1.25}, {}),
     "pricing": ("tempo", {"timeline": "reference"}, {"routing": "zipf", "skew": 2.0}),  # admissions differ when skewed
     "synthetic_requests": (20, {"trace": "synthetic"}, {}),

@@ -250,10 +250,32 @@ CASCADE_ROWS: tuple[tuple[str, str, str], ...] = (
         "Fig. 9: layer forwards cut ≥ 1% / ≥ 5% by OEWF, largest cut: 77.4% / 23.1% / 10.87%; OEWF never lengthens a"
         " layer (App. E, exact estimates)",
         "contention {09/fig9_c_r_ge1:.1%} / {09/fig9_c_r_ge5:.1%} / {09/fig9_c_r_max:.2%}, {09/longer_c_r} layer"
-        " forwards made longer with protected transfers ({09/longer_share_c_r:.1%} of those OEWF changed;"
-        " {09/dropped_c_r} of {09/moves_c_r} moves abandoned), {09/longer_f_r} ({09/longer_share_f_r:.1%}) with FIFO"
-        " fetches; paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} / {09/fig9_p_r_max:.2%},"
-        " {09/longer_p_p} made longer (planned)",
+        " forwards made longer with protected transfers ({09/longer_share_c_r:.1%} of those OEWF changed; of"
+        " {09/moves_c_r} moves {09/executed_c_r} executed, {09/abandoned_c_r} abandoned at commit, {09/dropped_c_r}"
+        " dropped at execution; {09/refused_c_r} decisions refused before a fetch), {09/longer_f_r}"
+        " ({09/longer_share_f_r:.1%}) with FIFO fetches; paper links {09/fig9_p_r_ge1:.1%} / {09/fig9_p_r_ge5:.1%} /"
+        " {09/fig9_p_r_max:.2%}, {09/longer_p_p} made longer (planned)",
+        "09",
+    ),
+    (
+        "App. C's commit: one protected interval (not a number; the text has two readings)",
+        'commit "first" (default) / "any", contention, reactive: mean-TTFT cut {09/cut_c_r_90_cascade:.1%} /'
+        " {09/any_cut_90_c_r:.1%} at 0.9 of capacity ({09/cut_c_r_rec_cascade:.1%} / {09/any_cut_rec_c_r:.1%}"
+        " recorded, {09/cut_c_r_tail_cascade:.1%} / {09/any_cut_tail_c_r:.1%} R_tail matched); OEWF alone"
+        " {09/oewf_alone_mean:.1%} / {09/any_oewf_alone_c_r:.1%}; Fig. 9 ≥ 1% {09/fig9_c_r_ge1:.1%} /"
+        " {09/any_fig9_ge1_c_r:.1%}; throughput {09/thr_c_r_cascade:.3f}× / {09/any_thr_c_r:.3f}×; moves abandoned"
+        " at commit {09/abandoned_c_r} / {09/any_abandoned_c_r}",
+        "09",
+    ),
+    (
+        "Fig. 9 / OEWF alone (77.4% / 7.8%): which departure of the setting explains the gap (not in the paper)",
+        "one factor at a time from ours ({09/f9_ours_ge1:.1%} / {09/f9_ours_alone:+.1%}): R_tail matched"
+        " {09/f9_imbalance_1_fig9_ge1:.1%} / {09/f9_imbalance_1_oewf_alone:+.1%}; NVLink 5's 900 GB/s"
+        " {09/f9_links_1_fig9_ge1:.1%} / {09/f9_links_1_oewf_alone:+.1%}; the paper's free links"
+        " {09/f9_combine_2_fig9_ge1:.1%} / {09/f9_combine_2_oewf_alone:+.1%}; furthest: {09/f9_best_ge1_at}"
+        " ({09/f9_best_ge1:.1%}) and {09/f9_best_alone_at} ({09/f9_best_alone:+.1%}); both paper figures at"
+        " once: {09/f9_reproduced};"
+        " notebooks/figures/cascade_fig9_factors.png",
         "09",
     ),
     (

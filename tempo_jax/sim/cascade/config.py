@@ -93,6 +93,10 @@ class CascadeConfig:
         that separates combine overlap from early FFN in notebook 09).
       link_scale: multiplies the hardware's link bandwidth — dispatch, combine and OEWF fetches alike (2 = twice the
         bandwidth; notebook 09's sensitivity sweep).
+      helper_budget_experts: OEWF's helper weight buffer B_h in experts (None: the hardware's, 8; the paper gives no
+        size, only that the buffer caps the budget).
+      stream_rho: streamFFN's launch threshold θ as the fraction of peak FFN throughput it reaches (0.9, §3.2:
+        θ = 28,672 tokens per rank for V4-Flash, Fig. 4).
       guard: ``False`` (default) launches with each mode's own rule, as the paper does; ``True`` picks the best
         predicted policy up to the mode's own (see `layer_timeline`).
       pricing: OEWF's admission model (``"paper"`` or ``"tempo"``).
@@ -130,6 +134,8 @@ class CascadeConfig:
     timeline: str = "fast"
     combine_scale: float = 1.0
     link_scale: float = 1.0
+    helper_budget_experts: int | None = None
+    stream_rho: float = 0.9
     guard: bool = False
     pricing: str = "paper"
     synthetic_requests: int = 1000
@@ -186,6 +192,14 @@ class CascadeConfig:
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
         check_real("link_scale", self.link_scale, where=fn, minimum=0.0, strict=True)
+        if self.helper_budget_experts is not None:
+            check_int("helper_budget_experts", self.helper_budget_experts, where=fn, minimum=0)
+        check_real("stream_rho", self.stream_rho, where=fn, minimum=0.0, maximum=1.0, strict=True)
+        if self.stream_rho == 1.0:
+            raise ValueError(
+                f"{fn}: stream_rho=1.0 asks for peak FFN throughput, which F(N) reaches only at infinitely many "
+                "tokens (θ = ∞); give a fraction below 1, e.g. 0.9"
+            )
         for name in ("guard", "vary_workload"):  # a string such as "False" is truthy: never read one as a flag
             check_instance(name, getattr(self, name), bool, where=fn, hint="give True or False")
         if self.timeline == "fast":
@@ -252,20 +266,24 @@ class CascadeConfig:
         }
 
     def costs(self) -> PrefillCosts:
-        """The deployment's `PrefillCosts` (combine bytes scaled by ``combine_scale``, link and fetch bandwidth by
-        ``link_scale``)."""
+        """The deployment's `PrefillCosts`: combine bytes scaled by ``combine_scale``, link and fetch bandwidth by
+        ``link_scale``, the helper buffer ``helper_budget_experts`` and θ at
+        ``stream_rho``."""
         costs = prefill_costs(self.model, self.hardware, self.num_ranks)
-        if self.combine_scale != 1.0:
-            costs = dataclasses.replace(costs, combine_bytes_per_pair=costs.combine_bytes_per_pair * self.combine_scale)
-        if self.link_scale != 1.0:
-            hw = costs.hardware
-            fast = dataclasses.replace(
-                hw,
-                link_bytes_per_us=hw.link_bytes_per_us * self.link_scale,
-                fetch_bytes_per_us=hw.fetch_bytes_per_us * self.link_scale,
-            )
-            costs = dataclasses.replace(costs, hardware=fast)
-        return costs
+        hw = costs.hardware
+        budget = hw.helper_budget_experts if self.helper_budget_experts is None else self.helper_budget_experts
+        hw = dataclasses.replace(
+            hw,
+            link_bytes_per_us=hw.link_bytes_per_us * self.link_scale,
+            fetch_bytes_per_us=hw.fetch_bytes_per_us * self.link_scale,
+            helper_budget_experts=budget,
+        )
+        return dataclasses.replace(
+            costs,
+            hardware=hw,
+            combine_bytes_per_pair=costs.combine_bytes_per_pair * self.combine_scale,
+            stream_rho=self.stream_rho,
+        )
 
     def attention_truth(self) -> AttentionTruth:
         """The true attention model and the planners' fits (`tempo_jax.sim.cascade.attention_truth`)."""

@@ -204,6 +204,7 @@ class PrefillCosts:
       dispatch_bytes_per_pair / combine_bytes_per_pair: bytes per remote token–expert pair each way.
       expert_bytes: bytes of one routed expert's weights (OEWF fetches).
       fixed_us, peak_tokens_per_us: the two parameters of F(N) = fixed_us + N / peak_tokens_per_us.
+      stream_rho: streamFFN's launch threshold θ as the fraction ρ of peak FFN throughput it reaches (0.9: §3.2).
     """
 
     model: ModelShape
@@ -216,6 +217,7 @@ class PrefillCosts:
     expert_bytes: float
     fixed_us: float
     peak_tokens_per_us: float
+    stream_rho: float = 0.9
 
     @property
     def experts_per_rank(self) -> float:
@@ -223,8 +225,8 @@ class PrefillCosts:
 
     @cached_property
     def threshold(self) -> int:
-        """streamFFN's θ = `solvers.stream_threshold` at ρ = 0.9 (tokens per rank)."""
-        return stream_threshold(self.curve, 0.9)
+        """streamFFN's θ = `solvers.stream_threshold` at ρ = ``stream_rho`` (tokens per rank)."""
+        return stream_threshold(self.curve, self.stream_rho)
 
     @property
     def helper_budget_bytes(self) -> float:

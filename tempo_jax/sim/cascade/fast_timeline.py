@@ -81,7 +81,10 @@ class StepTimes:
     Attributes:
       end_us: ``[L]`` layer times; base_us: ``[L]`` the same without OEWF (= end_us outside cascade mode).
       ready_us: ``[L, D]`` when each rank's dispatch left.
-      moves, dropped: ``[L]`` accepted OEWF moves and those dropped at execution; moved_tokens: ``[L]`` N_trans sum.
+      moves: ``[L]`` accepted OEWF moves; moved_tokens: ``[L]`` their N_trans sum.
+      refused, abandoned, dropped: ``[L]`` helpers that decided without a move (no fetch), accepted moves abandoned
+        at commit (no protected interval) and dropped at execution (weights after the donor's dispatch left), as
+        `reference_timeline.LayerResult`.
       kernel_us: ``[L]`` Σ of the ranks' own kernel durations.
     """
 
@@ -89,6 +92,8 @@ class StepTimes:
     base_us: np.ndarray
     ready_us: np.ndarray
     moves: np.ndarray
+    refused: np.ndarray
+    abandoned: np.ndarray
     dropped: np.ndarray
     moved_tokens: np.ndarray
     kernel_us: np.ndarray
@@ -181,6 +186,7 @@ class _Net:
     arrival: np.ndarray  # [L, D(src), D(dst)]
     send_free: np.ndarray  # [L, D]
     moves: list  # per round: (ok [L], helper [L], donor [L], n_trans [L], start [L], end [L], delivered [L])
+    refused: np.ndarray  # [L] helpers that decided without a move
     # contended links: what the receive ports serve (`_receive`)
     start: np.ndarray | None = None  # [L, D] when each dispatch started on its send port
     chunk_us: np.ndarray | None = None  # [L, s, d] receive-port occupancy of the dispatch chunks
@@ -194,7 +200,7 @@ class _Net:
 def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
     L, D = inp.attention_us.shape
     ready = inp.attention_us + inp.dispatch_us
-    moves = []
+    moves, refused = [], np.zeros(L)
     if run_oewf.any():
         n_hat, floor_abs = inp.tokens_est.astype(np.float64).copy(), np.zeros((L, D))
         last = inp.attention_est_us.max(axis=1)
@@ -202,9 +208,13 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
         for k in range(D):
             h = order[:, k]
             t = _take(ready, h)
-            ok, d, n, _, start, end = _decide(costs, inp, h, t, run_oewf & (t < last), n_hat, floor_abs, None)
+            active = run_oewf & (t < last)
+            ok, d, n, _, start, end = _decide(costs, inp, h, t, active, n_hat, floor_abs, None)
             moves.append((ok, h, d, n, start, end, start))
-    return _Net(ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves)
+            refused += active & ~ok
+    return _Net(
+        ready=ready, arrival=np.repeat(ready[:, :, None], D, axis=2), send_free=ready, moves=moves, refused=refused
+    )
 
 
 def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
@@ -222,7 +232,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
     pending = np.ones((L, D), dtype=bool)
     n_hat, floor_abs = inp.tokens_est.astype(np.float64).copy(), np.zeros((L, D))
     last = inp.attention_est_us.max(axis=1)
-    rounds = []
+    rounds, refused = [], np.zeros(L)
     for _ in range(D if run_oewf.any() else 0):  # without OEWF no port is taken early: each starts at once
         tentative = np.where(pending, np.maximum(a, free) + dur, np.inf)
         h = np.argmin(tentative, axis=1)
@@ -235,6 +245,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
             continue
         in_attention = pending & (a > t[:, None])  # §3.3: donors are the ranks still in attention at t
         ok, d, n, nbytes, s0, s1 = _decide(costs, inp, h, t, active, n_hat, floor_abs, in_attention)
+        refused += active & ~ok
         occ = nbytes / bw
         a_d, free_d, after_d, dur_d = a[rows, d], free[rows, d], after[rows, d], dur[rows, d]
         before = a_d > t
@@ -265,6 +276,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         arrival=np.repeat(ready[:, :, None], D, axis=2),
         send_free=ready if protected else np.maximum(ready, after),
         moves=[],
+        refused=refused,
         start=start,
         chunk_us=chunk / bw,
         fetch_us=fetch_us,
@@ -409,8 +421,8 @@ def _ranks(
     with_moves: bool,
     commit: str = "first",
 ):
-    """(done [L, D], kernel_us [L], moves [L], dropped [L], moved [L], combines) of every rank, with or without
-    OEWF, on the links' arrivals (``combines``: `_combines`)."""
+    """(done [L, D], kernel_us [L], moves [L], abandoned [L], dropped [L], moved [L], combines) of every rank, with
+    or without OEWF, on the links' arrivals (``combines``: `_combines`)."""
     hw = costs.hardware
     bw, lat, cpp = hw.link_bytes_per_us, hw.link_latency_us, costs.combine_bytes_per_pair
     L, D = inp.attention_us.shape
@@ -427,7 +439,7 @@ def _ranks(
     # Step 2: the moves that commit, round by round in decision order (`reference_timeline._timeline`, step 1).
     tok = inp.sent.copy()
     side_end = np.full((L, D), -np.inf)
-    moves, dropped, moved = np.zeros(L), np.zeros(L), np.zeros(L)
+    moves, abandoned, dropped, moved = np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L)
     if with_moves:
         for ok, h, d, n, _, s1, delivered in net.moves:
             moves += ok
@@ -437,7 +449,9 @@ def _ranks(
                 tok[r, h[ok], d[ok]] = inp.sent[r, h[ok], d[ok]] - n[ok]
                 side_end[r, h[ok]] = s1[ok]
                 continue
-            run = ok & (delivered < net.ready[rows, d])
+            in_time = delivered < net.ready[rows, d]  # else the donor's dispatch left: its FFN runs the tokens
+            dropped += ok & ~in_time
+            run = ok & in_time
             r = rows[run]
             if r.size:
                 hr = h[run]
@@ -449,7 +463,7 @@ def _ranks(
                 r, hr, s0, duration = r[fits], hr[fits], s0[fits], duration[fits]
                 tok[r, hr, d[run]] = inp.sent[r, hr, d[run]] - n[run]
                 side_end[r, hr] = s0 + duration
-            dropped += ok & ~run
+            abandoned += ok & in_time & ~run  # no protected interval on the helper's GPU
     # Step 3: own kernels back to back on the final tokens; their combines; the helpers' side kernels.
     tk = np.take(tok, at)
     is_own = order == np.arange(D)[None, :, None]
@@ -478,7 +492,7 @@ def _ranks(
     done = np.maximum(net.ready, np.where(launched, out, -np.inf).max(axis=2))
     done = np.maximum(done, side_end)
     combines = _combines(costs, order, left_at, sent_by, np.where(is_own, 0.0, tk))
-    return done, kernel_us, moves, dropped, moved, combines
+    return done, kernel_us, moves, abandoned, dropped, moved, combines
 
 
 def _combines(costs, order, left_at, sent_by, remote_tokens):
@@ -508,9 +522,10 @@ def _rows(x, idx: np.ndarray):
 def _settle(costs, inputs: StepInputs, sent: _Net, how: tuple) -> tuple:
     """`reference_timeline._timeline` on contended links, all layers at once: the ranks run on the arrivals the
     previous pass's combines leave, until those leave the arrivals and the fetches' delivery as they were; each
-    pass reruns only the layers still moving. Returns ``(done [L, D], kernel_us [L], moves, dropped, moved [L])``."""
+    pass reruns only the layers still moving. Returns ``(done [L, D], kernel_us [L], moves, abandoned, dropped,
+    moved [L])``."""
     L, D = inputs.attention_us.shape
-    out = (np.zeros((L, D)), np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L))
+    out = (np.zeros((L, D)), np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L))
     live = np.arange(L)  # the layers still moving
     net = _receive(costs, sent)
     for _ in range(2 * D * D + 2):
@@ -565,9 +580,9 @@ def step_timeline(
         return _contended_net(costs, inputs, run_oewf, protected=links == "contention")
 
     def ranks(inp, net, with_moves):
-        """(done [L', D], kernel_us, moves, dropped, moved [L']) of the layers of ``inp`` / ``net``."""
+        """(done [L', D], kernel_us, moves, abandoned, dropped, moved [L']) of the layers of ``inp`` / ``net``."""
         if links == "paper":
-            return _ranks(costs, inp, net, rule, links, launch, theta, with_moves, commit)[:5]
+            return _ranks(costs, inp, net, rule, links, launch, theta, with_moves, commit)[:6]
         return _settle(costs, inp, net, (rule, links, launch, theta, with_moves, commit))
 
     # Step 1: without OEWF (every mode; the base of cascade).
@@ -579,6 +594,8 @@ def step_timeline(
         base_us=base,
         ready_us=base_net.ready.copy(),
         moves=np.zeros(L),
+        refused=np.zeros(L),
+        abandoned=np.zeros(L),
         dropped=np.zeros(L),
         moved_tokens=np.zeros(L),
         kernel_us=kernel_us,
@@ -588,17 +605,19 @@ def step_timeline(
     # Step 2: with OEWF where it runs. A layer where no helper takes work runs as its base (the layers' rows never
     # mix), so only the layers with a move run again.
     net = net_of(inputs.oewf.astype(bool))
+    times.refused[:] = net.refused
     taken = np.zeros(L, dtype=bool)
     for ok, *_ in net.moves if links == "paper" else net.rounds:
         taken |= ok
     rows = np.flatnonzero(taken)
     if not rows.size:
         return times
-    done, kernel_moved, moves, dropped, moved = ranks(_rows(inputs, rows), _rows(net, rows), True)
+    done, kernel_moved, moves, abandoned, dropped, moved = ranks(_rows(inputs, rows), _rows(net, rows), True)
     for out, value in (
         (times.end_us, done.max(axis=1)),
         (times.ready_us, net.ready[rows]),
         (times.moves, moves),
+        (times.abandoned, abandoned),
         (times.dropped, dropped),
         (times.moved_tokens, moved),
         (times.kernel_us, kernel_moved),

@@ -53,8 +53,11 @@ a layer together: the layer barrier of §3.2).
   from it would arrive after its FFN started). A move commits at weight-ready as App. C does: only if the donor
   has not submitted the tokens' FFN (weights delivered before its dispatch left) and the helper's GPU has a
   protected interval for the whole kernel — the first idle interval from the weights' arrival, up to its next own
-  kernel (`protected_start`; "without delaying existing work"); otherwise it is abandoned at execution (the tokens
-  stay with the donor; the fetch still used the links).
+  kernel (`protected_start`; "without delaying existing work"). Otherwise the tokens stay with the donor (the
+  fetch still used the links): **dropped at execution** when the weights arrive after the donor's dispatch left
+  (`LayerResult.dropped`), **abandoned at commit** when they arrive in time but the helper's GPU has no protected
+  interval (`LayerResult.abandoned`). A helper whose decision finds no move issues no fetch: **refused before a
+  fetch** (`LayerResult.refused`).
 - ``"fifo"``: as ``"contention"``, but fetches are served FIFO by issue time like any transfer (the ablation): a
   fetch can delay the donor's dispatch (queued behind it) and the tokens still arriving at the helper.
 
@@ -194,9 +197,12 @@ class LayerResult:
       kernels: per rank, its kernels (`solvers.LaunchGroup`) in execution order.
       side: OEWF side kernels that ran.
       accepted: accepted OEWF reassignments (times relative to their helper's decision instant r_h).
-      dropped: accepted moves abandoned at execution (weights delivered after the donor's dispatch left, or no
-        protected interval on the helper's GPU: `protected_start`).
-      rejected: number of helpers that decided without a reassignment.
+      refused: helpers that decided without a reassignment (refused before a fetch: no donor in attention, no
+        eligible expert, or Eq. 6 not met).
+      abandoned: accepted moves abandoned at commit: the weights arrived before the donor's dispatch left, but the
+        helper's GPU had no protected interval for the kernel (`protected_start`).
+      dropped: accepted moves dropped at execution: the weights arrived after the donor's dispatch left (its FFN
+        runs the tokens). ``len(side) + abandoned + dropped == len(accepted)``.
       base_end_us: for ``cascade``: the same layer without OEWF (the Async+SF end); else ``end_us``.
     """
 
@@ -209,8 +215,9 @@ class LayerResult:
     kernels: tuple[tuple[LaunchGroup, ...], ...]
     side: tuple[SideKernel, ...] = ()
     accepted: tuple[Reassignment, ...] = ()
+    refused: int = 0
+    abandoned: int = 0
     dropped: int = 0
-    rejected: int = 0
     base_end_us: float = field(default=float("nan"))
 
 
@@ -223,7 +230,7 @@ class _Links:
     arrival: np.ndarray  # [D, D] source s ready at destination d
     send_free: np.ndarray  # [D] send port free after dispatch and served fetches
     moves: list  # [(TimedReassignment, delivered_us or None)] in decision order
-    rejected: int
+    refused: int  # helpers that decided without a move
     # contended links: what the receive ports serve (`_receive`)
     start: np.ndarray | None = None  # [D] when each dispatch started on its send port
     chunk_us: np.ndarray | None = None  # [D, D] receive-port occupancy of the dispatch chunk s → d
@@ -236,7 +243,7 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
     """Uncontended links: r_d = a_d + D_d everywhere; OEWF as `solvers.oewf_at_dispatch` on the predictions."""
     ready = inp.ready_us
     D = inp.num_ranks
-    moves, rejected = [], 0
+    moves, refused = [], 0
     if run_oewf:
         res = oewf_at_dispatch(
             ready,
@@ -248,13 +255,13 @@ def _paper_links(costs, inp: LayerInputs, run_oewf: bool, pricing, cost) -> _Lin
             pricing=pricing,
             cost=cost,
         )
-        moves, rejected = [(a, a.start_us) for a in res.accepted], res.rejected
+        moves, refused = [(a, a.start_us) for a in res.accepted], res.rejected
     return _Links(
         ready=ready,
         arrival=np.repeat(ready[:, None], D, axis=1),
         send_free=ready.copy(),
         moves=moves,
-        rejected=rejected,
+        refused=refused,
     )
 
 
@@ -309,7 +316,7 @@ def _contended_links(
     books = (pairs.copy(), inp.tokens_est.astype(np.float64).copy(), np.zeros(D))
     last_attention = float(inp.attention_est_us.max())
     fetches = []  # (move, donor send end)
-    rejected = 0
+    refused = 0
     while pending.any():
         tentative = np.where(pending, np.maximum(a, free) + dur, np.inf)
         h = int(np.argmin(tentative))
@@ -322,7 +329,7 @@ def _contended_links(
         gone = ~pending | (a <= t)
         move = oewf_decide_at(base, h, t, *books, curve=costs.curve, pricing=pricing, cost=cost, exclude=gone)
         if move is None:
-            rejected += 1
+            refused += 1
             continue
         d, occ = move.reassignment.donor, move.reassignment.bytes / bw
         if a[d] > t and protected:  # in the port's idle time before the donor's dispatch; the rest after it
@@ -345,7 +352,7 @@ def _contended_links(
         arrival=np.repeat(ready[:, None], D, axis=1),
         send_free=ready if protected else np.maximum(ready, after),
         moves=[],
-        rejected=rejected,
+        refused=refused,
         start=start,
         chunk_us=chunk / bw,
         fetches=fetches,
@@ -489,7 +496,7 @@ def protected_start(kernels, ready: float, duration: float, commit: str = "first
 def _timeline(
     costs, inp: LayerInputs, allowed, theta, links: str, launch: str, run_oewf: bool, pricing, cost, commit="first"
 ):
-    """(done [D], policy, kernels, side, links, dropped) of one layer, with or without OEWF.
+    """(done [D], policy, kernels, side, links, (abandoned, dropped)) of one layer, with or without OEWF.
 
     Contended links: the receive ports serve the dispatch and combine chunks in one FIFO by issue time, and the
     combines depend on the kernels, which depend on the arrivals: the ranks are run on the arrivals the previous
@@ -499,22 +506,22 @@ def _timeline(
     transfer; on the served traces one, sometimes two)."""
     if links == "paper":
         net = _paper_links(costs, inp, run_oewf, pricing, cost)
-        done, policy, kernels, side, dropped, _ = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
-        return done, policy, kernels, side, net, dropped
+        done, policy, kernels, side, lost, _ = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
+        return done, policy, kernels, side, net, lost
     sent = _contended_links(costs, inp, inp.pairs, run_oewf, pricing, cost, protected=links == "contention")
     net = _receive(costs, sent, ())
     for _ in range(2 * inp.num_ranks**2 + 2):
-        done, policy, kernels, side, dropped, sends = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
+        done, policy, kernels, side, lost, sends = _ranks(costs, inp, net, allowed, theta, links, launch, commit)
         nxt = _receive(costs, sent, tuple(sends))
         if np.array_equal(nxt.arrival, net.arrival) and [t for _, t in nxt.moves] == [t for _, t in net.moves]:
             # the ranks would run as they did: a rank is done when its outputs have left and its own are back
-            return np.maximum(done, nxt.got), policy, kernels, side, nxt, dropped
+            return np.maximum(done, nxt.got), policy, kernels, side, nxt, lost
         net = nxt
     raise RuntimeError("layer_timeline: the receive ports did not settle (a transfer waits for a later one)")
 
 
 def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, launch: str, commit: str = "first"):
-    """(done [D], policy, kernels, side, dropped, combine chunks) of every rank on the links' arrivals."""
+    """(done [D], policy, kernels, side, (abandoned, dropped), combine chunks) of every rank on the links' arrivals."""
     D = inp.num_ranks
     # Step 1: the moves that commit, in decision order (App. C, at weight-ready): the donor has not submitted the
     # tokens' FFN (weights delivered before its dispatch left) and the helper's GPU has a protected interval for
@@ -522,17 +529,20 @@ def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, lau
     # own kernels are final when its move commits.
     pairs = inp.pairs.copy()
     sides: dict[int, tuple] = {}  # helper → (donor, tokens, start, end)
-    dropped = 0
+    abandoned = dropped = 0
     for m, delivered in net.moves:
         r = m.reassignment
         if links == "paper":  # the paper's model: weights ready at the planned instant, a free side stream
             sides[r.helper] = (r.donor, r.n_trans, delivered, m.end_us)
         else:
             duration = float(costs.curve.ffn_time_unchecked(r.n_trans)) / HELPER_STREAM_EFFICIENCY
-            own = _rank_kernels(costs, inp, net, pairs, r.helper, allowed, theta, launch)[1]
-            s0 = protected_start(own, delivered, duration, commit) if delivered < net.ready[r.donor] else None
-            if s0 is None:
+            if delivered >= net.ready[r.donor]:  # the donor's dispatch left: its FFN runs the tokens
                 dropped += 1
+                continue
+            own = _rank_kernels(costs, inp, net, pairs, r.helper, allowed, theta, launch)[1]
+            s0 = protected_start(own, delivered, duration, commit)
+            if s0 is None:  # no protected interval on the helper's GPU
+                abandoned += 1
                 continue
             sides[r.helper] = (r.donor, r.n_trans, s0, s0 + duration)
         pairs[r.helper, r.donor, list(r.experts)] = 0.0
@@ -553,7 +563,7 @@ def _ranks(costs, inp: LayerInputs, net: _Links, allowed, theta, links: str, lau
             side.append(SideKernel(rank=d, donor=donor, tokens=n, start_us=s0, end_us=s1))
         policy.append(p)
         kernels.append(ks)
-    return done, tuple(policy), tuple(kernels), tuple(side), dropped, sends
+    return done, tuple(policy), tuple(kernels), tuple(side), (abandoned, dropped), sends
 
 
 def _result(mode: str, done: np.ndarray, net, policy, kernels, **extra) -> LayerResult:
@@ -628,7 +638,7 @@ def layer_timeline(
     if mode != "cascade" or not inputs.oewf:
         return _result(mode, done, net, policy, kernels, base_end_us=base)
     # Step 2: OEWF on top, decided on the predictions, run on the truth.
-    done, policy, kernels, side, net, dropped = _timeline(
+    done, policy, kernels, side, net, (abandoned, dropped) = _timeline(
         costs, inputs, allowed, theta, links, launch, True, pricing, cost, commit
     )
     return _result(
@@ -639,7 +649,8 @@ def layer_timeline(
         kernels,
         side=side,
         accepted=tuple(m.reassignment for m, _ in net.moves),
+        refused=net.refused,
+        abandoned=abandoned,
         dropped=dropped,
-        rejected=net.rejected,
         base_end_us=base,
     )

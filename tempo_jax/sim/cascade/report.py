@@ -91,10 +91,12 @@ class CascadeReport:
                 )
             )
         if self.oewf is not None:
-            o = self.oewf
+            o, n = self.oewf, self.first["cascade"].oewf_outcomes
             out.append(
                 f"OEWF: cuts ≥ 1% of the layer in {100 * o['ge_1pct']:.1f}% of layer forwards, ≥ 5% in "
-                f"{100 * o['ge_5pct']:.1f}%, max {100 * o['max']:.2f}%"
+                f"{100 * o['ge_5pct']:.1f}%, max {100 * o['max']:.2f}%; {n['moves']} moves accepted: {n['executed']} "
+                f"executed, {n['abandoned']} abandoned at commit, {n['dropped']} dropped at execution; {n['refused']} "
+                "helper decisions refused before a fetch"
             )
         return "\n".join(out)
 

@@ -63,13 +63,21 @@ class CascadeRun:
         return gap / (self.config.num_ranks * self.e2e_s)
 
     @property
-    def oewf_longer(self) -> tuple[int, int, int]:
-        """(layer forwards OEWF made longer, accepted moves, moves dropped at execution) over the run."""
-        return (
-            sum(r.oewf_longer for r in self.records),
-            sum(r.oewf_moves for r in self.records),
-            sum(r.oewf_dropped for r in self.records),
-        )
+    def oewf_longer(self) -> int:
+        """Layer forwards OEWF's accepted moves made longer than without them, over the run."""
+        return sum(r.oewf_longer for r in self.records)
+
+    @property
+    def oewf_outcomes(self) -> dict:
+        """What became of OEWF's decisions over the run: ``moves`` (accepted), ``refused`` (helpers that decided
+        without a move: no fetch), and of the accepted moves ``abandoned`` (at commit: no protected interval on the
+        helper's GPU), ``dropped`` (at execution: weights after the donor's dispatch left) and ``executed`` (ran on
+        the helper); ``moves == executed + abandoned + dropped``."""
+        out = {
+            k: sum(getattr(r, f"oewf_{k}") for r in self.records) for k in ("moves", "refused", "abandoned", "dropped")
+        }
+        out["executed"] = out["moves"] - out["abandoned"] - out["dropped"]
+        return out
 
     @property
     def oewf_reduction(self) -> np.ndarray:
@@ -109,8 +117,8 @@ class CascadeRun:
             "alb": s.alb_mean,
             "tail_ratio": self.tail_ratio,
             "oewf_moves": int(sum(r.oewf_moves for r in self.records)),
-            "oewf_longer_layers": self.oewf_longer[0],
-            "oewf_dropped": self.oewf_longer[2],
+            "oewf_longer_layers": self.oewf_longer,
+            **{f"oewf_{k}": v for k, v in self.oewf_outcomes.items() if k != "moves"},
             "attention_accuracy": self.attention_accuracy,
             "token_accuracy": self.token_accuracy,
             "ffn_efficiency": self.ffn_efficiency,

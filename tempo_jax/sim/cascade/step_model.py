@@ -93,7 +93,9 @@ class StepRecord:
         replica's entry into dispatch — the end of its attention stage (App. A times the start of the dispatch
         kernel, before any payload moves), not its dispatch's completion.
       oewf_moves / oewf_tokens: accepted reassignments and moved tokens over the step's layers.
-      oewf_dropped: accepted moves dropped at execution (weights after the donor's dispatch).
+      oewf_refused / oewf_abandoned / oewf_dropped: helpers that decided without a move (no fetch), accepted moves
+        abandoned at commit (no protected interval on the helper's GPU) and dropped at execution (weights after the
+        donor's dispatch left), over the step's layers (`reference_timeline.LayerResult`).
       oewf_longer: layers where OEWF's accepted moves made the layer longer than without them.
       attention_err: |â − a| / a of every (layer, replica) with tokens.
       token_err: relative errors |N̂ − N| / N of the per-rank token estimates, layers ≥ 1, ranks with N > 0.
@@ -107,6 +109,8 @@ class StepRecord:
     gap_us: float
     oewf_moves: int
     oewf_tokens: float
+    oewf_refused: int
+    oewf_abandoned: int
     oewf_dropped: int
     oewf_longer: int
     attention_err: np.ndarray
@@ -270,10 +274,11 @@ class StepModel:
             )
             t = step_timeline(inputs, costs, self.mode, links=cfg.links, launch=cfg.launch, commit=cfg.commit)
             layer_us, base_us, ready = t.end_us, t.base_us, t.ready_us
-            moves, moved, dropped, kernel_us = t.moves.sum(), t.moved_tokens.sum(), t.dropped.sum(), t.kernel_us.sum()
+            moves, moved, kernel_us = t.moves.sum(), t.moved_tokens.sum(), t.kernel_us.sum()
+            refused, abandoned, dropped = t.refused.sum(), t.abandoned.sum(), t.dropped.sum()
         else:
             layer_us, base_us, ready = np.empty(L), np.empty(L), np.empty((L, cfg.num_ranks))
-            moves = moved = dropped = kernel_us = 0.0
+            moves = moved = refused = abandoned = dropped = kernel_us = 0.0
             for layer in range(L):
                 full = self.expert_placements is None
                 inp = LayerInputs(
@@ -289,7 +294,7 @@ class StepModel:
                 layer_us[layer], base_us[layer], ready[layer] = res.end_us, res.base_end_us, res.ready_us
                 moves += len(res.accepted)
                 moved += float(sum(r.n_trans for r in res.accepted))
-                dropped += res.dropped
+                refused, abandoned, dropped = refused + res.refused, abandoned + res.abandoned, dropped + res.dropped
                 kernel_us += float(sum(k.duration_us for ks in res.kernels for k in ks))
         live = np.broadcast_to(np.array([b.num_chunks > 0 for b in batches])[None, :], att.shape)
         record = StepRecord(
@@ -299,6 +304,8 @@ class StepModel:
             gap_us=float((att.max(axis=1, keepdims=True) - att).sum()),  # App. A: at dispatch entry
             oewf_moves=int(moves),
             oewf_tokens=float(moved),
+            oewf_refused=int(refused),
+            oewf_abandoned=int(abandoned),
             oewf_dropped=int(dropped),
             oewf_longer=int((layer_us > base_us * (1 + 1e-12)).sum()),
             attention_err=np.abs(att_est - att)[live] / att[live],
