@@ -51,6 +51,9 @@ def _placement(cfg: MoEConfig) -> Placement:  # EPLB from a falling long-run loa
 def _mesh(cfg: MoEConfig) -> jax.sharding.Mesh:
     if _multi_axis(cfg):
         return make_mesh(data=2, ep=2, tensor=2)
+    if cfg.node_axis is not None:  # the same D ranks as 2 nodes × D/2: the same slots on the same ranks
+        auto = (jax.sharding.AxisType.Auto,) * 2
+        return jax.make_mesh((2, D // 2), (cfg.node_axis, cfg.axis), axis_types=auto, devices=jax.devices()[:D])
     return jax.make_mesh((D,), (cfg.axis,), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:D])
 
 
@@ -81,6 +84,7 @@ LAYER = {
     "capacity": (2, {}, "drops", None),  # two rows per block: pairs dropped
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),
+    "node_axis": ("node", {}, "same", None),  # the slots over node × ep: the flat exchange over both, same result
     # the mesh options, on data 2 × ep 2 × tensor 2 (8 slots per rank): tokens split over data change the per-device
     # statistics ([4] → [8] shards); F split over the tensor axis and the weights over data (FSDP) change neither
     "batch_axes": (("data",), {"batch_axes": (), "slots_per_rank": 8}, "where", None),

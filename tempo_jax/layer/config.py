@@ -87,6 +87,9 @@ class MoEConfig:
         ``moe_forward(capacity=...)`` overrides it per call. A CascadeEP schedule uses the worst case for "auto".
       capacity_factor: C of ``"auto"`` in mean blocks (rounds of a batch whose blocks all fit: 1).
       axis: name of the expert-parallel mesh axis (D ranks; `tempo_jax.layer.mesh`).
+      node_axis: a second mesh axis the expert slots are also split over, slower than ``axis`` (the nodes of a
+        multi-node deployment: D = nodes × ``axis`` ranks, rank = node · |axis| + its ``axis`` index); None: the
+        slots over ``axis`` alone. Every expert-parallel collective then runs over both (`expert_axes`).
       batch_axes: the mesh axes the tokens are also split over (data parallelism: each coordinate is one EP group
         that routes, exchanges and computes only its own tokens; expert weights replicated over them, gradients
         summed). None (default): the axes the tokens are sharded over when their sharding can be seen (a placed
@@ -126,6 +129,7 @@ class MoEConfig:
     capacity: int | str | None = "auto"
     capacity_factor: float = 2.0
     axis: str = "ep"
+    node_axis: str | None = None
     batch_axes: tuple[str, ...] | None = None
     tensor_axis: str | None = None
     fsdp_axis: str | None = None
@@ -317,6 +321,24 @@ class MoEConfig:
         if self.expert_dtype == "fp8_block" and jnp.dtype(self.dtype).itemsize < 2:
             raise ValueError(f"{w}.dtype {jnp.dtype(self.dtype)} is what FP8 experts compute in: use bf16 or f32")
 
+    @property
+    def expert_axes(self) -> str | tuple[str, str]:
+        """The mesh axes the expert slots are split over, as a collective's axis name: ``axis``, or ``(node_axis,
+        axis)`` (rank = node · |axis| + the ``axis`` index)."""
+        return self.axis if self.node_axis is None else (self.node_axis, self.axis)
+
+    def ranks_on(self, mesh) -> int:
+        """D on ``mesh``: the product of the `expert_axes` sizes (ValueError naming a missing axis)."""
+        axes = (self.expert_axes,) if isinstance(self.expert_axes, str) else self.expert_axes
+        missing = [a for a in axes if a not in mesh.shape]
+        if missing:
+            field = "axis" if missing[0] == self.axis else "node_axis"
+            raise ValueError(
+                f"axis {missing[0]!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.{field} to one of "
+                "them or build the mesh with tempo_jax.make_mesh(...)"
+            )
+        return math.prod(int(mesh.shape[a]) for a in axes)
+
     def _check_axes(self) -> None:
         w = "MoEConfig"
         b = self.batch_axes
@@ -330,18 +352,23 @@ class MoEConfig:
             if len(set(b)) != len(b):
                 raise ValueError(f"{w}.batch_axes names an axis twice: {list(b)}")
             object.__setattr__(self, "batch_axes", tuple(b))
-        for name in ("tensor_axis", "fsdp_axis"):
+        for name in ("node_axis", "tensor_axis", "fsdp_axis"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{w}.{name} must be None or a mesh axis name, got {v!r}")
-        named = {"axis": self.axis, "tensor_axis": self.tensor_axis}
+        named = {"axis": self.axis, "node_axis": self.node_axis, "tensor_axis": self.tensor_axis}
         for field, v in named.items():
             if v is not None and b is not None and v in b:
                 raise ValueError(f"{w}.batch_axes {list(b)} must not contain the {field} {v!r}")
         if self.tensor_axis is not None and self.tensor_axis == self.axis:
             raise ValueError(f"{w}: tensor_axis and axis are both {self.axis!r}; the two need different mesh axes")
+        if self.node_axis is not None and self.node_axis in (self.axis, self.tensor_axis):
+            other = "axis" if self.node_axis == self.axis else "tensor_axis"
+            raise ValueError(
+                f"{w}: node_axis={self.node_axis!r} is also the {other}; the nodes need a mesh axis of their own"
+            )
         if self.fsdp_axis is not None:
-            if self.fsdp_axis in (self.axis, self.tensor_axis):
+            if self.fsdp_axis in (self.axis, self.node_axis, self.tensor_axis):
                 raise ValueError(
                     f"{w}.fsdp_axis={self.fsdp_axis!r} must be a batch axis, not the expert or tensor axis"
                 )

@@ -80,7 +80,7 @@ def for_call(config: MoEConfig, *, exchange: str, capacity: tuple[str, int], top
     ``("fixed", C)``), else dropless rounds when ``capacity`` is ``("rounds", C)``, else the config's launch schedule
     (`Scheduled`) or one exchange (``schedule="sync"``) at C rows per block; ``exchange`` is the resolved exchange
     implementation and ``top_k`` the pairs per row of the layer's ``x``."""
-    wire = stages.Wire(config.axis, exchange, config.expert_width, config.dtype, top_k)
+    wire = stages.Wire(config.expert_axes, exchange, config.expert_width, config.dtype, top_k)
     ffn = stages.FFN(config.expert, config.gmm_impl, config.interpret, config.fp8_activation_block)
     how, C = capacity
     if exchange == "ring":

@@ -62,20 +62,23 @@ class LayerAxes:
     """The mesh axes of one layer on one mesh (hashable: part of the compiled program's key).
 
     Attributes:
-      ep: the expert-parallel axis (D ranks).  batch: the batch axes, in mesh order (Ng = product of their sizes).
+      ep: the expert-parallel axis (D ranks), or ``(node, ep)`` with ``MoEConfig.node_axis`` (D = their product; a
+        collective's axis name either way).  batch: the batch axes, in mesh order (Ng = product of their sizes).
       tensor: the tensor axis or None.  fsdp: the FSDP axis (one of ``batch``) or None.
       sizes: ``{axis: size}`` of the mesh.
     """
 
-    ep: str
+    ep: str | tuple[str, ...]
     batch: tuple[str, ...]
     tensor: str | None
     fsdp: str | None
     sizes: tuple[tuple[str, int], ...]
 
-    def size(self, name: str | None) -> int:
-        """The size of axis ``name`` (1 for None)."""
-        return 1 if name is None else dict(self.sizes)[name]
+    def size(self, name: str | tuple[str, ...] | None) -> int:
+        """The size of axis ``name`` (1 for None; the product for a tuple of axes)."""
+        if name is None:
+            return 1
+        return math.prod(dict(self.sizes)[n] for n in ((name,) if isinstance(name, str) else name))
 
     @property
     def num_ranks(self) -> int:
@@ -90,12 +93,12 @@ class LayerAxes:
     @property
     def tokens(self) -> tuple[str, ...]:
         """The axes the tokens are split over, slowest first: the batch axes, then ``ep`` (Ng·D shards)."""
-        return (*self.batch, self.ep)
+        return (*self.batch, *((self.ep,) if isinstance(self.ep, str) else self.ep))
 
     @property
     def token_spec(self) -> P:
         """The spec of a ``[T, ...]`` token array: ``P(("data", "ep"))``, or ``P("ep")`` without batch axes."""
-        return P(self.tokens if self.batch else self.ep)
+        return P(self.tokens if len(self.tokens) > 1 else self.ep)
 
     @property
     def shards(self) -> int:
@@ -128,14 +131,17 @@ def layer_axes(
             )
 
     need(config.axis, "axis")
+    if config.node_axis is not None:
+        need(config.node_axis, "node_axis")
+    expert = (config.axis,) if config.node_axis is None else (config.node_axis, config.axis)
     tensor, fsdp = config.tensor_axis, config.fsdp_axis
     if tensor is not None:
         need(tensor, "tensor_axis")
     if config.batch_axes is None:
         if tokens is None:
-            batch = tuple(n for n in names if n not in (config.axis, tensor) and mesh.shape[n] > 1)
+            batch = tuple(n for n in names if n not in (*expert, tensor) and mesh.shape[n] > 1)
         else:
-            batch = tuple(n for n in names if n in tokens and n not in (config.axis, tensor))
+            batch = tuple(n for n in names if n in tokens and n not in (*expert, tensor))
         if fsdp is not None and fsdp not in batch:
             batch = tuple(n for n in names if n in (*batch, fsdp))
     else:
@@ -149,7 +155,7 @@ def layer_axes(
                 f"{where}: MoEConfig.fsdp_axis={fsdp!r} must be one of the batch axes {list(batch)} (the devices "
                 "along it hold different tokens and share the expert weights, which FSDP splits among them)"
             )
-    axes = LayerAxes(config.axis, batch, tensor, fsdp, sizes)
+    axes = LayerAxes(config.expert_axes, batch, tensor, fsdp, sizes)
     Tp, Fp = axes.size(tensor), axes.size(fsdp)
     if config.ffn % Tp:
         raise ValueError(

@@ -373,12 +373,12 @@ class MoE(nnx.Module):
         self.z_loss = MoEAuxState(jnp.zeros((), jnp.float32))
         self.losses = MoEAuxLoss(jnp.zeros((2,), jnp.float32))
         self.expert_load = MoEAuxState(jnp.zeros((config.experts,), jnp.float32))
-        place_on_mesh(self, mesh, config.axis)
+        place_on_mesh(self, mesh, config.expert_axes)
 
     @property
     def placement(self) -> Placement:
         """The `solvers.Placement` the expert arrays are laid out over (host data; `set_placement` changes it)."""
-        D = self.mesh.shape[self.config.axis]
+        D = self.config.ranks_on(self.mesh)
         return self._host.get(self.phy2log.get_value(), D, self.config.experts, self._gpus_per_node)
 
     def params(self) -> dict:
@@ -493,7 +493,7 @@ class MoE(nnx.Module):
             [v.get_value() for v in variables],
             plan,
             mesh=self.mesh,
-            axis=self.config.axis,
+            axis=self.config.expert_axes,
             donate=not self._caller_arrays,  # params=... given: the caller's arrays stay alive
         )
         self._caller_arrays = False

@@ -432,7 +432,7 @@ def _dispatch(rt: Routing, inp: RankInputs, *, config: MoEConfig, axes: LayerAxe
     """Step 2 on one rank: this rank's table row group (or the in-graph plan's quota row) → each pair's physical
     slot (`stages.dispatch_pairs`), split into destination rank and local slot; with dynamic copies, a copy column's
     slot D·S + m·k + j is rank m's dynamic slot S + j."""
-    axis, K, S = config.axis, config.top_k, config.slots_per_rank
+    axis, K, S = config.expert_axes, config.top_k, config.slots_per_rank
     D, d = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
     T = rt.ids.shape[0]
     sample = config.dispatch_mode == "sample"
@@ -469,7 +469,7 @@ def _rank_weights(inp: RankInputs, rt: Routing, sent: _Sent, *, config: MoEConfi
     along the slots (the stored slots are never copied), gathered over an FSDP axis; FP8 experts as `fp8.BlockScaled`
     where the grouped GEMM reads FP8 in its kernel (tokamax), else dequantized (`fp8.gemm_weights`). OEWF redirects the
     helper's pairs for the fetched experts to them: ``dest`` / ``local`` ``[T·K]``."""
-    axis, S = config.axis, config.slots_per_rank
+    axis, S = config.expert_axes, config.slots_per_rank
     dest, local, plan = sent.dest, sent.local, sent.plan
     weights = tie_replicas(
         inp.experts,
@@ -517,7 +517,7 @@ def _stats(inp: RankInputs, rt: Routing, sent: _Sent, done: stages.Exchanged, *,
     if config.zero_experts:  # pairs on zero-computation experts (ids E … E+Z−1) are sent nowhere by design
         unsent = unsent & ~((rt.ids >= config.experts) & (rt.ids < config.routed_choices)).reshape(-1)
     invalid_ids = jnp.sum(unsent).astype(jnp.int32)
-    d = jax.lax.axis_index(config.axis)
+    d = jax.lax.axis_index(config.expert_axes)
     return MoEStats(
         gpu_tokens=jnp.sum(done.group_sizes)[None],
         gpu_activations=jnp.sum(done.group_sizes > 0)[None],
@@ -572,7 +572,7 @@ def _ingraph_table(
     counts = jax.ops.segment_sum(
         ok.reshape(-1).astype(jnp.int32), jnp.where(ok, ids, E).reshape(-1), num_segments=E + 1
     )[:E]
-    every = jax.lax.all_gather(counts, config.axis)  # [D, E]: the one collective of the in-graph dispatch
+    every = jax.lax.all_gather(counts, config.expert_axes)  # [D, E]: the one collective of the in-graph dispatch
     ranks = relief.replica_ranks(log2phy, S, D)
     n, rounds_, plan = jnp.sum(every, axis=0), config.dispatch_rounds, None
     if not config.dynamic_slots:
@@ -704,9 +704,7 @@ def _check_inputs(
     both keyed by their placement — are compared by key and never read; hand-made ones are checked by value when
     concrete (an eager call). Inside a caller's `jit` only shapes and keys can be checked.
     """
-    axis = config.axis
-    if axis not in mesh.shape:
-        raise ValueError(f"axis {axis!r} is not in the mesh (axes: {list(mesh.shape)}); set MoEConfig.axis")
+    config.ranks_on(mesh)  # the expert axes are in the mesh
     axes = layer_axes(config, mesh)
     D, shards = axes.num_ranks, axes.shards
     E, S, K = config.experts, config.slots_per_rank, config.top_k
@@ -775,7 +773,10 @@ def _check_inputs(
     else:
         check_tables(tables, placement_arrays, where="moe_forward")
     if isinstance(config.schedule, LaunchSchedule) and config.schedule.num_ranks != D:
-        raise ValueError(f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but axis {axis!r} has {D}")
+        raise ValueError(
+            f"MoEConfig.schedule is for {config.schedule.num_ranks} ranks but the expert axes {config.expert_axes!r} "
+            f"have {D}"
+        )
     if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
         check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
     if routing is not None:

@@ -33,6 +33,8 @@ Everything else (router, score bias, shared experts) is the same in both layouts
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -323,10 +325,13 @@ def to_physical(
 
     if mesh is None:
         return gather(logical)
-    if config is not None and axis not in (None, config.axis):
+    if config is not None and axis not in (None, config.axis, config.expert_axes):
         raise ValueError(f"to_physical: axis={axis!r} differs from config.axis={config.axis!r}; give one of them")
-    axis = config.axis if config is not None else (axis or "ep")
-    D = mesh.shape[axis]
+    if config is not None:
+        axis, D = config.expert_axes, config.ranks_on(mesh)
+    else:
+        axis = axis or "ep"
+        D = math.prod(int(mesh.shape[a]) for a in ((axis,) if isinstance(axis, str) else axis))
     if isinstance(placement, Placement) and placement.num_gpus != D:
         raise ValueError(
             f"to_physical: the placement spans {placement.num_gpus} ranks, the mesh's {axis!r} axis {D}; its slots "
@@ -394,7 +399,7 @@ def init_params(key: jax.Array, config: MoEConfig, placement, *, mesh: jax.shard
     phy2log = jnp.asarray(phy2log, jnp.int32)
     if mesh is None:
         return _draw(key, config, phy2log)
-    axis = config.axis
+    axis = config.expert_axes
     shapes = jax.eval_shape(lambda k: init_logical_params(k, config), key)
     homes = param_shardings(shapes, mesh, config)
     keys = expert_keys(shapes)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -400,7 +401,7 @@ def _migrator(mesh: jax.sharding.Mesh, axis: str, block: int, spec: P):
     return jax.jit(f, out_shardings=(NamedSharding(mesh, spec),), donate_argnums=(3,))
 
 
-def _slot_spec(a, mesh: jax.sharding.Mesh, axis: str) -> P:
+def _slot_spec(a, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...]) -> P:
     """The spec an array keeps through a migration: its own when it is sharded over ``axis`` on its slot axis (a
     tensor / fsdp share stays where it is), else ``P(axis)``."""
     sharding = getattr(a, "sharding", None)
@@ -415,7 +416,12 @@ def _slot_spec(a, mesh: jax.sharding.Mesh, axis: str) -> P:
 
 
 def migrate(
-    arrays: list, plan: MigrationPlan, *, mesh: jax.sharding.Mesh, axis: str = "ep", donate: bool = True
+    arrays: list,
+    plan: MigrationPlan,
+    *,
+    mesh: jax.sharding.Mesh,
+    axis: str | tuple[str, ...] = "ep",
+    donate: bool = True,
 ) -> tuple[list, float, float]:
     """Apply ``plan`` to slot-sharded arrays ``[P, ...]`` (weights, biases, optimizer moments): one all-to-all per
     array along ``axis``, the arrays one after another (so the exchange buffers of one array are alive at a time;
@@ -426,10 +432,10 @@ def migrate(
     import time
 
     D = plan.send.shape[0]
-    if axis not in mesh.shape or mesh.shape[axis] != D:
-        raise ValueError(
-            f"migrate: the plan is for {D} ranks, the mesh's {axis!r} axis has {mesh.shape.get(axis, 'no')} ranks"
-        )
+    names = (axis,) if isinstance(axis, str) else tuple(axis)  # (node, ep) with MoEConfig.node_axis
+    have = math.prod(mesh.shape[n] for n in names) if all(n in mesh.shape for n in names) else "no"
+    if have != D:
+        raise ValueError(f"migrate: the plan is for {D} ranks, the mesh's {axis!r} axis has {have} ranks")
     for i, a in enumerate(arrays):
         if jnp.ndim(a) == 0 or jnp.shape(a)[0] != plan.slots:
             raise ValueError(

@@ -207,7 +207,7 @@ def capture(model) -> Capture:
     for moe, got in zip(layers, modules, strict=True):
         tokens = got["gpu_tokens"]
         if moe not in _SHAPES:  # the layer's D and E (static)
-            _SHAPES[moe] = (moe.mesh.shape[moe.config.axis], moe.config.experts)
+            _SHAPES[moe] = (moe.config.ranks_on(moe.mesh), moe.config.experts)
         D, E = _SHAPES[moe]
         out.shapes.append((D, E))
         out.groups.append(tokens.shape[-1] // D)

@@ -1,0 +1,160 @@
+"""Expert parallelism over two mesh axes (issue 75, item 3's first step): ``MoEConfig(node_axis="node")`` splits the
+expert slots over ``node × ep`` (D = nodes × ep ranks, rank = node · |ep| + its ep index), and every expert-parallel
+collective runs over both axes — the flat exchange a two-hop exchange must equal.
+
+On (2, 4) and (4, 2) node × ep meshes, and with a data axis beside them, the same tokens and logical weights give the
+dense reference's output and gradients and the 1-D ep mesh's, under jit; each device holds its own S slots; the
+dispatch tables, the in-graph plan and the module work per rank of the flat group."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from numeric import assert_close, assert_trees_close
+
+import tempo_jax
+from solvers import PRESETS, Placement
+from tempo_jax.layer import MoEConfig, init_logical_params, layer_axes, moe_forward, moe_reference, to_physical
+from tempo_jax.layer import tables as dispatch_tables
+from tempo_jax.layer.collectives import program_collectives
+
+E, H, F, K, T = 8, 32, 16, 2, 64
+
+
+def _mesh(shape, names=("node", "ep")):
+    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def _config(**kw) -> MoEConfig:
+    kw.setdefault("slots_per_rank", 2)
+    return MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, **kw)
+
+
+def _x():
+    return jax.random.normal(jax.random.key(1), (T, H))
+
+
+def _run(mesh, config, placement, x, *, dispatch_tables_=True):
+    logical = init_logical_params(jax.random.key(0), config)
+    params = to_physical(logical, placement, mesh=mesh, config=config)
+    axes = layer_axes(config, mesh)
+    x = jax.device_put(x, NamedSharding(mesh, axes.token_spec))
+    pa = dispatch_tables.placement_arrays(placement)
+    tables = dispatch_tables.uniform(placement) if dispatch_tables_ else None
+
+    def loss(p, x):
+        res = moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config)
+        return jnp.sum(res.out**2), res
+
+    (_, res), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x)
+    return logical, params, res, grads
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)], ids=lambda s: "x".join(map(str, s)))
+def test_node_by_ep_equals_the_dense_reference_and_the_flat_mesh(shape):
+    D = shape[0] * shape[1]
+    placement = Placement.spread(E, D, 2)  # every expert twice: the replicas' gradients are tied across nodes
+    config = _config(node_axis="node")
+    logical, params, res, grads = _run(_mesh(shape), config, placement, _x())
+    assert_close(res.out, moe_reference(logical, _x(), config))
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical)
+    assert_trees_close(grads, to_physical(want, placement))
+    flat = _run(_mesh((D,), ("ep",)), _config(), placement, _x())
+    assert_close(res.out, flat[2].out)
+    assert_trees_close(grads, flat[3])
+    # each device holds its own S slots: rank = node · |ep| + ep index
+    S = config.slots_per_rank
+    assert {s.data.shape for s in params["w_gate"].addressable_shards} == {(S, H, F)}
+    mesh = _mesh(shape)
+    for s in params["w_gate"].addressable_shards:
+        coords = np.argwhere(mesh.devices == s.device)[0]
+        rank = coords[0] * shape[1] + coords[1]
+        assert s.index[0] == slice(rank * S, (rank + 1) * S)
+    assert res.stats.gpu_tokens.shape == (D,) and int(res.counts.sum()) == T * K
+
+
+def test_a_data_axis_beside_the_node_and_ep_axes():
+    """(data 2, node 2, ep 2): each data replica routes and exchanges only its own tokens over its node × ep group."""
+    mesh = _mesh((2, 2, 2), ("data", "node", "ep"))
+    placement = Placement.spread(E, 4, 2)
+    config = _config(node_axis="node")
+    logical, _, res, grads = _run(mesh, config, placement, _x())
+    assert layer_axes(config, mesh).batch == ("data",)
+    assert_close(res.out, moe_reference(logical, _x(), config))
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, _x(), config) ** 2))(logical)
+    assert_trees_close(grads, to_physical(want, placement))
+
+
+def test_the_in_graph_plan_and_the_ring_run_over_both_axes():
+    placement = Placement.spread(E, 8, 2)
+    x = _x()
+    ingraph = {"dispatch": "ingraph", "dispatch_mode": "quota", "cost": PRESETS["dsv3_fp8_offline"]}
+    for kw in (ingraph, {"exchange": "ring"}):
+        config = _config(node_axis="node", **kw)
+        logical, _, res, _ = _run(_mesh((2, 4)), config, placement, x, dispatch_tables_=kw.get("dispatch") is None)
+        assert_close(res.out, moe_reference(logical, x, config))
+
+
+def test_the_exchange_is_one_collective_over_every_device():
+    """The flat exchange: the dispatch all-to-all's groups span both axes (one group of 8 devices), not the nodes."""
+    mesh, placement = _mesh((2, 4)), Placement.spread(E, 8, 2)
+    config = _config(node_axis="node", exchange="padded", capacity=None)
+    params = to_physical(init_logical_params(jax.random.key(0), config), placement, mesh=mesh, config=config)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    f = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config).out)
+    found = program_collectives(f.lower(params, _x()).compile().as_text(), mesh)
+    a2a = [c for c in found if c.kind == "all-to-all"]
+    assert a2a and all(c.group == 8 and set(c.axes) == {"node", "ep"} for c in a2a), found
+
+
+def test_the_module_trains_and_replaces_on_a_node_by_ep_mesh():
+    """`tempo_jax.MoE` over node × ep: gradients equal the dense reference's, an Adam step under nnx.jit, and
+    `set_placement` moving slots across nodes keeps the function."""
+    mesh = _mesh((2, 4))
+    placement = Placement.spread(E, 8, 2)
+    config = _config(node_axis="node")
+    moe = tempo_jax.MoE(config, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
+    assert moe.placement.num_gpus == 8
+    x = _x()
+    logical = jax.tree.map(np.asarray, moe.logical_params())
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, x, config) ** 2))(logical)
+    got = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(moe)
+    assert_trees_close({k: got[k].get_value() for k in logical}, to_physical(want, placement))
+    opt = nnx.Optimizer(moe, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(moe, opt, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) ** 2))(moe)
+        opt.update(moe, grads)
+        return loss
+
+    step(moe, opt, x)
+    before = moe(x)
+    rolled = Placement.from_phy2log((placement.phy2log + 1) % E, 8)  # every slot takes another expert
+    report = moe.set_placement(rolled, optimizer=opt)
+    assert report.moved_slots > 0
+    assert_close(moe(x), before)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"node_axis": "ep"}, "node_axis='ep' is also the axis"),
+        ({"node_axis": "t", "tensor_axis": "t"}, "node_axis='t' is also the tensor_axis"),
+        ({"node_axis": "node", "batch_axes": ("node",)}, "must not contain the node_axis"),
+        ({"node_axis": 3}, "node_axis must be None or a mesh axis name"),
+    ],
+)
+def test_bad_node_axes_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _config(**kw)
+
+
+def test_a_node_axis_missing_from_the_mesh_is_named():
+    config = _config(node_axis="rack")
+    placement = Placement.spread(E, 8, 2)
+    with pytest.raises(ValueError, match="axis 'rack' is not in the mesh.*MoEConfig.node_axis"):
+        _run(_mesh((2, 4)), config, placement, _x())
