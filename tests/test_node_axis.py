@@ -20,6 +20,7 @@ from solvers import PRESETS, Placement
 from tempo_jax.layer import MoEConfig, init_logical_params, layer_axes, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
+from tempo_jax.layer.exchange import lowering_for
 
 E, H, F, K, T = 8, 32, 16, 2, 64
 
@@ -158,3 +159,102 @@ def test_a_node_axis_missing_from_the_mesh_is_named():
     placement = Placement.spread(E, 8, 2)
     with pytest.raises(ValueError, match="axis 'rack' is not in the mesh.*MoEConfig.node_axis"):
         _run(_mesh((2, 4)), config, placement, _x())
+
+
+# ------------------------------------------------------------------------------------------------ two hops
+TWO_HOP = {"node_axis": "node", "node_exchange": "two_hop", "capacity": None}
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)], ids=lambda s: "x".join(map(str, s)))
+def test_two_hops_equal_the_flat_exchange_and_the_dense_reference(shape):
+    """Output and every gradient of the two-hop exchange equal the flat exchange's over the same mesh and the dense
+    reference, under jit (replicas on both nodes: the tied gradients cross nodes too)."""
+    D = shape[0] * shape[1]
+    placement = Placement.spread(E, D, 2)
+    x = _x()
+    logical, _, res, grads = _run(_mesh(shape), _config(**TWO_HOP), placement, x)
+    _, _, flat, flat_grads = _run(_mesh(shape), _config(node_axis="node", capacity=None), placement, x)
+    assert_close(res.out, flat.out)
+    assert_trees_close(grads, flat_grads)
+    assert_close(res.out, moe_reference(logical, x, _config(**TWO_HOP)))
+    np.testing.assert_array_equal(res.stats.gpu_tokens, flat.stats.gpu_tokens)  # the same pairs on the same ranks
+    assert int(res.stats.drops.sum()) == 0
+
+
+def test_two_hops_with_a_data_axis_the_module_and_bf16():
+    mesh = _mesh((2, 2, 2), ("data", "node", "ep"))
+    placement = Placement.spread(E, 4, 2)
+    x = _x()
+    logical, _, res, _ = _run(mesh, _config(**TWO_HOP), placement, x)
+    assert_close(res.out, moe_reference(logical, x, _config(**TWO_HOP)))
+    moe = tempo_jax.MoE(
+        _config(**TWO_HOP, dtype=jnp.bfloat16),
+        Placement.spread(E, 8, 2),
+        mesh=_mesh((2, 4)),
+        rngs=nnx.Rngs(params=0, dispatch=1),
+    )
+    want = moe_reference(jax.tree.map(np.asarray, moe.logical_params()), x, moe.config)
+    np.testing.assert_allclose(np.asarray(moe(x), np.float32), np.asarray(want, np.float32), atol=0.05, rtol=0.05)
+
+
+def test_node_rows_send_each_token_once_per_distinct_node():
+    from tempo_jax.layer.two_hop import node_rows
+
+    # D = 8 ranks in 2 nodes of 4; K = 3; rank 8: never sent
+    dest = jnp.array([0, 1, 2, 0, 5, 8, 8, 8, 8, 7, 6, 5], jnp.int32)  # 4 tokens
+    need, pos = node_rows(dest, 3, 8, 4)
+    np.testing.assert_array_equal(need, [[True, False], [True, True], [False, False], [False, True]])
+    np.testing.assert_array_equal(np.where(need, pos, -1), [[0, -1], [1, 0], [-1, -1], [-1, 1]])
+
+
+def test_two_hops_send_fewer_bytes_over_the_node_axis():
+    """The compiled program: hop 1's collectives over ``node`` carry one row per (token, node) — T rows of H per
+    peer node, and float32 partial rows back — where the flat exchange over both axes sends K rows per token
+    (its worst-case blocks of T·K rows to every rank)."""
+    mesh, placement = _mesh((2, 4)), Placement.spread(E, 8, 2)
+
+    def collectives(config):
+        params = to_physical(init_logical_params(jax.random.key(0), config), placement, mesh=mesh, config=config)
+        pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+        f = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config).out)
+        return program_collectives(f.lower(params, _x()).compile().as_text(), mesh)
+
+    two = collectives(_config(**TWO_HOP, exchange="padded"))
+    flat = collectives(_config(node_axis="node", capacity=None, exchange="padded"))
+    over_node = sum(c.wire_bytes for c in two if c.kind == "all-to-all" and set(c.axes) == {"node"})
+    flat_bytes = sum(c.wire_bytes for c in flat if c.kind == "all-to-all" and "node" in c.axes)
+    Tl = T // 8  # tokens per rank
+    row = H * 4  # float32 rows
+    # hop 1: T rows of H (+ int32 / float32 metadata) to the other node, the partial rows back
+    assert over_node <= 2 * Tl * (row + 3 * K * 4) + 64, (over_node, two)
+    flat_cross = flat_bytes * 4 / 7  # of the flat exchange's 7 peers, 4 sit on the other node
+    assert K * over_node < flat_cross, (flat_cross, over_node)
+    assert any(c.kind == "all-to-all" and set(c.axes) == {"ep"} for c in two)  # hop 2 stays inside the node
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"node_exchange": "two_hop", "capacity": None}, "set node_axis"),
+        ({**TWO_HOP, "exchange": "ring"}, "exchange='ring' gathers every token"),
+        ({**TWO_HOP, "capacity": "auto"}, "set capacity=None"),
+        ({"node_axis": "node", "node_exchange": "hops"}, "node_exchange must be 'flat' or 'two_hop'"),
+    ],
+)
+def test_bad_two_hop_settings_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _config(**kw)
+
+
+def test_two_hops_lower_to_ragged_exchanges_on_gpu():
+    """With the ragged exchange (GPU/TPU; lowered here, XLA:CPU cannot run it) every hop is a ragged all-to-all:
+    hop 1's three (rows, their pairs' ids, gates) and its return, hop 2 and its return — rows move, padding does
+    not."""
+    mesh, placement = _mesh((2, 4)), Placement.spread(E, 8, 2)
+    config = _config(**TWO_HOP, exchange="ragged")
+    params = to_physical(init_logical_params(jax.random.key(0), config), placement, mesh=mesh, config=config)
+    pa, tables = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    f = jax.jit(lambda p, x: moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tables, config=config).out)
+    with lowering_for("gpu"):
+        text = f.lower(params, _x()).as_text()
+    assert text.count("ragged_all_to_all") == 6, text.count("ragged_all_to_all")

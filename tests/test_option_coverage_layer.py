@@ -85,6 +85,13 @@ LAYER = {
     "capacity_factor": (4.0, {}, "where", None),  # fewer, larger rounds
     "axis": ("experts", {}, "same", None),
     "node_axis": ("node", {}, "same", None),  # the slots over node × ep: the flat exchange over both, same result
+    # each token once per node, forwarded inside it: the same pairs on the same slots, the same statistics
+    "node_exchange": (
+        "two_hop",
+        {"node_axis": "node", "capacity": None},
+        "same",
+        {"node_axis": "node", "capacity": None},
+    ),
     # the mesh options, on data 2 × ep 2 × tensor 2 (8 slots per rank): tokens split over data change the per-device
     # statistics ([4] → [8] shards); F split over the tensor axis and the weights over data (FSDP) change neither
     "batch_axes": (("data",), {"batch_axes": (), "slots_per_rank": 8}, "where", None),

@@ -90,6 +90,10 @@ class MoEConfig:
       node_axis: a second mesh axis the expert slots are also split over, slower than ``axis`` (the nodes of a
         multi-node deployment: D = nodes × ``axis`` ranks, rank = node · |axis| + its ``axis`` index); None: the
         slots over ``axis`` alone. Every expert-parallel collective then runs over both (`expert_axes`).
+      node_exchange: how rows cross the nodes with ``node_axis``: ``"flat"`` (default: one exchange over both axes, a
+        token to another node once per expert it chose there) or ``"two_hop"`` (each token once per node that holds
+        one of its experts, forwarded inside the node, the node's partial sums combined before they return:
+        `tempo_jax.layer.two_hop`; dropless in one exchange per hop, so ``capacity=None``). The output is the same.
       batch_axes: the mesh axes the tokens are also split over (data parallelism: each coordinate is one EP group
         that routes, exchanges and computes only its own tokens; expert weights replicated over them, gradients
         summed). None (default): the axes the tokens are sharded over when their sharding can be seen (a placed
@@ -130,6 +134,7 @@ class MoEConfig:
     capacity_factor: float = 2.0
     axis: str = "ep"
     node_axis: str | None = None
+    node_exchange: str = "flat"
     batch_axes: tuple[str, ...] | None = None
     tensor_axis: str | None = None
     fsdp_axis: str | None = None
@@ -205,6 +210,7 @@ class MoEConfig:
                 "MoEConfig: exchange='ring' gathers every token at once, a CascadeEP launch schedule sends each "
                 "source's rows when it is ready; use exchange='auto' (or a block exchange) with a schedule"
             )
+        self._check_node_exchange()
         object.__setattr__(self, "fetches", tuple(self.fetches))
         if not all(isinstance(f, WeightFetch) for f in self.fetches):
             raise ValueError("MoEConfig.fetches must be tempo_jax.layer.cascade_plan.WeightFetch values")
@@ -338,6 +344,33 @@ class MoEConfig:
                 "them or build the mesh with tempo_jax.make_mesh(...)"
             )
         return math.prod(int(mesh.shape[a]) for a in axes)
+
+    def _check_node_exchange(self) -> None:
+        w = "MoEConfig"
+        if self.node_exchange not in ("flat", "two_hop"):
+            raise ValueError(f"{w}.node_exchange must be 'flat' or 'two_hop', got {self.node_exchange!r}")
+        if self.node_exchange == "flat":
+            return
+        if self.node_axis is None:
+            raise ValueError(
+                f"{w}: node_exchange='two_hop' crosses the nodes of node_axis; set node_axis (a node × ep mesh) or "
+                "leave node_exchange out"
+            )
+        if self.exchange == "ring":
+            raise ValueError(
+                f"{w}: node_exchange='two_hop' is a block exchange per hop; exchange='ring' gathers every token "
+                "instead: use exchange='auto' (or a block exchange) with it"
+            )
+        if self.schedule != "sync":
+            raise ValueError(
+                f"{w}: node_exchange='two_hop' runs one exchange per hop; a CascadeEP launch schedule sends each "
+                "source's rows when they are ready: use node_exchange='flat' with a schedule"
+            )
+        if self.capacity is not None:
+            raise ValueError(
+                f"{w}: node_exchange='two_hop' is dropless in one exchange per hop (the worst case); set "
+                f"capacity=None (got {self.capacity!r}: rounds and fixed capacities are the flat exchange's)"
+            )
 
     def _check_axes(self) -> None:
         w = "MoEConfig"

@@ -29,10 +29,12 @@ import jax.numpy as jnp
 from . import remat, stages
 from .cascade_exec import Scheduled
 from .config import MoEConfig
+from .exchange import block_exchange
 from .ring import Ring
 from .rounds import Rounds
+from .two_hop import TwoHop
 
-__all__ = ["ExchangeFFN", "OneExchange", "Ring", "Rounds", "Scheduled", "for_call"]
+__all__ = ["ExchangeFFN", "OneExchange", "Ring", "Rounds", "Scheduled", "TwoHop", "for_call"]
 
 
 class ExchangeFFN(Protocol):
@@ -83,6 +85,8 @@ def for_call(config: MoEConfig, *, exchange: str, capacity: tuple[str, int], top
     wire = stages.Wire(config.expert_axes, exchange, config.expert_width, config.dtype, top_k)
     ffn = stages.FFN(config.expert, config.gmm_impl, config.interpret, config.fp8_activation_block)
     how, C = capacity
+    if config.node_exchange == "two_hop":  # a block exchange per hop (the platform's where "auto" chose the ring)
+        return TwoHop(dataclasses.replace(wire, exchange=block_exchange(exchange)), ffn)
     if exchange == "ring":
         return Ring(wire, ffn, C, drop=how == "fixed")
     if how == "rounds":

@@ -1,0 +1,118 @@
+"""Steps 3–7 in two hops over a ``node × ep`` mesh (`MoEConfig(node_axis=, node_exchange="two_hop")`): each token
+crosses to another node once per node that holds one of its experts, not once per expert (DeepEP's inter-node
+dispatch: RDMA between nodes, NVLink inside one).
+
+    rank (n, e):  x [T, H], gate [T, K], dest / local [T·K]      (dest: flat rank n'·|ep| + e'; D: never sent)
+      hop 1, over ``node`` (to rank (m, e) of every node m the token needs, the same ep index):
+        block m = the tokens with a pair on node m, in token order, each with its K pairs' (ep index, slot, gate)
+        there (ep index −1: the pair is elsewhere)                                        [Nn, T, H] + metadata
+      hop 2, over ``ep`` inside the node: the received tokens' pairs packed by ep index as the flat exchange packs
+        them (`stages.pack`), the expert FFN on the received rows, the results returned (`stages.return_rows`)
+      combine inside the node: each received token's node-local pairs weighted by their gates and summed → one
+        float32 partial row per (token, node)                                                         [Nn, T, H]
+      return hop 1, over ``node``: the partial rows back to the token's rank, summed over the nodes → out [T, H]
+
+Every pair is computed once, by the slot its table picked, and weighted by its gate: the same function as the flat
+exchange over both axes (`tempo_jax.layer.exchange_ffn.OneExchange` with the expert axes ``(node, ep)``). Bytes over
+``node``: a token's row goes to each distinct node of its pairs once (K·H per token flat, at most Nn·H here, fewer
+when its pairs share nodes); the return carries one float32 row per (token, node) instead of one per pair.
+
+Capacities are the dropless worst case of one exchange per hop: C1 = T rows per node block (a token needs a node
+once), C2 = Nn·T·min(K, S) rows per ep block (every received token's pairs on one rank, at most one per slot there).
+JAX differentiates it as it is: the all-to-alls transpose to all-to-alls over the same axes, and the expert FFN keeps
+its own VJP.
+
+Glossary additions: De ranks per node (the ``ep`` axis; D = Nn·De), C1 rows per block of the node hop, C2 rows per
+block of the ep hop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from . import stages
+from .exchange import return_blocks, send_blocks
+
+__all__ = ["TwoHop", "node_rows"]
+
+
+def node_rows(dest: jax.Array, top_k: int, num_ranks: int, ranks_per_node: int) -> tuple[jax.Array, jax.Array]:
+    """Which nodes each token needs: ``dest [T·K]`` flat destination ranks (``num_ranks`` D: never sent) →
+    ``(need [T, N] bool, pos [T, N] int32)``: whether token t has a pair on node m, and its row in hop 1's block m
+    (the tokens that need m, in token order)."""
+    N = num_ranks // ranks_per_node
+    d = dest.reshape(-1, top_k)
+    node = jnp.where(d < num_ranks, d // ranks_per_node, N)  # [T, K]; N: never sent
+    need = jnp.any(node[:, :, None] == jnp.arange(N)[None, None, :], axis=1)  # [T, N]
+    pos = (jnp.cumsum(need, axis=0) - 1).astype(jnp.int32)
+    return need, pos
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoHop:
+    """Steps 3–7 as two hops: ``wire.axis`` is ``(node, ep)`` (the expert axes, rank = node · |ep| + ep index); one of
+    the `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations. The block exchanges of both hops are
+    ``wire.exchange`` ("padded" or the ragged ones)."""
+
+    wire: stages.Wire
+    ffn: stages.FFN
+
+    def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
+        """See `tempo_jax.layer.exchange_ffn.ExchangeFFN.run`; ``rounds`` = 1, ``wanted`` / ``sent [D]`` the pairs
+        this rank's tokens send to each flat rank (dropless: equal)."""
+        w = self.wire
+        node_axis, ep_axis = w.axis
+        N, Ep = jax.lax.axis_size(node_axis), jax.lax.axis_size(ep_axis)
+        D, K, S = N * Ep, w.top_k, stages.num_slots(weights)
+        T = x.shape[0]
+        # Step 1: hop 1's blocks — each token once per node it needs, with its pairs' (ep index, slot, gate) there.
+        need, pos = node_rows(dest, K, D, Ep)
+        d = dest.reshape(T, K)
+        node = jnp.where(d < D, d // Ep, N)
+        here = node[:, None, :] == jnp.arange(N)[None, :, None]  # [T, N, K]: pair k of t is on node m
+        ep_of = jnp.where(here, (d % Ep)[:, None, :], -1)  # [T, N, K]
+        slot_of = jnp.where(here, local.reshape(T, K)[:, None, :], 0)
+        gate_of = jnp.where(here, gate.reshape(T, K)[:, None, :].astype(jnp.float32), 0.0)
+        row = jnp.where(need, pos, T)  # [T, N]; T: not sent to that node (dropped by the scatter)
+        m_idx = jnp.broadcast_to(jnp.arange(N)[None, :], (T, N))
+
+        def scatter(values, fill, dtype):
+            """``values [T, N, ...]`` into the node blocks ``[N, T, ...]`` at each token's row."""
+            out = jnp.full((N, T, *values.shape[2:]), fill, dtype)
+            return out.at[m_idx, row].set(values.astype(dtype), mode="drop")
+
+        rows1 = scatter(jnp.broadcast_to(x[:, None, :], (T, N, x.shape[1])), 0, w.dtype)
+        meta1 = scatter(jnp.concatenate([ep_of, slot_of], axis=-1), -1, jnp.int32)  # [N, T, 2K]
+        gates1 = scatter(gate_of, 0.0, jnp.float32)  # [N, T, K]
+        counts1 = jnp.sum(need, axis=0).astype(jnp.int32)  # [N]
+        # Step 2: hop 1 over the node axis (rank (n, e) → (m, e)).
+        hop = dict(axis=node_axis, exchange=w.exchange)
+        recv1, recv_counts1 = send_blocks(rows1, counts1, **hop)
+        meta_r = jax.lax.stop_gradient(send_blocks(meta1, counts1, **hop)[0])  # ids: no gradient
+        gates_r = send_blocks(gates1, counts1, **hop)[0]
+        valid = (
+            jnp.arange(T)[None, :] < recv_counts1[:, None]
+        )  # [N, T]: rows that came (the ragged paths zero the rest)
+        ep_r = jnp.where(valid[..., None], meta_r[..., :K], -1).reshape(-1)  # [N·T·K]
+        slot_r = meta_r[..., K:].reshape(-1)
+        gates_r = jnp.where(valid[..., None], gates_r, 0.0).reshape(N * T, K)
+        # Step 3: hop 2 inside the node, the expert FFN, the return (the flat exchange's stages over ``ep``).
+        C2 = N * T * min(K, S)
+        dest2 = jnp.where(ep_r >= 0, ep_r, Ep).astype(jnp.int32)
+        packed = stages.pack(recv1.reshape(N * T, -1), dest2, slot_r, top_k=K, num_ranks=Ep, capacity=C2, dtype=w.dtype)
+        recv2 = stages.exchange_rows(packed, axis=ep_axis, exchange=w.exchange, hidden=w.hidden, slots_per_rank=S)
+        y, group_sizes = self.ffn(recv2.rows.reshape(-1, w.hidden), recv2.slots.reshape(-1), weights)
+        y_pairs = stages.return_rows(
+            y.reshape(recv2.rows.shape), recv2.counts, packed, axis=ep_axis, exchange=w.exchange
+        )
+        # Step 4: the node-local pairs of each received token, weighted and summed: one partial row per (token, node).
+        partial = stages.combine(y_pairs, gates_r, jnp.float32).reshape(N, T, -1)
+        # Step 5: return hop 1 and the sum over the nodes.
+        back = return_blocks(partial, recv_counts1, counts1, **hop)  # [N, T, H]: block m = node m's partial rows
+        got = back[m_idx, jnp.where(need, pos, 0)]  # [T, N, H]
+        out = jnp.sum(jnp.where(need[..., None], got, 0.0), axis=1)
+        wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
+        return stages.Exchanged(out, group_sizes, wanted, wanted, jnp.int32(1))
