@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from numeric import assert_close, assert_trees_close
 
 import tempo_jax
-from solvers import PRESETS, Placement
+from solvers import PRESETS, CopyCost, Placement
 from tempo_jax.layer import MoEConfig, init_logical_params, layer_axes, moe_forward, moe_reference, to_physical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.collectives import program_collectives
@@ -31,7 +31,8 @@ def _mesh(shape, names=("node", "ep")):
 
 def _config(**kw) -> MoEConfig:
     kw.setdefault("slots_per_rank", 2)
-    return MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, **kw)
+    kw.setdefault("top_k", K)
+    return MoEConfig(hidden=H, ffn=F, experts=E, **kw)
 
 
 def _x():
@@ -258,3 +259,72 @@ def test_two_hops_lower_to_ragged_exchanges_on_gpu():
     with lowering_for("gpu"):
         text = f.lower(params, _x()).as_text()
     assert text.count("ragged_all_to_all") == 6, text.count("ragged_all_to_all")
+
+
+# ------------------------------------------------------------------------------------------------ node-limited routing
+def test_node_limited_routing_is_group_limited_routing_on_contiguous_nodes():
+    """DeepSeek-V3's node limit, M = 2 of 4 nodes with K = 4 (a node scores its best two): on experts laid out in
+    order (node = e // (E / 4)) it is transformers' group-limited choice with n_group 4, topk_group 2."""
+    from tempo_jax.layer.routing import RouterConfig, route
+
+    E16, K4 = 16, 4
+    params = {"router": jax.random.normal(jax.random.key(2), (H, E16)), "score_bias": jnp.linspace(-0.1, 0.1, E16)}
+    x = jax.random.normal(jax.random.key(3), (32, H))
+    nodes = (jnp.arange(E16) // 4, 4)
+    a = route(x, params, RouterConfig(scoring="sigmoid", score_bias=True, max_nodes=2), K4, nodes=nodes)
+    b = route(x, params, RouterConfig(scoring="sigmoid", score_bias=True, n_group=4, topk_group=2), K4)
+    np.testing.assert_array_equal(np.sort(a.ids, axis=1), np.sort(b.ids, axis=1))
+    np.testing.assert_allclose(np.sort(a.gate, axis=1), np.sort(b.gate, axis=1), rtol=1e-6)
+    unlimited = route(x, params, RouterConfig(scoring="sigmoid", score_bias=True), K4)
+    assert (np.asarray(jnp.arange(E16) // 4)[np.asarray(unlimited.ids)].max(1) > 0).any()  # the limit binds
+    with pytest.raises(ValueError, match="give nodes="):
+        route(x, params, RouterConfig(max_nodes=2), K4)
+
+
+def _node_placement():
+    """8 experts, one slot each on 8 ranks in 4 nodes of 2, shuffled: expert e's node is where the shuffle put it."""
+    return Placement.from_phy2log(np.array([5, 2, 7, 0, 3, 6, 1, 4]), 8)
+
+
+@pytest.mark.parametrize("node_exchange", ["flat", "two_hop"])
+def test_node_limited_routing_in_the_layer(node_exchange):
+    """max_nodes = 2 of 4 nodes: the layer equals the dense reference given the placement's expert nodes (values and
+    gradients), and every token's experts sit on at most two nodes."""
+    from tempo_jax.layer.routing import RouterConfig, expert_nodes, route
+
+    placement = _node_placement()
+    kw = {"capacity": None} if node_exchange == "two_hop" else {}
+    config = _config(
+        node_axis="node", node_exchange=node_exchange, slots_per_rank=1, top_k=3, router=RouterConfig(max_nodes=2), **kw
+    )
+    nodes = expert_nodes(placement.phy2log, E, 4)
+    np.testing.assert_array_equal(nodes, np.argsort(placement.phy2log) // 2)
+    x = _x()
+    logical, _, res, grads = _run(_mesh((4, 2)), config, placement, x)
+    assert_close(res.out, moe_reference(logical, x, config, expert_nodes=nodes))
+    want = jax.grad(lambda p: jnp.sum(moe_reference(p, x, config, expert_nodes=nodes) ** 2))(logical)
+    assert_trees_close(grads, to_physical(want, placement))
+    ids = np.asarray(route(x, logical, config.router, 3, nodes=(nodes, 4)).ids)
+    assert max(len(set(nodes[row])) for row in ids) == 2
+
+
+def test_node_limited_routing_refuses_what_it_cannot_count():
+    from tempo_jax.layer.routing import RouterConfig
+
+    with pytest.raises(ValueError, match="set node_axis"):
+        _config(router=RouterConfig(max_nodes=2))
+    with pytest.raises(ValueError, match="max_nodes=2 limits the choice"):
+        _config(node_axis="node", router=RouterConfig(max_nodes=2, n_group=2, topk_group=1))
+    with pytest.raises(ValueError, match="dynamic_slots copy hot experts to any rank"):
+        _config(
+            node_axis="node",
+            router=RouterConfig(max_nodes=1),
+            dispatch="ingraph",
+            dispatch_mode="quota",
+            cost=PRESETS["dsv3_fp8_offline"],
+            dynamic_slots=1,
+            copy_cost=CopyCost(1e6, 100.0, 0.0),
+        )
+    config = _config(node_axis="node", router=RouterConfig(max_nodes=1))
+    with pytest.raises(ValueError, match="expert 0 has slots on nodes 0 and 1"):  # replicas on both nodes
+        _run(_mesh((2, 4)), config, Placement.spread(E, 8, 2), _x())

@@ -142,6 +142,9 @@ def _output(cfg: MoEConfig) -> np.ndarray:
     state = None
     if cfg.router.carried_state:  # the previous layer's router state [T, Rh]
         state = jnp.asarray(np.random.default_rng(2).normal(size=(T, cfg.router.mlp_width)), jnp.float32)
+    if cfg.router.max_nodes:  # the experts in order over 4 nodes (the reference needs them concrete: not jitted)
+        nodes = np.arange(cfg.experts) // (cfg.experts // 4)
+        return np.asarray(moe_reference(logical, x, cfg, router_state=state, expert_nodes=nodes), np.float32)
     return np.asarray(_reference(logical, x, cfg, router_state=state), np.float32)
 
 
@@ -251,9 +254,13 @@ ROUTER = {
     "mlp_width": (8, {}, None),  # the router an MLP of width 8 over the token
     # the previous layer's router state added (`_output` gives one where the router carries it)
     "carried_state": (True, {"mlp_width": 8}, {"mlp_width": 8}),
+    "max_nodes": (1, {}, None),  # each token's experts on its best node only (`_output`: the experts over 4 nodes)
 }
 #: MoEConfig fields both runs of a sub-config entry share, where the option needs them
-LAYER_CONTEXT = {("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)}}
+LAYER_CONTEXT = {
+    ("router", "shared_rows"): {"shared": SharedConfig(count=2, ffn=4)},
+    ("router", "max_nodes"): {"node_axis": "node"},  # node-limited routing counts the nodes of node_axis
+}
 EXPERT = {
     "activation": ("gpt_oss", {}, None),
     "bias": (True, {}, None),

@@ -347,6 +347,11 @@ class MoEConfig:
 
     def _check_node_exchange(self) -> None:
         w = "MoEConfig"
+        if self.router.max_nodes and self.node_axis is None:
+            raise ValueError(
+                f"{w}: RouterConfig(max_nodes={self.router.max_nodes}) limits each token to the best nodes of "
+                "node_axis; set node_axis (a node × ep mesh) or leave max_nodes out"
+            )
         if self.node_exchange not in ("flat", "two_hop"):
             raise ValueError(f"{w}.node_exchange must be 'flat' or 'two_hop', got {self.node_exchange!r}")
         if self.node_exchange == "flat":
@@ -426,6 +431,11 @@ class MoEConfig:
             )
         if self.copy_cost is not None and not self.dynamic_slots:
             raise ValueError(f"{w}: copy_cost is used only with dynamic_slots > 0; set dynamic_slots or leave it out")
+        if self.dynamic_slots and self.router.max_nodes:
+            raise ValueError(
+                f"{w}: dynamic_slots copy hot experts to any rank, which would put an expert on a node its tokens' "
+                f"node limit (RouterConfig.max_nodes={self.router.max_nodes}) did not count; use one of them"
+            )
         if self.dynamic_slots and self.fetches:
             raise ValueError(
                 f"{w}: dynamic_slots and CascadeEP's OEWF fetches both add local slots after the stored ones; use one "

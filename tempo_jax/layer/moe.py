@@ -48,7 +48,7 @@ from .fp8 import SCALE_KEYS
 from .mesh import LayerAxes, layer_axes, onto_mesh, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
 from .replicas import tie_replicas
-from .routing import Routing
+from .routing import Routing, expert_nodes
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
@@ -75,7 +75,14 @@ SHARED_KEYS = ("shared_w_gate", "shared_w_up", "shared_w_down", "shared_gate")
 
 
 def moe_reference(
-    params: dict, x: jax.Array, config: MoEConfig, routing=None, router_x=None, expert_set=None, router_state=None
+    params: dict,
+    x: jax.Array,
+    config: MoEConfig,
+    routing=None,
+    router_x=None,
+    expert_set=None,
+    router_state=None,
+    expert_nodes=None,
 ) -> jax.Array:
     """Dense single-device MoE: every token through its top-k experts (and the shared experts), no dispatch.
     ``[T, H]`` → ``[T, H]``. ``params``: the *logical* layout ``[E, ...]`` (`tempo_jax.layer.params.to_logical`
@@ -85,7 +92,9 @@ def moe_reference(
     ``router_x``: optional ``[T, H]`` the router reads instead of ``x`` (as in `moe_forward`); ``expert_set``:
     optional ``[T]`` int each token's expert set (``RouterConfig.expert_sets``; as in `moe_forward`);
     ``router_state``: optional ``[T, Rh]`` the previous layer's router state (``RouterConfig.carried_state``; as in
-    `moe_forward`; the state this layer hands on is `tempo_jax.layer.routing.route`'s ``state``).
+    `moe_forward`; the state this layer hands on is `tempo_jax.layer.routing.route`'s ``state``); ``expert_nodes``:
+    ``[E]`` int each expert's node, for node-limited routing (``RouterConfig.max_nodes``;
+    `tempo_jax.layer.routing.expert_nodes` of the placement the layer runs).
 
     Raises:
       ValueError: parameters in the physical layout ``[P, ...]`` (one row per slot: `to_logical` them first), or
@@ -102,7 +111,12 @@ def moe_reference(
     check_params(params, config, num_slots=None, where="moe_reference")
     shared_w = None
     if routing is None:
-        rt = route(x if router_x is None else router_x, params, config.router, config.top_k, expert_set, router_state)
+        nodes = None
+        if expert_nodes is not None:
+            expert_nodes = np.asarray(expert_nodes, np.int32)
+            nodes = (expert_nodes, int(expert_nodes.max(initial=0)) + 1)
+        xr = x if router_x is None else router_x
+        rt = route(xr, params, config.router, config.top_k, expert_set, router_state, nodes)
         ids, w, shared_w = rt.ids, rt.gate, rt.shared
     else:
         _no_replay_with_routed_shared(config, "moe_reference")
@@ -377,7 +391,11 @@ def _local_moe(inp: RankInputs, *, config: MoEConfig, axes: LayerAxes, call: _Ca
         rt = Routing(inp.ids, inp.gate, None, None)
     else:
         x_router = inp.x if inp.router_x is None else inp.router_x
-        rt = route(x_router, inp.router, config.router, K, inp.expert_set, inp.router_state)
+        nodes = None
+        if config.router.max_nodes:  # node-limited: each expert's node from the placement (checked on the host)
+            Nn = axes.size(config.node_axis)
+            nodes = (expert_nodes(inp.phy2log, config.experts, Nn), Nn)
+        rt = route(x_router, inp.router, config.router, K, inp.expert_set, inp.router_state, nodes)
     # Step 2: dispatch: logical expert → physical slot, with counts (in-graph: this batch's own table).
     sent = _dispatch(rt, inp, config=config, axes=axes, call=call)
     # The rank's expert weights: its stored slots, this call's dynamic copies and OEWF's fetched slots (OEWF keeps
@@ -779,6 +797,8 @@ def _check_inputs(
         )
     if config.fetches and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
         check_fetches(config.fetches, np.asarray(placement_arrays.phy2log), D, S)
+    if config.router.max_nodes and not isinstance(placement_arrays.phy2log, jax.core.Tracer):
+        expert_nodes(np.asarray(placement_arrays.phy2log), E, axes.size(config.node_axis))  # one node per expert
     if routing is not None:
         _no_replay_with_routed_shared(config, "moe_forward")
         _check_routing(routing, T, config.routed_choices, K)

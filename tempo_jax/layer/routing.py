@@ -22,7 +22,11 @@ A `RouterConfig` says how logits become choices and weights; `route` applies it 
    the other sets' logits are −∞ before scoring, so a softmax normalises over the token's set alone, and their
    choice scores −∞ (a selection bias cannot lift them).
 4. Group-limited choice (``n_group > 1``): E experts in ``n_group`` equal groups; a group's score is the sum of its
-   two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen.
+   two best choice scores; experts outside the ``topk_group`` best groups cannot be chosen. Node-limited choice
+   (``max_nodes`` M > 0; DeepSeek-V3 §2.1.2): the groups are the nodes the experts live on (`route`'s ``nodes``:
+   each expert's node from the placement), a node scores the sum of its best ⌈K / M⌉ choice scores (fewer where
+   it holds fewer experts), and each token chooses only among the experts of its M best nodes — so its row crosses
+   to at most M nodes.
 5. The top-k experts by choice score; their weights are the (unbiased) scores, renormalised to sum to 1 when
    ``renormalize`` (divided by sum + ``renorm_eps``), then multiplied by the chosen experts' learned
    ``expert_scale [E]`` (Gemma 4's ``per_expert_scale``) and by ``scaling`` (routed_scaling_factor).
@@ -55,10 +59,20 @@ from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from solvers.checks import plain_scalars
 
-__all__ = ["SCORINGS", "RouterConfig", "Routing", "balance_update", "route", "router_input", "router_mlp"]
+__all__ = [
+    "SCORINGS",
+    "RouterConfig",
+    "Routing",
+    "balance_update",
+    "expert_nodes",
+    "route",
+    "router_input",
+    "router_mlp",
+]
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus", "softmax_topk", "sparsemixer"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
@@ -77,6 +91,8 @@ class RouterConfig:
       n_group: expert groups of the group-limited choice (1: off). topk_group: groups kept.
       group_score: a group's score: "top2" (the sum of its two best choice scores: DeepSeek-V3, GLM, dots1) or
         "max" (its best: DeepSeek-V2's group_limited_greedy).
+      max_nodes: node-limited routing (step 4): each token's experts on at most this many nodes of the placement
+        (`MoEConfig.node_axis`'s nodes); 0: off.
       renormalize: divide the chosen weights by their sum (+ renorm_eps).
       renorm_eps: added to the sum before dividing (DeepSeek: 1e-20; Qwen, Mixtral: 0).
       scaling: routed_scaling_factor, applied last.
@@ -130,6 +146,7 @@ class RouterConfig:
     expert_sets: int = 1
     mlp_width: int = 0
     carried_state: bool = False
+    max_nodes: int = 0
 
     def __post_init__(self):
         plain_scalars(self)  # np.int64(4) behaves as 4
@@ -155,6 +172,14 @@ class RouterConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{w}.{name} must be an integer >= 1, got {v!r}")
+        m = self.max_nodes
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"{w}.max_nodes must be an integer >= 0 (0: not node-limited), got {m!r}")
+        if m and (self.n_group > 1 or self.scoring == "sparsemixer" or self.expert_sets > 1):
+            raise ValueError(
+                f"{w}: max_nodes={m} limits the choice to the best nodes; with n_group > 1, expert_sets > 1 or "
+                "sparsemixer the choice is limited otherwise: use one of them"
+            )
         if experts % self.n_group:
             raise ValueError(f"{w}: n_group={self.n_group} does not divide experts={experts}")
         if self.topk_group > self.n_group:
@@ -327,6 +352,48 @@ def router_mlp(x: jax.Array, params: dict, config: RouterConfig, state: jax.Arra
     return h, s
 
 
+def _node_limited(choice: jax.Array, nodes: tuple[jax.Array, int], max_nodes: int, top_k: int) -> jax.Array:
+    """Step 4's node limit: ``choice [T, E]`` with the experts outside each token's ``max_nodes`` best nodes at
+    −∞; a node scores the sum of its best ⌈K / M⌉ choice scores (``nodes``: ``(expert_node [E], Nn)``)."""
+    expert_node, num_nodes = nodes
+    expert_node = jnp.asarray(expert_node, jnp.int32)
+    q = -(-top_k // max_nodes)
+    on = expert_node[None, :] == jnp.arange(num_nodes)[:, None]  # [Nn, E]
+    per_node = jnp.where(on[None], choice[:, None, :], -jnp.inf)  # [T, Nn, E]
+    best = jax.lax.top_k(per_node, q)[0]  # [T, Nn, q]
+    score = jnp.sum(jnp.where(jnp.isfinite(best), best, 0.0), axis=-1)
+    score = jnp.where(jnp.any(on, axis=1)[None, :], score, -jnp.inf)  # a node without experts is never kept
+    kept = jax.lax.top_k(score, min(max_nodes, num_nodes))[1]  # [T, M]
+    keep = jnp.zeros(score.shape, bool).at[jnp.arange(score.shape[0])[:, None], kept].set(True)
+    allowed = jnp.take_along_axis(keep, jnp.broadcast_to(expert_node[None, :], choice.shape), axis=1)
+    return jnp.where(allowed, choice, -jnp.inf)
+
+
+def expert_nodes(phy2log, num_experts: int, num_nodes: int):
+    """Each expert's node ``[E]`` int32 from the placement's ``phy2log [P]`` (the P slots in rank order over Nn
+    equal nodes): the node of its slots — numpy in, numpy out (an expert with slots on two nodes raises
+    ValueError: node-limited routing counts each expert on one node); a traced array in, the node of its last
+    slot out (the layer's in-graph copy of what the host checked)."""
+    P = phy2log.shape[0]
+    if not isinstance(phy2log, np.ndarray):
+        slot_node = (jnp.arange(P) // (P // num_nodes)).astype(jnp.int32)
+        hi = jnp.full((num_experts,), -1, jnp.int32).at[phy2log].max(slot_node)
+        return jnp.maximum(hi, 0)
+    slot_node = np.arange(P) // (P // num_nodes)
+    lo = np.full(num_experts, num_nodes, np.int64)
+    hi = np.full(num_experts, -1, np.int64)
+    np.minimum.at(lo, phy2log, slot_node)
+    np.maximum.at(hi, phy2log, slot_node)
+    split = np.flatnonzero((hi >= 0) & (lo != hi))
+    if split.size:
+        e = int(split[0])
+        raise ValueError(
+            f"expert {e} has slots on nodes {int(lo[e])} and {int(hi[e])}; node-limited routing "
+            "(RouterConfig.max_nodes) counts each expert on one node: keep an expert's replicas on one node"
+        )
+    return np.maximum(hi, 0).astype(np.int32)
+
+
 def route(
     x: jax.Array,
     params: dict,
@@ -334,12 +401,19 @@ def route(
     top_k: int,
     expert_set: jax.Array | None = None,
     state: jax.Array | None = None,
+    nodes: tuple[jax.Array, int] | None = None,
 ) -> Routing:
     """The router of ``config`` over ``x [T, H]`` with ``params`` (``router [H, E]``, optional ``router_bias [E]``,
     ``score_bias [E]``, ``router_scale [H]``, ``expert_scale [E]``, ``router_shared [H, S]``, ``router_gain [1]``;
     with a router MLP ``router [Rh, E]`` and the `router_mlp` arrays) → `Routing`. ``expert_set [T]`` int: each
     token's set with ``config.expert_sets`` > 1 (None: set 0); ``state [T, Rh]``: the previous layer's router state
-    (``carried_state``; None: nothing carried)."""
+    (``carried_state``; None: nothing carried); ``nodes``: ``(expert_node [E] int, Nn)``, each expert's node and
+    the node count, for ``config.max_nodes`` (`expert_nodes`)."""
+    if config.max_nodes and nodes is None:
+        raise ValueError(
+            f"route: RouterConfig(max_nodes={config.max_nodes}) chooses among the experts' nodes; give nodes=("
+            "expert_node [E], Nn) (the layer passes them from the placement; moe_reference takes expert_nodes=)"
+        )
     carried = None
     if config.mlp_width:
         x, carried = router_mlp(x, params, config, state)
@@ -373,6 +447,8 @@ def route(
         kept = jax.lax.top_k(group_score, config.topk_group)[1]  # [T, topk_group]
         keep = jnp.zeros((T, config.n_group), bool).at[jnp.arange(T)[:, None], kept].set(True)
         choice = jnp.where(jnp.repeat(keep, E // config.n_group, axis=1), choice, -jnp.inf)
+    if config.max_nodes:
+        choice = _node_limited(choice, nodes, config.max_nodes, top_k)
     # Step 3: the top-k and their weights from the unbiased scores.
     if config.scoring == "sparsemixer":
         ids, picked = _sparsemixer(logits, top_k, config.mixer_eps)

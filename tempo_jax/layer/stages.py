@@ -141,12 +141,15 @@ class Wire:
     top_k: int
 
 
-def route(x: jax.Array, params: dict, router: RouterConfig, top_k: int, expert_set=None, state=None) -> Routing:
+def route(
+    x: jax.Array, params: dict, router: RouterConfig, top_k: int, expert_set=None, state=None, nodes=None
+) -> Routing:
     """This rank's routing: ``x [T, H]`` through the router of ``router`` (`tempo_jax.layer.routing.route`; each
     token within its ``expert_set [T]`` when the router has sets; a router MLP adds the previous layer's ``state [T,
     Rh]`` where it carries one) → `Routing` (``ids [T, K]``, ``gate [T, K]``, ``probs [T, E]``, ``logits [T, E]``,
-    and the router MLP's ``state [T, Rh]``)."""
-    return route_tokens(x, params, router, top_k, expert_set, state)
+    and the router MLP's ``state [T, Rh]``); ``nodes``: each expert's node and the node count, for node-limited
+    routing."""
+    return route_tokens(x, params, router, top_k, expert_set, state, nodes)
 
 
 def dispatch_pairs(
