@@ -210,7 +210,7 @@ def test_node_rows_send_each_token_once_per_distinct_node():
 
 def test_two_hops_send_fewer_bytes_over_the_node_axis():
     """The compiled program: hop 1's collectives over ``node`` carry one row per (token, node) — T rows of H per
-    peer node, and float32 partial rows back — where the flat exchange over both axes sends K rows per token
+    peer node, and the partial rows back — where the flat exchange over both axes sends K rows per token
     (its worst-case blocks of T·K rows to every rank)."""
     mesh, placement = _mesh((2, 4)), Placement.spread(E, 8, 2)
 
@@ -225,7 +225,7 @@ def test_two_hops_send_fewer_bytes_over_the_node_axis():
     over_node = sum(c.wire_bytes for c in two if c.kind == "all-to-all" and set(c.axes) == {"node"})
     flat_bytes = sum(c.wire_bytes for c in flat if c.kind == "all-to-all" and "node" in c.axes)
     Tl = T // 8  # tokens per rank
-    row = H * 4  # float32 rows
+    row = H * 4  # float32 rows (the test's dtype)
     # hop 1: T rows of H (+ int32 / float32 metadata) to the other node, the partial rows back
     assert over_node <= 2 * Tl * (row + 3 * K * 4) + 64, (over_node, two)
     flat_cross = flat_bytes * 4 / 7  # of the flat exchange's 7 peers, 4 sit on the other node
@@ -328,3 +328,33 @@ def test_node_limited_routing_refuses_what_it_cannot_count():
     config = _config(node_axis="node", router=RouterConfig(max_nodes=1))
     with pytest.raises(ValueError, match="expert 0 has slots on nodes 0 and 1"):  # replicas on both nodes
         _run(_mesh((2, 4)), config, Placement.spread(E, 8, 2), _x())
+
+
+# ---------------------------------------------------------------------------------------- pricing two link classes
+def test_node_exchange_cost_prices_the_two_link_classes():
+    """DeepSeek-V3's shapes on EP64 = 8 nodes × 8 (bf16, 4,096 tokens per rank): the two-hop exchange sends each token
+    to a node once (5.25 of 8 nodes reached on average: 4.6 others) where the flat exchange sends 7 of every 8 pairs
+    across, so fewer bytes cross the slow links and more the fast ones; node-limited routing (M = 4) fewer still."""
+    from tempo_jax.layer.exchange import CallShape, distinct_nodes, node_exchange_cost
+
+    shape = CallShape(4096, 8, 7168, 64, 4096 * 8, 2)
+    flat, two = (node_exchange_cost(e, shape, 8) for e in ("flat", "two_hop"))
+    assert two.node_bytes < 0.7 * flat.node_bytes and two.link_bytes > flat.link_bytes
+    assert two.us < flat.us  # bound by the node links (50 GB/s) in both
+    capped = node_exchange_cost("two_hop", shape, 8, reached=distinct_nodes(8, 8, 4))
+    assert capped.node_bytes == pytest.approx(two.node_bytes * 4 / distinct_nodes(8, 8))
+    assert node_exchange_cost("flat", shape, 1).node_bytes == 0  # one node: nothing crosses
+    with pytest.raises(ValueError, match="nodes=3 must divide the 64 ranks"):
+        node_exchange_cost("flat", shape, 3)
+    with pytest.raises(ValueError, match="node_exchange must be 'flat' or 'two_hop'"):
+        node_exchange_cost("ring", shape, 8)
+
+
+def test_distinct_nodes_is_what_drawn_pairs_reach():
+    """The model's expected nodes per token against `node_rows` on K = 8 uniform pairs over 64 ranks in 8 nodes."""
+    from tempo_jax.layer.exchange import distinct_nodes
+    from tempo_jax.layer.two_hop import node_rows
+
+    dest = np.random.default_rng(0).integers(0, 64, size=20000 * 8)
+    need, _ = node_rows(jnp.asarray(dest, jnp.int32), 8, 64, 8)
+    assert float(np.asarray(need).sum(1).mean()) == pytest.approx(distinct_nodes(8, 8), rel=0.01)

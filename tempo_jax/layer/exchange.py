@@ -41,11 +41,15 @@ __all__ = [
     "SPLIT_UPDATES",
     "ExchangeCost",
     "ExchangeImpl",
+    "NODE_GBPS",
+    "NodeCost",
     "block_exchange",
     "choose_exchange",
+    "distinct_nodes",
     "exchange_cost",
     "exchange_platform",
     "lowering_for",
+    "node_exchange_cost",
     "ragged_metadata",
     "return_blocks",
     "send_blocks",
@@ -235,3 +239,65 @@ def choose_exchange(block: str, shape: CallShape, platform: str) -> str:
     if shape.num_ranks < 2:
         return block
     return "ring" if exchange_cost("ring", shape, platform).us < exchange_cost(block, shape, platform).us else block
+
+
+#: Bandwidth (GB/s) per device of the links between nodes, for `node_exchange_cost`: on a GPU cluster DeepEP's measured
+#: RDMA (~50 GB/s per GPU over 400 Gb/s InfiniBand), against NVLink's 150 GB/s inside a node (`BANDWIDTH_GBPS`).
+NODE_GBPS = {"cpu": 10.0, "gpu": 50.0, "tpu": 50.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCost:
+    """What one layer call's exchange moves per rank on a ``node × ep`` mesh (`node_exchange_cost`): ``node_bytes``
+    over the links between nodes and ``link_bytes`` over the links inside a node (forward, both directions), and
+    ``us``, their modelled time at `NODE_GBPS` and `BANDWIDTH_GBPS`'s link (the two at once)."""
+
+    node_bytes: float
+    link_bytes: float
+    us: float
+
+
+def distinct_nodes(top_k: int, nodes: int, max_nodes: int = 0) -> float:
+    """Expected nodes a token's K pairs reach when each pair picks a node uniformly (K draws over Nn nodes:
+    Nn·(1 − (1 − 1/Nn)^K)), at most ``max_nodes`` M when the router is node-limited (`RouterConfig.max_nodes`)."""
+    expect = nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    return min(expect, float(max_nodes)) if max_nodes else expect
+
+
+def node_exchange_cost(
+    node_exchange: str, shape: CallShape, nodes: int, platform: str = "gpu", *, reached: float | None = None
+) -> NodeCost:
+    """The modelled bytes and time of one call's forward exchange per rank over Nn = ``nodes`` nodes of De = D / Nn
+    ranks (``shape``: `CallShape`; only valid rows move, as the ragged exchanges move them), each pair's rank drawn
+    uniformly:
+
+    - ``"flat"``: every pair's row (H values + slot lanes) to its rank and its result (H) back; a share
+      (D − De) / D of them crosses nodes, (De − 1) / D stays inside this rank's node.
+    - ``"two_hop"``: each token's row once to each other node its pairs reach — ``reached`` nodes per token (default
+      `distinct_nodes`), (Nn − 1) / Nn of them another node on average — with its K pairs' (ep index, slot, gate),
+      12·K bytes, and one partial row (H in the row dtype) back per (token, node); inside every node the received
+      pairs go to their ranks ((De − 1) / De of them leave the relay) and come back as in the flat exchange.
+
+    ``us`` = the longer of node bytes / `NODE_GBPS` and link bytes / the link of `BANDWIDTH_GBPS`: the two link
+    classes are separate ports that run at once (docs/meshes.md).
+    """
+    T, K, H, D, b = shape.tokens_per_rank, shape.top_k, shape.hidden, shape.num_ranks, shape.itemsize
+    if nodes < 1 or D % nodes:
+        raise ValueError(f"node_exchange_cost: nodes={nodes} must divide the {D} ranks")
+    De = D // nodes
+    lanes = 1 if b == 4 else 2
+    pair = (H + lanes) * b + H * b  # a pair's row out and its result back
+    if node_exchange == "flat":
+        node, link = T * K * (D - De) / D * pair, T * K * (De - 1) / D * pair
+    elif node_exchange == "two_hop":
+        other = (distinct_nodes(K, nodes) if reached is None else reached) * (nodes - 1) / nodes
+        node = T * other * (2 * H * b + 12 * K)
+        arrived = T * K  # the pairs every relay forwards inside its node, on average its own tokens' share
+        link = arrived * (De - 1) / De * pair
+    else:
+        raise ValueError(f"node_exchange_cost: node_exchange must be 'flat' or 'two_hop', got {node_exchange!r}")
+    node_gbps, link_gbps = (
+        NODE_GBPS.get(platform, NODE_GBPS["cpu"]),
+        BANDWIDTH_GBPS.get(platform, BANDWIDTH_GBPS["cpu"])[0],
+    )
+    return NodeCost(float(node), float(link), max(node / (node_gbps * 1e3), link / (link_gbps * 1e3)))

@@ -8,14 +8,14 @@ dispatch: RDMA between nodes, NVLink inside one).
         there (ep index −1: the pair is elsewhere)                                        [Nn, T, H] + metadata
       hop 2, over ``ep`` inside the node: the received tokens' pairs packed by ep index as the flat exchange packs
         them (`stages.pack`), the expert FFN on the received rows, the results returned (`stages.return_rows`)
-      combine inside the node: each received token's node-local pairs weighted by their gates and summed → one
-        float32 partial row per (token, node)                                                         [Nn, T, H]
+      combine inside the node: each received token's node-local pairs weighted by their gates and summed (float32)
+        → one partial row per (token, node), in the row dtype                                        [Nn, T, H]
       return hop 1, over ``node``: the partial rows back to the token's rank, summed over the nodes → out [T, H]
 
 Every pair is computed once, by the slot its table picked, and weighted by its gate: the same function as the flat
 exchange over both axes (`tempo_jax.layer.exchange_ffn.OneExchange` with the expert axes ``(node, ep)``). Bytes over
 ``node``: a token's row goes to each distinct node of its pairs once (K·H per token flat, at most Nn·H here, fewer
-when its pairs share nodes); the return carries one float32 row per (token, node) instead of one per pair.
+when its pairs share nodes); the return carries one row per (token, node) instead of one per pair.
 
 Capacities are the dropless worst case of one exchange per hop: C1 = T rows per node block (a token needs a node
 once), C2 = Nn·T·min(K, S) rows per ep block (every received token's pairs on one rank, at most one per slot there).
@@ -108,11 +108,12 @@ class TwoHop:
         y_pairs = stages.return_rows(
             y.reshape(recv2.rows.shape), recv2.counts, packed, axis=ep_axis, exchange=w.exchange
         )
-        # Step 4: the node-local pairs of each received token, weighted and summed: one partial row per (token, node).
-        partial = stages.combine(y_pairs, gates_r, jnp.float32).reshape(N, T, -1)
+        # Step 4: the node-local pairs of each received token, weighted and summed (in float32): one partial row per
+        # (token, node), returned in the row dtype as the flat exchange returns each pair's.
+        partial = stages.combine(y_pairs, gates_r, jnp.float32).reshape(N, T, -1).astype(w.dtype)
         # Step 5: return hop 1 and the sum over the nodes.
         back = return_blocks(partial, recv_counts1, counts1, **hop)  # [N, T, H]: block m = node m's partial rows
         got = back[m_idx, jnp.where(need, pos, 0)]  # [T, N, H]
-        out = jnp.sum(jnp.where(need[..., None], got, 0.0), axis=1)
+        out = jnp.sum(jnp.where(need[..., None], got.astype(jnp.float32), 0.0), axis=1)
         wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
         return stages.Exchanged(out, group_sizes, wanted, wanted, jnp.int32(1))
