@@ -11,7 +11,7 @@ import pytest
 
 from solvers import Placement
 from tempo_jax.cli.main import main
-from tempo_jax.cli.plan import devices_needed
+from tempo_jax.cli.plan import devices_needed, plan_for
 from tempo_jax.layer import MoEConfig, make_mesh
 from tempo_jax.layer.aot import aot_plan
 
@@ -82,3 +82,26 @@ def test_the_plan_command_compiles_a_real_preset_and_writes_json(tmp_path, capsy
     assert "'pipe=2' is not axis=size" in capsys.readouterr().err
     assert devices_needed(["plan", "--mesh", "data=2,ep=16,tensor=2"]) == 64
     assert devices_needed(["plan", "--mesh=ep=32"]) == 32 and devices_needed(["solve", "--mesh", "ep=4"]) is None
+
+
+def test_the_plan_command_plans_experts_over_nodes(tmp_path):
+    """``--mesh node=2,ep=4``: the experts over nodes × ranks (8 ranks of 17 slots); the flat exchange's collectives
+    run over both axes, the two-hop exchange's over ``node`` and ``ep`` apart; serving refuses a node axis."""
+    rows = {}
+    for how in ("flat", "two_hop"):
+        out = tmp_path / f"{how}.json"
+        argv = ["plan", "--preset", "qwen3_30b_a3b", "--mesh", "node=2,ep=4", "--tokens-per-rank", "16", "--no-train"]
+        assert main([*argv, "--node-exchange", how, "--out", str(out)]) == 0
+        rows[how] = json.loads(out.read_text())
+    assert rows["flat"]["mesh"] == "node=2×ep=4" and rows["flat"]["slots_per_rank"] == 17
+    axes = {how: {tuple(c["axes"]) for c in r["collectives"]["forward"]} for how, r in rows.items()}
+    assert ("node", "ep") in axes["flat"] and {("node",), ("ep",)} <= axes["two_hop"], axes
+    assert devices_needed(["plan", "--mesh", "node=8,ep=8"]) == 64
+    assert make_mesh(node=2, ep=4).axis_names == ("data", "node", "ep", "tensor")
+    assert make_mesh(ep=8).axis_names == ("data", "ep", "tensor")  # no node axis unless asked for
+    with pytest.raises(ValueError, match="node_exchange='two_hop' crosses nodes"):
+        plan_for("qwen3_30b_a3b", "ep=8", 16, train=False, node_exchange="two_hop")
+    from tempo_jax.runtime.serve_config import ServeConfig
+
+    with pytest.raises(ValueError, match="a node axis .* is not served yet"):
+        ServeConfig(mesh="node=2,ep=4")

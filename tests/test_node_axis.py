@@ -166,15 +166,24 @@ def test_a_node_axis_missing_from_the_mesh_is_named():
 TWO_HOP = {"node_axis": "node", "node_exchange": "two_hop", "capacity": None}
 
 
-@pytest.mark.parametrize("shape", [(2, 4), (4, 2)], ids=lambda s: "x".join(map(str, s)))
-def test_two_hops_equal_the_flat_exchange_and_the_dense_reference(shape):
+@pytest.mark.parametrize(
+    "shape, capacity", [((2, 4), None), ((4, 2), None), ((2, 4), "auto")], ids=["2x4-worst", "4x2-worst", "2x4-rounds"]
+)
+def test_two_hops_equal_the_flat_exchange_and_the_dense_reference(shape, capacity):
     """Output and every gradient of the two-hop exchange equal the flat exchange's over the same mesh and the dense
-    reference, under jit (replicas on both nodes: the tied gradients cross nodes too)."""
+    reference, under jit (replicas on both nodes: the tied gradients cross nodes too); hop 2 in one worst-case
+    exchange (capacity None) or in dropless rounds (capacity "auto": C2 = Nn·C, here several rounds)."""
     D = shape[0] * shape[1]
     placement = Placement.spread(E, D, 2)
     x = _x()
-    logical, _, res, grads = _run(_mesh(shape), _config(**TWO_HOP), placement, x)
+    kw = {**TWO_HOP, "capacity": capacity}
+    if capacity == "auto":  # 128 tokens per rank in rounds of C2 = 2 · 8 rows per block: hop 2 needs several
+        kw["capacity_factor"] = 0.25
+        x = jax.random.normal(jax.random.key(5), (1024, H))
+    logical, _, res, grads = _run(_mesh(shape), _config(**kw), placement, x)
     _, _, flat, flat_grads = _run(_mesh(shape), _config(node_axis="node", capacity=None), placement, x)
+    if capacity == "auto":
+        assert int(np.max(res.stats.rounds)) > 1, res.stats.rounds
     assert_close(res.out, flat.out)
     assert_trees_close(grads, flat_grads)
     assert_close(res.out, moe_reference(logical, x, _config(**TWO_HOP)))
@@ -238,7 +247,7 @@ def test_two_hops_send_fewer_bytes_over_the_node_axis():
     [
         ({"node_exchange": "two_hop", "capacity": None}, "set node_axis"),
         ({**TWO_HOP, "exchange": "ring"}, "exchange='ring' gathers every token"),
-        ({**TWO_HOP, "capacity": "auto"}, "set capacity=None"),
+        ({**TWO_HOP, "capacity": 2}, "capacity=2 would drop pairs"),
         ({"node_axis": "node", "node_exchange": "hops"}, "node_exchange must be 'flat' or 'two_hop'"),
     ],
 )

@@ -40,6 +40,8 @@ def _devices():
 MAKE_MESH = {
     "data": ({"data": 2}, lambda m: m.shape["data"] == 2, {"data": 0}, "data must be a positive int"),
     "ep": ({"ep": 4}, lambda m: m.shape["ep"] == 4, {"ep": 16}, "no larger than the 8 devices"),
+    # a node axis before ep (the experts over nodes × ranks: MoEConfig(node_axis="node")); none unless asked for
+    "node": ({"node": 2}, lambda m: "node" in m.axis_names, {"node": 3}, "does not divide the 8 devices"),
     "tensor": ({"tensor": 2}, lambda m: m.shape["tensor"] == 2, {"tensor": 3}, "does not divide the 8 devices"),
     "devices": (
         {"devices": lambda: _devices()[::-1]},

@@ -33,7 +33,15 @@ def register(add) -> None:
     p.add_argument(
         "--mesh",
         default="ep=8",
-        help="axis=size pairs, axes data / ep / tensor (default ep=8): e.g. ep=64 or data=2,ep=16,tensor=2",
+        help="axis=size pairs, axes data / node / ep / tensor (default ep=8): e.g. ep=64, node=8,ep=8 (the experts "
+        "over nodes × ranks) or data=2,ep=16,tensor=2",
+    )
+    p.add_argument(
+        "--node-exchange",
+        choices=("flat", "two_hop"),
+        default="flat",
+        help="with a node axis: one exchange over both axes (flat, default) or each token once per node and its pairs "
+        "inside the node in rounds (two_hop)",
     )
     p.add_argument("--tokens-per-rank", type=positive, default=4096, help="tokens per token shard (default 4096)")
     p.add_argument(
@@ -67,8 +75,18 @@ def devices_needed(argv: list[str]) -> int | None:
     return math.prod(v for v in sizes.values() if v) if sizes["ep"] else None
 
 
-def plan_for(preset: str, mesh_text: str, tokens_per_rank: int, *, slots_per_rank=None, dtype="bfloat16", train=True):
-    """``(config, AotPlan)`` of one preset's layer on the mesh ``mesh_text`` (`parse_mesh`'s form)."""
+def plan_for(
+    preset: str,
+    mesh_text: str,
+    tokens_per_rank: int,
+    *,
+    slots_per_rank=None,
+    dtype="bfloat16",
+    train=True,
+    node_exchange="flat",
+):
+    """``(config, AotPlan)`` of one preset's layer on the mesh ``mesh_text`` (`parse_mesh`'s form; with a node axis
+    the experts span node × ep, crossing nodes by ``node_exchange``)."""
     import jax.numpy as jnp
 
     from ..layer.aot import aot_plan
@@ -77,13 +95,18 @@ def plan_for(preset: str, mesh_text: str, tokens_per_rank: int, *, slots_per_ran
 
     sizes = parse_mesh(mesh_text)
     mesh = make_mesh(**sizes)
-    D = int(mesh.shape["ep"])
+    nodes = sizes["node"] > 1
+    if node_exchange != "flat" and not nodes:
+        raise ValueError(f"plan: node_exchange={node_exchange!r} crosses nodes; give a node axis (e.g. node=8,ep=8)")
+    D = int(mesh.shape["ep"]) * sizes["node"]
     S = slots_per_rank or -(-preset_spec(preset).experts // D) + 1
+    over_nodes = {"node_axis": "node", "node_exchange": node_exchange} if nodes else {}
     cfg = moe_preset(
         preset,
         slots_per_rank=S,
         dtype=jnp.dtype(dtype).type,
         tensor_axis="tensor" if sizes["tensor"] > 1 else None,
+        **over_nodes,
     )
     return cfg, aot_plan(cfg, mesh, tokens_per_rank=tokens_per_rank, train=train)
 
@@ -125,6 +148,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         slots_per_rank=args.slots_per_rank,
         dtype=args.dtype,
         train=not args.no_train,
+        node_exchange=args.node_exchange,
     )
     row = plan_rows(args.preset, cfg, plan)
     a = plan.analytic

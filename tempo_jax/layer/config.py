@@ -93,7 +93,7 @@ class MoEConfig:
       node_exchange: how rows cross the nodes with ``node_axis``: ``"flat"`` (default: one exchange over both axes, a
         token to another node once per expert it chose there) or ``"two_hop"`` (each token once per node that holds
         one of its experts, forwarded inside the node, the node's partial sums combined before they return:
-        `tempo_jax.layer.two_hop`; dropless in one exchange per hop, so ``capacity=None``). The output is the same.
+        `tempo_jax.layer.two_hop`; dropless: ``capacity`` "auto" or None). The output is the same.
       batch_axes: the mesh axes the tokens are also split over (data parallelism: each coordinate is one EP group
         that routes, exchanges and computes only its own tokens; expert weights replicated over them, gradients
         summed). None (default): the axes the tokens are sharded over when their sharding can be seen (a placed
@@ -371,10 +371,10 @@ class MoEConfig:
                 f"{w}: node_exchange='two_hop' runs one exchange per hop; a CascadeEP launch schedule sends each "
                 "source's rows when they are ready: use node_exchange='flat' with a schedule"
             )
-        if self.capacity is not None:
+        if self.capacity not in (None, "auto"):
             raise ValueError(
-                f"{w}: node_exchange='two_hop' is dropless in one exchange per hop (the worst case); set "
-                f"capacity=None (got {self.capacity!r}: rounds and fixed capacities are the flat exchange's)"
+                f"{w}: node_exchange='two_hop' is dropless (a token once per node, its pairs in rounds inside the "
+                f"node); capacity={self.capacity!r} would drop pairs: use 'auto' or None"
             )
 
     def _check_axes(self) -> None:

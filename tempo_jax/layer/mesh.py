@@ -246,16 +246,18 @@ def param_shardings(params, mesh: jax.sharding.Mesh, config: MoEConfig | str = "
 
 
 def make_mesh(
-    *, data: int = 1, ep: int | None = None, tensor: int = 1, devices=None, explicit: bool = False
+    *, data: int = 1, node: int = 1, ep: int | None = None, tensor: int = 1, devices=None, explicit: bool = False
 ) -> jax.sharding.Mesh:
-    """A ``(data, ep, tensor)`` mesh over ``devices`` (default: every device, ordered by process, then id), ``data``
-    slowest: on several hosts the data axis runs across them and ``ep`` / ``tensor`` inside each (how multi-node EP
-    is deployed when the links between nodes are slow). ``ep`` defaults to the devices left over. Axes are Auto (the
-    compiler propagates shardings through the rest of the model) unless ``explicit`` (JAX's explicit-sharding mode:
-    run your code under ``jax.set_mesh(mesh)``); the layer works with both.
+    """A ``(data, ep, tensor)`` mesh — ``(data, node, ep, tensor)`` with ``node`` > 1 — over ``devices`` (default:
+    every device, ordered by process, then id), ``data`` slowest: on several hosts the data axis runs across them and
+    ``ep`` / ``tensor`` inside each (how multi-node EP is deployed when the links between nodes are slow; with
+    ``node``, the nodes' axis comes before ``ep`` and the experts span both). ``ep`` defaults to the devices left
+    over. Axes are Auto (the compiler propagates shardings through the rest of the model) unless ``explicit`` (JAX's
+    explicit-sharding mode: run your code under ``jax.set_mesh(mesh)``); the layer works with both.
 
-    Use it with ``MoEConfig(axis="ep", tensor_axis="tensor" if tensor > 1 else None)``; the batch axes default to
-    ``("data",)`` when data > 1.
+    Use it with ``MoEConfig(axis="ep", tensor_axis="tensor" if tensor > 1 else None)``, and ``node_axis="node"``
+    when ``node`` > 1 (the expert slots over nodes × ep; docs/meshes.md); the batch axes default to ``("data",)``
+    when data > 1.
 
     Raises:
       ValueError: a size that is not a positive int, data × ep × tensor larger than the devices (or, with ``ep``
@@ -266,23 +268,34 @@ def make_mesh(
     if devices is None:
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     devices = _distinct_devices(devices, "make_mesh")
-    for name, v in (("data", data), ("tensor", tensor)):
+    for name, v in (("data", data), ("node", node), ("tensor", tensor)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"make_mesh: {name} must be a positive int, got {v!r}")
     if ep is None:
-        if len(devices) % (data * tensor):
-            raise ValueError(
-                f"make_mesh: data × tensor = {data} × {tensor} does not divide the {len(devices)} devices; give ep="
+        if len(devices) % (data * node * tensor):
+            sizes = (
+                f"data × tensor = {data} × {tensor}"
+                if node == 1
+                else f"data × node × tensor = {data} × {node} × {tensor}"
             )
-        ep = len(devices) // (data * tensor)
-    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or data * ep * tensor > len(devices):
+            raise ValueError(f"make_mesh: {sizes} does not divide the {len(devices)} devices; give ep=")
+        ep = len(devices) // (data * node * tensor)
+    n = data * node * tensor * ep if isinstance(ep, int) else 0
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or n > len(devices):
+        sizes = f"data × ep × tensor = {data} × {ep} × {tensor}"
+        if node > 1:
+            sizes = f"data × node × ep × tensor = {data} × {node} × {ep} × {tensor}"
         raise ValueError(
-            f"make_mesh: data × ep × tensor = {data} × {ep} × {tensor} must be a product of positive ints no larger "
-            f"than the {len(devices)} devices"
+            f"make_mesh: {sizes} must be a product of positive ints no larger than the {len(devices)} devices"
         )
     kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
-    grid = np.asarray(devices[: data * ep * tensor], dtype=object).reshape(data, ep, tensor)
-    return jax.sharding.Mesh(grid, ("data", "ep", "tensor"), axis_types=(kind,) * 3)
+    shape, names = (
+        ((data, node, ep, tensor), ("data", "node", "ep", "tensor"))
+        if node > 1
+        else ((data, ep, tensor), ("data", "ep", "tensor"))
+    )
+    grid = np.asarray(devices[:n], dtype=object).reshape(shape)
+    return jax.sharding.Mesh(grid, names, axis_types=(kind,) * len(names))
 
 
 def _distinct_devices(devices, where: str) -> list:
@@ -301,13 +314,13 @@ def _distinct_devices(devices, where: str) -> list:
 
 
 #: The axes `parse_mesh` accepts, as `make_mesh` names them.
-MESH_AXES = ("data", "ep", "tensor")
+MESH_AXES = ("data", "node", "ep", "tensor")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,ep=4"`` → ``{"data": 2, "ep": 4, "tensor": 1}`` (`make_mesh`'s keywords; ep may be left out: the
-    devices left over). Raises ValueError naming the bad part and the accepted form."""
-    form = "axis=size pairs joined by commas, axes data / ep / tensor, e.g. 'data=2,ep=4' or 'ep=4,tensor=2'"
+    """``"data=2,ep=4"`` → ``{"data": 2, "node": 1, "ep": 4, "tensor": 1}`` (`make_mesh`'s keywords; ep may be left
+    out: the devices left over). Raises ValueError naming the bad part and the accepted form."""
+    form = "axis=size pairs joined by commas, axes data / node / ep / tensor, e.g. 'data=2,ep=4' or 'node=8,ep=8'"
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"mesh: expected {form}; got {text!r}")
     out: dict[str, int] = {}
@@ -318,4 +331,4 @@ def parse_mesh(text: str) -> dict[str, int]:
         if name in out:
             raise ValueError(f"mesh: axis {name!r} given twice in {text!r}")
         out[name] = int(size)
-    return {"data": out.get("data", 1), "ep": out.get("ep"), "tensor": out.get("tensor", 1)}
+    return {"data": out.get("data", 1), "node": out.get("node", 1), "ep": out.get("ep"), "tensor": out.get("tensor", 1)}

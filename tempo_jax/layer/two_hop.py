@@ -6,10 +6,10 @@ dispatch: RDMA between nodes, NVLink inside one).
       hop 1, over ``node`` (to rank (m, e) of every node m the token needs, the same ep index):
         block m = the tokens with a pair on node m, in token order, each with its K pairs' (ep index, slot, gate)
         there (ep index −1: the pair is elsewhere)                                        [Nn, T, H] + metadata
-      hop 2, over ``ep`` inside the node: the received tokens' pairs packed by ep index as the flat exchange packs
-        them (`stages.pack`), the expert FFN on the received rows, the results returned (`stages.return_rows`)
-      combine inside the node: each received token's node-local pairs weighted by their gates and summed (float32)
-        → one partial row per (token, node), in the row dtype                                        [Nn, T, H]
+      hop 2, over ``ep`` inside the node: the received tokens with their node-local pairs and gates through the flat
+        stages 3–7 over ``ep`` (`TwoHop.inner`: the expert FFN on each pair's rank, the return, each received token's
+        node-local pairs weighted and summed in float32) → one partial row per (token, node), in the row dtype
+                                                                                                      [Nn, T, H]
       return hop 1, over ``node``: the partial rows back to the token's rank, summed over the nodes → out [T, H]
 
 Every pair is computed once, by the slot its table picked, and weighted by its gate: the same function as the flat
@@ -17,10 +17,12 @@ exchange over both axes (`tempo_jax.layer.exchange_ffn.OneExchange` with the exp
 ``node``: a token's row goes to each distinct node of its pairs once (K·H per token flat, at most Nn·H here, fewer
 when its pairs share nodes); the return carries one row per (token, node) instead of one per pair.
 
-Capacities are the dropless worst case of one exchange per hop: C1 = T rows per node block (a token needs a node
-once), C2 = Nn·T·min(K, S) rows per ep block (every received token's pairs on one rank, at most one per slot there).
-JAX differentiates it as it is: the all-to-alls transpose to all-to-alls over the same axes, and the expert FFN keeps
-its own VJP.
+Capacities: hop 1 is one exchange of C1 = T rows per node block (a token needs a node once: dropless). Hop 2 is the
+layer's dropless choice over ``ep``: with ``capacity="auto"`` rounds of C2 = Nn·C rows per block (C the flat
+exchange's; a relay forwards about T·K pairs over De ranks where a rank sends T·K over D: `tempo_jax.layer.rounds`,
+memory bounded by C2), with ``capacity=None`` one exchange of C2 = Nn·T·min(K, S) rows (every received token's pairs
+on one rank, at most one per slot there). JAX differentiates hop 1 as it is (the all-to-alls transpose to
+all-to-alls over the same axes); hop 2 keeps its implementation's VJP.
 
 Glossary additions: De ranks per node (the ``ep`` axis; D = Nn·De), C1 rows per block of the node hop, C2 rows per
 block of the ep hop.
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 
 from . import stages
 from .exchange import return_blocks, send_blocks
+from .rounds import Rounds
 
 __all__ = ["TwoHop", "node_rows"]
 
@@ -55,17 +58,28 @@ def node_rows(dest: jax.Array, top_k: int, num_ranks: int, ranks_per_node: int) 
 class TwoHop:
     """Steps 3–7 as two hops: ``wire.axis`` is ``(node, ep)`` (the expert axes, rank = node · |ep| + ep index); one of
     the `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations. The block exchanges of both hops are
-    ``wire.exchange`` ("padded" or the ragged ones)."""
+    ``wire.exchange`` ("padded" or the ragged ones); ``capacity`` C is the flat exchange's rows per block and
+    ``rounds`` whether hop 2 runs dropless rounds (``capacity="auto"``) or one worst-case exchange (None)."""
 
     wire: stages.Wire
     ffn: stages.FFN
+    capacity: int
+    rounds: bool = True
+
+    def inner(self, capacity: int):
+        """Hop 2's stages over ``ep``: dropless rounds of ``capacity`` rows per block, or one exchange of it."""
+        from .exchange_ffn import OneExchange  # (exchange_ffn imports this module)
+
+        w = self.wire
+        wire = stages.Wire(w.axis[1], w.exchange, w.hidden, w.dtype, w.top_k)
+        return (Rounds if self.rounds else OneExchange)(wire, self.ffn, capacity)
 
     def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
-        """See `tempo_jax.layer.exchange_ffn.ExchangeFFN.run`; ``rounds`` = 1, ``wanted`` / ``sent [D]`` the pairs
-        this rank's tokens send to each flat rank (dropless: equal)."""
+        """See `tempo_jax.layer.exchange_ffn.ExchangeFFN.run`; ``rounds`` = hop 2's, ``wanted`` / ``sent [D]`` the
+        pairs this rank's tokens send to each flat rank (dropless: equal)."""
         w = self.wire
-        node_axis, ep_axis = w.axis
-        N, Ep = jax.lax.axis_size(node_axis), jax.lax.axis_size(ep_axis)
+        node_axis, _ = w.axis
+        N, Ep = jax.lax.axis_size(node_axis), jax.lax.axis_size(w.axis[1])
         D, K, S = N * Ep, w.top_k, stages.num_slots(weights)
         T = x.shape[0]
         # Step 1: hop 1's blocks — each token once per node it needs, with its pairs' (ep index, slot, gate) there.
@@ -88,32 +102,24 @@ class TwoHop:
         meta1 = scatter(jnp.concatenate([ep_of, slot_of], axis=-1), -1, jnp.int32)  # [N, T, 2K]
         gates1 = scatter(gate_of, 0.0, jnp.float32)  # [N, T, K]
         counts1 = jnp.sum(need, axis=0).astype(jnp.int32)  # [N]
-        # Step 2: hop 1 over the node axis (rank (n, e) → (m, e)).
+        # Step 2: hop 1 over the node axis (rank (n, e) → (m, e)); the rows past each block's count are not real.
         hop = dict(axis=node_axis, exchange=w.exchange)
         recv1, recv_counts1 = send_blocks(rows1, counts1, **hop)
         meta_r = jax.lax.stop_gradient(send_blocks(meta1, counts1, **hop)[0])  # ids: no gradient
         gates_r = send_blocks(gates1, counts1, **hop)[0]
-        valid = (
-            jnp.arange(T)[None, :] < recv_counts1[:, None]
-        )  # [N, T]: rows that came (the ragged paths zero the rest)
-        ep_r = jnp.where(valid[..., None], meta_r[..., :K], -1).reshape(-1)  # [N·T·K]
+        valid = (jnp.arange(T)[None, :] < recv_counts1[:, None])[..., None]  # [N, T, 1]
+        ep_r = jnp.where(valid, meta_r[..., :K], -1).reshape(-1)  # [N·T·K]
         slot_r = meta_r[..., K:].reshape(-1)
-        gates_r = jnp.where(valid[..., None], gates_r, 0.0).reshape(N * T, K)
-        # Step 3: hop 2 inside the node, the expert FFN, the return (the flat exchange's stages over ``ep``).
-        C2 = N * T * min(K, S)
-        dest2 = jnp.where(ep_r >= 0, ep_r, Ep).astype(jnp.int32)
-        packed = stages.pack(recv1.reshape(N * T, -1), dest2, slot_r, top_k=K, num_ranks=Ep, capacity=C2, dtype=w.dtype)
-        recv2 = stages.exchange_rows(packed, axis=ep_axis, exchange=w.exchange, hidden=w.hidden, slots_per_rank=S)
-        y, group_sizes = self.ffn(recv2.rows.reshape(-1, w.hidden), recv2.slots.reshape(-1), weights)
-        y_pairs = stages.return_rows(
-            y.reshape(recv2.rows.shape), recv2.counts, packed, axis=ep_axis, exchange=w.exchange
-        )
-        # Step 4: the node-local pairs of each received token, weighted and summed (in float32): one partial row per
-        # (token, node), returned in the row dtype as the flat exchange returns each pair's.
-        partial = stages.combine(y_pairs, gates_r, jnp.float32).reshape(N, T, -1).astype(w.dtype)
-        # Step 5: return hop 1 and the sum over the nodes.
+        gates_r = jnp.where(valid, gates_r, 0.0).reshape(N * T, K)
+        # Step 3: hop 2 — the flat stages over ``ep`` on the received tokens and their node-local pairs: the expert
+        # FFN, the return, each token's pairs weighted and summed (float32) into one partial row.
+        C2 = N * self.capacity if self.rounds else N * T * min(K, S)
+        dest2 = jnp.where(ep_r >= 0, ep_r, Ep).astype(jnp.int32)  # Ep: not on this node
+        hop2 = self.inner(C2).run(recv1.reshape(N * T, -1), gates_r, dest2, slot_r, weights)
+        partial = hop2.out.reshape(N, T, -1).astype(w.dtype)  # in the row dtype, as the flat exchange returns
+        # Step 4: return hop 1 and the sum over the nodes.
         back = return_blocks(partial, recv_counts1, counts1, **hop)  # [N, T, H]: block m = node m's partial rows
         got = back[m_idx, jnp.where(need, pos, 0)]  # [T, N, H]
         out = jnp.sum(jnp.where(need[..., None], got.astype(jnp.float32), 0.0), axis=1)
         wanted = jnp.bincount(dest, length=D).astype(jnp.int32)
-        return stages.Exchanged(out, group_sizes, wanted, wanted, jnp.int32(1))
+        return stages.Exchanged(out, hop2.group_sizes, wanted, wanted, hop2.rounds)

@@ -137,9 +137,14 @@ class ServeConfig:
         check_int("seed", self.seed, minimum=0, where=w)
         if self.mesh is not None:
             try:
-                parse_mesh(self.mesh)
+                sizes = parse_mesh(self.mesh)
             except ValueError as err:
                 raise ValueError(f"{w}.{err}") from None
+            if sizes["node"] > 1:
+                raise ValueError(
+                    f"{w}.mesh={self.mesh!r}: the served model keeps its experts on the ep axis; a node axis (the "
+                    "layer's MoEConfig(node_axis=)) is not served yet: give data=, ep= and tensor= only"
+                )
         weights = self.layers * self.experts * 3 * self.hidden * self.ffn
         rows = self.tokens_per_rank * self.top_k * max(self.hidden, self.ffn)
         if weights > MAX_SERVE_ELEMENTS or rows > MAX_SERVE_ELEMENTS:  # checked before any allocation
