@@ -86,7 +86,8 @@ def for_call(config: MoEConfig, *, exchange: str, capacity: tuple[str, int], top
     ffn = stages.FFN(config.expert, config.gmm_impl, config.interpret, config.fp8_activation_block)
     how, C = capacity
     if config.node_exchange == "two_hop":  # a block exchange per hop (the platform's where "auto" chose the ring)
-        return TwoHop(dataclasses.replace(wire, exchange=block_exchange(exchange)), ffn, C, rounds=how == "rounds")
+        hop2 = Rounds if how == "rounds" else OneExchange  # inside the node: the flat stages over ep
+        return TwoHop(dataclasses.replace(wire, exchange=block_exchange(exchange)), ffn, C, hop2)
     if exchange == "ring":
         return Ring(wire, ffn, C, drop=how == "fixed")
     if how == "rounds":

@@ -20,8 +20,8 @@ when its pairs share nodes); the return carries one row per (token, node) instea
 Capacities: hop 1 is one exchange of C1 = T rows per node block (a token needs a node once: dropless). Hop 2 is the
 layer's dropless choice over ``ep``: with ``capacity="auto"`` rounds of C2 = Nn·C rows per block (C the flat
 exchange's; a relay forwards about T·K pairs over De ranks where a rank sends T·K over D: `tempo_jax.layer.rounds`,
-memory bounded by C2), with ``capacity=None`` one exchange of C2 = Nn·T·min(K, S) rows (every received token's pairs
-on one rank, at most one per slot there). JAX differentiates hop 1 as it is (the all-to-alls transpose to
+memory bounded by C2), with ``capacity=None`` one exchange of C2 = Nn·T·K rows (every received token's pairs on one
+rank). JAX differentiates hop 1 as it is (the all-to-alls transpose to
 all-to-alls over the same axes); hop 2 keeps its implementation's VJP.
 
 Glossary additions: De ranks per node (the ``ep`` axis; D = Nn·De), C1 rows per block of the node hop, C2 rows per
@@ -37,7 +37,6 @@ import jax.numpy as jnp
 
 from . import stages
 from .exchange import return_blocks, send_blocks
-from .rounds import Rounds
 
 __all__ = ["TwoHop", "node_rows"]
 
@@ -58,21 +57,20 @@ def node_rows(dest: jax.Array, top_k: int, num_ranks: int, ranks_per_node: int) 
 class TwoHop:
     """Steps 3–7 as two hops: ``wire.axis`` is ``(node, ep)`` (the expert axes, rank = node · |ep| + ep index); one of
     the `tempo_jax.layer.exchange_ffn.ExchangeFFN` implementations. The block exchanges of both hops are
-    ``wire.exchange`` ("padded" or the ragged ones); ``capacity`` C is the flat exchange's rows per block and
-    ``rounds`` whether hop 2 runs dropless rounds (``capacity="auto"``) or one worst-case exchange (None)."""
+    ``wire.exchange`` ("padded" or the ragged ones). Hop 2 is ``hop2`` — `tempo_jax.layer.rounds.Rounds` (dropless
+    rounds, ``capacity="auto"``) or `tempo_jax.layer.exchange_ffn.OneExchange` (one exchange, ``capacity=None``) —
+    over ``ep`` at Nn·``capacity`` rows per block (``capacity``: the flat exchange's C; T·K at the worst case)."""
 
     wire: stages.Wire
     ffn: stages.FFN
     capacity: int
-    rounds: bool = True
+    hop2: type
 
-    def inner(self, capacity: int):
-        """Hop 2's stages over ``ep``: dropless rounds of ``capacity`` rows per block, or one exchange of it."""
-        from .exchange_ffn import OneExchange  # (exchange_ffn imports this module)
-
+    def inner(self, nodes: int):
+        """Hop 2's stages over ``ep`` on a mesh of ``nodes`` nodes: ``hop2`` at Nn·C rows per block."""
         w = self.wire
         wire = stages.Wire(w.axis[1], w.exchange, w.hidden, w.dtype, w.top_k)
-        return (Rounds if self.rounds else OneExchange)(wire, self.ffn, capacity)
+        return self.hop2(wire, self.ffn, nodes * self.capacity)
 
     def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
         """See `tempo_jax.layer.exchange_ffn.ExchangeFFN.run`; ``rounds`` = hop 2's, ``wanted`` / ``sent [D]`` the
@@ -80,7 +78,7 @@ class TwoHop:
         w = self.wire
         node_axis, _ = w.axis
         N, Ep = jax.lax.axis_size(node_axis), jax.lax.axis_size(w.axis[1])
-        D, K, S = N * Ep, w.top_k, stages.num_slots(weights)
+        D, K = N * Ep, w.top_k
         T = x.shape[0]
         # Step 1: hop 1's blocks — each token once per node it needs, with its pairs' (ep index, slot, gate) there.
         need, pos = node_rows(dest, K, D, Ep)
@@ -113,9 +111,8 @@ class TwoHop:
         gates_r = jnp.where(valid, gates_r, 0.0).reshape(N * T, K)
         # Step 3: hop 2 — the flat stages over ``ep`` on the received tokens and their node-local pairs: the expert
         # FFN, the return, each token's pairs weighted and summed (float32) into one partial row.
-        C2 = N * self.capacity if self.rounds else N * T * min(K, S)
         dest2 = jnp.where(ep_r >= 0, ep_r, Ep).astype(jnp.int32)  # Ep: not on this node
-        hop2 = self.inner(C2).run(recv1.reshape(N * T, -1), gates_r, dest2, slot_r, weights)
+        hop2 = self.inner(N).run(recv1.reshape(N * T, -1), gates_r, dest2, slot_r, weights)
         partial = hop2.out.reshape(N, T, -1).astype(w.dtype)  # in the row dtype, as the flat exchange returns
         # Step 4: return hop 1 and the sum over the nodes.
         back = return_blocks(partial, recv_counts1, counts1, **hop)  # [N, T, H]: block m = node m's partial rows
