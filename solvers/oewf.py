@@ -95,7 +95,8 @@ class OEWFState:
         there under this plan.
       expert_bytes: ``[E]`` bytes to fetch one expert's full weights (> 0).
       budget_bytes: ``[D]`` (or a scalar for all) helper weight-buffer budget B_h, bytes.
-      fetch_bytes_per_us: ``[D]`` (or a scalar) helper fetch bandwidth, bytes per µs (> 0).
+      fetch_bytes_per_us: fetch bandwidth, bytes per µs (> 0): a scalar, ``[D]`` per helper, or ``[D, D]`` per
+        (helper, donor) pair (two link classes: a donor on the helper's node over NVLink, others over the NIC).
       activated: ``[D]`` activated experts G_d (``pricing="tempo"`` only); default: experts with tokens in
         ``pair_tokens`` on each rank.
       floor_us: ``[D]`` earliest completion of each rank (set by accepted reassignments on helpers: their
@@ -150,9 +151,11 @@ class OEWFState:
             v = check_array(
                 name, getattr(self, name), where=fn, nonnegative=True, positive=name == "fetch_bytes_per_us"
             )
-            if v.ndim not in (0, 1) or (v.ndim == 1 and v.shape != (D,)):
-                raise ValueError(f"{fn}: {name} must be a scalar or shape ({D},), got {v.shape}")
-            fields[name] = np.broadcast_to(v, (D,))
+            pairwise = name == "fetch_bytes_per_us" and v.shape == (D, D)
+            if not pairwise and (v.ndim not in (0, 1) or (v.ndim == 1 and v.shape != (D,))):
+                also = f" or ({D}, {D}) per (helper, donor)" if name == "fetch_bytes_per_us" else ""
+                raise ValueError(f"{fn}: {name} must be a scalar or shape ({D},){also}, got {v.shape}")
+            fields[name] = v if pairwise else np.broadcast_to(v, (D,))
         G = (pair.sum(axis=0) > 0).sum(axis=1) if self.activated is None else self.activated
         fields["activated"] = check_array("activated", G, where=fn, **vec)
         fields["floor_us"] = check_array(
@@ -164,7 +167,8 @@ class OEWFState:
     @classmethod
     def unchecked(cls, **fields) -> OEWFState:
         """Build a state from float64 arrays of the right shapes without validation (simulators' inner loops;
-        ``activated`` and ``floor_us`` must be given, ``budget_bytes`` / ``fetch_bytes_per_us`` as ``[D]``)."""
+        ``activated`` and ``floor_us`` must be given, ``budget_bytes`` as ``[D]``, ``fetch_bytes_per_us`` as ``[D]``
+        or ``[D, D]``)."""
         state = object.__new__(cls)
         for f in dataclasses.fields(cls):
             object.__setattr__(state, f.name, fields[f.name])
@@ -374,7 +378,8 @@ def _admit(fetch: FetchPlan, state: OEWFState, pr: _Pricer, T: np.ndarray) -> Re
     n_trans = fetch.n_trans
     A, Dd, N, G = state.attention_us, state.dispatch_us, state.tokens, state.activated
     # Step 1: weights ready at s_h: the fetch starts when h's dispatch completes.
-    s_h = float(A[h] + Dd[h] + fetch.bytes / state.fetch_bytes_per_us[h])
+    bw = state.fetch_bytes_per_us
+    s_h = float(A[h] + Dd[h] + fetch.bytes / (bw[h] if bw.ndim == 1 else bw[h, d]))
     # Step 2: experts the helper adds (k) and the donor drops (m: no other source still sends it e).
     k = int(ex.size)
     still_sent = (np.delete(state.pair_tokens[:, d, ex], h, axis=0) > 0).any(axis=0)
@@ -663,7 +668,8 @@ def oewf_at_dispatch(
       dispatch_us: ``[D]`` dispatch times D_d (µs).
       tokens_est: ``[D]`` N̂_d, predicted expert tokens per rank.
       pair_tokens: ``[D, D, E]`` tokens source h routes to expert e on destination d.
-      expert_bytes: ``[E]`` or a scalar; budget_bytes, fetch_bytes_per_us: scalars or ``[D]`` (see `OEWFState`).
+      expert_bytes: ``[E]`` or a scalar; budget_bytes: a scalar or ``[D]``; fetch_bytes_per_us: a scalar, ``[D]``
+        or ``[D, D]`` (helper, donor) (see `OEWFState`).
       curve, pricing, cost: see `oewf_plan`.
 
     Returns:

@@ -41,6 +41,8 @@ CASCADE = {
     "commit": ("any", {}, {"routing": "zipf", "skew": 1.2}),  # App. C's other reading: moves the first abandons
     "combine_scale": (0.0, {}, {}),
     "link_scale": (0.25, {}, {}),
+    "gpus_per_node": (4, {}, {}),  # two nodes of the 8 ranks: a chunk between them crosses the NIC
+    "node_link_scale": (4.0, {"gpus_per_node": 4}, {}),
     "helper_budget_experts": (1, {}, {}),
     "stream_rho": (0.8, {}, {}),
     "guard": (True, {"timeline": "reference", "replication": 1.25}, {}),
@@ -87,7 +89,7 @@ def shared_trace(tmp_path_factory) -> str:
 def test_each_cascade_option_changes_the_run_or_is_refused_without_what_it_needs(name, shared_trace):
     value, needs, shows = CASCADE[name]
     if needs:  # refused alone (it would be inert) ...
-        inert = ("skew", "synthetic_requests", "synthetic_rate_rps", "key_budget")
+        inert = ("skew", "synthetic_requests", "synthetic_rate_rps", "key_budget", "node_link_scale")
         with pytest.raises(ValueError, match=name if name in inert else "timeline|replication"):
             CascadeConfig(**{**BASE, name: value})
     kw = {**BASE, **needs, **shows}
@@ -109,12 +111,15 @@ def test_cascade_out_records_only_the_options_that_acted(tmp_path):
         main(["cascade", "--trace", "mooncake_sample", "--requests", "12", "--modes", "sync", "--out", str(out)]) == 0
     )
     recorded = json.loads(out.read_text())["config"]
-    assert not {"skew", "synthetic_requests", "synthetic_rate_rps", "key_budget"} & set(recorded)  # recorded, dense
+    inert = {"skew", "synthetic_requests", "synthetic_rate_rps", "key_budget", "node_link_scale"}
+    assert not inert & set(recorded)  # recorded routing, dense attention, one node
     assert recorded["trace"] == "mooncake_sample" and recorded["max_requests"] == 12
     zipf = CascadeConfig(
         trace="synthetic", routing="zipf", skew=1.5, synthetic_requests=9, attention="sparse", key_budget=512
     ).acting()
-    assert zipf["skew"] == 1.5 and zipf["key_budget"] == 512 and set(zipf) == set(CASCADE) | {"timeline", "hardware"}
+    assert zipf["skew"] == 1.5 and zipf["key_budget"] == 512
+    assert set(zipf) == set(CASCADE) - {"node_link_scale"} | {"timeline", "hardware"}
+    assert CascadeConfig(num_ranks=16, gpus_per_node=8).acting()["node_link_scale"] == 1.0
 
 
 # ------------------------------------------------------------------------------------------------ ServeConfig

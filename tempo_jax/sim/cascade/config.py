@@ -10,7 +10,7 @@ from pathlib import Path
 from solvers.checks import check_choice, check_instance, check_int, check_real, plain_scalars
 
 from .attention_truth import AttentionTruth, attention_truth
-from .costs import HARDWARE, MODELS, PrefillCosts, prefill_costs
+from .costs import HARDWARE, MODELS, PrefillCosts, check_gpus_per_node, prefill_costs
 from .serving import PLACEMENT_POLICIES
 from .vocabulary import COMMITS, LAUNCHES, LINKS
 
@@ -93,6 +93,10 @@ class CascadeConfig:
         that separates combine overlap from early FFN in notebook 09).
       link_scale: multiplies the hardware's link bandwidth — dispatch, combine and OEWF fetches alike (2 = twice the
         bandwidth; notebook 09's sensitivity sweep).
+      gpus_per_node: ranks per node (None: every rank in one NVLink domain, the paper's 8-GPU testbed). With
+        nodes, a transfer between two of them — a dispatch or combine chunk, an OEWF fetch — runs at the hardware's
+        ``node_link_bytes_per_us`` (B200: 50 GB/s, one 400 Gb/s NIC per GPU) instead of NVLink's (`costs`).
+      node_link_scale: multiplies the NIC bandwidth on top of ``link_scale`` (needs ``gpus_per_node``).
       helper_budget_experts: OEWF's helper weight buffer B_h in experts (None: the hardware's, 8; the paper gives no
         size, only that the buffer caps the budget).
       stream_rho: streamFFN's launch threshold θ as the fraction of peak FFN throughput it reaches (0.9, §3.2:
@@ -134,6 +138,8 @@ class CascadeConfig:
     timeline: str = "fast"
     combine_scale: float = 1.0
     link_scale: float = 1.0
+    gpus_per_node: int | None = None
+    node_link_scale: float = 1.0
     helper_budget_experts: int | None = None
     stream_rho: float = 0.9
     guard: bool = False
@@ -192,6 +198,13 @@ class CascadeConfig:
         check_choice("timeline", self.timeline, TIMELINES, where=fn)
         check_real("combine_scale", self.combine_scale, where=fn, minimum=0.0)
         check_real("link_scale", self.link_scale, where=fn, minimum=0.0, strict=True)
+        check_gpus_per_node(self.gpus_per_node, self.num_ranks, where=fn)
+        check_real("node_link_scale", self.node_link_scale, where=fn, minimum=0.0, strict=True)
+        if self.gpus_per_node is None and self.node_link_scale != 1.0:
+            raise ValueError(
+                f"{fn}: node_link_scale={self.node_link_scale!r} scales the links between nodes, and without "
+                "gpus_per_node every rank is on one node; set gpus_per_node (e.g. 8) or drop node_link_scale"
+            )
         if self.helper_budget_experts is not None:
             check_int("helper_budget_experts", self.helper_budget_experts, where=fn, minimum=0)
         check_real("stream_rho", self.stream_rho, where=fn, minimum=0.0, maximum=1.0, strict=True)
@@ -258,24 +271,26 @@ class CascadeConfig:
     def acting(self) -> dict:
         """The options that act in this config, as a dict (what a run's JSON records): every field but those another
         option makes inert (``skew`` without ``routing="zipf"``, the synthetic trace's sizes without
-        ``trace="synthetic"``)."""
+        ``trace="synthetic"``, ``node_link_scale`` on one node)."""
         return {
             k: v
             for k, v in dataclasses.asdict(self).items()
-            if k not in _NEEDS or getattr(self, _NEEDS[k][0]) == _NEEDS[k][1]
+            if (k not in _NEEDS or getattr(self, _NEEDS[k][0]) == _NEEDS[k][1])
+            and (k != "node_link_scale" or self.gpus_per_node is not None)
         }
 
     def costs(self) -> PrefillCosts:
-        """The deployment's `PrefillCosts`: combine bytes scaled by ``combine_scale``, link and fetch bandwidth by
-        ``link_scale``, the helper buffer ``helper_budget_experts`` and θ at
-        ``stream_rho``."""
-        costs = prefill_costs(self.model, self.hardware, self.num_ranks)
+        """The deployment's `PrefillCosts`: combine bytes scaled by ``combine_scale``, link, NIC and fetch bandwidth
+        by ``link_scale`` (the NIC's also by ``node_link_scale``), nodes of ``gpus_per_node``, the helper buffer
+        ``helper_budget_experts`` and θ at ``stream_rho``."""
+        costs = prefill_costs(self.model, self.hardware, self.num_ranks, self.gpus_per_node)
         hw = costs.hardware
         budget = hw.helper_budget_experts if self.helper_budget_experts is None else self.helper_budget_experts
         hw = dataclasses.replace(
             hw,
             link_bytes_per_us=hw.link_bytes_per_us * self.link_scale,
             fetch_bytes_per_us=hw.fetch_bytes_per_us * self.link_scale,
+            node_link_bytes_per_us=hw.node_link_bytes_per_us * self.link_scale * self.node_link_scale,
             helper_budget_experts=budget,
         )
         return dataclasses.replace(

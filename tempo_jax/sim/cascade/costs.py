@@ -26,6 +26,12 @@ Derivations (per MoE layer, one EP rank = one GPU, D ranks, S = E/D experts per 
   returns it in BF16 (2H bytes), over ``link_bytes_per_us`` with ``link_latency_us`` per exchange. OEWF
   fetches full expert weights (3·H·F·``weight_bytes``) at ``fetch_bytes_per_us`` into a buffer of
   ``helper_budget_experts`` experts.
+- **Two link classes** (``gpus_per_node``; None: every rank in one NVLink domain, the paper's testbed). Ranks
+  ``g // gpus_per_node`` share a node; a transfer between two nodes (a dispatch or combine chunk, an OEWF fetch)
+  runs at ``node_link_bytes_per_us`` (the GPU's NIC: 50 GB/s, DeepEP's RDMA figure, beside 600 GB/s NVLink)
+  instead of the NVLink figures. A rank's transfers of both classes are charged to its one port pair in sequence
+  (`PrefillCosts.port_us`): at D = 64 over 8 nodes the NVLink share is ~1% of a dispatch's port time, so
+  overlapping the classes instead would move a transfer by about that much.
 
 numpy + solvers only (no jax).
 """
@@ -128,6 +134,8 @@ class Hardware:
       fetch_bytes_per_us: peer-to-peer bandwidth of OEWF's weight copies.
       launch_us: fixed cost of one attention stage (α0).
       helper_budget_experts: OEWF helper weight buffer, in experts (B_h = this × one expert's bytes).
+      node_link_bytes_per_us: bandwidth of a transfer between two nodes (the GPU's NIC), dispatch, combine and
+        OEWF fetches alike; used only with ``gpus_per_node`` (`PrefillCosts`).
     """
 
     name: str
@@ -140,9 +148,16 @@ class Hardware:
     fetch_bytes_per_us: float
     launch_us: float
     helper_budget_experts: int
+    node_link_bytes_per_us: float = 5.0e4
 
     def __post_init__(self) -> None:
-        for attr in ("peak_flops", "hbm_bytes_per_us", "link_bytes_per_us", "fetch_bytes_per_us"):
+        for attr in (
+            "peak_flops",
+            "hbm_bytes_per_us",
+            "link_bytes_per_us",
+            "fetch_bytes_per_us",
+            "node_link_bytes_per_us",
+        ):
             check_real(attr, getattr(self, attr), where="Hardware", minimum=0.0, strict=True)
         for attr in ("gemm_efficiency", "attention_efficiency"):
             check_real(attr, getattr(self, attr), where="Hardware", minimum=0.0, strict=True, maximum=1.0)
@@ -164,6 +179,7 @@ HARDWARE: dict[str, Hardware] = {
         fetch_bytes_per_us=6.0e5,
         launch_us=30.0,
         helper_budget_experts=8,
+        node_link_bytes_per_us=5.0e4,  # one 400 Gb/s NIC per GPU (DeepEP's ~50 GB/s RDMA)
     )
 }
 
@@ -205,6 +221,7 @@ class PrefillCosts:
       expert_bytes: bytes of one routed expert's weights (OEWF fetches).
       fixed_us, peak_tokens_per_us: the two parameters of F(N) = fixed_us + N / peak_tokens_per_us.
       stream_rho: streamFFN's launch threshold θ as the fraction ρ of peak FFN throughput it reaches (0.9: §3.2).
+      gpus_per_node: ranks per node (None: one node — every transfer at the NVLink figures); see the module doc.
     """
 
     model: ModelShape
@@ -218,10 +235,51 @@ class PrefillCosts:
     fixed_us: float
     peak_tokens_per_us: float
     stream_rho: float = 0.9
+    gpus_per_node: int | None = None
 
     @property
     def experts_per_rank(self) -> float:
         return self.model.experts / self.num_ranks
+
+    @cached_property
+    def cross_node(self) -> np.ndarray:
+        """``[D, D]`` bool: ranks s and d sit on different nodes (all False on one node)."""
+        D, g = self.num_ranks, self.gpus_per_node or self.num_ranks
+        node = np.arange(D) // g
+        return node[:, None] != node[None, :]
+
+    @cached_property
+    def link_bw(self) -> np.ndarray:
+        """``[D(sender), D(receiver)]`` bytes per µs of a dispatch / combine chunk or a fetch's port time."""
+        hw = self.hardware
+        return np.where(self.cross_node, hw.node_link_bytes_per_us, hw.link_bytes_per_us)
+
+    @cached_property
+    def fetch_bw(self) -> np.ndarray:
+        """``[D(helper), D(donor)]`` bytes per µs of an OEWF fetch (`solvers.OEWFState`'s pairwise form)."""
+        hw = self.hardware
+        return np.where(self.cross_node, hw.node_link_bytes_per_us, hw.fetch_bytes_per_us)
+
+    def port_us(self, total_bytes, cross_bytes) -> np.ndarray:
+        """Port time of ``total_bytes [...]`` of which ``cross_bytes [...]`` go to (or come from) other nodes: the
+        NVLink share over ``link_bytes_per_us`` and the rest over ``node_link_bytes_per_us``, in sequence (on one
+        node ``cross_bytes`` is 0 and this is total / link bandwidth)."""
+        hw = self.hardware
+        total, cross = np.asarray(total_bytes, dtype=np.float64), np.asarray(cross_bytes, dtype=np.float64)
+        return (total - cross) / hw.link_bytes_per_us + cross / hw.node_link_bytes_per_us
+
+    def send_us(self, chunk_bytes) -> np.ndarray:
+        """``[..., D]`` port time of each sender's chunks ``chunk_bytes [..., D(sender), D(receiver)]`` (`port_us`)."""
+        chunk = np.asarray(chunk_bytes, dtype=np.float64)
+        return self.port_us(chunk.sum(axis=-1), (chunk * self.cross_node).sum(axis=-1))
+
+    def dispatch_time_us(self, sent) -> np.ndarray:
+        """``[..., D]`` uncontended dispatch time of each source: latency + its remote pairs' bytes over the links
+        (`send_us`), 0 when it sends nothing remote; ``sent [..., D(source), D(destination)]`` pairs."""
+        D = self.num_ranks
+        chunk = np.asarray(sent, dtype=np.float64) * (1.0 - np.eye(D)) * self.dispatch_bytes_per_pair
+        remote = chunk.sum(axis=-1)
+        return np.where(remote > 0, self.hardware.link_latency_us + self.send_us(chunk), 0.0)
 
     @cached_property
     def threshold(self) -> int:
@@ -234,11 +292,12 @@ class PrefillCosts:
 
     def oewf_budget(self) -> dict:
         """The keyword arguments `solvers.oewf_at_dispatch` takes from a deployment: ``expert_bytes``,
-        ``budget_bytes`` (a helper's fetch budget), ``fetch_bytes_per_us`` and the FFN ``curve``."""
+        ``budget_bytes`` (a helper's fetch budget), ``fetch_bytes_per_us`` (``[D, D]`` `fetch_bw` over nodes) and
+        the FFN ``curve``."""
         return {
             "expert_bytes": self.expert_bytes,
             "budget_bytes": self.helper_budget_bytes,
-            "fetch_bytes_per_us": self.hardware.fetch_bytes_per_us,
+            "fetch_bytes_per_us": self.hardware.fetch_bytes_per_us if self.gpus_per_node is None else self.fetch_bw,
             "curve": self.curve,
         }
 
@@ -263,16 +322,22 @@ class PrefillCosts:
 
 
 def prefill_costs(
-    model: str | ModelShape = "deepseek_v4_flash", hardware: str | Hardware = "b200", num_ranks: int = 8
+    model: str | ModelShape = "deepseek_v4_flash",
+    hardware: str | Hardware = "b200",
+    num_ranks: int = 8,
+    gpus_per_node: int | None = None,
 ) -> PrefillCosts:
-    """Derive the per-layer costs of ``model`` on ``num_ranks`` GPUs of ``hardware`` (see the module doc)."""
+    """Derive the per-layer costs of ``model`` on ``num_ranks`` GPUs of ``hardware`` (see the module doc), on nodes
+    of ``gpus_per_node`` ranks (None: one node)."""
+    fn = "prefill_costs"
     if isinstance(model, str):
-        model = MODELS[check_choice("model", model, MODELS, where="prefill_costs")]
+        model = MODELS[check_choice("model", model, MODELS, where=fn)]
     if isinstance(hardware, str):
-        hardware = HARDWARE[check_choice("hardware", hardware, HARDWARE, where="prefill_costs")]
-    D = check_int("num_ranks", num_ranks, where="prefill_costs")
+        hardware = HARDWARE[check_choice("hardware", hardware, HARDWARE, where=fn)]
+    D = check_int("num_ranks", num_ranks, where=fn)
     if model.experts % D:
-        raise ValueError(f"prefill_costs: {model.experts} experts do not split evenly over num_ranks={D}")
+        raise ValueError(f"{fn}: {model.experts} experts do not split evenly over num_ranks={D}")
+    check_gpus_per_node(gpus_per_node, D, where=fn)
     hw = hardware
     # Step 1: FFN curve F(N) = t_fix + N / P on Fig. 4's grid.
     P = _peak_tokens_per_us(model, hw)
@@ -298,4 +363,17 @@ def prefill_costs(
         expert_bytes=float(model.expert_params * model.weight_bytes),
         fixed_us=float(fixed),
         peak_tokens_per_us=float(P),
+        gpus_per_node=gpus_per_node,
     )
+
+
+def check_gpus_per_node(gpus_per_node, num_ranks: int, *, where: str) -> None:
+    """ValueError unless ``gpus_per_node`` is None or a positive divisor of ``num_ranks``."""
+    if gpus_per_node is None:
+        return
+    g = check_int("gpus_per_node", gpus_per_node, where=where)
+    if num_ranks % g:
+        raise ValueError(
+            f"{where}: num_ranks={num_ranks} is not a whole number of nodes of gpus_per_node={g}; pick a divisor of"
+            f" {num_ranks} (or None: one node)"
+        )

@@ -165,7 +165,7 @@ def _decide(costs, inp: StepInputs, h, t, active, n_hat, floor_abs, candidates):
     n_trans = n_hd * _take(inp.top_share, d)
     nbytes = k * costs.expert_bytes
     # Step 3: Eq. 6 (paper pricing) with weights ready bytes / fetch bandwidth after t.
-    s_h = nbytes / costs.hardware.fetch_bytes_per_us
+    s_h = nbytes / costs.fetch_bw[h, d]
     rem_d, left_d = rem[rows, d], left[rows, d]
     kept, work = _ffn(costs, np.stack([n_hat[rows, d] - n_trans, n_trans]))  # the donor's kernel, the helper's
     donor_after = np.maximum(rem_d + left_d + kept, floor[rows, d])
@@ -219,13 +219,13 @@ def _paper_net(costs, inp: StepInputs, run_oewf: np.ndarray) -> _Net:
 
 def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool) -> _Net:
     hw = costs.hardware
-    bw, lat = hw.link_bytes_per_us, hw.link_latency_us
+    lat, bw = hw.link_latency_us, costs.link_bw  # bw [s, d]: NVLink within a node, the NIC across nodes
     L, D = inp.attention_us.shape
     rows = np.arange(L)
     a = inp.attention_us
     chunk = inp.sent * (1.0 - np.eye(D))[None] * costs.dispatch_bytes_per_pair  # [L, s, d] bytes
     remote = chunk.sum(axis=2)
-    dur = np.where(remote > 0, lat + remote / bw, 0.0)
+    dur = np.where(remote > 0, lat + costs.send_us(chunk), 0.0)
     # Step 1: dispatches in completion order; each helper decides when its own dispatch has left.
     free, after = np.zeros((L, D)), np.zeros((L, D))
     start, ready = np.zeros((L, D)), np.zeros((L, D))
@@ -246,7 +246,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         in_attention = pending & (a > t[:, None])  # §3.3: donors are the ranks still in attention at t
         ok, d, n, nbytes, s0, s1 = _decide(costs, inp, h, t, active, n_hat, floor_abs, in_attention)
         refused += active & ~ok
-        occ = nbytes / bw
+        occ = nbytes / bw[d, h]
         a_d, free_d, after_d, dur_d = a[rows, d], free[rows, d], after[rows, d], dur[rows, d]
         before = a_d > t
         end_before = np.maximum(t, free_d) + occ
@@ -262,13 +262,13 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
             send_end = np.where(before, end_before, end_after)
         free[rows[ok & before], d[ok & before]] = free_new[ok & before]
         after[rows[ok], d[ok]] = after_new[ok]
-        rounds.append((ok, h, d, n, s0, s1, send_end, nbytes))
+        rounds.append((ok, h, d, n, s0, s1, send_end, occ))
     if not rounds:
         start = np.maximum(a, free)
         ready = start + dur
     fetch_us, fetch_send = np.zeros((L, D)), np.zeros((L, D))
-    for ok, h, _, _, _, _, send_end, nbytes in rounds:
-        fetch_us[rows[ok], h[ok]] = nbytes[ok] / bw
+    for ok, h, _, _, _, _, send_end, occ in rounds:
+        fetch_us[rows[ok], h[ok]] = occ[ok]
         fetch_send[rows[ok], h[ok]] = send_end[ok]
     # protected: what is left of a fetch after the donor's dispatch yields to its combines too (App. E)
     return _Net(
@@ -278,7 +278,7 @@ def _contended_net(costs, inp: StepInputs, run_oewf: np.ndarray, protected: bool
         moves=[],
         refused=refused,
         start=start,
-        chunk_us=chunk / bw,
+        chunk_us=chunk / bw[None],
         fetch_us=fetch_us,
         fetch_send=fetch_send,
         rounds=[r[:6] for r in rounds],
@@ -423,8 +423,7 @@ def _ranks(
 ):
     """(done [L, D], kernel_us [L], moves [L], abandoned [L], dropped [L], moved [L], combines) of every rank, with
     or without OEWF, on the links' arrivals (``combines``: `_combines`)."""
-    hw = costs.hardware
-    bw, lat, cpp = hw.link_bytes_per_us, hw.link_latency_us, costs.combine_bytes_per_pair
+    lat, cpp = costs.hardware.link_latency_us, costs.combine_bytes_per_pair
     L, D = inp.attention_us.shape
     rows = np.arange(L)
     # Step 1: launch groups per destination.
@@ -469,9 +468,11 @@ def _ranks(
     is_own = order == np.arange(D)[None, :, None]
     launched, k0s, k1s, accs = _own_kernels(costs, arr, tk, ends, net.ready.copy())
     remote = accs - _gathered(np.where(is_own, tk, 0.0), ends)  # each kernel's tokens from other ranks
+    from_node = np.take(np.broadcast_to(costs.cross_node, (L, D, D)), at)  # [L, d, pos] source on another node
+    cross = _gathered(np.where(from_node, tk, 0.0), ends)  # each kernel's tokens from other nodes
     per_pos = np.ascontiguousarray(np.swapaxes(np.where(launched, k1s - k0s, 0.0), 1, 2)).sum(axis=2)  # [L, pos]
     kernel_us = np.cumsum(per_pos, axis=1)[:, -1]  # position by position, as the reference adds them
-    back_us = remote * cpp / bw
+    back_us = costs.port_us(remote * cpp, cross * cpp)
     if links == "paper":
         out = k1s + np.where(remote > 0, lat + back_us, 0.0)
         left_at = sent_by = np.zeros((L, D, D))
@@ -501,7 +502,8 @@ def _combines(costs, order, left_at, sent_by, remote_tokens):
     L, D, _ = order.shape
     at = order + (np.arange(L * D) * D).reshape(L, D, 1)  # flat [L, d, s]
     issued, sent, occ = np.zeros((L, D, D)), np.zeros((L, D, D)), np.zeros((L, D, D))
-    np.put(occ, at, remote_tokens * costs.combine_bytes_per_pair / costs.hardware.link_bytes_per_us)
+    bw = np.take(np.broadcast_to(costs.link_bw, (L, D, D)), at)  # [L, d, pos]: d → the source at pos
+    np.put(occ, at, remote_tokens * costs.combine_bytes_per_pair / bw)
     np.put(issued, at, left_at)
     np.put(sent, at, sent_by)
     valid = occ > 0

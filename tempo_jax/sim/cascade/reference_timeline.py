@@ -25,7 +25,9 @@ a layer together: the layer barrier of §3.2).
   ``bytes / fetch bandwidth`` after the helper's dispatch and occupy no link; the helper's reassigned kernel runs
   on a side stream at no cost to its own kernels.
 - ``"contention"`` (default): every rank has a send port and a receive port (full-duplex NVLink; D ≤ 8 sits in
-  one node, so one intra-node port pair per rank), each of ``link_bytes_per_us``. Transfers through a port are
+  one node, so one intra-node port pair per rank), each of ``link_bytes_per_us``; over several nodes
+  (``PrefillCosts.gpus_per_node``) a transfer between two nodes holds the same ports at ``node_link_bytes_per_us``
+  (`PrefillCosts.link_bw`; the NIC's share and NVLink's in sequence). Transfers through a port are
   **serialised**, FIFO by the time they are issued (not fair-shared): a transfer holds the port for bytes /
   bandwidth and is delivered ``link_latency_us`` after the last of its ports has carried it. A source's dispatch
   leaves its send port as one all-to-all (its chunks progress together and finish together) and each chunk
@@ -288,13 +290,13 @@ def _contended_links(
     are issued (``protected``: fetches yield to the dispatches, App. E; else FIFO by issue time). The receive ports,
     arrivals and the fetches' delivery come from `_receive`."""
     hw = costs.hardware
-    bw, lat = hw.link_bytes_per_us, hw.link_latency_us
+    lat, bw = hw.link_latency_us, costs.link_bw  # bw [s, d]: NVLink within a node, the NIC across nodes
     D = inp.num_ranks
     a = inp.attention_us
     sent = pairs.sum(axis=2)
     chunk = sent * (1.0 - np.eye(D)) * costs.dispatch_bytes_per_pair  # [s, d] bytes
     remote = chunk.sum(axis=1)
-    dur = np.where(remote > 0, lat + remote / bw, 0.0)  # [D] a dispatch alone on its send port
+    dur = np.where(remote > 0, lat + costs.send_us(chunk), 0.0)  # [D] a dispatch alone on its send port
     # Step 1: dispatches in completion order; each helper decides (OEWF) when its own dispatch has left.
     free = np.zeros(D)  # send port: end of the fetches it served before its dispatch
     start, ready = np.full(D, np.nan), np.full(D, np.nan)
@@ -308,7 +310,7 @@ def _contended_links(
             pair_tokens=pairs,
             expert_bytes=np.broadcast_to(costs.expert_bytes, pairs.shape[2:]),
             budget_bytes=costs.helper_budget_bytes,
-            fetch_bytes_per_us=hw.fetch_bytes_per_us,
+            fetch_bytes_per_us=costs.oewf_budget()["fetch_bytes_per_us"],
         )
         if run_oewf
         else None
@@ -331,7 +333,8 @@ def _contended_links(
         if move is None:
             refused += 1
             continue
-        d, occ = move.reassignment.donor, move.reassignment.bytes / bw
+        d = move.reassignment.donor
+        occ = move.reassignment.bytes / bw[d, h]
         if a[d] > t and protected:  # in the port's idle time before the donor's dispatch; the rest after it
             s0 = max(t, free[d])
             if s0 + occ <= a[d]:
@@ -367,14 +370,16 @@ def _receive(costs, net: _Links, combines: tuple) -> _Links:
     previous pass's; `_timeline` repeats until they are the ones the ranks send). A protected fetch runs from its
     instant in the idle time between all of them (`idle_fill`). Returns ``net`` with the arrivals, the moves with
     their weights' delivery and ``got``."""
-    lat = costs.hardware.link_latency_us
-    bw = costs.hardware.link_bytes_per_us
+    lat, bw = costs.hardware.link_latency_us, costs.link_bw
     ready = net.ready
     D = ready.shape[0]
     arrival = np.repeat(ready[:, None], D, axis=1)
     got = np.zeros(D)
     delivered = {}
-    fetch_at = {m.reassignment.helper: (m.reassignment.bytes / bw, end) for m, end in net.fetches}
+    fetch_at = {
+        m.reassignment.helper: (m.reassignment.bytes / bw[m.reassignment.donor, m.reassignment.helper], end)
+        for m, end in net.fetches
+    }
     for d in range(D):
         items = [(net.start[s], 0, s, net.chunk_us[s, d], 0.0) for s in range(D) if net.chunk_us[s, d] > 0]
         if d in fetch_at and not net.protected:
@@ -435,9 +440,15 @@ def _paper_done(costs: PrefillCosts, kernels, tokens, d: int, start: float) -> f
     done = start
     for k in kernels:
         remote = k.tokens - (float(tokens[d]) if d in k.sources else 0.0)
-        combine = hw.link_latency_us + remote * per_pair / hw.link_bytes_per_us if remote > 0 else 0.0
+        cross = _cross_tokens(costs, k, tokens, d)
+        combine = hw.link_latency_us + float(costs.port_us(remote * per_pair, cross * per_pair)) if remote > 0 else 0.0
         done = max(done, k.end_us + combine)
     return done
+
+
+def _cross_tokens(costs: PrefillCosts, kernel, tokens, d: int) -> float:
+    """Tokens of ``kernel`` on rank d that came from (and return to) other nodes."""
+    return sum(float(tokens[s]) for s in kernel.sources if costs.cross_node[d, s])
 
 
 def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, port: float, sends: list) -> float:
@@ -449,10 +460,10 @@ def _contended_done(costs: PrefillCosts, kernels, tokens, d: int, start: float, 
         remote = k.tokens - (float(tokens[d]) if d in k.sources else 0.0)
         if remote > 0:
             s0 = max(k.end_us, port)
-            port = s0 + remote * per_pair / hw.link_bytes_per_us
+            port = s0 + float(costs.port_us(remote * per_pair, _cross_tokens(costs, k, tokens, d) * per_pair))
             done = max(done, port + hw.link_latency_us)
             sends += [
-                (s, s0, d, port, float(tokens[s]) * per_pair / hw.link_bytes_per_us)
+                (s, s0, d, port, float(tokens[s]) * per_pair / costs.link_bw[d, s])
                 for s in k.sources
                 if s != d and tokens[s] > 0
             ]

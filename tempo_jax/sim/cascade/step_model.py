@@ -219,7 +219,7 @@ class StepModel:
         else:
             pairs = np.stack([self.layer_pairs(layer, Q, rng) for layer in range(self.model.layers)])
             sent = pairs.sum(axis=3)
-        dispatch = costs.exchange_us((sent * (1.0 - np.eye(D))).sum(axis=2), costs.dispatch_bytes_per_pair)
+        dispatch = costs.dispatch_time_us(sent)
         recv = sent.sum(axis=1)  # [L, D]
         if cfg.estimates == "paper":  # App. D: the previous layer's counts; the first layer assumes an even spread
             tokens_est = np.concatenate([np.full((1, D), recv[0].sum() / D), recv[:-1]])
