@@ -12,15 +12,24 @@ one 400 Gb/s NIC per GPU, DeepEP's RDMA figure). The step here is the synchronou
 
 - ``t_g`` — the rank's expert time, the preset's kernel model without its traffic piece (`CostModel.kernel_only`:
   Eq. 1 / 2), on the policy's dispatch x (stage 1, `solvers.solve`);
-- **dispatch** — latency + the busiest port: for every GPU its send port (its own tokens' pairs to other GPUs)
-  and its receive port (pairs from other GPUs), each ``intra pairs · H · 1 B / NVLink + inter pairs · H · 1 B /
-  NIC`` (FP8 activations; the two classes in sequence on the one port, as in the CascadeEP simulator);
+- **dispatch** — latency + the busiest port: for every GPU its NVLink and its NIC, each as sender and as
+  receiver, ``rows · H · 1 B / bandwidth`` (FP8 activations). The NVLink and the NIC are separate hardware and run
+  at once (a GPU's time is the larger of the two), which is what lets DeepEP's two hops overlap. (The CascadeEP
+  simulator charges a rank's two classes to one port in sequence: for its flat exchange at D = 64 the NVLink share
+  is ~1% of a port's time; for a two-hop exchange, whose forwarding puts most pairs on NVLink, it is not.)
 - **combine** — the same pairs back in BF16 (2 B per value), send and receive ports swapped.
 
 Which GPU a source's pairs reach comes from stage 2 (`solvers.topology_split`, same-node-first, or
 `solvers.flat_split`): ``y [Nn, E, G]`` tokens of expert e from node m processed on GPU g; the GPUs of a node
 share the node's tokens of e in proportion to their own counts (a GPU's own pairs to itself cross no link).
 Both splits realise the same x, so t_g is the same; only the links differ.
+
+**Two exchanges** (``exchanges``): ``"flat"`` — every pair crosses once, from its source GPU to its expert's GPU;
+``"two_hop"`` — the layer's `MoEConfig(node_exchange="two_hop")` and DeepEP's internode kernels: a token crosses
+the NIC once per remote node holding one of its experts, to the GPU of that node with its own local index, which
+forwards its pairs over NVLink (the combine returns one partial row per (token, node)). Which node a pair reaches
+is drawn from the batch's tokens (`token_nodes`: each (source node, expert)'s pairs apportioned to the nodes in
+y's proportions, in token order), so a token's distinct nodes are counted, not estimated.
 
 **TEMPO priced with the links** (policy ``"tempo_links"``): TEMPO solved on Eq. 4 — the kernel model plus the
 traffic piece ``c2 + γ·N_g`` with ``c2`` the two phases' latency and ``γ`` one received pair's port time both ways,
@@ -55,7 +64,17 @@ from ..runner import stats
 from .phase import MODEL_SHAPES
 from .traffic import LAYOUTS, TopologyConfig, topology_placement
 
-__all__ = ["NIC_GBPS", "NVLINK_GBPS", "SPLITS", "ScaleConfig", "link_times", "scale_replay", "scale_summary"]
+__all__ = [
+    "EXCHANGES",
+    "NIC_GBPS",
+    "NVLINK_GBPS",
+    "SPLITS",
+    "ScaleConfig",
+    "link_times",
+    "scale_replay",
+    "scale_summary",
+    "token_nodes",
+]
 
 #: Per-GPU bandwidths of the two link classes, GB/s (the layer's `exchange.BANDWIDTH_GBPS["gpu"]` link figure and
 #: `exchange.NODE_GBPS["gpu"]`, repeated here: the simulators import no jax; a test keeps them equal).
@@ -65,6 +84,8 @@ NIC_GBPS = 50.0
 _SOLVED = ("static", "uniform", "token_lp", "metro", "llep", "tempo", "relief")
 #: Stage-2 splits of the dispatch over source nodes.
 SPLITS: tuple[str, ...] = ("topology", "flat")
+#: Exchanges priced: each pair once from its GPU, or each token once per node and forwarded inside it.
+EXCHANGES: tuple[str, ...] = ("flat", "two_hop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +101,7 @@ class ScaleConfig:
       policies: names of `solvers.solve` compared, and ``"tempo_links"`` (TEMPO on Eq. 4 with the links' traffic
         piece, `traffic_model`).
       splits: stage-2 splits (`SPLITS`).
+      exchanges: `EXCHANGES` priced (module doc).
       hidden: H (DeepSeek-V3: 7,168).
       dispatch_bytes, combine_bytes: bytes per activation value each way (FP8 out, BF16 back).
       nvlink_gbps, nic_gbps: per-GPU bandwidth inside a node and between nodes (GB/s).
@@ -98,6 +120,7 @@ class ScaleConfig:
     batches: int = 3
     policies: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "tempo", "tempo_links")
     splits: tuple[str, ...] = SPLITS
+    exchanges: tuple[str, ...] = ("flat",)
     hidden: int = 7168
     dispatch_bytes: float = 1.0
     combine_bytes: float = 2.0
@@ -111,6 +134,7 @@ class ScaleConfig:
         object.__setattr__(self, "tokens_per_gpu", tuple(self.tokens_per_gpu))
         object.__setattr__(self, "policies", tuple(self.policies))
         object.__setattr__(self, "splits", tuple(self.splits))
+        object.__setattr__(self, "exchanges", tuple(self.exchanges))
         check_choice("preset", self.preset, MODEL_SHAPES, where=fn)
         check_choice("layout", self.layout, LAYOUTS, where=fn)
         for name in ("num_gpus", "gpus_per_node", "batches", "hidden"):
@@ -125,6 +149,8 @@ class ScaleConfig:
             check_choice("policies", p, (*_SOLVED, "tempo_links"), where=fn)
         for s in self.splits:
             check_choice("splits", s, SPLITS, where=fn)
+        for s in self.exchanges:
+            check_choice("exchanges", s, EXCHANGES, where=fn)
         for name in ("dispatch_bytes", "combine_bytes", "nvlink_gbps", "nic_gbps"):
             check_real(name, getattr(self, name), where=fn, minimum=0.0, strict=True)
         check_real("latency_us", self.latency_us, where=fn, minimum=0.0)
@@ -151,18 +177,57 @@ class ScaleConfig:
         )
 
 
-def link_times(y: np.ndarray, counts: np.ndarray, node_of_gpu: np.ndarray, config: ScaleConfig) -> dict:
-    """Dispatch and combine times of one split and the pairs that cross nodes.
+def token_nodes(ids: np.ndarray, y: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarray:
+    """``[G, Nn]`` tokens of each source GPU with at least one pair on each node (its own node included).
+
+    Args:
+      ids: ``[G, B, K]`` expert ids of every source GPU's tokens.
+      y: ``[Nn, E, G]`` stage 2's split (tokens of expert e from node m processed on GPU g).
+      node_of_gpu: ``[G]``.
+
+    Each (source node m, expert e)'s pairs, in (GPU, token, slot) order, go to the nodes in y's proportions: the
+    first ``round(Σ_{g on node 0} y[m, e, g])`` to node 0, and so on (cumulative rounding, so the counts add up).
+    """
+    G, B, K = ids.shape
+    Nn, E, _ = y.shape
+    # Step 1: each pair's key (source node, expert) and its rank among the key's pairs.
+    key = (node_of_gpu[:, None, None] * E + ids).ravel()
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    first = np.searchsorted(sorted_key, np.arange(Nn * E))
+    rank = np.arange(key.size) - first[sorted_key]
+    # Step 2: the node each rank falls in (cumulative, rounded node shares of the key's pairs).
+    per_node = np.stack([y[:, :, node_of_gpu == n].sum(axis=2) for n in range(Nn)], axis=2)  # [m, e, n]
+    bounds = np.rint(np.cumsum(per_node, axis=2)).reshape(Nn * E, Nn)
+    dest = np.empty(key.size, dtype=np.int64)
+    dest[order] = np.minimum((bounds[sorted_key] <= rank[:, None]).sum(axis=1), Nn - 1)
+    # Step 3: distinct (token, node) per source GPU.
+    token = np.repeat(np.arange(G * B), K)
+    pairs = np.unique(token * Nn + dest)
+    return np.bincount((pairs // Nn) // B * Nn + pairs % Nn, minlength=G * Nn).reshape(G, Nn).astype(np.float64)
+
+
+def link_times(
+    y: np.ndarray,
+    counts: np.ndarray,
+    node_of_gpu: np.ndarray,
+    config: ScaleConfig,
+    *,
+    exchange: str = "flat",
+    ids: np.ndarray | None = None,
+) -> dict:
+    """Dispatch and combine times of one split under one exchange, and the rows each link class carries.
 
     Args:
       y: ``[Nn, E, G]`` tokens of expert e from node m processed on GPU g (stage 2).
       counts: ``[G, E]`` token–expert pairs each source GPU routes.
-      node_of_gpu: ``[G]`` node of each GPU.
+      node_of_gpu: ``[G]`` node of each GPU (GPU g is local index ``g mod gpus_per_node`` of its node).
       config: bandwidths, latency, H and bytes per value.
+      exchange: ``"flat"`` or ``"two_hop"`` (`EXCHANGES`); ids: ``[G, B, K]`` the tokens' expert ids (two_hop).
 
     Returns:
-      ``{dispatch_us, combine_us, inter_pairs, intra_pairs}``: the two exchange phases (µs) and the pairs over
-      the NIC and over NVLink.
+      ``{dispatch_us, combine_us, nic_rows, nvlink_rows}``: the two exchange phases (µs) and the activation rows
+      over the NIC and over NVLink (pairs; under two_hop the NIC carries one row per (token, remote node)).
     """
     Nn, E, G = y.shape
     node_tokens = np.zeros((Nn, E))
@@ -172,31 +237,49 @@ def link_times(y: np.ndarray, counts: np.ndarray, node_of_gpu: np.ndarray, confi
     flow = np.einsum("se,seg->sg", share, y[node_of_gpu])  # [G(source), G(dest)]
     np.fill_diagonal(flow, 0.0)  # a GPU's pairs to itself cross no link
     cross = node_of_gpu[:, None] != node_of_gpu[None, :]
-    inter, intra = np.where(cross, flow, 0.0), np.where(cross, 0.0, flow)
-    # Step 2: each port's time, the classes in sequence; a phase lasts until its busiest port is done (the combine
+    nic, nvlink = np.where(cross, flow, 0.0), np.where(cross, 0.0, flow)
+    if exchange == "two_hop":
+        # Step 2 (two hops): over the NIC one row per (token, remote node) to the GPU of that node with the source's
+        # local index; that GPU forwards the pairs over NVLink to their experts' GPUs (none to itself).
+        if ids is None:
+            raise ValueError("link_times: exchange='two_hop' needs ids [G, B, K] (the tokens' expert ids)")
+        gpn = config.gpus_per_node
+        per_node = token_nodes(ids, y, node_of_gpu)  # [G, Nn]
+        local = np.arange(G) % gpn
+        remote = node_of_gpu[:, None] != np.arange(Nn)[None, :]
+        hop1 = np.zeros((G, G))
+        hop1[np.arange(G)[:, None], np.arange(Nn)[None, :] * gpn + local[:, None]] = np.where(remote, per_node, 0.0)
+        via = node_of_gpu[None, :] * gpn + local[:, None]  # [s, g]: s's forwarder on g's node
+        hop2 = np.zeros((G, G))
+        np.add.at(hop2, (via.ravel(), np.tile(np.arange(G), G)), nic.ravel())
+        np.fill_diagonal(hop2, 0.0)  # pairs whose expert sits on the forwarder itself
+        nic, nvlink = hop1, nvlink + hop2
+    elif exchange != "flat":
+        raise ValueError(f"link_times: unknown exchange {exchange!r}; valid: {list(EXCHANGES)}")
+    # Step 3: each port's time (NVLink and NIC at once); a phase lasts until its busiest port is done (the combine
     # sends back what the dispatch received: the same ports, swapped, at its own bytes per value).
-    nv, nic = config.nvlink_gbps * 1e3, config.nic_gbps * 1e3  # bytes per µs
-    port_pairs = [(intra.sum(axis=axis), inter.sum(axis=axis)) for axis in (1, 0)]  # as sender, as receiver
+    nv_bw, nic_bw = config.nvlink_gbps * 1e3, config.nic_gbps * 1e3  # bytes per µs
+    per_byte = max(float(nvlink.sum(axis=a).max()) / nv_bw for a in (0, 1))
+    per_byte = max(per_byte, *(float(nic.sum(axis=a).max()) / nic_bw for a in (0, 1)))  # busiest port, µs per B
 
     def phase(bytes_per_value: float) -> float:
-        per_pair = config.hidden * bytes_per_value
-        busiest = max(float((a * per_pair / nv + b * per_pair / nic).max()) for a, b in port_pairs)
+        busiest = per_byte * config.hidden * bytes_per_value
         return config.latency_us + busiest if busiest > 0 else 0.0
 
     return {
         "dispatch_us": phase(config.dispatch_bytes),
         "combine_us": phase(config.combine_bytes),
-        "inter_pairs": float(inter.sum()),
-        "intra_pairs": float(intra.sum()),
+        "nic_rows": float(nic.sum()),
+        "nvlink_rows": float(nvlink.sum()),
     }
 
 
 def scale_replay(config: ScaleConfig = ScaleConfig(), *, progress: bool = True) -> list[dict]:  # noqa: B008
-    """Every policy × split × (B, batch) of ``config``: the step and its parts.
+    """Every policy × split × exchange × (B, batch) of ``config``: the step and its parts.
 
     Returns:
-      Rows ``{B, batch, policy, split, expert_us, dispatch_us, combine_us, step_us, inter_fraction}`` (µs; the
-      fraction of the batch's token–expert pairs that cross nodes).
+      Rows ``{B, batch, policy, split, exchange, expert_us, dispatch_us, combine_us, step_us, nic_fraction}`` (µs;
+      ``nic_fraction``: rows over the NIC per token–expert pair of the batch).
     """
     E, K = MODEL_SHAPES[config.preset]
     kernel = PRESETS[config.preset].kernel_only()
@@ -208,7 +291,9 @@ def scale_replay(config: ScaleConfig = ScaleConfig(), *, progress: bool = True) 
     rows = []
     cells = [(B, step) for B in config.tokens_per_gpu for step in range(config.batches)]
     for B, step in tqdm(cells, desc="EP scale replay", disable=not progress):
-        counts = routing.batch(B, config.num_gpus, step)
+        G = config.num_gpus
+        ids = routing.topk_ids(B * G, step).reshape(G, B, K)  # the tokens of `routing.batch(B, G, step)`
+        counts = np.bincount((np.arange(G)[:, None, None] * E + ids).ravel(), minlength=G * E).reshape(G, E)
         nodes = node_counts_from_sources(counts, pl)
         total = float(counts.sum())
         for policy in config.policies:
@@ -220,35 +305,37 @@ def scale_replay(config: ScaleConfig = ScaleConfig(), *, progress: bool = True) 
             acts, tiles, tokens = gpu_loads(d.x)
             expert = float(kernel.gpu_times(acts, tokens, tiles).max())
             for split in config.splits:
-                # Step 3: stage 2 and the two exchange phases over the two link classes.
+                # Step 3: stage 2 and the exchange phases over the two link classes.
                 y = topology_split(d, nodes, pl) if split == "topology" else flat_split(d, nodes)
-                links = link_times(y, counts.astype(np.float64), pl.node_of_gpu, config)
-                rows.append(
-                    {
-                        "B": B,
-                        "batch": step,
-                        "policy": policy,
-                        "split": split,
-                        "expert_us": expert,
-                        "dispatch_us": links["dispatch_us"],
-                        "combine_us": links["combine_us"],
-                        "step_us": links["dispatch_us"] + expert + links["combine_us"],
-                        "inter_fraction": links["inter_pairs"] / total,
-                    }
-                )
+                for exchange in config.exchanges:
+                    links = link_times(y, counts.astype(np.float64), pl.node_of_gpu, config, exchange=exchange, ids=ids)
+                    rows.append(
+                        {
+                            "B": B,
+                            "batch": step,
+                            "policy": policy,
+                            "split": split,
+                            "exchange": exchange,
+                            "expert_us": expert,
+                            "dispatch_us": links["dispatch_us"],
+                            "combine_us": links["combine_us"],
+                            "step_us": links["dispatch_us"] + expert + links["combine_us"],
+                            "nic_fraction": links["nic_rows"] / total,
+                        }
+                    )
     return rows
 
 
 def scale_summary(rows: list[dict]) -> list[dict]:
-    """Per (B, split, policy): mean step and parts (µs), the exchange's share of the step, the inter-node
-    fraction, and the step against TEMPO's on the same batches (``vs_tempo``; absent without a tempo row)."""
+    """Per (B, split, exchange, policy): mean step and parts (µs), the exchange's share of the step, the rows over
+    the NIC per pair, and the step against TEMPO's on the same batches (``vs_tempo``; absent without a tempo row)."""
     out = []
-    keys = dict.fromkeys((r["B"], r["split"], r["policy"]) for r in rows)
-    for B, split, policy in keys:
-        sel = [r for r in rows if (r["B"], r["split"], r["policy"]) == (B, split, policy)]
-        tempo = {r["batch"]: r for r in rows if (r["B"], r["split"], r["policy"]) == (B, split, "tempo")}
-        row = {"B": B, "split": split, "policy": policy}
-        for k in ("expert_us", "dispatch_us", "combine_us", "step_us", "inter_fraction"):
+    cell = ("B", "split", "exchange")
+    for key in dict.fromkeys(tuple(r[k] for k in (*cell, "policy")) for r in rows):
+        sel = [r for r in rows if tuple(r[k] for k in (*cell, "policy")) == key]
+        tempo = {r["batch"]: r for r in rows if tuple(r[k] for k in (*cell, "policy")) == (*key[:3], "tempo")}
+        row = dict(zip((*cell, "policy"), key, strict=True))
+        for k in ("expert_us", "dispatch_us", "combine_us", "step_us", "nic_fraction"):
             row[k] = stats(r[k] for r in sel)["mean"]
         row["exchange_share"] = stats((r["dispatch_us"] + r["combine_us"]) / r["step_us"] for r in sel)["mean"]
         if tempo:
