@@ -48,7 +48,10 @@ def tempo_part(args) -> dict:
             exchanges=EXCHANGES if per_node else ("flat",),  # one domain: no node to cross twice
             nic_gbps=ScaleConfig.nic_gbps if per_node else NVLINK_GBPS,
         )
-        out[label] = {"config": dataclasses.asdict(cfg), "summary": scale_summary(scale_replay(cfg))}
+        out[label] = {
+            "config": dataclasses.asdict(cfg),
+            "summary": scale_summary(scale_replay(cfg, progress=args.progress)),
+        }
     return out
 
 
@@ -57,8 +60,9 @@ def cascade_part(args) -> dict:
     seeds = tuple(range(args.seeds))
     for label, per_node in DOMAINS.items():
         cfg = CascadeConfig(num_ranks=64, gpus_per_node=per_node, trace=args.trace, max_requests=args.requests)
-        rates = {s: args.load * r for s, r in capacity_rps_seeds(cfg, seeds, cache_dir=None).items()}
-        runs = run_cascade_seeds(cfg, LAYER_MODES, seeds=seeds, rates=rates, cache_dir=None)
+        run_kw = dict(cache_dir=None, workers=args.workers, progress=args.progress)
+        rates = {s: args.load * r for s, r in capacity_rps_seeds(cfg, seeds, **run_kw).items()}
+        runs = run_cascade_seeds(cfg, LAYER_MODES, seeds=seeds, rates=rates, **run_kw)
         ttft = {m: np.array([runs[s][m].summary()["ttft_mean_s"] for s in seeds]) for m in LAYER_MODES}
         cut = 1.0 - ttft["cascade"] / ttft["sync"]
         alone = 1.0 - ttft["cascade"] / ttft["async_sf"]
@@ -128,9 +132,13 @@ def figure(result: dict, path: Path) -> None:
     exchange) and one domain; bars past the axis (METRO) are cut and labelled with their height."""
     parts = result["tempo"]
     Bs = sorted({r["B"] for p in parts.values() for r in p["summary"]})
-    fig, axes = plt.subplots(1, len(Bs), figsize=(4.6 * len(Bs), 3.8), squeeze=False)
+    cols = min(2, len(Bs))
+    rows_ = -(-len(Bs) // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(6.0 * cols, 3.9 * rows_), squeeze=False)
+    for ax in axes.ravel()[len(Bs) :]:
+        ax.set_visible(False)
     colors = (("dispatch_us", "#4c72b0"), ("expert_us", "#dd8452"), ("combine_us", "#55a868"))
-    for ax, B in zip(axes[0], Bs, strict=True):
+    for ax, B in zip(axes.ravel(), Bs, strict=False):
         bars = [
             (f"{r['policy']}\n{'1 dom.' if label == 'one domain' else r['exchange'].replace('_', '-')}", r)
             for label, part in parts.items()
@@ -150,14 +158,16 @@ def figure(result: dict, path: Path) -> None:
         ax.set_title(f"B = {B} tokens per GPU", fontsize=9)
         ax.set_ylabel("ms per layer")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("TEMPO's step on EP64: 8 nodes × 8 (NIC 50 GB/s; flat and two-hop) against one NVLink domain")
+    fig.suptitle(
+        "TEMPO's step on EP64: 8 nodes × 8 (NIC 50 GB/s; flat and two-hop) against one NVLink domain", fontsize=10
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens-per-gpu", type=int, nargs="+", default=[16, 128, 512, 2048])
     ap.add_argument("--batches", type=int, default=3, help="TEMPO batches per B")
@@ -165,11 +175,17 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000, help="CascadeEP requests per seed")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--load", type=float, default=0.9, help="CascadeEP rate as a fraction of each seed's capacity")
+    ap.add_argument("--workers", type=int, default=2, help="CascadeEP runs in parallel")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     ap.add_argument("--out", default="results/scale_sim.json")
     ap.add_argument("--figure", default="docs/figures/scale_sim.png")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.time()
-    result = {"command": " ".join(sys.argv), "tempo": tempo_part(args), "cascade": cascade_part(args)}
+    result = {
+        "command": " ".join(["scripts/scale_sim.py", *(sys.argv[1:] if argv is None else argv)]),
+        "tempo": tempo_part(args),
+        "cascade": cascade_part(args),
+    }
     result["seconds"] = time.time() - t0
     print_tables(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

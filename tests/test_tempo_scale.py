@@ -1,5 +1,9 @@
 """The TEMPO step at scale (issue 75, item 4): every policy on nodes × GPUs with two link classes."""
 
+import json
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,3 +134,23 @@ def test_tempo_priced_with_the_links_cuts_the_step_where_the_exchange_dominates(
 def test_scale_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ScaleConfig(**kwargs)
+
+
+def test_the_scale_script_writes_both_parts(tmp_path):
+    """`scripts/scale_sim.py` on a tiny run: both simulators, both link settings, the JSON and the figure."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import scale_sim
+
+    out, fig = tmp_path / "s.json", tmp_path / "s.png"
+    argv = ["--tokens-per-gpu", "16", "--batches", "1", "--trace", "mooncake_sample", "--requests", "16"]
+    assert (
+        scale_sim.main(
+            [*argv, "--seeds", "1", "--workers", "1", "--no-progress", "--out", str(out), "--figure", str(fig)]
+        )
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert set(result["tempo"]) == set(result["cascade"]) == {"8 nodes × 8", "one domain"}
+    nodes = result["tempo"]["8 nodes × 8"]["summary"]
+    assert {r["exchange"] for r in nodes} == {"flat", "two_hop"} and fig.stat().st_size > 0
+    assert result["cascade"]["8 nodes × 8"]["config"]["gpus_per_node"] == 8

@@ -1,6 +1,6 @@
 """The TEMPO step at scale: every dispatch policy on EP64 (8 nodes × 8 GPUs) with two link classes (issue 75).
 
-Glossary additions: G GPUs (EP ranks, one source rank per GPU), Nn nodes, B tokens per GPU, H hidden size.
+Glossary additions: G GPUs (EP ranks, one source rank per GPU), B tokens per GPU.
 
 The replays elsewhere price a GPU's received tokens with Eq. 4's single traffic piece ``c2 + γ·N``, as if every
 token crossed the same link. Past one node that is not so: a GPU reaches the 7 others of its node over NVLink
