@@ -38,7 +38,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from solvers import PRESETS
+from solvers import PRESETS, SWEEP_POLICIES
 from tempo_jax.repro import Recorder, figures_dir
 from tempo_jax.sim import PolicyConfig, SyntheticStreams, run_policies
 from tempo_jax.sim.tempo.replay_summary import LABELS, PAPER, a2a_table, drift_table, landscape_table
@@ -49,7 +49,7 @@ FIGURES = figures_dir()
 REC = Recorder("06_policy_landscape")
 t_start = time.perf_counter()
 
-POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
+POLICIES = SWEEP_POLICIES
 SYN = SyntheticStreams(streams=1, windows=1) if SMALL else SyntheticStreams(streams=4, windows=32)
 LANDSCAPE = PolicyConfig(
     tokens_per_step=(256,), scales=(0.25, 1.0, 4.0), drifts=(16,), policies=POLICIES, max_windows=1 if SMALL else None

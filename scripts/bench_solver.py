@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
+from solvers import PRESETS, SWEEP_POLICIES, DispatchProblem, Placement, slots_for, solve
 from tempo_jax.text import table
 from tempo_jax.workloads import SyntheticRouting, load_sample, load_trace
 
-POLICIES = ["static", "uniform", "token_lp", "metro", "llep", "tempo"]
+POLICIES = list(SWEEP_POLICIES)
 MODELS = {"dsv3": ("dsv3_fp8_offline", 256, 8), "qwen3": ("qwen3_30b_offline", 128, 8)}
 SUITES = ("synthetic", "real", "timing", "issue", "scale")
 ISSUE_SKEWS, ISSUE_B = (0.6, 1.2, 2.0), (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

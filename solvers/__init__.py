@@ -35,7 +35,7 @@ from .limits import TokenFlow, semi_matching, semi_matching_value, token_flow
 from .oewf import *  # noqa: F403  (Algorithm 1 and the Eq. 6 admission test: oewf.__all__)
 from .placement import Placement, drift_corrupt, slots_for, static_map
 from .problem import Dispatch, DispatchProblem
-from .solve import POLICIES, solve
+from .solve import POLICIES, SWEEP_POLICIES, solve
 from .streamffn import LAUNCH_MODES, ExchangeShift, LaunchGroup, LaunchSchedule, launch_groups
 from .tables import PLAN_NAMES, expected_dispatch, plan_weights, solve_weights, split_tables
 from .tempo_fast import TempoOptions
@@ -46,6 +46,7 @@ __all__ = [
     "PLAN_NAMES",
     "POLICIES",
     "PRESETS",
+    "SWEEP_POLICIES",
     "CopyCost",
     "CopyPlan",
     "CostModel",

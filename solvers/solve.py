@@ -17,7 +17,7 @@ from .problem import Dispatch, DispatchProblem
 from .relief import relief_policy
 from .tempo_fast import tempo_fast
 
-__all__ = ["POLICIES", "check_policy", "solve"]
+__all__ = ["POLICIES", "SWEEP_POLICIES", "check_policy", "solve"]
 
 # name → function(problem, **options) returning x [E, D] or (x, info).
 POLICIES: dict[str, Callable] = {
@@ -31,6 +31,10 @@ POLICIES: dict[str, Callable] = {
     "relief": relief_policy,
     "milp": milp,
 }
+#: The policies a sweep solves on every batch, in `POLICIES` order: all of them but ``round_robin`` (A3: needs every
+#: expert on every rank), ``relief`` (the in-graph dispatch's numpy twin, timed by its own bench) and ``milp`` (the
+#: exact yardstick, seconds per batch). A policy added to `POLICIES` joins every sweep, demo and bench that reads this.
+SWEEP_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if p not in ("round_robin", "relief", "milp"))
 
 
 @functools.cache

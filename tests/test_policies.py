@@ -7,10 +7,44 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from solvers import PRESETS, CostModel, Dispatch, DispatchProblem, Placement, semi_matching, semi_matching_value, solve
+from solvers import (
+    POLICIES,
+    PRESETS,
+    SWEEP_POLICIES,
+    CostModel,
+    Dispatch,
+    DispatchProblem,
+    Placement,
+    semi_matching,
+    semi_matching_value,
+    solve,
+)
 from solvers.policies import round_robin
 
-FAST_POLICIES = ["static", "uniform", "token_lp", "metro", "llep", "tempo"]
+FAST_POLICIES = list(SWEEP_POLICIES)
+
+
+def test_every_sweep_reads_one_policy_list():
+    """A policy added to `POLICIES` joins the demo, the replays, the calibration ranking and the solver bench:
+    each reads `SWEEP_POLICIES` (every policy but round_robin, relief and milp, in `POLICIES` order)."""
+    import sys
+    from pathlib import Path
+
+    from tempo_jax.cli.demo import POLICY_ORDER
+    from tempo_jax.runtime.calibrate import RANK_POLICIES
+    from tempo_jax.sim.tempo.protocols import PolicyConfig
+    from tempo_jax.sim.tempo.replay_summary import landscape_table
+
+    assert SWEEP_POLICIES == tuple(p for p in POLICIES if p not in ("round_robin", "relief", "milp"))
+    assert POLICY_ORDER == [*SWEEP_POLICIES, "milp"] and RANK_POLICIES == SWEEP_POLICIES
+    assert PolicyConfig().policies == SWEEP_POLICIES
+    assert landscape_table.__defaults__ == (SWEEP_POLICIES,)
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import bench_solver
+
+    assert bench_solver.POLICIES == list(SWEEP_POLICIES)
+
+
 COST_FORMS = {
     "two_piece": CostModel(a=5.0, b=15.0, c=3.0, beta=0.1),
     "tile": CostModel(a=5.0, b=15.0, b2=5.0, tile=16, c=3.0, beta=0.1),

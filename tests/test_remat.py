@@ -5,6 +5,7 @@ ring — and the loss and gradients are the same."""
 
 import collections
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -61,3 +62,59 @@ def test_save_exchanges_keeps_the_backward_from_repeating_collectives(case, exch
     for label in ("save nothing", "save exchanges"):
         assert_close(values[label][0], values["plain"][0])
         assert_trees_close(values[label][1], values["plain"][1])
+
+
+@pytest.mark.parametrize("exchange", ["padded", "ring"])
+def test_every_stage_of_a_call_is_named_in_the_compiled_training_step(exchange):
+    """`tempo_jax.layer.scopes`: a profile reads as the layer's steps — each stage's operations carry its scope in the
+    compiled program's op names (the in-graph plan and the replicas' tie included; the ring has no pack or combine)."""
+    from solvers import PRESETS
+    from tempo_jax.layer import scopes
+
+    placement = Placement.spread(E, D, 3)  # 24 slots for 16 experts: replicas to tie
+    cfg = MoEConfig(
+        hidden=32,
+        ffn=16,
+        experts=E,
+        top_k=2,
+        slots_per_rank=3,
+        dispatch="ingraph",
+        dispatch_mode="quota",
+        cost=PRESETS["dsv3_fp8_offline"],
+        exchange=exchange,
+    )
+    mesh = make_ep_mesh(D)
+    params = init_params(jax.random.key(0), cfg, placement, mesh=mesh)
+    pa = dispatch_tables.placement_arrays(placement)
+    x = jax.random.normal(jax.random.key(1), (D * 16, 32))
+
+    def loss(p, x):
+        return jnp.sum(moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=None, config=cfg).out ** 2)
+
+    text = jax.jit(jax.grad(loss)).lower(params, x).compile().as_text()
+    named = set(re.findall(r'op_name="[^"]*?(moe_[a-z]+)', text))
+    missing = {"moe_pack", "moe_combine"} if exchange == "ring" else set()
+    assert named >= set(scopes.STAGES) - missing, set(scopes.STAGES) - named
+    with pytest.raises(ValueError, match="not a stage of the layer"):
+        scopes.scoped("moe_everything")
+
+
+def test_a_policy_saving_fewer_names_recomputes_what_it_leaves_out(case):
+    """docs/model.md's recipe: `save_only_these_names` over a subset of `remat.SAVE_NAMES`. Leaving out
+    ``DISPATCHED`` (what the exchange delivered) makes the backward send the rows again: one all-to-all more than
+    keeping every name, which runs as many as the step without ``jax.checkpoint``."""
+    placement, cfg, mesh, params = case
+    pa, tab = dispatch_tables.placement_arrays(placement), dispatch_tables.uniform(placement)
+    x = jax.random.normal(jax.random.key(1), (D * 32, 32))
+
+    def layer(p, x):
+        return moe_forward(p, x, mesh=mesh, placement_arrays=pa, tables=tab, config=cfg).out
+
+    lean = jax.checkpoint_policies.save_only_these_names(remat.EXPERT_HIDDEN, remat.RETURNED, remat.ROUNDS)
+    counts = {}
+    for label, policy in (("every name", remat.save_exchanges()), ("no dispatched", lean)):
+        f = jax.checkpoint(layer, policy=policy)
+        step = jax.jit(jax.grad(lambda p, x, f=f: jnp.sum(f(p, x) ** 2)))
+        colls = program_collectives(step.lower(params, x).compile().as_text(), mesh)
+        counts[label] = collections.Counter(c.kind for c in colls if c.group > 1)
+    assert counts["no dispatched"]["all-to-all"] > counts["every name"]["all-to-all"], counts

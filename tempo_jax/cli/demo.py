@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers import PRESETS, DispatchProblem, Placement, slots_for, solve
+from solvers import PRESETS, SWEEP_POLICIES, DispatchProblem, Placement, slots_for, solve
 
 from ..text import table
 from ..workloads import SyntheticRouting, load_sample, regime_stats
@@ -32,7 +32,7 @@ from .demo_cascade import cascade_demo
 EP = 8
 REPLICATION = 1.25
 COST = "dsv3_fp8_offline"
-POLICY_ORDER = ["static", "uniform", "token_lp", "metro", "llep", "tempo", "milp"]
+POLICY_ORDER = [*SWEEP_POLICIES, "milp"]
 
 
 def presets_table() -> str:

@@ -4,13 +4,12 @@ are generated from `tempo_jax.sim.CascadeConfig`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from ..sim import PLACEMENT_POLICIES, CascadeConfig, PhaseConfig, run_phase
-from ..sim.cascade import LAUNCHES, LINKS, TIMELINES, cascade_trace
+from ..sim.cascade import LAUNCHES, LINKS, TIMELINES
 from ..sim.cascade.costs import HARDWARE, MODELS
-from ..sim.cascade.report import MAX_SEEDS, cascade_report
+from ..sim.cascade.report import cascade_report
 from ..sim.runner import JOB_BACKENDS
 from ..sim.tempo.phase import MODEL_SHAPES
 from ..text import table
@@ -124,21 +123,17 @@ def cmd_cascade(args: argparse.Namespace) -> int:
     cfg = config_from_args(CascadeConfig, args)
     out = prepare_out(args.out)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    # the options' own errors, named as the command line names them (cascade_report checks the rest)
-    if args.seeds > MAX_SEEDS:
-        raise UsageError(f"--seeds {args.seeds:,} exceeds {MAX_SEEDS:,} (each seed is a whole serving run per mode)")
-    if cfg.rate_rps is not None and args.load is not None:
-        raise UsageError(f"--rate {cfg.rate_rps:g} and --load {args.load:g} exclude each other: give one")
-    given = "--rate" if cfg.rate_rps is not None else "--load" if args.load is not None else None
-    served = cascade_trace(dataclasses.replace(cfg, rate_rps=None))
-    if given and served.duration_s <= 0:
-        raise UsageError(
-            f"{given}: the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so there are no "
-            f"inter-arrival times to scale; drop {given} to serve them as one burst, or raise --requests"
-        )
-    try:
+    flags = {"seeds": "--seeds", "rate": "--rate", "load": "--load", "max_requests": "--requests"}
+    try:  # cascade_report checks the modes, seeds, rate and load before any run, naming them as flags
         report = cascade_report(
-            cfg, modes, seeds=args.seeds, load=args.load, workers=args.workers, backend=args.backend, progress=True
+            cfg,
+            modes,
+            seeds=args.seeds,
+            load=args.load,
+            workers=args.workers,
+            backend=args.backend,
+            progress=True,
+            option_names=flags,
         )
     except ValueError as err:  # modes, seeds, a rate for a trace without inter-arrival times
         raise UsageError(f"tempo-jax cascade: {err}") from None

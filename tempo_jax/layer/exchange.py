@@ -34,6 +34,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import ImplementationTable, platform
 
+from .scopes import scoped
+
 __all__ = [
     "BANDWIDTH_GBPS",
     "EXCHANGE",
@@ -116,6 +118,7 @@ def _concrete(exchange: str) -> str:
     return exchange
 
 
+@scoped("moe_exchange")
 def send_blocks(buf: jax.Array, counts: jax.Array, *, axis: str, exchange: str) -> tuple[jax.Array, jax.Array]:
     """Send block j of ``buf [D, C, W]`` (``counts[j]`` valid rows first) to rank j.
 
@@ -131,6 +134,7 @@ def send_blocks(buf: jax.Array, counts: jax.Array, *, axis: str, exchange: str) 
     return _ragged(buf, counts, recv_counts, axis, _updates(exchange, buf.shape[1])), recv_counts
 
 
+@scoped("moe_return")
 def return_blocks(y: jax.Array, recv_counts: jax.Array, counts: jax.Array, *, axis: str, exchange: str) -> jax.Array:
     """Inverse of `send_blocks`: ``y [D, C, W]`` (block s = results for source s, ``recv_counts[s]`` rows) back to
     the senders; returns ``[D, C, W]`` with block j = results from rank j for the ``counts[j]`` rows sent there."""

@@ -49,6 +49,7 @@ from .mesh import LayerAxes, layer_axes, onto_mesh, param_spec, token_axes
 from .params import EXPERT_KEYS, check_params
 from .replicas import tie_replicas
 from .routing import Routing, expert_nodes
+from .scopes import scoped
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
@@ -578,6 +579,7 @@ class _CopyPlan(NamedTuple):
     copy_source: jax.Array
 
 
+@scoped("moe_plan")
 def _ingraph_table(
     ids: jax.Array, valid: jax.Array, log2phy: jax.Array, *, config: MoEConfig, num_ranks: int, rank: jax.Array
 ):

@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from solvers import Placement
 
 from .exchange import send_blocks
+from .scopes import scoped
 
 __all__ = [
     "REPLICA_SYNC",
@@ -214,6 +215,7 @@ def _tie_bwd(static, phy2log, grads):
 _tie.defvjp(_tie_fwd, _tie_bwd)
 
 
+@scoped("moe_tie")
 def tie_replicas(
     weights: dict,
     phy2log: jax.Array,

@@ -69,9 +69,10 @@ class Ring:
             code = jnp.where(pos < self.capacity, code, -1)
             sent = jnp.minimum(po.wanted, self.capacity)
         # Step 2: the ring's first collective(s): every token of the group and its pairs (gate, code) on every rank.
-        x_all = remat.name(jax.lax.all_gather(x.astype(w.dtype), w.axis, tiled=True), remat.DISPATCHED)  # [D·T, H]
-        meta = jnp.concatenate([gate.reshape(T, K).astype(jnp.float32), code.reshape(T, K).astype(jnp.float32)], 1)
-        meta_all = jax.lax.all_gather(meta, w.axis, tiled=True)  # [D·T, 2K]: codes < 2^24 are exact in float32
+        with jax.named_scope("moe_exchange"):
+            x_all = remat.name(jax.lax.all_gather(x.astype(w.dtype), w.axis, tiled=True), remat.DISPATCHED)  # [D·T, H]
+            meta = jnp.concatenate([gate.reshape(T, K).astype(jnp.float32), code.reshape(T, K).astype(jnp.float32)], 1)
+            meta_all = jax.lax.all_gather(meta, w.axis, tiled=True)  # [D·T, 2K]: codes < 2^24 are exact in float32
         meta_all = remat.name(meta_all, remat.DISPATCHED)
         gate_all = meta_all[:, :K].reshape(-1)
         code_all = jnp.round(jax.lax.stop_gradient(meta_all[:, K:])).astype(jnp.int32).reshape(-1)
@@ -81,7 +82,8 @@ class Ring:
         sel = _Selection(jnp.argsort(slot, stable=True).astype(jnp.int32), slot, jnp.sum(mine, dtype=jnp.int32))
         # Step 4: local rounds (expert FFN, weighted, added per token); Step 5: reduce-scatter back.
         out_all, nr = _local(x_all, gate_all, weights, sel, self)
-        out = jax.lax.psum_scatter(out_all, w.axis, scatter_dimension=0, tiled=True)  # [T, H] float32
+        with jax.named_scope("moe_return"):
+            out = jax.lax.psum_scatter(out_all, w.axis, scatter_dimension=0, tiled=True)  # [T, H] float32
         out = remat.name(out, remat.RETURNED)
         group_sizes = jnp.bincount(slot, length=S + 1)[:S].astype(jnp.int32)
         return stages.Exchanged(out, group_sizes, po.wanted, sent, nr)

@@ -71,8 +71,11 @@ def _send(x, weights, po, r, how: Rounds):
     """Round r's rows to their destinations: ``(received rows [D·C, H], slots [D·C], recv counts [D], counts [D],
     pair [D, C], valid [D, C])``."""
     w = how.wire
-    pair, valid, counts = _round_pairs(po, r, how.capacity)
-    buf = jnp.where(valid[..., None], stages.with_slots(x[pair // w.top_k], po.local[pair], w.dtype), 0)  # [D, C, W]
+    with jax.named_scope("moe_pack"):
+        pair, valid, counts = _round_pairs(po, r, how.capacity)
+        buf = jnp.where(
+            valid[..., None], stages.with_slots(x[pair // w.top_k], po.local[pair], w.dtype), 0
+        )  # [D, C, W]
     recv, recv_counts = send_blocks(buf, counts, axis=w.axis, exchange=w.exchange)
     got = stages.received(recv, recv_counts, hidden=w.hidden, slots_per_rank=stages.num_slots(weights))
     return got.rows.reshape(-1, w.hidden), got.slots.reshape(-1), recv_counts, counts, pair, valid

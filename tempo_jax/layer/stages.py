@@ -28,6 +28,7 @@ from .exchange import return_blocks, send_blocks
 from .experts import ExpertConfig, expert_out_norm, glu
 from .routing import RouterConfig, Routing
 from .routing import route as route_tokens
+from .scopes import scoped
 
 __all__ = [
     "Dispatched",
@@ -141,6 +142,7 @@ class Wire:
     top_k: int
 
 
+@scoped("moe_route")
 def route(
     x: jax.Array, params: dict, router: RouterConfig, top_k: int, expert_set=None, state=None, nodes=None
 ) -> Routing:
@@ -152,6 +154,7 @@ def route(
     return route_tokens(x, params, router, top_k, expert_set, state, nodes)
 
 
+@scoped("moe_dispatch")
 def dispatch_pairs(
     routing: Routing,
     table: jax.Array,
@@ -246,6 +249,7 @@ def with_slots(rows: jax.Array, slots: jax.Array, dtype) -> jax.Array:
     return jnp.concatenate([rows.astype(dtype), lanes], axis=-1)
 
 
+@scoped("moe_pack")
 def pack(
     x: jax.Array, dest: jax.Array, local: jax.Array, *, top_k: int, num_ranks: int, capacity: int, dtype
 ) -> Packed:
@@ -278,6 +282,7 @@ def received(recv: jax.Array, recv_counts: jax.Array, *, hidden: int, slots_per_
     return Received(recv[..., :hidden], slots, recv_counts)
 
 
+@scoped("moe_ffn")
 def expert_ffn(
     rows: jax.Array,
     slots: jax.Array,
@@ -417,6 +422,7 @@ def unpack_rows(back: jax.Array, packed: Packed) -> jax.Array:
     return jnp.zeros_like(rows).at[packed.order].set(rows)
 
 
+@scoped("moe_combine")
 def combine(y_pairs: jax.Array, gate: jax.Array, out_dtype) -> jax.Array:
     """Weighted sum of each token's K expert outputs: ``y_pairs [T·K, H]``, ``gate [T, K]`` → ``[T, H]``."""
     T, K = gate.shape

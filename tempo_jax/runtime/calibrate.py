@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from solvers import (
+    SWEEP_POLICIES,
     CostModel,
     DispatchProblem,
     Placement,
@@ -60,7 +61,7 @@ from ..layer.config import capacity_bucket
 __all__ = ["PROFILE_PATH", "MeasureConfig", "Profile", "load_profile", "measure", "ranking_agreement"]
 
 PROFILE_PATH = Path(__file__).resolve().parents[1] / "data" / "cpu_profile.csv"
-RANK_POLICIES = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
+RANK_POLICIES = SWEEP_POLICIES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

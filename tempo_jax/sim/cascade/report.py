@@ -120,21 +120,26 @@ def _ci(fig: dict, scale: float, digits: int) -> str:
     return f"{fig['value'] * scale:.{digits}f} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
 
 
-def _rate(config: CascadeConfig, load: float | None, run_kw: dict) -> tuple[float | None, float | None]:
+#: How `cascade_report`'s errors name its options unless the caller says otherwise (the CLI names its flags).
+OPTION_NAMES = {"seeds": "seeds", "rate": "rate", "load": "load", "max_requests": "max_requests"}
+
+
+def _rate(config: CascadeConfig, load: float | None, run_kw: dict, names: dict) -> tuple[float | None, float | None]:
     """``(rate, Sync capacity)``: the rate given, ``load`` (default `DEFAULT_LOAD`) × Sync's capacity, or None for a
     trace whose requests all arrive at once (one burst: nothing to scale)."""
     if config.rate_rps is not None and load is not None:
         raise ValueError(
-            f"rate {config.rate_rps:g} and load {load:g} exclude each other: the load sets the rate as a fraction of "
-            "Sync capacity; give one"
+            f"{names['rate']} {config.rate_rps:g} and {names['load']} {load:g} exclude each other: the load sets the "
+            "rate as a fraction of Sync capacity; give one"
         )
     served = cascade_trace(dataclasses.replace(config, rate_rps=None))
     if served.duration_s <= 0:
-        if config.rate_rps is not None or load is not None:
+        given = names["rate"] if config.rate_rps is not None else names["load"] if load is not None else None
+        if given:
             raise ValueError(
-                f"the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so there are no "
-                "inter-arrival times to scale; drop the rate / load to serve them as one burst, or serve more "
-                "requests so that the arrivals span time"
+                f"{given}: the {len(served)} request(s) served of {served.name} all arrive at t = 0 s, so there are no "
+                f"inter-arrival times to scale; drop {given} to serve them as one burst, or raise "
+                f"{names['max_requests']}"
             )
         return None, None
     if config.rate_rps is not None:
@@ -152,6 +157,7 @@ def cascade_report(
     workers: int | None = None,
     backend: str | None = None,
     progress: bool = True,
+    option_names: dict | None = None,
 ) -> CascadeReport:
     """Serve ``modes`` on ``seeds`` consecutive seeds from ``config.seed`` at one operating point.
 
@@ -162,6 +168,8 @@ def cascade_report(
       load: serve at this fraction of Sync's capacity on the trace (default `DEFAULT_LOAD` when ``config`` has no
         rate); a trace whose requests all arrive at once is served as one burst.
       workers, backend, progress: the job runner's (`run_cascade_seeds`).
+      option_names: how the errors name ``seeds``, ``rate``, ``load`` and ``max_requests`` (`OPTION_NAMES`; the
+        command line passes its flags).
 
     Returns:
       `CascadeReport`.
@@ -177,11 +185,15 @@ def cascade_report(
     twice = sorted({m for m in modes if modes.count(m) > 1})
     if twice:
         raise ValueError(f"modes: {twice} given twice; name each mode once")
+    names = {**OPTION_NAMES, **(option_names or {})}
     if not 1 <= seeds <= MAX_SEEDS:
-        raise ValueError(f"seeds: {seeds:,} is outside 1 … {MAX_SEEDS:,} (each seed is a whole serving run per mode)")
-    # Step 1: the operating point.
+        over = f" exceeds {MAX_SEEDS:,}," if seeds > MAX_SEEDS else ""
+        raise ValueError(
+            f"{names['seeds']} {seeds:,}{over} is outside 1 … {MAX_SEEDS:,} (each seed is a whole serving run per mode)"
+        )
+    # Step 1: the operating point (checked before any run).
     run_kw = dict(workers=workers, progress=progress, backend=backend)
-    rate, cap = _rate(config, load, run_kw)
+    rate, cap = _rate(config, load, run_kw, names)
     config = dataclasses.replace(config, rate_rps=rate)
     # Step 2: every mode on every seed; the summary and the paired orderings.
     seed_ids = tuple(range(config.seed, config.seed + seeds))

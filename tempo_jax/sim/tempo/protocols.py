@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers import PRESETS, CostModel, DispatchProblem, gpu_loads, solve
+from solvers import PRESETS, SWEEP_POLICIES, CostModel, DispatchProblem, gpu_loads, solve
 from solvers.relief import check_relief_cost
 from solvers.solve import check_policy
 
@@ -123,7 +123,7 @@ class ReplayConfig:
 class PolicyConfig(ReplayConfig):
     """:func:`run_policies`: ``policies`` are names of `solvers.solve` (tempo gets ``tempo_options``)."""
 
-    policies: tuple[str, ...] = ("static", "uniform", "token_lp", "metro", "llep", "tempo")
+    policies: tuple[str, ...] = SWEEP_POLICIES
 
 
 @dataclass(frozen=True, kw_only=True)

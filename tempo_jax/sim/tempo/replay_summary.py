@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from solvers import SWEEP_POLICIES
+
 from ..runner import stats
 
 __all__ = [
@@ -157,7 +159,7 @@ def mispricing_table(rows: Sequence[dict], proxies=("static", "uniform", "token_
     return out
 
 
-def landscape_table(rows: Sequence[dict], policies=("static", "uniform", "token_lp", "metro", "llep", "tempo")):
+def landscape_table(rows: Sequence[dict], policies=SWEEP_POLICIES):
     """Table 4: per policy and token scale, median (and mean) of ``policy / static``."""
     summ = ratio_summary(rows, list(policies), "static", by=("scale",))
     scales = PAPER["table4_scales"]

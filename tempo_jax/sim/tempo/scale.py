@@ -48,6 +48,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from solvers import (
+    POLICIES,
     PRESETS,
     CostModel,
     DispatchProblem,
@@ -81,7 +82,7 @@ __all__ = [
 NVLINK_GBPS = 150.0
 NIC_GBPS = 50.0
 #: Policies of `solvers.solve` the replay takes (milp is too slow at E 256 × 64 GPUs per batch).
-_SOLVED = ("static", "uniform", "token_lp", "metro", "llep", "tempo", "relief")
+_SOLVED = tuple(p for p in POLICIES if p != "milp")
 #: Stage-2 splits of the dispatch over source nodes.
 SPLITS: tuple[str, ...] = ("topology", "flat")
 #: Exchanges priced: each pair once from its GPU, or each token once per node and forwarded inside it.
