@@ -109,6 +109,28 @@ class CostModel:
         return dataclasses.replace(self, c2=None, gamma=None)
 
     # ------------------------------------------------------------------ evaluation
+    def rank_pieces(self, G, N, T=None, xp=np) -> dict:
+        """The pieces of a rank's time, each ``[...]`` (broadcasting): ``floor`` a + b·G (+ b2·(T − G) with a tile
+        term), ``tokens`` c + β·N, and ``traffic`` c2 + γ·N with a traffic piece. ``xp``: the array namespace —
+        numpy, `jax.numpy` for the in-graph twins, or None for Python scalars (the solvers' inner loops). The one
+        place the model's formula is written (every twin prices through it)."""
+        floor = self.a + self.b * G
+        if self.b2 is not None and T is not None:  # T None: one tile per activated pair, no excess
+            floor = floor + self.b2 * (T - G)
+        pieces = {"floor": floor, "tokens": self.c + self.beta * N}
+        if self.c2 is not None:
+            pieces["traffic"] = self.c2 + self.gamma * N
+        return pieces
+
+    def rank_times(self, G, N, T=None, xp=np):
+        """``max(a + b·G (+ b2·(T − G)), c + β·N [, c2 + γ·N])`` of `rank_pieces`, in ``xp`` (numpy, `jax.numpy`, or
+        None for Python scalars); no conversion of the inputs (`gpu_times` is the checked numpy form)."""
+        p = self.rank_pieces(G, N, T, xp)
+        if xp is None:
+            return max(p.values())
+        t = xp.maximum(p["floor"], p["tokens"])
+        return xp.maximum(t, p["traffic"]) if "traffic" in p else t
+
     def gpu_times(self, G, N, T=None) -> np.ndarray:
         """Per-rank times from per-rank loads (broadcasting; the arguments keep the paper's names).
 
@@ -123,14 +145,9 @@ class CostModel:
         """
         G = np.asarray(G, dtype=np.float64)
         N = np.asarray(N, dtype=np.float64)
-        floor = self.a + self.b * G
         if self.b2 is not None:
             T = G if T is None else np.asarray(T, dtype=np.float64)
-            floor = floor + self.b2 * (T - G)
-        t = np.maximum(floor, self.c + self.beta * N)
-        if self.c2 is not None:
-            t = np.maximum(t, self.c2 + self.gamma * N)
-        return t
+        return self.rank_times(G, N, T)
 
     def times(self, x: np.ndarray) -> np.ndarray:
         """Per-rank times ``[D]`` of a dispatch ``x [E, D]``."""

@@ -102,10 +102,7 @@ def replica_ranks(log2phy: np.ndarray, slots_per_rank: int) -> np.ndarray:
 
 
 def _times(cost: CostModel, G: np.ndarray, N: np.ndarray, xp=np) -> np.ndarray:
-    t = xp.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
-    if cost.c2 is not None:
-        t = xp.maximum(t, cost.c2 + cost.gamma * N)
-    return t
+    return cost.rank_times(G, N, xp=xp)  # relief prices Eq. 1 and the traffic piece (no tile term: refused)
 
 
 def _loads(x: np.ndarray, ranks: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray]:

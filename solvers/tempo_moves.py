@@ -34,7 +34,7 @@ class State:
     """Dispatch ``x [E, D]`` with per-rank activations, tiles and tokens maintained incrementally."""
 
     def __init__(self, problem: DispatchProblem, x: np.ndarray | None = None):
-        c = problem.cost
+        c = self.cost = problem.cost
         self.a, self.b, self.c, self.beta = c.a, c.b, c.c, c.beta
         self.b2 = c.b2 or 0.0
         self.c2 = c.c2 if c.c2 is not None else -math.inf
@@ -63,11 +63,9 @@ class State:
         return max(1.0, math.ceil(v / self.tile - 1e-9)) if v > _EPS else 0.0
 
     def t(self, G, T, N):
-        """Rank time from (activations, tiles, tokens); scalars or broadcasting arrays."""
-        floor = self.a + self.b * G + self.b2 * (T - G)
-        if isinstance(floor, np.ndarray) or isinstance(N, np.ndarray):
-            return np.maximum(floor, np.maximum(self.c + self.beta * N, self.c2 + self.gamma * N))
-        return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
+        """Rank time from (activations, tiles, tokens); scalars or broadcasting arrays (`CostModel.rank_times`)."""
+        arrays = isinstance(G, np.ndarray) or isinstance(T, np.ndarray) or isinstance(N, np.ndarray)
+        return self.cost.rank_times(G, N, T, xp=np if arrays else None)
 
     def loads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-rank (activations, tiles, tokens) as arrays ``[D]``."""

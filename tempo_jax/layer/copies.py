@@ -25,10 +25,7 @@ __all__ = ["fetch_copies", "plan_copies"]
 
 
 def _times(cost: CostModel, G, N):
-    t = jnp.maximum(cost.a + cost.b * G, cost.c + cost.beta * N)
-    if cost.c2 is not None:
-        t = jnp.maximum(t, cost.c2 + cost.gamma * N)
-    return t
+    return cost.rank_times(G, N, xp=jnp)
 
 
 def _exposed(copy_cost: CopyCost, copies):

@@ -208,10 +208,7 @@ def bottleneck_term(cost: CostModel, x) -> tuple[str, float]:
     that order) and the mean of G_g over GPUs."""
     acts, tiles, tokens = gpu_loads(x, cost.tile)
     g = int(np.argmax(cost.gpu_times(acts, tokens, tiles)))
-    floor = cost.a + cost.b * acts[g] + (cost.b2 * (tiles[g] - acts[g]) if cost.b2 is not None else 0.0)
-    pieces = {"floor": floor, "tokens": cost.c + cost.beta * tokens[g]}
-    if cost.c2 is not None:
-        pieces["traffic"] = cost.c2 + cost.gamma * tokens[g]
+    pieces = cost.rank_pieces(float(acts[g]), float(tokens[g]), float(tiles[g]))
     return max(pieces, key=lambda k: (pieces[k], -list(pieces).index(k))), float(acts.mean())
 
 
