@@ -43,139 +43,20 @@ tgmm(lhs, grad) — both exactly zero for empty groups and for rows outside the 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import tokamax_backend
 from pallas_kernels.fp8 import BlockScaled, fake_quantize_rows
-from pallas_kernels.gmm_megablox import gmm_megablox, tgmm_megablox
-from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets, make_group_metadata
+from pallas_kernels.gmm_call import GmmCall, GmmTiling, as_tiling
+from pallas_kernels.gmm_metadata import default_out_dtype, dot_dtype, group_offsets
 from pallas_kernels.gmm_mosaic import check_available as _mosaic_check
-from pallas_kernels.gmm_mosaic import fp8_in_kernel as _mosaic_fp8
-from pallas_kernels.gmm_mosaic import gmm_mosaic, tgmm_mosaic
-from pallas_kernels.gmm_pallas import gmm_pallas, tgmm_pallas
-from pallas_kernels.gmm_xla import SCHEDULES, gmm_chunked, gmm_ragged, tgmm_chunked, tgmm_ragged
+from pallas_kernels.gmm_vjp import FP8_PATHS, fp8_path, gmm_vjp, tgmm_call
 from pallas_kernels.implementations import GMM, GmmImpl
 
 __all__ = ["FP8_PATHS", "GmmTiling", "fp8_path", "gmm", "tgmm", "gmm_reference", "tgmm_reference"]
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GmmTiling:
-    """Tile sizes. tm/tk/tn: Pallas tiles along M, H (contraction) and F (output) (powers of two, >= 16 for
-    Triton; tk and tn shrink to the next power of two of small H, F). num_warps/num_stages: Triton launch knobs.
-
-    CPU-fast path ("chunked", `gmm_xla`): every local group runs as dense matmuls of row chunks, the "ladder"
-    `chunk, small_chunk, small_chunk/2, …, min_chunk` (`gmm_metadata.chunk_ladder`): chunk-row dots while a group
-    has that many rows left, then small_chunk-row ones, then each smaller size at most once, then one masked
-    min_chunk-row dot for the rest.
-      chunk: the largest chunk (default 1024): on XLA:CPU only dots this large run on several cores.
-      small_chunk: the first size below chunk (default 128): the fastest single-core dot size measured.
-      min_chunk: the smallest (default 32): a group computes fewer than min_chunk rows past its end; below ~32
-        rows the per-dot cost grows.
-      tgmm_chunk: the largest chunk of `tgmm` (the weight gradient; default 256), whose dots contract over the
-        chunk's rows ([H, c] @ [c, F]): its ladder is tgmm_chunk, small_chunk, … min_chunk.
-      tgmm_fixed_rows: `tgmm` takes fixed chunks of tgmm_chunk rows instead of the ladder when the average
-        local group has at least this many rows, M / E_loc >= tgmm_fixed_rows (default 512; static shapes, so
-        one choice per compiled call): with large groups the few masked rows cost less than the ladder's
-        per-group loops (measured 10–15% faster at E_loc = 10 and on 4096 x 1024 x 1024 / 8 groups).
-      schedule: "ladder" (default) or "fixed" (the previous path, kept to compare: every chunk has `chunk` rows,
-        `tgmm` too, so each group computes up to chunk − 1 rows past its end; the other CPU knobs are ignored;
-        it used chunk=256).
-    The defaults were measured on a 2-core CPU (`scripts/bench_gemm.py`; README "Grouped GEMM on CPU").
-    """
-
-    tm: int = 128
-    tk: int = 64
-    tn: int = 128
-    num_warps: int = 8
-    num_stages: int = 3
-    chunk: int = 1024
-    small_chunk: int = 128
-    min_chunk: int = 32
-    tgmm_chunk: int = 256
-    tgmm_fixed_rows: int = 512
-    schedule: str = "ladder"
-
-    def __post_init__(self):
-        for name in ("tm", "tk", "tn"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"GmmTiling.{name} must be a positive power of two, got {v}")
-        for name in ("chunk", "small_chunk", "min_chunk", "tgmm_chunk", "tgmm_fixed_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GmmTiling.{name} must be positive, got {getattr(self, name)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"GmmTiling.schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
-
-
-def _as_tiling(tiling) -> GmmTiling:
-    if isinstance(tiling, GmmTiling):
-        return tiling
-    if isinstance(tiling, tuple | list) and len(tiling) == 3:
-        tm, tk, tn = (int(v) for v in tiling)
-        return GmmTiling(tm=tm, tk=tk, tn=tn)
-    raise ValueError(f"tiling must be a GmmTiling or a (tm, tk, tn) tuple, got {tiling!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-    """Static configuration threaded through the custom_vjp (hashable)."""
-
-    implementation: str
-    tiling: GmmTiling
-    interpret: bool
-    out_dtype: jnp.dtype
-    num_local_groups: int
-    precision: object = None
-    lhs_block: int | None = None  # `gmm(quantize_lhs=...)`: lhs rows quantized to e4m3 in blocks of this many columns
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
-def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-    rem = (-x.shape[axis]) % multiple
-    if rem == 0:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, rem)
-    return jnp.pad(x, pad)
-
-
-def _kernel_tiles(t: GmmTiling, m: int, k: int, n: int) -> tuple[int, int, int]:
-    """Pallas tiles for this problem: tk, tn shrink to the next power of two of small H, F (>= 16)."""
-    return t.tm, max(16, min(t.tk, _next_pow2(k))), max(16, min(t.tn, _next_pow2(n)))
-
-
-# Shared memory one Triton program may fill with its pipelined tiles. An H100 / H200 block gets 232,448 bytes (227
-# KiB, the limit the H200 reported in results/gpu/check.json); the rest is left to the kernel's own scratch.
-SMEM_BYTES = 200 * 1024
-
-
-def _stages(t: GmmTiling, stage_bytes: int) -> int:
-    """Triton pipeline stages that fit: `t.num_stages`, fewer (at least 1) when `stage_bytes` (the operand tiles one
-    stage loads) times the stages would pass `SMEM_BYTES` — float32 tgmm at the default tiles loads 96 KiB a stage,
-    so it runs 2 stages where 3 asked for 288 KiB and failed to launch on an H200."""
-    return max(1, min(t.num_stages, SMEM_BYTES // stage_bytes))
-
-
-def _chunks(cfg: _Cfg, tgmm_rows: int | None = None) -> dict:
-    """The CPU-fast path's schedule knobs from the tiling; `tgmm_rows` = M for tgmm (None for gmm)."""
-    t = cfg.tiling
-    if t.schedule == "fixed":
-        return dict(chunk=t.chunk, schedule="fixed")
-    if tgmm_rows is None:
-        return dict(chunk=t.chunk, small_chunk=t.small_chunk, min_chunk=t.min_chunk, schedule="ladder")
-    big_groups = tgmm_rows >= t.tgmm_fixed_rows * cfg.num_local_groups
-    schedule = "fixed" if big_groups else "ladder"
-    return dict(chunk=t.tgmm_chunk, small_chunk=t.small_chunk, min_chunk=t.min_chunk, schedule=schedule)
 
 
 def _resolve(implementation: str, interpret: bool) -> str:
@@ -187,229 +68,6 @@ def _resolve(implementation: str, interpret: bool) -> str:
     if impl == "mosaic":  # jax >= 0.12 with Mosaic GPU, and a GPU or interpret mode (`gmm_mosaic.MOSAIC_HINT`)
         _mosaic_check(interpret)
     return impl
-
-
-#: How a grouped GEMM runs a block-scaled FP8 weight (`pallas_kernels.fp8.BlockScaled`): "fp8", the kernel reads the
-#: e4m3 values and their scales (half the weight bytes streamed); "dequantize", the weight is dequantized to the
-#: compute dtype first and the GEMM runs there.
-FP8_PATHS = ("fp8", "dequantize")
-#: Implementations that take FP8 weights into their kernel: tokamax (its sm90 kernel scales each e4m3 tile on chip
-#: before the bf16 MMA; its XLA path, e.g. on CPU, dequantizes inside the call; 0.0.17's sm100 kernels take int4
-#: weights only, which `tokamax_backend.fp8_compiles` finds out on such a GPU).
-_FP8_IN_KERNEL = ("tokamax",)
-
-
-def fp8_path(
-    implementation: GmmImpl = "auto",
-    *,
-    interpret: bool = False,
-    dtype=jnp.bfloat16,
-    shape: tuple[int, ...] | None = None,
-    block: tuple[int, int] | None = None,
-) -> str:
-    """How `gmm` with ``implementation`` runs a `BlockScaled` weight of ``shape [E, A, B]`` in ``(bA, bB)``
-    blocks against ``dtype`` activations: "fp8" (the implementation takes the FP8 weight: tokamax's GPU kernels
-    scale its e4m3 tiles on chip, its XLA path — CPU — dequantizes inside the call) or "dequantize" (dequantized to
-    ``dtype`` first, then the GEMM). tokamax takes whole blocks only (its scale tiles must divide the weight), and
-    only where this machine compiles its FP8 kernel for ``dtype`` (`tokamax_backend.fp8_compiles`); without
-    ``shape`` / ``block`` the blocks are not checked. "mosaic" (`gmm_mosaic`) reads e4m3 tiles and dequantizes them
-    on chip for bfloat16 / float16 activations and blocks whose extents are multiples of 64, partial edge blocks
-    included (`gmm_mosaic.fp8_in_kernel`)."""
-    impl = GMM.resolve(implementation, interpret=interpret)
-    if impl == "mosaic":
-        return "fp8" if _mosaic_fp8((64, 64) if block is None else block, dtype) else "dequantize"
-    if impl not in _FP8_IN_KERNEL or not tokamax_backend.fp8_compiles(jnp.dtype(dtype)):
-        return "dequantize"
-    if shape is not None and block is not None and (shape[-2] % block[0] or shape[-1] % block[1]):
-        return "dequantize"
-    return "fp8"
-
-
-def _fp8_operand(rhs, dtype, cfg: _Cfg):
-    """``rhs`` (an array, a `BlockScaled` or a tuple of parts) with each `BlockScaled` part the GEMM does not read
-    as FP8 (`fp8_path`) dequantized to ``dtype``, the compute dtype of the dot."""
-    if isinstance(rhs, tuple):
-        return tuple(_fp8_operand(w, dtype, cfg) for w in rhs)
-    if not isinstance(rhs, BlockScaled):
-        return rhs
-    if fp8_path(cfg.implementation, dtype=dtype, shape=rhs.shape, block=rhs.block) == "fp8":
-        return rhs
-    return rhs.dequantize(dtype)
-
-
-def _part_offsets(parts: tuple, group_offset: jax.Array) -> list:
-    """The first group of each part of ``parts`` (arrays ``[E_p, ...]`` side by side along the groups)."""
-    offs = [group_offset]
-    for w in parts[:-1]:
-        offs.append(offs[-1] + w.shape[0])
-    return offs
-
-
-def _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg: _Cfg, transpose_rhs: bool):
-    """Dispatch one forward grouped GEMM to the chosen implementation; returns [M, F] in cfg.out_dtype. ``rhs``
-    may be a tuple of parts (`gmm`): "chunked" writes every part's groups into one buffer (``init``), the other
-    implementations sum one output per part (rows outside a part's groups are zero in its output). FP8 parts
-    (`BlockScaled`) reach the kernel as they are where it reads FP8 (`fp8_path`), else dequantized to the dtype of
-    ``lhs`` here (inside the VJP: the residuals keep the FP8 weights)."""
-    rhs = _fp8_operand(rhs, lhs.dtype, cfg)
-    if cfg.lhs_block is not None:  # FP8 activations: the values an e4m3 x e4m3 GEMM multiplies, in lhs's dtype
-        lhs, cfg = fake_quantize_rows(lhs, cfg.lhs_block), dataclasses.replace(cfg, lhs_block=None)
-    if isinstance(rhs, tuple):
-        out = None
-        for w, off in zip(rhs, _part_offsets(rhs, group_offset), strict=True):
-            part = dataclasses.replace(cfg, num_local_groups=w.shape[0])
-            if cfg.implementation == "chunked":
-                out = gmm_chunked(
-                    lhs,
-                    w,
-                    group_sizes,
-                    off,
-                    transpose_rhs=transpose_rhs,
-                    init=out,
-                    **_chunks(part),
-                    num_local_groups=w.shape[0],
-                    out_dtype=cfg.out_dtype,
-                    precision=cfg.precision,
-                )
-            else:
-                y = _gmm_impl(lhs, w, group_sizes, off, part, transpose_rhs)
-                out = y if out is None else out + y
-        return out
-    m, k = lhs.shape
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if cfg.implementation == "mosaic":
-        return gmm_mosaic(
-            lhs,
-            rhs,
-            group_sizes,
-            group_offset,
-            transpose_rhs=transpose_rhs,
-            preferred_element_type=cfg.out_dtype,
-            precision=cfg.precision,
-            interpret=cfg.interpret,
-        )
-    if cfg.implementation == "megablox":
-        return gmm_megablox(
-            lhs,
-            rhs,
-            group_sizes,
-            group_offset,
-            transpose_rhs=transpose_rhs,
-            out_dtype=cfg.out_dtype,
-            compute_dtype=dot_dtype(lhs, rhs),
-            interpret=cfg.interpret,
-        )
-    common = dict(num_local_groups=cfg.num_local_groups, out_dtype=cfg.out_dtype, precision=cfg.precision)
-    if cfg.implementation == "chunked":
-        return gmm_chunked(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, **_chunks(cfg), **common)
-    if cfg.implementation in ("ragged_dot", "tokamax"):
-        backend = "xla" if cfg.implementation == "ragged_dot" else "tokamax"
-        return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, backend=backend, **common)
-    tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
-    x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
-    w = _pad_to(_pad_to(rhs, 1, tn if transpose_rhs else tk), 2, tk if transpose_rhs else tn)
-    meta = make_group_metadata(
-        group_sizes, m=x.shape[0], tm=tm, group_offset=group_offset, num_local_groups=cfg.num_local_groups
-    )
-    out = gmm_pallas(
-        x,
-        w,
-        meta,
-        group_offset.reshape(1),
-        tiling=(tm, tk, tn),
-        transpose_rhs=transpose_rhs,
-        interpret=cfg.interpret,
-        num_warps=cfg.tiling.num_warps,
-        num_stages=_stages(cfg.tiling, tm * tk * x.dtype.itemsize + tk * tn * w.dtype.itemsize),
-        **common,
-    )
-    return out[:m, :n]
-
-
-def _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg: _Cfg, out_dtype):
-    """Dispatch one transposed grouped GEMM; returns [E_loc, H, F] in out_dtype."""
-    m, k = lhs.shape
-    n = grad.shape[1]
-    if cfg.implementation == "mosaic":  # XLA's grouped contraction (no Mosaic GPU tgmm kernel yet: `tgmm_mosaic`)
-        return tgmm_mosaic(
-            lhs,
-            grad,
-            group_sizes,
-            group_offset,
-            num_local_groups=cfg.num_local_groups,
-            out_dtype=out_dtype,
-            precision=cfg.precision,
-        )
-    if cfg.implementation == "megablox":
-        return tgmm_megablox(
-            lhs,
-            grad,
-            group_sizes,
-            group_offset,
-            num_local_groups=cfg.num_local_groups,
-            out_dtype=out_dtype,
-            compute_dtype=dot_dtype(lhs, grad),
-            interpret=cfg.interpret,
-        )
-    common = dict(num_local_groups=cfg.num_local_groups, out_dtype=out_dtype, precision=cfg.precision)
-    if cfg.implementation == "chunked":
-        return tgmm_chunked(lhs, grad, group_sizes, group_offset, **_chunks(cfg, tgmm_rows=m), **common)
-    if cfg.implementation in ("ragged_dot", "tokamax"):
-        backend = "xla" if cfg.implementation == "ragged_dot" else "tokamax"
-        return tgmm_ragged(lhs, grad, group_sizes, group_offset, backend=backend, **common)
-    tm, tk, tn = _kernel_tiles(cfg.tiling, m, k, n)
-    x = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
-    y = _pad_to(_pad_to(grad, 0, tm), 1, tn)
-    meta = make_group_metadata(
-        group_sizes, m=x.shape[0], tm=tm, group_offset=group_offset, num_local_groups=cfg.num_local_groups
-    )
-    out = tgmm_pallas(
-        x,
-        y,
-        meta,
-        group_offset.reshape(1),
-        tiling=(tm, tk, tn),
-        interpret=cfg.interpret,
-        num_warps=cfg.tiling.num_warps,
-        num_stages=_stages(cfg.tiling, tm * (tk * x.dtype.itemsize + tn * y.dtype.itemsize)),
-        **common,
-    )
-    return out[:, :k, :n]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg: _Cfg):
-    return _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg, transpose_rhs=False)
-
-
-def _gmm_fwd(lhs, rhs, group_sizes, group_offset, cfg: _Cfg):
-    out = _gmm_impl(lhs, rhs, group_sizes, group_offset, cfg, transpose_rhs=False)
-    return out, (lhs, rhs, group_sizes, group_offset)
-
-
-def _gmm_bwd(cfg: _Cfg, res, g):
-    lhs, rhs, group_sizes, group_offset = res
-    # g [M, F] arrives in the output dtype. Each gradient is computed like a forward call (operands cast to their
-    # compute dtype, float32 accumulation, as megablox's backward does) and returned in its operand's dtype.
-    # d(lhs) [M, H] = g [M, F] @ rhs[group]^T; rows outside the local groups get exact zeros.
-    # FP8 activations (``quantize_lhs``): straight through, d lhs as if lhs were not quantized (g is not quantized).
-    back = dataclasses.replace(cfg, out_dtype=lhs.dtype, lhs_block=None)
-    dlhs = _gmm_impl(g, rhs, group_sizes, group_offset, back, transpose_rhs=True)
-
-    # d(rhs) [E_loc, H, F] = lhs_g^T @ g_g per local group (per part); empty groups give exact zeros. FP8 weights
-    # (`BlockScaled`) are frozen: their cotangent is zero.
-    def drhs(w, off):
-        if isinstance(w, BlockScaled):
-            return jax.tree.map(jnp.zeros_like, w)
-        part = dataclasses.replace(cfg, num_local_groups=w.shape[0])
-        return _tgmm_impl(lhs, g, group_sizes, off, part, out_dtype=w.dtype)
-
-    if isinstance(rhs, tuple):
-        return dlhs, tuple(map(drhs, rhs, _part_offsets(rhs, group_offset))), None, None
-    return dlhs, drhs(rhs, group_offset), None, None
-
-
-_gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
 
 
 def _is_concrete(x) -> bool:
@@ -571,9 +229,9 @@ def gmm(
         raise ValueError(
             f"gmm: quantize_lhs must be None or a positive int (columns per scale, e.g. 128), got {quantize_lhs!r}"
         )
-    cfg = _Cfg(
+    cfg = GmmCall(
         _resolve(implementation, interpret),
-        _as_tiling(tiling),
+        as_tiling(tiling),
         interpret,
         out_dtype,
         sum(w.shape[0] for w in parts),
@@ -581,7 +239,7 @@ def gmm(
         quantize_lhs,
     )
     rhs = (first, *parts[1:]) if isinstance(rhs, tuple | list) else first
-    return _gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
+    return gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
 
 
 def _check_parts(rhs) -> tuple:
@@ -642,15 +300,15 @@ def tgmm(
     if num_local_groups < 1:
         raise ValueError(f"tgmm: num_local_groups must be >= 1, got {num_local_groups}")
     out_dtype = _check_out_dtype(preferred_element_type, lhs, grad, "tgmm")
-    cfg = _Cfg(
+    cfg = GmmCall(
         _resolve(implementation, interpret),
-        _as_tiling(tiling),
+        as_tiling(tiling),
         interpret,
         out_dtype,
         num_local_groups,
         precision,
     )
-    return _tgmm_impl(lhs, grad, group_sizes, group_offset, cfg, out_dtype)
+    return tgmm_call(lhs, grad, group_sizes, group_offset, cfg, out_dtype)
 
 
 def _row_groups(group_sizes: jax.Array, m: int) -> jax.Array:

@@ -609,10 +609,11 @@ def test_schedules_tgmm_and_last_window_at_m(name):
 def test_tgmm_schedule_picked_by_average_group_size():
     """tgmm takes fixed tgmm_chunk-row chunks once M / E_loc >= tgmm_fixed_rows, the ladder below; gmm always the
     ladder; an explicit fixed schedule stays fixed (with `chunk` rows) everywhere."""
-    from pallas_kernels.gmm import _Cfg, _chunks
+    from pallas_kernels.gmm_call import GmmCall
+    from pallas_kernels.gmm_call import chunks as _chunks
 
     def cfg(t, e_loc):
-        return _Cfg("chunked", t, False, jnp.dtype(jnp.float32), e_loc)
+        return GmmCall("chunked", t, False, jnp.dtype(jnp.float32), e_loc)
 
     t = GmmTiling()
     assert _chunks(cfg(t, 10), tgmm_rows=6144)["schedule"] == "fixed"  # 614 rows per group
@@ -674,3 +675,19 @@ def test_cpu_benchmark_smoke():
             assert c["speedup_vs_before"]["fwd"] > 0 and c["speedup_vs_before"]["fwd_bwd"] > 0
     assert all(c["gmm_vs_ragged_dot"] > 0 for c in out["big"]["cases"].values())
     assert bench_gemm.zipf_sizes(96, 5).sum() == 96
+
+
+def test_every_implementation_is_one_backend_module_of_one_signature():
+    """`pallas_kernels.gmm_backends.BACKENDS`: a row per implementation name of `implementations.GMM` (but "auto"),
+    each module exposing ``gmm(lhs, rhs, group_sizes, group_offset, call, *, transpose_rhs)`` and ``tgmm(lhs, grad,
+    group_sizes, group_offset, call, *, out_dtype)``."""
+    import inspect
+
+    from pallas_kernels.gmm_backends import BACKENDS
+    from pallas_kernels.implementations import GMM
+
+    assert set(BACKENDS) == set(GMM.names) - {"auto"}
+    for name, module in BACKENDS.items():
+        g, t = inspect.signature(module.gmm).parameters, inspect.signature(module.tgmm).parameters
+        assert list(g)[:6] == ["lhs", "rhs", "group_sizes", "group_offset", "call", "transpose_rhs"], name
+        assert list(t) == ["lhs", "grad", "group_sizes", "group_offset", "call", "out_dtype"], name

@@ -1,0 +1,21 @@
+"""Backend "tokamax": tokamax's `ragged_dot_general` (`pallas_kernels.tokamax_backend`; its Mosaic GPU kernels on sm90 /
+sm100 for the forward and d lhs, its XLA path for d rhs: `pallas_kernels.gmm_xla.gmm_ragged`)."""
+
+from __future__ import annotations
+
+from pallas_kernels.gmm_call import GmmCall
+from pallas_kernels.gmm_xla import gmm_ragged, tgmm_ragged
+
+__all__ = ["gmm", "tgmm"]
+
+
+def gmm(lhs, rhs, group_sizes, group_offset, call: GmmCall, *, transpose_rhs: bool):
+    """See `pallas_kernels.gmm_backends`."""
+    common = dict(num_local_groups=call.num_local_groups, out_dtype=call.out_dtype, precision=call.precision)
+    return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, backend="tokamax", **common)
+
+
+def tgmm(lhs, grad, group_sizes, group_offset, call: GmmCall, *, out_dtype):
+    """See `pallas_kernels.gmm_backends`."""
+    common = dict(num_local_groups=call.num_local_groups, out_dtype=out_dtype, precision=call.precision)
+    return tgmm_ragged(lhs, grad, group_sizes, group_offset, backend="tokamax", **common)
