@@ -1,7 +1,7 @@
 """`ServeConfig`: one serving run's options, checked when built (`tempo-jax serve`, `tempo_jax.runtime.serve`).
 
-Both serving loops read it: the bare layer's (`tempo_jax.runtime.serve`, ``model="layer"``) and the tiny LM's
-(`tempo_jax.runtime.serve_lm`, ``model="lm"``), and the helpers they share (`tempo_jax.runtime.serve_shared`).
+The one serving loop (`tempo_jax.runtime.serve_shared.serve_loop`) reads it for either served model: the bare layer
+(`tempo_jax.runtime.serve`, ``model="layer"``) or the tiny LM (`tempo_jax.runtime.serve_lm`, ``model="lm"``).
 An option that does nothing for the chosen model or routing is refused, naming the option that would use it.
 """
 
