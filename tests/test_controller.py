@@ -3,6 +3,7 @@
 In-process modes here (inline, thread); the worker process and the layer under faults are in
 tests/test_runtime_faults.py."""
 
+import dataclasses
 import logging
 import threading
 import time
@@ -294,3 +295,26 @@ def test_refresher_feeds_the_controller(placement, counts):
     bad = Refresher(ctl, lambda: np.ones((D, E), np.float32), every_steps=1)
     bad.step()  # a refresher fault is counted and logged, never raised into the serving loop
     assert bad.errors == 1 and "unsigned 32-bit" in bad.last_error
+
+
+def test_one_settings_value_configures_the_controller_and_a_serving_run_checks_it_once(placement):
+    """`ControllerConfig`: the controller's knobs as one frozen value (keywords build or replace it), checked when
+    built; `ServeConfig.controller` is a serving run's, so `ServeConfig` refuses a bad budget before any run."""
+    from tempo_jax.runtime import ControllerConfig
+    from tempo_jax.runtime.serve_config import ServeConfig
+
+    settings = ControllerConfig(solver_mode="thread", budget_s=2.0, fallback="static", staleness_s=3.0)
+    ctl = DispatchController(placement, COST, settings, budget_s=4.0)
+    try:
+        assert ctl.settings == dataclasses.replace(settings, budget_s=4.0) and ctl.budget_s == 4.0
+        assert ctl.hang_s == 40.0 and ctl.fallback == "static" and ctl.solver_mode == "thread"
+    finally:
+        ctl.close()
+    with pytest.raises(ValueError, match="hang_s must be >= 2.0"):
+        ControllerConfig(budget_s=2.0, hang_s=1.0)
+    with pytest.raises(TypeError, match="settings must be a ControllerConfig"):
+        DispatchController(placement, COST, {"budget_s": 1.0})
+    serve = ServeConfig(budget_s=0.5, solver_mode="thread", rebalance_every=None, staleness_s=None)
+    assert serve.controller == ControllerConfig(budget_s=0.5, solver_mode="thread", staleness_s=None)
+    with pytest.raises(ValueError, match="budget_s must be > 0"):
+        ServeConfig(budget_s=0.0)

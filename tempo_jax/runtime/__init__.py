@@ -8,6 +8,7 @@
 """
 
 from .controller import DROP_REASONS, SOLVER_MODES, DispatchController
+from .controller_config import ControllerConfig
 from .counters import COUNTER_RANGE, CounterWindows, host_counter
 from .refresher import Refresher
 
@@ -15,6 +16,7 @@ __all__ = [
     "COUNTER_RANGE",
     "DROP_REASONS",
     "SOLVER_MODES",
+    "ControllerConfig",
     "CounterWindows",
     "DispatchController",
     "Refresher",

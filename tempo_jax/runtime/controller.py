@@ -67,17 +67,17 @@ from collections import deque
 import numpy as np
 
 from solvers import CostModel, Placement
-from solvers.checks import EXACT_INT_LIMIT, check_array, check_choice, check_counter, check_int, check_real
+from solvers.checks import EXACT_INT_LIMIT, check_array, check_counter
 from solvers.eplb import check_size as check_eplb_size
-from solvers.solve import check_policy
 from solvers.worker import WorkerConfig, solve_window
 
 from ..layer.tables import Tables
 from .accumulator import Window, WindowAccumulator
 from .backends import SOLVER_MODES, Event, Fault, Job, Restarted, Solved, SolverLost, check_fault, make_backend
+from .controller_config import ControllerConfig
 from .publisher import FALLBACKS, Publisher, prepare_tables
 
-__all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "DispatchController"]
+__all__ = ["DROP_REASONS", "FALLBACKS", "SOLVER_MODES", "ControllerConfig", "DispatchController"]
 
 log = logging.getLogger("tempo_jax.runtime")
 
@@ -105,49 +105,14 @@ class DispatchController:
         E): windows are then ``[L, D, E]``, every layer's window is solved in the same solve, and ``latest`` is a
         tuple of L `Tables`.
       cost: the cost model the policy optimises (a `solvers.CostModel`).
-      policy: a `solvers.POLICIES` name.
-      window: steps (observe calls) per solve.
-      options: policy options (e.g. ``{"tau": 0.0}``); checked against the policy's signature.
-      solver_mode: ``"inline"``, ``"thread"`` or ``"process"`` (`SOLVER_MODES`; see the module).
-      per_node: one table per source node via the topology-aware split.
-      budget_s: a solve whose result arrives later than this after submission is not published.
-      hang_s: no result after this long = a hung solver (default ``max(10 · budget_s, 5 s)``).
-      staleness_s: publish the ``fallback`` tables when the published tables' data are older than this
-        (None: never); checked at every `observe`, `tick`, `wait` and `metrics` call.
-      fallback: ``"uniform"`` or ``"static"``.
-      max_window_pairs: counter differences at or above this mean a restart (see `CounterWindows`).
-      history_size: solves and latencies kept for `history` and the metrics.
-      worker_start_timeout_s: process mode: how long a worker (re)start may take.
-      spare_worker: process mode: keep a second worker started and idle, so a restart is a swap (a fresh
-        interpreter importing scipy and ortools takes a second or more); a new spare starts in the background.
-      solver_processes: process mode with one placement per layer: the worker splits every window's layers over
-        this many solver processes (1: it solves them in turn).
-      rebalance_every: propose a new EPLB placement every this many windows (`proposal`; None: never).
+      settings: a `ControllerConfig` (policy, window, solver mode, budget, hang and staleness limits, fallback,
+        worker and history sizes, re-placement period); keyword ``options`` build one, or replace its fields.
     """
 
-    def __init__(
-        self,
-        placement: Placement,
-        cost: CostModel,
-        *,
-        policy: str = "tempo",
-        window: int = 1,
-        options: dict | None = None,
-        solver_mode: str = "inline",
-        per_node: bool = False,
-        budget_s: float = 1.0,
-        hang_s: float | None = None,
-        staleness_s: float | None = None,
-        fallback: str = "uniform",
-        max_window_pairs: int = 1 << 31,
-        history_size: int = 1000,
-        worker_start_timeout_s: float = 120.0,
-        spare_worker: bool = True,
-        solver_processes: int = 1,
-        rebalance_every: int | None = None,
-    ):
+    def __init__(self, placement: Placement, cost: CostModel, settings: ControllerConfig | None = None, **options):
         where = "DispatchController"
-        # Step 1: validate everything now (a typo must not surface as uniform tables forever).
+        # Step 1: validate everything now (a typo must not surface as uniform tables forever): the placement and
+        # cost here, the rest in `ControllerConfig` (``settings``, with any keyword ``options`` applied).
         if isinstance(placement, list | tuple):
             placement = tuple(placement)
             if not placement or not all(isinstance(p, Placement) for p in placement):
@@ -161,35 +126,30 @@ class DispatchController:
             raise ValueError(f"{where}: placement must be a solvers.Placement, got {type(placement).__name__}")
         if not isinstance(cost, CostModel):
             raise ValueError(f"{where}: cost must be a solvers.CostModel (e.g. PRESETS[...]), got {cost!r}")
-        if rebalance_every is not None:
-            rebalance_every = check_int("rebalance_every", rebalance_every, where=where)
+        st = self.settings = ControllerConfig.of(settings, options)
+        if st.rebalance_every is not None:
             layers = placement if isinstance(placement, tuple) else (placement,)
             first = layers[0]
             # the proposals are EPLB layouts: refuse now what every window's proposal would refuse later
             check_eplb_size(
                 len(layers), first.num_experts, first.num_slots, first.num_gpus, where=f"{where}(rebalance_every=...)"
             )
-        options = check_policy(policy, options)
-        window = check_int("window", window, where=where)
-        if not isinstance(per_node, bool):
-            raise ValueError(f"{where}: per_node must be a boolean, got {per_node!r}")
-        self.solver_mode = check_choice("solver_mode", solver_mode, SOLVER_MODES, where=where)
-        self.budget_s = check_real("budget_s", budget_s, minimum=0, strict=True, where=where)
-        hang = max(10 * self.budget_s, 5.0) if hang_s is None else hang_s
-        self.hang_s = check_real("hang_s", hang, minimum=self.budget_s, where=where)
-        if staleness_s is not None:
-            staleness_s = check_real("staleness_s", staleness_s, minimum=0, strict=True, where=where)
-        self.fallback = check_choice("fallback", fallback, FALLBACKS, where=where)
-        history_size = check_int("history_size", history_size, where=where)
-        self.placement, self.cost, self.policy, self.options, self.per_node = placement, cost, policy, options, per_node
-        self.window = window
-        solver_processes = check_int("solver_processes", solver_processes, where=where)
-        if solver_processes > 1 and (self.solver_mode != "process" or not isinstance(placement, tuple)):
+        if st.solver_processes > 1 and (st.solver_mode != "process" or not isinstance(placement, tuple)):
             raise ValueError(
-                f"{where}: solver_processes={solver_processes} splits a window's layers over processes: "
+                f"{where}: solver_processes={st.solver_processes} splits a window's layers over processes: "
                 "it needs solver_mode='process' and one placement per layer"
             )
-        self.config = WorkerConfig(placement, cost, policy, options, per_node, solver_processes)
+        policy, options = st.policy, st.options
+        self.solver_mode, self.budget_s, self.hang_s, self.fallback = (
+            st.solver_mode,
+            st.budget_s,
+            st.hang_limit_s,
+            st.fallback,
+        )
+        self.placement, self.cost, self.policy, self.options = placement, cost, policy, options
+        self.per_node = st.per_node
+        self.window = st.window
+        self.config = WorkerConfig(placement, cost, policy, options, st.per_node, st.solver_processes)
         # Step 2: a trial solve catches bad option values here rather than in the first window.
         if policy != "milp":
             try:
@@ -199,12 +159,14 @@ class DispatchController:
                     f"{where}: policy {policy!r} with options {options} fails on a trial batch: "
                     f"{type(err).__name__}: {err}"
                 ) from None
-        self.rebalance_every = rebalance_every
+        self.rebalance_every = st.rebalance_every
         # Step 3: the three parts and the fault counters.
         self._lock = threading.RLock()
         self._log = log
-        self._windows = WindowAccumulator(self.config.window_shape, window, max_window_pairs)
-        self._publisher = Publisher(placement, fallback=fallback, staleness_s=staleness_s, history_size=history_size)
+        self._windows = WindowAccumulator(self.config.window_shape, st.window, st.max_window_pairs)
+        self._publisher = Publisher(
+            placement, fallback=st.fallback, staleness_s=st.staleness_s, history_size=st.history_size
+        )
         self._seq = 0
         self._data_window = 0  # the closed window whose solve the published tables came from (0: none yet)
         self._last_window: Window | None = None  # the newest closed window with pairs (re-solved on set_placement)
@@ -212,8 +174,8 @@ class DispatchController:
         self._closed = False
         self._new_errors: list[str] = []
         self.events: deque = deque(maxlen=200)  # (monotonic time, kind, message) of every fault
-        self._solve_ms: deque = deque(maxlen=history_size)
-        self._roundtrip_ms: deque = deque(maxlen=history_size)
+        self._solve_ms: deque = deque(maxlen=st.history_size)
+        self._roundtrip_ms: deque = deque(maxlen=st.history_size)
         self._n = {k: 0 for k in ("windows", "empty", "rejected", "late_results", "restarts", "died", "hung")}
         self._dropped = {r: 0 for r in DROP_REASONS}
         self._dropped_pairs = {r: 0.0 for r in DROP_REASONS}
@@ -227,8 +189,8 @@ class DispatchController:
             self.config,
             self._post,
             hang_s=self.hang_s,
-            start_timeout_s=worker_start_timeout_s,
-            spare=spare_worker,
+            start_timeout_s=st.worker_start_timeout_s,
+            spare=st.spare_worker,
         )
         self._backend.start()
 

@@ -8,16 +8,15 @@ An option that does nothing for the chosen model or routing is refused, naming t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from pallas_kernels import DISPATCH_MODES
 from solvers import PRESETS
 from solvers.checks import check_choice, check_int, check_real, plain_scalars
-from solvers.solve import check_policy
 
 from ..layer.mesh import parse_mesh
 from ..workloads import TRACES
-from .controller import SOLVER_MODES
-from .publisher import FALLBACKS
+from .controller_config import ControllerConfig
 
 __all__ = ["DEFAULT_COST", "DEFAULT_TRACE", "MAX_SERVE_ELEMENTS", "MODELS", "ROUTINGS", "SYNTHETIC_ONLY", "ServeConfig"]
 
@@ -182,16 +181,9 @@ class ServeConfig:
         check_real("drift", self.drift, minimum=0.0, where=w)
         check_real("kappa", self.kappa, minimum=0.0, strict=True, allow_inf=True, where=w)
         check_real("period_s", self.period_s, minimum=0.0, strict=True, where=w)
-        check_real("budget_s", self.budget_s, minimum=0.0, strict=True, where=w)
-        if self.staleness_s is not None:
-            check_real("staleness_s", self.staleness_s, minimum=0.0, strict=True, where=w)
-        check_choice("solver_mode", self.solver_mode, SOLVER_MODES, where=w)
-        check_choice("fallback", self.fallback, FALLBACKS, where=w)
-        check_policy(self.policy, {})
+        _ = self.controller  # the dispatch controller's settings, checked here once (`ControllerConfig`)
         if self.every_steps is not None:
             check_int("every_steps", self.every_steps, where=w)
-        if self.rebalance_every is not None:
-            check_int("rebalance_every", self.rebalance_every, where=w)
         check_real("move_gbps", self.move_gbps, minimum=0.0, strict=True, where=w)
         check_real("move_margin", self.move_margin, minimum=1.0, where=w)
         if self.kill_worker_at is not None:
@@ -232,6 +224,19 @@ class ServeConfig:
             )
 
     #: The options only one of the two served models reads (the rest apply to both).
+
+    @functools.cached_property
+    def controller(self) -> ControllerConfig:
+        """The dispatch controller's settings of this run (`ControllerConfig`: policy, solver mode, budget,
+        staleness, fallback, re-placement period), built and checked once, with the config."""
+        return ControllerConfig(
+            policy=self.policy,
+            solver_mode=self.solver_mode,
+            budget_s=self.budget_s,
+            staleness_s=self.staleness_s,
+            fallback=self.fallback,
+            rebalance_every=self.rebalance_every,
+        )
 
     def acting(self) -> dict:
         """The options that act, as a dict (what serve.json records): not the other model's options, not the synthetic

@@ -78,16 +78,7 @@ def start(
     """The runtime of a serving loop: a `DispatchController` over ``placements`` with ``cfg``'s policy, solver mode,
     budget, staleness, fallback and re-placement period, fed by a `Refresher` that snapshots ``read_counter()``
     every ``cfg.period_s`` (or ``cfg.every_steps``)."""
-    controller = DispatchController(
-        placements,
-        cost,
-        policy=cfg.policy,
-        solver_mode=cfg.solver_mode,
-        budget_s=cfg.budget_s,
-        staleness_s=cfg.staleness_s,
-        fallback=cfg.fallback,
-        rebalance_every=cfg.rebalance_every,
-    )
+    controller = DispatchController(placements, cost, cfg.controller)
     return controller, Refresher(controller, read_counter, period_s=cfg.period_s, every_steps=cfg.every_steps)
 
 
