@@ -2,7 +2,7 @@
 TEMPO refreshes all layers each 200 ms window, against that 200 ms budget.
 
 Two models, each through a layered `DispatchController` in process mode (the worker process solves every layer's
-window in one solve; `tempo_jax.runtime.serve_lm.refresh_time`):
+window in one solve; `tempo_jax.runtime.serving.lm_model.refresh_time`):
 
 - a DeepSeek-V3-sized synthetic window: 58 MoE layers × 256 experts + 32 redundant replicas, EP8, 128 tokens per
   rank, top-8, Zipf(1) popularity per layer, EPLB per layer, the DSv3 fp8 cost preset;
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tempo_jax.runtime.serve_lm import refresh_time  # noqa: E402
+from tempo_jax.runtime.serving import refresh_time  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 
 BUDGET_MS = 200.0  # TEMPO §4.4: one refresh per 200 ms window

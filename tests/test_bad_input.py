@@ -18,7 +18,7 @@ import pytest
 from solvers import PRESETS, CostModel, DispatchProblem, Placement, fit_max_affine, rebalance_experts, solve
 from solvers.checks import ArgTypeError
 from tempo_jax.cli import build_parser, main
-from tempo_jax.runtime.serve import ServeConfig
+from tempo_jax.runtime.serve_config import ServeConfig
 from tempo_jax.sim import PhaseConfig
 from tempo_jax.workloads import (
     RoutingTrace,

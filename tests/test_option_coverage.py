@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tempo_jax.cli import main
-from tempo_jax.runtime.serve import ServeConfig
+from tempo_jax.runtime.serve_config import ServeConfig
 from tempo_jax.sim import CascadeConfig
 from tempo_jax.sim.cascade import run_cascade
 from tempo_jax.sim.cascade.costs import HARDWARE

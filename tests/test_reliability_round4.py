@@ -21,7 +21,7 @@ from tempo_jax.cli import main
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical
 from tempo_jax.layer import tables as dispatch_tables
 from tempo_jax.layer.routing import RouterConfig
-from tempo_jax.runtime.serve import ServeConfig
+from tempo_jax.runtime.serve_config import ServeConfig
 from tempo_jax.sim import CascadeConfig, PhaseConfig
 
 D, E, K, H = 8, 8, 2, 16

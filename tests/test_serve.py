@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tempo_jax import cli
-from tempo_jax.runtime.serve import ServeConfig
+from tempo_jax.runtime.serve_config import ServeConfig
 from tempo_jax.workloads import drifting_stream, recorded_stream
 
 

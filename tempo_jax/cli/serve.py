@@ -15,8 +15,8 @@ from ..metrics import WatchOptions
 from ..metrics.report import render_run
 from ..runtime.controller import SOLVER_MODES
 from ..runtime.publisher import FALLBACKS
-from ..runtime.serve import serve
 from ..runtime.serve_config import ROUTINGS, ServeConfig
+from ..runtime.serving import serve
 from ..workloads import TRACES
 from .args import UsageError, config_from_args, config_options, prepare_out_dir
 

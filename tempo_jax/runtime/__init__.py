@@ -3,7 +3,8 @@
 - `counters`: `CounterWindows` (wrap-safe differencing of the layer's uint32 counters), `host_counter`.
 - `accumulator`, `publisher`, `backends`: the three parts of `controller.DispatchController`.
 - `refresher`: `Refresher`, counter snapshots by period or by step.
-- `serve`: `tempo-jax serve`, the serving loop with live tables.
+- `serving`: `tempo-jax serve`, the serving loop with live tables (`serve_config`: its options;
+  `controller_config`: the controller's).
 - `calibrate`: `tempo-jax calibrate --measure`, the cost model fitted on this backend.
 """
 

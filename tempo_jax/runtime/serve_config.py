@@ -1,7 +1,7 @@
-"""`ServeConfig`: one serving run's options, checked when built (`tempo-jax serve`, `tempo_jax.runtime.serve`).
+"""`ServeConfig`: one serving run's options, checked when built (`tempo-jax serve`, `tempo_jax.runtime.serving`).
 
-The one serving loop (`tempo_jax.runtime.serve_shared.serve_loop`) reads it for either served model: the bare layer
-(`tempo_jax.runtime.serve`, ``model="layer"``) or the tiny LM (`tempo_jax.runtime.serve_lm`, ``model="lm"``).
+The one serving loop (`tempo_jax.runtime.serving.loop.serve_loop`) reads it for either served model: the bare layer
+(`serving.layer_model`, ``model="layer"``) or the tiny LM (`serving.lm_model`, ``model="lm"``).
 An option that does nothing for the chosen model or routing is refused, naming the option that would use it.
 """
 
@@ -32,7 +32,7 @@ class ServeConfig:
     """One serving run (command: ``tempo-jax serve``; hardware: any jax backend, 8 fake CPU devices by default).
 
     Attributes:
-      model: "lm" (the tiny MoE language model, every MoE layer with live tables: `tempo_jax.runtime.serve_lm`;
+      model: "lm" (the tiny MoE language model, every MoE layer with live tables: `tempo_jax.runtime.serving.lm_model`;
         reads ``layers``, ``seq_len``, ``decode_steps``, ``train_steps``) or "layer" (the bare MoE layer on a
         routing stream: ``routing``, ``trace``, ``skew``, ``drift``, ``kappa``, ``check_every``). Setting an option
         of the other model is refused, never ignored.

@@ -1,49 +1,28 @@
-"""The serving loop and what its two models share (`tempo_jax.runtime.serve`: the bare layer;
-`tempo_jax.runtime.serve_lm`: the tiny LM).
+"""The one serving loop (`serve_loop`) and the runtime around it: a `Served` model's protocol and its `Step`,
+starting and stopping the dispatch runtime, the watcher, the serving mesh and one row per step (the entry, `serve`,
+is the package's: `tempo_jax.runtime.serving`, above both models).
 
 `serve_loop` drives a `Served` model — ``step`` (run one step on the controller's freshest tables), ``price`` and
 ``move`` (the slow timescale: a placement proposal priced, then applied), ``line`` (the status line) — with the
 runtime around it: the refresher on and off in blocks, a row per step, proposals applied or dismissed, the watcher,
-a killed worker. Also here: starting and stopping the runtime, pricing and describing a re-placement, step-time
-statistics, writing the report and the figure's frame, the serving mesh and the modelled makespan of a step whose
-EP groups (data replicas) each dispatch their own tokens over the same tables."""
+a killed worker."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
+from ...layer import make_ep_mesh
+from ...layer.mesh import make_mesh, parse_mesh
+from ...metrics import Watcher, WatchOptions
+from ..controller import DispatchController
+from ..refresher import Refresher
+from ..serve_config import ServeConfig
+from . import report
 
-from ..layer import make_ep_mesh
-from ..layer.mesh import make_mesh, parse_mesh
-from ..metrics import Watcher, WatchOptions
-from .controller import DispatchController
-from .refresher import Refresher
-from .serve_config import ServeConfig
-
-__all__ = [
-    "Served",
-    "Step",
-    "figure_axes",
-    "group_makespan",
-    "move_text",
-    "move_us",
-    "priced",
-    "publish_steps",
-    "save_figure",
-    "serve_loop",
-    "serving_mesh",
-    "start",
-    "step_row",
-    "watcher",
-    "step_stats",
-    "stop",
-    "write_report",
-]
+__all__ = ["Served", "Step", "serve_loop", "serving_mesh", "start", "step_row", "stop", "watcher"]
 
 
 def serving_mesh(cfg: ServeConfig):
@@ -66,12 +45,6 @@ def watcher(cfg: ServeConfig, watch: WatchOptions | None, out_dir, cost, say) ->
     return Watcher(watch, cost=cost, policy=cfg.policy, say=say)
 
 
-def group_makespan(makespan: Callable[[np.ndarray], float], counts) -> float:
-    """The step's modelled makespan when each EP group dispatches its own tokens: the slowest group's
-    ``makespan(counts [D, E])`` over ``counts [Ng, D, E]`` (Ng = 1: one group)."""
-    return float(max(makespan(c) for c in np.asarray(counts)))
-
-
 def start(
     cfg: ServeConfig, placements, cost, read_counter: Callable[[], object]
 ) -> tuple[DispatchController, Refresher]:
@@ -89,47 +62,6 @@ def stop(controller, refresher) -> tuple[dict, str, list]:
     history = list(controller.history)
     controller.close()
     return metrics, status, history
-
-
-def move_us(rows: int, slot_bytes: int, gbps: float) -> float:
-    """The modelled time of a re-placement, µs: ``rows`` over the busiest rank's link (`MigrationPlan.busiest_rows`)
-    of ``slot_bytes`` each, at ``gbps`` GB/s."""
-    return rows * slot_bytes / (gbps * 1e3)
-
-
-def priced(before: float, after: float, *, horizon_steps: int, move: float, margin: float, scale: float = 1) -> dict:
-    """A placement proposal priced: the modelled makespan per step under the old and the new placement (µs), the
-    gain over the ``horizon_steps`` the new placement is expected to serve (``(before − after) · scale ·
-    horizon_steps``; ``scale``: layers per step when ``before`` / ``after`` are means over layers), and whether it
-    pays for the move: ``gain > margin · move`` (``move``: `move_us`). An equal makespan never pays."""
-    gain = (before - after) * scale * horizon_steps
-    return {
-        "applied": bool(gain > margin * move),
-        "makespan_before_us": before,
-        "makespan_after_us": after,
-        "horizon_steps": horizon_steps,
-        "gain_us": gain,
-        "move_us": move,
-        "margin": margin,
-    }
-
-
-def move_text(mv: dict, label: str = "modelled makespan") -> str:
-    """One line for a re-placement (or a dismissed proposal) ``mv``; the first step after it when known."""
-    priced_text = f"{label} {mv['makespan_before_us']:.1f} → {mv['makespan_after_us']:.1f} µs"
-    verdict = ">" if mv["applied"] else "≤"
-    pays = (
-        f"gain {mv['gain_us']:.1f} µs over {mv['horizon_steps']} step{'s' * (mv['horizon_steps'] != 1)} {verdict} "
-        f"{mv['margin']:g} × move "
-        f"{mv['move_us']:.1f} µs"
-    )
-    if not mv["applied"]:
-        return f"step {mv['step']:4d} placement proposal dismissed: {priced_text}; {pays}"
-    nxt = f"; next step {mv['next_step_ms']:.0f} ms" if mv.get("next_step_ms") else ""
-    return (
-        f"step {mv['step']:4d} re-placed: {mv['moved_slots']} slots, {mv['bytes_moved'] / 1e6:.2f} MB moved in "
-        f"{mv['seconds'] * 1e3:.1f} ms (+ compile {mv['compile_seconds']:.2f} s); {priced_text}; {pays}{nxt}"
-    )
 
 
 def step_row(
@@ -152,60 +84,6 @@ def step_row(
     )
 
 
-def step_stats(v) -> dict | None:
-    """``{"median", "p90", "n"}`` of step times ``v`` (ms), None when there are none."""
-    v = np.asarray(v, dtype=np.float64)
-    return {"median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "n": int(v.size)} if v.size else None
-
-
-def publish_steps(rows: list[dict]) -> list[int]:
-    """The steps at which a new table version was in place (``rows``: per-step dicts with ``step`` and ``version``)."""
-    return [r["step"] for i, r in enumerate(rows) if i and r["version"] != rows[i - 1]["version"]]
-
-
-def write_report(
-    report: dict, out_dir, *, figure: bool, draw: Callable[[dict, Path], None], say: Callable[..., None]
-) -> None:
-    """``<out_dir>/serve.json`` and, with ``figure``, ``<out_dir>/serve.png`` drawn by ``draw`` (recorded in
-    ``report["figure"]``); nothing when ``out_dir`` is None."""
-    if out_dir is None:
-        return
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps(report, indent=1, default=float))
-    if figure:
-        draw(report, out / "serve.png")
-        report["figure"] = str(out / "serve.png")
-    say(f"wrote {out / 'serve.json'}" + (f" and {out / 'serve.png'}" if figure else ""))
-
-
-def figure_axes(rep: dict):
-    """``(fig, ax, bx, steps [n])`` of a serving report's figure: modelled makespans above (publications marked),
-    step times below; `save_figure` finishes it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = np.array([r["step"] for r in rep["steps"]])
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
-    for i, p in enumerate(rep["publish_steps"]):
-        ax.axvline(p, color="0.8", lw=0.8, zorder=0, label="tables published" if i == 0 else None)
-    return fig, ax, bx, s
-
-
-def save_figure(fig, bx, path: Path) -> None:
-    """Label the step-time axis, write ``path`` and close the figure."""
-    import matplotlib.pyplot as plt
-
-    bx.set_ylabel("step time (ms)")
-    bx.set_xlabel("step")
-    bx.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 @dataclasses.dataclass
 class Step:
     """One served step as `serve_loop` records it: its time ``ms``, the table ``version`` it ran, the modelled
@@ -223,8 +101,7 @@ class Step:
 
 
 class Served(Protocol):
-    """A model as `serve_loop` serves it: the bare layer (`tempo_jax.runtime.serve`) or the tiny LM
-    (`tempo_jax.runtime.serve_lm`)."""
+    """A model as `serve_loop` serves it: the bare layer (`layer_model`) or the tiny LM (`lm_model`)."""
 
     #: How a re-placement's modelled makespan is labelled (`move_text`).
     label: str
@@ -277,7 +154,7 @@ def serve_loop(cfg: ServeConfig, served: Served, controller, refresher, watcher,
             else:
                 moves.append({"step": s, **verdict})
                 controller.dismiss_proposal()
-            status(move_text(moves[-1], served.label))
+            status(report.move_text(moves[-1], served.label))
         watcher.step(
             s,
             step.watched,
@@ -294,3 +171,6 @@ def serve_loop(cfg: ServeConfig, served: Served, controller, refresher, watcher,
     controller.wait(timeout=120.0, raise_errors=False)
     watcher.flush()
     return rows, moves
+
+
+# ------------------------------------------------------------------------------------------------ serving

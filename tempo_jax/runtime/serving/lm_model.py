@@ -20,7 +20,7 @@ tables, one solver worker refreshing all of them (TEMPO §4.4 refreshes every la
    the new placements — only when the move pays for itself: the modelled makespan of the last prefill batch under
    the old and the new placement (the policy solved on both, every layer), gained on each prefill step until the
    next proposal (as many as since the last one), must exceed ``move_margin`` × the layers' modelled move time
-   (`serve_shared.priced`). Each proposal is reported: applied or not, slots and bytes moved, its time (and its
+   (`pricing.priced`). Each proposal is reported: applied or not, slots and bytes moved, its time (and its
    compile), the makespans, gain and move, and the first step after it (the jitted steps compile again).
 5. Off the clock, each step's per-layer modelled makespan under the live tables (the cost model on the per-rank
    load the layer realised) is scored against EPLB-even tables on the same counts.
@@ -41,19 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from solvers import PRESETS, CostModel, DispatchProblem, Placement, expected_dispatch, plan_weights, slots_for, solve
+from solvers import PRESETS, CostModel, Placement, expected_dispatch, plan_weights, slots_for
 from solvers.worker import WorkerConfig, solve_window
 
-from ..layer.params import EXPERT_KEYS, slot_bytes
-from ..layer.replicas import plan_migration
-from ..lm import LMConfig, TinyMoELM, corpus, train
-from ..workloads import SyntheticRouting
-from . import serve_shared as shared
-from .controller import DispatchController
-from .serve_config import ServeConfig
-
-#: How the LM labels a re-placement's price (every layer's makespan, averaged).
-_LAYERS_MEAN = "modelled makespan (mean of layers)"
+from ...layer.params import EXPERT_KEYS
+from ...lm import LMConfig, TinyMoELM, corpus, train
+from ...workloads import SyntheticRouting
+from ..controller import DispatchController
+from ..serve_config import ServeConfig
+from . import loop, pricing
+from . import report as reporting
 
 __all__ = ["refresh_time", "serve_lm"]
 
@@ -97,7 +94,7 @@ def serve_lm(
     the `tempo_jax.metrics.WatchOptions` of the run's metrics (``<out_dir>/metrics.jsonl`` in any case)."""
     say = lambda *a: print(*a, flush=True)  # noqa: E731
     status = (lambda *a: None) if quiet else say
-    mesh, D, Ng, _ = shared.serving_mesh(cfg)  # Ng EP groups (data replicas) of D ranks
+    mesh, D, Ng, _ = loop.serving_mesh(cfg)  # Ng EP groups (data replicas) of D ranks
     T = cfg.tokens_per_rank * D * Ng
     if T % cfg.seq_len:
         raise ValueError(f"serve: tokens_per_rank × D = {T} is not a multiple of seq_len={cfg.seq_len}")
@@ -166,30 +163,30 @@ def serve_lm(
         inputs=(draw, starts, keys),
         run=(prefill, decode, sample),
     )
-    ctl, refresher = shared.start(cfg, placements * len(phases), cost, lambda: served.counters)
+    ctl, refresher = loop.start(cfg, placements * len(phases), cost, lambda: served.counters)
     # Step 4: the loop.
-    with shared.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
+    with loop.watcher(cfg, watch, out_dir, cost, say) as watcher:  # closed (the endpoint lingering) last
         refresher.refresh()  # the counters' baseline
         try:
-            rows, moves = shared.serve_loop(cfg, served, ctl, refresher, watcher, status)
+            rows, moves = loop.serve_loop(cfg, served, ctl, refresher, watcher, status)
         finally:
-            metrics, status_text, history = shared.stop(ctl, refresher)
-        report = _report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
+            metrics, status_text, history = loop.stop(ctl, refresher)
+        report = reporting.lm_report(cfg, rows, metrics, status_text, history, refresher, setup_s, D, Ng, L, phases)
         report["replacements"] = moves
         report["watch"] = watcher.summary()
-        say(_summary(report))
-        shared.write_report(report, out_dir, figure=figure, draw=_figure, say=say)
+        say(reporting.lm_summary(report))
+        reporting.write_report(report, out_dir, figure=figure, draw=reporting.lm_figure, say=say)
     return report
 
 
 class _ServedLM:
-    """The tiny LM as `serve_shared.serve_loop` serves it (`serve_shared.Served`): a prefill, then ``decode_steps``
+    """The tiny LM as `loop.serve_loop` serves it (`loop.Served`): a prefill, then ``decode_steps``
     decode steps, over and over; before each step its phase's freshest tables go into every layer; its counts join
     the phase's cumulative counters ``[phases·L, D, E]`` (``counters``, what the refresher reads). A proposal is
     priced on the last prefill batch over the prefill steps since the previous one; ``move`` re-places every layer
     (`tempo_jax.MoE.set_placement`)."""
 
-    label = _LAYERS_MEAN
+    label = reporting.LAYERS_MEAN
 
     def __init__(self, cfg: ServeConfig, model, placements, phases, cost, *, shape, inputs, run):
         """``shape``: (Ng EP groups, D ranks, B decode sequences); ``inputs``: the prefill windows', the decode
@@ -204,7 +201,7 @@ class _ServedLM:
     def _place(self, placements: list) -> None:
         self.placements, self.uniform_w = placements, [plan_weights("uniform", p) for p in placements]
 
-    def step(self, s: int, controller) -> shared.Step:
+    def step(self, s: int, controller) -> loop.Step:
         model, L = self.model, self.L
         kind = "prefill" if s % (self.cfg.decode_steps + 1) == 0 else "decode"
         phase = self.phases.index(kind)
@@ -234,24 +231,24 @@ class _ServedLM:
             acts, toks = np.asarray(block.moe.gpu_activations.get_value()), np.asarray(block.moe.gpu_tokens.get_value())
             live.append(float(self.cost.gpu_times(acts, toks).max()))
             uniform.append(
-                shared.group_makespan(lambda g, w=uw, p=placement: self.cost.makespan(expected_dispatch(w, g, p)), c)
+                pricing.group_makespan(lambda g, w=uw, p=placement: self.cost.makespan(expected_dispatch(w, g, p)), c)
             )
         if kind == "prefill":
             self.prefill_counts, self.prefills_since = groups, self.prefills_since + 1
-        return shared.Step(step_ms, installed, live, uniform, model, watch=dict(kind=kind), row=dict(kind=kind))
+        return loop.Step(step_ms, installed, live, uniform, model, watch=dict(kind=kind), row=dict(kind=kind))
 
     def price(self, proposal, s: int) -> dict | None:
         if self.prefill_counts is None:  # priced on a prefill batch: none yet
             return None
         L, cfg = self.L, self.cfg
         before, after = (
-            _priced(self.prefill_counts, p, self.cost, cfg.policy) for p in (self.placements, proposal[:L])
+            pricing.lm_makespan(self.prefill_counts, p, self.cost, cfg.policy) for p in (self.placements, proposal[:L])
         )
-        verdict = shared.priced(
+        verdict = pricing.priced(
             before,
             after,
             horizon_steps=self.prefills_since,
-            move=_move_cost(self.model, self.placements, proposal[:L], cfg.move_gbps),
+            move=pricing.lm_move_us(self.model, self.placements, proposal[:L], cfg.move_gbps),
             margin=cfg.move_margin,
             scale=L,  # before / after are means over the L layers
         )
@@ -263,34 +260,13 @@ class _ServedLM:
         self._place(list(proposal[: self.L]))
         return record, tuple(self.placements) * len(self.phases)
 
-    def line(self, s: int, on: bool, step: shared.Step, m: dict) -> str:
+    def line(self, s: int, on: bool, step: loop.Step, m: dict) -> str:
         solve = f"{m['solve_ms']['last']:.1f} ms" if m["solve_ms"]["n"] else "-"
         return (
             f"step {s:4d} {step.row['kind']:7s} [{'on ' if on else 'off'}] {step.ms:7.1f} ms | makespan (mean of "
             f"{self.L} layers) live {np.mean(step.live):6.1f} µs vs uniform {np.mean(step.uniform):6.1f} µs | "
             f"v{step.version} age {m['age_s']:.2f} s | refresh {solve}"
         )
-
-
-def _priced(counts, placements, cost, policy: str) -> float:
-    """The policy's modelled makespan of ``counts [L, Ng, D, E]`` (the last prefill batch, per EP group) on
-    ``placements``: the slowest group's, mean over layers."""
-    return float(
-        np.mean(
-            [
-                shared.group_makespan(lambda g, p=p: solve(DispatchProblem(g, p, cost), policy).makespan, c)
-                for c, p in zip(counts, placements, strict=True)
-            ]
-        )
-    )
-
-
-def _move_cost(model, old, new, gbps: float) -> float:
-    """The modelled time of moving every layer from ``old`` to ``new`` placements, one layer after another, µs."""
-    return sum(
-        shared.move_us(plan_migration(p, q).busiest_rows, slot_bytes(block.moe.params()), gbps)
-        for block, p, q in zip(model.blocks, old, new, strict=True)
-    )
 
 
 def _replace(model, new, step: int) -> dict:
@@ -306,90 +282,6 @@ def _replace(model, new, step: int) -> dict:
         "compile_seconds": sum(r.compile_seconds for r in reports),
         "next_step_ms": None,
     }
-
-
-def _report(cfg: ServeConfig, rows, metrics, status, history, refresher, setup_s, D, Ng, L, phases) -> dict:
-    step_ms = {}
-    for kind in ("prefill", "decode"):
-        for on in (True, False):  # the first step after a re-placement compiles: not a serving step time
-            v = [r["step_ms"] for r in rows if r["kind"] == kind and r["on"] == on and not r["first_after_move"]]
-            step_ms[f"{kind}_{'on' if on else 'off'}"] = shared.step_stats(v)
-    refresh = [h["solve_ms"] for h in history]
-    live = float(np.mean([np.mean(r["live_us"]) for r in rows]))
-    uniform = float(np.mean([np.mean(r["uniform_us"]) for r in rows]))
-    by_phase = {}
-    for kind in ("prefill", "decode"):
-        pick = [r for r in rows if r["kind"] == kind]
-        if pick:
-            lv, un = (float(np.mean([np.mean(r[k]) for r in pick])) for k in ("live_us", "uniform_us"))
-            by_phase[kind] = {"live": lv, "uniform": un, "live_over_uniform": lv / un, "steps": len(pick)}
-    return {
-        "config": cfg.acting(),
-        "shape": {"D": D, "Ng": Ng, "layers": L, "E": cfg.experts, "K": cfg.top_k, "phases": list(phases)},
-        "setup_s": setup_s,
-        "step_ms": step_ms,
-        "refresh_ms": shared.step_stats(refresh),  # the worker's clock: every layer's window solved and converted
-        "tables_per_refresh": history[-1]["layers"] if history else 0,
-        "makespan_mean_us": {"live": live, "uniform": uniform},
-        "live_over_uniform": live / uniform,
-        "makespan_by_phase_us": by_phase,
-        "publish_steps": shared.publish_steps(rows),
-        "metrics": metrics,
-        "status": status,
-        "refresher": refresher.metrics(),
-        "steps": rows,
-    }
-
-
-def _summary(rep: dict) -> str:
-    lines = ["", "serve: final report (tiny MoE LM)", "  " + rep["status"]]
-    for mv in rep.get("replacements", []):
-        lines.append("  " + shared.move_text(mv, _LAYERS_MEAN))
-    for key, s in rep["step_ms"].items():
-        if s:
-            lines.append(
-                f"  step time {key.replace('_', ', worker ')}: median {s['median']:.1f} ms (p90 "
-                f"{s['p90']:.1f}) over {s['n']} steps"
-            )
-    r = rep["refresh_ms"]
-    if r:
-        shape = rep["shape"]
-        lines.append(
-            f"  refresh ({len(shape['phases'])} phases × {shape['layers']} layers' tables, worker clock): "
-            f"median {r['median']:.2f} ms, "
-            f"p90 {r['p90']:.2f} ms over {r['n']} refreshes"
-        )
-    mk = rep["makespan_mean_us"]
-    lines.append(
-        f"  modelled makespan, mean over steps and layers: live {mk['live']:.1f} µs vs EPLB-even "
-        f"{mk['uniform']:.1f} µs ({rep['live_over_uniform']:.3f})"
-    )
-    for kind, v in rep["makespan_by_phase_us"].items():
-        lines.append(
-            f"    {kind}: live {v['live']:.1f} µs vs {v['uniform']:.1f} µs ({v['live_over_uniform']:.3f}) "
-            f"over {v['steps']} steps"
-        )
-    return "\n".join(lines)
-
-
-def _figure(rep: dict, path: Path) -> None:
-    steps = rep["steps"]
-    fig, ax, bx, s = shared.figure_axes(rep)
-    ax.plot(s, [np.mean(r["live_us"]) for r in steps], "-", label=f"live ({rep['config']['policy']}, worker)")
-    ax.plot(s, [np.mean(r["uniform_us"]) for r in steps], "--", label="EPLB-even")
-    ax.set_ylabel("modelled makespan (µs),\nmean over layers")
-    ax.legend(fontsize=8)
-    shape = rep["shape"]
-    ax.set_title(
-        f"tempo-jax serve: tiny MoE LM, {shape['layers']} layers × E={shape['E']}, top-{shape['K']}, EP{shape['D']}"
-    )
-    for i, mv in enumerate(m for m in rep.get("replacements", []) if m["applied"]):
-        ax.axvline(mv["step"], color="C3", lw=1.2, ls=":", label="experts re-placed" if i == 0 else None)
-    ax.legend(fontsize=8)
-    for kind, marker in (("prefill", "o"), ("decode", "x")):
-        pick = np.array([r["kind"] == kind for r in steps])
-        bx.scatter(s[pick], np.array([r["step_ms"] for r in steps])[pick], s=10, marker=marker, label=kind)
-    shared.save_figure(fig, bx, path)
 
 
 # ------------------------------------------------------------------------------------------------ refresh time
@@ -438,7 +330,7 @@ def refresh_time(
         "policy": policy,
         "solver_mode": solver_mode,
         "processes": processes,
-        "solve_ms": shared.step_stats(solve),
-        "roundtrip_ms": shared.step_stats([h["roundtrip_ms"] for h in history]),
+        "solve_ms": reporting.step_stats(solve),
+        "roundtrip_ms": reporting.step_stats([h["roundtrip_ms"] for h in history]),
         "per_layer_ms": float(np.median(solve)) / layers if solve else None,
     }
