@@ -99,7 +99,7 @@ def test_one_node_is_the_single_domain_and_nodes_slow_the_step():
         g: run_cascade(dataclasses.replace(base, gpus_per_node=g), ("sync",), workers=1, cache_dir=None)["sync"]
         for g in (None, 16, 8)
     }
-    np.testing.assert_array_equal(runs[None].layer_us, runs[16].layer_us)  # one node of 16: bit for bit
+    np.testing.assert_allclose(runs[None].layer_us, runs[16].layer_us, rtol=1e-9)  # one node of 16 is no nodes
     assert runs[8].prefill.ttft_mean_s > runs[None].prefill.ttft_mean_s
     faster = run_cascade(
         dataclasses.replace(base, gpus_per_node=8, node_link_scale=4.0), ("sync",), workers=1, cache_dir=None

@@ -679,8 +679,8 @@ def test_cpu_benchmark_smoke():
 
 def test_every_implementation_is_one_backend_module_of_one_signature():
     """`pallas_kernels.gmm_backends.BACKENDS`: a row per implementation name of `implementations.GMM` (but "auto"),
-    each module exposing ``gmm(lhs, rhs, group_sizes, group_offset, call, *, transpose_rhs)`` and ``tgmm(lhs, grad,
-    group_sizes, group_offset, call, *, out_dtype)``."""
+    each row exposing ``gmm(lhs, rhs, group_sizes, group_offset, call, *, transpose_rhs)`` and ``tgmm(lhs, grad,
+    group_sizes, group_offset, call, *, out_dtype)`` (a row's own bound keywords may follow)."""
     import inspect
 
     from pallas_kernels.gmm_backends import BACKENDS
@@ -690,4 +690,4 @@ def test_every_implementation_is_one_backend_module_of_one_signature():
     for name, module in BACKENDS.items():
         g, t = inspect.signature(module.gmm).parameters, inspect.signature(module.tgmm).parameters
         assert list(g)[:6] == ["lhs", "rhs", "group_sizes", "group_offset", "call", "transpose_rhs"], name
-        assert list(t) == ["lhs", "grad", "group_sizes", "group_offset", "call", "out_dtype"], name
+        assert list(t)[:6] == ["lhs", "grad", "group_sizes", "group_offset", "call", "out_dtype"], name

@@ -200,8 +200,16 @@ def token_nodes(ids: np.ndarray, y: np.ndarray, node_of_gpu: np.ndarray) -> np.n
     # Step 2: the node each rank falls in (cumulative, rounded node shares of the key's pairs).
     per_node = np.stack([y[:, :, node_of_gpu == n].sum(axis=2) for n in range(Nn)], axis=2)  # [m, e, n]
     bounds = np.rint(np.cumsum(per_node, axis=2)).reshape(Nn * E, Nn)
+    pairs_of_key = np.bincount(key, minlength=Nn * E)
+    bad = np.flatnonzero(bounds[:, -1] != pairs_of_key)
+    if bad.size:  # y must realise the tokens' pairs exactly (stage 2 does): never place a pair by guess
+        m, e = divmod(int(bad[0]), E)
+        raise ValueError(
+            f"token_nodes: y holds {bounds[bad[0], -1]:g} pairs of expert {e} from node {m} but the tokens route "
+            f"{pairs_of_key[bad[0]]}; give the split (topology_split / flat_split) of these tokens' counts"
+        )
     dest = np.empty(key.size, dtype=np.int64)
-    dest[order] = np.minimum((bounds[sorted_key] <= rank[:, None]).sum(axis=1), Nn - 1)
+    dest[order] = (bounds[sorted_key] <= rank[:, None]).sum(axis=1)
     # Step 3: distinct (token, node) per source GPU.
     token = np.repeat(np.arange(G * B), K)
     pairs = np.unique(token * Nn + dest)
