@@ -167,8 +167,8 @@ def bench(B: int, cfg: MoEConfig, placement: Placement, params: dict, mesh, repe
             step_ms=ms[name],
             compile_s=compile_s[name],
             vs_sorted_gmm=ms[name] / base,
-            rounds=int(mod.rounds.get_value()[0]) if mod is not None else None,
-            drops=int(mod.drops.get_value().sum()) if mod is not None else None,
+            rounds=int(mod.stats.get_value().rounds[0]) if mod is not None else None,
+            drops=int(mod.stats.get_value().drops.sum()) if mod is not None else None,
             capacity=next((v for k, v in capacity.items() if k in name), None),
         )
         rows.append(rec)
@@ -249,8 +249,8 @@ def memory_child(tokens: int, capacity: str, cfg_kw: dict) -> None:
         json.dumps(
             {
                 "first_call_s": time.perf_counter() - t0,
-                "rounds": int(moe.rounds.get_value()[0]),
-                "drops": int(moe.drops.get_value().sum()),
+                "rounds": int(moe.stats.get_value().rounds[0]),
+                "drops": int(moe.stats.get_value().drops.sum()),
                 "finite": bool(jnp.isfinite(y).all()),
             }
         )

@@ -332,7 +332,7 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int, with_copies: bool
 
         extra = {k: v - once[k] for k, v in copy_analysis().items()}
         copy_work = {k: work[k] + (rounds + D * DYNAMIC_SLOTS) * extra[k] for k in work}
-        made = layers["copies"].copies.get_value()  # the last call's copies per rank
+        made = layers["copies"].stats.get_value().copies  # the last call's copies per rank
         slot_bytes = sum(int(np.prod(w.shape[1:])) * w.dtype.itemsize for k, w in params.items() if k != "router")
         row.update(
             dynamic_slots=DYNAMIC_SLOTS,

@@ -72,7 +72,7 @@ def variants(B: int, factors: list[float]) -> tuple[dict, dict, dict]:
         name = f"layer, capacity factor {f:g} (C = {auto_capacity(cfg, B, D)})"
         fns[name] = lambda m=layer: fwd(m, x)
         fwd(layer, x)
-        rounds[name] = int(layer.rounds.get_value()[0])
+        rounds[name] = int(layer.stats.get_value().rounds[0])
     C = auto_capacity(base, B, D)
     phys = to_physical(logical, placement, mesh=mesh)
     weights = [phys[k] for k in ("w_gate", "w_up", "w_down")]

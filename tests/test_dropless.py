@@ -74,7 +74,9 @@ def test_a_multi_layer_lm_stays_dropless_when_every_token_goes_to_one_rank(mesh)
     step = nnx.jit(lambda m, t: m(t))
     assert_close(step(auto, tokens), step(worst, tokens))  # two programs: rounds against one exchange
     for block in auto.blocks:  # 64 tokens per rank × 2 pairs to rank 0 = 128 rows per block; C = 32: 4 rounds
-        assert block.moe.rounds.get_value().tolist() == [4] * D and int(block.moe.drops.get_value().sum()) == 0
+        assert (
+            block.moe.stats.get_value().rounds.tolist() == [4] * D and int(block.moe.stats.get_value().drops.sum()) == 0
+        )
         assert int(block.moe.counts.get_value()[:, :2].sum()) == 8 * 64 * 2
 
     def loss(m):
@@ -113,7 +115,7 @@ def test_nnx_scan_over_layers_with_the_default_capacity(mesh):
         one = to_logical(jax.tree.map(lambda p, i=layer: p[i], params), placement)  # every layer's placement
         want = want + moe_reference(one, want, cfg)
     assert_close(y, want)
-    assert stack.rounds.get_value().shape == (L, D)
+    assert stack.stats.get_value().rounds.shape == (L, D)
 
 
 @pytest.mark.slow  # fast twin: test_functional_auto_rounds_equal_the_worst_case_under_jit_and_grad

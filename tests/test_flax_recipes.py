@@ -109,7 +109,7 @@ def test_the_recipes_run_on_a_data_ep_mesh():
         optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
     losses, compiles = _train(model, optimizer, 4)
     assert compiles[1:] == [0, 0, 0] and losses[-1] < losses[0], (compiles, losses)
-    assert model.blocks[0].moe.gpu_tokens.get_value().shape == (8,)  # one per device: 2 EP groups × 4 ranks
+    assert model.blocks[0].moe.stats.get_value().gpu_tokens.shape == (8,)  # one per device: 2 EP groups × 4 ranks
 
     @nnx.split_rngs(splits=2)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -136,7 +136,7 @@ def test_the_recipes_run_on_a_data_ep_mesh():
     assert len(layers) == 2 and all(layer["groups"] == 2 for layer in layers)
     for i, stats in enumerate(layers):
         assert stats["shard_counts"].shape == (8, E) and stats["shard_counts"].sum() == 16 * K
-        assert stats["gpu_tokens"].tolist() == np.asarray(blocks.moe.gpu_tokens.get_value()[i]).tolist()
+        assert stats["gpu_tokens"].tolist() == np.asarray(blocks.moe.stats.get_value().gpu_tokens[i]).tolist()
         assert layer_record(stats, PRESETS["dsv3_fp8_offline"])["pairs"] == 16 * K
 
 
@@ -227,7 +227,7 @@ def test_any_token_count(mesh, shape):
     want = tempo_jax.moe_reference(moe.logical_params(), x.reshape(T, H), moe.config).reshape(shape)
     assert_close(y, want)
     assert int(moe.counts.get_value().sum()) == T * 2 == float(moe.expert_load.get_value().sum())
-    assert int(moe.counter.get_value().sum()) == T * 2 and int(moe.gpu_tokens.get_value().sum()) == T * 2
+    assert int(moe.counter.get_value().sum()) == T * 2 and int(moe.stats.get_value().gpu_tokens.sum()) == T * 2
 
 
 def test_masked_variable_length_batch_equals_the_unpadded_computation(mesh):
@@ -245,7 +245,7 @@ def test_masked_variable_length_batch_equals_the_unpadded_computation(mesh):
     for name in ("expert_load", "aux_loss", "z_loss", "score_bias"):
         assert_close(getattr(a, name).get_value(), getattr(b, name).get_value())
     assert int(a.counts.get_value().sum()) == int(b.counts.get_value().sum()) == 12 * 2
-    assert int(a.counter.get_value().sum()) == 12 * 2 and int(a.drops.get_value().sum()) == 0
+    assert int(a.counter.get_value().sum()) == 12 * 2 and int(a.stats.get_value().drops.sum()) == 0
     with pytest.raises(ValueError, match=r"mask must be bool with x's leading shape \[3, 5\]"):
         a(x, mask=mask[:, :4])
     # the same through the whole model: the auxiliary losses of a masked batch are those of its real tokens

@@ -369,7 +369,7 @@ def _train_and_replace(mesh):
             if name is not None and getattr(var.get_value(), "ndim", 0) > 0:
                 want = NamedSharding(mesh, tempo_jax.layer.mesh.param_spec(name, axes))
                 assert var.get_value().sharding.is_equivalent_to(want, var.get_value().ndim), path
-        assert moe.gpu_tokens.get_value().sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "ep"))), 1)
+        assert moe.stats.get_value().gpu_tokens.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "ep"))), 1)
 
     specs_hold()
     x = jax.random.normal(jax.random.key(3), (T, H))

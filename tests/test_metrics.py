@@ -61,8 +61,8 @@ def test_the_record_is_the_layers_own_state(shape):
         cap = capture(moe)  # starts the copies; transfers nothing itself
     (stats,) = cap.layers()
     rec = layer_record(stats, COST, policy="tempo")
-    toks, acts = np.asarray(moe.gpu_tokens.get_value()), np.asarray(moe.gpu_activations.get_value())
-    shard = np.asarray(moe.shard_counts.get_value())
+    toks, acts = np.asarray(moe.stats.get_value().gpu_tokens), np.asarray(moe.stats.get_value().gpu_activations)
+    shard = np.asarray(moe.stats.get_value().shard_counts)
     Ng = shape[0] if len(shape) == 2 else 1
     assert stats["groups"] == Ng and shard.shape == (8, 8)
     assert rec["tokens"] == toks.tolist() and rec["activated"] == acts.tolist()
@@ -222,10 +222,10 @@ def test_training_writes_tensorboard_and_a_report(tmp_path, capsys):
     assert [e.value for e in events.Scalars("train/loss")] == pytest.approx(result.losses.tolist(), rel=1e-6)
     assert [e.step for e in events.Scalars("train/loss")] == [0, 1, 2]
     for i, block in enumerate(result.model.blocks):
-        own = np.asarray(block.moe.shard_counts.get_value()).sum(0)
+        own = np.asarray(block.moe.stats.get_value().shard_counts).sum(0)
         hist = events.Histograms(f"moe/layer{i}/expert_load")[-1]
         assert hist.step == 2 and hist.histogram_value.bucket == own.tolist()
-        toks = np.asarray(block.moe.gpu_tokens.get_value())
+        toks = np.asarray(block.moe.stats.get_value().gpu_tokens)
         bal = events.Scalars(f"moe/layer{i}/balancedness_tokens")[-1].value
         assert bal == pytest.approx(toks.mean() / toks.max(), rel=1e-6)
     # One call into a writer of one's own.
@@ -233,7 +233,7 @@ def test_training_writes_tensorboard_and_a_report(tmp_path, capsys):
         rec = log(writer, result.model, 7, scalars={"my/loss": 1.5})
     mine = _events(tmp_path / "mine")
     assert mine.Scalars("my/loss")[0].step == 7
-    own = np.asarray(result.model.blocks[1].moe.shard_counts.get_value()).sum(0)
+    own = np.asarray(result.model.blocks[1].moe.stats.get_value().shard_counts).sum(0)
     assert (
         mine.Histograms("moe/layer1/expert_load")[0].histogram_value.bucket
         == own.tolist()
@@ -392,12 +392,12 @@ def test_a_donating_step_cannot_pull_the_records_from_under_the_watcher(tmp_path
         for s, x in enumerate(xs):
             step(moe, x)
             watcher.step(s, moe)
-            tokens = np.asarray(moe.gpu_tokens.get_value()).tolist()
+            tokens = np.asarray(moe.stats.get_value().gpu_tokens).tolist()
             watcher.flush()
             assert read_run(tmp_path)[-1]["layers"][0]["tokens"] == tokens
     assert [r["layers"][0]["pairs"] for r in read_run(tmp_path)] == [128, 256, 384]
     cap = capture(moe)
-    before = np.asarray(moe.gpu_tokens.get_value()).tolist()
+    before = np.asarray(moe.stats.get_value().gpu_tokens).tolist()
     step(moe, xs[0])  # donates (deletes) the arrays the layer held
     assert cap.layers()[0]["gpu_tokens"].tolist() == before and sum(before) == 384
 
@@ -421,7 +421,7 @@ def test_the_in_graph_plan_reports_its_rounds():
         )
         moe = MoE(cfg, placement, mesh=mesh, rngs=nnx.Rngs(params=0, dispatch=1))
         nnx.jit(lambda m, x: m(x))(moe, x)  # the plan's rounds leave a jitted step as layer state
-        rounds = np.asarray(moe.plan_rounds.get_value())
+        rounds = np.asarray(moe.stats.get_value().plan_rounds)
         (stats,) = capture(moe).layers()
         got[dispatch] = layer_record(stats, COST)["plan_rounds"]
         assert len(set(rounds.tolist())) == 1 and got[dispatch] == rounds[0]
@@ -464,7 +464,7 @@ def test_dynamic_copies_are_reported_per_rank_and_exported():
         w[:, 3] = 5.0  # every token's first choice: expert 3
         moe.router.set_value(jax.device_put(w, moe.router.get_value().sharding))
         nnx.jit(lambda m, x: m(x))(moe, x + 1.0)
-        per_rank = np.asarray(moe.copies.get_value())
+        per_rank = np.asarray(moe.stats.get_value().copies)
         (stats,) = capture(moe).layers()
         got[k] = layer_record(stats, COST)
         assert got[k]["copies"] == per_rank.sum() and (per_rank <= k).all()
@@ -523,7 +523,7 @@ def test_the_capture_copy_moves_nothing_between_devices():
         assert isinstance(cap.arrays, _Packed)
         leaves = jax.tree.leaves(cap.arrays.treedef.unflatten([0] * cap.arrays.treedef.num_leaves))
         assert len(leaves) == len(STAT_NAMES) + 1  # the statistics and phy2log of the one layer
-        arrays = [{name: getattr(moe, name).get_value() for name in (*STAT_NAMES, "phy2log")}]
+        arrays = [{**moe.stats.get_value()._asdict(), "phy2log": moe.phy2log.get_value()}]
         specs = tuple(a.sharding.spec for a in jax.tree.leaves(arrays))
         hlo = _packer(mesh, specs).lower(*jax.tree.leaves(arrays)).compile().as_text()
         assert program_collectives(hlo, mesh) == []

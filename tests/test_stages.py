@@ -101,10 +101,10 @@ def test_auto_capacity_stays_dropless_on_an_all_to_one_rank_batch(mesh):
     worst, _, _ = _hot_layer(mesh, None)
     y = moe(x)
     np.testing.assert_allclose(y, moe_reference(moe.logical_params(), x, cfg), atol=2e-5, rtol=2e-5)
-    assert int(moe.drops.get_value().sum()) == 0 and moe.rounds.get_value().tolist() == [4] * D
+    assert int(moe.stats.get_value().drops.sum()) == 0 and moe.stats.get_value().rounds.tolist() == [4] * D
     step = nnx.jit(lambda m, x: m(x))
     assert_close(step(moe, x), step(worst, x))  # two programs: four rounds against one worst-case exchange
-    assert moe.rounds.get_value().tolist() == [4] * D and int(moe.drops.get_value().sum()) == 0
+    assert moe.stats.get_value().rounds.tolist() == [4] * D and int(moe.stats.get_value().drops.sum()) == 0
     # (gradients through the rounds: tests/test_dropless.py)
 
 
@@ -112,7 +112,7 @@ def test_fixed_capacity_counts_drops_and_warns_once(mesh):
     moe, x, _ = _hot_layer(mesh, 4)
     with pytest.warns(UserWarning, match="pairs were dropped"):
         moe(x)
-    first = int(moe.drops.get_value().sum())
+    first = int(moe.stats.get_value().drops.sum())
     assert first == D * (64 * 2 - 4) and moe.total_drops == first
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -27,7 +27,7 @@ from .checkpoint import restore_target
 from .config import MoEConfig, auto_capacity, capacity_bucket, make_ep_mesh
 from .mesh import LayerAxes, layer_axes, make_mesh, param_shardings
 from .module import aux_losses
-from .moe import MoEAux, MoEAuxParts, MoEOutput, MoEStats, moe_forward, moe_reference, reduce_aux
+from .moe import MoEAux, MoEAuxParts, MoEOutput, MoEStats, ShardStats, moe_forward, moe_reference, reduce_aux
 from .params import init_logical_params, init_params, to_logical, to_physical
 from .replicas import MigrationReport, plan_migration
 from .tables import PlacementArrays, Tables, placement_arrays
@@ -41,6 +41,7 @@ __all__ = [
     "MoEOutput",
     "MoEStats",
     "PlacementArrays",
+    "ShardStats",
     "Tables",
     "auto_capacity",
     "aux_losses",

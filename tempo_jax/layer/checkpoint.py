@@ -60,11 +60,10 @@ def restore_target(state, stored):
     """
     arrays = _stored_arrays(stored)
 
-    def one(path, var):
-        key = tuple(_name(k) for k in path)
-        where = "/".join(key)
-        value = var.get_value()
-        meta = arrays.get((*key, "value"), arrays.get(key))
+    def one(base: tuple, sub: tuple, var, value):
+        """The target of one array: ``value`` of variable ``var`` at ``base`` (its path), ``sub`` inside its value."""
+        where = "/".join((*base, *sub))
+        meta = arrays.get((*base, "value", *sub), arrays.get((*base, *sub)))
         if meta is None:
             raise ValueError(
                 f"restore_target: the checkpoint holds no array for {where} (shape {list(value.shape)}): it was "
@@ -81,11 +80,20 @@ def restore_target(state, stored):
                 f"of the saved layout to restore it; to move the weights between layouts, restore there and pass "
                 "MoE.logical_params() to the new model's MoE.load_logical"
             )
-        if shape != tuple(value.shape) and not (isinstance(var, DispatchState) and key[-1] in REPLACED_SHAPES):
+        if shape != tuple(value.shape) and not (isinstance(var, DispatchState) and base[-1] in REPLACED_SHAPES):
             raise ValueError(
                 f"restore_target: {where} is stored as {list(shape)}, the model holds {list(value.shape)}: the "
                 "checkpoint was written by a model of another shape; build the model with the saved configuration"
             )
-        return var.replace(jax.ShapeDtypeStruct(shape, value.dtype, sharding=value.sharding))
+        return jax.ShapeDtypeStruct(shape, value.dtype, sharding=value.sharding)
 
-    return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    def variable(path, var):
+        """``var`` with each array of its value (one, or a pytree such as ``moe.stats``) a restore target."""
+        base = tuple(_name(k) for k in path)
+        return var.replace(
+            jax.tree_util.tree_map_with_path(
+                lambda sub, v: one(base, tuple(_name(k) for k in sub), var, v), var.get_value()
+            )
+        )
+
+    return jax.tree_util.tree_map_with_path(variable, state, is_leaf=lambda v: isinstance(v, nnx.Variable))

@@ -4,12 +4,12 @@
     y = moe(x)                      # x [..., H] with prod(...) divisible by the ep axis size
     moe.set_tables(tables)          # fresh dispatch tables (e.g. from a DispatchController)
     moe.counts.get_value()          # [D, E] per-source expert counts of the last call (summed over EP groups)
-    moe.shard_counts.get_value()    # [Ng·D, E] the same per device: EP group b's rank d at row b·D + d
-    moe.drops.get_value()           # [Ng·D] pairs each source could not send (0 unless a fixed capacity is too small)
-    moe.invalid_ids.get_value()     # [Ng·D] routed ids outside [0, E) (replayed routing under jit); gpu_tokens,
+    stats = moe.stats.get_value()   # the last call's per-device statistics (`ShardStats`; `tempo_jax.metrics`):
+    stats.shard_counts              # [Ng·D, E] the counts per device: EP group b's rank d at row b·D + d
+    stats.drops                     # [Ng·D] pairs each source could not send (0 unless a fixed capacity is too small)
+    stats.invalid_ids               # [Ng·D] routed ids outside [0, E) (replayed routing under jit); gpu_tokens,
                                     # gpu_activations, rounds, plan_rounds (the in-graph plan's), copies (experts
-                                    # copied into each rank's dynamic slots): the rest of the last call's
-                                    # per-device statistics (`tempo_jax.metrics` reads them all)
+                                    # copied into each rank's dynamic slots): the rest of them
 
 Trainable weights are `nnx.Param`: the router (replicated) and the physical expert arrays w_gate / w_up /
 w_down ``[P, ...]``, sharded over the ``ep`` axis so each rank holds only its S slots (``nnx.Optimizer`` gives
@@ -28,10 +28,10 @@ Capacity (rows per source → destination block of the exchange; `MoEConfig.capa
   × the mean block, rounded up to a multiple of 8: `tempo_jax.layer.config.auto_capacity`, fixed from the shapes
   at trace time), as many as the largest block needs (`tempo_jax.layer.rounds`).
   It is the same under ``nnx.jit``, ``jax.grad``, ``nnx.scan`` over layers and across processes: nothing is
-  re-run and no host sync is needed; ``moe.rounds`` holds the last call's round count.
+  re-run and no host sync is needed; ``moe.stats.get_value().rounds`` holds the last call's round count.
 - ``None``: the dropless worst case T/D·K rows per block in one exchange (memory grows with D·T·K·H per rank).
-- an int: fixed; pairs beyond it are dropped, counted in ``moe.drops`` (and, eagerly, ``moe.total_drops``) and
-  warned about once.
+- an int: fixed; pairs beyond it are dropped, counted in ``moe.stats.get_value().drops`` (and, eagerly,
+  ``moe.total_drops``) and warned about once.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from solvers import Placement
 from . import fp8
 from .config import MoEConfig
 from .mesh import layer_axes, param_shardings
-from .moe import moe_forward
+from .moe import ShardStats, moe_forward
 from .params import EXPERT_KEYS, check_params, init_params, to_logical, to_physical
 from .replicas import MigrationReport, migrate, plan_migration
 from .routing import balance_update
@@ -125,8 +125,8 @@ class RankState(DispatchState):
 
 
 class ShardState(DispatchState):
-    """Per-device statistics ``[Ng·D]`` (one per token shard: EP group b's rank d at b·D + d), sharded over the
-    token axes."""
+    """Per-device statistics (`tempo_jax.layer.moe.ShardStats`: every array leads with ``[Ng·D]``, one row per
+    token shard: EP group b's rank d at b·D + d), sharded over the token axes."""
 
 
 def _spec_tuple(spec: P, rank: int) -> tuple:
@@ -134,25 +134,35 @@ def _spec_tuple(spec: P, rank: int) -> tuple:
     return (*tuple(spec), *([None] * (rank - len(spec))))
 
 
-def _home(var: nnx.Variable, mesh: jax.sharding.Mesh, axis: str) -> NamedSharding:
+def _spec_sharding(mesh: jax.sharding.Mesh, layer_spec: tuple, value) -> NamedSharding:
+    """The sharding of one array ``value`` whose `LAYER_SPEC` is ``layer_spec``: unsharded stacked axes in front."""
+    spec = [*([None] * (jnp.ndim(value) - len(layer_spec))), *layer_spec]
+    while spec and spec[-1] is None:  # P("ep", None) and P("ep") are one sharding: the short form
+        spec.pop()
+    return NamedSharding(mesh, P(*spec))
+
+
+def _home(var: nnx.Variable, mesh: jax.sharding.Mesh, axis: str):
     """Where ``var`` lives: by its `LAYER_SPEC` metadata (the layer's parameters, their optimizer moments and its
-    per-rank / per-device state), with unsharded stacked axes in front; other `RankState` over ``axis``;
-    everything else replicated."""
+    per-rank / per-device state; for a pytree value, a pytree of specs beside it), with unsharded stacked axes in
+    front; other `RankState` over ``axis``; everything else replicated. A sharding, or a pytree of them."""
     meta = var.get_metadata()
     if LAYER_SPEC in meta:
-        spec = [*([None] * (jnp.ndim(var.get_value()) - len(meta[LAYER_SPEC]))), *meta[LAYER_SPEC]]
-        while spec and spec[-1] is None:  # P("ep", None) and P("ep") are one sharding: the short form
-            spec.pop()
-        return NamedSharding(mesh, P(*spec))
+        specs, value = meta[LAYER_SPEC], var.get_value()
+        return jax.tree.map(lambda s, v: _spec_sharding(mesh, s, v), specs, value, is_leaf=lambda s: type(s) is tuple)
     return NamedSharding(mesh, P(axis) if isinstance(var, RankState) else P())
 
 
-def _put(value, sharding: NamedSharding):
-    """``value`` placed by ``sharding``: a transfer when concrete, a constraint inside a trace (``nnx.vmap``'d
-    construction of stacked layers, ``nnx.jit``)."""
-    if isinstance(value, jax.core.Tracer):
-        return jax.lax.with_sharding_constraint(value, sharding)
-    return jax.device_put(value, sharding)
+def _put(value, sharding):
+    """``value`` (an array or a pytree) placed by ``sharding`` (one, or a pytree of them): a transfer when concrete,
+    a constraint inside a trace (``nnx.vmap``'d construction of stacked layers, ``nnx.jit``)."""
+    if isinstance(sharding, NamedSharding):
+        sharding = jax.tree.map(lambda _: sharding, value)
+
+    def one(v, sh):
+        return jax.lax.with_sharding_constraint(v, sh) if isinstance(v, jax.core.Tracer) else jax.device_put(v, sh)
+
+    return jax.tree.map(one, value, sharding)
 
 
 def place_on_mesh(module: nnx.Module, mesh: jax.sharding.Mesh, axis: str = "ep") -> None:
@@ -351,20 +361,11 @@ class MoE(nnx.Module):
                 "tables (they would never be read)"
             )
         self.table = DispatchState(self._installable(uniform(placement) if tables is None else tables, "MoE"))
-        rank, shard = {LAYER_SPEC: (axes.ep, None)}, {LAYER_SPEC: (axes.tokens if axes.batch else axes.ep,)}
+        rank, shard = {LAYER_SPEC: (axes.ep, None)}, axes.tokens if axes.batch else axes.ep
         n = axes.shards
         self.counter = RankState(jnp.zeros((D, config.experts), COUNTER_DTYPE), **rank)
         self.counts = RankState(jnp.zeros((D, config.experts), jnp.int32), **rank)
-        self.shard_counts = ShardState(
-            jnp.zeros((n, config.experts), jnp.int32), **{LAYER_SPEC: (*shard[LAYER_SPEC], None)}
-        )
-        self.gpu_tokens = ShardState(jnp.zeros((n,), jnp.int32), **shard)
-        self.gpu_activations = ShardState(jnp.zeros((n,), jnp.int32), **shard)
-        self.drops = ShardState(jnp.zeros((n,), jnp.int32), **shard)
-        self.rounds = ShardState(jnp.ones((n,), jnp.int32), **shard)
-        self.invalid_ids = ShardState(jnp.zeros((n,), jnp.int32), **shard)
-        self.plan_rounds = ShardState(jnp.zeros((n,), jnp.int32), **shard)
-        self.copies = ShardState(jnp.zeros((n,), jnp.int32), **shard)
+        self.stats = ShardState(ShardStats.before_any_call(n, config.experts), **{LAYER_SPEC: ShardStats.specs(shard)})
         self.total_drops = 0  # fixed capacity, eager calls only (a traced call cannot read its drops on the host)
         self._warned_drops = False
         # the last call's routing, when recording (an empty array would not checkpoint: orbax refuses 0-size arrays)
@@ -686,16 +687,9 @@ class MoE(nnx.Module):
         res = run(None)
         if isinstance(self.config.capacity, int | np.integer) and not isinstance(tokens, jax.core.Tracer):
             self._count_drops(res)  # a fixed capacity drops what does not fit: counted (and warned) eagerly
-        self.drops.set_value(res.stats.drops)
-        self.rounds.set_value(res.stats.rounds)
-        self.invalid_ids.set_value(res.stats.invalid_ids)
-        self.plan_rounds.set_value(res.stats.plan_rounds)
-        self.copies.set_value(res.stats.copies)
+        self.stats.set_value(ShardStats.of(res.stats))
         self.counter.set_value(res.counter)
         self.counts.set_value(res.counts)
-        self.shard_counts.set_value(jnp.sum(res.stats.replica_counts, axis=-1))
-        self.gpu_tokens.set_value(res.stats.gpu_tokens)
-        self.gpu_activations.set_value(res.stats.gpu_activations)
         self.expert_load.set_value(res.aux.expert_load)
         if not deterministic:
             self.aux_loss.set_value(res.aux.load_balance_loss)
@@ -720,7 +714,7 @@ class MoE(nnx.Module):
             warnings.warn(
                 f"MoE: {dropped} token–expert pairs were dropped this call (capacity={self.config.capacity} rows "
                 f"per block; the largest block wanted {int(res.stats.max_block.max())}). Their outputs are zero. "
-                "Use capacity='auto' (the default: dropless rounds) or None (dropless worst case); moe.drops / "
-                "moe.total_drops count them.",
+                "Use capacity='auto' (the default: dropless rounds) or None (dropless worst case); "
+                "moe.stats.get_value().drops and moe.total_drops count them.",
                 stacklevel=3,
             )

@@ -53,7 +53,17 @@ from .scopes import scoped
 from .stages import route
 from .tables import PlacementArrays, Tables, check_placement_arrays, check_tables
 
-__all__ = ["MoEAux", "MoEAuxParts", "MoEOutput", "MoEStats", "RankInputs", "moe_forward", "moe_reference", "reduce_aux"]
+__all__ = [
+    "MoEAux",
+    "MoEAuxParts",
+    "MoEOutput",
+    "MoEStats",
+    "RankInputs",
+    "ShardStats",
+    "moe_forward",
+    "moe_reference",
+    "reduce_aux",
+]
 
 ROUTER_KEYS = (
     "router",
@@ -279,6 +289,46 @@ class MoEStats(NamedTuple):
     invalid_ids: jax.Array
     plan_rounds: jax.Array
     copies: jax.Array
+
+
+class ShardStats(NamedTuple):
+    """What `tempo_jax.MoE` keeps of each call's `MoEStats` (``moe.stats``, one state variable, set once a call):
+    every leaf leads with the token-shard axis n = Ng·D (a stack of layers built with ``nnx.vmap`` adds ``[L]`` in
+    front). `tempo_jax.metrics` reads these fields; a new field here is stored, checkpointed and captured with the
+    rest.
+
+    Attributes:
+      shard_counts: ``[n, E]`` pairs each shard sent to each expert (`MoEStats.replica_counts` summed over its
+        replica columns: the width R of those changes with a re-placement, this shape does not).
+      gpu_tokens, gpu_activations, drops, rounds, invalid_ids, plan_rounds, copies: ``[n]``, as in `MoEStats`.
+    """
+
+    shard_counts: jax.Array
+    gpu_tokens: jax.Array
+    gpu_activations: jax.Array
+    drops: jax.Array
+    rounds: jax.Array
+    invalid_ids: jax.Array
+    plan_rounds: jax.Array
+    copies: jax.Array
+
+    @classmethod
+    def of(cls, stats: MoEStats) -> ShardStats:
+        """The stored form of one call's `MoEStats`."""
+        rest = {name: getattr(stats, name) for name in cls._fields if name != "shard_counts"}
+        return cls(shard_counts=jnp.sum(stats.replica_counts, axis=-1), **rest)
+
+    @classmethod
+    def before_any_call(cls, shards: int, experts: int) -> ShardStats:
+        """``shards`` n and ``experts`` E: no pairs yet, one exchange round (what a layer holds before its first
+        call)."""
+        zero = jnp.zeros((shards,), jnp.int32)
+        return cls(jnp.zeros((shards, experts), jnp.int32), zero, zero, zero, jnp.ones_like(zero), zero, zero, zero)
+
+    @classmethod
+    def specs(cls, shard_axis) -> ShardStats:
+        """Each leaf's spec as a tuple of its rank (the layer's `LAYER_SPEC` metadata): the shard axis first."""
+        return cls(*((shard_axis, None) if name == "shard_counts" else (shard_axis,) for name in cls._fields))
 
 
 class MoEAux(NamedTuple):

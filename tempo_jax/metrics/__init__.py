@@ -14,18 +14,20 @@ Shapes use the house letters (docs/architecture.md); n = Ng·D is the number of 
 
 from .record import STAT_NAMES, Capture, balancedness, capture, eplb_share, layer_record, moe_layers
 from .sinks import JsonlSink, PrometheusSink, TensorBoardSink, write_tensorboard
-from .specs import METRICS, STALLS, MetricSpec, markdown_table
+from .specs import METRICS, REDUCTIONS, STALLS, MetricSpec, Source, markdown_table
 from .stalls import StallLimits, StallWatch
 from .watcher import Watcher, WatchOptions, log
 
 __all__ = [
     "METRICS",
+    "REDUCTIONS",
     "STALLS",
     "STAT_NAMES",
     "Capture",
     "JsonlSink",
     "MetricSpec",
     "PrometheusSink",
+    "Source",
     "StallLimits",
     "StallWatch",
     "TensorBoardSink",

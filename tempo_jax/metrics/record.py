@@ -36,21 +36,15 @@ from jax.sharding import PartitionSpec as P
 from solvers import CostModel, DispatchProblem, Placement, solve
 
 from ..layer.module import MoE
+from ..layer.moe import ShardStats
+from .specs import METRICS, REDUCTIONS
 
 __all__ = ["STAT_NAMES", "Capture", "balancedness", "capture", "eplb_share", "layer_record", "moe_layers"]
 
-#: The per-device statistics of a layer's last call that a record reads (`tempo_jax.MoE` state, each ``[n]`` but
-#: ``shard_counts [n, E]``; a stack of layers built with ``nnx.vmap`` adds a leading ``[L]``).
-STAT_NAMES = (
-    "shard_counts",
-    "gpu_tokens",
-    "gpu_activations",
-    "drops",
-    "rounds",
-    "invalid_ids",
-    "plan_rounds",
-    "copies",
-)
+#: The per-device statistics of a layer's last call that a record reads: the fields of the layer's
+#: ``moe.stats`` (`tempo_jax.layer.moe.ShardStats`: each ``[n]`` but ``shard_counts [n, E]``; a stack of layers built
+#: with ``nnx.vmap`` adds a leading ``[L]``).
+STAT_NAMES = ShardStats._fields
 
 
 def moe_layers(model) -> list[MoE]:
@@ -97,8 +91,7 @@ class Capture:
     def from_stats(cls, stats, placement: Placement, groups: int = 1) -> Capture:
         """The capture of one functional layer call: ``stats`` = `tempo_jax.layer.MoEStats` of `moe_forward`
         over ``placement`` with ``groups`` EP groups (host copies started)."""
-        got = {name: getattr(stats, name) for name in STAT_NAMES if name != "shard_counts"}
-        got = _start_copies([{**got, "shard_counts": stats.replica_counts.sum(-1)}])
+        got = _start_copies([ShardStats.of(stats)._asdict()])
         shape = (placement.num_gpus, placement.num_experts)
         return cls(got, [shape], [int(groups)], [False], host=[{"phy2log": np.asarray(placement.phy2log)}])
 
@@ -202,7 +195,7 @@ def capture(model) -> Capture:
     copies then cost the step nothing. ``model``: an nnx module holding `tempo_jax.MoE` layers, one MoE, or a list
     of them (`moe_layers`: walking a model's graph every step costs milliseconds, a list nothing)."""
     layers = moe_layers(model)
-    modules = [{name: getattr(moe, name).get_value() for name in (*STAT_NAMES, "phy2log")} for moe in layers]
+    modules = [{**moe.stats.get_value()._asdict(), "phy2log": moe.phy2log.get_value()} for moe in layers]
     out = Capture(_start_copies(modules), [], [], [])
     for moe, got in zip(layers, modules, strict=True):
         tokens = got["gpu_tokens"]
@@ -259,16 +252,12 @@ def layer_record(stats: dict, cost: CostModel, *, policy: str | None = None, sha
     optimum = None
     if policy is not None:
         optimum = max(solve(DispatchProblem(c, placement, cost), policy).makespan for c in per_group)
+    reduced = {  # every entry a metric reduces from one statistic (`METRICS`' sources)
+        s.key: REDUCTIONS[s.reduce](np.asarray(stats.get(s.stat, 0)))
+        for s in (m.source for m in METRICS if m.source is not None and m.source.stat is not None)
+    }
     return {
-        "tokens": toks.astype(int).tolist(),
-        "activated": acts.astype(int).tolist(),
-        "expert_tokens": counts.sum(0).astype(int).tolist(),
-        "pairs": int(counts.sum()),
-        "drops": int(np.sum(stats["drops"])),
-        "invalid_ids": int(np.sum(stats["invalid_ids"])),
-        "rounds": int(np.max(stats["rounds"])),
-        "plan_rounds": int(np.max(stats["plan_rounds"])),
-        "copies": int(np.sum(stats.get("copies", 0))),
+        **reduced,
         "balancedness": {"tokens": balancedness(toks), "time": balancedness(times)},
         "makespan_us": {"live": float(times.max(initial=0.0)), "eplb_even": float(eplb), "optimum": optimum},
     }

@@ -93,33 +93,9 @@ class PrometheusSink:
     def write(self, record: dict) -> None:
         m = self.m
         for i, layer in enumerate(record["layers"]):
-            lab = str(i)
-            m["tempo_moe_tokens_total"].labels(lab).inc(layer["pairs"])
-            m["tempo_moe_dropped_total"].labels(lab).inc(layer["drops"])
-            m["tempo_moe_invalid_ids_total"].labels(lab).inc(layer["invalid_ids"])
-            for of, v in layer["balancedness"].items():
-                m["tempo_moe_balancedness_ratio"].labels(lab, of).set(v)
-            for tables, us in layer["makespan_us"].items():
-                if us is not None:
-                    m["tempo_moe_makespan_seconds"].labels(lab, tables).set(us * 1e-6)
-            live = layer["makespan_us"]["live"]
-            m["tempo_moe_dispatch_gain_ratio"].labels(lab).set(
-                layer["makespan_us"]["eplb_even"] / live if live else 1.0
-            )
-            m["tempo_moe_dropless_rounds"].labels(lab).set(layer["rounds"])
-            m["tempo_moe_plan_rounds"].labels(lab).set(layer["plan_rounds"])
-            m["tempo_moe_copies"].labels(lab).set(layer.get("copies", 0))
-            toks = np.asarray(layer["tokens"], dtype=np.float64)
-            if toks.mean() > 0:
-                for r in toks / toks.mean():
-                    m["tempo_moe_rank_load_ratio"].labels(lab).observe(float(r))
-            if "tempo_moe_rank_tokens" in m:
-                for rank, (t, a) in enumerate(zip(layer["tokens"], layer["activated"], strict=True)):
-                    m["tempo_moe_rank_tokens"].labels(lab, str(rank)).set(t)
-                    m["tempo_moe_rank_active_experts"].labels(lab, str(rank)).set(a)
-            if "tempo_moe_expert_tokens_total" in m:
-                for e, c in enumerate(layer["expert_tokens"]):
-                    m["tempo_moe_expert_tokens_total"].labels(lab, str(e)).inc(c)
+            for spec in _layer_metrics():
+                if spec.name in m:
+                    _publish(m[spec.name], spec.kind, str(i), spec.source.value(layer))
         if record.get("runtime"):
             self._runtime(record["runtime"])
         for mv in record.get("replacements", ()):
@@ -181,6 +157,35 @@ _BUCKETS = {
 }
 
 
+def _layer_metrics() -> list:
+    """The per-layer metrics of `METRICS` (read when used): each published from its `Source` in the layer record."""
+    return [spec for spec in METRICS if spec.source is not None]
+
+
+def _publish(metric, kind: str, layer: str, value) -> None:
+    """One layer's ``value`` of a prometheus-client ``metric``: a number under the ``layer`` label; a dict's values
+    under their keys as the last label (None: not published); a list's elements under their positions, or, for a
+    histogram, each observed."""
+
+    def one(child, v):
+        if kind == "counter":
+            child.inc(v)
+        elif kind == "gauge":
+            child.set(v)
+        else:
+            child.observe(v)
+
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if v is not None:
+                one(metric.labels(layer, key), v)
+    elif isinstance(value, list):
+        for at, v in enumerate(value):
+            one(metric.labels(layer) if kind == "histogram" else metric.labels(layer, str(at)), v)
+    else:
+        one(metric.labels(layer), value)
+
+
 def write_tensorboard(writer, record: dict) -> None:
     """Write one step record to a TensorBoard ``writer`` (tensorboardX's or torch's ``SummaryWriter``): per layer
     ``moe/layer{i}/…`` scalars and an ``expert_load`` histogram whose bucket e holds expert e's pairs; the
@@ -188,13 +193,13 @@ def write_tensorboard(writer, record: dict) -> None:
     step = int(record["step"])
     for i, layer in enumerate(record["layers"]):
         tag = f"moe/layer{i}"
-        for of, v in layer["balancedness"].items():
-            writer.add_scalar(f"{tag}/balancedness_{of}", v, step)
-        for tables, us in layer["makespan_us"].items():
-            if us is not None:
-                writer.add_scalar(f"{tag}/makespan_{tables}_us", us, step)
-        for key in ("pairs", "drops", "invalid_ids", "rounds", "plan_rounds", "copies"):
-            writer.add_scalar(f"{tag}/{key}", layer[key], step)
+        for spec in _layer_metrics():
+            name, value = spec.source.tensorboard, spec.source.entry(layer)  # the record's own unit
+            if name is None:
+                continue
+            for label, v in value.items() if isinstance(value, dict) else [(None, value)]:
+                if v is not None:
+                    writer.add_scalar(f"{tag}/{name.format(label)}", v, step)
         load = np.asarray(layer["expert_tokens"], dtype=np.float64)
         ids = np.arange(load.size, dtype=np.float64)
         writer.add_histogram_raw(

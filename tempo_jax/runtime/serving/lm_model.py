@@ -221,14 +221,15 @@ class _ServedLM:
             self.last = self.sample(next(self.keys), logits)
         counts = np.stack([np.asarray(b.moe.counts.get_value()) for b in model.blocks])  # [L, D, E], groups summed
         groups = np.stack(
-            [np.asarray(b.moe.shard_counts.get_value()).reshape(self.Ng, *counts.shape[1:]) for b in model.blocks]
+            [np.asarray(b.moe.stats.get_value().shard_counts).reshape(self.Ng, *counts.shape[1:]) for b in model.blocks]
         )
         new = self.counters.copy()
         new[phase * L : (phase + 1) * L] += counts.astype(np.uint32)  # wraps modulo 2^32 like a device counter
         self.counters = new
         live, uniform = [], []
         for block, placement, uw, c in zip(model.blocks, self.placements, self.uniform_w, groups, strict=True):
-            acts, toks = np.asarray(block.moe.gpu_activations.get_value()), np.asarray(block.moe.gpu_tokens.get_value())
+            stats = block.moe.stats.get_value()
+            acts, toks = np.asarray(stats.gpu_activations), np.asarray(stats.gpu_tokens)
             live.append(float(self.cost.gpu_times(acts, toks).max()))
             uniform.append(
                 pricing.group_makespan(lambda g, w=uw, p=placement: self.cost.makespan(expected_dispatch(w, g, p)), c)
