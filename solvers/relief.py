@@ -59,6 +59,16 @@ import numpy as np
 from .checks import check_int
 from .cost import CostModel
 from .problem import DispatchProblem
+from .relief_prices import (
+    chain_partners,
+    downhill_gains,
+    forward_prices,
+    path_prices,
+    price_gathered,
+    price_moves,
+    rank_times,
+    spread_turns,
+)
 
 __all__ = [
     "check_relief_cost",
@@ -101,22 +111,12 @@ def replica_ranks(log2phy: np.ndarray, slots_per_rank: int) -> np.ndarray:
     return ranks
 
 
-def _times(cost: CostModel, G: np.ndarray, N: np.ndarray, xp=np) -> np.ndarray:
-    return cost.rank_times(G, N, xp=xp)  # relief prices Eq. 1 and the traffic piece (no tile term: refused)
-
-
 def _loads(x: np.ndarray, ranks: np.ndarray, D: int) -> tuple[np.ndarray, np.ndarray]:
     ok = ranks >= 0
     G, N = np.zeros(D), np.zeros(D)
     np.add.at(N, ranks[ok], x[ok])
     np.add.at(G, ranks[ok], (x[ok] > 0).astype(np.float64))
     return G, N
-
-
-def rank_times(cost: CostModel, G: np.ndarray, N: np.ndarray, xp=np) -> np.ndarray:
-    """Each rank's time ``max(a + b·G, c + β·N [, c2 + γ·N])`` from its activations ``G [D]`` and tokens ``N [D]``
-    (``xp``: the array namespace, numpy or `jax.numpy` for the in-graph twin)."""
-    return _times(cost, G, N, xp)
 
 
 def rank_loads(x: np.ndarray, ranks: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,8 +161,7 @@ def _forwards(x, ranks, pe, pi, pj, G, N, cost, D):
     time after. ``f = −1`` where a rank has none."""
     h, m = ranks[pe, pi], ranks[pe, pj]
     y, new = x[pe, pi], (x[pe, pj] == 0).astype(np.float64)
-    t_m = _times(cost, G[m] + new, N[m] + y)
-    score = np.where(y > 0, -t_m, -np.inf)
+    t_m, score = forward_prices(y, new, G[m], N[m], cost)
     out = {k: np.zeros((2, D), np.int64 if k in ("f", "ci", "cm", "m") else np.float64) for k in _FORWARD_FIELDS}
     for k in range(2):
         best = _first_best(score, h, D)
@@ -186,7 +185,7 @@ def relief(n: np.ndarray, ranks: np.ndarray, cost: CostModel, num_ranks: int, ro
     best_x, best_ms = None, np.inf
     for spread in (False, True):
         x = _improve(_seed(n, ranks, cost, D, spread), ranks, cost, D, rounds)
-        ms = _times(cost, *_loads(x, ranks, D)).max()
+        ms = rank_times(cost, *_loads(x, ranks, D)).max()
         if ms < best_ms:
             best_x, best_ms = x, ms
     return best_x
@@ -199,15 +198,13 @@ def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: 
     best_x, best_ms = x.copy(), np.inf
     for _ in range(rounds):
         G, N = _loads(x, ranks, D)
-        t = _times(cost, G, N)
+        t = rank_times(cost, G, N)
         if t.max() < best_ms:
             best_x, best_ms = x.copy(), t.max()
         fw = _forwards(x, ranks, pe, pi, pj, G, N, cost, D)  # Step 3a
-        first = fw["f"][0][h] != pe
-        F = {k: np.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
+        F = chain_partners(fw, h, pe)
         moves = price_moves(x[pe, pi], (x[pe, pj] == 0).astype(np.float64), G, N, t, F, g, h, cost)  # Step 3b
-        gain = np.where((x[pe, pi] > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -np.inf)
-        third = np.where(moves["chain"] & (F["m"] != g), F["m"], -1)
+        gain, third = downhill_gains(moves, x[pe, pi], t[g], t[h], F["m"], g)
         accepted = _select(gain, t[g], g, h, third, D)  # Step 3c
         s = np.where(accepted, moves["share"], 0.0)
         np.add.at(x, (pe, pi), -s)
@@ -220,7 +217,7 @@ def _improve(x: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, rounds: 
             if not found:
                 break
     # Step 4: the best of the rounds (the last moves included).
-    if _times(cost, *_loads(x, ranks, D)).max() < best_ms:
+    if rank_times(cost, *_loads(x, ranks, D)).max() < best_ms:
         best_x = x
     return best_x
 
@@ -232,7 +229,6 @@ def _augment(x, ranks, cost, D, pe, pi, pj, G, N, t) -> tuple[np.ndarray, bool]:
     if K == 0:  # no expert has two ranks: nothing can move
         return x, False
     u, v, share = ranks[pe, pi], ranks[pe, pj], x[pe, pi]
-    top = t.max()
     g = int(np.argmax(t))
     # The search: parent[w] = the candidate whose hand-off first reached w (−1: the root, or not reached).
     reached = np.zeros(D, bool)
@@ -263,14 +259,10 @@ def _augment(x, ranks, cost, D, pe, pi, pj, G, N, t) -> tuple[np.ndarray, bool]:
         np.add.at(dG, (rows, np.where(live, v[kk], 0)), gets)
         np.add.at(dN, (rows, np.where(live, v[kk], 0)), s_k)
         at = np.where(live, u[kk], at)
-    after = _times(cost, G[None] + dG, N[None] + dN)  # [terminal, rank]
-    ms = after.max(axis=1)
-    at_ms = (after == ms[:, None]).sum(axis=1)
-    useful = reached & (np.arange(D) != g) & ((ms < top) | ((ms == top) & (at_ms < (t == top).sum())))
-    if not useful.any():
+    m, found = path_prices(G, N, t, dG, dN, reached, g, cost)
+    if not found:
         return x, False
-    best = np.flatnonzero(useful & (ms == ms[useful].min()))
-    m = int(best[np.argmin(at_ms[best])])
+    m = int(m)
     # Apply m's path: each share along it moves whole, from the end back to g.
     x = x.copy()
     w = m
@@ -292,71 +284,11 @@ def _seed(n: np.ndarray, ranks: np.ndarray, cost: CostModel, D: int, spread: boo
     single = ok.sum(axis=1) == 1
     x = np.zeros((E, R))
     x[np.arange(E), np.argmax(ok, axis=1)] = np.where(single, n, 0.0)
-    base = np.where(ok, _times(cost, *_loads(x, ranks, D))[safe], np.inf)  # [E, R]
-    nth = np.zeros(E, np.int64)
-    if spread:
-        order = np.argsort(-n, kind="stable")
-        nth[order] = np.cumsum(~single[order]) - 1
-        nth %= np.maximum(ok.sum(axis=1), 1)
+    base = np.where(ok, rank_times(cost, *_loads(x, ranks, D))[safe], np.inf)  # [E, R]
+    nth = spread_turns(n, ok.sum(axis=1)) if spread else np.zeros(E, np.int64)
     pick = np.argsort(base, axis=1, kind="stable")[np.arange(E), nth]
     x[np.arange(E), pick] += np.where(single, 0.0, n)
     return x
-
-
-def price_moves(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel, *, xp=np, dtype=None) -> dict:
-    """Step 3b: every candidate move's best price — ``gain``, ``share`` (tokens of e moved) and ``chain`` (with
-    h's hand-off) — from e's share on the sender ``xi`` and whether the receiver gains e's activation ``new_h``
-    (all ``[K]``), the ranks' activations, tokens and times ``G, N, t [D]``, each rank's best hand-offs ``F``
-    (fields ``[2, D]``: `_forwards`), senders ``g`` and receivers ``h [K]``. ``xp`` / ``dtype``: the array
-    namespace and float dtype (numpy and float64 here; `jax.numpy` and float32 in `tempo_jax.layer.relief`, which
-    prices its moves with this same function)."""
-    has = F["f"] >= 0
-    swap = has & (F["m"] == g)  # the hand-off goes back to the sender
-    t_m = xp.where(has & ~swap, t[xp.where(has, F["m"], 0)], -xp.inf)  # the third rank's time before
-    loads = (G[g], N[g], t[g], G[h], N[h], t[h], t_m)
-    return price_gathered(xi, new_h, loads, has, swap, F["y"], F["new"], F["t"], cost, xp=xp, dtype=dtype)
-
-
-def price_gathered(xi, new_h, loads, has, swap, y_f, new_f, t_f, cost: CostModel, *, xp=np, dtype=None) -> dict:
-    """`price_moves` after its gathers, elementwise over the K candidates: ``loads`` = the sender's and receiver's
-    activations, tokens and times ``(G_g, N_g, t_g, G_h, N_h, t_h)`` and the third rank's time before ``t_m``
-    (−inf: none), ``has`` / ``swap`` (h has a hand-off / it goes back to g) and the hand-off's share ``y_f``, new
-    activation ``new_f`` and time after ``t_f``, all ``[K]``."""
-    Gg, Ng, tg, Gh, Nh, th, t_m = loads
-    gain_out = xp.full(xi.shape, -xp.inf, dtype)
-    share_out = xp.zeros(xi.shape, dtype)
-    chain_out = xp.zeros(xi.shape, bool)
-    for chain in (False, True):
-        y = xp.where(has, y_f, 0.0) if chain else 0.0
-        back = xp.where(swap, y, 0.0) if chain else 0.0  # tokens g gets back
-        g_act = xp.where(swap, new_f, 0.0) if chain else 0.0
-        h_act = new_h - (1.0 if chain else 0.0)
-        third = xp.where(has & ~swap, t_f, -xp.inf) if chain else -xp.inf  # m's time after
-        before = xp.maximum(tg, th)
-        if chain:
-            before = xp.maximum(before, t_m)
-
-        def after(share, frees, y=y, back=back, g_act=g_act, h_act=h_act, third=third):
-            return xp.maximum(
-                xp.maximum(
-                    _times(cost, Gg - frees + g_act, Ng - share + back, xp),
-                    _times(cost, Gh + h_act, Nh + share - y, xp),
-                ),
-                third,
-            )
-
-        whole = after(xi, 1.0)
-        shift = (y + back) if chain else 0.0
-        part = xp.clip(xp.floor((Ng - Nh + shift) / 2), 1, xp.maximum(xi - 1, 1))
-        split = xp.where(xi >= 2, after(part, 0.0), xp.inf)
-        gain = before - xp.minimum(whole, split)
-        if chain:  # only where no plain move gains
-            gain = xp.where(has & (gain_out <= 0), gain, -xp.inf)
-        better = gain > gain_out
-        gain_out = xp.where(better, gain, gain_out)
-        share_out = xp.where(better, xp.where(split < whole, part, xi), share_out)
-        chain_out = xp.where(better, chain, chain_out)
-    return {"gain": gain_out, "share": share_out, "chain": chain_out}
 
 
 def _select(gain, sender_time, g, h, m, D) -> np.ndarray:

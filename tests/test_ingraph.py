@@ -190,6 +190,54 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
             np.testing.assert_array_equal(np.asarray(cumsums[axis]), np.cumsum(whole, axis))
 
 
+@given(
+    n=st.lists(st.integers(0, 300), min_size=2, max_size=12),
+    seed=st.integers(0, 2**16),
+)
+def test_the_shared_pricing_steps_agree_in_both_namespaces(n, seed):
+    """Issue 77, item 3: the pricing steps both twins call (`solvers.relief_prices`) give the same results in
+    numpy float64 and, jitted, in `jax.numpy` float32, on whole-token loads: the spread start's turns (ties in load
+    to the lower expert), a hand-off's price, the downhill filter and the best hand-off path (a tie in makespan to
+    the fewer ranks at it, then the lower index)."""
+    from solvers import relief_prices as rp
+
+    exact = CostModel(a=8.0, b=2.0, c=4.0, beta=0.5)  # every price exact in float32: equal, not close
+
+    rng = np.random.default_rng(seed)
+    E = len(n)
+    D, K = 4, 3 * E
+    n = np.asarray(n, np.float64)
+    count = rng.integers(0, 4, E)
+    G, N = rng.integers(0, 6, D).astype(np.float64), rng.integers(0, 900, D).astype(np.float64)
+    t = exact.rank_times(G, N)
+    y, new = rng.integers(0, 200, K).astype(np.float64), rng.integers(0, 2, K).astype(np.float64)
+    m, g = rng.integers(-1, D, K), rng.integers(0, D, K)
+    reached = rng.random(D) < 0.7
+    dG, dN = rng.integers(-1, 2, (D, D)).astype(np.float64), rng.integers(-50, 50, (D, D)).astype(np.float64)
+    moves = {"gain": rng.integers(-10, 10, K) / 2.0, "chain": rng.random(K) < 0.5}
+
+    def steps(xp, n, count, G, N, t, y, new, m, g, reached, dG, dN, moves):
+        t_m, score = rp.forward_prices(y, new, G[g], N[g], exact, y < 150, xp=xp)
+        gain, third = rp.downhill_gains(moves, y, t[g], t[m % D], m, g, new > 0, xp=xp)
+        return (
+            rp.spread_turns(n, count, xp=xp),
+            t_m,
+            score,
+            gain,
+            third,
+            *rp.path_prices(G, N, t, dG, dN, reached, 1, exact, xp=xp),
+        )
+
+    want = steps(np, n, count, G, N, t, y, new, m, g, reached, dG, dN, moves)
+    f32 = jax.tree.map(
+        lambda a: jnp.asarray(a, jnp.float32) if a.dtype == np.float64 else jnp.asarray(a),
+        (n, count, G, N, t, y, new, m, g, reached, dG, dN, moves),
+    )
+    got = jax.jit(lambda *a: steps(jnp, *a))(*f32)
+    for w, h in zip(want, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(h, np.float64), np.asarray(w, np.float64))
+
+
 # ------------------------------------------------------------------------------------------------ the layer
 @pytest.fixture(scope="module")
 def setup():

@@ -22,7 +22,16 @@ import jax
 import jax.numpy as jnp
 
 from solvers import CostModel
-from solvers.relief import ROUNDS, price_gathered, rank_times
+from solvers.relief import ROUNDS
+from solvers.relief_prices import (
+    chain_partners,
+    downhill_gains,
+    forward_prices,
+    path_prices,
+    price_gathered,
+    rank_times,
+    spread_turns,
+)
 
 __all__ = [
     "ROUNDS",
@@ -55,10 +64,6 @@ def replica_ranks(log2phy: jax.Array, slots_per_rank: int, num_ranks: int | None
         first = jnp.full(E * D + 1, R, jnp.int32).at[key].min(jnp.broadcast_to(col, ranks.shape))  # first column
         dup = first[key] != col[None, :]
     return jnp.where(dup & (ranks >= 0), -1, ranks)
-
-
-def _times(cost: CostModel, G, N):
-    return rank_times(cost, G, N, xp=jnp)
 
 
 class Columns(NamedTuple):
@@ -191,8 +196,7 @@ def _forwards(x, mv: Moves, G, N, cost: CostModel) -> dict:
     """Step 3a (`solvers.relief._forwards`): per rank, ``[2, D]`` fields of its best whole hand-off and the best of
     another expert (``f = −1``: none; ``ca``, ``cb``: its columns)."""
     y, new = x[mv.a], (x[mv.b] == 0).astype(jnp.float32)
-    t_m = _times(cost, G[mv.h] + new, N[mv.h] + y)
-    score = jnp.where(mv.valid & (y > 0), -t_m, -jnp.inf)
+    t_m, score = forward_prices(y, new, G[mv.h], N[mv.h], cost, mv.valid, xp=jnp)
     fields = dict(zip(_FORWARD_FIELDS, (mv.e, mv.a, mv.b, mv.h, y, new, t_m), strict=True))
     out = {k: [] for k in _FORWARD_FIELDS}
     K, D = score.shape[0], G.shape[0]
@@ -208,11 +212,11 @@ def _forwards(x, mv: Moves, G, N, cost: CostModel) -> dict:
 
 
 def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
-    """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief.price_moves`
+    """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief_prices.price_moves`
     itself, in `jax.numpy` and float32.
 
     Computed once per round, elementwise: the gathers first (`price_moves`' own), then
-    `solvers.relief.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an elementwise
+    `solvers.relief_prices.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an elementwise
     producer into every fusion that reads it, so the pricing would run once per result it has, with its gathers
     inside (scalar code); across a loop nothing fuses (and XLA:CPU drops optimisation barriers). Its three results
     leave the loop as one complex64 array (gain, 2·share + chain: exact, shares being whole tokens below 2²³)."""
@@ -258,7 +262,6 @@ def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
     D, K = cols.D, mv.a.shape[0]
     u, v = mv.g, mv.h
     share = jnp.where(mv.valid, x[mv.a], 0.0)
-    top = jnp.max(t)
     g = jnp.argmax(t)
     rank_ids = jnp.arange(D)
 
@@ -286,15 +289,7 @@ def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
 
     zeros = jnp.zeros((D, D), jnp.float32)  # walked back as deep as the search went (a path has < D steps)
     _, dG, dN = jax.lax.while_loop(lambda c: jnp.any(parent[c[0]] >= 0), walk, (rank_ids, zeros, zeros))
-    after = _times(cost, G[None] + dG, N[None] + dN)
-    ms = jnp.max(after, axis=1)
-    at_ms = jnp.sum(after == ms[:, None], axis=1)
-    useful = reached & (rank_ids != g) & ((ms < top) | ((ms == top) & (at_ms < jnp.sum(t == top))))
-    best_ms = jnp.min(jnp.where(useful, ms, jnp.inf))
-    pick = useful & (ms == best_ms)
-    fewest = jnp.min(jnp.where(pick, at_ms, D + 1))
-    m = jnp.argmax(pick & (at_ms == fewest))
-    found = jnp.any(useful)
+    m, found = path_prices(G, N, t, dG, dN, reached, g, cost, xp=jnp)
 
     def apply(carry):
         w, x = carry
@@ -314,13 +309,9 @@ def _seed(n, cols: Columns, cost: CostModel, spread: bool):
     n_c = n[cols.expert]
     single = per_expert[cols.expert] == 1
     x = jnp.where(cols.live & single, n_c, 0.0)
-    t = _times(cost, *_loads(x, cols))
+    t = rank_times(cost, *_loads(x, cols), jnp)
     base = jnp.where(cols.live, t[jnp.minimum(cols.rank, t.shape[0] - 1)], jnp.inf)
-    nth = jnp.zeros(E, jnp.int32)
-    if spread:
-        order = jnp.argsort(-n, stable=True)
-        nth = nth.at[order].set(jnp.cumsum(per_expert[order] != 1).astype(jnp.int32) - 1)
-        nth = nth % jnp.maximum(per_expert, 1)
+    nth = spread_turns(n, per_expert, xp=jnp) if spread else jnp.zeros(E, jnp.int32)
     # each column's place among its expert's columns by (base, column): a stable argsort within the expert
     off, idx, same = _neighbours(cols)
     before = same & ((base[idx] < base[:, None]) | ((base[idx] == base[:, None]) & (off < 0)))
@@ -336,16 +327,14 @@ def _improve(x, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
     def one_round(carry):
         i, x, best_x, best_ms, _ = carry
         G, N = _loads(x, cols)
-        t = _times(cost, G, N)
+        t = rank_times(cost, G, N, jnp)
         better = jnp.max(t) < best_ms
         best_x, best_ms = jnp.where(better, x, best_x), jnp.where(better, jnp.max(t), best_ms)
-        fw = _forwards(x, mv, G, N, cost)  # Step 3a
-        first = fw["f"][0][h] != mv.e
-        F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
+        F = chain_partners(_forwards(x, mv, G, N, cost), h, mv.e, xp=jnp)  # Step 3a
         xi = x[mv.a]
         moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
-        gain = jnp.where(mv.valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
-        accepted = _select(gain, t[g], mv, jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1))  # Step 3c
+        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
+        accepted = _select(gain, t[g], mv, third)  # Step 3c
         s = jnp.where(accepted, moves["share"], 0.0)
         y = jnp.where(accepted & moves["chain"], F["y"], 0.0)  # h's hand-off, when the move is a chain
         x = x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y]))
@@ -360,7 +349,7 @@ def _improve(x, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
             lambda c: (c[0] < rounds) & ~c[4], one_round, (i, x, best_x, best_ms, jnp.bool_(False))
         )
         G, N = _loads(x, cols)
-        x_path, found = _augment(x, cols, mv, cost, G, N, _times(cost, G, N))
+        x_path, found = _augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))
         found = stuck & found
         return i, jnp.where(found, x_path, x), best_x, best_ms, found
 
@@ -371,7 +360,7 @@ def _improve(x, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
         carry = (ran, x, best_x, best_ms, jnp.bool_(True))
         ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], pairwise_then_path, carry)
     # Step 4: the best of the rounds (the last moves included).
-    last = jnp.max(_times(cost, *_loads(x, cols)))
+    last = jnp.max(rank_times(cost, *_loads(x, cols), jnp))
     return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms), ran
 
 
@@ -446,20 +435,19 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
 
     def upto(x, stage: int):
         G, N = _loads(x, cols)
-        t = _times(cost, G, N)
+        t = rank_times(cost, G, N, jnp)
         if stage == 1:
             return jnp.max(t)
         fw = _forwards(x, mv, G, N, cost)
         if stage == 2:
             return jnp.sum(fw["t"])
-        first = fw["f"][0][h] != mv.e
-        F = {k: jnp.where(first, fw[k][0][h], fw[k][1][h]) for k in _FORWARD_FIELDS}
+        F = chain_partners(fw, h, mv.e, xp=jnp)
         xi = x[mv.a]
         moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
         if stage == 3:
             return jnp.sum(jnp.where(jnp.isfinite(moves["gain"]), moves["gain"], 0.0))
-        gain = jnp.where(mv.valid & (xi > 0) & (t[g] >= t[h]) & (moves["gain"] > 0), moves["gain"], -jnp.inf)
-        accepted = _select(gain, t[g], mv, jnp.where(moves["chain"] & (F["m"] != g), F["m"], -1))
+        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
+        accepted = _select(gain, t[g], mv, third)
         if stage == 4:
             return jnp.sum(accepted.astype(jnp.float32))
         s = jnp.where(accepted, moves["share"], 0.0)
@@ -468,7 +456,7 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
 
     def path_search(x):
         G, N = _loads(x, cols)
-        return jnp.sum(_augment(x, cols, mv, cost, G, N, _times(cost, G, N))[0])
+        return jnp.sum(_augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))[0])
 
     bodies = {name: (lambda x, i=i: upto(x, i + 1)) for i, name in enumerate(ROUND_STAGES)}
     bodies["path search of a stuck round"] = path_search
