@@ -107,6 +107,12 @@ def _check_out_dtype(preferred_element_type, lhs, rhs, name: str) -> jnp.dtype:
     return out
 
 
+def _may_offset(group_offset) -> bool:
+    """Whether ``group_offset`` may be nonzero: False for None or a concrete 0 (the paths that rotate the rows to the
+    first local group then skip it: `GmmCall.offset`)."""
+    return not (group_offset is None or (_is_concrete(group_offset) and int(np.asarray(group_offset).sum()) == 0))
+
+
 def _validate(lhs, rhs, group_sizes, group_offset, *, rhs_is_weights: bool, name: str):
     """Shape/dtype/value checks shared by gmm and tgmm; returns (lhs, rhs, group_sizes int32 [E],
     group_offset int32 [])."""
@@ -219,6 +225,7 @@ def gmm(
     results/gpu/check.json).
     """
     parts = _check_parts(rhs)
+    offset = _may_offset(group_offset)
     lhs, first, group_sizes, group_offset = _validate(
         lhs, parts[0], group_sizes, group_offset, rhs_is_weights=True, name="gmm"
     )
@@ -237,6 +244,7 @@ def gmm(
         sum(w.shape[0] for w in parts),
         precision,
         quantize_lhs,
+        offset,
     )
     rhs = (first, *parts[1:]) if isinstance(rhs, tuple | list) else first
     return gmm_vjp(lhs, rhs, group_sizes, group_offset, cfg)
@@ -292,6 +300,7 @@ def tgmm(
       accumulation; "pallas" adds tm-row M-tile products in row order, "chunked" adds chunk products in chunk
       order, "ragged_dot" is XLA's `ragged_dot_general`.
     """
+    offset = _may_offset(group_offset)
     lhs, grad, group_sizes, group_offset = _validate(
         lhs, grad, group_sizes, group_offset, rhs_is_weights=False, name="tgmm"
     )
@@ -307,6 +316,7 @@ def tgmm(
         out_dtype,
         num_local_groups,
         precision,
+        offset=offset,
     )
     return tgmm_call(lhs, grad, group_sizes, group_offset, cfg, out_dtype)
 

@@ -84,6 +84,7 @@ class GmmCall:
     num_local_groups: int
     precision: object = None
     lhs_block: int | None = None  # `gmm(quantize_lhs=...)`: lhs rows quantized to e4m3 in blocks of this many columns
+    offset: bool = True  # group_offset may be nonzero (False: None or a concrete 0 at the entry, as the layer calls)
 
 
 def next_pow2(x: int) -> int:

@@ -278,6 +278,12 @@ def _tgmm_fixed(lhs, grad, group_sizes, group_offset, num_local_groups: int, chu
     return lax.while_loop(lambda c: c[0] < sched.num_chunks, body, (jnp.int32(0), acc0))[1]
 
 
+def _rotate(a: jax.Array, shift: jax.Array, offset: bool) -> jax.Array:
+    """``a`` rolled by ``shift`` rows (a traced shift: XLA concatenates ``a`` to itself and slices), or ``a`` itself
+    when there is no group offset (``shift`` is then 0)."""
+    return jnp.roll(a, shift, axis=0) if offset else a
+
+
 def _local_view(group_sizes: jax.Array, group_offset: jax.Array, num_local_groups: int, m: int):
     """Rows before the local groups, local sizes [E_loc] (clipped to M), and local row count."""
     offsets = group_offsets(group_sizes, m)
@@ -326,7 +332,15 @@ def _ragged_dot_general(backend: str, *, ragged_contraction: bool = False):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("num_local_groups", "transpose_rhs", "out_dtype", "precision", "compute_dtype", "backend"),
+    static_argnames=(
+        "num_local_groups",
+        "transpose_rhs",
+        "out_dtype",
+        "precision",
+        "compute_dtype",
+        "backend",
+        "offset",
+    ),
 )
 def gmm_ragged(
     lhs: jax.Array,
@@ -340,17 +354,19 @@ def gmm_ragged(
     precision=None,
     compute_dtype=None,
     backend: str = "xla",
+    offset: bool = True,
 ) -> jax.Array:
     """`ragged_dot` with group_offset (XLA's or tokamax's, `backend`); shapes and dtypes as in `gmm_chunked`. With
     tokamax ``rhs`` may be a `BlockScaled` FP8 weight: it goes in as a qwix ``QArray`` (`tokamax_backend.qarray`)
-    and the dot runs in lhs's dtype."""
+    and the dot runs in lhs's dtype. ``offset=False``: the offset is known to be 0, so the rows are not rotated to
+    the first local group and back (two copies of the row buffer, each a concatenation and a slice)."""
     fp8 = isinstance(rhs, BlockScaled)  # tokamax only (`gmm.fp8_path`): the kernel reads the e4m3 weights
     cd = lhs.dtype if fp8 else dot_dtype(lhs, rhs, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     if transpose_rhs:
         rhs = rhs.mT if fp8 else jnp.swapaxes(rhs, 1, 2)
-    x = _pad_rows(jnp.roll(lhs, -before, axis=0).astype(cd), backend)
+    x = _pad_rows(_rotate(lhs, -before, offset).astype(cd), backend)
     dot = _ragged_dot_general(backend)
     w = tokamax_backend.qarray(rhs, cd) if fp8 else rhs.astype(cd)
     # tokamax's sm90 FP8 kernel writes its output in lhs's dtype only (a float32 tile does not fit its swizzle): ask
@@ -358,10 +374,12 @@ def gmm_ragged(
     acc = cd if fp8 and jnp.dtype(out_dtype) == cd else jnp.float32
     y = dot(x, w, sizes, _ROWS, precision=precision, preferred_element_type=acc)[:m]
     y = jnp.where(jnp.arange(m)[:, None] < total, y, 0)
-    return jnp.roll(y, before, axis=0).astype(out_dtype)
+    return _rotate(y, before, offset).astype(out_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision", "compute_dtype", "backend"))
+@functools.partial(
+    jax.jit, static_argnames=("num_local_groups", "out_dtype", "precision", "compute_dtype", "backend", "offset")
+)
 def tgmm_ragged(
     lhs: jax.Array,
     grad: jax.Array,
@@ -373,15 +391,16 @@ def tgmm_ragged(
     precision=None,
     compute_dtype=None,
     backend: str = "xla",
+    offset: bool = True,
 ) -> jax.Array:
     """`ragged_dot_general` over a ragged contraction (XLA's or tokamax's, `backend`): tgmm; shapes and dtypes
-    as in `tgmm_chunked`."""
+    as in `tgmm_chunked`; ``offset`` as in `gmm_ragged`."""
     cd = dot_dtype(lhs, grad, compute_dtype)
     m = lhs.shape[0]
     before, sizes, total = _local_view(group_sizes, group_offset, num_local_groups, m)
     keep = jnp.arange(m)[:, None] < total
-    x = _pad_rows(jnp.where(keep, jnp.roll(lhs, -before, axis=0), 0).astype(cd), backend)
-    y = _pad_rows(jnp.where(keep, jnp.roll(grad, -before, axis=0), 0).astype(cd), backend)
+    x = _pad_rows(jnp.where(keep, _rotate(lhs, -before, offset), 0).astype(cd), backend)
+    y = _pad_rows(jnp.where(keep, _rotate(grad, -before, offset), 0).astype(cd), backend)
     dot = _ragged_dot_general(backend, ragged_contraction=True)
     out = dot(x, y, sizes, _CONTRACT_ROWS, precision=precision, preferred_element_type=jnp.float32)
     return out.astype(out_dtype)

@@ -17,12 +17,14 @@ __all__ = ["TOKAMAX", "XLA", "gmm", "tgmm"]
 def gmm(lhs, rhs, group_sizes, group_offset, call: GmmCall, *, transpose_rhs: bool, backend: str):
     """See `pallas_kernels.gmm_backends`; ``backend``: ``"xla"`` or ``"tokamax"`` (`gmm_xla.RAGGED_BACKENDS`)."""
     common = dict(num_local_groups=call.num_local_groups, out_dtype=call.out_dtype, precision=call.precision)
+    common["offset"] = call.offset
     return gmm_ragged(lhs, rhs, group_sizes, group_offset, transpose_rhs=transpose_rhs, backend=backend, **common)
 
 
 def tgmm(lhs, grad, group_sizes, group_offset, call: GmmCall, *, out_dtype, backend: str):
     """See `pallas_kernels.gmm_backends`."""
     common = dict(num_local_groups=call.num_local_groups, out_dtype=out_dtype, precision=call.precision)
+    common["offset"] = call.offset
     return tgmm_ragged(lhs, grad, group_sizes, group_offset, backend=backend, **common)
 
 
