@@ -46,12 +46,15 @@ serve: $(STAMP)
 # 3.8's loadscope scheduler can deadlock after replacing a crashed worker (pytest-dev/pytest-xdist#1378), which once
 # held CI until its time limit.
 XDIST := -n 2 --dist loadscope --max-worker-restart 0
+MARKS := not slow
 test: $(STAMP)
-	$(PYTEST) -q $(XDIST) -m "not slow" --durations=20
+	$(PYTEST) -q $(XDIST) -m "$(MARKS)" --durations=20
 
 # The fast suite again in the second environment (see VENV above): `make demo VENV=.venv-latest` and the rest alike.
+# The `one_env` cases (heavy, and the same code on every jax: notebooks, docs' snippets, runtimes around the layer) run
+# in `make test` only, which keeps each suite near 10 minutes; `make test-all VENV=.venv-latest` runs them here too.
 test-latest:
-	$(MAKE) test VENV=$(LATEST_VENV)
+	$(MAKE) test VENV=$(LATEST_VENV) MARKS="not slow and not one_env"
 
 test-all: $(STAMP)
 	$(PYTEST) -q $(XDIST) -m ""

@@ -55,6 +55,7 @@ def test_python_dash_m_entry_point():
     assert "demo" in r.stdout and "solve" in r.stdout
 
 
+@pytest.mark.one_env
 def test_demo_runs_and_records_every_policy(tmp_path, capsys):
     from tempo_jax.cli.demo import POLICY_ORDER, run_demo
 

@@ -271,6 +271,7 @@ def _layer(skewed_layer, k, link):
     return cfg, f
 
 
+@pytest.mark.one_env
 def test_the_layer_with_dynamic_slots_equals_the_dense_moe_and_copies_only_when_they_pay(skewed_layer):
     """Copies made (a free link: the hot expert spreads over every rank), none (a link too slow: the same as no
     dynamic slots), and no dynamic slots: the output is the dense MoE's in each (the central invariant), every pair
@@ -329,6 +330,7 @@ def test_dynamic_slots_are_refused_without_what_they_need(kw, match):
         MoEConfig(hidden=8, ffn=4, experts=4, top_k=2, slots_per_rank=2, **kw)
 
 
+@pytest.mark.one_env
 def test_the_flax_module_with_dynamic_slots_serves_and_trains(skewed_layer):
     """`tempo_jax.MoE` with dynamic slots under `nnx.jit`: the same output as without them, and an Adam step runs
     and every stored array moves, keeping its shape (the copies live only inside the step)."""
@@ -397,6 +399,7 @@ def test_expert_ffn_over_weight_parts_equals_one_array():
     assert g1.shape == (S + k,) and g1[4] == 0
 
 
+@pytest.mark.one_env
 def test_dynamic_copies_under_a_cascade_launch_schedule(skewed_layer):
     """Dynamic copies with a CascadeEP launch schedule (two groups of sources, per-source exchanges): the dense
     output and gradients under jit, the copies made; with OEWF fetches the combination is refused by name."""

@@ -40,6 +40,7 @@ def _tiny_deepseek_v3_checkpoint(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.one_env
 @pytest.mark.parametrize("path", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name)
 def test_python_blocks_run(path, tmp_path):
     scope: dict = {"checkpoint": _tiny_deepseek_v3_checkpoint(tmp_path)}

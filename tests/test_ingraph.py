@@ -316,6 +316,7 @@ def test_tables_and_in_graph_dispatch_are_not_mixed(setup):
 
 
 # ------------------------------------------------------------------------------------------------ with a controller
+@pytest.mark.one_env
 def test_with_a_dispatch_controller_both_timescales(setup):
     """With a `DispatchController`: a table-driven layer can take the ``"relief"`` policy's tables off the critical
     path, and an in-graph layer under ``nnx.jit`` uses the controller for the slow timescale only

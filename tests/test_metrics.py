@@ -146,6 +146,7 @@ def _samples(text: str) -> dict:
     }
 
 
+@pytest.mark.one_env
 def test_serve_metrics_scraped_live_agree_with_the_layers_counts(tmp_path, capsys):
     """`tempo-jax serve --metrics-port` on a data × ep mesh: /metrics scraped over HTTP while it runs and after its
     last step; tokens equal what every step routes (T tokens × K per layer), the per-rank gauges and histograms the

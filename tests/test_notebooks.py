@@ -243,6 +243,7 @@ def test_every_recording_notebook_has_invariants_and_committed_json():
         assert path.stem in COMMITTED, f"no committed {RESULTS_DIR / path.stem}.json: run `make notebooks`"
 
 
+@pytest.mark.one_env
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_small(path, tmp_path, monkeypatch):
     monkeypatch.setenv("TEMPO_FIGURES", str(tmp_path / "figures"))  # never overwrite the committed figures

@@ -242,6 +242,7 @@ def test_process_controller_after_close_raises_or_returns_at_once(placement):
     assert done.is_set()
 
 
+@pytest.mark.one_env
 def test_closing_while_the_spare_warms_up_prints_no_traceback():
     """Closing a process-mode controller at once (the spare worker still warming up) used to print a
     BrokenPipeError traceback from the worker about one close in five."""

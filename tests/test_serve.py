@@ -82,6 +82,7 @@ def test_routing_streams():
         ServeConfig(routing="zipf")
 
 
+@pytest.mark.one_env
 def test_serve_lm_with_live_tables_in_every_layer(tmp_path, capsys):
     """The tiny LM served: prefill and decode steps, one worker refreshing every (phase, layer)'s tables per
     window, the worker killed mid-run; every layer picks the new tables up."""

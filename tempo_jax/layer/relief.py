@@ -216,10 +216,11 @@ def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
     itself, in `jax.numpy` and float32.
 
     Computed once per round, elementwise: the gathers first (`price_moves`' own), then
-    `solvers.relief_prices.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an elementwise
-    producer into every fusion that reads it, so the pricing would run once per result it has, with its gathers
-    inside (scalar code); across a loop nothing fuses (and XLA:CPU drops optimisation barriers). Its three results
-    leave the loop as one complex64 array (gain, 2·share + chain: exact, shares being whole tokens below 2²³)."""
+    `solvers.relief_prices.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an
+    elementwise producer into every fusion that reads it, so the pricing would run once per result it has, with its
+    gathers inside (scalar code); across a loop nothing fuses (and XLA:CPU drops optimisation barriers). Its three
+    results leave the loop as one complex64 array (gain, 2·share + chain: exact, shares being whole tokens below
+    2²³)."""
     has = F["f"] >= 0
     swap = has & (F["m"] == g)
     t_m = jnp.where(has & ~swap, t[jnp.where(has, F["m"], 0)], -jnp.inf)
