@@ -51,8 +51,9 @@ test: $(STAMP)
 	$(PYTEST) -q $(XDIST) -m "$(MARKS)" --durations=20
 
 # The fast suite again in the second environment (see VENV above): `make demo VENV=.venv-latest` and the rest alike.
-# The `one_env` cases (heavy, and the same code on every jax: notebooks, docs' snippets, runtimes around the layer) run
-# in `make test` only, which keeps each suite near 10 minutes; `make test-all VENV=.venv-latest` runs them here too.
+# The `one_env` cases (heavy, one environment suffices: notebooks, docs' snippets, runtimes around the layer, layer
+# cases whose property other cases check in both) run in `make test` only, which keeps each suite near 10 minutes;
+# `make test-all VENV=.venv-latest` runs them here too.
 test-latest:
 	$(MAKE) test VENV=$(LATEST_VENV) MARKS="not slow and not one_env"
 
