@@ -39,6 +39,7 @@ from solvers import Placement  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward, moe_reference, to_logical  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.presets import moe_preset  # noqa: E402
+from tempo_jax.layer.scopes import stage_kernels  # noqa: E402
 
 PRESETS = ("deepseek_v3", "gpt_oss_20b")
 
@@ -81,6 +82,8 @@ def _layer_case(cfg: MoEConfig, mesh, placement, pa, tables, x, *, smoke: bool, 
     ms = first_ms if smoke else _median_ms(lambda x, f=fwd, p=params: f(p, x).out, x, repeats)  # the layer's call
     ok = bool(np.isfinite(err) and err < TOL and not drops)
     out = dict(max_abs_err=err, drops=drops, ms=ms, ok=ok, repeats=1 if smoke else repeats)
+    # what each stage launches in the compiled program (issue 72, item 2: the fixed cost around the GEMMs)
+    out["kernels"] = {stage: sum(ops.values()) for stage, ops in stage_kernels(fwd.as_text()).items()}
     if cfg.expert_dtype:
         out["fp8_path"] = fp8_path(cfg.gmm_impl, interpret=smoke, dtype=cfg.dtype)
     return out

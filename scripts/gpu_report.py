@@ -310,6 +310,12 @@ def _per_call_section(per_call: dict, title: str) -> list[str]:
         rows.append(row)
     out = [title, *_md(["exchange", *gmms], rows), ""]
     out += [f"- {', '.join(cases)}: {why}" for why, cases in notes.items()]
+    launched = {name: r["kernels"] for name, r in per_call.items() if r.get("kernels")}
+    if launched:  # the compiled program's units of work per stage (`tempo_jax.layer.scopes.stage_kernels`)
+        by_size = sorted(launched.values(), key=len, reverse=True)  # each case's stages come in call order
+        stages = [s for s in dict.fromkeys(s for k in by_size for s in k) if s != "(outside)"] + ["(outside)"]
+        out += ["", "What each stage launches (compiled program, units of work a call; issue 72, item 2):", ""]
+        out += _md(["case", *stages], [[name, *(k.get(s, 0) for s in stages)] for name, k in launched.items()])
     return [*out, ""]
 
 

@@ -34,7 +34,7 @@ from solvers import Placement, slots_for  # noqa: E402
 from tempo_jax.layer import MoEConfig, init_params, make_ep_mesh, moe_forward  # noqa: E402
 from tempo_jax.layer import tables as dispatch_tables  # noqa: E402
 from tempo_jax.layer.exchange import lowering_for  # noqa: E402
-from tempo_jax.layer.scopes import STAGES  # noqa: E402
+from tempo_jax.layer.scopes import STAGES, stage_kernels  # noqa: E402
 from tempo_jax.text import table  # noqa: E402
 
 #: The data movement a call makes around its grouped GEMMs (jaxpr primitive names).
@@ -116,10 +116,16 @@ def layer_case(B: int, gmm: str):
 
 def traced(fn, *args):
     """``(jaxpr, StableHLO text)`` of ``jax.jit(fn)`` traced with the exchange as a GPU runs it and lowered for
-    CUDA (the lowering proves the program is one a GPU can be given)."""
-    with lowering_for("gpu"):
-        t = jax.jit(fn).trace(*args)
-        return t.jaxpr, t.lower(lowering_platforms=("cuda",)).as_text()
+    CUDA (the lowering proves the program is one a GPU can be given). The layer's inner jit caches its traces
+    without `lowering_for`'s target, so the caches are cleared before (no CPU trace reused) and after (no GPU trace
+    left for a CPU call)."""
+    jax.clear_caches()
+    try:
+        with lowering_for("gpu"):
+            t = jax.jit(fn).trace(*args)
+            return t.jaxpr, t.lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        jax.clear_caches()
 
 
 def main(argv=None) -> dict:
@@ -127,6 +133,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--gmm", default="tokamax", help="the grouped GEMM lowered (tokamax, mosaic, ragged_dot, …)")
     ap.add_argument("--tokens-per-device", type=int, default=128)
     ap.add_argument("--json", default="results/hlo_audit.json")
+    ap.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also compile the forward for this machine's backend and count what each stage launches "
+        "(`stage_kernels`; on a GPU: its kernels; the exchange as the backend runs it)",
+    )
     args = ap.parse_args(argv)
     loss, params, x, config = layer_case(args.tokens_per_device, args.gmm)
     result = {
@@ -134,6 +146,15 @@ def main(argv=None) -> dict:
         "jax": jax.__version__,
         "case": dataclasses.asdict(config) | {"tokens_per_device": args.tokens_per_device},
     }
+    if args.compiled:  # this backend's own program: the exchange and kernels as it chooses them
+        result["compiled_backend"] = jax.default_backend()
+        result["compiled_forward"] = stage_kernels(jax.jit(loss).lower(params, x).compile().as_text())
+        rows = [
+            [stage, sum(ops.values()), ", ".join(f"{k} {v}" for k, v in ops.items())]
+            for stage, ops in result["compiled_forward"].items()
+        ]
+        print(f"\ncompiled forward on {jax.default_backend()}: what each stage launches")
+        print(table(rows, ["stage", "units", "by opcode"]))
     for direction, fn in (("forward", loss), ("forward_and_backward", jax.grad(loss))):
         jaxpr, text = traced(fn, params, x)
         result[direction] = audit(jaxpr)

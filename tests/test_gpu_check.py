@@ -126,6 +126,7 @@ def test_gpu_check_smoke(tmp_path):
         runs = impl in {LAYER[g] for g in ran} and ex not in ("ragged", "ragged_split")  # XLA:CPU: no ragged a2a
         assert (r["ok"] is True and r["ms"] > 0 and r["max_abs_err"] < (2e-2 if "fp8" in name else 1e-4)) == runs, r
         assert runs or (r["ok"] is None and r["not_run"])
+        assert not runs or (r["kernels"]["moe_ffn"] > 0 and r["kernels"]["moe_dispatch"] > 0)  # what stages launch
     in_kernel = {"mosaic gmm", "tokamax gmm"}  # FP8 weights read as e4m3 in the kernel; the others dequantize first
     assert {g: per_call[f"padded/{LAYER[g]}/fp8"]["fp8_path"] for g in ran} == {
         g: "fp8" if g in in_kernel else "dequantize" for g in ran
@@ -264,7 +265,9 @@ def _synthetic_run(folder: Path, *, mosaic: bool) -> None:
         for g, s in impls.items():
             ok = s == "runs"
             layer[f"{ex}/{LAYER[g]}"] = (
-                dict(max_abs_err=1e-3, drops=0, ms=0.5, ok=True) if ok else dict(not_run=s, ok=None)
+                dict(max_abs_err=1e-3, drops=0, ms=0.5, ok=True, kernels={"moe_dispatch": 1, "moe_ffn": 7})
+                if ok
+                else dict(not_run=s, ok=None)
             )
     moe = {
         "devices": 1,
@@ -301,6 +304,7 @@ def test_gpu_report_renders_every_section(tmp_path, mosaic):
     assert "| ragged_dot | not run: 3 points (a fit needs 4)" in text
     assert "| pallas gmm | not run: deprecated |" in text  # a row for the implementation that did not run
     assert "time budget: 1 cases not run" in text
+    assert "| case | moe_dispatch | moe_ffn | (outside) |" in text  # what each stage launches, per case
     assert (tmp_path / "flat.png").stat().st_size > 10_000 and (tmp_path / "profile.png").stat().st_size > 10_000
 
 

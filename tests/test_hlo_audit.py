@@ -87,3 +87,58 @@ def test_the_audit_counts_each_stage_of_a_layer_lowered_for_cuda(tmp_path):
     assert fwd["moe_ffn"]["ragged_dot_general"] == 3 and both["moe_ffn"]["ragged_dot_general"] >= 9  # + d lhs, d rhs
     assert fwd["moe_ffn"].get("concatenate", 0) <= 3 and fwd["moe_ffn"].get("sort", 0) <= 1
     assert result["forward_custom_calls"].get("ragged_all_to_all") == 2
+
+
+_HLO = """HloModule jit_f, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%fused_computation (param_0: f32[8]) -> f32[8] {
+  %param_0 = f32[8]{0} parameter(0)
+  ROOT %exponential.1 = f32[8]{0} exponential(%param_0), metadata={op_name="jit(f)/moe_ffn/exp"}
+}
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %gte.0 = s32[] get-tuple-element(%p), index=0
+  %gte.1 = f32[8]{0} get-tuple-element(%p), index=1
+  %fusion.2 = f32[8]{0} fusion(%gte.1), kind=kLoop, calls=%fused_computation, metadata={op_name="f/moe_ffn/exp"}
+  %a2a = f32[8]{0} all-to-all(%fusion.2), replica_groups={{0,1}}, metadata={op_name="f/moe_exchange/all_to_all"}
+  ROOT %tuple.1 = (s32[], f32[8]{0}) tuple(%gte.0, %a2a)
+}
+
+%cond (p.1: (s32[], f32[8])) -> pred[] {
+  %p.1 = (s32[], f32[8]{0}) parameter(0)
+  %gte.2 = s32[] get-tuple-element(%p.1), index=0
+  %c = s32[] constant(4)
+  ROOT %lt = pred[] compare(%gte.2, %c), direction=LT, metadata={op_name="jit(f)/while/cond/lt"}
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %sort.1 = f32[8]{0} sort(%x), dimensions={0}, to_apply=%cond, metadata={op_name="jit(f)/moe_dispatch/sort"}
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8]{0}) tuple(%z, %sort.1)
+  %while.1 = (s32[], /*index=1*/f32[8]{0}) while(%t), condition=%cond, body=%body, metadata={op_name="f/moe_ffn/while"}
+  ROOT %gte.3 = f32[8]{0} get-tuple-element(%while.1), index=1
+}
+"""
+
+
+def test_stage_kernels_reads_the_program_a_device_runs():
+    """`stage_kernels` on hand-written HLO: the entry and its loop's body and condition are read (a fusion once,
+    not its insides; a sort's comparator not at all), tuples, constants and parameters launch nothing, each
+    instruction goes to the innermost stage of its op_name; on the layer compiled for this CPU, every stage that
+    does work launches something and the FFN's loop bodies are counted."""
+    from tempo_jax.layer.scopes import stage_kernels
+
+    got = stage_kernels(_HLO)
+    assert got == {
+        "moe_dispatch": {"sort": 1},
+        "moe_exchange": {"all-to-all": 1},
+        "moe_ffn": {"fusion": 1},
+        "(outside)": {"compare": 1},
+    }
+    loss, params, x, _ = hlo_audit.layer_case(16, "chunked")
+    layer = stage_kernels(jax.jit(loss).lower(params, x).compile().as_text())
+    for stage in ("moe_route", "moe_dispatch", "moe_exchange", "moe_ffn", "moe_return"):
+        assert sum(layer[stage].values()) > 0, stage
+    assert layer["moe_ffn"]["fusion"] > 3  # the chunked FFN's loop bodies, not only the loops' callers
