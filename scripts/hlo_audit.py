@@ -88,9 +88,9 @@ def custom_calls(text: str) -> dict[str, int]:
     return dict(found)
 
 
-def layer_case(B: int, gmm: str):
+def layer_case(B: int, gmm: str, exchange: str = "auto"):
     """The audited layer: E 64 + 16 redundant slots, top-6, H 256, F 128, EP8, an EPLB placement of a Zipf load,
-    ``B`` tokens per device, quota dispatch; the grouped GEMM ``gmm``."""
+    ``B`` tokens per device, quota dispatch; the grouped GEMM ``gmm`` and the ``exchange`` (`MoEConfig.exchange`)."""
     D, E, K, H, F = 8, 64, 6, 256, 128
     placement = Placement.from_eplb(np.random.default_rng(0).zipf(1.6, E).astype(float), slots_for(E, D, 1.25), D)
     config = MoEConfig(
@@ -101,7 +101,7 @@ def layer_case(B: int, gmm: str):
         slots_per_rank=placement.slots_per_rank,
         dispatch_mode="quota",
         gmm_impl=gmm,
-        exchange="auto",
+        exchange=exchange,
     )
     mesh = make_ep_mesh(D)
     params = init_params(jax.random.key(0), config, placement, mesh=mesh)

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 from numeric import assert_close
 
@@ -192,3 +194,31 @@ def test_set_tables_rejects_a_wrong_shape_at_once(mesh, layer):
     good = dispatch_tables.uniform(placement)
     with pytest.raises(ValueError, match="table must be"):
         moe.set_tables(dispatch_tables.Tables(good.table[:, :-1], good.log2phy))
+
+
+@given(
+    runs=st.integers(1, 6),
+    per_run=st.integers(1, 24),
+    slots=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+)
+def test_merging_runs_sorted_by_slot_equals_a_stable_sort(runs, per_run, slots, seed):
+    """`stages.merge_by_slot` (the receiver's order for the grouped GEMM when each block arrives sorted by slot,
+    padding last) equals ``jnp.argsort(slots, stable=True)``, its inverse and the bincount, exactly — empty and full
+    blocks, missing slots and all-padding included; `order_pairs(by_slot=True)` packs blocks that way (destination,
+    then slot, then pair order)."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(runs):
+        n = int(rng.integers(0, per_run + 1))
+        blocks.append(np.r_[np.sort(rng.integers(0, slots, n)), np.full(per_run - n, slots)])
+    s = jnp.asarray(np.concatenate(blocks), jnp.int32)
+    order, position, sizes = jax.jit(lambda s: stages.merge_by_slot(s, runs, slots))(s)
+    want = np.argsort(np.asarray(s), kind="stable")
+    np.testing.assert_array_equal(np.asarray(order), want)
+    np.testing.assert_array_equal(np.asarray(position)[want], np.arange(s.shape[0]))
+    np.testing.assert_array_equal(np.asarray(sizes), np.bincount(np.asarray(s), minlength=slots + 1)[:slots])
+    dest = rng.integers(0, 4, 40)
+    local = rng.integers(0, slots, 40)
+    po = stages.order_pairs(jnp.asarray(dest), jnp.asarray(local), 3, by_slot=True)
+    np.testing.assert_array_equal(np.asarray(po.order), np.lexsort((np.arange(40), local, dest)))

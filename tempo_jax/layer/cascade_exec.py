@@ -83,21 +83,31 @@ class Scheduled:
     ffn: stages.FFN
     capacity: int
     schedule: LaunchSchedule
+    by_slot: bool = True  # blocks packed sorted by slot (nothing dropped; `exchange_ffn.OneExchange`)
 
     def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
         """``x [T, H]`` (``wire.top_k`` pairs per row), ``gate [T, K]``, ``dest`` / ``local [T·K]``, this rank's
         ``weights`` → `stages.Exchanged` (``rounds`` = 1)."""
         w = self.wire
+        D = self.schedule.num_ranks
         packed = stages.pack(
-            x, dest, local, top_k=w.top_k, num_ranks=self.schedule.num_ranks, capacity=self.capacity, dtype=w.dtype
+            x, dest, local, top_k=w.top_k, num_ranks=D, capacity=self.capacity, dtype=w.dtype, by_slot=self.by_slot
         )
-        back, group_sizes = scheduled_exchange_ffn(packed, self.schedule, weights, wire=w, ffn=self.ffn)
+        back, group_sizes = scheduled_exchange_ffn(
+            packed, self.schedule, weights, wire=w, ffn=self.ffn, by_slot=self.by_slot
+        )
         out = stages.combine(stages.unpack_rows(back, packed), gate, jnp.float32)
         return stages.Exchanged(out, group_sizes, packed.wanted, packed.counts, jnp.int32(1))
 
 
 def scheduled_exchange_ffn(
-    packed: stages.Packed, schedule: LaunchSchedule, weights: dict, *, wire: stages.Wire, ffn: stages.FFN
+    packed: stages.Packed,
+    schedule: LaunchSchedule,
+    weights: dict,
+    *,
+    wire: stages.Wire,
+    ffn: stages.FFN,
+    by_slot: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Exchange and expert FFN shift by shift, one grouped GEMM per launch group (see the module doc).
 
@@ -106,6 +116,8 @@ def scheduled_exchange_ffn(
       schedule: the static `solvers.LaunchSchedule` (D ranks, groups in launch order).
       weights: the rank's per-slot expert arrays (extended by OEWF's fetched slots).
       wire: how the rows travel (`stages.Wire`: the ``ep`` axis, H). ffn: the call's expert FFN (`stages.FFN`).
+      by_slot: ``packed``'s blocks are sorted by slot (`stages.pack(by_slot=True)`): each group's rows are ordered
+        for its GEMM by counting, not by a sort.
 
     Returns:
       ``(back [D, C, H], group_sizes [slots_total])``: block j = results of the rows this rank sent to rank j
@@ -141,7 +153,8 @@ def scheduled_exchange_ffn(
         recv = stages.received(blocks, jnp.stack(got_counts)[ks], hidden=hidden, slots_per_rank=slots_total)
         # Step 3: one grouped GEMM over g's rows.
         with jax.named_scope(f"cascade_group_{g}"):
-            y, gs = ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), weights)
+            runs = len(group) if by_slot else None
+            y, gs = ffn(recv.rows.reshape(-1, hidden), recv.slots.reshape(-1), weights, runs=runs)
         sizes = sizes + gs
         # Step 4: reverse shifts: results for source (me − k) mod D go back to it.
         per_shift = jnp.zeros((D, C, hidden), y.dtype).at[ks].set(y.reshape(-1, C, hidden))

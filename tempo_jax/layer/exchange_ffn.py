@@ -52,24 +52,30 @@ class ExchangeFFN(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class OneExchange:
-    """Steps 3–6 in one exchange of ``capacity`` C rows per block (rows past C are dropped and counted)."""
+    """Steps 3–6 in one exchange of ``capacity`` C rows per block (rows past C are dropped and counted).
+    ``by_slot``: C drops nothing (the dropless worst case), so each block is packed sorted by slot and the receiver
+    orders its rows by counting (`stages.merge_by_slot`); a fixed C keeps each block in pair order."""
 
     wire: stages.Wire
     ffn: stages.FFN
     capacity: int
+    by_slot: bool = True
 
     def run(self, x: jax.Array, gate: jax.Array, dest: jax.Array, local: jax.Array, weights: dict) -> stages.Exchanged:
         """See `ExchangeFFN.run`; ``rounds`` = 1."""
         w = self.wire
         D = jax.lax.axis_size(w.axis)
         # Step 3: pack by destination (rows and their slot ids travel together).
-        packed = stages.pack(x, dest, local, top_k=w.top_k, num_ranks=D, capacity=self.capacity, dtype=w.dtype)
+        packed = stages.pack(
+            x, dest, local, top_k=w.top_k, num_ranks=D, capacity=self.capacity, dtype=w.dtype, by_slot=self.by_slot
+        )
         # Step 4: one exchange; Step 5: expert FFN on every received row; Step 6: return.
         recv = stages.exchange_rows(
             packed, axis=w.axis, exchange=w.exchange, hidden=w.hidden, slots_per_rank=stages.num_slots(weights)
         )
         recv = remat.name(recv, remat.DISPATCHED)  # rows, slots and counts: what the backward reads of the exchange
-        y, group_sizes = self.ffn(recv.rows.reshape(-1, w.hidden), recv.slots.reshape(-1), weights)
+        runs = D if self.by_slot else None
+        y, group_sizes = self.ffn(recv.rows.reshape(-1, w.hidden), recv.slots.reshape(-1), weights, runs=runs)
         y_pairs = stages.return_rows(y.reshape(recv.rows.shape), recv.counts, packed, axis=w.axis, exchange=w.exchange)
         y_pairs = remat.name(y_pairs, remat.RETURNED)
         # Step 7: each token's pairs weighted by their gates.
@@ -93,5 +99,5 @@ def for_call(config: MoEConfig, *, exchange: str, capacity: tuple[str, int], top
     if how == "rounds":
         return Rounds(wire, ffn, C)
     if config.schedule == "sync":
-        return OneExchange(wire, ffn, C)
-    return Scheduled(wire, ffn, C, config.schedule)
+        return OneExchange(wire, ffn, C, by_slot=how != "fixed")
+    return Scheduled(wire, ffn, C, config.schedule, by_slot=how != "fixed")

@@ -50,7 +50,7 @@ class Rounds:
         Returns:
           `stages.Exchanged`: dropless, so ``sent`` = ``wanted``; ``rounds`` = nr.
         """
-        po = stages.order_pairs(dest, local, jax.lax.axis_size(self.wire.axis))
+        po = stages.order_pairs(dest, local, jax.lax.axis_size(self.wire.axis), by_slot=True)  # dropless
         y_pairs, group_sizes, nr = _rounds(x, weights, po, self)
         y_pairs = remat.name(y_pairs, remat.RETURNED)
         out = stages.combine(y_pairs, gate, jnp.float32)  # Step 7: each token's pairs weighted by their gates
@@ -98,7 +98,8 @@ def _ffn(how: Rounds):
     the GEMM's output; the round's VJP takes cotangents in the dtype its results travel in)."""
 
     def ffn(rows, slots, weights):
-        y, group_sizes = how.ffn(rows, slots, weights)
+        # a round's blocks arrive sorted by slot (`order_pairs(by_slot=True)`): ordered by counting, not a sort
+        y, group_sizes = how.ffn(rows, slots, weights, runs=rows.shape[0] // how.capacity)
         return y.astype(how.wire.dtype), group_sizes
 
     return ffn
