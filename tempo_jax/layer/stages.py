@@ -378,6 +378,8 @@ def merge_by_slot(slots: jax.Array, runs: int, num_slots: int) -> tuple[jax.Arra
     give, from counts alone: row i of block d with slot s goes to (rows of slots < s) + (rows of slot s in blocks
     < d) + (its place in block d's run of s). ``[runs, S + 1]`` counts and an ``[M]`` scatter instead of a sort."""
     M = slots.shape[0]
+    if runs < 1 or M % runs:
+        raise ValueError(f"merge_by_slot: {M} rows do not split into {runs} equal blocks (runs must divide M)")
     C = M // runs
     s = slots.reshape(runs, C).astype(jnp.int32)
     count = jnp.sum(s[:, :, None] == jnp.arange(num_slots + 1, dtype=jnp.int32), axis=1, dtype=jnp.int32)  # [runs, S+1]
