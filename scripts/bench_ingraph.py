@@ -390,14 +390,14 @@ def plan_rounds(experts: int, tokens: int, repeats: int) -> dict:
 
 def round_stages(n, ranks, D: int, S: int, repeats: int, iterations: int = 64) -> dict:
     """Where one improvement round goes (`relief.round_stages`: its stages cumulatively, and the stuck round's path
-    search), each run alone ``iterations`` times in a `fori_loop` on the first round's plans (both starts under
-    `vmap`, as in the plan): µs per iteration = (t(iterations) − t(0)) / iterations, medians of ``repeats`` calls."""
+    search), each run alone ``iterations`` times in a `fori_loop` on the first round's plans (both starts side by side,
+    as in the plan): µs per iteration = (t(iterations) − t(0)) / iterations, medians of ``repeats`` calls."""
     starts, bodies = relief.round_stages(n, ranks, COST, D, num_slots=D * S)
     out = {}
     for name, body in bodies.items():
         ms = {}
         for it in (0, iterations):  # the same x every iteration (0 × a float the stage computed: never folded)
-            step = lambda i, x, body=body: x + 0.0 * jax.vmap(body)(x)[:, None]  # noqa: E731
+            step = lambda i, x, body=body: x + 0.0 * body(x)  # noqa: E731
             f = jax.jit(lambda x, it=it, step=step: jax.lax.fori_loop(0, it, step, x))
             jax.block_until_ready(f(starts))
             ms[it] = median_ms({"f": lambda f=f: f(starts)}, repeats)["f"]

@@ -190,6 +190,59 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
             np.testing.assert_array_equal(np.asarray(cumsums[axis]), np.cumsum(whole, axis))
 
 
+@pytest.mark.parametrize("stale, ep, experts, B", [(False, 8, 64, 256), (True, 8, 32, 256), (True, 16, 64, 16)])
+def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
+    """Issue 72, item 3: the plan carries its two starts side by side (`relief._side_by_side`: the second on
+    ranks D…2D − 1 and columns C…2C − 1), so one loop trip — a round of the doubled problem — is a round of each start
+    alone, exactly; a start whose rounds stopped (``frozen``) takes no move while the other's round is its own.
+    Checked on the first rounds of both starts (where they differ), then the whole improvement — plans, makespans,
+    rounds — against each start run alone, on stale and EPLB placements."""
+    problem = _stale(seed=3, ep=ep, experts=experts, tokens_per_rank=B) if stale else _problem(1.2, B, ep, experts)
+    pl = problem.placement
+    ranks = jnp.asarray(replica_ranks(pl.log2phy, pl.slots_per_rank), jnp.int32)
+    cols = relief.columns(ranks, ep, pl.num_slots)
+    mv = relief.move_pairs(ranks, cols, pl.num_slots)
+    both_cols, both_mv = relief._side_by_side(cols, mv, 2)
+    n = jnp.asarray(problem.n, jnp.float32)
+    K = mv.a.shape[0]
+
+    @jax.jit
+    def alone(x):
+        G, N = relief._loads(x, cols)
+        t = relief.rank_times(COST, G, N, jnp)
+        return relief._round(x, cols, mv, COST, G, N, t, jnp.zeros(K, bool))
+
+    @jax.jit
+    def together(x, frozen):
+        G, N = relief._loads(x, both_cols)
+        t = relief.rank_times(COST, G, N, jnp)
+        return relief._round(x, both_cols, both_mv, COST, G, N, t, jnp.repeat(frozen, K))
+
+    xs = [relief._seed(n, cols, COST, spread) for spread in (False, True)]
+    moved = 0
+    for _ in range(3):
+        one = [alone(x) for x in xs]
+        x2, accepted = together(jnp.concatenate(xs), jnp.zeros(2, bool))
+        np.testing.assert_array_equal(np.asarray(x2), np.concatenate([np.asarray(o[0]) for o in one]))
+        np.testing.assert_array_equal(np.asarray(accepted), np.concatenate([np.asarray(o[1]) for o in one]))
+        moved += int(np.asarray(accepted).sum())
+        for stop in (0, 1):  # one start frozen: it keeps its plan, the other runs its own round
+            x2, accepted = together(jnp.concatenate(xs), jnp.arange(2) == stop)
+            halves = np.asarray(x2).reshape(2, -1)
+            np.testing.assert_array_equal(halves[stop], np.asarray(xs[stop]))
+            np.testing.assert_array_equal(halves[1 - stop], np.asarray(one[1 - stop][0]))
+            assert not np.asarray(accepted).reshape(2, -1)[stop].any()
+        xs = [o[0] for o in one]
+    assert moved > 0, "the rounds checked should move something"
+    # the whole improvement (rounds, stuck starts' path searches, each start's stop): side by side = each alone
+    improve = jax.jit(lambda starts: relief._improve(starts, cols, mv, COST, relief.ROUNDS))
+    starts = jnp.stack([relief._seed(n, cols, COST, spread) for spread in (False, True)])
+    together = improve(starts)
+    for i in range(2):
+        for got, want in zip(together, improve(starts[i : i + 1]), strict=True):
+            np.testing.assert_array_equal(np.asarray(got)[i], np.asarray(want)[0])
+
+
 @given(
     n=st.lists(st.integers(0, 300), min_size=2, max_size=12),
     seed=st.integers(0, 2**16),

@@ -216,31 +216,33 @@ def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
     itself, in `jax.numpy` and float32.
 
     Computed once per round, elementwise: the gathers first (`price_moves`' own), then
-    `solvers.relief_prices.price_gathered` (~150 operations per candidate) in a loop of one trip. XLA copies an
-    elementwise producer into every fusion that reads it, so the pricing would run once per result it has, with its
-    gathers inside (scalar code); across a loop nothing fuses (and XLA:CPU drops optimisation barriers). Its three
-    results leave the loop as one complex64 array (gain, 2·share + chain: exact, shares being whole tokens below
-    2²³)."""
+    `solvers.relief_prices.price_gathered` (~150 operations per candidate). XLA copies an elementwise producer into
+    every fusion that reads it, so the pricing would run once per result it has, with its gathers inside (scalar
+    code), and XLA:CPU drops optimisation barriers: the gathered inputs (``[14, K]``) and the three results (one
+    complex64 array: gain, 2·share + chain — exact, shares being whole tokens below 2²³) are each written once by
+    `_materialize`. (A loop of one trip did this before; on a GPU each trip of a loop is a round trip to the host.)"""
     has = F["f"] >= 0
     swap = has & (F["m"] == g)
     t_m = jnp.where(has & ~swap, t[jnp.where(has, F["m"], 0)], -jnp.inf)
-    args = (xi, new_h, (G[g], N[g], t[g], G[h], N[h], t[h], t_m), has, swap, F["y"], F["new"], F["t"])
-
-    def packed(args):
-        p = price_gathered(*args, cost, xp=jnp, dtype=jnp.float32)
-        return jax.lax.complex(p["gain"], 2.0 * p["share"] + p["chain"].astype(jnp.float32))
-
-    def body(carry):
-        i, args, _ = carry
-        # the inputs change (to themselves) each trip, so XLA cannot sink their gathers into the loop either
-        return i + 1, jax.tree.map(lambda a: jnp.where(i >= 0, a, jnp.zeros_like(a)), args), packed(args)
-
-    once = jnp.minimum(jnp.sum(xi * 0.0).astype(jnp.int32), 0) + 1  # 1, as data XLA cannot fold
-    init = (jnp.int32(0), args, jnp.zeros(xi.shape, jnp.complex64))
-    out = jax.lax.while_loop(lambda c: c[0] < once, body, init)[2]
+    zero = jnp.minimum(jnp.sum(xi * 0.0).astype(jnp.int32), 0)  # 0, as data XLA cannot fold
+    gathered = (xi, new_h, G[g], N[g], t[g], G[h], N[h], t[h], t_m, has, swap, F["y"], F["new"], F["t"])
+    rows = _materialize(jnp.stack([a.astype(jnp.float32) for a in gathered]), zero)  # [14, K]: the gathers, once
+    xi, new_h, Gg, Ng, tg, Gh, Nh, th, t_m, has, swap, y_f, new_f, t_f = rows
+    p = price_gathered(
+        xi, new_h, (Gg, Ng, tg, Gh, Nh, th, t_m), has > 0, swap > 0, y_f, new_f, t_f, cost, xp=jnp, dtype=jnp.float32
+    )
+    out = _materialize(jax.lax.complex(p["gain"], 2.0 * p["share"] + p["chain"].astype(jnp.float32)), zero)
     code = jnp.imag(out)
     share = jnp.floor(code / 2.0)
     return {"gain": jnp.real(out), "share": share, "chain": code > 2.0 * share}
+
+
+def _materialize(values: jax.Array, zero: jax.Array) -> jax.Array:
+    """``values [K]`` written once to memory: a scatter to its own places (``zero``: 0, as data XLA cannot fold), which
+    XLA does not fuse through, so every reader loads the values rather than recomputing their producer."""
+    flat = values.reshape(-1)
+    at = jnp.arange(flat.shape[0], dtype=jnp.int32) + zero
+    return jnp.zeros_like(flat).at[at].set(flat, unique_indices=True).reshape(values.shape)
 
 
 def _select(gain, sender_time, mv: Moves, m):
@@ -320,49 +322,86 @@ def _seed(n, cols: Columns, cost: CostModel, spread: bool):
     return x + jnp.where(cols.live & ~single & (place == nth[cols.expert]), n_c, 0.0)
 
 
-def _improve(x, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
-    """Steps 3-4 (`solvers.relief._improve`) from the start ``x [C]`` → ``(best plan, its makespan, rounds run)``
-    (a round that accepts no move ends the loop; it counts)."""
+def _side_by_side(cols: Columns, mv: Moves, S: int) -> tuple[Columns, Moves]:
+    """``S`` starts as one problem: each start's columns and moves, the s-th on ranks s·D…(s + 1)·D − 1 and columns
+    s·C…(s + 1)·C − 1 (``cols`` / ``mv`` of S·C columns, S·K moves, S·D ranks; padding columns on rank S·D). No move
+    joins two starts and every step of a round is elementwise or grouped by rank (an expert is compared only with
+    the moves of its own ranks), so a round of this problem is a round of each start: one loop trip serves all."""
+    C, D = cols.rank.shape[0], cols.D
+    s = jnp.arange(S, dtype=jnp.int32)[:, None]
+
+    def stacked(v, shift):
+        return (v[None] + s * shift).reshape(-1)
+
+    rank = jnp.where(cols.live[None], cols.rank[None] + s * D, S * D).reshape(-1)
+    live = jnp.tile(cols.live, S)
+    out_cols = Columns(jnp.tile(cols.expert, S), jnp.tile(cols.column, S), rank, live, S * D)
+    shifts = {"a": C, "b": C, "e": 0, "g": D, "h": D}
+    out_mv = Moves(*(stacked(getattr(mv, k), v) for k, v in shifts.items()), jnp.tile(mv.valid, S), S * D)
+    return out_cols, out_mv
+
+
+def _round(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t, frozen):
+    """Step 3a-c and the accepted moves applied: one round of pairwise moves on ``x [C]`` (the ranks' loads
+    ``G, N [D]`` and times ``t [D]``; ``frozen [K]``: moves that may not be taken) → ``(x, accepted [K])``."""
     g, h = mv.g, mv.h
+    F = chain_partners(_forwards(x, mv, G, N, cost), h, mv.e, xp=jnp)  # Step 3a
+    xi = x[mv.a]
+    moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
+    gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
+    accepted = _select(jnp.where(frozen, -jnp.inf, gain), t[g], mv, third)  # Step 3c
+    s = jnp.where(accepted, moves["share"], 0.0)
+    y = jnp.where(accepted & moves["chain"], F["y"], 0.0)  # h's hand-off, when the move is a chain
+    return x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y])), accepted
+
+
+def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
+    """Steps 3-4 (`solvers.relief._improve`) from ``S`` starts ``[S, C]`` at once (`_side_by_side`) → ``(best plans
+    [S, C], their makespans [S], rounds each ran [S])``.
+
+    Each start runs as `solvers.relief._improve` does: rounds of pairwise moves until one accepts none (it counts: the
+    start is *stuck*) or the rounds run out; a stuck start then searches the plan's hand-off path (step 3d) — applied,
+    its rounds go on; none, it is done. A start whose rounds stopped takes no move and keeps its best while another
+    runs on, and the path search waits until all have stopped (it is not in the round's loop)."""
+    S, C = starts.shape
+    D, K = cols.D, mv.a.shape[0]
+    all_cols, all_mv = _side_by_side(cols, mv, S)
+    start_of = jnp.repeat(jnp.arange(S), K)  # [S·K]: each move's start
+
+    def times(x):
+        G, N = _loads(x, all_cols)
+        return G, N, rank_times(cost, G, N, jnp)
 
     def one_round(carry):
-        i, x, best_x, best_ms, _ = carry
-        G, N = _loads(x, cols)
-        t = rank_times(cost, G, N, jnp)
-        better = jnp.max(t) < best_ms
-        best_x, best_ms = jnp.where(better, x, best_x), jnp.where(better, jnp.max(t), best_ms)
-        F = chain_partners(_forwards(x, mv, G, N, cost), h, mv.e, xp=jnp)  # Step 3a
-        xi = x[mv.a]
-        moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
-        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
-        accepted = _select(gain, t[g], mv, third)  # Step 3c
-        s = jnp.where(accepted, moves["share"], 0.0)
-        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)  # h's hand-off, when the move is a chain
-        x = x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y]))
-        return i + 1, x, best_x, best_ms, ~jnp.any(accepted)  # stuck: x unchanged
+        i, x, best_x, best_ms, run, stuck = carry
+        G, N, t = times(x)
+        ms = jnp.max(t.reshape(S, D), axis=1)
+        better = run & (ms < best_ms)
+        best_x = jnp.where(better[:, None], x.reshape(S, C), best_x)
+        best_ms = jnp.where(better, ms, best_ms)
+        x, accepted = _round(x, all_cols, all_mv, cost, G, N, t, ~run[start_of])
+        i = i + run.astype(jnp.int32)
+        now_stuck = run & ~jnp.any(accepted.reshape(S, K), axis=1)  # x unchanged where stuck
+        return i, x, best_x, best_ms, run & ~now_stuck & (i < rounds), stuck | now_stuck
 
-    def pairwise_then_path(carry):
-        """Rounds of pairwise moves until one accepts none (or the rounds run out), then, in that stuck round,
-        step 3d: the plan's hand-off path. Carried out this way (not a path search inside every round) the
-        search runs once per stuck round (and would under `jax.vmap` of the two starts)."""
-        i, x, best_x, best_ms, _ = carry
-        i, x, best_x, best_ms, stuck = jax.lax.while_loop(
-            lambda c: (c[0] < rounds) & ~c[4], one_round, (i, x, best_x, best_ms, jnp.bool_(False))
-        )
-        G, N = _loads(x, cols)
-        x_path, found = _augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))
-        found = stuck & found
-        return i, jnp.where(found, x_path, x), best_x, best_ms, found
+    def rounds_then_paths(carry):
+        i, x, best_x, best_ms, run = carry
+        init = (i, x, best_x, best_ms, run, jnp.zeros(S, bool))
+        i, x, best_x, best_ms, _, stuck = jax.lax.while_loop(lambda c: jnp.any(c[4]), one_round, init)
+        G, N, t = (v.reshape(S, D) for v in times(x))
+        x, found = x.reshape(S, C), []
+        for s in range(S):  # Step 3d, each start's search (on XLA:CPU cheaper run than skipped by a `cond`)
+            x_s, found_s = _augment(x[s], cols, mv, cost, G[s], N[s], t[s])
+            found_s = stuck[s] & found_s  # kept where the start is stuck
+            x, found = x.at[s].set(jnp.where(found_s, x_s, x[s])), [*found, found_s]
+        return i, x.reshape(-1), best_x, best_ms, jnp.stack(found) & (i < rounds)
 
-    # At most ``rounds``; a round that accepts no move and finds no path leaves x as it was, so every later round
-    # would too.
-    best_x, best_ms, ran = x, jnp.float32(jnp.inf), jnp.int32(0)
-    if rounds:
-        carry = (ran, x, best_x, best_ms, jnp.bool_(True))
-        ran, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: (c[0] < rounds) & c[4], pairwise_then_path, carry)
+    init = (jnp.zeros(S, jnp.int32), starts.reshape(-1), starts, jnp.full(S, jnp.inf), jnp.full(S, rounds > 0))
+    i, x, best_x, best_ms, _ = jax.lax.while_loop(lambda c: jnp.any(c[4]), rounds_then_paths, init)
     # Step 4: the best of the rounds (the last moves included).
-    last = jnp.max(rank_times(cost, *_loads(x, cols), jnp))
-    return jnp.where(last < best_ms, x, best_x), jnp.minimum(last, best_ms), ran
+    last = jnp.max(times(x)[2].reshape(S, D), axis=1)
+    x = x.reshape(S, C)
+    return jnp.where((last < best_ms)[:, None], x, best_x), jnp.minimum(last, best_ms), i
 
 
 def _unpack(x, cols: Columns, shape) -> jax.Array:
@@ -381,9 +420,14 @@ def relief(
     with_rounds: bool = False,
 ) -> jax.Array:
     """Pairwise relief of ``n [E]`` tokens per expert over ``ranks [E, R]`` → ``x [E, R]`` float32 whole tokens
-    (`solvers.relief.relief`, step for step, on the packed columns (`Columns`); its two starts one after the other,
-    each stopping when it is done); ``num_slots`` P bounds the columns and candidate moves (default: E·R).
-    ``with_rounds``: ``(x, rounds)``, the improvement rounds the chosen start ran (int32, at most ``rounds``)."""
+    (`solvers.relief.relief`, step for step, on the packed columns (`Columns`)); ``num_slots`` P bounds the columns
+    and candidate moves (default: E·R). ``with_rounds``: ``(x, rounds)``, the improvement rounds the chosen start ran
+    (int32, at most ``rounds``).
+
+    Its two starts run side by side, one loop trip a round of both (`_side_by_side`), each stopping when it is
+    done: as many loop trips as the longer start's rounds rather than both starts' rounds, for the same plans (on a
+    GPU a round costs its kernel launches and a loop trip a round trip to the host; docs/results.md, "The plan's
+    time")."""
     D = num_ranks
     n = n.astype(jnp.float32)
     E, R = ranks.shape
@@ -391,8 +435,7 @@ def relief(
     cols = columns(ranks, D, P)
     mv = move_pairs(ranks, cols, P)
     starts = jnp.stack([_seed(n, cols, cost, spread) for spread in (False, True)])  # Step 2
-    outs = [_improve(starts[i], cols, mv, cost, rounds) for i in range(2)]
-    xs, ms, ran = (jnp.stack(v) for v in zip(*outs, strict=True))
+    xs, ms, ran = _improve(starts, cols, mv, cost, rounds)  # Steps 3-4, both starts side by side
     x = _unpack(jnp.where(ms[1] < ms[0], xs[1], xs[0]), cols, ranks.shape)
     return (x, jnp.where(ms[1] < ms[0], ran[1], ran[0])) if with_rounds else x
 
@@ -424,40 +467,42 @@ ROUND_STAGES = ("loads and times", "+ best hand-offs", "+ pricing", "+ selection
 
 def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, *, num_slots: int):
     """One improvement round of `relief` cut into its stages, for profiling (`scripts/bench_ingraph.py --suites
-    plan`): ``n [E]`` tokens per expert, ``ranks [E, R]`` → ``(starts [2, C], {name: body})``, the two seeded
-    starts on the packed columns and, per name of `ROUND_STAGES` (then ``"path search of a stuck round"``), a
-    function ``x [C] → a float32 scalar`` that runs the round up to that stage on ``x`` (its result depends on every
-    stage run)."""
+    plan`): ``n [E]`` tokens per expert, ``ranks [E, R]`` → ``(x [2C], {name: body})``, the two seeded starts side by
+    side as the plan carries them (`_side_by_side`) and, per name of `ROUND_STAGES` (then ``"path search of a
+    stuck round"``, each start's), a function ``x [2C] → a float32 scalar`` that runs the round up to that stage on
+    ``x`` (its result depends on every stage run)."""
     cols = columns(ranks, num_ranks, num_slots)
     mv = move_pairs(ranks, cols, num_slots)
-    g, h = mv.g, mv.h
+    both_cols, both_mv = _side_by_side(cols, mv, 2)
+    g, h = both_mv.g, both_mv.h
     n = n.astype(jnp.float32)
-    starts = jnp.stack([_seed(n, cols, cost, spread) for spread in (False, True)])
+    starts = jnp.concatenate([_seed(n, cols, cost, spread) for spread in (False, True)])
 
     def upto(x, stage: int):
-        G, N = _loads(x, cols)
+        G, N = _loads(x, both_cols)
         t = rank_times(cost, G, N, jnp)
         if stage == 1:
             return jnp.max(t)
-        fw = _forwards(x, mv, G, N, cost)
+        fw = _forwards(x, both_mv, G, N, cost)
         if stage == 2:
             return jnp.sum(fw["t"])
-        F = chain_partners(fw, h, mv.e, xp=jnp)
-        xi = x[mv.a]
-        moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
+        F = chain_partners(fw, h, both_mv.e, xp=jnp)
+        xi = x[both_mv.a]
+        moves = _price(xi, (x[both_mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
         if stage == 3:
             return jnp.sum(jnp.where(jnp.isfinite(moves["gain"]), moves["gain"], 0.0))
-        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
-        accepted = _select(gain, t[g], mv, third)
+        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, both_mv.valid, xp=jnp)
+        accepted = _select(gain, t[g], both_mv, third)
         if stage == 4:
             return jnp.sum(accepted.astype(jnp.float32))
-        s = jnp.where(accepted, moves["share"], 0.0)
-        y = jnp.where(accepted & moves["chain"], F["y"], 0.0)
-        return jnp.sum(x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y])))
+        return jnp.sum(_round(x, both_cols, both_mv, cost, G, N, t, jnp.zeros_like(accepted))[0])
 
     def path_search(x):
-        G, N = _loads(x, cols)
-        return jnp.sum(_augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))[0])
+        def one(x):
+            G, N = _loads(x, cols)
+            return jnp.sum(_augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))[0])
+
+        return jnp.sum(jax.vmap(one)(x.reshape(2, -1)))
 
     bodies = {name: (lambda x, i=i: upto(x, i + 1)) for i, name in enumerate(ROUND_STAGES)}
     bodies["path search of a stuck round"] = path_search
