@@ -243,6 +243,34 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
             np.testing.assert_array_equal(np.asarray(got)[i], np.asarray(want)[0])
 
 
+@given(D=st.integers(2, 9), K=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_the_selection_on_each_senders_candidate_equals_the_twins(D, K, seed):
+    """Issue 72, item 3: the jnp selection runs on each sender's one candidate (`relief._select`: ``[D, D]`` pairwise)
+    where the numpy twin runs on all K moves; the accepted moves are the same, on random moves with tied gains and
+    sender times (small whole numbers, −inf: not a candidate), chains' third ranks and ranks that both send and
+    receive."""
+    from solvers.relief import _select as select_np
+
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, D, K)
+    h = (g + rng.integers(1, D, K)) % D  # another rank
+    gain = np.where(rng.random(K) < 0.3, -np.inf, rng.integers(1, 4, K)).astype(np.float64)
+    t = rng.integers(0, 3, D).astype(np.float64)
+    m = np.where(rng.random(K) < 0.5, -1, rng.integers(0, D, K))
+    m = np.where(m == g, -1, m)  # `downhill_gains` gives no third rank equal to the sender
+    want = select_np(gain, t[g], g, h, m, D)
+    mv = relief.Moves(
+        *(jnp.asarray(v, jnp.int32) for v in (np.zeros(K), np.zeros(K), np.zeros(K), g, h)), jnp.ones(K, bool), D
+    )
+    select = jax.jit(lambda gain, sender_time, m: relief._select(gain, sender_time, mv, m))
+    k, accepted = select(*(jnp.asarray(v, jnp.float32) for v in (gain, t[g])), jnp.asarray(m, jnp.int32))
+    got = np.zeros(K, bool)
+    k, accepted = np.asarray(k), np.asarray(accepted)
+    got[k[accepted]] = True
+    np.testing.assert_array_equal(got, want)
+    assert np.all(np.asarray(g)[k[accepted]] == np.flatnonzero(accepted))  # each candidate is its sender's
+
+
 @given(
     n=st.lists(st.integers(0, 300), min_size=2, max_size=12),
     seed=st.integers(0, 2**16),

@@ -182,13 +182,6 @@ def _first_best(score, group, D: int, *, with_first: bool = False):
     return (mask, first) if with_first else mask
 
 
-def _lexi_best(primary, secondary, group, D: int):
-    """Each group's best entry by ``primary``, then ``secondary`` (−inf: not a candidate), then index."""
-    finite = jnp.isfinite(secondary)
-    best = jax.ops.segment_max(jnp.where(finite, primary, -jnp.inf), group, num_segments=D)
-    return _first_best(jnp.where(finite & (primary == best[group]), secondary, -jnp.inf), group, D)
-
-
 _FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
 
 
@@ -246,17 +239,31 @@ def _materialize(values: jax.Array, zero: jax.Array) -> jax.Array:
 
 
 def _select(gain, sender_time, mv: Moves, m):
-    """Step 3c (`solvers.relief._select`): the accepted moves, a mask ``[K]`` (``m``: a chain's third rank, −1:
-    none)."""
-    D = mv.D
-    sent = _first_best(gain, mv.g, D)
-    accepted = _lexi_best(jnp.where(sent, sender_time, -jnp.inf), jnp.where(sent, gain, -jnp.inf), mv.h, D)
-    receives = jax.ops.segment_max(accepted.astype(jnp.int32), mv.h, num_segments=D) > 0
-    accepted = accepted & ~receives[mv.g]
-    mm = jnp.where(m >= 0, m, D)
-    one = accepted.astype(jnp.int32)
-    used = jax.ops.segment_sum(jnp.concatenate([one, one, one]), jnp.concatenate([mv.g, mv.h, mm]), num_segments=D + 1)
-    return accepted & ((m < 0) | (used[mm] == 1))
+    """Step 3c (`solvers.relief._select`) → ``(k [D], accepted [D])``: each sender rank's one candidate — its best
+    move, an index into the K moves (K: none) — and whether it is accepted (``gain``, ``sender_time``, ``m``: the
+    moves' gains, their sender's time and a chain's third rank, −1: none, all ``[K]``).
+
+    A rank sends at most its best move, so after that first choice the selection runs on D candidates, not K: each
+    receiver takes its slowest sender's (then the larger gain, then the lower move), pairwise over ``[D, D]``."""
+    D, K = mv.D, gain.shape[0]
+    k = _first_best(gain, mv.g, D, with_first=True)[1]  # [D]: sender d's move
+    has = k < K
+    kk = jnp.minimum(k, K - 1)
+    h = jnp.where(has, mv.h[kk], -1)
+    primary, secondary = sender_time[kk], gain[kk]
+    third = jnp.where(has, m[kk], -1)
+    same = has[:, None] & has[None, :] & (h[:, None] == h[None, :])  # [d, d']: the same receiver
+    beaten = (primary[None] > primary[:, None]) | (
+        (primary[None] == primary[:, None])
+        & ((secondary[None] > secondary[:, None]) | ((secondary[None] == secondary[:, None]) & (k[None] < k[:, None])))
+    )
+    accepted = has & ~jnp.any(same & beaten, axis=1)
+    ranks = jnp.arange(D, dtype=jnp.int32)
+    receives = jnp.any(accepted[None, :] & (h[None, :] == ranks[:, None]), axis=1)  # [D]
+    accepted = accepted & ~receives  # a receiver does not send
+    roles = sum((v[None, :] == ranks[:, None]).astype(jnp.int32) for v in (ranks, h, third))  # [r, d]: sender, …
+    used = jnp.sum(jnp.where(accepted[None, :], roles, 0), axis=1)  # [D]: the accepted moves' roles each rank has
+    return k, accepted & ((third < 0) | (used[jnp.maximum(third, 0)] == 1))
 
 
 def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
@@ -343,16 +350,19 @@ def _side_by_side(cols: Columns, mv: Moves, S: int) -> tuple[Columns, Moves]:
 
 def _round(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t, frozen):
     """Step 3a-c and the accepted moves applied: one round of pairwise moves on ``x [C]`` (the ranks' loads
-    ``G, N [D]`` and times ``t [D]``; ``frozen [K]``: moves that may not be taken) → ``(x, accepted [K])``."""
+    ``G, N [D]`` and times ``t [D]``; ``frozen [K]``: moves that may not be taken) → ``(x, accepted [D])``: whether
+    each rank's move was taken (`_select`)."""
     g, h = mv.g, mv.h
     F = chain_partners(_forwards(x, mv, G, N, cost), h, mv.e, xp=jnp)  # Step 3a
     xi = x[mv.a]
     moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
     gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
-    accepted = _select(jnp.where(frozen, -jnp.inf, gain), t[g], mv, third)  # Step 3c
-    s = jnp.where(accepted, moves["share"], 0.0)
-    y = jnp.where(accepted & moves["chain"], F["y"], 0.0)  # h's hand-off, when the move is a chain
-    return x.at[jnp.concatenate([mv.a, mv.b, F["ca"], F["cb"]])].add(jnp.concatenate([-s, s, -y, y])), accepted
+    k, accepted = _select(jnp.where(frozen, -jnp.inf, gain), t[g], mv, third)  # Step 3c
+    k = jnp.minimum(k, mv.a.shape[0] - 1)  # only the D candidates move (whole tokens: any order sums exactly)
+    s = jnp.where(accepted, moves["share"][k], 0.0)
+    y = jnp.where(accepted & moves["chain"][k], F["y"][k], 0.0)  # h's hand-off, when the move is a chain
+    at = jnp.concatenate([mv.a[k], mv.b[k], F["ca"][k], F["cb"][k]])
+    return x.at[at].add(jnp.concatenate([-s, s, -y, y])), accepted
 
 
 def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
@@ -381,7 +391,7 @@ def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
         best_ms = jnp.where(better, ms, best_ms)
         x, accepted = _round(x, all_cols, all_mv, cost, G, N, t, ~run[start_of])
         i = i + run.astype(jnp.int32)
-        now_stuck = run & ~jnp.any(accepted.reshape(S, K), axis=1)  # x unchanged where stuck
+        now_stuck = run & ~jnp.any(accepted.reshape(S, D), axis=1)  # x unchanged where stuck
         return i, x, best_x, best_ms, run & ~now_stuck & (i < rounds), stuck | now_stuck
 
     def rounds_then_paths(carry):
@@ -492,10 +502,10 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
         if stage == 3:
             return jnp.sum(jnp.where(jnp.isfinite(moves["gain"]), moves["gain"], 0.0))
         gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, both_mv.valid, xp=jnp)
-        accepted = _select(gain, t[g], both_mv, third)
+        accepted = _select(gain, t[g], both_mv, third)[1]
         if stage == 4:
             return jnp.sum(accepted.astype(jnp.float32))
-        return jnp.sum(_round(x, both_cols, both_mv, cost, G, N, t, jnp.zeros_like(accepted))[0])
+        return jnp.sum(_round(x, both_cols, both_mv, cost, G, N, t, jnp.zeros(g.shape, bool))[0])
 
     def path_search(x):
         def one(x):
