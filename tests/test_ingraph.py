@@ -243,6 +243,16 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
             np.testing.assert_array_equal(np.asarray(got)[i], np.asarray(want)[0])
 
 
+@pytest.mark.parametrize(
+    "shape, axis", [((31,), 0), ((32,), 0), ((33,), 0), ((320,), 0), ((1025,), 0), ((3, 70, 4), 1)]
+)
+def test_long_cumulative_sums_run_in_blocks_and_stay_exact(shape, axis):
+    """Issue 72, item 3: `relief._cumsum` past its block (32) sums within blocks, then the blocks' totals — the
+    numpy cumulative sum exactly, at and around the block's size and past two levels (1,025 = 33 blocks)."""
+    x = np.random.default_rng(0).integers(0, 1000, shape).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: relief._cumsum(v, axis))(x)), np.cumsum(x, axis))
+
+
 @given(D=st.integers(2, 9), K=st.integers(1, 40), seed=st.integers(0, 2**16))
 def test_the_selection_on_each_senders_candidate_equals_the_twins(D, K, seed):
     """Issue 72, item 3: the jnp selection runs on each sender's one candidate (`relief._select`: ``[D, D]`` pairwise)

@@ -104,13 +104,22 @@ def columns(ranks: jax.Array, num_ranks: int, num_slots: int | None = None) -> C
     return Columns(ce.astype(jnp.int32), ci.astype(jnp.int32), rank, live, D)
 
 
-def _cumsum(x: jax.Array, axis: int) -> jax.Array:
-    """Inclusive cumulative sum of whole numbers (exact in float32 below 2²⁴) along ``axis`` → float32, as one product
-    with a triangular matrix: XLA:CPU's scan (a reduce-window) took ~0.1 ms on a few thousand entries."""
+def _cumsum(x: jax.Array, axis: int, block: int = 32) -> jax.Array:
+    """Inclusive cumulative sum of whole numbers (exact in float32 below 2²⁴) along ``axis`` → float32, as products
+    with triangular matrices: XLA:CPU's scan (a reduce-window) took ~0.1 ms on a few thousand entries. Longer than
+    ``block``, in two levels — within blocks of ``block``, then the blocks' totals — so no triangle is larger than
+    ``max(block, n / block)`` on a side (XLA builds them every call: at n = 320 one triangle took ~0.1 ms)."""
     n = x.shape[axis]
+    last = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
+    if n > block:
+        m = -(-n // block)
+        parts = jnp.pad(last, [(0, 0)] * (last.ndim - 1) + [(0, m * block - n)]).reshape(*last.shape[:-1], m, block)
+        within = _cumsum(parts, -1, block)  # [..., m, block]
+        before = _cumsum(within[..., -1], -1, block) - within[..., -1]  # [..., m]: the earlier blocks' totals
+        out = (within + before[..., None]).reshape(*last.shape[:-1], m * block)[..., :n]
+        return jnp.moveaxis(out, -1, axis)
     upper = (jnp.arange(n)[:, None] <= jnp.arange(n)[None, :]).astype(jnp.float32)  # [i, j]: i <= j
     # HIGHEST: float32 products and sums on every backend (a GPU's default TF32 would round the counts)
-    last = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
     out = jnp.tensordot(last, upper, axes=1, precision=jax.lax.Precision.HIGHEST)
     return jnp.moveaxis(out, -1, axis)
 
