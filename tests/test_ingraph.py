@@ -194,7 +194,8 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
 def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
     """Issue 72, item 3: the plan carries its two starts side by side (`relief._side_by_side`: the second on
     ranks D…2D − 1 and columns C…2C − 1), so one loop trip — a round of the doubled problem — is a round of each start
-    alone, exactly; a start whose rounds stopped (``frozen``) takes no move while the other's round is its own.
+    alone (the same moves accepted; plans to float32's tolerance, as two programs' outputs); a start whose rounds
+    stopped (``frozen``) takes no move while the other's round is its own.
     Checked on the first rounds of both starts (where they differ), then the whole improvement — plans, makespans,
     rounds — against each start run alone, on stale and EPLB placements."""
     problem = _stale(seed=3, ep=ep, experts=experts, tokens_per_rank=B) if stale else _problem(1.2, B, ep, experts)
@@ -223,14 +224,14 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
     for _ in range(3):
         one = [alone(x) for x in xs]
         x2, accepted = together(jnp.concatenate(xs), jnp.zeros(2, bool))
-        np.testing.assert_array_equal(np.asarray(x2), np.concatenate([np.asarray(o[0]) for o in one]))
+        assert_close(x2, np.concatenate([np.asarray(o[0]) for o in one]))  # two programs: float32's tolerance
         np.testing.assert_array_equal(np.asarray(accepted), np.concatenate([np.asarray(o[1]) for o in one]))
         moved += int(np.asarray(accepted).sum())
         for stop in (0, 1):  # one start frozen: it keeps its plan, the other runs its own round
             x2, accepted = together(jnp.concatenate(xs), jnp.arange(2) == stop)
             halves = np.asarray(x2).reshape(2, -1)
             np.testing.assert_array_equal(halves[stop], np.asarray(xs[stop]))
-            np.testing.assert_array_equal(halves[1 - stop], np.asarray(one[1 - stop][0]))
+            assert_close(halves[1 - stop], np.asarray(one[1 - stop][0]))
             assert not np.asarray(accepted).reshape(2, -1)[stop].any()
         xs = [o[0] for o in one]
     assert moved > 0, "the rounds checked should move something"
@@ -239,8 +240,10 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
     starts = jnp.stack([relief._seed(n, cols, COST, spread) for spread in (False, True)])
     together = improve(starts)
     for i in range(2):
-        for got, want in zip(together, improve(starts[i : i + 1]), strict=True):
-            np.testing.assert_array_equal(np.asarray(got)[i], np.asarray(want)[0])
+        (x, ms, ran), (x1, ms1, ran1) = together, improve(starts[i : i + 1])
+        assert_close(np.asarray(x)[i], np.asarray(x1)[0])
+        assert_close(np.asarray(ms)[i], np.asarray(ms1)[0])
+        assert int(ran[i]) == int(ran1[0])  # the rounds each start ran
 
 
 @pytest.mark.parametrize(
