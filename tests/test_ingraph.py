@@ -148,9 +148,10 @@ def test_source_quotas_split_each_plan_over_its_sources(counts, data):
 def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
     """Issue 72, item 3: the pieces the faster plan is built from — `replica_ranks` with and without ``num_ranks``
     (one scatter of first columns vs pairwise comparisons; any row order, −1 padding, repeated ranks), the packed
-    columns and candidate moves (`relief.columns` / `relief.move_pairs`: the same (e, i, j) triples, in the same
-    order, as `solvers.relief.move_pairs`), and the triangular-product cumulative sums and nonzero — equal the numpy
-    twin's and jnp's own, on 25 random placements (every expert in at least one slot, the rest at random)."""
+    columns and the candidate moves by sender rank (`relief.columns` / `relief.move_rows`: the (e, i, j) triples of
+    `solvers.relief.move_pairs`, each on its sender's row in that order, ``order`` its place in it), and the
+    triangular-product cumulative sums and nonzero — equal the numpy twin's and jnp's own, on 25 random placements
+    (every expert in at least one slot, the rest at random)."""
     from solvers.relief import move_pairs as move_pairs_np
 
     P = ranks_ * slots
@@ -160,9 +161,9 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
     def pieces(l2p, mask, whole):
         ranks = relief.replica_ranks(l2p, slots, ranks_)
         cols = relief.columns(ranks, ranks_, P)
-        mv = relief.move_pairs(ranks, cols, P)
+        rows = relief.move_rows(ranks, cols, P)
         cumsums = [relief._cumsum(whole, axis) for axis in (0, 1)]
-        return relief.replica_ranks(l2p, slots), ranks, cols, mv, relief._nonzero(mask, mask.size), cumsums
+        return relief.replica_ranks(l2p, slots), ranks, cols, rows, relief._nonzero(mask, mask.size), cumsums
 
     rng = np.random.default_rng(0)
     for _ in range(25):
@@ -172,17 +173,21 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
         l2p = np.array([np.r_[h, -np.ones(R - len(h), int)] for h in held])
         mask = rng.random((experts, R)) < 0.4
         whole = rng.integers(0, 1000, (experts, R)).astype(np.float32)
-        pairwise, ranks, cols, mv, nonzero, cumsums = pieces(l2p, mask, whole)
+        pairwise, ranks, cols, rows, nonzero, cumsums = pieces(l2p, mask, whole)
         want = replica_ranks(l2p, slots)
         np.testing.assert_array_equal(np.asarray(pairwise), want)
         np.testing.assert_array_equal(np.asarray(ranks), want)
         pe, pi, pj = move_pairs_np(want)
-        k = int(np.sum(np.asarray(mv.valid)))
-        assert k == pe.size and bool(np.all(np.asarray(mv.valid)[:k]))
-        col_e, col_i = np.asarray(cols.expert), np.asarray(cols.column)
-        a, b = np.asarray(mv.a)[:k], np.asarray(mv.b)[:k]
-        for got, ref in ((col_e[a], pe), (col_i[a], pi), (col_e[b], pe), (col_i[b], pj)):
-            np.testing.assert_array_equal(got, ref)
+        a, b, e, h, valid, order = (np.asarray(v) for v in rows)
+        assert np.all(valid == (np.arange(valid.shape[1]) < valid.sum(axis=1, keepdims=True)))  # packed, row by row
+        assert all(np.all(np.diff(o[v]) > 0) for o, v in zip(order, valid, strict=True))  # in order along a row
+        col_e, col_i, col_rank = (np.asarray(v) for v in (cols.expert, cols.column, cols.rank))
+        np.testing.assert_array_equal(np.sort(order[valid]), np.arange(pe.size))  # every move once
+        by_order = np.argsort(order[valid])
+        for got, ref in ((col_e[a], pe), (col_i[a], pi), (col_e[b], pe), (col_i[b], pj), (e, pe)):
+            np.testing.assert_array_equal(got[valid][by_order], ref)
+        np.testing.assert_array_equal(col_rank[a][valid], np.nonzero(valid)[0])  # a move sits on its sender's row
+        np.testing.assert_array_equal(col_rank[b][valid], h[valid])
         for got, ref in zip(nonzero, np.nonzero(mask), strict=True):
             np.testing.assert_array_equal(np.asarray(got)[: ref.size], ref)
             assert not np.any(np.asarray(got)[ref.size :])
@@ -193,33 +198,34 @@ def test_the_packed_plans_building_blocks_match_numpy(experts, ranks_, slots):
 @pytest.mark.parametrize("stale, ep, experts, B", [(False, 8, 64, 256), (True, 8, 32, 256), (True, 16, 64, 16)])
 def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
     """Issue 72, item 3: the plan carries its two starts side by side (`relief._side_by_side`: the second on
-    ranks D…2D − 1 and columns C…2C − 1), so one loop trip — a round of the doubled problem — is a round of each start
-    alone (the same moves accepted; plans to float32's tolerance, as two programs' outputs); a start whose rounds
-    stopped (``frozen``) takes no move while the other's round is its own.
+    ranks D…2D − 1, its rows, and columns C…2C − 1), so one loop trip — a round of the doubled problem — is a round of
+    each start alone (the same moves accepted; plans to float32's tolerance, as two programs' outputs); a start whose
+    rounds stopped (``frozen``) takes no move while the other's round is its own.
     Checked on the first rounds of both starts (where they differ), then the whole improvement — plans, makespans,
-    rounds — against each start run alone, on stale and EPLB placements."""
+    rounds — against each start run alone, on stale and EPLB placements. The round's per-sender choices are
+    reductions along the rows: its only scatters are the loads and the accepted moves' adds."""
     problem = _stale(seed=3, ep=ep, experts=experts, tokens_per_rank=B) if stale else _problem(1.2, B, ep, experts)
     pl = problem.placement
     ranks = jnp.asarray(replica_ranks(pl.log2phy, pl.slots_per_rank), jnp.int32)
     cols = relief.columns(ranks, ep, pl.num_slots)
-    mv = relief.move_pairs(ranks, cols, pl.num_slots)
-    both_cols, both_mv = relief._side_by_side(cols, mv, 2)
+    rows = relief.move_rows(ranks, cols, pl.num_slots)
+    both_cols, both_rows = relief._side_by_side(cols, rows, 2)
     n = jnp.asarray(problem.n, jnp.float32)
-    K = mv.a.shape[0]
 
-    @jax.jit
     def alone(x):
         G, N = relief._loads(x, cols)
         t = relief.rank_times(COST, G, N, jnp)
-        return relief._round(x, cols, mv, COST, G, N, t, jnp.zeros(K, bool))
+        return relief._round(x, rows, COST, G, N, t, jnp.zeros(ep, bool))
 
     @jax.jit
     def together(x, frozen):
         G, N = relief._loads(x, both_cols)
         t = relief.rank_times(COST, G, N, jnp)
-        return relief._round(x, both_cols, both_mv, COST, G, N, t, jnp.repeat(frozen, K))
+        return relief._round(x, both_rows, COST, G, N, t, jnp.repeat(frozen, ep))
 
     xs = [relief._seed(n, cols, COST, spread) for spread in (False, True)]
+    assert jax.jit(alone).lower(xs[0]).as_text().count("\"stablehlo.scatter\"(") == 2  # the loads, the moves
+    alone = jax.jit(alone)
     moved = 0
     for _ in range(3):
         one = [alone(x) for x in xs]
@@ -236,7 +242,7 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
         xs = [o[0] for o in one]
     assert moved > 0, "the rounds checked should move something"
     # the whole improvement (rounds, stuck starts' path searches, each start's stop): side by side = each alone
-    improve = jax.jit(lambda starts: relief._improve(starts, cols, mv, COST, relief.ROUNDS))
+    improve = jax.jit(lambda starts: relief._improve(starts, cols, rows, COST, relief.ROUNDS))
     starts = jnp.stack([relief._seed(n, cols, COST, spread) for spread in (False, True)])
     together = improve(starts)
     for i in range(2):
@@ -258,10 +264,11 @@ def test_long_cumulative_sums_run_in_blocks_and_stay_exact(shape, axis):
 
 @given(D=st.integers(2, 9), K=st.integers(1, 40), seed=st.integers(0, 2**16))
 def test_the_selection_on_each_senders_candidate_equals_the_twins(D, K, seed):
-    """Issue 72, item 3: the jnp selection runs on each sender's one candidate (`relief._select`: ``[D, D]`` pairwise)
-    where the numpy twin runs on all K moves; the accepted moves are the same, on random moves with tied gains and
-    sender times (small whole numbers, −inf: not a candidate), chains' third ranks and ranks that both send and
-    receive."""
+    """Issue 72, item 3: the jnp selection takes each sender's best move along its row (`relief._row_first`: the
+    largest finite gain, ties to the lower move) and runs the rest on those D candidates (`relief._select`: ``[D, D]``
+    pairwise) where the numpy twin runs on all K moves; the accepted moves are the same, on random moves with tied
+    gains and sender times (small whole numbers, −inf: not a candidate), chains' third ranks and ranks that both
+    send and receive."""
     from solvers.relief import _select as select_np
 
     rng = np.random.default_rng(seed)
@@ -272,16 +279,26 @@ def test_the_selection_on_each_senders_candidate_equals_the_twins(D, K, seed):
     m = np.where(rng.random(K) < 0.5, -1, rng.integers(0, D, K))
     m = np.where(m == g, -1, m)  # `downhill_gains` gives no third rank equal to the sender
     want = select_np(gain, t[g], g, h, m, D)
-    mv = relief.Moves(
-        *(jnp.asarray(v, jnp.int32) for v in (np.zeros(K), np.zeros(K), np.zeros(K), g, h)), jnp.ones(K, bool), D
+    # the moves by sender, in their order (`relief.Rows`); padding: −inf gain
+    order = np.full((D, K), relief.NO_MOVE, np.int64)
+    for d in range(D):
+        order[d, : np.sum(g == d)] = np.flatnonzero(g == d)
+    k = np.minimum(order, K - 1)
+    rows_gain = np.where(order < K, gain[k], -np.inf)
+
+    @jax.jit
+    def select(rows_gain, t, h, order, m):
+        best, w = relief._row_first(rows_gain)
+        h_k, order_k, m_k = relief._pick(w, h, order, m)
+        return order_k, relief._select(jnp.isfinite(best), best, t, h_k, order_k, m_k)
+
+    order_k, accepted = select(
+        *(jnp.asarray(v, jnp.float32) for v in (rows_gain, t)),
+        *(jnp.asarray(v, jnp.int32) for v in (h[k], order, m[k])),
     )
-    select = jax.jit(lambda gain, sender_time, m: relief._select(gain, sender_time, mv, m))
-    k, accepted = select(*(jnp.asarray(v, jnp.float32) for v in (gain, t[g])), jnp.asarray(m, jnp.int32))
     got = np.zeros(K, bool)
-    k, accepted = np.asarray(k), np.asarray(accepted)
-    got[k[accepted]] = True
+    got[np.asarray(order_k)[np.asarray(accepted)]] = True
     np.testing.assert_array_equal(got, want)
-    assert np.all(np.asarray(g)[k[accepted]] == np.flatnonzero(accepted))  # each candidate is its sender's
 
 
 @given(

@@ -37,14 +37,15 @@ __all__ = [
     "ROUNDS",
     "ROUND_STAGES",
     "Columns",
-    "Moves",
+    "Rows",
     "columns",
-    "move_pairs",
+    "move_rows",
     "plan",
     "quotas",
     "relief",
     "replica_ranks",
     "round_stages",
+    "row_width",
 ]
 
 
@@ -75,19 +76,6 @@ class Columns(NamedTuple):
     column: jax.Array  # [C] int32 index into R (0 past the live ones)
     rank: jax.Array  # [C] int32 (D past the live ones)
     live: jax.Array  # [C] bool
-    D: int  # ranks (static)
-
-
-class Moves(NamedTuple):
-    """Step 1's candidate moves — expert e's share on column a to its column b on another rank — in the row-major
-    (e, i, j) order of `solvers.relief.move_pairs`, at a static size K, padded at the end with invalid entries."""
-
-    a: jax.Array  # [K] int32 sender column (an index into `Columns`; 0 where invalid)
-    b: jax.Array  # [K] int32 receiver column
-    e: jax.Array  # [K] int32 expert
-    g: jax.Array  # [K] int32 sender rank (0 where invalid)
-    h: jax.Array  # [K] int32 receiver rank (0 where invalid)
-    valid: jax.Array  # [K] bool
     D: int  # ranks (static)
 
 
@@ -138,32 +126,72 @@ def _nonzero(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
     return zeros.at[place].set(rows, mode="drop"), zeros.at[place].set(cols, mode="drop")
 
 
+def _shifted(v: jax.Array, D: int, fill) -> jax.Array:
+    """``v [C]`` → ``[C, 2D − 1]``: entry (c, o) is ``v[c + o − (D − 1)]`` (``fill`` past either end) — slices of
+    one padded copy, which XLA reads in order (gathers by index, on a few thousand entries, cost ~10 ns each)."""
+    C = v.shape[0]
+    padded = jnp.pad(v, (D - 1, D - 1), constant_values=fill)
+    return jnp.stack([padded[o : o + C] for o in range(2 * D - 1)], axis=1)
+
+
 def _neighbours(cols: Columns):
-    """The columns that may share a column's expert (at most D side by side): ``(offset [2D − 1], index [C, 2D − 1]
-    clipped into range, same [C, 2D − 1]: a live column of the same live expert)``."""
-    C, D = cols.rank.shape[0], cols.D
+    """The columns that may share a column's expert (at most D side by side): ``(offset [2D − 1], same [C, 2D − 1]:
+    the column at that offset is a live column of the same live expert)``."""
+    D = cols.D
     off = jnp.arange(-(D - 1), D, dtype=jnp.int32)
-    at = jnp.arange(C, dtype=jnp.int32)[:, None] + off[None]
-    idx = jnp.clip(at, 0, C - 1)
-    same = (at >= 0) & (at < C) & cols.live[idx] & cols.live[:, None] & (cols.expert[idx] == cols.expert[:, None])
-    return off, idx, same
+    same = _shifted(cols.live, D, False) & cols.live[:, None] & (_shifted(cols.expert, D, -1) == cols.expert[:, None])
+    return off, same
 
 
-def move_pairs(ranks: jax.Array, cols: Columns, num_slots: int) -> Moves:
-    """Step 1's candidate moves (`Moves`) of ``ranks [E, R]`` packed as ``cols``, at the static size
-    K = min(E·R·(R − 1), D·(P − E)) (only replicated experts move: P − E spare slots, at most D ranks each)."""
+class Rows(NamedTuple):
+    """Step 1's candidate moves — expert e's share on column a to its column b on another rank — by sender rank,
+    ``[D, W]``: row d holds rank d's moves in the row-major (e, i, j) order of `solvers.relief.move_pairs` (its lowest
+    first), padded at the end. W = min(E·(R − 1), P − E) bounds a rank's moves: Σ over its experts of their other
+    ranks, at most Σ_e (r_e − 1) = P − E with every expert placed. A round's per-sender choices (a rank's best
+    hand-off, its best move) are reductions along a row, one operation each."""
+
+    a: jax.Array  # [D, W] int32 sender column (an index into `Columns`; 0 where invalid)
+    b: jax.Array  # [D, W] int32 receiver column
+    e: jax.Array  # [D, W] int32 expert
+    h: jax.Array  # [D, W] int32 receiver rank (0 where invalid)
+    valid: jax.Array  # [D, W] bool
+    order: jax.Array  # [D, W] int32 the move's place in the (e, i, j) order (`NO_MOVE` where invalid): ties
+
+
+#: `Rows.order` of the padding entries.
+NO_MOVE = 2**31 - 1
+
+
+def row_width(experts: int, replicas: int, num_slots: int) -> int:
+    """`Rows`' width W for E experts, R replica columns and P slots."""
+    return max(1, min(experts * (replicas - 1), num_slots - experts))
+
+
+def move_rows(ranks: jax.Array, cols: Columns, num_slots: int) -> Rows:
+    """Step 1's candidate moves (`Rows`, ``[D, W]``) of ``ranks [E, R]`` packed as ``cols``: each pair of columns of
+    one expert on two ranks, at its sender's row after that rank's earlier pairs — a running count of the pairs
+    per column, then per rank over the columns (`_cumsum`) — and written with one scatter."""
     E, R = ranks.shape
     D = cols.D
-    size = max(1, min(E * R * (R - 1), D * max(num_slots - E, 0)))
-    off, idx, same = _neighbours(cols)
-    pair = same & (cols.rank[idx] != cols.rank[:, None]) & (off != 0)  # [C, 2D − 1], row-major (e, i, j)
-    flat, o = _nonzero(pair, size)
-    valid = jnp.arange(size) < jnp.sum(pair)
-    a = jnp.where(valid, flat, 0).astype(jnp.int32)
-    b = jnp.where(valid, idx[flat, o], 0).astype(jnp.int32)
-    g = jnp.where(valid, cols.rank[a], 0)
+    W = row_width(E, R, num_slots)
+    off, same = _neighbours(cols)
+    pair = same & (_shifted(cols.rank, D, -1) != cols.rank[:, None]) & (off != 0)  # [C, 2D − 1], row-major (e, i, j)
+    within = _cumsum(pair, 1).astype(jnp.int32)  # [C, 2D − 1]: the column's pairs so far
+    count = within[:, -1]
+    order = _cumsum(count, 0).astype(jnp.int32) - count  # [C]: pairs of the earlier columns
+    mine = cols.rank[:, None] == jnp.arange(D, dtype=jnp.int32)[None]  # [C, D]; padding columns (rank D): none
+    per_rank = _cumsum(jnp.where(mine, count[:, None], 0), 0).astype(jnp.int32)  # [C, D]
+    start = jnp.sum(jnp.where(mine, per_rank, 0), axis=1) - count  # [C]: the rank's pairs in earlier columns
+    pos = start[:, None] + within - 1
+    place = jnp.where(pair & (pos < W), cols.rank[:, None] * W + pos, D * W).reshape(-1)  # past the end: dropped
+    flat = jnp.full(D * W, -1, jnp.int32).at[place].set(jnp.arange(place.shape[0], dtype=jnp.int32), mode="drop")
+    valid = flat >= 0
+    c, o = jnp.maximum(flat, 0) // (2 * D - 1), jnp.maximum(flat, 0) % (2 * D - 1)
+    a = jnp.where(valid, c, 0)
+    b = jnp.where(valid, c + o - (D - 1), 0)
     h = jnp.where(valid, cols.rank[b], 0)
-    return Moves(a, b, cols.expert[a], g, h, valid, D)
+    rank_order = jnp.where(valid, order[c] + within[c, o] - 1, NO_MOVE)
+    return Rows(*(v.reshape(D, W) for v in (a, b, cols.expert[a], h, valid, rank_order)))
 
 
 def _loads(x, cols: Columns):
@@ -174,120 +202,118 @@ def _loads(x, cols: Columns):
     return G, N
 
 
-def _group_first(mask, group, D: int):
-    """Each group's lowest index where ``mask [K]`` holds (K: none) → ``[D]`` int32."""
-    K = mask.shape[0]
-    return jax.ops.segment_min(jnp.where(mask, jnp.arange(K, dtype=jnp.int32), K), group, num_segments=D)
+def _row_first(values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each row's first best of ``values [D, W]`` (float, or complex ordered by the real part, the imaginary part
+    carried along) → ``(its value [D], its index [D])``: the largest finite value, ties to the lower index; a row
+    with none gives a non-finite value. One reduction (its operands' producer fused in once: the value is its only
+    input, the index an iota), whose order is total — finite values first, larger first, then the lower index —
+    so any order of combining gives the same result."""
+    D, W = values.shape
+    key = jnp.real if jnp.iscomplexobj(values) else (lambda v: v)
+
+    def first(p, q):
+        (vp, ip), (vq, iq) = p, q
+        sp, sq = key(vp), key(vq)
+        fp, fq = jnp.isfinite(sp), jnp.isfinite(sq)
+        take = (fq & ~fp) | ((fq == fp) & ((fq & (sq > sp)) | (((sq == sp) | ~fq) & (iq < ip))))
+        return jnp.where(take, vq, vp), jnp.where(take, iq, ip)
+
+    index = jax.lax.broadcasted_iota(jnp.int32, (D, W), 1)
+    init = (jnp.array(-jnp.inf, values.dtype), jnp.int32(W))
+    return jax.lax.reduce((values, index), init, first, (1,))
 
 
-def _first_best(score, group, D: int, *, with_first: bool = False):
-    """Mask of the entries that are their group's maximum finite score, ties to the lowest index (``with_first``:
-    and each group's index of it, ``[D]``, K where the group has none)."""
-    finite = jnp.isfinite(score)
-    best = jax.ops.segment_max(jnp.where(finite, score, -jnp.inf), group, num_segments=D)
-    top = finite & (score == best[group])
-    first = _group_first(top, group, D)
-    mask = top & (jnp.arange(score.shape[0]) == first[group])
-    return (mask, first) if with_first else mask
+def _pick(w, *arrays):
+    """Each row's entry ``w [D]`` (clipped into the row) of ``arrays [D, W]`` → ``[D]`` each."""
+    at = jnp.minimum(w, arrays[0].shape[1] - 1)[:, None]
+    return tuple(jnp.take_along_axis(v, at, axis=1)[:, 0] for v in arrays)
 
 
 _FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
 
 
-def _forwards(x, mv: Moves, G, N, cost: CostModel) -> dict:
+def _forwards(x, rows: Rows, G, N, cost: CostModel) -> dict:
     """Step 3a (`solvers.relief._forwards`): per rank, ``[2, D]`` fields of its best whole hand-off and the best of
-    another expert (``f = −1``: none; ``ca``, ``cb``: its columns)."""
-    y, new = x[mv.a], (x[mv.b] == 0).astype(jnp.float32)
-    t_m, score = forward_prices(y, new, G[mv.h], N[mv.h], cost, mv.valid, xp=jnp)
-    fields = dict(zip(_FORWARD_FIELDS, (mv.e, mv.a, mv.b, mv.h, y, new, t_m), strict=True))
+    another expert (``f = −1``: none; ``ca``, ``cb``: its columns) — a row's first best of ``−t_m``, twice."""
+    y, new = x[rows.a], (x[rows.b] == 0).astype(jnp.float32)
+    score = forward_prices(y, new, G[rows.h], N[rows.h], cost, rows.valid, xp=jnp)[1]  # [D, W]
     out = {k: [] for k in _FORWARD_FIELDS}
-    K, D = score.shape[0], G.shape[0]
     for k in range(2):
         if k:
-            score = jnp.where(mv.e == out["f"][0][mv.g], -jnp.inf, score)  # the second: another expert
-        at = _first_best(score, mv.g, D, with_first=True)[1]  # [D]
-        found = at < K
-        at = jnp.minimum(at, K - 1)
-        for name, arr in fields.items():
-            out[name].append(jnp.where(found, arr[at], -1 if name == "f" else 0).astype(arr.dtype))
+            score = jnp.where(rows.e == out["f"][0][:, None], -jnp.inf, score)  # the second: another expert
+        best, w = _row_first(score)
+        found = jnp.isfinite(best)
+        e, a, b, h = _pick(w, rows.e, rows.a, rows.b, rows.h)
+        values = (e, a, b, h, x[a], (x[b] == 0).astype(jnp.float32), -best)  # t_m = −score, exactly
+        for name, v in zip(_FORWARD_FIELDS, values, strict=True):
+            out[name].append(jnp.where(found, v, -1 if name == "f" else 0).astype(v.dtype))
     return {k: jnp.stack(v) for k, v in out.items()}
 
 
-def _price(xi, new_h, G, N, t, F: dict, g, h, cost: CostModel) -> dict:
-    """Step 3b: every candidate's best ``gain``, ``share`` and ``chain`` ``[K]`` — `solvers.relief_prices.price_moves`
-    itself, in `jax.numpy` and float32.
+def _best_moves(x, rows: Rows, G, N, t, F: dict, frozen, cost: CostModel):
+    """Steps 3b and 3c's first choice: every candidate's best price (`solvers.relief_prices.price_moves` in
+    `jax.numpy` and float32, then `downhill_gains`), and each sender rank's best move → ``(gain [D], 2·share + chain
+    [D], w [D])``: the move's gain (non-finite: none), its share and whether it chains, and its entry in the row.
 
-    Computed once per round, elementwise: the gathers first (`price_moves`' own), then
-    `solvers.relief_prices.price_gathered` (~150 operations per candidate). XLA copies an elementwise producer into
-    every fusion that reads it, so the pricing would run once per result it has, with its gathers inside (scalar
-    code), and XLA:CPU drops optimisation barriers: the gathered inputs (``[14, K]``) and the three results (one
-    complex64 array: gain, 2·share + chain — exact, shares being whole tokens below 2²³) are each written once by
-    `_materialize`. (A loop of one trip did this before; on a GPU each trip of a loop is a round trip to the host.)"""
-    has = F["f"] >= 0
-    swap = has & (F["m"] == g)
-    t_m = jnp.where(has & ~swap, t[jnp.where(has, F["m"], 0)], -jnp.inf)
-    zero = jnp.minimum(jnp.sum(xi * 0.0).astype(jnp.int32), 0)  # 0, as data XLA cannot fold
-    gathered = (xi, new_h, G[g], N[g], t[g], G[h], N[h], t[h], t_m, has, swap, F["y"], F["new"], F["t"])
-    rows = _materialize(jnp.stack([a.astype(jnp.float32) for a in gathered]), zero)  # [14, K]: the gathers, once
-    xi, new_h, Gg, Ng, tg, Gh, Nh, th, t_m, has, swap, y_f, new_f, t_f = rows
-    p = price_gathered(
-        xi, new_h, (Gg, Ng, tg, Gh, Nh, th, t_m), has > 0, swap > 0, y_f, new_f, t_f, cost, xp=jnp, dtype=jnp.float32
+    The pricing (~150 operations per candidate) has one reader, the reduction along the rows (`_row_first`), whose
+    value is ``gain + i·(2·share + chain)`` (exact: shares are whole tokens below 2²³): XLA fuses an elementwise
+    producer into every reader, so the pricing runs once, inside the reduction, and is never written out."""
+    g = jnp.arange(rows.a.shape[0], dtype=jnp.int32)[:, None]  # [D, 1]: a row's sender
+    h = rows.h
+    P = chain_partners(F, h, rows.e, xp=jnp)  # h's hand-off, of an expert other than e
+    xi = x[rows.a]
+    has = P["f"] >= 0
+    swap = has & (P["m"] == g)
+    t_m = jnp.where(has & ~swap, t[jnp.where(has, P["m"], 0)], -jnp.inf)
+    loads = (G[g], N[g], t[g], G[h], N[h], t[h], t_m)
+    new_h = (x[rows.b] == 0).astype(jnp.float32)
+    p = price_gathered(xi, new_h, loads, has, swap, P["y"], P["new"], P["t"], cost, xp=jnp, dtype=jnp.float32)
+    gain = downhill_gains(p, xi, t[g], t[h], P["m"], g, rows.valid & ~frozen[:, None], xp=jnp)[0]
+    best, w = _row_first(jax.lax.complex(gain, 2.0 * p["share"] + p["chain"].astype(jnp.float32)))
+    return jnp.real(best), jnp.imag(best), w
+
+
+def _select(found, gain, sender_time, h, order, third):
+    """Step 3c (`solvers.relief._select`) on each sender rank's one candidate, its best move (all ``[D]``: whether it
+    has one, its gain, the sender's time, its receiver, its place in the (e, i, j) order and a chain's third rank,
+    −1: none) → ``accepted [D]``. A rank sends at most its best move, so the rest runs pairwise over ``[D, D]``:
+    each receiver takes its slowest sender's (then the larger gain, then the lower move), receivers do not send, a
+    chain's third rank is in no other accepted move."""
+    D = found.shape[0]
+    h = jnp.where(found, h, -1)
+    third = jnp.where(found, third, -1)
+    same = found[:, None] & found[None, :] & (h[:, None] == h[None, :])  # [d, d']: the same receiver
+    p, s, k = sender_time, gain, order
+    beaten = (p[None] > p[:, None]) | (
+        (p[None] == p[:, None]) & ((s[None] > s[:, None]) | ((s[None] == s[:, None]) & (k[None] < k[:, None])))
     )
-    out = _materialize(jax.lax.complex(p["gain"], 2.0 * p["share"] + p["chain"].astype(jnp.float32)), zero)
-    code = jnp.imag(out)
-    share = jnp.floor(code / 2.0)
-    return {"gain": jnp.real(out), "share": share, "chain": code > 2.0 * share}
-
-
-def _materialize(values: jax.Array, zero: jax.Array) -> jax.Array:
-    """``values [K]`` written once to memory: a scatter to its own places (``zero``: 0, as data XLA cannot fold), which
-    XLA does not fuse through, so every reader loads the values rather than recomputing their producer."""
-    flat = values.reshape(-1)
-    at = jnp.arange(flat.shape[0], dtype=jnp.int32) + zero
-    return jnp.zeros_like(flat).at[at].set(flat, unique_indices=True).reshape(values.shape)
-
-
-def _select(gain, sender_time, mv: Moves, m):
-    """Step 3c (`solvers.relief._select`) → ``(k [D], accepted [D])``: each sender rank's one candidate — its best
-    move, an index into the K moves (K: none) — and whether it is accepted (``gain``, ``sender_time``, ``m``: the
-    moves' gains, their sender's time and a chain's third rank, −1: none, all ``[K]``).
-
-    A rank sends at most its best move, so after that first choice the selection runs on D candidates, not K: each
-    receiver takes its slowest sender's (then the larger gain, then the lower move), pairwise over ``[D, D]``."""
-    D, K = mv.D, gain.shape[0]
-    k = _first_best(gain, mv.g, D, with_first=True)[1]  # [D]: sender d's move
-    has = k < K
-    kk = jnp.minimum(k, K - 1)
-    h = jnp.where(has, mv.h[kk], -1)
-    primary, secondary = sender_time[kk], gain[kk]
-    third = jnp.where(has, m[kk], -1)
-    same = has[:, None] & has[None, :] & (h[:, None] == h[None, :])  # [d, d']: the same receiver
-    beaten = (primary[None] > primary[:, None]) | (
-        (primary[None] == primary[:, None])
-        & ((secondary[None] > secondary[:, None]) | ((secondary[None] == secondary[:, None]) & (k[None] < k[:, None])))
-    )
-    accepted = has & ~jnp.any(same & beaten, axis=1)
+    accepted = found & ~jnp.any(same & beaten, axis=1)
     ranks = jnp.arange(D, dtype=jnp.int32)
     receives = jnp.any(accepted[None, :] & (h[None, :] == ranks[:, None]), axis=1)  # [D]
     accepted = accepted & ~receives  # a receiver does not send
     roles = sum((v[None, :] == ranks[:, None]).astype(jnp.int32) for v in (ranks, h, third))  # [r, d]: sender, …
     used = jnp.sum(jnp.where(accepted[None, :], roles, 0), axis=1)  # [D]: the accepted moves' roles each rank has
-    return k, accepted & ((third < 0) | (used[jnp.maximum(third, 0)] == 1))
+    return accepted & ((third < 0) | (used[jnp.maximum(third, 0)] == 1))
 
 
-def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
+def _augment(x, rows: Rows, cost: CostModel, G, N, t):
     """Step 3d (`solvers.relief._augment`): the best hand-off path from the slowest rank, applied →
-    ``(x, found)``; ``x [C]`` unchanged when no path lowers the makespan or the ranks at it."""
-    D, K = cols.D, mv.a.shape[0]
-    u, v = mv.g, mv.h
-    share = jnp.where(mv.valid, x[mv.a], 0.0)
+    ``(x, found)``; ``x [C]`` unchanged when no path lowers the makespan or the ranks at it. The search reaches
+    each rank by the lowest move (in the (e, i, j) order, `Rows.order`) from the ranks reached before."""
+    D, W = rows.a.shape
+    a, b, v, valid, order = (r.reshape(-1) for r in (rows.a, rows.b, rows.h, rows.valid, rows.order))
+    u = jnp.repeat(jnp.arange(D, dtype=jnp.int32), W)  # each move's sender
+    moves = jnp.arange(D * W, dtype=jnp.int32)
+    share = jnp.where(valid, x[a], 0.0)
     g = jnp.argmax(t)
     rank_ids = jnp.arange(D)
 
     def level(carry):
         _, reached, parent = carry
-        first = _group_first(mv.valid & reached[u] & ~reached[v] & (share > 0), v, D)
-        new = (first < K) & ~reached
+        mask = valid & reached[u] & ~reached[v] & (share > 0)
+        lowest = jax.ops.segment_min(jnp.where(mask, order, NO_MOVE), v, num_segments=D)  # [D]
+        first = jax.ops.segment_max(jnp.where(mask & (order == lowest[v]), moves, -1), v, num_segments=D)
+        new = (lowest < NO_MOVE) & ~reached
         return jnp.any(new), reached | new, jnp.where(new, first, parent)
 
     reached0 = rank_ids == g
@@ -300,7 +326,7 @@ def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
         live = k >= 0
         kk = jnp.where(live, k, 0)
         s_k = jnp.where(live, share[kk], 0.0)
-        gets = jnp.where(live & (x[mv.b[kk]] == 0), 1.0, 0.0)
+        gets = jnp.where(live & (x[b[kk]] == 0), 1.0, 0.0)
         src, dst = jnp.where(live, u[kk], 0), jnp.where(live, v[kk], 0)
         dG = dG.at[rank_ids, src].add(jnp.where(live, -1.0, 0.0)).at[rank_ids, dst].add(gets)
         dN = dN.at[rank_ids, src].add(-s_k).at[rank_ids, dst].add(s_k)
@@ -313,8 +339,8 @@ def _augment(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t):
     def apply(carry):
         w, x = carry
         k = parent[w]
-        moved = x[mv.a[k]]
-        return u[k], x.at[mv.b[k]].add(moved).at[mv.a[k]].add(-moved)
+        moved = x[a[k]]
+        return u[k], x.at[b[k]].add(moved).at[a[k]].add(-moved)
 
     # m's path, from its end back to g (none when nothing was found: the walk starts at the root)
     _, x = jax.lax.while_loop(lambda c: parent[c[0]] >= 0, apply, (jnp.where(found, m, g), x))
@@ -332,49 +358,58 @@ def _seed(n, cols: Columns, cost: CostModel, spread: bool):
     base = jnp.where(cols.live, t[jnp.minimum(cols.rank, t.shape[0] - 1)], jnp.inf)
     nth = spread_turns(n, per_expert, xp=jnp) if spread else jnp.zeros(E, jnp.int32)
     # each column's place among its expert's columns by (base, column): a stable argsort within the expert
-    off, idx, same = _neighbours(cols)
-    before = same & ((base[idx] < base[:, None]) | ((base[idx] == base[:, None]) & (off < 0)))
+    off, same = _neighbours(cols)
+    near = _shifted(base, cols.D, jnp.inf)
+    before = same & ((near < base[:, None]) | ((near == base[:, None]) & (off < 0)))
     place = jnp.sum(before, axis=1)
     return x + jnp.where(cols.live & ~single & (place == nth[cols.expert]), n_c, 0.0)
 
 
-def _side_by_side(cols: Columns, mv: Moves, S: int) -> tuple[Columns, Moves]:
-    """``S`` starts as one problem: each start's columns and moves, the s-th on ranks s·D…(s + 1)·D − 1 and columns
-    s·C…(s + 1)·C − 1 (``cols`` / ``mv`` of S·C columns, S·K moves, S·D ranks; padding columns on rank S·D). No move
-    joins two starts and every step of a round is elementwise or grouped by rank (an expert is compared only with
-    the moves of its own ranks), so a round of this problem is a round of each start: one loop trip serves all."""
+def _side_by_side(cols: Columns, rows: Rows, S: int) -> tuple[Columns, Rows]:
+    """``S`` starts as one problem: each start's columns and moves, the s-th on ranks s·D…(s + 1)·D − 1 (its rows)
+    and columns s·C…(s + 1)·C − 1 (``cols`` of S·C columns on S·D ranks, padding columns on rank S·D; ``rows``
+    ``[S·D, W]``). No move joins two starts and every step of a round is elementwise, along a row or grouped by rank
+    (an expert is compared only with the moves of its own ranks), so a round of this problem is a round of each
+    start: one loop trip serves all."""
     C, D = cols.rank.shape[0], cols.D
-    s = jnp.arange(S, dtype=jnp.int32)[:, None]
+    s = jnp.arange(S, dtype=jnp.int32)[:, None, None]
 
     def stacked(v, shift):
-        return (v[None] + s * shift).reshape(-1)
+        return (v[None] + s * shift).reshape(-1, v.shape[1])
 
-    rank = jnp.where(cols.live[None], cols.rank[None] + s * D, S * D).reshape(-1)
-    live = jnp.tile(cols.live, S)
-    out_cols = Columns(jnp.tile(cols.expert, S), jnp.tile(cols.column, S), rank, live, S * D)
-    shifts = {"a": C, "b": C, "e": 0, "g": D, "h": D}
-    out_mv = Moves(*(stacked(getattr(mv, k), v) for k, v in shifts.items()), jnp.tile(mv.valid, S), S * D)
-    return out_cols, out_mv
-
-
-def _round(x, cols: Columns, mv: Moves, cost: CostModel, G, N, t, frozen):
-    """Step 3a-c and the accepted moves applied: one round of pairwise moves on ``x [C]`` (the ranks' loads
-    ``G, N [D]`` and times ``t [D]``; ``frozen [K]``: moves that may not be taken) → ``(x, accepted [D])``: whether
-    each rank's move was taken (`_select`)."""
-    g, h = mv.g, mv.h
-    F = chain_partners(_forwards(x, mv, G, N, cost), h, mv.e, xp=jnp)  # Step 3a
-    xi = x[mv.a]
-    moves = _price(xi, (x[mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)  # Step 3b
-    gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, mv.valid, xp=jnp)
-    k, accepted = _select(jnp.where(frozen, -jnp.inf, gain), t[g], mv, third)  # Step 3c
-    k = jnp.minimum(k, mv.a.shape[0] - 1)  # only the D candidates move (whole tokens: any order sums exactly)
-    s = jnp.where(accepted, moves["share"][k], 0.0)
-    y = jnp.where(accepted & moves["chain"][k], F["y"][k], 0.0)  # h's hand-off, when the move is a chain
-    at = jnp.concatenate([mv.a[k], mv.b[k], F["ca"][k], F["cb"][k]])
-    return x.at[at].add(jnp.concatenate([-s, s, -y, y])), accepted
+    rank = jnp.where(cols.live[None], cols.rank[None] + s[:, 0] * D, S * D).reshape(-1)
+    out_cols = Columns(jnp.tile(cols.expert, S), jnp.tile(cols.column, S), rank, jnp.tile(cols.live, S), S * D)
+    shifts = {"a": C, "b": C, "e": 0, "h": D}  # `order` breaks ties within a start only: unshifted
+    tiled = (jnp.tile(getattr(rows, k), (S, 1)) for k in ("valid", "order"))
+    out_rows = Rows(*(stacked(getattr(rows, k), v) for k, v in shifts.items()), *tiled)
+    return out_cols, out_rows
 
 
-def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
+def _moves(x, rows: Rows, cost: CostModel, G, N, t, frozen):
+    """Step 3a-c on ``x [C]`` (the ranks' loads ``G, N [D]`` and times ``t [D]``; ``frozen [D]``: ranks whose moves
+    may not be taken) → ``(accepted [D], at [4D], add [4D])``: whether each rank's best move is taken (`_select`),
+    and the adds to ``x`` that apply them (a move's sender and receiver columns, a chain's hand-off's)."""
+    F = _forwards(x, rows, G, N, cost)  # Step 3a
+    gain, code, w = _best_moves(x, rows, G, N, t, F, frozen, cost)  # Step 3b, and each sender's best move
+    found = jnp.isfinite(gain)
+    share = jnp.floor(code / 2.0)
+    chain = code > 2.0 * share
+    a, b, e, h, order = _pick(w, rows.a, rows.b, rows.e, rows.h, rows.order)
+    P = chain_partners(F, h, e, xp=jnp)  # the chain's partner: h's hand-off of another expert
+    third = jnp.where(chain & (P["m"] != jnp.arange(h.shape[0])), P["m"], -1)  # `downhill_gains`' third rank
+    accepted = _select(found, gain, t, h, order, third)  # Step 3c
+    s = jnp.where(accepted, share, 0.0)
+    y = jnp.where(accepted & chain, P["y"], 0.0)  # h's hand-off, when the move is a chain
+    return accepted, jnp.concatenate([a, b, P["ca"], P["cb"]]), jnp.concatenate([-s, s, -y, y])
+
+
+def _round(x, rows: Rows, cost: CostModel, G, N, t, frozen):
+    """One round of pairwise moves on ``x [C]`` (`_moves`, applied) → ``(x, accepted [D])``."""
+    accepted, at, add = _moves(x, rows, cost, G, N, t, frozen)
+    return x.at[at].add(add), accepted  # whole tokens: any order of the adds sums exactly
+
+
+def _improve(starts, cols: Columns, rows: Rows, cost: CostModel, rounds: int):
     """Steps 3-4 (`solvers.relief._improve`) from ``S`` starts ``[S, C]`` at once (`_side_by_side`) → ``(best plans
     [S, C], their makespans [S], rounds each ran [S])``.
 
@@ -383,9 +418,9 @@ def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
     its rounds go on; none, it is done. A start whose rounds stopped takes no move and keeps its best while another
     runs on, and the path search waits until all have stopped (it is not in the round's loop)."""
     S, C = starts.shape
-    D, K = cols.D, mv.a.shape[0]
-    all_cols, all_mv = _side_by_side(cols, mv, S)
-    start_of = jnp.repeat(jnp.arange(S), K)  # [S·K]: each move's start
+    D = cols.D
+    all_cols, all_rows = _side_by_side(cols, rows, S)
+    start_of = jnp.repeat(jnp.arange(S), D)  # [S·D]: each rank's start
 
     def times(x):
         G, N = _loads(x, all_cols)
@@ -398,7 +433,7 @@ def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
         better = run & (ms < best_ms)
         best_x = jnp.where(better[:, None], x.reshape(S, C), best_x)
         best_ms = jnp.where(better, ms, best_ms)
-        x, accepted = _round(x, all_cols, all_mv, cost, G, N, t, ~run[start_of])
+        x, accepted = _round(x, all_rows, cost, G, N, t, ~run[start_of])
         i = i + run.astype(jnp.int32)
         now_stuck = run & ~jnp.any(accepted.reshape(S, D), axis=1)  # x unchanged where stuck
         return i, x, best_x, best_ms, run & ~now_stuck & (i < rounds), stuck | now_stuck
@@ -410,7 +445,7 @@ def _improve(starts, cols: Columns, mv: Moves, cost: CostModel, rounds: int):
         G, N, t = (v.reshape(S, D) for v in times(x))
         x, found = x.reshape(S, C), []
         for s in range(S):  # Step 3d, each start's search (on XLA:CPU cheaper run than skipped by a `cond`)
-            x_s, found_s = _augment(x[s], cols, mv, cost, G[s], N[s], t[s])
+            x_s, found_s = _augment(x[s], rows, cost, G[s], N[s], t[s])
             found_s = stuck[s] & found_s  # kept where the start is stuck
             x, found = x.at[s].set(jnp.where(found_s, x_s, x[s])), [*found, found_s]
         return i, x.reshape(-1), best_x, best_ms, jnp.stack(found) & (i < rounds)
@@ -452,9 +487,9 @@ def relief(
     E, R = ranks.shape
     P = E * R if num_slots is None else num_slots
     cols = columns(ranks, D, P)
-    mv = move_pairs(ranks, cols, P)
+    rows = move_rows(ranks, cols, P)
     starts = jnp.stack([_seed(n, cols, cost, spread) for spread in (False, True)])  # Step 2
-    xs, ms, ran = _improve(starts, cols, mv, cost, rounds)  # Steps 3-4, both starts side by side
+    xs, ms, ran = _improve(starts, cols, rows, cost, rounds)  # Steps 3-4, both starts side by side
     x = _unpack(jnp.where(ms[1] < ms[0], xs[1], xs[0]), cols, ranks.shape)
     return (x, jnp.where(ms[1] < ms[0], ran[1], ran[0])) if with_rounds else x
 
@@ -481,7 +516,13 @@ def plan(
 
 
 #: `round_stages`' names, in the round's order (each cumulative: it runs the stages before it too).
-ROUND_STAGES = ("loads and times", "+ best hand-offs", "+ pricing", "+ selection", "+ applying the moves (a round)")
+ROUND_STAGES = (
+    "loads and times",
+    "+ best hand-offs",
+    "+ pricing, each sender's best move",
+    "+ selection",
+    "+ applying the moves (a round)",
+)
 
 
 def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int, *, num_slots: int):
@@ -491,35 +532,31 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
     stuck round"``, each start's), a function ``x [2C] → a float32 scalar`` that runs the round up to that stage on
     ``x`` (its result depends on every stage run)."""
     cols = columns(ranks, num_ranks, num_slots)
-    mv = move_pairs(ranks, cols, num_slots)
-    both_cols, both_mv = _side_by_side(cols, mv, 2)
-    g, h = both_mv.g, both_mv.h
+    one = move_rows(ranks, cols, num_slots)
+    both_cols, rows = _side_by_side(cols, one, 2)
     n = n.astype(jnp.float32)
     starts = jnp.concatenate([_seed(n, cols, cost, spread) for spread in (False, True)])
+    frozen = jnp.zeros(rows.a.shape[0], bool)
 
     def upto(x, stage: int):
         G, N = _loads(x, both_cols)
         t = rank_times(cost, G, N, jnp)
         if stage == 1:
             return jnp.max(t)
-        fw = _forwards(x, both_mv, G, N, cost)
+        F = _forwards(x, rows, G, N, cost)
         if stage == 2:
-            return jnp.sum(fw["t"])
-        F = chain_partners(fw, h, both_mv.e, xp=jnp)
-        xi = x[both_mv.a]
-        moves = _price(xi, (x[both_mv.b] == 0).astype(jnp.float32), G, N, t, F, g, h, cost)
+            return jnp.sum(F["t"])
         if stage == 3:
-            return jnp.sum(jnp.where(jnp.isfinite(moves["gain"]), moves["gain"], 0.0))
-        gain, third = downhill_gains(moves, xi, t[g], t[h], F["m"], g, both_mv.valid, xp=jnp)
-        accepted = _select(gain, t[g], both_mv, third)[1]
+            gain = _best_moves(x, rows, G, N, t, F, frozen, cost)[0]
+            return jnp.sum(jnp.where(jnp.isfinite(gain), gain, 0.0))
         if stage == 4:
-            return jnp.sum(accepted.astype(jnp.float32))
-        return jnp.sum(_round(x, both_cols, both_mv, cost, G, N, t, jnp.zeros(g.shape, bool))[0])
+            return jnp.sum(_moves(x, rows, cost, G, N, t, frozen)[0].astype(jnp.float32))
+        return jnp.sum(_round(x, rows, cost, G, N, t, frozen)[0])
 
     def path_search(x):
         def one(x):
             G, N = _loads(x, cols)
-            return jnp.sum(_augment(x, cols, mv, cost, G, N, rank_times(cost, G, N, jnp))[0])
+            return jnp.sum(_augment(x, one, cost, G, N, rank_times(cost, G, N, jnp))[0])
 
         return jnp.sum(jax.vmap(one)(x.reshape(2, -1)))
 
