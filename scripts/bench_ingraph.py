@@ -360,9 +360,10 @@ def cost(experts: int, tokens: int, repeats: int, rounds: int, with_copies: bool
 
 
 def _move_candidates(pl: Placement, D: int, S: int) -> int:
-    """K, the static number of candidate moves relief prices each round for this placement's shapes."""
+    """K = D·W, the static number of candidate moves relief prices each round (`relief.Rows`) for this placement's
+    shapes."""
     ranks = relief.replica_ranks(jnp.asarray(pl.log2phy), S, D)
-    return int(relief.move_pairs(ranks, relief.columns(ranks, D, D * S), D * S).a.shape[0])
+    return int(relief.move_rows(ranks, relief.columns(ranks, D, D * S), D * S).a.size)
 
 
 def plan_rounds(experts: int, tokens: int, repeats: int) -> dict:

@@ -224,7 +224,7 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
         return relief._round(x, both_rows, COST, G, N, t, jnp.repeat(frozen, ep))
 
     xs = [relief._seed(n, cols, COST, spread) for spread in (False, True)]
-    assert jax.jit(alone).lower(xs[0]).as_text().count("\"stablehlo.scatter\"(") == 2  # the loads, the moves
+    assert jax.jit(alone).lower(xs[0]).as_text().count('"stablehlo.scatter"(') == 2  # the loads, the moves
     alone = jax.jit(alone)
     moved = 0
     for _ in range(3):
@@ -309,7 +309,8 @@ def test_the_shared_pricing_steps_agree_in_both_namespaces(n, seed):
     """Issue 77, item 3: the pricing steps both twins call (`solvers.relief_prices`) give the same results in
     numpy float64 and, jitted, in `jax.numpy` float32, on whole-token loads: the spread start's turns (ties in load
     to the lower expert), a hand-off's price, the downhill filter and the best hand-off path (a tie in makespan to
-    the fewer ranks at it, then the lower index)."""
+    the fewer ranks at it, then the lower index). The jitted plan's own spread turns (`relief._spread_turns`:
+    counted pairwise, not sorted) equal them for every replicated expert, with and without many tied loads."""
     from solvers import relief_prices as rp
 
     exact = CostModel(a=8.0, b=2.0, c=4.0, beta=0.5)  # prices exact in float32: ties resolve alike in both
@@ -350,6 +351,10 @@ def test_the_shared_pricing_steps_agree_in_both_namespaces(n, seed):
             np.testing.assert_allclose(np.asarray(h, np.float64), np.asarray(w, np.float64), rtol=1e-6, atol=0)
         else:
             np.testing.assert_array_equal(np.asarray(h), np.asarray(w))
+    replicated = count > 1
+    for loads in (n, n // 100):  # 0-3 after the division: many ties
+        turns = jax.jit(relief._spread_turns)(jnp.asarray(loads, jnp.float32), jnp.asarray(count, jnp.int32))
+        np.testing.assert_array_equal(np.asarray(turns)[replicated], rp.spread_turns(loads, count)[replicated])
 
 
 # ------------------------------------------------------------------------------------------------ the layer

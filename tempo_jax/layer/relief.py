@@ -30,7 +30,6 @@ from solvers.relief_prices import (
     path_prices,
     price_gathered,
     rank_times,
-    spread_turns,
 )
 
 __all__ = [
@@ -114,24 +113,23 @@ def _cumsum(x: jax.Array, axis: int, block: int = 32) -> jax.Array:
 
 def _nonzero(mask: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
     """``jnp.nonzero(mask [A, B], size=size, fill_value=0)``: the (row, column) of each True entry, row-major, then
-    zeros — each entry's place from the running counts of its row and of the rows before (`_cumsum`)."""
+    zeros — each entry's place from the running counts of its row and of the rows before (`_cumsum`), its flat index
+    written there by one scatter."""
     A, B = mask.shape
     within = _cumsum(mask, 1).astype(jnp.int32)  # [A, B]
     per_row = within[:, -1]
     start = _cumsum(per_row, 0).astype(jnp.int32) - per_row  # [A]
     place = jnp.where(mask, start[:, None] + within - 1, size).reshape(-1)  # past the end: dropped
-    rows = jnp.broadcast_to(jnp.arange(A, dtype=jnp.int32)[:, None], (A, B)).reshape(-1)
-    cols = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[None, :], (A, B)).reshape(-1)
-    zeros = jnp.zeros(size, jnp.int32)
-    return zeros.at[place].set(rows, mode="drop"), zeros.at[place].set(cols, mode="drop")
+    flat = jnp.zeros(size, jnp.int32).at[place].set(jnp.arange(A * B, dtype=jnp.int32), mode="drop")
+    return flat // B, flat % B
 
 
 def _shifted(v: jax.Array, D: int, fill) -> jax.Array:
-    """``v [C]`` → ``[C, 2D − 1]``: entry (c, o) is ``v[c + o − (D − 1)]`` (``fill`` past either end) — slices of
-    one padded copy, which XLA reads in order (gathers by index, on a few thousand entries, cost ~10 ns each)."""
+    """``v [C]`` → ``[C, 2D − 1]``: entry (c, o) is ``v[c + o − (D − 1)]`` (``fill`` past either end) — one gather
+    from a padded copy (XLA:CPU runs a stack of 2D − 1 slices as as many operations)."""
     C = v.shape[0]
     padded = jnp.pad(v, (D - 1, D - 1), constant_values=fill)
-    return jnp.stack([padded[o : o + C] for o in range(2 * D - 1)], axis=1)
+    return padded[jnp.arange(C)[:, None] + jnp.arange(2 * D - 1)[None]]
 
 
 def _neighbours(cols: Columns):
@@ -224,9 +222,11 @@ def _row_first(values: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _pick(w, *arrays):
-    """Each row's entry ``w [D]`` (clipped into the row) of ``arrays [D, W]`` → ``[D]`` each."""
-    at = jnp.minimum(w, arrays[0].shape[1] - 1)[:, None]
-    return tuple(jnp.take_along_axis(v, at, axis=1)[:, 0] for v in arrays)
+    """Each row's entry ``w [D]`` (clipped into the row) of ``arrays [D, W]`` (one dtype) → ``[D]`` each, as one
+    gather of their stack (XLA hoists the stack of loop-invariant rows out of the round's loop)."""
+    at = jnp.minimum(w, arrays[0].shape[1] - 1)[:, None, None]
+    both = jnp.take_along_axis(jnp.stack(arrays, axis=-1), at, axis=1)[:, 0]  # [D, len(arrays)]
+    return tuple(both[:, i] for i in range(len(arrays)))
 
 
 _FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
@@ -265,10 +265,10 @@ def _best_moves(x, rows: Rows, G, N, t, F: dict, frozen, cost: CostModel):
     has = P["f"] >= 0
     swap = has & (P["m"] == g)
     t_m = jnp.where(has & ~swap, t[jnp.where(has, P["m"], 0)], -jnp.inf)
-    loads = (G[g], N[g], t[g], G[h], N[h], t[h], t_m)
+    loads = (G[:, None], N[:, None], t[:, None], G[h], N[h], t[h], t_m)  # the sender: the row's rank
     new_h = (x[rows.b] == 0).astype(jnp.float32)
     p = price_gathered(xi, new_h, loads, has, swap, P["y"], P["new"], P["t"], cost, xp=jnp, dtype=jnp.float32)
-    gain = downhill_gains(p, xi, t[g], t[h], P["m"], g, rows.valid & ~frozen[:, None], xp=jnp)[0]
+    gain = downhill_gains(p, xi, t[:, None], t[h], P["m"], g, rows.valid & ~frozen[:, None], xp=jnp)[0]
     best, w = _row_first(jax.lax.complex(gain, 2.0 * p["share"] + p["chain"].astype(jnp.float32)))
     return jnp.real(best), jnp.imag(best), w
 
@@ -347,6 +347,17 @@ def _augment(x, rows: Rows, cost: CostModel, G, N, t):
     return x, found
 
 
+def _spread_turns(n, count):
+    """`solvers.relief_prices.spread_turns` for the replicated experts (``count [E]`` > 1; the others' turns are
+    never read): each one's turn is the number of experts before it, in order of decreasing load ``n [E]`` (ties:
+    the lower expert), whose column count is not 1 (as the twin counts them), mod its ranks — counted pairwise over
+    ``[E, E]`` (the twin's two argsorts took ~0.1 ms on XLA:CPU)."""
+    e = jnp.arange(n.shape[0])
+    before = (n[:, None] > n[None, :]) | ((n[:, None] == n[None, :]) & (e[:, None] < e[None, :]))  # [e', e]
+    kth = jnp.sum(before & (count[:, None] != 1), axis=0)
+    return kth % jnp.maximum(count, 1)
+
+
 def _seed(n, cols: Columns, cost: CostModel, spread: bool):
     """Step 2 (`solvers.relief._seed`): a start ``x [C]``, each expert whole on one column."""
     E = n.shape[0]
@@ -356,7 +367,7 @@ def _seed(n, cols: Columns, cost: CostModel, spread: bool):
     x = jnp.where(cols.live & single, n_c, 0.0)
     t = rank_times(cost, *_loads(x, cols), jnp)
     base = jnp.where(cols.live, t[jnp.minimum(cols.rank, t.shape[0] - 1)], jnp.inf)
-    nth = spread_turns(n, per_expert, xp=jnp) if spread else jnp.zeros(E, jnp.int32)
+    nth = _spread_turns(n, per_expert) if spread else jnp.zeros(E, jnp.int32)
     # each column's place among its expert's columns by (base, column): a stable argsort within the expert
     off, same = _neighbours(cols)
     near = _shifted(base, cols.D, jnp.inf)
