@@ -252,6 +252,20 @@ def test_one_loop_trip_is_a_round_of_each_start(stale, ep, experts, B):
         assert int(ran[i]) == int(ran1[0])  # the rounds each start ran
 
 
+def test_the_rounds_stages_run_and_keep_every_token():
+    """`relief.round_stages` (the plan suite's stage-by-stage profile): every stage runs on the two starts side by
+    side and gives a finite number; a whole round and a path search move tokens, never lose or make any."""
+    problem = _problem(1.2, 256, 8, 64)
+    pl = problem.placement
+    ranks = jnp.asarray(replica_ranks(pl.log2phy, pl.slots_per_rank), jnp.int32)
+    starts, bodies = relief.round_stages(jnp.asarray(problem.n), ranks, COST, 8, num_slots=pl.num_slots)
+    assert list(bodies) == [*relief.ROUND_STAGES, "path search of a stuck round"]
+    got = {name: float(jax.jit(body)(starts)) for name, body in bodies.items()}
+    assert all(math.isfinite(v) for v in got.values()), got
+    for name in (relief.ROUND_STAGES[-1], "path search of a stuck round"):
+        assert got[name] == 2 * problem.n.sum(), name  # both starts' tokens, whole
+
+
 @pytest.mark.parametrize(
     "shape, axis", [((31,), 0), ((32,), 0), ((33,), 0), ((320,), 0), ((1025,), 0), ((3, 70, 4), 1)]
 )

@@ -543,8 +543,8 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
     stuck round"``, each start's), a function ``x [2C] → a float32 scalar`` that runs the round up to that stage on
     ``x`` (its result depends on every stage run)."""
     cols = columns(ranks, num_ranks, num_slots)
-    one = move_rows(ranks, cols, num_slots)
-    both_cols, rows = _side_by_side(cols, one, 2)
+    start_rows = move_rows(ranks, cols, num_slots)  # one start's
+    both_cols, rows = _side_by_side(cols, start_rows, 2)
     n = n.astype(jnp.float32)
     starts = jnp.concatenate([_seed(n, cols, cost, spread) for spread in (False, True)])
     frozen = jnp.zeros(rows.a.shape[0], bool)
@@ -567,7 +567,7 @@ def round_stages(n: jax.Array, ranks: jax.Array, cost: CostModel, num_ranks: int
     def path_search(x):
         def one(x):
             G, N = _loads(x, cols)
-            return jnp.sum(_augment(x, one, cost, G, N, rank_times(cost, G, N, jnp))[0])
+            return jnp.sum(_augment(x, start_rows, cost, G, N, rank_times(cost, G, N, jnp))[0])
 
         return jnp.sum(jax.vmap(one)(x.reshape(2, -1)))
 
