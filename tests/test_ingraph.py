@@ -315,6 +315,27 @@ def test_the_selection_on_each_senders_candidate_equals_the_twins(D, K, seed):
     np.testing.assert_array_equal(got, want)
 
 
+@given(D=st.integers(1, 5), W=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_a_rows_best_and_best_of_another_group_in_one_reduction(D, W, seed):
+    """Issue 72, item 3: `relief._row_two_first` — each row's first best (the largest finite score, ties to the lower
+    entry) and its first best among the entries of another group (expert) — equals a search of each row, on scores
+    with ties and −inf (not a candidate) and few groups; a row with no such entry gives a non-finite score."""
+    rng = np.random.default_rng(seed)
+    score = np.where(rng.random((D, W)) < 0.3, -np.inf, rng.integers(0, 3, (D, W))).astype(np.float32)
+    group = rng.integers(0, 3, (D, W))
+    s1, i1, s2, i2 = (np.asarray(v) for v in jax.jit(relief._row_two_first)(jnp.asarray(score), jnp.asarray(group)))
+
+    def first(row, allowed):
+        ok = [j for j in range(W) if allowed[j] and np.isfinite(row[j])]
+        return min(ok, key=lambda j: (-row[j], j)) if ok else None
+
+    for d in range(D):
+        want1 = first(score[d], np.ones(W, bool))
+        want2 = None if want1 is None else first(score[d], group[d] != group[d, want1])
+        for s, i, want in ((s1[d], i1[d], want1), (s2[d], i2[d], want2)):
+            assert (not np.isfinite(s)) if want is None else (i == want and s == score[d, want])
+
+
 @given(
     n=st.lists(st.integers(0, 300), min_size=2, max_size=12),
     seed=st.integers(0, 2**16),

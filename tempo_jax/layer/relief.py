@@ -200,20 +200,24 @@ def _loads(x, cols: Columns):
     return G, N
 
 
+def _ahead(sq, iq, sp, ip):
+    """Whether the entry (value ``sq``, index ``iq``) comes before (``sp``, ``ip``) in a row's order: finite values
+    first, larger first, then the lower index (a total order on distinct indices)."""
+    fp, fq = jnp.isfinite(sp), jnp.isfinite(sq)
+    return (fq & ~fp) | ((fq == fp) & ((fq & (sq > sp)) | (((sq == sp) | ~fq) & (iq < ip))))
+
+
 def _row_first(values: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each row's first best of ``values [D, W]`` (float, or complex ordered by the real part, the imaginary part
     carried along) → ``(its value [D], its index [D])``: the largest finite value, ties to the lower index; a row
     with none gives a non-finite value. One reduction (its operands' producer fused in once: the value is its only
-    input, the index an iota), whose order is total — finite values first, larger first, then the lower index —
-    so any order of combining gives the same result."""
+    input, the index an iota), whose order is total (`_ahead`), so any order of combining gives the same result."""
     D, W = values.shape
     key = jnp.real if jnp.iscomplexobj(values) else (lambda v: v)
 
     def first(p, q):
         (vp, ip), (vq, iq) = p, q
-        sp, sq = key(vp), key(vq)
-        fp, fq = jnp.isfinite(sp), jnp.isfinite(sq)
-        take = (fq & ~fp) | ((fq == fp) & ((fq & (sq > sp)) | (((sq == sp) | ~fq) & (iq < ip))))
+        take = _ahead(key(vq), iq, key(vp), ip)
         return jnp.where(take, vq, vp), jnp.where(take, iq, ip)
 
     index = jax.lax.broadcasted_iota(jnp.int32, (D, W), 1)
@@ -221,12 +225,43 @@ def _row_first(values: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jax.lax.reduce((values, index), init, first, (1,))
 
 
+def _row_two_first(score: jax.Array, group: jax.Array):
+    """Each row's first best of ``score [D, W]`` (`_row_first`) and its first best among the entries of another
+    ``group [D, W]`` than that one's → ``(s1, i1, s2, i2)``, each ``[D]``. One reduction whose state holds both:
+    merging two, the better first wins, and the second is the better of the winner's second and the loser's first —
+    or, where the loser's first is of the winner's group, the loser's second. Each state being right for its part,
+    the merge is right for their union, so any order of combining gives the same result."""
+    D, W = score.shape
+
+    def merge(p, q):
+        q_wins = _ahead(q[0], q[1], p[0], p[1])
+        win = [jnp.where(q_wins, b, a) for a, b in zip(p, q, strict=True)]
+        lose = [jnp.where(q_wins, a, b) for a, b in zip(p, q, strict=True)]
+        other = lose[2] != win[2]
+        s, i = jnp.where(other, lose[0], lose[3]), jnp.where(other, lose[1], lose[4])
+        take = _ahead(s, i, win[3], win[4])
+        return win[0], win[1], win[2], jnp.where(take, s, win[3]), jnp.where(take, i, win[4])
+
+    index = jax.lax.broadcasted_iota(jnp.int32, (D, W), 1)
+    none = (jnp.full((D, W), -jnp.inf, score.dtype), jnp.full((D, W), W, jnp.int32))  # each entry: no second
+    init = (
+        jnp.array(-jnp.inf, score.dtype),
+        jnp.int32(W),
+        jnp.int32(-1),
+        jnp.array(-jnp.inf, score.dtype),
+        jnp.int32(W),
+    )
+    s1, i1, _, s2, i2 = jax.lax.reduce((score, index, group.astype(jnp.int32), *none), init, merge, (1,))
+    return s1, i1, s2, i2
+
+
 def _pick(w, *arrays):
-    """Each row's entry ``w [D]`` (clipped into the row) of ``arrays [D, W]`` (one dtype) → ``[D]`` each, as one
-    gather of their stack (XLA hoists the stack of loop-invariant rows out of the round's loop)."""
-    at = jnp.minimum(w, arrays[0].shape[1] - 1)[:, None, None]
-    both = jnp.take_along_axis(jnp.stack(arrays, axis=-1), at, axis=1)[:, 0]  # [D, len(arrays)]
-    return tuple(both[:, i] for i in range(len(arrays)))
+    """Each row's entries ``w [D]`` or ``[D, k]`` (clipped into the row) of ``arrays [D, W]`` (one dtype) → each
+    ``[D]`` or ``[D, k]``, as one gather of their stack (XLA hoists the stack of loop-invariant rows out of the
+    round's loop)."""
+    at = jnp.minimum(w, arrays[0].shape[1] - 1).reshape(w.shape[0], -1, 1)
+    both = jnp.take_along_axis(jnp.stack(arrays, axis=-1), at, axis=1)  # [D, k, len(arrays)]
+    return tuple(both[..., i].reshape(w.shape) for i in range(len(arrays)))
 
 
 _FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
@@ -234,20 +269,19 @@ _FORWARD_FIELDS = ("f", "ca", "cb", "m", "y", "new", "t")
 
 def _forwards(x, rows: Rows, G, N, cost: CostModel) -> dict:
     """Step 3a (`solvers.relief._forwards`): per rank, ``[2, D]`` fields of its best whole hand-off and the best of
-    another expert (``f = −1``: none; ``ca``, ``cb``: its columns) — a row's first best of ``−t_m``, twice."""
+    another expert (``f = −1``: none; ``ca``, ``cb``: its columns) — both from one reduction along the rows of
+    ``−t_m`` (`_row_two_first`)."""
     y, new = x[rows.a], (x[rows.b] == 0).astype(jnp.float32)
     score = forward_prices(y, new, G[rows.h], N[rows.h], cost, rows.valid, xp=jnp)[1]  # [D, W]
-    out = {k: [] for k in _FORWARD_FIELDS}
-    for k in range(2):
-        if k:
-            score = jnp.where(rows.e == out["f"][0][:, None], -jnp.inf, score)  # the second: another expert
-        best, w = _row_first(score)
-        found = jnp.isfinite(best)
-        e, a, b, h = _pick(w, rows.e, rows.a, rows.b, rows.h)
-        values = (e, a, b, h, x[a], (x[b] == 0).astype(jnp.float32), -best)  # t_m = −score, exactly
-        for name, v in zip(_FORWARD_FIELDS, values, strict=True):
-            out[name].append(jnp.where(found, v, -1 if name == "f" else 0).astype(v.dtype))
-    return {k: jnp.stack(v) for k, v in out.items()}
+    s1, i1, s2, i2 = _row_two_first(score, rows.e)
+    best, w = jnp.stack([s1, s2]), jnp.stack([i1, i2], axis=1)  # [2, D], [D, 2]
+    found = jnp.isfinite(best)
+    e, a, b, h = (v.T for v in _pick(w, rows.e, rows.a, rows.b, rows.h))  # [2, D]
+    values = (e, a, b, h, x[a], (x[b] == 0).astype(jnp.float32), -best)  # t_m = −score, exactly
+    return {
+        name: jnp.where(found, v, -1 if name == "f" else 0).astype(v.dtype)
+        for name, v in zip(_FORWARD_FIELDS, values, strict=True)
+    }
 
 
 def _best_moves(x, rows: Rows, G, N, t, F: dict, frozen, cost: CostModel):
