@@ -522,6 +522,8 @@ def relief(
     (`solvers.relief.relief`, step for step, on the packed columns (`Columns`)); ``num_slots`` P bounds the columns
     and candidate moves (default: E·R). ``with_rounds``: ``(x, rounds)``, the improvement rounds the chosen start ran
     (int32, at most ``rounds``).
+    Every expert needs a column (as `solvers.Placement` requires of every placement): the candidate moves' bound
+    (`row_width`) counts on it, and an expert without one has nowhere to put its tokens.
 
     Its two starts run side by side, one loop trip a round of both (`_side_by_side`), each stopping when it is
     done: as many loop trips as the longer start's rounds rather than both starts' rounds, for the same plans (on a
