@@ -201,17 +201,18 @@ def _loads(x, cols: Columns):
 
 
 def _ahead(sq, iq, sp, ip):
-    """Whether the entry (value ``sq``, index ``iq``) comes before (``sp``, ``ip``) in a row's order: finite values
-    first, larger first, then the lower index (a total order on distinct indices)."""
-    fp, fq = jnp.isfinite(sp), jnp.isfinite(sq)
-    return (fq & ~fp) | ((fq == fp) & ((fq & (sq > sp)) | (((sq == sp) | ~fq) & (iq < ip))))
+    """Whether the entry (value ``sq``, index ``iq``) comes before (``sp``, ``ip``) in a row's order: the larger
+    value first, then the lower index (a total order on distinct indices). The values the plan compares are finite or
+    −inf (not a candidate), never NaN or +inf, so the finite ones come first without a test of finiteness (~5% of a
+    plan on XLA:CPU: the test ran in every step of both reductions)."""
+    return (sq > sp) | ((sq == sp) & (iq < ip))
 
 
 def _row_first(values: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each row's first best of ``values [D, W]`` (float, or complex ordered by the real part, the imaginary part
-    carried along) → ``(its value [D], its index [D])``: the largest finite value, ties to the lower index; a row
-    with none gives a non-finite value. One reduction (its operands' producer fused in once: the value is its only
-    input, the index an iota), whose order is total (`_ahead`), so any order of combining gives the same result."""
+    carried along; finite or −inf, `_ahead`) → ``(its value [D], its index [D])``: the largest finite value, ties to
+    the lower index; a row with none gives −inf. One reduction (its operands' producer fused in once: the value is its
+    only input, the index an iota), whose order is total (`_ahead`), so any order of combining gives the same result."""
     D, W = values.shape
     key = jnp.real if jnp.iscomplexobj(values) else (lambda v: v)
 
