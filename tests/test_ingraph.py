@@ -266,6 +266,26 @@ def test_the_rounds_stages_run_and_keep_every_token():
         assert got[name] == 2 * problem.n.sum(), name  # both starts' tokens, whole
 
 
+def test_the_plan_suites_zipf_mix_times_every_batch_and_counts_its_rounds():
+    """`scripts/bench_ingraph.py`'s plan suite on a Zipf mix (`plan_mix`, issue 72's ≤ 1 ms check), CI-sized: a row
+    per (skew, tokens per device, batch), each batch's own rounds (as `relief.relief` counts them on its totals) and a
+    time; and the suite named alone keeps its process to one CPU device (`_plan_only`)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_ingraph import _plan_only, plan_mix
+
+    rows = plan_mix(16, 2, skews=(0.6, 2.0), tokens=(8, 64), batches=2)
+    assert [(r["skew"], r["tokens_per_device"], r["batch"]) for r in rows] == [
+        (s, b, i) for s in (0.6, 2.0) for b in (8, 64) for i in range(2)
+    ]
+    assert all(0 < r["ms"] < math.inf and 0 <= r["rounds_run"] <= relief.ROUNDS for r in rows)
+    assert len({r["rounds_run"] for r in rows}) > 1  # the batches differ: skew and size change the rounds
+    assert _plan_only(["--suites", "plan"]) and _plan_only(["--suites=plan", "--quick"])
+    assert not _plan_only(["--suites", "plan,cost"]) and not _plan_only([])
+
+
 @pytest.mark.parametrize(
     "shape, axis", [((31,), 0), ((32,), 0), ((33,), 0), ((320,), 0), ((1025,), 0), ((3, 70, 4), 1)]
 )
