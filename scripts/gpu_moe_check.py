@@ -250,6 +250,29 @@ def _median_ms(f, arg, repeats: int) -> float:
     return statistics.median(times)
 
 
+#: Compile options that run the plan as CUDA graphs: XLA's default command buffers plus WHILE and CONDITIONAL, so
+#: a while loop's body and its predicate become one graph with conditional nodes (CUDA >= 12.3) and a round is
+#: neither a kernel launch per operation nor a round trip to the host; every fusion goes in (a graph of one
+#: fusion too). XLA:CPU ignores them. A model sets the same with XLA_FLAGS="--xla_gpu_enable_command_buffer=
+#: +WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" or `.lower(...).compile(GRAPH_OPTIONS)`.
+GRAPH_OPTIONS = {
+    "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
+    "xla_gpu_graph_min_graph_size": 1,
+}
+
+
+def _time_graphed(plan, counts, repeats: int) -> dict:
+    """``plan`` (jitted, one argument) compiled with `GRAPH_OPTIONS`: its median ms and whether its plan equals the
+    default compilation's — or, where XLA refuses the options, the error (the plain timing stands)."""
+    try:
+        graphed = plan.lower(counts).compile(GRAPH_OPTIONS)
+        ms = _median_ms(graphed, counts, repeats)
+        same = all(np.array_equal(a, b) for a, b in zip(graphed(counts), plan(counts), strict=True))
+        return dict(relief_graph_ms=ms, relief_graph_equal=bool(same))
+    except Exception as e:  # recorded beside the plain timing
+        return dict(relief_graph_error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
 def _time_plan(D: int, E: int, S: int, B: int, repeats: int) -> dict:
     """One cell of `time_plans`: D ranks, E experts, S slots per rank (spares to random experts), B tokens per rank."""
     from solvers import PRESETS, CopyCost
@@ -263,10 +286,10 @@ def _time_plan(D: int, E: int, S: int, B: int, repeats: int) -> dict:
     l2p = jnp.asarray(placement.log2phy, jnp.int32)
     ranks = relief.replica_ranks(l2p, S)
     cc = CopyCost(3 * 7168 * 2048, 450.0)  # a DSv3 expert in fp8 over NVLink
+    plan = jax.jit(lambda c: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=cost))
     res = {
-        "relief_ms": _median_ms(
-            jax.jit(lambda c: relief.plan(c, l2p, slots_per_rank=S, num_ranks=D, cost=cost)), counts, repeats
-        ),
+        "relief_ms": _median_ms(plan, counts, repeats),
+        **_time_graphed(plan, counts, repeats),
         "copies_ms": _median_ms(
             jax.jit(lambda c: copies.plan_copies(jnp.sum(c, 0), ranks, cost, D, 1, cc, num_slots=D * S)),
             counts,
@@ -285,16 +308,22 @@ def time_plans(*, smoke: bool) -> dict:
     """The in-graph plans on the device: `tempo_jax.layer.relief.plan` (pairwise relief; every rank runs it on the
     all-gathered counts) and the dynamic copy plan (`tempo_jax.layer.copies.plan_copies`, k = 1), jitted, median of
     repeated calls, at EP8 / E 256 + 64 and EP32 / E 256 + 64 slots, 512 tokens per rank, Zipf(1.2) top-8 (smoke:
-    EP4 / E 8 + 4). Per call, and per improvement round relief ran (on a GPU: many small ops per round)."""
+    EP4 / E 8 + 4). Per call, and per improvement round relief ran (on a GPU: many small ops per round); relief also
+    compiled as CUDA graphs (`GRAPH_OPTIONS`), with whether that plan is the same."""
     cells = ((4, 8, 3, 64),) if smoke else ((8, 256, 40, 512), (32, 256, 10, 512))  # D, E, S, B
     out = {}
     for D, E, S, B in cells:
         name = f"EP{D} E{E}+{D * S - E} B{B}"
         try:
             out[name] = r = _time_plan(D, E, S, B, repeats=3 if smoke else 20)
+            graphed = (
+                f"{r['relief_graph_ms']:.2f} ms as CUDA graphs (same plan: {r['relief_graph_equal']})"
+                if "relief_graph_ms" in r
+                else f"as CUDA graphs: {r['relief_graph_error']}"
+            )
             print(
                 f"  plan {name}: relief {r['relief_ms']:.2f} ms ({r['rounds']} rounds, "
-                f"{r['relief_ms_per_round']:.3f} ms each), copies {r['copies_ms']:.2f} ms",
+                f"{r['relief_ms_per_round']:.3f} ms each), {graphed}, copies {r['copies_ms']:.2f} ms",
                 flush=True,
             )
         except Exception as e:  # recorded, like the other cases

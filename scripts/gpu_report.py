@@ -15,7 +15,8 @@ Goals (issue 72), each "met", "not met" or "not run" (`GOALS`; `goals` evaluates
   2. in the flat regime (the sweep's bandwidth-bound cells) >= 0.85 of the measured copy bandwidth, and its time
      monotone in rows at every G;
   3. the expert FFN's fitted fixed cost a <= 10 µs (the Mosaic gmm's; every implementation's is in the profile table);
-  4. the in-graph plan (relief, EP8, E 256 + 64 slots) <= 100 µs a call.
+  4. the in-graph plan (relief, EP8, E 256 + 64 slots) <= 100 µs a call (the better of its default compilation and
+     CUDA graphs, where those give the same plan).
 """
 
 from __future__ import annotations
@@ -233,8 +234,13 @@ def goals(gpu: dict | None, moe: dict | None, fits: dict) -> dict[str, tuple[str
     elif "relief_ms" not in plans[cell]:
         out["plan"] = ("—", f"not met: {plans[cell].get('error', '?')}")
     else:
-        us = plans[cell]["relief_ms"] * 1e3
-        out["plan"] = (f"{us:.0f} µs ({plans[cell].get('rounds', '?')} rounds)", _verdict(us <= 100.0))
+        r = plans[cell]
+        us = r["relief_ms"] * 1e3
+        shown = f"{us:.0f} µs ({r.get('rounds', '?')} rounds)"
+        if r.get("relief_graph_equal"):  # compiled as CUDA graphs, the same plan: the better of the two counts
+            shown += f"; as CUDA graphs {r['relief_graph_ms'] * 1e3:.0f} µs"
+            us = min(us, r["relief_graph_ms"] * 1e3)
+        out["plan"] = (shown, _verdict(us <= 100.0))
     return out
 
 
@@ -468,6 +474,8 @@ def report(folder: Path) -> str:
                 [
                     name,
                     r.get("relief_ms", "—"),
+                    r.get("relief_graph_ms", r.get("relief_graph_error", "—")),
+                    r.get("relief_graph_equal", "—"),
                     r.get("rounds", "—"),
                     r.get("relief_ms_per_round", "—"),
                     r.get("copies_ms", "—"),
@@ -476,7 +484,8 @@ def report(folder: Path) -> str:
                 for name, r in plans.items()
             ]
             out += ["## In-graph plans (jitted, median ms per call)\n"]
-            out += [*_md(["cell", "relief ms", "rounds", "ms / round", "copies ms", "error"], rows), ""]
+            heads = ["cell", "relief ms", "as CUDA graphs", "same plan", "rounds", "ms / round", "copies ms", "error"]
+            out += [*_md(heads, rows), ""]
     return "\n".join(out) + "\n"
 
 

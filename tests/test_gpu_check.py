@@ -182,9 +182,10 @@ def test_gpu_check_smoke(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ fast tests
-def _synthetic_run(folder: Path, *, mosaic: bool) -> None:
+def _synthetic_run(folder: Path, *, mosaic: bool, graphs_equal: bool = False) -> None:
     """A GPU run's eight files in miniature: every section the report renders, numbers chosen so the goals come out
-    met (vs dense, the FFN's a), not met (bandwidth, monotone, the plan), or, without the Mosaic gmm, not run."""
+    met (vs dense, the FFN's a), not met (bandwidth, monotone, the plan), or, without the Mosaic gmm, not run.
+    ``graphs_equal``: the plan as CUDA graphs (90 µs) gave the same plan as its default compilation (250 µs)."""
     folder.mkdir(exist_ok=True)
     (folder / "env.txt").write_text("2026-12-04 | jax 0.12.1 | NVIDIA H100\n")
     why = "needs jax >= 0.12 with Pallas Mosaic GPU (jax 0.11.2 here)"
@@ -272,7 +273,17 @@ def _synthetic_run(folder: Path, *, mosaic: bool) -> None:
     moe = {
         "devices": 1,
         "backend": "gpu",
-        "plans": {"EP8 E256+64 B512": dict(relief_ms=0.25, copies_ms=0.1, rounds=3, relief_ms_per_round=0.08, ok=True)},
+        "plans": {
+            "EP8 E256+64 B512": dict(
+                relief_ms=0.25,
+                relief_graph_ms=0.09,
+                relief_graph_equal=graphs_equal,
+                copies_ms=0.1,
+                rounds=3,
+                relief_ms_per_round=0.08,
+                ok=True,
+            )
+        },
         "plan_goal_cell": "EP8 E256+64 B512",
         "per_call": layer,
         "results": layer,
@@ -306,6 +317,19 @@ def test_gpu_report_renders_every_section(tmp_path, mosaic):
     assert "time budget: 1 cases not run" in text
     assert "| case | moe_dispatch | moe_ffn | (outside) |" in text  # what each stage launches, per case
     assert (tmp_path / "flat.png").stat().st_size > 10_000 and (tmp_path / "profile.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_the_plan_goal_counts_cuda_graphs_only_where_they_give_the_same_plan(tmp_path, equal):
+    """The plan's goal (≤ 100 µs) takes the better of the default compilation and CUDA graphs
+    (`gpu_moe_check.GRAPH_OPTIONS`) only where the two plans are equal; the plans table shows both."""
+    _synthetic_run(tmp_path, mosaic=True, graphs_equal=equal)
+    assert _report(tmp_path).returncode == 0
+    text = (tmp_path / "report.md").read_text()
+    verdict = _goal_verdicts(text)[gpu_report.GOALS[4][1]]
+    assert verdict == ("met" if equal else "not met"), verdict
+    assert ("as CUDA graphs 90 µs" in text) == equal
+    assert "| EP8 E256+64 B512 | 0.25 | 0.09 |" in text
 
 
 def test_gpu_report_names_what_is_missing(tmp_path):
