@@ -146,8 +146,9 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "not met"
 
 
-def goals(gpu: dict | None, moe: dict | None, fits: dict) -> dict[str, tuple[str, str]]:
-    """Each goal (`GOALS`) → (measured, verdict), verdict "met", "not met" or "not run: <why>"."""
+def goals(gpu: dict | None, moe: dict | None, fits: dict, refused: dict | None = None) -> dict[str, tuple[str, str]]:
+    """Each goal (`GOALS`) → (measured, verdict), verdict "met", "not met" or "not run: <why>"; ``refused``: the
+    implementations whose profile `fit_profile` refused, with its reason."""
     gpu = gpu or {}
     impls = gpu.get("implementations", {})
     missing = impls.get(GOAL_GMM, "this run did not measure it (an older bench_gemm.json)")
@@ -214,6 +215,8 @@ def goals(gpu: dict | None, moe: dict | None, fits: dict) -> dict[str, tuple[str
     # 3. the FFN's fixed cost a
     if absent:
         out["ffn_fixed_cost"] = ("—", absent)
+    elif GOAL_GMM in (refused or {}):
+        out["ffn_fixed_cost"] = ("—", f"not run: the profile's fit refused its samples ({refused[GOAL_GMM]})")
     elif GOAL_GMM not in fits:
         n = len(gpu.get("profile", {}).get(GOAL_GMM, []))
         out["ffn_fixed_cost"] = ("—", f"not run: {n} profile points for {GOAL_GMM} (a fit needs 4)")
@@ -337,12 +340,15 @@ def report(folder: Path) -> str:
     gpu = (bench or {}).get("gpu", {})
     smoke = any((d or {}).get("meta", {}).get("plan") == "smoke" for d in (check, bench))
     # The profile fits first: the goals need the Mosaic gmm's fixed cost.
-    profile, fits, fit_stats = gpu.get("profile", {}), {}, {}
+    profile, fits, fit_stats, refused = gpu.get("profile", {}), {}, {}, {}
     for impl, rows in profile.items():
         if len(rows) >= 4:
-            fits[impl], fit_stats[impl] = fit_profile(rows)
+            try:
+                fits[impl], fit_stats[impl] = fit_profile(rows)
+            except ValueError as e:  # samples no Eq. 1 prices (times that do not rise): said, not a lost report
+                refused[impl] = str(e).split(";")[0]
     # Goals
-    g = goals(gpu if bench else None, moe, fits)
+    g = goals(gpu if bench else None, moe, fits, refused)
     out.append("## Goals (issue 72)\n")
     if smoke:
         out.append("_A smoke run (CPU, tiny shapes, interpret mode): the verdicts only show that the report works._\n")
@@ -424,7 +430,9 @@ def report(folder: Path) -> str:
                 [impl, m.a, m.b, m.c, f"{m.beta:.4f}", f"{st['n_star']:.0f}", f"{st['mean_rel_error']:.1%}", met]
             )
         for impl, pts in profile.items():
-            if impl not in fits:
+            if impl in refused:
+                rows.append([impl, f"fit refused: {refused[impl]}", "", "", "", "", "", "not run"])
+            elif impl not in fits:
                 rows.append([impl, f"not run: {len(pts)} points (a fit needs 4)", "", "", "", "", "", "not run"])
         for impl, why in gpu.get("profile_not_run", {}).items():
             rows.append([impl, f"not run: {why}", "", "", "", "", "", "not run"])

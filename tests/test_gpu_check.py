@@ -182,10 +182,11 @@ def test_gpu_check_smoke(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ fast tests
-def _synthetic_run(folder: Path, *, mosaic: bool, graphs_equal: bool = False) -> None:
+def _synthetic_run(folder: Path, *, mosaic: bool, graphs_equal: bool = False, falling: bool = False) -> None:
     """A GPU run's eight files in miniature: every section the report renders, numbers chosen so the goals come out
     met (vs dense, the FFN's a), not met (bandwidth, monotone, the plan), or, without the Mosaic gmm, not run.
-    ``graphs_equal``: the plan as CUDA graphs (90 µs) gave the same plan as its default compilation (250 µs)."""
+    ``graphs_equal``: the plan as CUDA graphs (90 µs) gave the same plan as its default compilation (250 µs);
+    ``falling``: every profile's time falls with the load (noise of a loaded machine), which no Eq. 1 fits."""
     folder.mkdir(exist_ok=True)
     (folder / "env.txt").write_text("2026-12-04 | jax 0.12.1 | NVIDIA H100\n")
     why = "needs jax >= 0.12 with Pallas Mosaic GPU (jax 0.11.2 here)"
@@ -233,6 +234,8 @@ def _synthetic_run(folder: Path, *, mosaic: bool, graphs_equal: bool = False) ->
         for G in (1, 4, 16)
         for n in (1, 64, 512, 2048)
     ]
+    if falling:
+        prof = [r | dict(us=1000.0 / (1 + r["N"])) for r in prof]
     profile = {g: (prof[:3] if g == "ragged_dot" else prof) for g in ran}
     gpu = {
         "rows": 8192,
@@ -330,6 +333,18 @@ def test_the_plan_goal_counts_cuda_graphs_only_where_they_give_the_same_plan(tmp
     assert verdict == ("met" if equal else "not met"), verdict
     assert ("as CUDA graphs 90 µs" in text) == equal
     assert "| EP8 E256+64 B512 | 0.25 | 0.09 |" in text
+
+
+def test_the_report_says_a_profile_no_model_fits_rather_than_failing(tmp_path):
+    """A profile whose times fall with the load (a smoke run on a loaded CPU gave one) makes `solvers.fit_max_affine`
+    refuse its samples: the report still renders, and the FFN goal and the profile table say why there is no fit."""
+    _synthetic_run(tmp_path, mosaic=True, falling=True)
+    rep = _report(tmp_path)
+    assert rep.returncode == 0, rep.stderr.decode()[-2000:]
+    text = (tmp_path / "report.md").read_text()
+    verdict = _goal_verdicts(text)[gpu_report.GOALS[3][1]]
+    assert verdict.startswith("not run: the profile's fit refused its samples (fit_max_affine: "), verdict
+    assert "| mosaic gmm | fit refused: fit_max_affine: the samples contradict the model" in text
 
 
 def test_gpu_report_names_what_is_missing(tmp_path):
