@@ -282,6 +282,14 @@ def test_the_plan_suites_zipf_mix_times_every_batch_and_counts_its_rounds():
     ]
     assert all(0 < r["ms"] < math.inf and 0 <= r["rounds_run"] <= relief.ROUNDS for r in rows)
     assert len({r["rounds_run"] for r in rows}) > 1  # the batches differ: skew and size change the rounds
+    # the rounds `relief.plan(..., with_rounds=True)` reports are relief's own (the last row: s 2.0, 64 tokens)
+    D, S = 8, slots_for(16, 8, 1.25) // 8
+    routing = SyntheticRouting(num_experts=16, top_k=8, s=2.0, kappa=math.inf, seed=0)
+    pl = Placement.from_eplb(routing.popularity, D * S, D, spread_idle=True)
+    n = jnp.asarray(routing.batch(64 * D, D, 1).sum(axis=0))
+    ranks = relief.replica_ranks(jnp.asarray(pl.log2phy), S, D)
+    ran = jax.jit(lambda n: relief.relief(n, ranks, COST, D, num_slots=D * S, with_rounds=True)[1])(n)
+    assert rows[-1]["rounds_run"] == int(ran)
     assert _plan_only(["--suites", "plan"]) and _plan_only(["--suites=plan", "--quick"])
     assert not _plan_only(["--suites", "plan,cost"]) and not _plan_only([])
 

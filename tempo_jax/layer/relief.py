@@ -554,13 +554,22 @@ def quotas(counts: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def plan(
-    counts: jax.Array, log2phy: jax.Array, *, slots_per_rank: int, num_ranks: int, cost: CostModel, rounds: int = ROUNDS
-) -> tuple[jax.Array, jax.Array]:
+    counts: jax.Array,
+    log2phy: jax.Array,
+    *,
+    slots_per_rank: int,
+    num_ranks: int,
+    cost: CostModel,
+    rounds: int = ROUNDS,
+    with_rounds: bool = False,
+) -> tuple[jax.Array, ...]:
     """The in-graph dispatch of one batch: per-source counts ``[Ds, E]`` and the placement's ``log2phy [E, R]`` →
-    ``(x [E, R] per replica column, q [Ds, E, R] per source)``."""
+    ``(x [E, R] per replica column, q [Ds, E, R] per source)``; ``with_rounds``: a third element, the improvement
+    rounds relief ran (`relief`)."""
     ranks = replica_ranks(log2phy, slots_per_rank, num_ranks)
-    x = relief(jnp.sum(counts, axis=0), ranks, cost, num_ranks, rounds, num_slots=num_ranks * slots_per_rank)
-    return x, quotas(counts, x)
+    n = jnp.sum(counts, axis=0)
+    x, ran = relief(n, ranks, cost, num_ranks, rounds, num_slots=num_ranks * slots_per_rank, with_rounds=True)
+    return (x, quotas(counts, x), ran) if with_rounds else (x, quotas(counts, x))
 
 
 #: `round_stages`' names, in the round's order (each cumulative: it runs the stages before it too).
