@@ -569,7 +569,8 @@ def plan(
     ranks = replica_ranks(log2phy, slots_per_rank, num_ranks)
     n = jnp.sum(counts, axis=0)
     x, ran = relief(n, ranks, cost, num_ranks, rounds, num_slots=num_ranks * slots_per_rank, with_rounds=True)
-    return (x, quotas(counts, x), ran) if with_rounds else (x, quotas(counts, x))
+    q = quotas(counts, x)
+    return (x, q, ran) if with_rounds else (x, q)
 
 
 #: `round_stages`' names, in the round's order (each cumulative: it runs the stages before it too).
